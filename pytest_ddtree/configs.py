@@ -1,0 +1,279 @@
+"""DDTree configurations, their canonical names, and the sweep matrix.
+
+A configuration is named ``bs{block_size}_b{budget}_k{topk}`` with an optional window suffix
+``_w{N}`` or ``_wnone``. Names are the user interface (``--ddtree-config``), the test ids, the
+baseline file names and the keys of every result, so they must be canonical:
+``parse_config_name(c.name) == c`` for every config, and one config has exactly one name.
+
+A config without a window suffix means "the service profile's default window": the window is
+deliberately left unresolved here, because the same name must mean the same thing against every
+profile, and only the profile knows what its default is.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration name, selection or matrix file is invalid; the message says how to fix it."""
+
+
+class _ProfileDefault(enum.Enum):
+    """Sentinel type for "use the profile's default window" (no ``_w`` suffix in the name)."""
+
+    TOKEN = "profile-default"
+
+    def __repr__(self) -> str:
+        return "DEFAULT_WINDOW"
+
+
+DEFAULT_WINDOW = _ProfileDefault.TOKEN
+Window = int | None | _ProfileDefault
+
+_NAME_RE = re.compile(r"^bs(?P<bs>[1-9][0-9]*)_b(?P<b>[1-9][0-9]*)_k(?P<k>[1-9][0-9]*)(?:_w(?P<w>none|[1-9][0-9]*))?$")
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    """One speculative-decoding configuration under test.
+
+    ``window`` is an int (draft window of that many tokens), ``None`` (no window: the drafter
+    sees the whole context) or ``DEFAULT_WINDOW`` (whatever the profile's ``default_window`` is).
+    """
+
+    block_size: int
+    budget: int
+    topk: int
+    window: Window = field(default=DEFAULT_WINDOW, compare=False)
+
+    def __post_init__(self) -> None:
+        for label, value in (("block_size", self.block_size), ("budget", self.budget), ("topk", self.topk)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be at least 2 (one drafted position), got {self.block_size}")
+        if not (self.window is None or self.window is DEFAULT_WINDOW or (isinstance(self.window, int) and self.window >= 1)):
+            raise ConfigError(f"window must be a positive integer, None or DEFAULT_WINDOW, got {self.window!r}")
+
+    @property
+    def name(self) -> str:
+        """The canonical name, e.g. ``bs8_b8_k4`` or ``bs8_b12_k6_w2048``."""
+        base = f"bs{self.block_size}_b{self.budget}_k{self.topk}"
+        if self.window is DEFAULT_WINDOW:
+            return base
+        if self.window is None:
+            return base + "_wnone"
+        return f"{base}_w{self.window}"
+
+    def resolved_window(self, profile_default: int | None) -> int | None:
+        """The window actually launched: the config's own, else the profile's default."""
+        if self.window is DEFAULT_WINDOW:
+            return profile_default
+        return self.window  # type: ignore[return-value]
+
+    def field_values(self, profile_default_window: int | None) -> dict[str, int | None]:
+        """Field name -> launch value; the names are those a profile's ``config_args`` maps."""
+        return {
+            "block_size": self.block_size,
+            "budget": self.budget,
+            "topk": self.topk,
+            "window": self.resolved_window(profile_default_window),
+        }
+
+    # The sort key orders a sweep the way people read the campaign's table.
+    def sort_key(self) -> tuple[int, int, int, int]:
+        window = self.window
+        rank = -1 if window is DEFAULT_WINDOW else (10**9 if window is None else int(window))  # type: ignore[arg-type]
+        return (self.block_size, self.budget, self.topk, rank)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DDTreeConfig):
+            return NotImplemented
+        return self.name == other.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_config_name(name: str) -> DDTreeConfig:
+    """Parse a canonical config name; raise ConfigError saying what a valid one looks like."""
+    text = name.strip()
+    match = _NAME_RE.match(text)
+    if match is None:
+        raise ConfigError(
+            f"malformed config name {name!r}: expected bs<block_size>_b<budget>_k<topk> with an optional "
+            "_w<window> or _wnone suffix, e.g. bs8_b8_k4 or bs8_b12_k6_w2048"
+        )
+    w = match.group("w")
+    window: Window = DEFAULT_WINDOW if w is None else (None if w == "none" else int(w))
+    config = DDTreeConfig(int(match.group("bs")), int(match.group("b")), int(match.group("k")), window)
+    if config.name != text:  # leading zeros are excluded by the regex; this guards the grammar itself
+        raise ConfigError(f"config name {name!r} is not canonical; write it as {config.name!r}")
+    return config
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One throughput cell: closed-loop concurrency x prompt length x output length."""
+
+    name: str
+    concurrency: int
+    context_tokens: int
+    output_tokens: int
+    requests: int
+    warmup_requests: int
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The contents of ``suites/configs.yaml``: the sweep, its default, and the workloads."""
+
+    path: Path
+    default: DDTreeConfig
+    configs: tuple[DDTreeConfig, ...]
+    workloads: tuple[Workload, ...]
+    raw: Mapping[str, Any]
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+
+def _expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
+    """A matrix entry is a name, or a product spec ``{block_size: [..], budget: [..], topk: [..], window: [..]}``."""
+    if isinstance(entry, str):
+        return [parse_config_name(entry)]
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: each matrix entry must be a config name or a mapping of lists, got {entry!r}")
+    unknown = set(entry) - {"block_size", "budget", "topk", "window"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} in matrix entry (allowed: block_size, budget, topk, window)")
+
+    def values(key: str, required: bool) -> list[Any]:
+        value = entry.get(key)
+        if value is None:
+            if required:
+                raise ConfigError(f"{where}: matrix entry needs {key!r}")
+            return [DEFAULT_WINDOW]
+        return list(value) if isinstance(value, list) else [value]
+
+    configs: list[DDTreeConfig] = []
+    for bs in values("block_size", True):
+        for budget in values("budget", True):
+            for topk in values("topk", True):
+                for window in values("window", False):
+                    if isinstance(window, str):
+                        window = None if window.lower() == "none" else DEFAULT_WINDOW if window == "default" else window
+                    try:
+                        configs.append(DDTreeConfig(bs, budget, topk, window))
+                    except ConfigError as exc:
+                        raise ConfigError(f"{where}: {exc}") from None
+    return configs
+
+
+def _workload(entry: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
+    merged = {**defaults, **entry}
+    allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests"}
+    unknown = set(merged) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
+    try:
+        concurrency = int(merged["concurrency"])
+        context = int(merged["context_tokens"])
+        output = int(merged.get("output_tokens", 128))
+        requests = int(merged.get("requests", max(concurrency * 2, 4)))
+        warmup = int(merged.get("warmup_requests", concurrency))
+    except KeyError as exc:
+        raise ConfigError(f"{where}: workload needs {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: workload values must be integers ({exc})") from None
+    name = str(merged.get("name") or f"c{concurrency}_ctx{context}")
+    if min(concurrency, context, output, requests) < 1 or warmup < 0:
+        raise ConfigError(f"{where}: workload {name!r} needs positive concurrency, context, output and requests")
+    return Workload(name, concurrency, context, output, requests, warmup)
+
+
+def load_matrix(path: Path) -> Matrix:
+    """Load ``configs.yaml``; every error names the file and the offending key."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config matrix {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: YAML syntax error{line}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
+    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
+    configs: list[DDTreeConfig] = []
+    for index, entry in enumerate(raw.get("matrix") or []):
+        for config in _expand_matrix_entry(entry, f"{path}: matrix[{index}]"):
+            if config not in configs:
+                configs.append(config)
+    try:
+        default = parse_config_name(str(raw.get("default", "bs8_b8_k4")))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: default: {exc}") from None
+    if default not in configs:
+        configs.insert(0, default)
+    defaults = raw.get("workload_defaults") or {}
+    if not isinstance(defaults, Mapping):
+        raise ConfigError(f"{path}: workload_defaults must be a mapping")
+    workloads = tuple(_workload(w, f"{path}: workloads[{i}]", defaults) for i, w in enumerate(raw.get("workloads") or []))
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: workload names must be unique, got {names}")
+    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw)
+
+
+def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTreeConfig]:
+    """Resolve ``--ddtree-config`` values (repeatable, comma lists, globs, ``all``) in matrix order.
+
+    A well-formed name outside the matrix is taken as it is (people probe one-off configs); a
+    malformed name or a glob matching nothing is an error listing the valid names, never a skip.
+    """
+    if not requested:
+        return [matrix.default]
+    tokens = [t.strip() for value in requested for t in value.split(",") if t.strip()]
+    if not tokens:
+        raise ConfigError("--ddtree-config was given but empty; " + _valid_names_hint(matrix))
+    selected: list[DDTreeConfig] = []
+
+    def add(configs: Iterable[DDTreeConfig]) -> None:
+        for config in configs:
+            if config not in selected:
+                selected.append(config)
+
+    for token in tokens:
+        if token == "all":
+            add(matrix.configs)
+        elif any(ch in token for ch in "*?["):
+            matched = [c for c in matrix.configs if fnmatch.fnmatchcase(c.name, token)]
+            if not matched:
+                raise ConfigError(f"--ddtree-config pattern {token!r} matches no config of {matrix.path}; " + _valid_names_hint(matrix))
+            add(matched)
+        else:
+            try:
+                add([parse_config_name(token)])
+            except ConfigError as exc:
+                raise ConfigError(f"--ddtree-config: {exc}; " + _valid_names_hint(matrix)) from None
+    return selected
+
+
+def _valid_names_hint(matrix: Matrix) -> str:
+    return "valid names: all, " + ", ".join(matrix.names())

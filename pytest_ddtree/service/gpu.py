@@ -1,0 +1,165 @@
+"""NVIDIA GPU facts through NVML (nvidia-ml-py), degrading quietly where there is no GPU.
+
+Three users need the same facts: the restart (wait until the old server's GPU memory is really
+released, or the new one OOMs at load), the readiness progress line (memory loaded so far shows a
+slow start is alive), and the hardware fingerprint / environment snapshot. None of them may crash
+on a laptop or CI box without a GPU, so every entry point here returns "no GPU" instead of raising.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+from contextlib import contextmanager
+
+_NVML_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """What NVML reports; ``gpus`` is empty and ``error`` says why when there is no usable GPU."""
+
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nvml_version: str | None = None
+    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+    error: str | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    def summary(self) -> str:
+        if not self.gpus:
+            return f"no NVIDIA GPU ({self.error})" if self.error else "no NVIDIA GPU"
+        names = sorted({g.name for g in self.gpus})
+        total = sum(g.memory_total_bytes for g in self.gpus) / 2**30
+        return (
+            f"{self.count}x {'/'.join(names)} ({total:.0f} GiB), driver {self.driver_version}, "
+            f"CUDA driver {self.cuda_driver_version}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "nvml_version": self.nvml_version,
+            "count": self.count,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "uuid": g.uuid,
+                    "memory_total_bytes": g.memory_total_bytes,
+                    "memory_used_bytes": g.memory_used_bytes,
+                }
+                for g in self.gpus
+            ],
+            "error": self.error,
+        }
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@contextmanager
+def _nvml() -> Iterator[Any]:
+    """Init/shutdown NVML around one query; NVML is process-global, so serialize access."""
+    import pynvml  # nvidia-ml-py; importable everywhere, fails at nvmlInit without a driver
+
+    with _NVML_LOCK:
+        pynvml.nvmlInit()
+        try:
+            yield pynvml
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except Exception:  # pragma: no cover - shutdown errors are irrelevant to the caller
+                pass
+
+
+def gpu_inventory() -> GpuInventory:
+    """Driver, CUDA driver version and every GPU; never raises."""
+    try:
+        with _nvml() as nvml:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            cuda = nvml.nvmlSystemGetCudaDriverVersion_v2() if hasattr(nvml, "nvmlSystemGetCudaDriverVersion_v2") else nvml.nvmlSystemGetCudaDriverVersion()
+            cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+            try:
+                nvml_version: str | None = _text(nvml.nvmlSystemGetNVMLVersion())
+            except Exception:
+                nvml_version = None
+            gpus = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                gpus.append(
+                    GpuInfo(
+                        index=index,
+                        name=_text(nvml.nvmlDeviceGetName(handle)),
+                        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                        memory_total_bytes=int(memory.total),
+                        memory_used_bytes=int(memory.used),
+                    )
+                )
+            return GpuInventory(driver, cuda_text, nvml_version, tuple(gpus), None if gpus else "NVML found no devices")
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return GpuInventory(error=f"{type(exc).__name__}: {exc}".strip())
+
+
+def gpu_memory_used_bytes() -> int | None:
+    """Memory in use summed over all GPUs, or None when NVML sees no GPU."""
+    inventory = gpu_inventory()
+    if not inventory.gpus:
+        return None
+    return sum(g.memory_used_bytes for g in inventory.gpus)
+
+
+def wait_for_gpu_memory_release(
+    threshold_bytes: int | None,
+    timeout_s: float,
+    progress: Callable[[str], None] | None = None,
+    poll_interval_s: float = 1.0,
+    read_used: Callable[[], int | None] = gpu_memory_used_bytes,
+) -> bool:
+    """Wait until GPU memory in use, summed over all GPUs, drops to ``threshold_bytes``.
+
+    A stopped server's memory is freed by the driver some seconds after the process is gone;
+    starting the next one earlier makes it OOM during weight loading, which reads like a bad
+    config. ``threshold_bytes=None`` means "what is left is driver overhead": at most 1 GiB per
+    GPU in use. Returns True when released (or when there is no GPU: nothing to wait for),
+    False on timeout, so the caller decides whether a dirty GPU is fatal.
+    """
+    used = read_used()
+    if used is None:
+        return True
+    if threshold_bytes is None:
+        count = max(gpu_inventory().count, 1)
+        threshold_bytes = count * 2**30
+    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    last_report = start
+    while used is not None and used > threshold_bytes:
+        now = time.monotonic()
+        if now >= deadline:
+            if progress:
+                progress(f"GPU memory still in use after {timeout_s:.0f}s: {used / 2**30:.1f} GiB (threshold {threshold_bytes / 2**30:.1f} GiB)")
+            return False
+        if progress and now - last_report >= 10:
+            progress(f"waiting for GPU memory release: {used / 2**30:.1f} GiB in use, {now - start:.0f}s elapsed")
+            last_report = now
+        time.sleep(poll_interval_s)
+        used = read_used()
+    return True

@@ -1,0 +1,277 @@
+"""Service profiles: how to launch, reach and check one deployment of the service.
+
+A profile is a small YAML file (see DESIGN.md and the README). It is validated strictly because
+its mistakes are expensive: a typo in a key would otherwise silently fall back to a default and a
+ten-minute GPU restart would test the wrong thing. Every error names the file, the key and the
+problem.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from pytest_ddtree.configs import DDTreeConfig
+
+CONTROLLERS = ("process", "systemd", "external")
+CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
+LOSSLESS_MODES = ("instance", "golden")
+
+# Where the shipped profiles live, relative to the repository / rootdir.
+SHIPPED_PROFILE_DIR = Path("suites") / "services"
+REFERENCE_PROFILE = "reference.yaml"
+
+
+class ProfileError(ValueError):
+    """A service profile is invalid; the message names file, key and problem."""
+
+
+@dataclass(frozen=True)
+class ServiceProfile:
+    """A validated service profile. ``source`` and ``text`` keep the file for the repro package."""
+
+    name: str
+    controller: str
+    command: str | None
+    url: str
+    port: int | str
+    default_window: int | None
+    config_args: Mapping[str, str]
+    applied: Mapping[str, str]
+    health_path: str = "/health_generate"
+    ready_timeout_s: float = 900.0
+    gpu_release_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    pool: int | tuple[str, ...] = 1
+    coding_min_pass: int | None = None
+    unit: str | None = None
+    dropin_dir: str | None = None
+    lossless: str = "golden"
+    lossless_args: str | None = None
+    hardware_profile: str | None = None
+    max_context: int | None = None
+    draft_model_path: str | None = None
+    patches: Mapping[str, Any] | None = None
+    description: str = ""
+    source: Path | None = None
+    text: str = ""
+
+    # -- rendering -------------------------------------------------------------------------
+    def render_config_args(self, config: DDTreeConfig) -> list[str]:
+        """The launch flags for ``config``; a field whose value is None (no window) is omitted."""
+        values = config.field_values(self.default_window)
+        args: list[str] = []
+        for field_name in CONFIG_FIELDS:
+            template = self.config_args.get(field_name)
+            value = values[field_name]
+            if template is None or value is None:
+                continue
+            args.extend(shlex.split(template.format(value=value)))
+        return args
+
+    def render_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str:
+        """The full launch command; ``config=None`` with ``extra_args`` launches e.g. a no-speculation instance."""
+        if self.command is None:
+            raise ProfileError(f"{self._where('command')}: the {self.controller} controller needs a 'command'")
+        if config is not None:
+            config_args = shlex.join(self.render_config_args(config))
+        else:
+            config_args = ""
+        if extra_args:
+            config_args = f"{config_args} {extra_args}".strip()
+        return self.command.format(
+            port="" if port is None else port,
+            config_args=config_args,
+            python=shlex.quote(sys.executable),
+            host="127.0.0.1",
+        ).strip()
+
+    def render_url(self, port: int | None) -> str:
+        return self.url.format(port="" if port is None else port, host="127.0.0.1").rstrip("/")
+
+    def expected_applied(self, config: DDTreeConfig) -> dict[str, object]:
+        """server_info key -> the value the config must show there after a restart."""
+        values = config.field_values(self.default_window)
+        return {key: values[field_name] for key, field_name in self.applied.items()}
+
+    @property
+    def pool_size(self) -> int:
+        return self.pool if isinstance(self.pool, int) else len(self.pool)
+
+    def _where(self, key: str) -> str:
+        return f"{self.source or self.name}: {key}"
+
+
+_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    # key: (accepted types, required)
+    "name": (str, True),
+    "controller": (str, True),
+    "command": (str, False),
+    "unit": (str, False),
+    "dropin_dir": (str, False),
+    "url": (str, True),
+    "port": ((int, str), False),
+    "default_window": ((int, type(None)), False),
+    "config_args": (dict, True),
+    "applied": (dict, False),
+    "health_path": (str, False),
+    "ready_timeout_s": ((int, float), False),
+    "gpu_release_timeout_s": ((int, float), False),
+    "stop_timeout_s": ((int, float), False),
+    "env": ((dict, type(None)), False),
+    "pool": ((int, list), False),
+    "coding_min_pass": ((int, type(None)), False),
+    "lossless": (str, False),
+    "lossless_args": ((str, type(None)), False),
+    "hardware_profile": ((str, type(None)), False),
+    "max_context": ((int, type(None)), False),
+    "draft_model_path": ((str, type(None)), False),
+    "patches": ((dict, type(None)), False),
+    "description": (str, False),
+}
+
+
+def _template_fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> ServiceProfile:
+    """Validate a parsed YAML document into a ServiceProfile."""
+    where = str(source) if source else "<profile>"
+
+    def fail(key: str, problem: str) -> ProfileError:
+        return ProfileError(f"{where}: {key}: {problem}")
+
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: a service profile must be a YAML mapping (see README 'Service profiles')")
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
+    for key, (types, required) in _KEYS.items():
+        if key not in raw:
+            if required:
+                raise fail(key, "missing required key")
+            continue
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+            raise fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
+
+    controller = raw["controller"]
+    if controller not in CONTROLLERS:
+        raise fail("controller", f"must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    command = raw.get("command")
+    port = raw.get("port", "auto")
+    if isinstance(port, str) and port != "auto":
+        raise fail("port", f"must be an integer or 'auto', got {port!r}")
+    if isinstance(port, int) and not 0 < port < 65536:
+        raise fail("port", f"must be a TCP port 1-65535, got {port}")
+    pool_raw = raw.get("pool", 1)
+    pool: int | tuple[str, ...]
+    if isinstance(pool_raw, list):
+        if not pool_raw or not all(isinstance(u, str) and u.startswith("http") for u in pool_raw):
+            raise fail("pool", "a list pool must hold service URLs like http://127.0.0.1:30000")
+        pool = tuple(u.rstrip("/") for u in pool_raw)
+    else:
+        if pool_raw < 1:
+            raise fail("pool", f"must be at least 1, got {pool_raw}")
+        pool = pool_raw
+
+    if controller in ("process", "systemd"):
+        if not command:
+            raise fail("command", f"the {controller} controller needs a launch command")
+        fields = _template_fields(command)
+        bad = fields - {"port", "config_args", "python", "host"}
+        if bad:
+            raise fail("command", f"unknown placeholder(s) {sorted(bad)} (allowed: {{port}}, {{config_args}}, {{python}}, {{host}})")
+        if "config_args" not in fields:
+            raise fail("command", "must contain {config_args}: otherwise no config reaches the service")
+        if "port" not in fields and not (isinstance(port, int) and pool == 1):
+            raise fail("command", "must contain {port} (needed for port: auto and for pools of several instances)")
+    if controller == "systemd" and not raw.get("unit"):
+        raise fail("unit", "the systemd controller needs the unit name, e.g. sglang-k26.service")
+    url = raw["url"]
+    url_fields = _template_fields(url)
+    if url_fields - {"port", "host"}:
+        raise fail("url", f"unknown placeholder(s) {sorted(url_fields - {'port', 'host'})}")
+    if not url.startswith(("http://", "https://")):
+        raise fail("url", f"must start with http:// or https://, got {url!r}")
+    if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple):
+        raise fail("url", "must contain {port} when port is 'auto'")
+
+    config_args = raw["config_args"]
+    for key, template in config_args.items():
+        if key not in CONFIG_FIELDS:
+            raise fail(f"config_args.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+        if not isinstance(template, str) or "{value}" not in template:
+            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}}, got {template!r}")
+    applied = raw.get("applied") or {}
+    for key, field_name in applied.items():
+        if field_name not in CONFIG_FIELDS:
+            raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), got {field_name!r}")
+    lossless = raw.get("lossless", "instance" if raw.get("lossless_args") else "golden")
+    if lossless not in LOSSLESS_MODES:
+        raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
+    if lossless == "instance" and not raw.get("lossless_args"):
+        raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, e.g. '--speculative-algorithm NONE'")
+    health_path = raw.get("health_path", "/health_generate")
+    if not health_path.startswith("/"):
+        raise fail("health_path", f"must start with '/', got {health_path!r}")
+    for key in ("ready_timeout_s", "gpu_release_timeout_s", "stop_timeout_s"):
+        if key in raw and raw[key] <= 0:
+            raise fail(key, f"must be positive, got {raw[key]}")
+    env = {str(k): str(v) for k, v in (raw.get("env") or {}).items()}
+    window = raw.get("default_window", 2048)
+    if window is not None and window < 1:
+        raise fail("default_window", f"must be positive or null, got {window}")
+
+    return ServiceProfile(
+        name=raw["name"],
+        controller=controller,
+        command=command,
+        url=url,
+        port=port,
+        default_window=window,
+        config_args=dict(config_args),
+        applied=dict(applied),
+        health_path=health_path,
+        ready_timeout_s=float(raw.get("ready_timeout_s", 900)),
+        gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", 120)),
+        stop_timeout_s=float(raw.get("stop_timeout_s", 30)),
+        env=env,
+        pool=pool,
+        coding_min_pass=raw.get("coding_min_pass"),
+        unit=raw.get("unit"),
+        dropin_dir=raw.get("dropin_dir"),
+        lossless=lossless,
+        lossless_args=raw.get("lossless_args"),
+        hardware_profile=raw.get("hardware_profile"),
+        max_context=raw.get("max_context"),
+        draft_model_path=raw.get("draft_model_path"),
+        patches=raw.get("patches"),
+        description=raw.get("description", ""),
+        source=source,
+        text=text,
+    )
+
+
+def load_profile(path: Path) -> ServiceProfile:
+    """Read and validate a profile file; YAML syntax errors report the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"cannot read service profile {path}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ProfileError(f"{path}: YAML syntax error{line}: {getattr(exc, 'problem', None) or exc}") from None
+    return parse_profile(raw, source=path, text=text)
