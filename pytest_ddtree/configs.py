@@ -77,7 +77,7 @@ class DDTreeConfig:
         """The window actually launched: the config's own, else the profile's default."""
         if self.window is DEFAULT_WINDOW:
             return profile_default
-        return self.window  # type: ignore[return-value]
+        return self.window
 
     def field_values(self, profile_default_window: int | None) -> dict[str, int | None]:
         """Field name -> launch value; the names are those a profile's ``config_args`` maps."""
@@ -91,7 +91,7 @@ class DDTreeConfig:
     # The sort key orders a sweep the way people read the campaign's table.
     def sort_key(self) -> tuple[int, int, int, int]:
         window = self.window
-        rank = -1 if window is DEFAULT_WINDOW else (10**9 if window is None else int(window))  # type: ignore[arg-type]
+        rank = -1 if window is DEFAULT_WINDOW else (10**9 if window is None else int(window))
         return (self.block_size, self.budget, self.topk, rank)
 
     def __eq__(self, other: object) -> bool:

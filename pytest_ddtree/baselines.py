@@ -1,0 +1,141 @@
+"""The baseline store: ``baselines/<hardware-profile>/<config>.yaml``.
+
+A baseline only means something on the hardware it was measured on, so the first folder level is
+a hardware fingerprint (see ``fingerprint.py``). Inside a file each gate owns one section
+(``metrics`` for throughput, ``coding`` for the coding gate); golden transcripts for the lossless
+gate live in ``golden/``. Files are written atomically with sorted keys so an update is a small,
+reviewable YAML diff, and a cross-process lock keeps concurrent writers from interleaving.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import yaml
+
+from pytest_ddtree.results import BaselineUpdate
+
+SCHEMA_VERSION = 1
+
+
+class BaselineError(RuntimeError):
+    """A baseline file exists but cannot be used; the message names the file and the fix."""
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True, width=100)
+
+
+def write_yaml_atomic(path: Path, data: Any, header: str = "") -> None:
+    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(header + dump_yaml(data))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_yaml_file(path: Path, what: str, fix: str) -> Any:
+    """Parse a YAML file or raise BaselineError naming the file, the line and the fix."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BaselineError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BaselineError(f"corrupt {what} {path}: YAML error{line}: {getattr(exc, 'problem', None) or exc}. {fix}") from None
+
+
+@dataclass(frozen=True)
+class BaselineStore:
+    """The store root plus the hardware profile this session measures on."""
+
+    root: Path
+    hardware_profile: str
+    update_mode: bool = False
+    create_hint: str = "pytest suites --ddtree-update-baselines"
+
+    @property
+    def directory(self) -> Path:
+        return self.root / self.hardware_profile
+
+    def path_for(self, config_name: str) -> Path:
+        return self.directory / f"{config_name}.yaml"
+
+    def golden_dir(self) -> Path:
+        return self.directory / "golden"
+
+    def create_command(self, config_name: str) -> str:
+        return f"{self.create_hint} --ddtree-config={shlex.quote(config_name)}"
+
+    def load(self, config_name: str) -> dict[str, Any] | None:
+        """The parsed baseline file, or None when there is none yet."""
+        path = self.path_for(config_name)
+        if not path.exists():
+            return None
+        fix = f"Fix or delete it, then re-create it with: {self.create_command(config_name)}"
+        data = read_yaml_file(path, "baseline", fix)
+        if not isinstance(data, dict):
+            raise BaselineError(f"corrupt baseline {path}: expected a mapping at the top level, got {type(data).__name__}. {fix}")
+        version = data.get("schema", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise BaselineError(f"baseline {path} has schema {version!r}, this pytest-ddtree reads {SCHEMA_VERSION}. {fix}")
+        return data
+
+    def section(self, config_name: str, section: str) -> Any:
+        data = self.load(config_name)
+        return None if data is None else data.get(section)
+
+    def apply_updates(self, updates: Iterable[BaselineUpdate], details: dict[str, Any] | None = None) -> list[Path]:
+        """Merge section updates into their files (controller only). Returns the files written."""
+        by_config: dict[str, list[BaselineUpdate]] = {}
+        for update in updates:
+            by_config.setdefault(update.config, []).append(update)
+        written: list[Path] = []
+        with _locked(self.directory):
+            for config_name, config_updates in sorted(by_config.items()):
+                path = self.path_for(config_name)
+                current = self.load(config_name) if path.exists() else None
+                data: dict[str, Any] = dict(current or {})
+                data["schema"] = SCHEMA_VERSION
+                data["config"] = config_name
+                data["hardware_profile"] = self.hardware_profile
+                if details:
+                    data["hardware"] = details
+                for update in config_updates:
+                    existing = data.get(update.section)
+                    if isinstance(existing, dict) and isinstance(update.data, dict):
+                        merged = dict(existing)
+                        merged.update(update.data)
+                        data[update.section] = merged
+                    else:
+                        data[update.section] = update.data
+                header = (
+                    f"# Baseline for {config_name} on {self.hardware_profile}.\n"
+                    f"# Written by {self.create_hint}; review the diff before committing.\n"
+                )
+                write_yaml_atomic(path, data, header)
+                written.append(path)
+        return written

@@ -1,0 +1,116 @@
+"""The session's results: appended as they are measured, merged once at the end.
+
+Every gate writes through one SessionRecorder so that a crash, a Ctrl-C or a killed CI job loses
+nothing already measured: each record is one JSON line, appended and flushed the moment it exists
+(``records-<worker>.jsonl``). Under pytest-xdist each worker appends to its own file in the same
+directory (the controller hands the directory to the workers), so no two processes ever write one
+file; the controller merges them into ``results.json`` when every worker is done. Baseline updates
+travel the same way (``baseline-updates-<worker>.jsonl``) and only the controller applies them,
+which is how xdist workers can never corrupt a baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+RECORDS_GLOB = "records-*.jsonl"
+UPDATES_GLOB = "baseline-updates-*.jsonl"
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if hasattr(value, "name") and hasattr(value, "block_size"):  # DDTreeConfig
+        return value.name
+    raise TypeError(f"cannot record {type(value).__name__} as JSON")
+
+
+def dumps(value: Any) -> str:
+    """Deterministic JSON (sorted keys) so result files diff cleanly."""
+    return json.dumps(value, sort_keys=True, default=_json_default)
+
+
+class SessionRecorder:
+    """Appends records for one process (controller or one xdist worker)."""
+
+    def __init__(self, directory: Path, worker: str = "main") -> None:
+        self.directory = directory
+        self.worker = worker
+        self._lock = threading.Lock()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.records_path = directory / f"records-{worker}.jsonl"
+        self.updates_path = directory / f"baseline-updates-{worker}.jsonl"
+
+    def _append(self, path: Path, entry: Mapping[str, Any]) -> None:
+        line = dumps(entry) + "\n"
+        with self._lock, open(path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def record(self, kind: str, config: str | None, data: Mapping[str, Any]) -> None:
+        """Append one measurement/verdict now; ``kind`` is e.g. throughput, coding, lossless, health, launch."""
+        entry = {"kind": kind, "config": config, "worker": self.worker, "time": time.time(), **data}
+        self._append(self.records_path, entry)
+
+    def propose_baseline(self, config: str, section: str, data: Any) -> None:
+        """Queue a baseline section update; the controller applies it at session end (update mode only)."""
+        self._append(self.updates_path, {"config": config, "section": section, "data": data, "worker": self.worker})
+
+
+@dataclass(frozen=True)
+class BaselineUpdate:
+    config: str
+    section: str
+    data: Any
+
+
+def _read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for path in sorted(paths):
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    entries.append(json.loads(line))
+                except json.JSONDecodeError:
+                    # A torn last line from a killed process: keep everything before it.
+                    entries.append({"kind": "corrupt-record", "file": path.name, "line": number})
+    return entries
+
+
+def read_records(directory: Path) -> list[dict[str, Any]]:
+    """All records of the session, every worker, in time order."""
+    records = _read_jsonl(directory.glob(RECORDS_GLOB))
+    records.sort(key=lambda r: (r.get("time", 0.0), r.get("worker", "")))
+    return records
+
+
+def read_baseline_updates(directory: Path) -> list[BaselineUpdate]:
+    return [BaselineUpdate(e["config"], e["section"], e["data"]) for e in _read_jsonl(directory.glob(UPDATES_GLOB)) if "section" in e]
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, sort_keys=True, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
