@@ -1,0 +1,205 @@
+"""The controller interface and the errors of the service lifecycle.
+
+Three very different ways of running a service (a child process, a systemd unit, somebody else's
+server) sit behind one small interface so that the manager's logic - stop, wait for the GPU,
+start, wait until ready, verify the applied config, cache failures - is written and tested once.
+A controller only *launches*; readiness is decided by the manager through HTTP, because only the
+service itself knows when its model is loaded.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+ProgressFn = Callable[[str], None]
+"""Where lifecycle progress lines go (the plugin writes them to the terminal)."""
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines()) or "    <empty>"
+
+
+class ServiceError(Exception):
+    """Base class of every lifecycle error; the plugin turns it into a test failure."""
+
+
+class ServiceStartError(ServiceError):
+    """The service did not become ready (crashed, failed, timed out, did not answer).
+
+    The message shows everything a person needs to act without re-running: what went wrong, the
+    exit code, how long it took and the tail of the service log.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        elapsed: float | None = None,
+        *,
+        config_name: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.elapsed = elapsed
+        self.config_name = config_name
+        self.hint = hint
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        head = f"service for config {self.config_name}: {self.reason}" if self.config_name else self.reason
+        parts = [head]
+        if self.exit_code is not None:
+            parts.append(f"exit code: {describe_exit_code(self.exit_code)}")
+        if self.elapsed is not None:
+            parts.append(f"after {self.elapsed:.1f} s")
+        text = "; ".join(parts)
+        if self.hint:
+            text += f"\nwhat to do: {self.hint}"
+        text += "\nlast lines of the service log:\n" + _indent(self.log_tail)
+        return text
+
+
+class ServiceDiedError(ServiceStartError):
+    """The service was ready once, then exited while tests of its config were running."""
+
+
+@dataclass(frozen=True)
+class AppliedDiff:
+    """One server_info key whose value is not what the config asked for."""
+
+    key: str
+    expected: object
+    actual: object
+
+
+class AppliedConfigMismatch(ServiceError):
+    """The service came up but does not run the asked config (a flag was ignored or renamed).
+
+    This is never "fixed" by falling back: measuring the wrong config is worse than failing.
+    """
+
+    def __init__(self, config_name: str, diffs: Sequence[AppliedDiff], source: str = "/server_info") -> None:
+        self.config_name = config_name
+        self.diffs = list(diffs)
+        lines = [f"service does not run config {config_name}: {len(self.diffs)} applied value(s) differ in {source}"]
+        width = max([len(d.key) for d in self.diffs] + [3])
+        lines.append(f"    {'key':<{width}}  expected  actual")
+        for d in self.diffs:
+            lines.append(f"    {d.key:<{width}}  {d.expected!r:<8}  {d.actual!r}")
+        lines.append(
+            "what to do: check that the profile's config_args flags are the ones this server build reads "
+            "(upstream DFLASH silently forces topk=1), and that the applied keys name real /server_info keys"
+        )
+        super().__init__("\n".join(lines))
+
+
+class ConfigNotAvailable(ServiceError):
+    """The asked config cannot be tested on this service (external service running another config).
+
+    The plugin turns this into a skip with the reason, not a failure: nobody asked the harness to
+    restart an external service.
+    """
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a service ended: exit code (negative = killed by that signal), what said so, log tail."""
+
+    exit_code: int | None
+    description: str
+    log_tail: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to launch one instance, and to reproduce that launch later."""
+
+    name: str
+    command: str
+    port: int | None
+    url: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+
+def describe_exit_code(code: int) -> str:
+    """``-9`` -> ``-9 (killed by SIGKILL)``; shell-style 128+N codes are explained as well."""
+    import signal
+
+    def signame(num: int) -> str | None:
+        try:
+            return signal.Signals(num).name
+        except ValueError:
+            return None
+
+    if code < 0 and signame(-code):
+        return f"{code} (killed by {signame(-code)})"
+    if code > 128 and signame(code - 128):
+        return f"{code} (128+{code - 128}: {signame(code - 128)})"
+    return str(code)
+
+
+def tail_file(path: Path | None, n: int = 40, max_bytes: int = 64 * 1024) -> str:
+    """The last ``n`` lines of a log file, reading at most ``max_bytes`` from its end.
+
+    Logs of a large model start-up run to megabytes; only the end explains a failure.
+    """
+    if path is None:
+        return "<no log file>"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError as exc:
+        return f"<cannot read log {path}: {exc.strerror or exc}>"
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # first line is probably cut
+    return "\n".join(lines[-n:])
+
+
+class Controller(abc.ABC):
+    """Launches and stops one service instance; knows when it has died.
+
+    ``start`` returns as soon as the launch was handed over (a process spawned, a restart queued),
+    never after the model is loaded: readiness is the manager's job so that it can show progress,
+    apply one deadline and notice a crash through ``failure()`` within a poll interval.
+    """
+
+    kind: str = "abstract"
+
+    @abc.abstractmethod
+    def start(self, launch: Launch) -> None:
+        """Launch the service described by ``launch``; return once launched, not once ready."""
+
+    @abc.abstractmethod
+    def failure(self) -> ExitInfo | None:
+        """Non-None once the launched service has exited or its unit has failed."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop what this controller started; safe to call twice or before start."""
+
+    @abc.abstractmethod
+    def log_tail(self, n: int = 40) -> str:
+        """The last ``n`` lines of the current launch's log."""
+
+    def restore_default(self) -> None:
+        """Put the service back on the profile's default config (systemd); nothing for others."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """A short human description (``process pid 123``, ``systemd unit x.service``)."""
+
+    def launch_record(self) -> dict[str, object]:
+        """Controller-specific details of the last launch for the repro package."""
+        return {}

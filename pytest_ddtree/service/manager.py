@@ -1,0 +1,483 @@
+"""The per-worker service manager: one instance, one config at a time, failures remembered.
+
+``ensure(config)`` is what the ``ddtree_service`` fixture calls before each test. It restarts
+only when the config changes (tests are ordered so each config starts once per worker), and it
+remembers a failed start so that the other tests of that config fail at once with the same
+reason instead of spending another ten-minute restart each. A service that dies mid-run is
+noticed on the next ``ensure`` and fails the rest of its config; the next config starts fresh.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.service.base import (
+    AppliedConfigMismatch,
+    ConfigNotAvailable,
+    Controller,
+    Launch,
+    ProgressFn,
+    ServiceDiedError,
+    ServiceError,
+    ServiceStartError,
+)
+from pytest_ddtree.service.external import ExternalController
+from pytest_ddtree.service.pool import InstanceLock, free_port, resolve_instance
+from pytest_ddtree.service.process import ProcessController
+from pytest_ddtree.service.profile import ServiceProfile
+from pytest_ddtree.service.readiness import HealthClient, applied_diff, wait_ready
+from pytest_ddtree.service.systemd import SystemdController
+
+READY_HEALTH_TIMEOUT_S = 5.0
+"""Per-request timeout of health polls: short, so a dead service is noticed quickly."""
+
+
+class ClientFactory(Protocol):
+    def __call__(self, base_url: str, timeout: float) -> Any: ...
+
+
+def _default_client(base_url: str, timeout: float) -> Any:
+    from pytest_ddtree.client import SGLangClient
+
+    return SGLangClient(base_url, timeout=timeout)
+
+
+def _default_gpu_memory() -> int | None:
+    from pytest_ddtree.service import gpu
+
+    return gpu.gpu_memory_used_bytes()
+
+
+def _default_gpu_release(baseline: int | None, timeout_s: float, progress: ProgressFn | None) -> bool:
+    from pytest_ddtree.service import gpu
+
+    return gpu.wait_for_gpu_memory_release(baseline, timeout_s, progress)
+
+
+@dataclass
+class RunningService:
+    """A ready, verified service instance, as the ``ddtree_service`` fixture hands it out.
+
+    ``config`` is None only for auxiliary instances (the lossless reference), which run no
+    speculative config. ``launch_command`` is None for external services (we did not launch them).
+    """
+
+    url: str
+    client: Any
+    server_info: dict[str, Any]
+    config: DDTreeConfig | None
+    profile: ServiceProfile
+    launch_command: str | None
+    instance: int
+    ready_s: float = 0.0
+    log_path: Path | None = None
+    name: str = ""
+
+
+@dataclass
+class _Slot:
+    """One running (or failed) launch: its controller and what it serves."""
+
+    controller: Controller
+    launch: Launch
+    service: RunningService | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class ServiceManager:
+    """Owns one pool instance for one worker: restarts, readiness, verification, cleanup.
+
+    Parameters:
+        profile: the validated service profile.
+        instance_index: which pool instance (``pool.instance_for_worker``).
+        log_dir: where process logs go (``<results>/logs``), one file per start.
+        progress: where progress lines go (None: silent).
+        lock_dir: where the instance lock files live; when given, the instance is locked from
+            ``ensure`` until a switch, ``release`` or ``close`` (needed when workers share one).
+        ready_timeout_s: overrides the profile's ``ready_timeout_s`` (``--ddtree-ready-timeout``).
+    """
+
+    def __init__(
+        self,
+        profile: ServiceProfile,
+        instance_index: int = 0,
+        log_dir: Path | str = Path(".ddtree") / "logs",
+        progress: ProgressFn | None = None,
+        lock_dir: Path | str | None = None,
+        *,
+        ready_timeout_s: float | None = None,
+        poll_interval: float = 0.5,
+        progress_interval: float = 10.0,
+        client_factory: ClientFactory = _default_client,
+        client_timeout_s: float = 600.0,
+        systemctl: tuple[str, ...] = ("systemctl",),
+        journalctl: tuple[str, ...] = ("journalctl",),
+        gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
+        gpu_release: Callable[[int | None, float, ProgressFn | None], bool] | None = _default_gpu_release,
+    ) -> None:
+        self.profile = profile
+        self.instance = instance_index
+        self.log_dir = Path(log_dir)
+        self.progress = progress
+        self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
+        self.poll_interval = poll_interval
+        self.progress_interval = progress_interval
+        self.client_factory = client_factory
+        self.client_timeout_s = client_timeout_s
+        self.systemctl = systemctl
+        self.journalctl = journalctl
+        self._gpu_memory = gpu_memory
+        self._gpu_release = gpu_release
+        self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{instance_index}") if lock_dir is not None else None
+        self._controller: Controller | None = None
+        self._current: _Slot | None = None
+        self._failed: dict[str, ServiceError] = {}
+        self._aux: dict[str, _Slot] = {}
+        self._aux_failed: dict[str, ServiceError] = {}
+        self._starts = 0
+        self._gpu_baseline: int | None = None
+        self._baseline_taken = False
+        self.launches: list[dict[str, Any]] = []
+        """Every launch (config, command, env, drop-in, outcome), for the repro package."""
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def current(self) -> RunningService | None:
+        """The service currently in force, if any."""
+        return self._current.service if self._current is not None else None
+
+    def ensure(self, config: DDTreeConfig) -> RunningService:
+        """A ready service running ``config``; restart only when the config changes.
+
+        Raises the cached ServiceError for a config that failed before (no retry),
+        ServiceDiedError when the service died since the last test, ConfigNotAvailable for an
+        external service running another config.
+        """
+        name = config.name
+        if name in self._failed:
+            raise self._failed[name]
+        slot = self._current
+        if slot is not None and slot.service is not None:
+            if slot.service.config == config:
+                self._check_alive(slot, name)
+                return slot.service
+            if self.profile.controller == "external":
+                # Nothing to restart: just check that the running config is the asked one.
+                return self._adopt_external(slot, config)
+        self._switch_away()
+        return self._start(config)
+
+    def start_auxiliary(self, name: str = "reference", extra_args: str | None = None) -> RunningService:
+        """A second instance with ``extra_args`` (default: the profile's lossless_args) in place of
+        the config args, on its own free port; started once and kept until ``close``."""
+        if name in self._aux_failed:
+            raise self._aux_failed[name]
+        slot = self._aux.get(name)
+        if slot is not None and slot.service is not None:
+            info = slot.controller.failure()
+            if info is None:
+                return slot.service
+            err = ServiceDiedError(
+                f"auxiliary instance {name!r} exited during the run: {info.description}",
+                exit_code=info.exit_code,
+                log_tail=info.log_tail,
+            )
+            self._aux_failed[name] = err
+            slot.controller.stop()
+            raise err
+        args = extra_args if extra_args is not None else self.profile.lossless_args
+        if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not self.profile.command:
+            raise ConfigNotAvailable(
+                f"profile {self.profile.name} has no launch command for an auxiliary instance "
+                f"({name}); use lossless: golden for external services"
+            )
+        if "{port}" not in self.profile.command:
+            raise ConfigNotAvailable(
+                f"profile {self.profile.name}: the command has no {{port}}, so a second instance "
+                "cannot get its own port; add {port} to the command"
+            )
+        port = free_port()
+        controller = ProcessController(self.log_dir, stop_timeout_s=self.profile.stop_timeout_s)
+        launch = Launch(
+            name=f"{name}-{self.instance}",
+            command=self.profile.render_command(None, port, extra_args=args),
+            port=port,
+            url=self.profile.render_url(port),
+            env=dict(self.profile.env),
+            log_path=self._log_path(name),
+        )
+        slot = _Slot(controller, launch)
+        self._aux[name] = slot
+        try:
+            slot.service = self._launch_and_wait(slot, None, label=name)
+        except ServiceError as err:
+            self._aux_failed[name] = err
+            controller.stop()
+            raise
+        return slot.service
+
+    def release(self) -> None:
+        """Stop the current service and let other workers have the instance."""
+        self._switch_away()
+
+    def close(self) -> list[str]:
+        """Stop everything started here, restore the systemd default; return problems seen.
+
+        Never raises: it runs at session end and on Ctrl-C, where an exception would hide the
+        test results. The plugin should print the returned problems.
+        """
+        problems: list[str] = []
+        for name, slot in list(self._aux.items()):
+            try:
+                slot.controller.stop()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"stopping auxiliary {name}: {exc}")
+        self._aux.clear()
+        controller = self._controller
+        if controller is not None:
+            try:
+                controller.stop()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"stopping {controller.describe()}: {exc}")
+            try:
+                controller.restore_default()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"restoring the default config of {controller.describe()}: {exc}")
+        self._current = None
+        if self._lock is not None:
+            self._lock.release()
+        for problem in problems:
+            self._say(f"service cleanup problem: {problem}")
+        return problems
+
+    # -- internals ----------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    def _log_path(self, label: str) -> Path:
+        self._starts += 1
+        while True:
+            path = self.log_dir / f"{label}-{self.instance}-{self._starts}.log"
+            if not path.exists():
+                return path
+            self._starts += 1
+
+    def _controller_for_profile(self) -> Controller:
+        if self._controller is None:
+            p = self.profile
+            if p.controller == "process":
+                self._controller = ProcessController(self.log_dir, stop_timeout_s=p.stop_timeout_s)
+            elif p.controller == "systemd":
+                assert p.unit is not None, "profile validation guarantees a unit for systemd"
+                self._controller = SystemdController(
+                    p.unit,
+                    dropin_dir=p.dropin_dir,
+                    systemctl=self.systemctl,
+                    journalctl=self.journalctl,
+                    stop_timeout_s=p.stop_timeout_s,
+                )
+            else:
+                slot = resolve_instance(p, self.instance)
+                health_client = self.client_factory(slot.url, READY_HEALTH_TIMEOUT_S)
+                self._controller = ExternalController(health_client, p.health_path)
+        return self._controller
+
+    def _check_alive(self, slot: _Slot, name: str) -> None:
+        info = slot.controller.failure()
+        if info is None:
+            return
+        err = ServiceDiedError(
+            f"the service exited during the run: {info.description}",
+            exit_code=info.exit_code,
+            log_tail=info.log_tail,
+            config_name=name,
+            hint="the remaining tests of this config cannot run; the next config starts a fresh service",
+        )
+        self._failed[name] = err
+        self._set_outcome(slot, f"died: {info.description}")
+        self._switch_away()
+        raise err
+
+    def _switch_away(self) -> None:
+        slot, self._current = self._current, None
+        if slot is not None and self.profile.controller != "external":
+            self._say(f"stopping {slot.controller.describe()}")
+            slot.controller.stop()
+        if self._lock is not None and self._lock.held:
+            self._lock.release()
+            time.sleep(0.05)  # let a worker blocked on the lock get it before we re-lock
+
+    def _wait_gpu_release(self) -> None:
+        """Before a launch, wait until the previous instance's GPU memory is freed.
+
+        Process profiles compare against what was in use before our first launch (other
+        tenants, other workers' instances). A systemd unit already holds the GPU when the
+        session starts, so there the threshold is "driver overhead only" (gpu.py's None).
+        Without NVML or a GPU this returns at once.
+        """
+        if self._gpu_memory is None or self._gpu_release is None:
+            return
+        threshold: int | None
+        if self.profile.controller == "systemd":
+            threshold = None
+        else:
+            if not self._baseline_taken:
+                self._baseline_taken = True
+                try:
+                    self._gpu_baseline = self._gpu_memory()
+                except Exception:  # noqa: BLE001 - no NVML: skip quietly
+                    self._gpu_baseline = None
+                return  # nothing of ours ran yet: nothing to wait for
+            if self._gpu_baseline is None:
+                return
+            threshold = self._gpu_baseline
+        released = self._gpu_release(threshold, self.profile.gpu_release_timeout_s, self.progress)
+        if not released:
+            self._say(
+                f"GPU memory was not released within {self.profile.gpu_release_timeout_s:.0f} s; starting "
+                "anyway (a start that runs out of memory will say so in its log)"
+            )
+
+    def _start(self, config: DDTreeConfig) -> RunningService:
+        name = config.name
+        if self._lock is not None:
+            self._lock.acquire(self.progress)
+        controller = self._controller_for_profile()
+        instance_slot = resolve_instance(self.profile, self.instance)
+        command = None if self.profile.controller == "external" else self.profile.render_command(config, instance_slot.port)
+        launch = Launch(
+            name=name,
+            command=command or "",
+            port=instance_slot.port,
+            url=instance_slot.url,
+            env=dict(self.profile.env),
+            log_path=self._log_path(name) if self.profile.controller == "process" else None,
+        )
+        slot = _Slot(controller, launch)
+        try:
+            if isinstance(controller, SystemdController):
+                controller.take_over()  # stop the unit (even its default config) before the wait
+            if self.profile.controller != "external":
+                self._wait_gpu_release()
+            service = self._launch_and_wait(slot, config, label=name)
+            if self.profile.controller == "external":
+                self._check_external_config(service, config)
+        except ConfigNotAvailable as err:
+            self._failed[name] = err
+            self._current = slot  # the external service is still usable for other configs
+            raise
+        except ServiceError as err:
+            self._failed[name] = err
+            self._set_outcome(slot, f"failed: {str(err).splitlines()[0]}")
+            try:
+                controller.stop()
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
+            raise
+        slot.service = service
+        self._current = slot
+        return service
+
+    def _launch_and_wait(self, slot: _Slot, config: DDTreeConfig | None, label: str) -> RunningService:
+        launch, controller = slot.launch, slot.controller
+        external = isinstance(controller, ExternalController)
+        if not external:
+            self._say(f"starting {label} on {launch.url}: {launch.command}")
+        record: dict[str, Any] = {
+            "config": label,
+            "instance": self.instance,
+            "controller": controller.kind,
+            "command": launch.command or None,
+            "env": dict(launch.env),
+            "port": launch.port,
+            "url": launch.url,
+            "started_at": time.time(),
+            "pid_of_harness": os.getpid(),
+            "outcome": "starting",
+        }
+        slot.record = record
+        self.launches.append(record)
+        begin = time.monotonic()
+        controller.start(launch)
+        record.update(controller.launch_record())
+        ready_s = 0.0
+        if not external:
+            health_client: HealthClient = self.client_factory(launch.url, READY_HEALTH_TIMEOUT_S)
+            ready_s = wait_ready(
+                health_client,
+                controller,
+                self.profile.health_path,
+                self.ready_timeout_s,
+                self.progress,
+                self.poll_interval,
+                progress_interval=self.progress_interval,
+                gpu_memory=self._gpu_memory,
+                config_name=label,
+            )
+        client = self.client_factory(launch.url, self.client_timeout_s)
+        try:
+            server_info: dict[str, Any] = client.server_info()
+        except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"
+            raise ServiceStartError(
+                f"health answered but /server_info failed: {type(exc).__name__}: {exc}",
+                log_tail=controller.log_tail(),
+                elapsed=time.monotonic() - begin,
+                config_name=label,
+                hint="the applied-config check needs /server_info (or /get_server_info)",
+            ) from None
+        if config is not None and not external:
+            diffs = applied_diff(self.profile.expected_applied(config), server_info)
+            if diffs:
+                raise AppliedConfigMismatch(config.name, diffs)
+        record["outcome"] = "ready"
+        record["ready_s"] = round(ready_s, 3)
+        self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
+        return RunningService(
+            url=launch.url,
+            client=client,
+            server_info=server_info,
+            config=config,
+            profile=self.profile,
+            launch_command=None if external else launch.command,
+            instance=self.instance,
+            ready_s=ready_s,
+            log_path=launch.log_path,
+            name=label,
+        )
+
+    def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
+        diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
+        if diffs:
+            detail = ", ".join(f"{d.key}={d.actual!r} (asked {d.expected!r})" for d in diffs)
+            raise ConfigNotAvailable(
+                f"external service {service.url} runs another config than {config.name}: {detail}; "
+                "the harness does not restart external services"
+            )
+
+    def _adopt_external(self, slot: _Slot, config: DDTreeConfig) -> RunningService:
+        assert slot.service is not None
+        try:
+            slot.service.server_info = slot.service.client.server_info()
+        except Exception as exc:  # noqa: BLE001
+            err = ServiceStartError(f"external service {slot.launch.url} stopped answering: {exc}", config_name=config.name)
+            self._failed[config.name] = err
+            raise err from None
+        try:
+            self._check_external_config(slot.service, config)
+        except ConfigNotAvailable as err:
+            self._failed[config.name] = err
+            raise
+        slot.service.config = config
+        return slot.service
+
+    @staticmethod
+    def _set_outcome(slot: _Slot, outcome: str) -> None:
+        if slot.record:
+            slot.record["outcome"] = outcome

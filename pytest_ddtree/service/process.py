@@ -1,0 +1,256 @@
+"""The ``process`` controller: the service runs as our child, in its own process group.
+
+Why a process group: a launcher like ``python -m sglang.launch_server`` forks tokenizer,
+detokenizer and one scheduler per GPU; killing only the leader leaves GPU memory held by
+orphans and the next config fails to load. Why a registry with atexit and signal handlers:
+a Ctrl-C, a SIGTERM from CI or an internal error in pytest must never leave a 600 GB model
+loaded on the GPUs with nobody owning it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Callable, Mapping
+
+from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, tail_file
+
+# -- global registry: every live process group we started, for emergency cleanup -----------------
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_LIVE_LOCK = threading.Lock()
+_ATEXIT_INSTALLED = False
+_PREVIOUS_HANDLERS: dict[int, object] = {}
+
+
+def _register(proc: subprocess.Popen[bytes]) -> None:
+    global _ATEXIT_INSTALLED
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = proc
+        if not _ATEXIT_INSTALLED:
+            atexit.register(kill_all_groups)
+            _ATEXIT_INSTALLED = True
+
+
+def _unregister(proc: subprocess.Popen[bytes]) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(proc.pid, None)
+
+
+def live_process_groups() -> list[int]:
+    """Process-group ids of services started here and not yet stopped (for tests and reports)."""
+    with _LIVE_LOCK:
+        return sorted(_LIVE)
+
+
+def kill_all_groups() -> None:
+    """SIGKILL every process group still registered, and reap the leaders.
+
+    Runs at interpreter exit and from the signal handlers. It uses SIGKILL directly: when we are
+    here the orderly ``stop()`` did not run, and the process that called us is about to die.
+    """
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+        _LIVE.clear()
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+
+
+def _on_fatal_signal(signum: int, frame: FrameType | None) -> None:
+    kill_all_groups()
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # Re-deliver with the default action so our exit status still says "killed by SIGTERM".
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
+    """Kill our service process groups when pytest itself is terminated by a signal.
+
+    SIGINT is left alone: pytest turns it into KeyboardInterrupt and runs its session-finish
+    hooks, where the plugin calls ``ServiceManager.close()``. SIGTERM and SIGHUP would otherwise
+    kill pytest without running atexit. Only callable from the main thread; a no-op elsewhere.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in signals:
+        if signum in _PREVIOUS_HANDLERS:
+            continue
+        _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+        signal.signal(signum, _on_fatal_signal)
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function that makes Linux SIGKILL the child if pytest is SIGKILLed.
+
+    The last line of defence (atexit cannot run after SIGKILL). It covers the group leader only;
+    its own children are reached by the leader's shutdown or by ``stop()``.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        pr_set_pdeathsig = 1
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+class ProcessController(Controller):
+    """Runs the rendered command as a child process group with one log file per start."""
+
+    kind = "process"
+
+    def __init__(self, log_dir: Path, *, env: Mapping[str, str] | None = None, stop_timeout_s: float = 30.0) -> None:
+        self.log_dir = Path(log_dir)
+        self.extra_env = dict(env or {})
+        self.stop_timeout_s = stop_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._launch: Launch | None = None
+        self._log_path: Path | None = None
+        self._starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    def _next_log_path(self, name: str) -> Path:
+        """``<log_dir>/<name>-<n>.log``, never overwriting an earlier start's log."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            self._starts += 1
+            path = self.log_dir / f"{name}-{self._starts}.log"
+            if not path.exists():
+                return path
+
+    def start(self, launch: Launch) -> None:
+        self.stop()
+        argv = shlex.split(launch.command)
+        if not argv:
+            raise ServiceStartError(f"empty launch command for {launch.name}", hint="set 'command' in the service profile")
+        log_path = launch.log_path or self._next_log_path(launch.name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.update(launch.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # so the log tail shows the last words of a crash
+        with open(log_path, "ab") as log:
+            log.write(f"# pytest-ddtree launch {launch.name}: {launch.command}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                    preexec_fn=_parent_death_signal(),
+                )
+            except OSError as exc:
+                raise ServiceStartError(
+                    f"cannot run {argv[0]!r}: {exc.strerror or exc}",
+                    log_tail=tail_file(log_path),
+                    elapsed=0.0,
+                    config_name=launch.name,
+                    hint="check the profile's 'command' (the executable must exist and be on PATH)",
+                ) from None
+        _register(proc)
+        self._proc, self._launch, self._log_path = proc, launch, log_path
+
+    def failure(self) -> ExitInfo | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        code = proc.poll()
+        if code is None:
+            return None
+        return ExitInfo(code, f"process {proc.pid} exited with code {describe_exit_code(code)}", self.log_tail())
+
+    def stop(self) -> None:
+        """SIGTERM the whole group, SIGKILL it after the grace period, reap the leader."""
+        proc = self._proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        self._signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # The leader may be gone while workers it forked are still shutting down.
+        while time.monotonic() < deadline and self._group_alive(pgid):
+            time.sleep(0.05)
+        if self._group_alive(pgid) or proc.poll() is None:
+            self._signal_group(pgid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
+            end = time.monotonic() + 5
+            while time.monotonic() < end and self._group_alive(pgid):
+                time.sleep(0.05)
+        _unregister(proc)
+        # Keep _launch/_log_path so a failure report after stop still has the log.
+        self._proc = None
+
+    @staticmethod
+    def _signal_group(pgid: int, signum: int) -> None:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def log_tail(self, n: int = 40) -> str:
+        return tail_file(self._log_path, n)
+
+    def describe(self) -> str:
+        if self._proc is None:
+            return "process (not running)"
+        return f"process group {self._proc.pid} (log {self._log_path})"
+
+    def launch_record(self) -> dict[str, object]:
+        return {"pid": self.pid, "log": str(self._log_path) if self._log_path else None}

@@ -1,0 +1,159 @@
+"""Readiness: wait until the service answers its health path, then prove the config applied.
+
+The campaign's first sweep died because a readiness loop under ``set -e`` treated the first
+refused connection as fatal. Here everything that is normal while a model loads - refused
+connections, timeouts, 503 - is retried until one deadline, while a *real* failure (the process
+exited, the unit failed) ends the wait within a poll interval, with the exit code and the log.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+import requests
+
+from pytest_ddtree.service.base import (
+    AppliedConfigMismatch,
+    AppliedDiff,
+    Controller,
+    ProgressFn,
+    ServiceStartError,
+)
+
+MISSING = "<missing>"
+
+
+class HealthClient(Protocol):
+    """What readiness needs from pytest_ddtree.client.SGLangClient."""
+
+    def health(self, path: str, timeout: float = ...) -> int: ...
+
+    def server_info(self) -> dict[str, Any]: ...
+
+
+def _default_gpu_memory() -> int | None:
+    try:
+        from pytest_ddtree.service import gpu
+    except ImportError:  # pragma: no cover - gpu.py is part of the package
+        return None
+    try:
+        return gpu.gpu_memory_used_bytes()
+    except Exception:  # noqa: BLE001 - progress must never fail the start
+        return None
+
+
+def wait_ready(
+    client: HealthClient,
+    controller: Controller,
+    health_path: str,
+    timeout_s: float,
+    progress: ProgressFn | None = None,
+    poll_interval: float = 0.5,
+    *,
+    progress_interval: float = 10.0,
+    gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
+    config_name: str | None = None,
+    what: str = "service",
+    health_timeout_s: float = 5.0,
+) -> float:
+    """Poll ``health_path`` until HTTP 200; return the seconds it took.
+
+    Raises ServiceStartError when the controller reports the service dead (checked before every
+    poll, so within ``poll_interval`` plus one refused connect) or when ``timeout_s`` passes.
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    next_progress = start + progress_interval
+    last = "no answer yet"
+    polls = 0
+    while True:
+        info = controller.failure()
+        if info is not None:
+            raise ServiceStartError(
+                f"{what} exited while starting: {info.description}",
+                exit_code=info.exit_code,
+                log_tail=info.log_tail,
+                elapsed=time.monotonic() - start,
+                config_name=config_name,
+                hint="read the log tail; the flags of this config may not be supported by this server build",
+            )
+        try:
+            status = client.health(health_path, timeout=health_timeout_s)
+            polls += 1
+            if status == 200:
+                return time.monotonic() - start
+            last = f"HTTP {status}"
+        except requests.RequestException as exc:
+            polls += 1
+            last = _short_error(exc)
+        now = time.monotonic()
+        if now >= deadline:
+            raise ServiceStartError(
+                f"{what} not ready after {timeout_s:.0f} s (last answer from {health_path}: {last})",
+                exit_code=None,
+                log_tail=controller.log_tail(),
+                elapsed=now - start,
+                config_name=config_name,
+                hint="raise ready_timeout_s in the profile (or --ddtree-ready-timeout) if loading is just slow",
+            )
+        if progress is not None and now >= next_progress:
+            next_progress = now + progress_interval
+            mem = gpu_memory() if gpu_memory is not None else None
+            mem_text = f", GPU memory in use {mem / 2**30:.1f} GiB" if mem is not None else ""
+            progress(
+                f"waiting for {what}{' ' + config_name if config_name else ''} ({controller.describe()}): "
+                f"{now - start:.0f} s elapsed, last: {last}{mem_text}"
+            )
+        time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
+
+
+def _short_error(exc: Exception) -> str:
+    if isinstance(exc, requests.ConnectionError):
+        return "connection refused" if "refused" in str(exc).lower() else f"connection error ({type(exc).__name__})"
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    return f"{type(exc).__name__}"
+
+
+def _lookup(info: Mapping[str, Any], key: str) -> object:
+    """Top-level key, or a dotted path (``internal_states.0.x``) for nested values."""
+    if key in info:
+        return info[key]
+    node: object = info
+    for part in key.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def _same(expected: object, actual: object) -> bool:
+    if expected is None or actual is None:
+        # "no window" is reported as null, 0 or -1 by different builds.
+        return actual in (None, 0, -1, "None", "none", "null") and expected in (None, 0, -1)
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return expected == actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return float(expected) == float(actual)
+    return str(expected) == str(actual)
+
+
+def applied_diff(expected: Mapping[str, object], server_info: Mapping[str, Any]) -> list[AppliedDiff]:
+    """Key-by-key differences between what a config must show and what the server reports."""
+    diffs = []
+    for key, want in expected.items():
+        got = _lookup(server_info, key)
+        if got is MISSING or not _same(want, got):
+            diffs.append(AppliedDiff(key, want, got))
+    return diffs
+
+
+def verify_applied(config_name: str, expected: Mapping[str, object], server_info: Mapping[str, Any]) -> None:
+    """Raise AppliedConfigMismatch (with the diff) unless every expected key matches."""
+    diffs = applied_diff(expected, server_info)
+    if diffs:
+        raise AppliedConfigMismatch(config_name, diffs)

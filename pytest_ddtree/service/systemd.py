@@ -1,0 +1,220 @@
+"""The ``systemd`` controller: reconfigure a unit through a drop-in and restart it.
+
+Production deployments run SGLang as a unit (so it survives logouts and restarts on boot). The
+harness must not edit the admin's unit file, so it writes one drop-in,
+``<dropin_dir>/<unit>.d/ddtree.conf``, that replaces ``ExecStart`` with the config's command, and
+removes it again at session end (``restore_default``), restarting the unit on its own default.
+State comes from ``systemctl show`` (ActiveState, SubState, ExecMainStatus, ExecMainPID) and the
+log tail from ``journalctl -u``, the same places an operator would look.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, describe_exit_code
+
+DEFAULT_DROPIN_DIR = Path("/etc/systemd/system")
+DROPIN_NAME = "ddtree.conf"
+SHOW_PROPERTIES = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainPID")
+
+
+class SystemctlError(ServiceError):
+    """A systemctl/journalctl call failed (not installed, no permission, unknown unit)."""
+
+
+def _quote_env(key: str, value: str) -> str:
+    """One ``Environment=`` assignment, quoted the way systemd parses it."""
+    assignment = f"{key}={value}"
+    escaped = assignment.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def render_dropin(command: str, env: Mapping[str, str], note: str = "") -> str:
+    """The drop-in text: an empty ``ExecStart=`` clears the unit's own, then ours.
+
+    Percent signs are doubled because systemd expands ``%`` specifiers in ExecStart.
+    """
+    lines = ["# Written by pytest-ddtree; removed at the end of the test session."]
+    if note:
+        lines.append(f"# {note}")
+    lines += ["[Service]", "ExecStart=", "ExecStart=" + command.replace("%", "%%")]
+    for key, value in sorted(env.items()):
+        lines.append("Environment=" + _quote_env(key, value).replace("%", "%%"))
+    return "\n".join(lines) + "\n"
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """``systemctl show`` output (``Key=Value`` lines) as a dict."""
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key.strip()] = value.strip()
+    return props
+
+
+class SystemdController(Controller):
+    """Drives one unit with ``systemctl``; the commands are configurable for tests and sudo."""
+
+    kind = "systemd"
+
+    def __init__(
+        self,
+        unit: str,
+        *,
+        dropin_dir: Path | str | None = None,
+        systemctl: Sequence[str] = ("systemctl",),
+        journalctl: Sequence[str] = ("journalctl",),
+        stop_timeout_s: float = 30.0,
+        not_started_grace_s: float = 5.0,
+        command_timeout_s: float = 60.0,
+    ) -> None:
+        self.unit = unit
+        self.dropin_dir = Path(dropin_dir) if dropin_dir else DEFAULT_DROPIN_DIR
+        self.systemctl = list(systemctl)
+        self.journalctl = list(journalctl)
+        self.stop_timeout_s = stop_timeout_s
+        self.not_started_grace_s = not_started_grace_s
+        self.command_timeout_s = command_timeout_s
+        self._launch: Launch | None = None
+        self._dropin_text: str | None = None
+        self._started_at: float | None = None
+        self._seen_running = False
+        self._touched = False  # whether we changed anything that restore_default must undo
+
+    @property
+    def dropin_path(self) -> Path:
+        return self.dropin_dir / f"{self.unit}.d" / DROPIN_NAME
+
+    @property
+    def dropin_text(self) -> str | None:
+        return self._dropin_text
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            result = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=self.command_timeout_s
+            )
+        except FileNotFoundError:
+            raise SystemctlError(
+                f"cannot run {argv[0]!r}: not found on PATH; the systemd controller needs systemctl "
+                "(use controller: process to run the command directly)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SystemctlError(f"{shlex.join(argv)} did not finish within {self.command_timeout_s:.0f} s") from None
+        if check and result.returncode != 0:
+            raise SystemctlError(
+                f"{shlex.join(argv)} failed with exit code {result.returncode}: "
+                f"{(result.stderr or result.stdout).strip() or '<no output>'}\n"
+                "what to do: check that the unit exists and that this user may manage it "
+                "(e.g. a sudoers rule for systemctl, or run as root)"
+            )
+        return result
+
+    def show(self) -> dict[str, str]:
+        """The unit's current state properties."""
+        result = self._run(self.systemctl + ["show", self.unit, "-p", ",".join(SHOW_PROPERTIES)])
+        return parse_show(result.stdout)
+
+    def _write_dropin(self, text: str) -> None:
+        path = self.dropin_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+        except OSError as exc:
+            raise SystemctlError(
+                f"cannot write the drop-in {path}: {exc.strerror or exc}; "
+                "run as a user that may write there or set dropin_dir in the profile"
+            ) from None
+
+    def start(self, launch: Launch) -> None:
+        text = render_dropin(launch.command, launch.env, note=f"config {launch.name}")
+        self._touched = True
+        self._write_dropin(text)
+        self._dropin_text = text
+        self._launch = launch
+        self._run(self.systemctl + ["daemon-reload"])
+        # --no-block: readiness (with progress and one deadline) is the manager's job.
+        self._run(self.systemctl + ["restart", "--no-block", self.unit])
+        self._started_at = time.monotonic()
+        self._seen_running = False
+
+    def failure(self) -> ExitInfo | None:
+        if self._started_at is None:
+            return None
+        props = self.show()
+        active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+        status = props.get("ExecMainStatus", "")
+        code = int(status) if status.lstrip("-").isdigit() else None
+        if active in ("active", "activating", "reloading") and sub != "auto-restart":
+            self._seen_running = True
+            return None
+        failed = (
+            active == "failed"
+            or sub == "auto-restart"
+            or (active == "inactive" and self._seen_running)
+            or (active == "inactive" and time.monotonic() - self._started_at > self.not_started_grace_s)
+        )
+        if not failed:
+            return None
+        code_text = f", exit status {describe_exit_code(code)}" if code is not None else ""
+        return ExitInfo(
+            code,
+            f"unit {self.unit} is {active}/{sub} (result {props.get('Result', '?')}{code_text})",
+            self.log_tail(),
+        )
+
+    def take_over(self) -> None:
+        """Stop the unit before our first start, so its GPU memory can be freed first.
+
+        From here on ``restore_default`` owes the admin the default config.
+        """
+        self._touched = True
+        self._run(self.systemctl + ["stop", self.unit], check=False)
+        self._started_at = None
+
+    def stop(self) -> None:
+        if self._started_at is None and not self._touched:
+            return
+        self._run(self.systemctl + ["stop", self.unit], check=False)
+        self._started_at = None
+
+    def restore_default(self) -> None:
+        """Remove our drop-in, reload, and restart the unit on the admin's own ExecStart."""
+        if not self._touched:
+            return
+        try:
+            self.dropin_path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise SystemctlError(f"cannot remove the drop-in {self.dropin_path}: {exc.strerror or exc}") from None
+        try:
+            self.dropin_path.parent.rmdir()
+        except OSError:
+            pass  # not empty (other drop-ins) or already gone
+        self._run(self.systemctl + ["daemon-reload"])
+        self._run(self.systemctl + ["restart", "--no-block", self.unit])
+        self._touched = False
+        self._dropin_text = None
+        self._started_at = None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            result = self._run(self.journalctl + ["-u", self.unit, "-n", str(n), "--no-pager"], check=False)
+        except SystemctlError as exc:
+            return f"<no journal: {exc}>"
+        return (result.stdout or result.stderr).rstrip()
+
+    def describe(self) -> str:
+        return f"systemd unit {self.unit} (drop-in {self.dropin_path})"
+
+    def launch_record(self) -> dict[str, object]:
+        return {"unit": self.unit, "dropin_path": str(self.dropin_path), "dropin": self._dropin_text}
