@@ -52,6 +52,9 @@ class SessionRecorder:
         directory.mkdir(parents=True, exist_ok=True)
         self.records_path = directory / f"records-{worker}.jsonl"
         self.updates_path = directory / f"baseline-updates-{worker}.jsonl"
+        # Set once the session knows which hardware it measures on (first service start); the
+        # controller may never start a service itself, so every proposal carries it.
+        self.hardware_profile: str | None = None
 
     def _append(self, path: Path, entry: Mapping[str, Any]) -> None:
         line = dumps(entry) + "\n"
@@ -67,7 +70,8 @@ class SessionRecorder:
 
     def propose_baseline(self, config: str, section: str, data: Any) -> None:
         """Queue a baseline section update; the controller applies it at session end (update mode only)."""
-        self._append(self.updates_path, {"config": config, "section": section, "data": data, "worker": self.worker})
+        entry = {"config": config, "section": section, "data": data, "worker": self.worker, "hardware_profile": self.hardware_profile}
+        self._append(self.updates_path, entry)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class BaselineUpdate:
     config: str
     section: str
     data: Any
+    hardware_profile: str | None = None
 
 
 def _read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -101,7 +106,11 @@ def read_records(directory: Path) -> list[dict[str, Any]]:
 
 
 def read_baseline_updates(directory: Path) -> list[BaselineUpdate]:
-    return [BaselineUpdate(e["config"], e["section"], e["data"]) for e in _read_jsonl(directory.glob(UPDATES_GLOB)) if "section" in e]
+    return [
+        BaselineUpdate(e["config"], e["section"], e["data"], e.get("hardware_profile"))
+        for e in _read_jsonl(directory.glob(UPDATES_GLOB))
+        if "section" in e
+    ]
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -1,0 +1,139 @@
+"""Session end on the controller: merge results, apply baselines, report, package.
+
+Runs once, on the xdist controller (or the only process), after every worker is done, so it sees
+all records and is the only writer of results.json, baselines and the reproduction package. Each
+step is independent: a failing package write must not lose the results, and a missing results
+module must not stop the package, so every step records its own failure instead of raising.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_ddtree.baselines import BaselineError, BaselineStore
+from pytest_ddtree.configs import ConfigError
+from pytest_ddtree.results import (
+    RESULTS_JSON,
+    RESULTS_MD,
+    read_baseline_updates,
+    read_records,
+    write_json_atomic,
+    write_text_atomic,
+)
+from pytest_ddtree.service.profile import ProfileError
+
+
+class _Session(Protocol):
+    settings: Any
+    failed_tests: list[dict[str, str]]
+
+    @property
+    def results_dir(self) -> Path: ...
+
+    @property
+    def profile(self) -> Any: ...
+
+    @property
+    def matrix(self) -> Any: ...
+
+    @property
+    def selected_configs(self) -> Any: ...
+
+
+@dataclass
+class FinishOutcome:
+    """What the terminal summary prints and whether the exit status must become non-zero."""
+
+    sections: list[tuple[str, str]] = field(default_factory=list)
+    exit_failure: bool = False
+    errors: list[str] = field(default_factory=list)
+    package_path: Path | None = None
+
+    def fail(self, message: str) -> None:
+        self.exit_failure = True
+        self.errors.append(message)
+
+
+def _safe_profile(session: _Session) -> Any:
+    try:
+        return session.profile
+    except (ProfileError, OSError):
+        return None
+
+
+def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
+    outcome = FinishOutcome()
+    results_dir = session.results_dir
+    records = read_records(results_dir)
+    if not records and session.settings.package is None:
+        return outcome
+
+    # 1. Baselines first: they are what the user asked for with --ddtree-update-baselines.
+    if session.settings.update_baselines:
+        _apply_baseline_updates(session, outcome)
+
+    # 2. Results JSON and Markdown (bench_serving key names), and the sweep table.
+    try:
+        from pytest_ddtree import report
+
+        summary = report.session_summary(records, session=session)
+        write_json_atomic(results_dir / RESULTS_JSON, summary.json)
+        write_text_atomic(results_dir / RESULTS_MD, summary.markdown)
+        for title, text in summary.sections:
+            outcome.sections.append((title, text))
+        if summary.plot_error:
+            outcome.sections.append(("ddtree plot", summary.plot_error))
+    except Exception as exc:  # the raw records are on disk whatever happens here
+        outcome.fail(f"writing results failed: {type(exc).__name__}: {exc}")
+        outcome.sections.append(("ddtree results error", traceback.format_exc()))
+    outcome.sections.append(("ddtree results", f"results: {results_dir}"))
+
+    # 3. The reproduction package, verified before it is reported.
+    if session.settings.package is not None:
+        _write_package(session, outcome, records, exitstatus)
+    if outcome.errors:
+        outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
+    return outcome
+
+
+def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:
+    updates = read_baseline_updates(session.results_dir)
+    by_profile: dict[str | None, list[Any]] = defaultdict(list)
+    for update in updates:
+        by_profile[update.hardware_profile].append(update)
+    lines: list[str] = []
+    for hardware_profile, profile_updates in sorted(by_profile.items(), key=lambda kv: str(kv[0])):
+        if hardware_profile is None:
+            outcome.fail("baseline updates without a hardware profile were dropped (the service never started?)")
+            continue
+        store = BaselineStore(session.settings.baselines, hardware_profile, update_mode=True)
+        try:
+            written = store.apply_updates(profile_updates)
+        except (BaselineError, OSError) as exc:
+            outcome.fail(f"writing baselines failed: {exc}")
+            continue
+        lines.extend(f"wrote {path}" for path in written)
+    if lines:
+        outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + "\nreview with: git diff -- baselines/"))
+
+
+def _write_package(session: _Session, outcome: FinishOutcome, records: list[dict[str, Any]], exitstatus: int) -> None:
+    try:
+        from pytest_ddtree.repro.plugin_bridge import package_from_session
+
+        report = package_from_session(session, records, exitstatus)
+    except (ConfigError, ProfileError, OSError, ValueError) as exc:
+        outcome.fail(f"reproduction package not written: {exc}")
+        return
+    except Exception as exc:
+        outcome.fail(f"reproduction package failed: {type(exc).__name__}: {exc}")
+        outcome.sections.append(("ddtree package error", traceback.format_exc()))
+        return
+    outcome.package_path = report.path
+    outcome.sections.append(("ddtree reproduction package", report.summary()))
+    if not report.ok:
+        outcome.fail(f"reproduction package {report.path} failed verification: " + "; ".join(report.problems))

@@ -1,0 +1,288 @@
+"""pytest hooks and fixtures of pytest-ddtree: thin glue over the pytest-free modules.
+
+What lives here is only what needs pytest: option registration, parametrization and ordering of
+tests over the selected configs, fixtures that hand out the running service, and the session-end
+work (merging results, writing baselines, the sweep table, the reproduction package) folded into
+the exit status. Everything else is in modules that do not import pytest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pytest_ddtree import options
+from pytest_ddtree.configs import ConfigError, DDTreeConfig
+from pytest_ddtree.finish import FinishOutcome, finish_session
+from pytest_ddtree.session import DDTreeSession
+from pytest_ddtree.service.profile import ProfileError
+
+SESSION_KEY = pytest.StashKey[DDTreeSession]()
+FINISH_KEY = pytest.StashKey[FinishOutcome]()
+CONFIG_FIXTURE = "ddtree_config"
+WORKER_STAMP_KEY = "ddtree_session_stamp"
+WORKER_RESULTS_KEY = "ddtree_results_dir"
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _session(config: pytest.Config) -> DDTreeSession:
+    return config.stash[SESSION_KEY]
+
+
+# -- options and configuration ---------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """With ``-n`` and no ``--dist``, use loadgroup: each config's tests stay on one worker."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadgroup"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
+    config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
+    worker_input: dict[str, Any] = getattr(config, "workerinput", {})
+    try:
+        settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY))
+    except options.OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
+        settings = _replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
+    worker_id = worker_input.get("workerid") if worker_input else None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(message: str) -> None:
+        line = f"[ddtree{' ' + worker_id if worker_id else ''}] {message}"
+        if reporter is not None and worker_id is None:
+            reporter.write_line(line)
+        else:
+            import sys
+
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
+    config.stash[SESSION_KEY] = session
+    if not _is_xdist_worker(config):
+        _validate_early(session, config)
+
+
+def _replace(settings: options.Settings, **changes: Any) -> options.Settings:
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)
+
+
+def _explicitly_configured(config: pytest.Config) -> bool:
+    names = ("ddtree_config", "ddtree_service", "ddtree_matrix", "ddtree_package")
+    return any(config.getoption(name) for name in names)
+
+
+def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
+    """Bad names, profiles and package dirs are usage errors (exit 4) before anything starts.
+
+    Only checked when the user asked for ddtree work or the default files exist: a run of
+    unrelated tests with the plugin installed must not fail because no suites/ folder is near.
+    """
+    settings = session.settings
+    explicit = _explicitly_configured(config)
+    if not explicit and not (settings.matrix.exists() and settings.service.exists()):
+        return
+    try:
+        session.selected_configs  # noqa: B018 - loads the matrix and resolves the selection
+        session.profile  # noqa: B018
+    except (ConfigError, ProfileError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if settings.package is not None:
+        from pytest_ddtree.repro.writer import check_package_dir_writable
+
+        try:
+            check_package_dir_writable(settings.package)
+        except (OSError, ValueError) as exc:
+            raise pytest.UsageError(f"--ddtree-package {settings.package}: {exc}") from None
+
+
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller -> worker: share one results folder and timestamp."""
+    session = _session(node.config)
+    node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
+    node.workerinput[WORKER_RESULTS_KEY] = str(session.settings.results)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = _session(config)
+    settings = session.settings
+    try:
+        profile = session.profile
+        names = ", ".join(c.name for c in session.selected_configs)
+    except (ConfigError, ProfileError, OSError):
+        return []
+    return [
+        f"ddtree: service profile {profile.name} ({settings.service}), controller {profile.controller}",
+        f"ddtree: configs {names}",
+        f"ddtree: results {settings.results}",
+    ]
+
+
+# -- parametrization and ordering --------------------------------------------------------------
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if CONFIG_FIXTURE not in metafunc.fixturenames:
+        return
+    session = _session(metafunc.config)
+    try:
+        configs = session.selected_configs
+    except (ConfigError, ProfileError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    # scope="session": pytest then groups tests by config, so each config is started once.
+    metafunc.parametrize(CONFIG_FIXTURE, configs, ids=[c.name for c in configs], scope="session")
+
+
+def _item_config(item: pytest.Item) -> DDTreeConfig | None:
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get(CONFIG_FIXTURE) if callspec is not None else None
+    return value if isinstance(value, DDTreeConfig) else None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order by config (stable inside a config) and pin each config to one xdist worker."""
+    selected = [c.name for c in _session(config).selected_configs] if any(_item_config(i) for i in items) else []
+    order = {name: index for index, name in enumerate(selected)}
+
+    def key(item: pytest.Item) -> int:
+        cfg = _item_config(item)
+        return -1 if cfg is None else order.get(cfg.name, len(order))
+
+    items.sort(key=key)
+    for item in items:
+        cfg = _item_config(item)
+        if cfg is not None:
+            item.add_marker(pytest.mark.ddtree)
+            item.add_marker(pytest.mark.xdist_group(name=cfg.name))
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def ddtree_session(request: pytest.FixtureRequest) -> DDTreeSession:
+    """The process's DDTreeSession (settings, matrix, profile, recorder, service manager)."""
+    return _session(request.config)
+
+
+@pytest.fixture(scope="session")
+def ddtree_settings(ddtree_session: DDTreeSession) -> options.Settings:
+    """All --ddtree-* settings, resolved once (command line, then ini, then default)."""
+    return ddtree_session.settings
+
+
+@pytest.fixture(scope="session")
+def ddtree_profile(ddtree_session: DDTreeSession) -> Any:
+    """The validated service profile (suites/services/reference.yaml unless --ddtree-service)."""
+    try:
+        return ddtree_session.profile
+    except ProfileError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ddtree_matrix(ddtree_session: DDTreeSession) -> Any:
+    """The config matrix and workloads of suites/configs.yaml (or --ddtree-matrix)."""
+    return ddtree_session.matrix
+
+
+@pytest.fixture(scope="session")
+def ddtree_recorder(ddtree_session: DDTreeSession) -> Any:
+    """Crash-safe session results: ``record(kind, config, data)``, ``propose_baseline(...)``."""
+    return ddtree_session.recorder
+
+
+@pytest.fixture
+def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -> Any:
+    """The service running ``ddtree_config``: restarted if needed, healthy, config verified.
+
+    A failed start or a config that did not apply fails every test of that config with the
+    reason (exit code, log tail, key-by-key diff); the next config starts fresh.
+    """
+    from pytest_ddtree.service.base import ConfigNotAvailable, ServiceError
+
+    try:
+        return ddtree_session.manager.ensure(ddtree_config)
+    except ConfigNotAvailable as exc:
+        pytest.skip(str(exc))
+    except ServiceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def ddtree_client(ddtree_service: Any) -> Any:
+    """The SGLangClient of the running service."""
+    return ddtree_service.client
+
+
+@pytest.fixture
+def ddtree_reference_service(ddtree_session: DDTreeSession) -> Any:
+    """A non-speculative instance (profile ``lossless: instance``) for the lossless gate."""
+    from pytest_ddtree.service.base import ServiceError
+
+    profile = ddtree_session.profile
+    if profile.lossless != "instance" or not profile.lossless_args:
+        pytest.skip(f"profile {profile.name} uses golden transcripts for the lossless gate, not a reference instance")
+    try:
+        return ddtree_session.manager.start_auxiliary("lossless-reference", profile.lossless_args)
+    except ServiceError as exc:
+        pytest.fail(f"the non-speculative reference instance did not start: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def ddtree_baselines(ddtree_service: Any, ddtree_session: DDTreeSession) -> Any:
+    """The baseline store of this hardware profile (baselines/<hardware-profile>/<config>.yaml)."""
+    return ddtree_session.baselines(ddtree_service.server_info)
+
+
+# -- reporting and session end -----------------------------------------------------------------
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    if report.failed and _item_config(item) is not None:
+        reason = getattr(report, "longreprtext", "") or ""
+        _session(item.config).failed_tests.append(
+            {"nodeid": report.nodeid, "when": report.when, "reason": reason.strip().splitlines()[-1][:300] if reason.strip() else ""}
+        )
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    ddtree = session.config.stash.get(SESSION_KEY, None)
+    if ddtree is None:
+        return
+    try:
+        ddtree.close()
+    finally:
+        if ddtree.is_controller and ddtree.results_dir.exists():
+            outcome = finish_session(ddtree, exitstatus=int(exitstatus))
+            session.config.stash[FINISH_KEY] = outcome
+            if outcome.exit_failure and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ddtree = config.stash.get(SESSION_KEY, None)
+    if ddtree is not None:
+        ddtree.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    outcome = config.stash.get(FINISH_KEY, None)
+    if outcome is None:
+        return
+    for title, text in outcome.sections:
+        terminalreporter.write_sep("=", title)
+        for line in text.rstrip("\n").splitlines():
+            terminalreporter.write_line(line)
+

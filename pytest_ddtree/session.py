@@ -1,0 +1,112 @@
+"""One pytest-ddtree session per process: settings, matrix, profile, recorder, service manager.
+
+The plugin keeps exactly one DDTreeSession in ``config.stash``; everything the fixtures and hooks
+need hangs off it, loaded lazily, so that a pytest run that never touches a ddtree fixture (the
+plugin's own unit tests, say) never reads a profile or starts a service. It has no pytest import:
+the same object drives the suites and the benchmarks scripts.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_ddtree.baselines import BaselineStore
+from pytest_ddtree.configs import DDTreeConfig, Matrix, load_matrix, select_configs
+from pytest_ddtree.options import Settings
+from pytest_ddtree.results import SessionRecorder
+from pytest_ddtree.service.profile import ServiceProfile, load_profile
+
+ProgressFn = Callable[[str], None]
+
+
+def _stderr_progress(message: str) -> None:
+    sys.stderr.write(f"[ddtree] {message}\n")
+    sys.stderr.flush()
+
+
+class DDTreeSession:
+    """Per-process state of a session (the xdist controller and each worker have one)."""
+
+    def __init__(self, settings: Settings, worker_id: str | None = None, progress: ProgressFn | None = None) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.progress: ProgressFn = progress or _stderr_progress
+        self._manager: Any = None
+        self._baselines: BaselineStore | None = None
+        self.failed_tests: list[dict[str, str]] = []
+
+    @property
+    def is_controller(self) -> bool:
+        return self.worker_id is None
+
+    @functools.cached_property
+    def matrix(self) -> Matrix:
+        return load_matrix(self.settings.matrix)
+
+    @functools.cached_property
+    def profile(self) -> ServiceProfile:
+        return load_profile(self.settings.service)
+
+    @functools.cached_property
+    def selected_configs(self) -> list[DDTreeConfig]:
+        return select_configs(self.settings.configs, self.matrix)
+
+    @functools.cached_property
+    def recorder(self) -> SessionRecorder:
+        return SessionRecorder(self.settings.results, self.worker_id or "main")
+
+    @property
+    def results_dir(self) -> Path:
+        return self.settings.results
+
+    @property
+    def manager(self) -> Any:
+        """The service manager of this process, created on first use (starts nothing by itself)."""
+        if self._manager is None:
+            from pytest_ddtree.service.manager import ServiceManager
+            from pytest_ddtree.service.pool import instance_for_worker
+
+            profile = self.profile
+            if self.settings.ready_timeout is not None:
+                import dataclasses
+
+                profile = dataclasses.replace(profile, ready_timeout_s=self.settings.ready_timeout)
+            self._manager = ServiceManager(
+                profile,
+                instance_index=instance_for_worker(self.worker_id, profile.pool_size),
+                log_dir=self.results_dir / "logs",
+                progress=self.progress,
+                lock_dir=self.results_dir.parent / ".locks",
+                recorder=self.recorder,
+            )
+        return self._manager
+
+    def baselines(self, server_info: dict[str, Any]) -> BaselineStore:
+        """The baseline store for the hardware this session measures on (fixed at first use)."""
+        if self._baselines is None:
+            from pytest_ddtree.fingerprint import hardware_profile
+
+            self._baselines = BaselineStore(
+                root=self.settings.baselines,
+                hardware_profile=hardware_profile(self.profile, server_info),
+                update_mode=self.settings.update_baselines,
+                create_hint=self.create_hint(),
+            )
+            self.recorder.hardware_profile = self._baselines.hardware_profile
+        return self._baselines
+
+    def create_hint(self) -> str:
+        """The command that (re)creates baselines for this session's profile, for error messages."""
+        parts = ["pytest suites --ddtree-update-baselines"]
+        if not self.settings.service_is_default:
+            parts.append(f"--ddtree-service={self.settings.service}")
+        return " ".join(parts)
+
+    def close(self) -> None:
+        """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
