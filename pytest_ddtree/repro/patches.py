@@ -482,6 +482,8 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
         record = read_record(dist_info)
         record_text = (dist_info / "RECORD").read_text(encoding="utf-8")
 
+    if version is None and isinstance(spec.get("version"), str):
+        version = spec["version"]
     if "files" in spec:
         return _collect_files(spec["files"], base_dir, dist_name, version, record_text)
     if not dist_name or site is None:

@@ -1,0 +1,134 @@
+"""Deploy a package's patched files into an install: the Python twin of deploy_patches.sh.
+
+Why both: the bash script must work on a bare machine with only the package, and the CLI
+(``ddtree-repro deploy``) must work where bash or coreutils differ (and is easier to test
+and to call from Python).  Both read the same data (patches/DISTRIBUTION, patches/deploy.tsv,
+patches/full/) and follow the same rules: refuse before changing anything when the version
+differs or a target is neither pristine nor patched; back up originals once; copy; check
+the hash; leave already-patched files alone so a second run is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import layout
+from .patches import PatchError, check_target_path, find_dist_info, read_metadata, sha256_file
+
+__all__ = ["DeployReport", "deploy_package"]
+
+
+@dataclass
+class DeployReport:
+    """``refused`` lists why nothing was changed; ``actions`` what was (or would be) done."""
+
+    ok: bool
+    actions: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        lines = list(self.actions)
+        lines += [f"REFUSED: {r}" for r in self.refused]
+        return "\n".join(lines)
+
+
+def _read_dist(pkg: Path) -> tuple[str, str]:
+    kv = dict(
+        line.split("=", 1)
+        for line in (pkg / layout.PATCHES_DIST).read_text(encoding="utf-8").splitlines()
+        if "=" in line
+    )
+    return kv.get("name", ""), kv.get("version", "")
+
+
+def deploy_package(
+    package: Path, site_packages: Path, dry_run: bool = False, backup_dir: Path | None = None
+) -> DeployReport:
+    """Copy patches/full/* into ``site_packages`` after the checks; see the module docstring."""
+    pkg, site = Path(package), Path(site_packages)
+    rep = DeployReport(ok=False)
+    try:
+        name, version = _read_dist(pkg)
+        rows = [
+            (line.split("\t") + ["", ""])[:3]
+            for line in (pkg / layout.PATCHES_TSV).read_text(encoding="utf-8").splitlines()
+            if line and not line.startswith("#")
+        ]
+    except OSError as exc:
+        rep.refused.append(f"{pkg} is not a complete reproduction package: {exc}")
+        return rep
+    if not site.is_dir():
+        rep.refused.append(f"{site} is not a directory")
+        return rep
+    if name:
+        try:
+            _n, found = read_metadata(find_dist_info(site, name) / "METADATA")
+        except PatchError as exc:
+            rep.refused.append(str(exc))
+            return rep
+        if found != version:
+            rep.refused.append(
+                f"{name} {found} is installed in {site} but the patches are for {name} {version}; "
+                f"install {name}=={version} first"
+            )
+            return rep
+        rep.actions.append(f"ok: {name} {found} in {site}")
+    todo: list[tuple[str, str]] = []
+    for target, pristine, patched in rows:
+        why = check_target_path(target)
+        if why:
+            rep.refused.append(f"deploy.tsv: {why}")
+            continue
+        full = pkg / layout.PATCHES_FULL / target
+        if not full.is_file() or sha256_file(full) != patched:
+            rep.refused.append(f"patches/full/{target} is missing or does not match its recorded sha256 (package corrupted?)")
+            continue
+        dest = site / target
+        if dest.is_file():
+            current = sha256_file(dest)
+            if current == patched:
+                rep.actions.append(f"already patched: {target}")
+                continue
+            if pristine == "-":
+                rep.refused.append(f"{target} exists in {site} but the package says it is a new file; it differs from the patched copy")
+            elif current != pristine:
+                rep.refused.append(f"{target} in {site} is neither the pristine nor the patched version (sha256 {current})")
+            else:
+                todo.append((target, patched))
+        elif pristine != "-":
+            rep.refused.append(f"{target} is missing from {site}; the recorded layout expects it")
+        elif not dest.parent.is_dir():
+            rep.refused.append(f"directory {dest.parent} is missing from {site}")
+        else:
+            todo.append((target, patched))
+    if rep.refused:
+        return rep
+    backup = backup_dir or site / ".ddtree-backup"
+    for target, patched in todo:
+        dest = site / target
+        if dry_run:
+            rep.actions.append(f"would patch: {target}")
+            continue
+        if dest.is_file() and not (backup / target).exists():
+            (backup / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(dest, backup / target)
+        tmp = dest.with_name(dest.name + ".ddtree-tmp")
+        shutil.copyfile(pkg / layout.PATCHES_FULL / target, tmp)
+        if dest.exists():
+            shutil.copymode(dest, tmp)
+        os.replace(tmp, dest)
+        if sha256_file(dest) != patched:
+            rep.refused.append(f"{dest} does not have the expected sha256 after copying")
+            return rep
+        rep.actions.append(f"patched: {target}")
+    if not todo:
+        rep.actions.append("nothing to do: every file is already patched")
+    elif dry_run:
+        rep.actions.append("dry run: nothing changed")
+    else:
+        rep.actions.append(f"done: {len(todo)} file(s) patched; originals in {backup}")
+    rep.ok = True
+    return rep
