@@ -70,17 +70,13 @@ class DDTreeSession:
             from pytest_ddtree.service.pool import instance_for_worker
 
             profile = self.profile
-            if self.settings.ready_timeout is not None:
-                import dataclasses
-
-                profile = dataclasses.replace(profile, ready_timeout_s=self.settings.ready_timeout)
             self._manager = ServiceManager(
                 profile,
                 instance_index=instance_for_worker(self.worker_id, profile.pool_size),
                 log_dir=self.results_dir / "logs",
                 progress=self.progress,
-                lock_dir=self.results_dir.parent / ".locks",
-                recorder=self.recorder,
+                lock_dir=self.settings.rootdir / ".ddtree" / "locks",
+                ready_timeout_s=self.settings.ready_timeout,
             )
         return self._manager
 
@@ -109,4 +105,9 @@ class DDTreeSession:
         """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            manager.close()
+            try:
+                manager.close()
+            finally:
+                # The launches reach the controller's repro package through the records.
+                for launch in manager.launches:
+                    self.recorder.record("launch", launch.get("config"), {"launch": launch})

@@ -1,0 +1,35 @@
+"""Health gate: the service answers, runs the asked config, and serves a short generation.
+
+These run first for every config (they are cheap) and make a broken restart obvious before the
+expensive gates spend minutes measuring the wrong thing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_ddtree.configs import DDTreeConfig
+
+
+def test_service_answers_health(ddtree_service: Any, ddtree_profile: Any) -> None:
+    status = ddtree_service.client.health(ddtree_profile.health_path)
+    assert status == 200, f"{ddtree_profile.health_path} answered {status} after the service was ready"
+
+
+def test_service_reports_the_asked_config(ddtree_service: Any, ddtree_config: DDTreeConfig, ddtree_profile: Any) -> None:
+    """Re-read /server_info now: the applied check at start-up must still hold mid-session."""
+    info = ddtree_service.client.server_info()
+    expected = ddtree_profile.expected_applied(ddtree_config)
+    actual = {key: info.get(key) for key in expected}
+    assert actual == expected, f"/server_info does not show {ddtree_config.name}: expected {expected}, got {actual}"
+
+
+def test_short_generation(ddtree_client: Any, ddtree_config: DDTreeConfig, ddtree_recorder: Any) -> None:
+    result = ddtree_client.generate(
+        text="def fibonacci(n):",
+        sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+    )
+    meta = result.get("meta_info", {})
+    ddtree_recorder.record("health", ddtree_config.name, {"completion_tokens": meta.get("completion_tokens"), "text": result.get("text", "")[:200]})
+    assert meta.get("completion_tokens") == 16, f"asked for 16 tokens with ignore_eos, got meta_info {meta}"
+    assert result.get("text"), "the service returned an empty completion"

@@ -1,0 +1,83 @@
+"""Config names, the matrix file and --ddtree-config selection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_ddtree.configs import (
+    DEFAULT_WINDOW,
+    ConfigError,
+    DDTreeConfig,
+    load_matrix,
+    parse_config_name,
+    select_configs,
+)
+
+
+@pytest.mark.parametrize("name", ["bs8_b8_k4", "bs8_b12_k6_w2048", "bs8_b8_k4_wnone", "bs16_b32_k8", "bs2_b1_k1_w1"])
+def test_names_are_canonical(name: str) -> None:
+    config = parse_config_name(name)
+    assert config.name == name
+    assert parse_config_name(config.name) == config
+
+
+def test_fields_and_windows() -> None:
+    assert parse_config_name("bs8_b12_k6_w2048") == DDTreeConfig(8, 12, 6, 2048)
+    assert parse_config_name("bs8_b8_k4_wnone").window is None
+    default = parse_config_name("bs8_b8_k4")
+    assert default.window is DEFAULT_WINDOW
+    assert default.resolved_window(2048) == 2048
+    assert parse_config_name("bs8_b8_k4_wnone").resolved_window(2048) is None
+    # the default window and an explicit one are different names, so different configs
+    assert default != parse_config_name("bs8_b8_k4_w2048")
+
+
+@pytest.mark.parametrize(
+    "bad", ["bs8_b8", "bs08_b8_k4", "bs8_b8_k4_w", "bs8_b8_k4_wNone", "BS8_B8_K4", "bs8-b8-k4", "bs8_b0_k4", "bs1_b8_k4", ""]
+)
+def test_malformed_names_say_what_is_valid(bad: str) -> None:
+    with pytest.raises(ConfigError, match="bs8_b8_k4|block_size|expected"):
+        parse_config_name(bad)
+
+
+def test_shipped_matrix(repo_root: Path) -> None:
+    matrix = load_matrix(repo_root / "suites" / "configs.yaml")
+    names = matrix.names()
+    assert matrix.default.name == "bs8_b8_k4"
+    # the campaign: bs8 x budget {4,8,12,16} x topk {4,6} x window {default, none}, plus two bs16
+    assert len(names) == 4 * 2 * 2 + 2
+    assert {"bs8_b4_k4", "bs8_b16_k6_wnone", "bs16_b16_k4", "bs16_b32_k8"} <= set(names)
+    assert {w.name for w in matrix.workloads} >= {"c1_short", "c8_short", "c32_short", "c1_4k"}
+
+
+def test_selection(repo_root: Path) -> None:
+    matrix = load_matrix(repo_root / "suites" / "configs.yaml")
+    assert select_configs(None, matrix) == [matrix.default]
+    assert [c.name for c in select_configs(["bs8_b*_k4"], matrix)] == ["bs8_b4_k4", "bs8_b8_k4", "bs8_b12_k4", "bs8_b16_k4"]
+    assert [c.name for c in select_configs(["bs8_b8_k4,bs16_b16_k4", "bs8_b8_k4"], matrix)] == ["bs8_b8_k4", "bs16_b16_k4"]
+    assert len(select_configs(["all"], matrix)) == len(matrix.configs)
+    # well-formed but outside the matrix: taken as it is
+    assert select_configs(["bs4_b3_k2_w512"], matrix) == [DDTreeConfig(4, 3, 2, 512)]
+
+
+@pytest.mark.parametrize("bad", ["bs9_b*", "nonsense", " , "])
+def test_selection_errors_list_valid_names(repo_root: Path, bad: str) -> None:
+    matrix = load_matrix(repo_root / "suites" / "configs.yaml")
+    with pytest.raises(ConfigError) as info:
+        select_configs([bad], matrix)
+    assert "valid names: all, bs8_b4_k4" in str(info.value)
+
+
+def test_matrix_errors_name_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "configs.yaml"
+    path.write_text("default: bs8_b8_k4\nmatrix:\n  - {block_size: 8, budget: [4], topk: 4, windw: [none]}\n")
+    with pytest.raises(ConfigError, match=r"configs.yaml: matrix\[0\]: unknown key\(s\) \['windw'\]"):
+        load_matrix(path)
+    path.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4\n")
+    with pytest.raises(ConfigError, match="YAML syntax error at line"):
+        load_matrix(path)
+    path.write_text("default: bs8_b8_k4\nworkloads:\n  - {name: x, concurrency: two, context_tokens: 5}\n")
+    with pytest.raises(ConfigError, match=r"workloads\[0\]: workload values must be integers"):
+        load_matrix(path)
