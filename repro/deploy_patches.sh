@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# deploy_patches.sh - copy this package's patched files into an installed distribution.
+#
+# Usage: ./deploy_patches.sh [--dry-run] [--backup-dir DIR] SITE_PACKAGES
+#
+# Reads patches/DISTRIBUTION (name, version) and patches/deploy.tsv
+# (target<TAB>pristine_sha256<TAB>patched_sha256; "-" = file is new).
+# Refuses (exit 1), before changing anything, when the install's version differs from the
+# recorded one or when a target file is neither the pristine nor the patched version.
+# Backs up each original to BACKUP_DIR/<target> (default SITE_PACKAGES/.ddtree-backup),
+# copies the full file, then checks its sha256. Running it twice is safe: files that are
+# already patched are left alone.
+# Exit codes: 0 deployed (or nothing to do), 1 refused or a check failed, 2 usage error.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+dry_run=0
+backup_dir=""
+site=""
+
+usage() {
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry_run=1; shift ;;
+        --backup-dir) [ $# -ge 2 ] || { echo "error: --backup-dir needs a directory" >&2; exit 2; }
+                      backup_dir="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        -*) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) [ -z "$site" ] || { echo "error: only one SITE_PACKAGES directory" >&2; exit 2; }
+           site="$1"; shift ;;
+    esac
+done
+if [ -z "$site" ]; then
+    echo "error: give the site-packages directory of the install to patch (see --help)" >&2
+    exit 2
+fi
+if [ ! -d "$site" ]; then
+    echo "error: $site is not a directory" >&2
+    exit 2
+fi
+site="$(cd "$site" && pwd)"
+[ -n "$backup_dir" ] || backup_dir="$site/.ddtree-backup"
+
+if command -v sha256sum >/dev/null 2>&1; then
+    hash_file() { sha256sum -- "$1" | cut -d' ' -f1; }
+elif command -v shasum >/dev/null 2>&1; then
+    hash_file() { shasum -a 256 -- "$1" | cut -d' ' -f1; }
+else
+    echo "error: neither sha256sum nor shasum is installed" >&2
+    exit 1
+fi
+
+refuse() { echo "REFUSED: $*" >&2; exit 1; }
+
+dist_name=""
+dist_version=""
+while IFS='=' read -r key value; do
+    case "$key" in
+        name) dist_name="$value" ;;
+        version) dist_version="$value" ;;
+    esac
+done < "$here/patches/DISTRIBUTION"
+
+norm() { printf '%s' "$1" | tr '[:upper:]' '[:lower:]' | sed -E 's/[-_.]+/-/g'; }
+
+if [ -n "$dist_name" ]; then
+    want="$(norm "$dist_name")"
+    found_version=""
+    found_count=0
+    for meta in "$site"/*.dist-info/METADATA; do
+        [ -f "$meta" ] || continue
+        name="$(sed -n 's/^Name:[[:space:]]*//p' "$meta" | head -n 1 | tr -d '\r')"
+        if [ "$(norm "$name")" = "$want" ]; then
+            found_version="$(sed -n 's/^Version:[[:space:]]*//p' "$meta" | head -n 1 | tr -d '\r')"
+            found_count=$((found_count + 1))
+        fi
+    done
+    [ "$found_count" -gt 0 ] || refuse "$dist_name is not installed in $site (no *.dist-info/METADATA with Name: $dist_name)"
+    [ "$found_count" -eq 1 ] || refuse "$found_count dist-info directories of $dist_name in $site; remove the stale one"
+    if [ "$found_version" != "$dist_version" ]; then
+        refuse "$dist_name $found_version is installed in $site but the patches are for $dist_name $dist_version; install $dist_name==$dist_version first"
+    fi
+    echo "ok: $dist_name $found_version in $site"
+else
+    echo "warning: the package records no distribution; skipping the version check" >&2
+fi
+
+# Pass 1: check every target before touching anything.
+todo=()
+while IFS=$'\t' read -r target pristine patched; do
+    case "$target" in ''|'#'*) continue ;; esac
+    full="$here/patches/full/$target"
+    [ -f "$full" ] || refuse "package is incomplete: patches/full/$target is missing"
+    [ "$(hash_file "$full")" = "$patched" ] || refuse "patches/full/$target does not match its recorded sha256 (package corrupted?)"
+    dest="$site/$target"
+    if [ -f "$dest" ]; then
+        current="$(hash_file "$dest")"
+        if [ "$current" = "$patched" ]; then
+            echo "already patched: $target"
+            continue
+        fi
+        if [ "$pristine" = "-" ]; then
+            refuse "$target exists in $site but the package says it is a new file; it differs from the patched copy"
+        fi
+        [ "$current" = "$pristine" ] || refuse "$target in $site is neither the pristine nor the patched version (sha256 $current)"
+    else
+        [ "$pristine" = "-" ] || refuse "$target is missing from $site; the recorded layout expects it"
+        [ -d "$(dirname "$dest")" ] || refuse "directory $(dirname "$dest") is missing from $site"
+    fi
+    todo+=("$target")
+done < "$here/patches/deploy.tsv"
+
+if [ "${#todo[@]}" -eq 0 ]; then
+    echo "nothing to do: every file is already patched"
+    exit 0
+fi
+
+# Pass 2: back up and copy.
+for target in "${todo[@]}"; do
+    dest="$site/$target"
+    if [ "$dry_run" -eq 1 ]; then
+        echo "would patch: $target"
+        continue
+    fi
+    if [ -f "$dest" ] && [ ! -e "$backup_dir/$target" ]; then
+        mkdir -p "$(dirname "$backup_dir/$target")"
+        cp -p -- "$dest" "$backup_dir/$target"
+    fi
+    cp -- "$here/patches/full/$target" "$dest.ddtree-tmp"
+    mv -f -- "$dest.ddtree-tmp" "$dest"
+    want_hash="$(awk -F'\t' -v t="$target" '$1 == t { print $3 }' "$here/patches/deploy.tsv")"
+    [ "$(hash_file "$dest")" = "$want_hash" ] || { echo "FAILED: $dest does not have the expected sha256 after copying" >&2; exit 1; }
+    echo "patched: $target"
+done
+if [ "$dry_run" -eq 1 ]; then
+    echo "dry run: nothing changed"
+else
+    echo "done: ${#todo[@]} file(s) patched; originals in $backup_dir"
+fi
