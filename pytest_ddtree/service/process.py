@@ -123,6 +123,26 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) pids in process group ``pgid`` from /proc; None where there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command (which may contain spaces and parentheses): state ppid pgrp ...
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 class ProcessController(Controller):
     """Runs the rendered command as a child process group with one log file per start."""
 
@@ -236,6 +256,15 @@ class ProcessController(Controller):
 
     @staticmethod
     def _group_alive(pgid: int) -> bool:
+        """Whether any non-zombie process is still in the group.
+
+        Zombies count as gone: an orphaned worker that already died stays a zombie until PID 1
+        reaps it, and some container inits never do; waiting for it would always cost the
+        whole grace period and a pointless SIGKILL.
+        """
+        members = _group_members(pgid)
+        if members is not None:
+            return bool(members)
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:

@@ -1,0 +1,420 @@
+"""Service lifecycle tests with real processes on 127.0.0.1 (stand-in server, fake systemd)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.base import (
+    AppliedConfigMismatch,
+    AppliedDiff,
+    ConfigNotAvailable,
+    Launch,
+    ServiceDiedError,
+    ServiceStartError,
+)
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, resolve_instance, worker_index
+from pytest_ddtree.service.process import ProcessController, live_process_groups
+from pytest_ddtree.service.profile import ServiceProfile, parse_profile
+from pytest_ddtree.service.readiness import applied_diff
+from pytest_ddtree.service.systemd import parse_show, render_dropin
+
+FAKES = Path(__file__).parent / "fakes"
+STANDIN = FAKES / "standin_server.py"
+CONFIG_ARGS = {
+    "block_size": "--speculative-dflash-block-size {value}",
+    "budget": "--speculative-num-draft-tokens {value}",
+    "topk": "--speculative-eagle-topk {value}",
+    "window": "--speculative-draft-window-size {value}",
+}
+APPLIED = {"speculative_num_draft_tokens": "budget", "speculative_eagle_topk": "topk"}
+BS8_B8_K4 = parse_config_name("bs8_b8_k4")
+BS8_B12_K6 = parse_config_name("bs8_b12_k6")
+
+
+def make_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
+    raw: dict[str, Any] = {
+        "name": "standin",
+        "controller": "process",
+        "command": f"{{python}} {STANDIN} --port {{port}} {{config_args}} {extra}",
+        "url": "http://127.0.0.1:{port}",
+        "port": "auto",
+        "config_args": CONFIG_ARGS,
+        "applied": APPLIED,
+        "ready_timeout_s": 15,
+        "stop_timeout_s": 2,
+    }
+    raw.update(overrides)
+    return parse_profile(raw)
+
+
+def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | None = None, **kw: Any) -> ServiceManager:
+    kw.setdefault("poll_interval", 0.1)
+    kw.setdefault("progress_interval", 0.5)
+    return ServiceManager(
+        profile,
+        0,
+        tmp_path / "logs",
+        (lines.append if lines is not None else None),
+        tmp_path / "locks",
+        client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout),
+        **kw,
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    """True while /proc has a non-zombie process with this pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def managers() -> Iterator[list[ServiceManager]]:
+    made: list[ServiceManager] = []
+    yield made
+    for m in made:
+        m.close()
+    assert live_process_groups() == []
+
+
+# -- process controller + readiness -------------------------------------------------------------
+def test_ready_applied_and_reuse(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile(), tmp_path)
+    managers.append(m)
+    svc = m.ensure(BS8_B8_K4)
+    assert svc.server_info["speculative_eagle_topk"] == 4
+    assert svc.client.health("/health_generate") == 200
+    assert m.ensure(BS8_B8_K4) is svc  # same config: no restart
+    assert len(m.launches) == 1
+    rec = m.launches[0]
+    assert rec["outcome"] == "ready" and "--speculative-eagle-topk 4" in rec["command"]
+    assert Path(rec["log"]).name == "bs8_b8_k4-0-1.log"
+    pid = svc.server_info["pid"]
+    svc2 = m.ensure(BS8_B12_K6)  # switch: old stopped, new started
+    assert svc2.server_info["speculative_num_draft_tokens"] == 12
+    assert not pid_alive(pid)
+
+
+def test_crash_on_start_reported_fast_and_cached(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile("--fault crash-on-start"), tmp_path)
+    managers.append(m)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceStartError) as info:
+        m.ensure(BS8_B8_K4)
+    assert time.monotonic() - t0 < 5
+    msg = str(info.value)
+    assert info.value.exit_code == 3 and "exit code: 3" in msg
+    assert "simulated crash while loading weights" in msg  # the log tail
+    assert "bs8_b8_k4" in msg
+    t1 = time.monotonic()
+    with pytest.raises(ServiceStartError) as again:
+        m.ensure(BS8_B8_K4)
+    assert again.value is info.value and time.monotonic() - t1 < 0.5
+    assert len(m.launches) == 1 and m.launches[0]["outcome"].startswith("failed")
+
+
+def test_slow_start_past_deadline_fails_with_log_tail(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile("--fault slow-start=60"), tmp_path, ready_timeout_s=1.5)
+    managers.append(m)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceStartError) as info:
+        m.ensure(BS8_B8_K4)
+    assert 1.4 < time.monotonic() - t0 < 6
+    msg = str(info.value)
+    assert "not ready after 2 s" in msg or "not ready after 1 s" in msg
+    assert "HTTP 503" in msg and "standin: listening" in msg
+    assert live_process_groups() == []  # the slow process was stopped
+
+
+def test_refused_connections_and_503_tolerated_with_progress(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    lines: list[str] = []
+    m = make_manager(make_profile("--listen-delay 1.5 --load-seconds 1.5"), tmp_path, lines)
+    managers.append(m)
+    svc = m.ensure(BS8_B8_K4)
+    assert svc.ready_s >= 2.8
+    progress = "\n".join(lines)
+    assert "connection refused" in progress and "HTTP 503" in progress
+    assert "s elapsed" in progress and "ready on" in progress
+
+
+def test_ignored_config_fails_applied_check_with_diff(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile("--fault ignore-config=topk"), tmp_path)
+    managers.append(m)
+    with pytest.raises(AppliedConfigMismatch) as info:
+        m.ensure(BS8_B8_K4)
+    assert info.value.diffs == [AppliedDiff("speculative_eagle_topk", 4, 1)]
+    assert "speculative_eagle_topk" in str(info.value) and "expected" in str(info.value)
+    with pytest.raises(AppliedConfigMismatch):
+        m.ensure(BS8_B8_K4)
+    assert len(m.launches) == 1
+
+
+def test_exit_mid_run_fails_rest_of_config_next_config_runs(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile("--fault exit-after=2"), tmp_path)
+    managers.append(m)
+    svc = m.ensure(BS8_B8_K4)
+    svc.client.generate("hi", sampling_params={"max_new_tokens": 1})
+    svc.client.generate("hi", sampling_params={"max_new_tokens": 1})  # the server exits after answering this one
+    time.sleep(0.3)
+    with pytest.raises(ServiceDiedError) as info:
+        m.ensure(BS8_B8_K4)
+    assert info.value.exit_code == 3 and "exit-after=2" in str(info.value)
+    with pytest.raises(ServiceDiedError):
+        m.ensure(BS8_B8_K4)
+    svc2 = m.ensure(BS8_B12_K6)
+    assert svc2.server_info["speculative_eagle_topk"] == 6
+    assert [r["outcome"] for r in m.launches] == ["died: " + m.launches[0]["outcome"][6:], "ready"]
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["sigterm", "sigkill"])
+def test_stop_leaves_no_process_in_group(tmp_path: Path, ignore_sigterm: bool) -> None:
+    port = free_port()
+    extra = " --ignore-sigterm" if ignore_sigterm else ""
+    ctl = ProcessController(tmp_path, stop_timeout_s=0.5)
+    ctl.start(Launch("stop", f"{sys.executable} {STANDIN} --port {port} --spawn-child{extra}", port, ""))
+    deadline = time.monotonic() + 5
+    child = None
+    while time.monotonic() < deadline and child is None:
+        for line in ctl.log_tail().splitlines():
+            if "worker child pid" in line:
+                child = int(line.split()[-1])
+        time.sleep(0.05)
+    assert child is not None and ctl.pid is not None
+    leader = ctl.pid
+    t0 = time.monotonic()
+    ctl.stop()
+    ctl.stop()  # idempotent
+    took = time.monotonic() - t0
+    assert not pid_alive(leader) and not pid_alive(child)
+    assert (took >= 0.5) == ignore_sigterm
+    assert live_process_groups() == []
+
+
+def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
+    """A Python process running a manager gets SIGINT: KeyboardInterrupt + atexit kill the group."""
+    pidfile = tmp_path / "server.pid"
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_service import make_profile, make_manager, BS8_B8_K4
+        from pathlib import Path
+        m = make_manager(make_profile("--spawn-child"), Path({str(tmp_path)!r}))
+        svc = m.ensure(BS8_B8_K4)
+        Path({str(pidfile)!r}).write_text(str(svc.server_info["pid"]))
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 15
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server_pid = int(pidfile.read_text())
+    log = next((tmp_path / "logs").glob("*.log")).read_text()
+    child = int(next(l for l in log.splitlines() if "worker child pid" in l).split()[-1])
+    assert pid_alive(server_pid) and pid_alive(child)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=10)
+    time.sleep(0.2)
+    assert not pid_alive(server_pid) and not pid_alive(child)
+
+
+# -- external -----------------------------------------------------------------------------------
+def test_external_skips_other_configs(tmp_path: Path) -> None:
+    port = free_port()
+    runner = ProcessController(tmp_path, stop_timeout_s=2)
+    runner.start(Launch("ext", f"{sys.executable} {STANDIN} --port {port} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4", port, ""))
+    try:
+        profile = parse_profile({
+            "name": "ext", "controller": "external", "url": f"http://127.0.0.1:{port}", "port": port,
+            "config_args": CONFIG_ARGS, "applied": APPLIED, "health_path": "/health",
+        })
+        m = make_manager(profile, tmp_path)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                svc = m.ensure(BS8_B8_K4)
+                break
+            except ServiceStartError:
+                assert time.monotonic() < deadline
+                m = make_manager(profile, tmp_path)
+                time.sleep(0.1)
+        assert svc.launch_command is None and svc.config == BS8_B8_K4
+        with pytest.raises(ConfigNotAvailable, match=r"speculative_eagle_topk=4 \(asked 6\)"):
+            m.ensure(BS8_B12_K6)
+        assert m.ensure(BS8_B8_K4).url == f"http://127.0.0.1:{port}"
+        m.close()
+        assert runner.failure() is None  # close never stops an external service
+    finally:
+        runner.stop()
+    m2 = make_manager(profile, tmp_path)
+    with pytest.raises(ServiceStartError, match="does not answer"):
+        m2.ensure(BS8_B8_K4)
+
+
+# -- systemd (fake systemctl/journalctl that really run the unit) -------------------------------
+@pytest.fixture
+def fake_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    state = tmp_path / "systemd"
+    (state / "system").mkdir(parents=True)
+    monkeypatch.setenv("DDTREE_FAKE_SYSTEMD", str(state))
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    yield state
+    subprocess.run([str(FAKES / "systemctl"), "stop", "standin.service"], check=False)
+
+
+def systemd_profile(state: Path, port: int, extra: str = "") -> ServiceProfile:
+    return make_profile(
+        extra,
+        controller="systemd",
+        unit="standin.service",
+        dropin_dir=str(state / "system"),
+        port=port,
+        command=f"{sys.executable} {STANDIN} --port {{port}} {{config_args}} {extra}",
+    )
+
+
+def test_fake_systemd_round_trip_restores_default(tmp_path: Path, fake_systemd: Path) -> None:
+    port = free_port()
+    default_cmd = f"{sys.executable} {STANDIN} --port {port} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4"
+    (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={default_cmd}\n")
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    subprocess.run(["systemctl", "start", "standin.service"], check=True)
+    profile = systemd_profile(fake_systemd, port)
+    profile = parse_profile({**_raw(profile), "env": {"SGLANG_DFLASH_TREE_VERIFY": "1"}})
+    m = make_manager(profile, tmp_path)
+    svc = m.ensure(BS8_B12_K6)
+    assert svc.server_info["speculative_num_draft_tokens"] == 12
+    dropin = fake_systemd / "system" / "standin.service.d" / "ddtree.conf"
+    text = dropin.read_text()
+    expected_cmd = profile.render_command(BS8_B12_K6, port)
+    assert "[Service]\nExecStart=\nExecStart=" + expected_cmd + "\n" in text
+    assert 'Environment="SGLANG_DFLASH_TREE_VERIFY=1"' in text
+    assert m.launches[0]["dropin"] == text and m.launches[0]["controller"] == "systemd"
+    assert "--speculative-draft-window-size 2048" in expected_cmd
+    assert m.close() == []
+    assert not dropin.exists()
+    client = SGLangClient(f"http://127.0.0.1:{port}", timeout=5)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if client.health("/health_generate") == 200:
+                break
+        except Exception:  # noqa: BLE001 - restarting
+            pass
+        assert time.monotonic() < deadline, "default config did not come back"
+        time.sleep(0.1)
+    info = client.server_info()
+    assert info["speculative_num_draft_tokens"] == 8 and info["speculative_eagle_topk"] == 4
+    calls = (fake_systemd / "systemctl.log").read_text().splitlines()
+    assert "stop standin.service" in calls and "restart --no-block standin.service" in calls
+    assert calls[-2:] == ["daemon-reload", "restart --no-block standin.service"]
+
+
+def test_fake_systemd_failed_unit_reports_journal(tmp_path: Path, fake_systemd: Path) -> None:
+    port = free_port()
+    (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={sys.executable} -c pass\n")
+    m = make_manager(systemd_profile(fake_systemd, port, "--fault crash-on-start"), tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceStartError) as info:
+        m.ensure(BS8_B8_K4)
+    assert time.monotonic() - t0 < 5
+    msg = str(info.value)
+    assert "failed/failed" in msg and "simulated crash" in msg and info.value.exit_code == 3
+    m.close()
+    assert not (fake_systemd / "system" / "standin.service.d" / "ddtree.conf").exists()
+
+
+def _raw(profile: ServiceProfile) -> dict[str, Any]:
+    keys = ("name", "controller", "command", "url", "port", "config_args", "applied", "unit", "dropin_dir",
+            "ready_timeout_s", "stop_timeout_s")
+    return {k: (dict(v) if isinstance(v := getattr(profile, k), type(profile.env)) else v) for k in keys}
+
+
+# -- pool and lock ------------------------------------------------------------------------------
+def test_pool_assignment() -> None:
+    assert [worker_index(w) for w in (None, "master", "gw0", "gw7")] == [0, 0, 0, 7]
+    assert [instance_for_worker(f"gw{i}", 2) for i in range(4)] == [0, 1, 0, 1]
+    auto = make_profile(pool=3)
+    slots = [resolve_instance(auto, i) for i in range(3)]
+    assert len({s.port for s in slots}) == 3
+    assert all(s.url == f"http://127.0.0.1:{s.port}" for s in slots)
+    fixed = make_profile(pool=2, port=31000)
+    assert [resolve_instance(fixed, i).port for i in range(2)] == [31000, 31001]
+    urls = parse_profile({"name": "ext", "controller": "external", "url": "http://10.0.0.1:30000",
+                          "config_args": CONFIG_ARGS, "pool": ["http://10.0.0.1:30000", "http://10.0.0.2:30001/"]})
+    assert resolve_instance(urls, 1).url == "http://10.0.0.2:30001" and resolve_instance(urls, 2).port == 30000
+
+
+def test_two_managers_get_distinct_ports(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    profile = make_profile(pool=2)
+    a = ServiceManager(profile, 0, tmp_path / "a", None, tmp_path / "locks", poll_interval=0.1)
+    b = ServiceManager(profile, 1, tmp_path / "b", None, tmp_path / "locks", poll_interval=0.1)
+    managers += [a, b]
+    assert a.ensure(BS8_B8_K4).url != b.ensure(BS8_B12_K6).url
+
+
+def test_file_lock_serializes_two_processes(tmp_path: Path) -> None:
+    out = tmp_path / "spans"
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from pathlib import Path
+        from pytest_ddtree.service.pool import InstanceLock
+        lock = InstanceLock(Path({str(tmp_path)!r}), "standin-0")
+        lock.acquire()
+        t0 = time.time(); time.sleep(0.6); t1 = time.time()
+        lock.release()
+        with open({str(out)!r}, "a") as fh:
+            fh.write(f"{{t0}} {{t1}}\\n")
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(2)]
+    assert [p.wait(timeout=15) for p in procs] == [0, 0]
+    spans = sorted(tuple(map(float, line.split())) for line in out.read_text().splitlines())
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0]
+    lock = InstanceLock(tmp_path, "standin-0")
+    lock.acquire(timeout_s=1)
+    assert lock.held
+    lock.release()
+
+
+def test_manager_holds_lock_until_switch_or_close(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = make_manager(make_profile(), tmp_path)
+    managers.append(m)
+    m.ensure(BS8_B8_K4)
+    other = InstanceLock(tmp_path / "locks", "standin-0")
+    with pytest.raises(TimeoutError):
+        other.acquire(timeout_s=0.3)
+    m.release()
+    other.acquire(timeout_s=1)
+    other.release()
+
+
+# -- pure helpers -------------------------------------------------------------------------------
+def test_applied_diff_and_helpers() -> None:
+    expected = {"a": 8, "b": None, "c": 4, "internal_states.0.x": 2}
+    info = {"a": "8", "b": None, "c": 1, "internal_states": [{"x": 2}]}
+    assert applied_diff(expected, info) == [AppliedDiff("c", 4, 1)]
+    assert applied_diff({"missing": 1}, {})[0].actual == "<missing>"
+    text = render_dropin("/usr/bin/x --p 50%", {"A": 'q"1'})
+    assert "ExecStart=\nExecStart=/usr/bin/x --p 50%%\n" in text and 'Environment="A=q\\"1"' in text
+    assert parse_show("ActiveState=failed\nExecMainStatus=3\n") == {"ActiveState": "failed", "ExecMainStatus": "3"}
+    err = ServiceStartError("boom", 137, "line1\nline2", 1.25, config_name="bs8_b8_k4", hint="do x")
+    assert "exit code: 137 (128+9: SIGKILL)" in str(err) and "    line2" in str(err) and "do x" in str(err)
