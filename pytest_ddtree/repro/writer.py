@@ -272,9 +272,18 @@ def _write_services(tree: _Tree, req: PackageRequest, prof: Mapping[str, Any]) -
             tree.put(f"services/systemd/{unit}", req.systemd_unit_text)
         else:
             warnings.append(f"systemd unit {unit}: its text was not provided; only the drop-ins are packaged")
+        written: dict[str, str] = {}
         for r in launches:
-            if r.dropin is not None:
-                tree.put(f"services/systemd/{unit}.d/ddtree-{r.config}.conf", r.dropin)
+            if r.dropin is None:
+                continue
+            rel = f"services/systemd/{unit}.d/ddtree-{r.config}.conf"
+            n = 1
+            while rel in written and written[rel] != r.dropin:
+                n += 1
+                rel = f"services/systemd/{unit}.d/ddtree-{r.config}-{n}.conf"
+            if rel not in written:
+                written[rel] = r.dropin
+                tree.put(rel, r.dropin)
     return warnings
 
 
@@ -319,6 +328,9 @@ def _write_patches(tree: _Tree, ps: PatchSet) -> list[dict[str, Any]]:
     return entries
 
 
+_MAX_BENCH_FILE = 64 * 2**20  # service logs of a big model can be huge; the package must stay portable
+
+
 def _write_bench(tree: _Tree, req: PackageRequest) -> tuple[str | None, list[str]]:
     rd = req.results_dir
     if rd is None or not Path(rd).is_dir():
@@ -327,6 +339,7 @@ def _write_bench(tree: _Tree, req: PackageRequest) -> tuple[str | None, list[str
     rd = Path(rd)
     out_root = Path(req.out_dir).resolve()
     md: str | None = None
+    skipped: list[str] = []
     for p in sorted(rd.rglob("*")):
         if p.is_symlink() or not p.is_file():
             continue
@@ -335,12 +348,15 @@ def _write_bench(tree: _Tree, req: PackageRequest) -> tuple[str | None, list[str
         rel = p.relative_to(rd).as_posix()
         if rel.startswith(".") or "/." in rel:
             continue
+        if p.stat().st_size > _MAX_BENCH_FILE:
+            skipped.append(f"bench: {rel} skipped ({p.stat().st_size} bytes > {_MAX_BENCH_FILE})")
+            continue
         data = p.read_bytes()
         tree.put(f"bench/{rel}", data)
         if rel == "results.md":
             md = data.decode("utf-8", "replace")
     warnings = [] if md is not None else [f"{rd} has no results.md; REPRODUCE.md has no sweep table"]
-    return md, warnings
+    return md, warnings + skipped
 
 
 def _write_drafter(tree: _Tree, prof: Mapping[str, Any], base: Path | None) -> tuple[dict[str, Any], list[str]]:

@@ -1,0 +1,106 @@
+"""Build a :class:`PackageRequest` from the plugin's session and write the package.
+
+Why a bridge: the writer takes plain data so it can be tested and reused without pytest; the
+session (settings, profile, matrix, records, failed tests) is the plugin's.  This module is
+the only place that knows both, and it still does not import pytest.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
+
+__all__ = ["package_from_session", "launches_from_records", "request_from_session"]
+
+
+def launches_from_records(records: Iterable[Mapping[str, Any]]) -> list[LaunchRecord]:
+    """One LaunchRecord per distinct (config, command, env, drop-in) of the session's ``launch`` records."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[LaunchRecord] = []
+    for rec in records:
+        if rec.get("kind") != "launch":
+            continue
+        launch = rec.get("launch") or {}
+        config = str(launch.get("config") or rec.get("config") or "unknown")
+        command = launch.get("command")
+        env = {str(k): str(v) for k, v in (launch.get("env") or {}).items()}
+        dropin = launch.get("dropin")
+        key = (config, command, tuple(sorted(env.items())), dropin)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(LaunchRecord(config, command if command is None else str(command), env,
+                                dropin if dropin is None else str(dropin)))
+    return out
+
+
+def _systemd_unit_text(unit: str | None) -> str | None:
+    """``systemctl cat UNIT`` (unit file plus drop-ins as systemd sees them), None when unavailable."""
+    if not unit or shutil.which("systemctl") is None:
+        return None
+    try:
+        proc = subprocess.run(["systemctl", "cat", "--no-pager", unit], capture_output=True, text=True,
+                              timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 and proc.stdout else None
+
+
+def _stamp(value: str | None) -> _dt.datetime | None:
+    if not value:
+        return None
+    try:
+        return _dt.datetime.strptime(value, "%Y%m%dT%H%M%SZ").replace(tzinfo=_dt.timezone.utc)
+    except ValueError:
+        return None
+
+
+def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus: int) -> PackageRequest:
+    """Collect what the session ran; raises what the session's properties raise (profile, matrix errors)."""
+    settings = session.settings
+    profile = session.profile
+    matrix = session.matrix
+    try:
+        selected = [c.name for c in session.selected_configs]
+    except Exception:  # noqa: BLE001 - a selection error was reported at start; record what ran
+        selected = []
+    raw = getattr(matrix, "raw", {}) or {}
+    recommended = raw.get("recommended")
+    try:
+        matrix_text: str | None = Path(settings.matrix).read_text(encoding="utf-8")
+    except OSError:
+        matrix_text = None
+    launches = launches_from_records(records)
+    failed = [FailedTest(str(f.get("nodeid", "")), str(f.get("reason", ""))) for f in session.failed_tests]
+    return PackageRequest(
+        out_dir=Path(settings.package),
+        name=settings.package_name,
+        force=bool(settings.package_force),
+        profile=profile,
+        profile_path=getattr(profile, "source", None),
+        profile_text=getattr(profile, "text", None) or None,
+        launches=launches,
+        systemd_unit_text=_systemd_unit_text(profile.unit) if profile.controller == "systemd" else None,
+        results_dir=Path(session.results_dir),
+        matrix=matrix.names(),
+        default_config=matrix.default.name,
+        recommended_config=str(recommended) if recommended else None,
+        configs_run=selected,
+        configs_yaml_text=matrix_text,
+        failed_tests=failed,
+        session_start=_stamp(getattr(settings, "session_stamp", None)),
+        exit_status=exitstatus,
+        command_line="pytest " + shlex.join(sys.argv[1:]),
+    )
+
+
+def package_from_session(session: Any, records: list[dict[str, Any]], exitstatus: int) -> PackageReport:
+    """The plugin's session-end entry point (controller only): write, verify, publish."""
+    return write_package(request_from_session(session, records, exitstatus))
