@@ -424,6 +424,17 @@ def _revision(path: Path) -> str | None:
     return None
 
 
+def _demote_headings(markdown: str) -> str:
+    """Nest results.md's headings under REPRODUCE.md's "Sweep results" section (## -> ####)."""
+    out = []
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        out.append("##" + line if not in_code and line.startswith("#") else line)
+    return "\n".join(out)
+
+
 def _tool_version() -> str:
     """pytest-ddtree's installed version (recorded so a package says what wrote it)."""
     import importlib.metadata as md
@@ -474,7 +485,7 @@ def _render_reproduce(
         "systemd_hint": "; systemd units and drop-ins in `services/systemd/`" if prof.get("controller") == "systemd" else "",
         "recommended_command": rec_cmd or "(see services/launch-commands.txt)",
         "recommended": rec or "bs8_b8_k4",
-        "sweep_table": sweep.strip() if sweep else "No results table was recorded (see `bench/`).",
+        "sweep_table": _demote_headings(sweep.strip()) if sweep else "No results table was recorded (see `bench/`).",
         "recommended_text": (
             f"`{rec}`" + (f" (the matrix default is `{req.default_config}`)" if req.default_config and req.default_config != rec else "")
             if rec else "No recommendation was recorded."
