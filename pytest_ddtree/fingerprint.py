@@ -1,0 +1,141 @@
+"""Hardware profile: which baseline folder a session compares against.
+
+Why: a tok/s number means nothing without the machine, engine and model that produced it
+(pytest-benchmark's machine id has no GPU in it, which its users complain about). So the
+baseline folder is named after a fingerprint: GPU model and count (NVML), engine version,
+target model and drafter. The folder name is short and readable (``8xH200-sglang-0.5.3-
+kimi-k2.6-1a2b3c4d``); the full details and their hash are recorded inside every baseline
+file, so a reviewer sees what the numbers belong to.
+
+The reference engine runs a simulated accelerator clock, so its numbers do not depend on
+the host: it gets the stable name ``refserver`` and the committed baselines gate on any
+machine. A profile's ``hardware_profile`` key overrides the name entirely (a fleet of
+identical hosts that should share one folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+REFERENCE_NAME = "refserver"
+
+
+class _Gpu(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class InventoryLike(Protocol):
+    """``pytest_ddtree.service.gpu.GpuInventory`` satisfies this."""
+
+    @property
+    def gpus(self) -> Sequence[_Gpu]: ...
+    @property
+    def driver_version(self) -> str | None: ...
+    @property
+    def cuda_driver_version(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A baseline folder name plus the facts it stands for."""
+
+    name: str
+    details: dict[str, Any]
+    digest: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "digest": self.digest, "details": dict(self.details)}
+
+
+def sanitize(text: str, max_len: int = 80) -> str:
+    """A safe folder name: ``[A-Za-z0-9._-]`` only, no leading dot, bounded length."""
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    out = re.sub(r"-{2,}", "-", out)
+    return out[:max_len].rstrip("-.") or "unknown"
+
+
+def _short_gpu(name: str) -> str:
+    """'NVIDIA H200' -> 'H200'; 'NVIDIA GeForce RTX 4090' -> 'RTX-4090'."""
+    for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
+        name = name.replace(prefix, "")
+    return name.strip()
+
+
+def _basename(path: Any) -> str | None:
+    if not isinstance(path, str) or not path:
+        return None
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def is_reference_engine(server_info: Mapping[str, Any]) -> bool:
+    version = server_info.get("version")
+    return isinstance(version, str) and version.startswith("refserver")
+
+
+def fingerprint(
+    server_info: Mapping[str, Any],
+    model_info: Mapping[str, Any] | None = None,
+    inventory: InventoryLike | None = None,
+    override: str | None = None,
+) -> HardwareProfile:
+    """The fingerprint of a running service (pure: every fact is passed in).
+
+    ``server_info``/``model_info`` are the service's /server_info and /model_info answers;
+    ``inventory`` is :func:`pytest_ddtree.service.gpu.gpu_inventory` (None or no GPUs:
+    ``cpu``); ``override`` is the profile's ``hardware_profile`` key.
+    """
+    model_info = model_info or {}
+    gpus = list(inventory.gpus) if inventory is not None else []
+    gpu_names = sorted({_short_gpu(g.name) for g in gpus})
+    details: dict[str, Any] = {
+        "gpu": f"{len(gpus)}x{'+'.join(gpu_names)}" if gpus else "cpu",
+        "driver": getattr(inventory, "driver_version", None) if gpus else None,
+        "cuda_driver": getattr(inventory, "cuda_driver_version", None) if gpus else None,
+        "engine_version": server_info.get("version"),
+        "model": _basename(model_info.get("model_path") or server_info.get("model_path")),
+        "drafter": _basename(server_info.get("speculative_draft_model_path")),
+        "speculative_algorithm": server_info.get("speculative_algorithm"),
+        "tp_size": server_info.get("tp_size"),
+    }
+    details = {k: v for k, v in details.items() if v is not None}
+    digest = hashlib.sha256(json.dumps(details, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    if override:
+        name = sanitize(override)
+    elif is_reference_engine(server_info):
+        name = REFERENCE_NAME
+    else:
+        parts = [details["gpu"], f"sglang-{details.get('engine_version', 'unknown')}"]
+        if details.get("model"):
+            parts.append(str(details["model"]))
+        name = sanitize("-".join(parts), max_len=72) + f"-{digest}"
+    return HardwareProfile(name=name, details=details, digest=digest)
+
+
+class _ProfileLike(Protocol):
+    @property
+    def hardware_profile(self) -> str | None: ...
+
+
+def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, Any]) -> HardwareProfile:
+    """:func:`fingerprint` with this machine's NVML inventory and the profile's override.
+
+    NVML is not asked for the reference engine: its clock is simulated, GPUs are irrelevant.
+    """
+    override = getattr(profile, "hardware_profile", None) if profile is not None else None
+    inventory: InventoryLike | None = None
+    if not override and not is_reference_engine(server_info):
+        from pytest_ddtree.service.gpu import gpu_inventory
+
+        inventory = gpu_inventory()
+    return fingerprint(server_info, None, inventory, override)
+
+
+def hardware_profile(profile: _ProfileLike | None, server_info: Mapping[str, Any]) -> str:
+    """The baseline folder name for a service described by ``profile`` and ``server_info``."""
+    return local_fingerprint(profile, server_info).name

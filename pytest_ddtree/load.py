@@ -1,0 +1,540 @@
+"""Closed-loop load generator for SGLang's streaming ``/generate`` (no pytest import).
+
+Why it is written this way (see "Measuring serving performance without fooling yourself"):
+
+* **Tokens come from the server's accounting, never from chunk counts.** Under speculative
+  decoding one stream chunk carries several tokens (an accepted run of the tree); counting
+  chunks as tokens is the ITL / peak-throughput bug SGLang's and llmperf's benchmarks had.
+  Every chunk's ``meta_info.completion_tokens`` is cumulative, so the delta is exact.
+* **ITL spreads a chunk's inter-arrival time evenly over the tokens it carries**, so the
+  sum of a request's ITLs equals its decode time and TPOT and ITL agree.
+* **Closed loop at fixed concurrency**: C worker threads each send the next request as soon
+  as their previous one finished, which is how the campaign's "concurrency 32" was meant.
+* **Exact prompt lengths**: prompts are ``input_ids`` (seeded, deterministic, inside the
+  vocabulary), so a "4k" cell really sends 4096 tokens; the server's ``prompt_tokens`` is
+  checked against it, and the output length is forced with ``ignore_eos`` and checked.
+* **Warm-up at the measured concurrency, excluded**, then ``/flush_cache`` so the server's
+  ``avg_spec_accept_length`` covers the measured requests only.
+* **Failures are counted, never hidden**: any failed request, wrong prompt length or short
+  output makes the cell *invalid*; the gate reports invalid cells as such, never as a
+  regression or a pass.
+
+``http.client`` (one connection per request, no keep-alive assumptions) keeps the client's
+own CPU cost per token low; ``benchmarks/bench_harness.py`` measures that cost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from pytest_ddtree import stats
+
+#: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
+DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
+DIST_STATS = ("mean", "median", "std", "p90", "p99")
+
+
+class LoadError(RuntimeError):
+    """The cell could not be run at all (e.g. the server gives no vocabulary size)."""
+
+
+class WorkloadLike(Protocol):
+    """What a throughput cell needs; ``pytest_ddtree.configs.Workload`` satisfies it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def warmup_requests(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A plain workload value (tests, benchmarks); same fields as ``configs.Workload``."""
+
+    name: str
+    concurrency: int
+    context_tokens: int
+    output_tokens: int
+    requests: int
+    warmup_requests: int = -1  # -1: one request per concurrent worker
+
+    def __post_init__(self) -> None:
+        if self.warmup_requests < 0:
+            object.__setattr__(self, "warmup_requests", self.concurrency)
+
+
+def workload_dict(workload: WorkloadLike) -> dict[str, Any]:
+    """The workload's defining numbers; stored with baselines so a changed workload is seen."""
+    return {
+        "concurrency": workload.concurrency,
+        "context_tokens": workload.context_tokens,
+        "output_tokens": workload.output_tokens,
+        "requests": workload.requests,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# HTTP plumbing
+
+
+class Endpoint:
+    """host/port/prefix of a base URL, with the few plain JSON calls the cell needs."""
+
+    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
+        parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        if parts.scheme not in ("http", "https"):
+            raise LoadError(f"unsupported URL scheme in {base_url!r}: use http:// or https://")
+        self.base_url = base_url.rstrip("/")
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.https else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def connect(self) -> http.client.HTTPConnection:
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        conn = self.connect()
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            conn.request(method, self.prefix + path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def get_json(self, *paths: str) -> dict[str, Any]:
+        """GET the first of ``paths`` that answers 200 (SGLang renamed several endpoints)."""
+        last = ""
+        for path in paths:
+            status, raw = self.call("GET", path)
+            if status == 200:
+                value = json.loads(raw)
+                if isinstance(value, dict):
+                    return value
+                last = f"{path}: not a JSON object"
+            else:
+                last = f"{path}: HTTP {status}"
+        raise LoadError(f"{self.base_url}: no usable answer from {', '.join(paths)} ({last})")
+
+    def flush_cache(self, deadline_s: float = 10.0) -> bool:
+        """POST /flush_cache, retrying while the server says it is busy (SGLang answers 400)."""
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                status, _ = self.call("POST", "/flush_cache")
+                if status == 405:
+                    status, _ = self.call("GET", "/flush_cache")
+            except OSError:
+                status = -1
+            if status == 200:
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------
+# Prompts
+
+
+def prompt_ids(length: int, vocab_size: int, seed: int) -> list[int]:
+    """``length`` deterministic token ids from the middle of the vocabulary.
+
+    The middle avoids special tokens, which sit at the start (the reference engine, many
+    BPE vocabularies) or at the end (Llama-style added tokens) of a vocabulary.
+    """
+    if vocab_size < 2:
+        raise LoadError(f"vocabulary of {vocab_size} tokens is too small for prompts")
+    lo = max(1, vocab_size // 8)
+    hi = max(lo + 1, vocab_size // 2)
+    rng = random.Random(seed)
+    return [rng.randrange(lo, hi) for _ in range(length)]
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed that is the same in every process (``hash()`` is salted per process)."""
+    return zlib.crc32("\x1f".join(str(p) for p in parts).encode())
+
+
+# --------------------------------------------------------------------------------------
+# One request
+
+
+@dataclass
+class RequestResult:
+    """Timing and accounting of one streamed request (times in seconds)."""
+
+    index: int
+    expected_prompt_tokens: int
+    expected_output_tokens: int
+    ok: bool = False
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    spec_verify_ct: int | None = None
+    start: float = 0.0
+    end: float = 0.0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    chunks: int = 0
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT) / (output tokens - 1), bench_serving's definition."""
+        if self.ttft_s is None or self.completion_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
+
+    @property
+    def accept_length(self) -> float | None:
+        """Accepted tokens per verify step: completion_tokens / spec_verify_ct."""
+        if not self.spec_verify_ct:
+            return None
+        return self.completion_tokens / self.spec_verify_ct
+
+    def problems(self) -> list[str]:
+        """Why this request makes its cell invalid (empty: it is fine)."""
+        if not self.ok:
+            return [f"request {self.index} failed: {self.error}"]
+        out: list[str] = []
+        if self.prompt_tokens is not None and self.prompt_tokens != self.expected_prompt_tokens:
+            out.append(
+                f"request {self.index}: server counted {self.prompt_tokens} prompt tokens, "
+                f"sent {self.expected_prompt_tokens}"
+            )
+        if self.completion_tokens != self.expected_output_tokens:
+            out.append(
+                f"request {self.index}: {self.completion_tokens} output tokens, expected "
+                f"{self.expected_output_tokens} (ignore_eos not honoured?)"
+            )
+        return out
+
+
+def apply_chunk(result: RequestResult, t: float, completion_tokens: int, last_token_time: float | None) -> float | None:
+    """Account one stream chunk arriving at ``t`` whose cumulative token count is given.
+
+    Returns the new "time of the last token". The first token sets TTFT; every later chunk's
+    inter-arrival time is spread evenly over the tokens it carries. Extra tokens that arrive
+    *with* the first token get no ITL entry (their latency is the TTFT). A chunk without new
+    tokens (a keep-alive, a finish notice) changes nothing.
+    """
+    new = completion_tokens - result.completion_tokens
+    if new <= 0:
+        return last_token_time
+    if result.ttft_s is None:
+        result.ttft_s = t - result.start
+    elif last_token_time is not None:
+        gap = (t - last_token_time) / new
+        result.itl_s.extend([gap] * new)
+    result.completion_tokens = completion_tokens
+    return t
+
+
+def stream_request(
+    endpoint: Endpoint,
+    index: int,
+    input_ids: Sequence[int],
+    output_tokens: int,
+    extra_sampling_params: Mapping[str, Any] | None = None,
+) -> RequestResult:
+    """Send one streaming /generate and time it; never raises (errors land in the result)."""
+    result = RequestResult(index=index, expected_prompt_tokens=len(input_ids), expected_output_tokens=output_tokens)
+    sampling: dict[str, Any] = {"max_new_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True}
+    if extra_sampling_params:
+        sampling.update(extra_sampling_params)
+    body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling, "stream": True}).encode()
+    conn = endpoint.connect()
+    last: float | None = None
+    meta: Mapping[str, Any] = {}
+    clock = time.perf_counter
+    result.start = clock()
+    try:
+        conn.request("POST", endpoint.prefix + "/generate", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            detail = resp.read(300).decode("utf-8", "replace").strip()
+            result.end = clock()
+            result.error = f"HTTP {resp.status}: {detail}"
+            return result
+        done = False
+        while True:
+            line = resp.readline()
+            t = clock()
+            if not line:
+                break
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                result.end = t
+                done = True
+                break
+            chunk = json.loads(payload)
+            if not isinstance(chunk, dict):
+                raise ValueError(f"stream chunk is not a JSON object: {payload[:80]!r}")
+            if "error" in chunk:
+                raise ValueError(f"server error in stream: {chunk['error']}")
+            meta = chunk.get("meta_info") or {}
+            count = meta.get("completion_tokens")
+            if not isinstance(count, int):
+                raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
+            result.chunks += 1
+            last = apply_chunk(result, t, count, last)
+        if not done:
+            result.end = clock()
+            raise ValueError("stream ended without 'data: [DONE]'")
+        result.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
+        result.spec_verify_ct = _int_or_none(meta.get("spec_verify_ct"))
+        if result.ttft_s is None:
+            raise ValueError("stream produced no tokens")
+        result.ok = True
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if not result.end:
+            result.end = clock()
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return result
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --------------------------------------------------------------------------------------
+# A cell
+
+
+@dataclass
+class CellResult:
+    """One repeat of one cell: every request, the wall duration, and the server's view."""
+
+    cell: str
+    workload: dict[str, Any]
+    requests: list[RequestResult]
+    duration_s: float
+    warmup_failed: int = 0
+    server_accept_length: float | None = None
+    server_state: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok_requests(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.ok]
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.requests if not r.ok)
+
+    def problems(self) -> list[str]:
+        """Reasons the repeat is invalid; empty when it is a valid measurement."""
+        out: list[str] = []
+        for r in self.requests:
+            out.extend(r.problems())
+        if not self.requests:
+            out.append("no requests were sent")
+        return out
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems()
+
+    def metrics(self) -> dict[str, float | int | None]:
+        """Aggregates with SGLang bench_serving's key names (times in ms).
+
+        ``concurrency`` is bench_serving's *achieved* concurrency (sum of latencies /
+        duration); ``max_concurrency`` is the configured one. ``accept_length`` is the
+        server's (``/server_info`` after a flush) when available, else total output tokens /
+        total verify steps of the measured requests; ``request_accept_length`` is always the
+        latter, ``mean_request_accept_length`` the mean of the per-request ratios.
+        """
+        ok = self.ok_requests
+        dur = self.duration_s if self.duration_s > 0 else float("nan")
+        out: dict[str, float | int | None] = {
+            "duration": self.duration_s,
+            "completed": len(ok),
+            "failed": self.failed,
+            "max_concurrency": self.workload.get("concurrency"),
+            "total_input_tokens": sum(r.prompt_tokens or 0 for r in ok),
+            "total_output_tokens": sum(r.completion_tokens for r in ok),
+        }
+        out["request_throughput"] = len(ok) / dur
+        out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
+        out["output_throughput"] = float(out["total_output_tokens"] or 0) / dur
+        out["total_token_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
+        series: dict[str, list[float]] = {
+            "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+            "tpot": [t * 1000 for r in ok if (t := r.tpot_s) is not None],
+            "itl": [x * 1000 for r in ok for x in r.itl_s],
+            "e2e_latency": [r.e2e_s * 1000 for r in ok],
+        }
+        for name in DIST_METRICS:
+            values = series[name]
+            out[f"mean_{name}_ms"] = stats.mean(values) if values else None
+            out[f"median_{name}_ms"] = stats.median(values) if values else None
+            out[f"std_{name}_ms"] = stats.stdev(values) if values else None
+            out[f"p90_{name}_ms"] = stats.percentile(values, 90) if values else None
+            out[f"p99_{name}_ms"] = stats.percentile(values, 99) if values else None
+        out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
+        per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
+        out["median_request_output_throughput"] = stats.median(per_request) if per_request else None
+        verify = [r for r in ok if r.spec_verify_ct]
+        total_verify = sum(r.spec_verify_ct or 0 for r in verify)
+        req_accept = sum(r.completion_tokens for r in verify) / total_verify if total_verify else None
+        out["request_accept_length"] = req_accept
+        ratios = [a for r in verify if (a := r.accept_length) is not None]
+        out["mean_request_accept_length"] = stats.mean(ratios) if ratios else None
+        out["spec_verify_ct"] = total_verify if verify else None
+        out["server_accept_length"] = self.server_accept_length
+        out["accept_length"] = self.server_accept_length if self.server_accept_length is not None else req_accept
+        return out
+
+
+def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
+    """``internal_states[0].avg_spec_accept_length`` (or a top-level key of that name)."""
+    states = server_info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    value = server_info.get("avg_spec_accept_length")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def vocab_size_of(endpoint: Endpoint) -> int:
+    """The model's vocabulary size from /model_info (or /get_model_info), else /server_info."""
+    for paths in (("/model_info", "/get_model_info"), ("/server_info", "/get_server_info")):
+        try:
+            info = endpoint.get_json(*paths)
+        except (LoadError, OSError, ValueError):
+            continue
+        value = info.get("vocab_size")
+        if isinstance(value, int) and value > 1:
+            return value
+    raise LoadError(
+        f"{endpoint.base_url}: neither /model_info nor /server_info reports vocab_size; "
+        "pass vocab_size= to run_cell (prompts must be token ids inside the vocabulary)"
+    )
+
+
+def _run_closed_loop(
+    endpoint: Endpoint,
+    concurrency: int,
+    prompts: Sequence[Sequence[int]],
+    output_tokens: int,
+    extra_sampling_params: Mapping[str, Any] | None,
+) -> tuple[list[RequestResult], float]:
+    """C workers pull the next request index until all are sent; returns results, duration."""
+    results: list[RequestResult | None] = [None] * len(prompts)
+    lock = threading.Lock()
+    counter = iter(range(len(prompts)))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            results[index] = stream_request(endpoint, index, prompts[index], output_tokens, extra_sampling_params)
+
+    threads = [threading.Thread(target=worker, name=f"ddtree-load-{i}", daemon=True) for i in range(max(1, concurrency))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = [r for r in results if r is not None]
+    end = max((r.end for r in done), default=t0)
+    return done, end - t0
+
+
+def run_cell(
+    base_url: str,
+    workload: WorkloadLike,
+    *,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    warmup: bool = True,
+    flush: bool = True,
+    flush_deadline_s: float = 10.0,
+    extra_sampling_params: Mapping[str, Any] | None = None,
+    prompt_fn: Callable[[int, int, int], list[int]] = prompt_ids,
+) -> CellResult:
+    """Measure one repeat of ``workload`` against the SGLang server at ``base_url``.
+
+    Order: warm-up (``warmup_requests`` at the cell's concurrency, excluded), /flush_cache
+    (resets the server's acceptance counter), the measured closed loop, /server_info.
+    Prompts depend only on (cell name, request index, ``seed``), so every repeat and every
+    session sends the same prompts: the flush keeps prefix caching out of the numbers and
+    identical prompts keep acceptance comparable with the baseline.
+    """
+    endpoint = Endpoint(base_url, timeout_s=timeout_s)
+    vocab = vocab_size if vocab_size is not None else vocab_size_of(endpoint)
+    prompts = [
+        prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, i)) for i in range(workload.requests)
+    ]
+    notes: list[str] = []
+    warmup_failed = 0
+    if warmup and workload.warmup_requests > 0:
+        warm = [
+            prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, "warmup", i))
+            for i in range(workload.warmup_requests)
+        ]
+        warm_results, _ = _run_closed_loop(endpoint, workload.concurrency, warm, workload.output_tokens, extra_sampling_params)
+        warmup_failed = sum(1 for r in warm_results if not r.ok)
+        if warmup_failed:
+            notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
+    if flush and not endpoint.flush_cache(flush_deadline_s):
+        notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
+    requests, duration = _run_closed_loop(
+        endpoint, workload.concurrency, prompts, workload.output_tokens, extra_sampling_params
+    )
+    server_state: dict[str, Any] = {}
+    accept: float | None = None
+    try:
+        info = endpoint.get_json("/server_info", "/get_server_info")
+        accept = server_accept_length(info)
+        states = info.get("internal_states")
+        if isinstance(states, list) and states and isinstance(states[0], dict):
+            server_state = dict(states[0])
+    except (LoadError, OSError, ValueError, http.client.HTTPException) as exc:
+        notes.append(f"/server_info unavailable after the cell: {exc}")
+    return CellResult(
+        cell=workload.name,
+        workload=workload_dict(workload),
+        requests=requests,
+        duration_s=duration,
+        warmup_failed=warmup_failed,
+        server_accept_length=accept,
+        server_state=server_state,
+        notes=notes,
+    )

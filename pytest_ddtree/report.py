@@ -1,0 +1,417 @@
+"""The sweep table and the campaign's conclusions, from throughput records (no pytest).
+
+Why pure functions over a list of records: the same records are appended to the results
+directory as they are measured (crash-safe), merged from xdist workers by the controller,
+and rendered three ways (terminal, Markdown, JSON). Rendering from the records alone means
+a results directory can be re-rendered later and every view says the same thing.
+
+A *throughput record* is the dict built by :func:`throughput_record` (the suite records it
+through ``ddtree_recorder.record("throughput", config, record)``). Records wrapped by the
+recorder as ``{"kind", "config", "data": {...}}`` are accepted too.
+
+Recommendations follow the campaign's questions: which config gives the best aggregate
+throughput at the highest concurrency, which the best single-request speed, which the best
+acceptance, and whether acceptance is *drafter-bound* (stops growing with budget or block
+size, so a bigger tree only costs compute).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from tabulate import tabulate
+
+from pytest_ddtree import stats
+
+_NAME_RE = re.compile(r"^bs(?P<bs>\d+)_b(?P<b>\d+)_k(?P<k>\d+)(?:_w(?P<w>none|\d+))?$")
+
+#: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
+#: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
+DRAFTER_BOUND_GAIN = 0.08
+
+#: Metrics copied into the JSON results per cell (bench_serving names + ours).
+JSON_KEYS = (
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "input_throughput", "output_throughput", "total_token_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p90_itl_ms", "p99_itl_ms",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "std_e2e_latency_ms", "p90_e2e_latency_ms",
+    "p99_e2e_latency_ms", "concurrency", "max_concurrency", "accept_length",
+    "request_accept_length", "mean_request_accept_length", "median_request_output_throughput",
+)
+
+
+def aggregate_repeats(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Median of every numeric metric over the repeats (the number a table shows)."""
+    keys: list[str] = []
+    for r in repeats:
+        keys.extend(k for k in r if k not in keys)
+    out: dict[str, Any] = {}
+    for k in keys:
+        values = [float(r[k]) for r in repeats if _num(r.get(k))]
+        out[k] = stats.median(values) if values else None
+    return out
+
+
+def throughput_record(
+    *,
+    config: str,
+    cell: str,
+    workload: Mapping[str, Any],
+    repeats: Sequence[Mapping[str, Any]],
+    samples: Mapping[str, Sequence[float]],
+    measurement_status: str,
+    verdict: Mapping[str, Any],
+    problems: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    hardware_profile: str | None = None,
+) -> dict[str, Any]:
+    """The record of one cell: medians over repeats, samples, spread, verdict.
+
+    ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
+    ``verdict`` is ``gate.CellVerdict.as_dict()``.
+    """
+    primary = [float(v) for v in samples.get("output_throughput") or []]
+    spread = stats.summarize(primary).as_dict() if primary else None
+    change = {
+        k: m.get("change") for k, m in (verdict.get("metrics") or {}).items() if m.get("change") is not None
+    }
+    return {
+        "config": config,
+        "cell": cell,
+        "workload": dict(workload),
+        "status": verdict.get("status"),
+        "measurement_status": measurement_status,
+        "repeats": len(repeats),
+        "metrics": aggregate_repeats(repeats),
+        "samples": {k: list(v) for k, v in samples.items()},
+        "output_throughput_spread": spread,
+        "change": change,
+        "verdict": dict(verdict),
+        "problems": list(problems),
+        "notes": list(notes),
+        "hardware_profile": hardware_profile,
+    }
+
+
+def normalize(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Flatten recorder wrappers, keep throughput records only, sort for display."""
+    out: list[dict[str, Any]] = []
+    for rec in records:
+        kind = rec.get("kind")
+        if kind is not None and kind != "throughput":
+            continue
+        data = rec.get("data")
+        flat = dict(data) if isinstance(data, Mapping) else dict(rec)
+        flat.setdefault("config", rec.get("config"))
+        if "cell" not in flat:
+            continue
+        out.append(flat)
+    out.sort(key=_sort_key)
+    return out
+
+
+def _sort_key(rec: Mapping[str, Any]) -> tuple[Any, ...]:
+    w = rec.get("workload") or {}
+    return (_config_key(str(rec.get("config"))), int(w.get("context_tokens") or 0),
+            int(w.get("concurrency") or 0), str(rec.get("cell")))
+
+
+def _config_key(name: str) -> tuple[Any, ...]:
+    m = _NAME_RE.match(name)
+    if not m:
+        return (1, name)
+    w = m.group("w")
+    return (0, int(m.group("bs")), int(m.group("b")), int(m.group("k")),
+            -1 if w is None else (10**9 if w == "none" else int(w)), name)
+
+
+def _num(v: Any) -> TypeGuard[int | float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    return f"{float(v):.{digits}f}" if _num(v) else "-"
+
+
+def _pct(v: Any) -> str:
+    return f"{float(v) * 100:+.1f}%" if _num(v) else "-"
+
+
+def _ctx(tokens: Any) -> str:
+    if not _num(tokens):
+        return "-"
+    t = int(tokens)
+    return f"{t // 1024}k" if t >= 1024 and t % 1024 == 0 else str(t)
+
+
+def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for rec in normalize(records):
+        m = rec.get("metrics") or {}
+        w = rec.get("workload") or {}
+        spread = rec.get("output_throughput_spread") or {}
+        tps = _f(m.get("output_throughput"))
+        if _num(spread.get("rel_half_width")) and rec.get("measurement_status") != "invalid":
+            tps += f" ±{float(spread['rel_half_width']) * 100:.0f}%"
+        change = (rec.get("change") or {}).get("output_throughput")
+        rows.append([
+            str(rec.get("config")), str(rec.get("cell")), str(w.get("concurrency", "-")), _ctx(w.get("context_tokens")),
+            tps, _f(m.get("accept_length"), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
+        ])
+    return rows
+
+
+HEADERS = ["config", "cell", "conc", "ctx", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
+
+
+def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple") -> str:
+    """The sweep table (per config and cell): tok/s, acceptance, TTFT p50, change, status."""
+    rows = table_rows(records)
+    if not rows:
+        return "no throughput results"
+    return tabulate(rows, headers=HEADERS, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in normalize(records) if r.get("measurement_status") != "invalid"
+            and _num((r.get("metrics") or {}).get("output_throughput"))]
+
+
+def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The campaign's conclusions, as sentences, from valid cells only."""
+    recs = _valid(records)
+    out: list[str] = []
+    if not recs:
+        return out
+    by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        w = r.get("workload") or {}
+        by_cell[(int(w.get("concurrency") or 0), int(w.get("context_tokens") or 0))].append(r)
+    top_c = max(c for c, _ in by_cell)
+    low_c = min(c for c, _ in by_cell)
+
+    def best(cands: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        ordered = sorted(cands, key=lambda r: -float((r.get("metrics") or {}).get(key) or 0.0))
+        return ordered[0], (ordered[-1] if len(ordered) > 1 else None)
+
+    def tps(r: Mapping[str, Any]) -> float:
+        return float((r.get("metrics") or {}).get("output_throughput") or 0.0)
+
+    winners: dict[tuple[int, int], str] = {}
+    for (c, ctx) in sorted(by_cell):
+        if c not in (top_c, low_c):
+            continue
+        winner, worst = best(by_cell[(c, ctx)], "output_throughput")
+        winners[(c, ctx)] = str(winner["config"])
+        margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
+        if c == top_c:
+            out.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
+                       f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
+        if c == low_c and top_c != low_c:
+            per = (winner.get("metrics") or {}).get("median_request_output_throughput")
+            speed = f"{float(per):.1f} tok/s per request" if _num(per) else f"{tps(winner):.1f} tok/s"
+            out.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
+                       f"{winner['config']} with {speed}{margin}.")
+    crossover = sorted({(ctx, winners.get((top_c, ctx)), winners.get((low_c, ctx))) for (_, ctx) in winners})
+    for ctx, hi, lo in crossover:
+        if hi and lo and hi != lo:
+            out.append(f"Crossover at context {_ctx(ctx)}: {hi} wins at concurrency {top_c}, {lo} at concurrency {low_c} "
+                       "(small trees win when verify compute is the bottleneck).")
+    accept = _config_accept(recs)
+    if accept:
+        name, value = max(accept.items(), key=lambda kv: kv[1])
+        out.append(f"Best acceptance: {name} with {value:.2f} accepted tokens per verify step (median over its cells).")
+    out.extend(drafter_bound(accept))
+    return out
+
+
+def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    per: dict[str, list[float]] = defaultdict(list)
+    for r in recs:
+        v = (r.get("metrics") or {}).get("accept_length")
+        if _num(v):
+            per[str(r["config"])].append(float(v))
+    return {k: stats.median(v) for k, v in per.items() if v}
+
+
+def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_GAIN) -> list[str]:
+    """The "acceptance is drafter-bound" diagnosis.
+
+    For configs that differ only in budget (same block size, topk, window), and for configs
+    that differ in block size at the largest budget, look at the last step up: when it
+    raises acceptance by less than ``min_gain``, more tree (or a longer block) buys no
+    acceptance; the drafter's predictions are the limit.
+    """
+    parsed = {n: m for n in accept if (m := _NAME_RE.match(n))}
+    out: list[str] = []
+    groups: dict[tuple[str, str, str | None], list[tuple[int, str]]] = defaultdict(list)
+    for name, m in parsed.items():
+        groups[(m.group("bs"), m.group("k"), m.group("w"))].append((int(m.group("b")), name))
+    findings: list[str] = []
+    for (bs, _k, _w), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        members.sort()
+        (b1, n1), (b2, n2) = members[-2], members[-1]
+        a1, a2 = accept[n1], accept[n2]
+        if a1 > 0 and (a2 - a1) / a1 < min_gain:
+            findings.append(f"budget {b1} -> {b2} ({n1} -> {n2}) raised acceptance only {a1:.2f} -> {a2:.2f}")
+    by_bs: dict[int, list[tuple[float, str]]] = defaultdict(list)
+    for name, m in parsed.items():
+        by_bs[int(m.group("bs"))].append((accept[name], name))
+    if len(by_bs) >= 2:
+        sizes = sorted(by_bs)
+        lo_best = max(by_bs[sizes[0]])
+        hi_best = max(by_bs[sizes[-1]])
+        if lo_best[0] > 0 and (hi_best[0] - lo_best[0]) / lo_best[0] < min_gain:
+            findings.append(f"block size {sizes[0]} -> {sizes[-1]} raised the best acceptance only "
+                            f"{lo_best[0]:.2f} ({lo_best[1]}) -> {hi_best[0]:.2f} ({hi_best[1]})")
+    if findings:
+        out.append("Acceptance is drafter-bound: " + "; ".join(findings)
+                   + ". A bigger tree or block costs verify compute without accepting more; "
+                     "a better drafter, not a bigger budget, is what would help.")
+    return out
+
+
+def render_markdown(records: Iterable[Mapping[str, Any]], title: str = "Throughput sweep") -> str:
+    """Markdown: the sweep table, the recommendations, and the failing cells' messages."""
+    recs = normalize(records)
+    parts = [f"## {title}", "", render_sweep_table(recs, tablefmt="github"), ""]
+    advice = recommendations(recs)
+    if advice:
+        parts += ["### Recommendations", "", *(f"- {a}" for a in advice), ""]
+    bad = [r for r in recs if r.get("status") in ("regression", "invalid", "inconclusive", "missing")]
+    if bad:
+        parts += ["### Cells that need attention", ""]
+        for r in bad:
+            detail = "; ".join(r.get("problems") or []) or "; ".join(
+                m.get("message", "") for m in ((r.get("verdict") or {}).get("metrics") or {}).values() if m.get("message"))
+            detail = detail or "; ".join((r.get("verdict") or {}).get("reasons") or [])
+            parts.append(f"- **{r['config']} {r['cell']}**: {r.get('status')}" + (f": {detail}" if detail else ""))
+        parts.append("")
+    return "\n".join(parts)
+
+
+def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """JSON-ready results: one entry per cell with bench_serving keys, plus recommendations."""
+    recs = normalize(records)
+    cells = []
+    for r in recs:
+        m = r.get("metrics") or {}
+        entry: dict[str, Any] = {
+            "config": r.get("config"),
+            "cell": r.get("cell"),
+            **{k: (r.get("workload") or {}).get(k) for k in ("context_tokens", "output_tokens", "requests")},
+            "status": r.get("status"),
+            "measurement_status": r.get("measurement_status"),
+            "repeats": r.get("repeats"),
+        }
+        entry.update({k: m.get(k) for k in JSON_KEYS if k in m})
+        entry["change_vs_baseline"] = r.get("change") or {}
+        entry["samples"] = r.get("samples") or {}
+        entry["problems"] = r.get("problems") or []
+        cells.append(entry)
+    return {"throughput": cells, "recommendations": recommendations(recs)}
+
+
+def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:
+    """Output tok/s against concurrency, one line per config and context; needs ``[plot]``.
+
+    Returns False (and writes nothing) when matplotlib is not installed or there is nothing
+    to plot, so callers can treat the plot as optional.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    for r in _valid(records):
+        w = r.get("workload") or {}
+        series[(str(r["config"]), int(w.get("context_tokens") or 0))].append(
+            (int(w.get("concurrency") or 0), float(r["metrics"]["output_throughput"])))
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (config, ctx), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{config} ctx {_ctx(ctx)}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tok/s")
+    ax.set_title("Throughput against concurrency")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+@dataclass
+class SessionSummary:
+    """What the controller writes at session end (see ``finish.py``)."""
+
+    json: dict[str, Any]
+    markdown: str
+    sections: list[tuple[str, str]] = field(default_factory=list)
+    plot_error: str | None = None
+    plot_path: Path | None = None
+
+
+def _other_records_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+    """A compact table of the non-throughput records (coding, lossless, health...)."""
+    rows = []
+    for r in records:
+        status = r.get("status", r.get("verdict", r.get("passed", "")))
+        if isinstance(status, (dict, list)):
+            status = "..."
+        rows.append([str(r.get("kind")), str(r.get("config")), str(status)])
+    return tabulate(rows, headers=["kind", "config", "status"], tablefmt="github", disable_numparse=True)
+
+
+def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -> SessionSummary:
+    """Render the session's records: results.json, results.md and the terminal sections.
+
+    ``records`` are every record of the session (all kinds, as read back from the JSON
+    lines); ``session`` is optional context (results directory for the plot, matrix for
+    the recommended default).
+    """
+    throughput = normalize(records)
+    others = [dict(r) for r in records if r.get("kind") not in (None, "throughput")]
+    payload = results_json(throughput)
+    payload["records"] = others
+    md_parts = ["# pytest-ddtree results", ""]
+    if throughput:
+        md_parts.append(render_markdown(throughput))
+    if others:
+        md_parts += ["## Other gates", "", _other_records_markdown(others), ""]
+    sections: list[tuple[str, str]] = []
+    if throughput:
+        text = render_sweep_table(throughput)
+        advice = payload["recommendations"]
+        if advice:
+            text += "\n\nRecommendations:\n" + "\n".join(f"  - {a}" for a in advice)
+        sections.append(("ddtree throughput sweep", text))
+    summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
+    results_dir = getattr(session, "results_dir", None)
+    if throughput and isinstance(results_dir, Path):
+        try:
+            path = results_dir / "throughput.png"
+            if plot_png(throughput, path):
+                summary.plot_path = path
+                sections.append(("ddtree plot", f"wrote {path}"))
+        except Exception as exc:  # the plot is optional; never lose the results over it
+            summary.plot_error = f"plotting failed: {type(exc).__name__}: {exc}"
+    summary.sections = sections
+    return summary

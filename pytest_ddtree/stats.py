@@ -1,0 +1,362 @@
+"""Small-sample statistics for the throughput gate (pure Python, deterministic).
+
+Why this module exists: a serving benchmark gives a handful of numbers per cell (one per
+repeat), and a CI gate built on them must neither cry wolf on noise nor wave a real
+slowdown through. Everything here is written for n = 3..10 samples:
+
+* the median and the MAD (median absolute deviation) instead of mean/stddev, because one
+  slow repeat (a GC pause, a noisy neighbour) must not move the centre;
+* a seeded bootstrap confidence interval of the median, so "how sure" is a number and two
+  runs on the same data give the same verdict (no hidden randomness in CI);
+* an exact Mann-Whitney U test (enumeration of all splits, ties handled), because the
+  normal approximation is useless at 3 vs 3 samples, where the smallest attainable
+  one-sided p-value is 1/20 = 0.05;
+* the interleaved repeat scheduler with early stop (AIPerf-style): repeat r of every cell
+  runs before repeat r+1 of any cell, so a slow drift of the machine spreads over all cells
+  instead of biasing the last one, and a cell whose interval is already tight stops early.
+
+No numpy/scipy: the harness must run wherever pytest runs, and these sizes are tiny.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Generic, Literal, TypeVar
+
+#: Cell status vocabulary shared with the gate and the report.
+VALID = "valid"
+INCONCLUSIVE = "inconclusive"
+INVALID = "invalid"
+
+CellStatus = Literal["valid", "inconclusive", "invalid"]
+
+#: Seed of every bootstrap unless the caller passes one: verdicts are reproducible.
+DEFAULT_SEED = 20240601
+
+#: Above this many splits the exact Mann-Whitney enumeration switches to the normal
+#: approximation (C(16, 8) = 12870 splits stay exact).
+_EXACT_LIMIT = 20000
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default.
+
+    bench_serving computes its p90/p99 with numpy's default method, so ours match.
+    """
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be within 0..100, got {q}")
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    frac = pos - lo
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * frac)
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (the 50th percentile)."""
+    return percentile(values, 50.0)
+
+
+def mean(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("mean of an empty sequence")
+    return float(sum(values) / len(values))
+
+
+def stdev(values: Sequence[float]) -> float:
+    """Population standard deviation (numpy's default, as bench_serving's std_* keys)."""
+    if not values:
+        raise ValueError("stdev of an empty sequence")
+    m = mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median (unscaled).
+
+    Multiply by 1.4826 for a normal-consistent sigma; we keep the raw value because it is
+    what a reader can check by hand against the samples in a baseline file.
+    """
+    m = median(values)
+    return median([abs(v - m) for v in values])
+
+
+def bootstrap_ci(
+    samples: Sequence[float],
+    statistic: Callable[[Sequence[float]], float] = median,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = DEFAULT_SEED,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``statistic`` over ``samples``.
+
+    Seeded so the same samples always give the same interval (a CI verdict must not change
+    on a re-run of the report). With a single sample the interval is that sample.
+    """
+    if not samples:
+        raise ValueError("bootstrap of an empty sequence")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be within (0, 1), got {confidence}")
+    if len(samples) == 1 or min(samples) == max(samples):
+        v = float(statistic(samples))
+        return v, v
+    rng = random.Random(seed)
+    n = len(samples)
+    stats = sorted(statistic([samples[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    alpha = (1.0 - confidence) / 2.0
+    return percentile(stats, 100.0 * alpha), percentile(stats, 100.0 * (1.0 - alpha))
+
+
+def ratio_ci(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = DEFAULT_SEED,
+) -> tuple[float, float]:
+    """Bootstrap CI of median(current) / median(baseline) (two independent resamples).
+
+    Used to say "how sure" a change is: "-9.8% (95% CI -11.0% .. -8.5%)".
+    """
+    if not baseline or not current:
+        raise ValueError("ratio_ci needs samples on both sides")
+    rng = random.Random(seed)
+    nb, nc = len(baseline), len(current)
+    ratios: list[float] = []
+    for _ in range(resamples):
+        b = median([baseline[rng.randrange(nb)] for _ in range(nb)])
+        c = median([current[rng.randrange(nc)] for _ in range(nc)])
+        ratios.append(c / b if b != 0 else math.inf)
+    ratios.sort()
+    alpha = (1.0 - confidence) / 2.0
+    return percentile(ratios, 100.0 * alpha), percentile(ratios, 100.0 * (1.0 - alpha))
+
+
+def _u_statistic(x: Sequence[float], y: Sequence[float]) -> float:
+    """U of x against y: pairs with x > y count 1, ties 0.5."""
+    u = 0.0
+    for a in x:
+        for b in y:
+            if a > b:
+                u += 1.0
+            elif a == b:
+                u += 0.5
+    return u
+
+
+def mann_whitney_u(
+    x: Sequence[float],
+    y: Sequence[float],
+    alternative: Literal["less", "greater", "two-sided"] = "two-sided",
+) -> tuple[float, float]:
+    """Mann-Whitney U test of x against y; returns (U of x, p-value).
+
+    ``alternative="less"``: x tends to be smaller than y. Exact permutation p-value (ties
+    handled by enumerating every split of the pooled samples) when the number of splits is
+    small, else the normal approximation with tie correction and continuity correction.
+    """
+    if not x or not y:
+        raise ValueError("mann_whitney_u needs samples on both sides")
+    nx, ny = len(x), len(y)
+    u_obs = _u_statistic(x, y)
+    if math.comb(nx + ny, nx) <= _EXACT_LIMIT:
+        pooled = list(x) + list(y)
+        idx = range(nx + ny)
+        total = 0
+        le = ge = 0
+        centre = nx * ny / 2.0
+        two = 0
+        eps = 1e-9
+        for chosen in combinations(idx, nx):
+            chosen_set = set(chosen)
+            xs = [pooled[i] for i in chosen]
+            ys = [pooled[i] for i in idx if i not in chosen_set]
+            u = _u_statistic(xs, ys)
+            total += 1
+            if u <= u_obs + eps:
+                le += 1
+            if u >= u_obs - eps:
+                ge += 1
+            if abs(u - centre) >= abs(u_obs - centre) - eps:
+                two += 1
+        if alternative == "less":
+            return u_obs, le / total
+        if alternative == "greater":
+            return u_obs, ge / total
+        return u_obs, two / total
+    # Normal approximation with tie correction.
+    pooled_sorted = sorted(list(x) + list(y))
+    n = nx + ny
+    tie_term = 0.0
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and pooled_sorted[j + 1] == pooled_sorted[i]:
+            j += 1
+        t = j - i + 1
+        tie_term += t**3 - t
+        i = j + 1
+    mu = nx * ny / 2.0
+    sigma = math.sqrt(nx * ny / 12.0 * ((n + 1) - tie_term / (n * (n - 1))))
+    if sigma == 0:
+        return u_obs, 1.0
+    if alternative == "less":
+        z = (u_obs - mu + 0.5) / sigma
+        return u_obs, _norm_cdf(z)
+    if alternative == "greater":
+        z = (u_obs - mu - 0.5) / sigma
+        return u_obs, 1.0 - _norm_cdf(z)
+    z = (abs(u_obs - mu) - 0.5) / sigma
+    return u_obs, min(1.0, 2.0 * (1.0 - _norm_cdf(z)))
+
+
+def _norm_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Centre and spread of one metric's repeat samples."""
+
+    n: int
+    median: float
+    mad: float
+    ci_low: float
+    ci_high: float
+
+    @property
+    def rel_half_width(self) -> float:
+        """Half the CI width relative to the median (0.02 = "+-2%"); inf when median is 0."""
+        if self.median == 0:
+            return 0.0 if self.ci_low == self.ci_high else math.inf
+        return (self.ci_high - self.ci_low) / 2.0 / abs(self.median)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "n": self.n,
+            "median": self.median,
+            "mad": self.mad,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "rel_half_width": self.rel_half_width,
+        }
+
+
+def summarize(samples: Sequence[float], *, confidence: float = 0.95, seed: int = DEFAULT_SEED) -> Summary:
+    lo, hi = bootstrap_ci(samples, confidence=confidence, seed=seed)
+    return Summary(n=len(samples), median=median(samples), mad=mad(samples), ci_low=lo, ci_high=hi)
+
+
+@dataclass(frozen=True)
+class RepeatPolicy:
+    """How many repeats a cell gets, and when its interval counts as tight or too wide.
+
+    ``min_repeats`` (>= 3 by default, the issue's floor) always run; after that a cell stops
+    as soon as the CI of its primary metric is within +-``target_rel_ci`` of the median, or
+    at ``max_repeats``. A cell that ends wider than +-``inconclusive_rel_ci`` is
+    ``inconclusive``: reported, never counted as a pass.
+    """
+
+    min_repeats: int = 3
+    max_repeats: int = 6
+    target_rel_ci: float = 0.02
+    inconclusive_rel_ci: float = 0.10
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.min_repeats < 1:
+            raise ValueError(f"min_repeats must be >= 1, got {self.min_repeats}")
+        if self.max_repeats < self.min_repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) must be >= min_repeats ({self.min_repeats})")
+
+    def is_tight(self, samples: Sequence[float]) -> bool:
+        if len(samples) < self.min_repeats:
+            return False
+        return summarize(samples, confidence=self.confidence).rel_half_width <= self.target_rel_ci
+
+    def status(self, samples: Sequence[float], invalid: bool = False) -> CellStatus:
+        """valid / inconclusive / invalid for a finished cell's primary-metric samples."""
+        if invalid or not samples:
+            return "invalid"
+        if len(samples) < min(3, self.min_repeats):
+            return "inconclusive"
+        if summarize(samples, confidence=self.confidence).rel_half_width > self.inconclusive_rel_ci:
+            return "inconclusive"
+        return "valid"
+
+
+K = TypeVar("K", bound=Hashable)
+S = TypeVar("S")
+
+
+@dataclass
+class CellRun(Generic[S]):
+    """Everything measured for one cell by :func:`run_interleaved`."""
+
+    samples: list[S] = field(default_factory=list)
+    primary: list[float] = field(default_factory=list)
+    invalid: bool = False
+    stopped_early: bool = False
+
+
+def run_interleaved(
+    cells: Sequence[K],
+    measure: Callable[[K, int], S],
+    primary: Callable[[S], float | None],
+    policy: RepeatPolicy = RepeatPolicy(),
+    on_sample: Callable[[K, int, S], None] | None = None,
+) -> dict[K, CellRun[S]]:
+    """Run repeats round by round: repeat r of every active cell before repeat r+1.
+
+    ``measure(cell, r)`` performs one repeat; ``primary(sample)`` returns the value that
+    decides early stop, or None when the repeat is invalid (errors, wrong token counts): an
+    invalid cell is dropped from later rounds at once, since more repeats cannot make it
+    valid. ``on_sample`` is called after every repeat (the suite records each one, so a crash
+    loses nothing).
+    """
+    runs: dict[K, CellRun[S]] = {c: CellRun() for c in cells}
+    active = list(cells)
+    for r in range(policy.max_repeats):
+        if not active:
+            break
+        still: list[K] = []
+        for cell in active:
+            sample = measure(cell, r)
+            run = runs[cell]
+            run.samples.append(sample)
+            if on_sample is not None:
+                on_sample(cell, r, sample)
+            value = primary(sample)
+            if value is None:
+                run.invalid = True
+                continue
+            run.primary.append(value)
+            if len(run.primary) >= policy.min_repeats and policy.is_tight(run.primary):
+                run.stopped_early = len(run.primary) < policy.max_repeats
+                continue
+            still.append(cell)
+        active = still
+    return runs
+
+
+def relative_change(baseline: float, current: float) -> float:
+    """(current - baseline) / baseline; 0 when both are 0, inf when only baseline is 0."""
+    if baseline == 0:
+        return 0.0 if current == 0 else math.copysign(math.inf, current)
+    return (current - baseline) / abs(baseline)
+
+
+def describe(values: Mapping[str, float]) -> str:
+    """Compact "k=v" rendering for messages."""
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())

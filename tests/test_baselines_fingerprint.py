@@ -1,0 +1,59 @@
+"""Hardware profile names: reference engine, CPU, GPUs, override."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_ddtree import fingerprint
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Inventory:
+    gpus: tuple[_Gpu, ...]
+    driver_version: str | None = "580.1"
+    cuda_driver_version: str | None = "13.0"
+
+
+@dataclass(frozen=True)
+class _Profile:
+    hardware_profile: str | None = None
+
+
+SGLANG = {"version": "0.5.3", "model_path": "/models/moonshotai/Kimi-K2.6",
+          "speculative_draft_model_path": "/models/dflash-k26", "speculative_algorithm": "DFLASH", "tp_size": 8}
+
+
+def test_reference_engine_has_a_stable_name() -> None:
+    a = fingerprint.fingerprint({"version": "refserver 0.1.0"})
+    assert a.name == "refserver"
+    assert fingerprint.hardware_profile(_Profile(), {"version": "refserver 0.1.0"}) == "refserver"
+    assert a.details["engine_version"] == "refserver 0.1.0" and len(a.digest) == 8
+
+
+def test_gpu_fingerprint_names_hardware_engine_and_model() -> None:
+    inv = _Inventory(tuple(_Gpu("NVIDIA H200") for _ in range(8)))
+    fp = fingerprint.fingerprint(SGLANG, inventory=inv)
+    assert fp.name.startswith("8xH200-sglang-0.5.3-Kimi-K2.6-")
+    assert fp.name.endswith(fp.digest)
+    assert fp.details["drafter"] == "dflash-k26" and fp.details["driver"] == "580.1"
+    # a different drafter is a different folder
+    other = fingerprint.fingerprint(dict(SGLANG, speculative_draft_model_path="/m/other"), inventory=inv)
+    assert other.name != fp.name
+
+
+def test_cpu_and_override() -> None:
+    fp = fingerprint.fingerprint(SGLANG, inventory=_Inventory(()))
+    assert fp.name.startswith("cpu-sglang-0.5.3-")
+    assert fingerprint.fingerprint(SGLANG, override="lab a/b!").name == "lab-a-b"
+    assert fingerprint.hardware_profile(_Profile("fleet-h200"), SGLANG) == "fleet-h200"
+
+
+def test_sanitize() -> None:
+    assert fingerprint.sanitize("../../etc") == "etc"
+    assert fingerprint.sanitize("") == "unknown"
+    assert "/" not in fingerprint.sanitize("a/b c")

@@ -1,0 +1,105 @@
+"""Load generator: token accounting, ITL spreading, closed loop, invalid cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_ddtree import load
+from test_load_support import StandInConfig, standin_server
+
+
+def test_itl_spreads_a_chunk_over_its_tokens() -> None:
+    r = load.RequestResult(index=0, expected_prompt_tokens=4, expected_output_tokens=7, start=0.0)
+    last = load.apply_chunk(r, 0.10, 1, None)  # first token: TTFT
+    last = load.apply_chunk(r, 0.16, 4, last)  # 3 tokens in 60 ms -> 3 x 20 ms
+    last = load.apply_chunk(r, 0.16, 4, last)  # no new tokens: nothing
+    last = load.apply_chunk(r, 0.26, 7, last)  # 3 tokens in 100 ms
+    r.end = 0.27
+    assert r.ttft_s == pytest.approx(0.10)
+    assert r.itl_s == pytest.approx([0.02] * 3 + [0.1 / 3] * 3)
+    assert r.completion_tokens == 7
+    # TPOT and ITL agree up to the tail after the last token
+    assert r.tpot_s == pytest.approx((0.27 - 0.10) / 6)
+
+
+def test_prompt_ids_are_deterministic_and_inside_the_vocabulary() -> None:
+    a = load.prompt_ids(500, 1000, 7)
+    assert a == load.prompt_ids(500, 1000, 7)
+    assert a != load.prompt_ids(500, 1000, 8)
+    assert len(a) == 500 and all(125 <= t < 500 for t in a)
+    assert load.stable_seed("c1", 0, 1) == load.stable_seed("c1", 0, 1)
+
+
+def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
+    cell = load.Cell("c4_short", concurrency=4, context_tokens=64, output_tokens=16, requests=12)
+    with standin_server(StandInConfig(tokens_per_chunk=3)) as (url, cfg):
+        res = load.run_cell(url, cell)
+    assert res.valid, res.problems()
+    m = res.metrics()
+    assert m["completed"] == 12 and m["failed"] == 0
+    assert m["total_output_tokens"] == 12 * 16
+    assert m["total_input_tokens"] == 12 * 64
+    assert all(r.chunks == 1 + 5 for r in res.requests)  # 1 + ceil(15 / 3) chunks, 16 tokens
+    assert all(len(r.itl_s) == 15 for r in res.requests)
+    assert m["request_accept_length"] == pytest.approx(16 / 6)
+    assert m["accept_length"] == pytest.approx(3.0)  # the server's figure wins
+    assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["duration"])
+    assert m["max_concurrency"] == 4 and 2.5 < float(m["concurrency"] or 0) <= 4.01
+    for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2e_latency_ms", "std_ttft_ms"):
+        assert isinstance(m[key], float) and m[key] > 0
+    # warm-up ran at the measured concurrency and was excluded; then one flush
+    assert cfg.generate_calls == 12 + 4
+    assert cfg.flushes == 1
+    assert cfg.max_active <= 4
+
+
+def test_http_errors_make_the_cell_invalid() -> None:
+    cell = load.Cell("c2", concurrency=2, context_tokens=8, output_tokens=4, requests=6, warmup_requests=0)
+    with standin_server(StandInConfig(fail_every=3)) as (url, _):
+        res = load.run_cell(url, cell)
+    assert not res.valid
+    assert res.failed == 2
+    assert res.metrics()["failed"] == 2 and res.metrics()["completed"] == 4
+    assert any("HTTP 500" in p for p in res.problems())
+
+
+def test_prompt_token_mismatch_is_invalid() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=4, requests=2, warmup_requests=0)
+    with standin_server(StandInConfig(prompt_offset=1)) as (url, _):
+        res = load.run_cell(url, cell)
+    assert any("server counted 9 prompt tokens, sent 8" in p for p in res.problems())
+
+
+def test_short_output_is_invalid() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=10, requests=2, warmup_requests=0)
+    with standin_server(StandInConfig(output_cap=6)) as (url, _):
+        res = load.run_cell(url, cell)
+    assert any("6 output tokens, expected 10" in p for p in res.problems())
+
+
+def test_stream_without_token_counts_is_an_error_not_a_chunk_count() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=4, requests=1, warmup_requests=0)
+    with standin_server(StandInConfig(no_meta=True)) as (url, _):
+        res = load.run_cell(url, cell)
+    assert res.failed == 1
+    assert "completion_tokens" in (res.requests[0].error or "")
+
+
+def test_unreachable_server_fails_requests_not_the_harness() -> None:
+    cell = load.Cell("c1", concurrency=2, context_tokens=8, output_tokens=4, requests=2, warmup_requests=0)
+    with standin_server() as (url, _):
+        pass  # closed now
+    res = load.run_cell(url, cell, vocab_size=100, flush=False)
+    assert res.failed == 2 and not res.valid
+    with pytest.raises(load.LoadError, match="vocab_size"):
+        load.run_cell(url, cell)
+
+
+def test_failed_flush_is_noted() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=4, requests=1, warmup_requests=0)
+    with standin_server(StandInConfig(flush_status=400)) as (url, _):
+        endpoint = load.Endpoint(url)
+        assert endpoint.flush_cache(deadline_s=0.1) is False
+        res = load.run_cell(url, cell, flush_deadline_s=0.2)
+    assert any("flush_cache" in n for n in res.notes)
+    assert res.valid  # a stale acceptance counter is a note, not an invalid measurement

@@ -1,0 +1,126 @@
+"""A stand-in SGLang server for the load generator's tests (no tests in this module).
+
+Why not the reference engine: these tests pin the load generator's arithmetic (tokens from
+meta_info, ITL spreading, invalid cells) against a server whose every number is known in
+advance: each stream chunk carries ``tokens_per_chunk`` tokens, ``step_s`` apart.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class StandInConfig:
+    vocab_size: int = 1000
+    tokens_per_chunk: int = 3
+    step_s: float = 0.002
+    prefill_s: float = 0.005
+    fail_every: int = 0  # every n-th generate answers HTTP 500
+    prompt_offset: int = 0  # report prompt_tokens off by this much
+    output_cap: int | None = None  # stop early (ignore_eos "not honoured")
+    accept: float = 3.0
+    flush_status: int = 200
+    no_meta: bool = False
+    generate_calls: int = 0
+    flushes: int = 0
+    active: int = 0
+    max_active: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    cfg: StandInConfig
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _json(self, status: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        if self.path == "/model_info":
+            self._json(200, {"model_path": "standin", "vocab_size": self.cfg.vocab_size})
+        elif self.path == "/server_info":
+            self._json(200, {"version": "standin-1", "internal_states": [{"avg_spec_accept_length": self.cfg.accept}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        cfg = self.cfg
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/flush_cache":
+            with cfg.lock:
+                cfg.flushes += 1
+            self._json(cfg.flush_status, {"ok": cfg.flush_status == 200})
+            return
+        if self.path != "/generate":
+            self._json(404, {"error": "not found"})
+            return
+        with cfg.lock:
+            cfg.generate_calls += 1
+            n = cfg.generate_calls
+            cfg.active += 1
+            cfg.max_active = max(cfg.max_active, cfg.active)
+        try:
+            if cfg.fail_every and n % cfg.fail_every == 0:
+                self._json(500, {"error": "injected"})
+                return
+            ids = body["input_ids"]
+            sp = body["sampling_params"]
+            want = int(sp["max_new_tokens"]) if sp.get("ignore_eos") else min(5, int(sp["max_new_tokens"]))
+            if cfg.output_cap is not None:
+                want = min(want, cfg.output_cap)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(cfg.prefill_s)
+            done = 0
+            steps = 0
+            first = True
+            while done < want:
+                k = 1 if first else min(cfg.tokens_per_chunk, want - done)
+                if not first:
+                    time.sleep(cfg.step_s)
+                first = False
+                done += k
+                steps += 1
+                meta = {"prompt_tokens": len(ids) + cfg.prompt_offset, "completion_tokens": done,
+                        "spec_verify_ct": steps, "finish_reason": None}
+                chunk = {"text": "x" * done} if cfg.no_meta else {"text": "x" * done, "meta_info": meta}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        finally:
+            with cfg.lock:
+                cfg.active -= 1
+
+
+@contextmanager
+def standin_server(cfg: StandInConfig | None = None) -> Iterator[tuple[str, StandInConfig]]:
+    """Run the stand-in on a free 127.0.0.1 port in a thread; yields (base_url, config)."""
+    cfg = cfg or StandInConfig()
+    handler = type("H", (_Handler,), {"cfg": cfg})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", cfg
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,89 @@
+"""Sweep table, recommendations (incl. the crossover and drafter-bound diagnosis), JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pytest_ddtree import report
+
+
+def _rec(config: str, conc: int, ctx: int, tps: float, accept: float, status: str = "pass",
+         change: float | None = 0.01, per_req: float | None = None) -> dict[str, Any]:
+    cell = f"c{conc}_{'short' if ctx < 1024 else f'{ctx // 1024}k'}"
+    repeat = {"output_throughput": tps, "accept_length": accept, "median_ttft_ms": 12.0,
+              "median_request_output_throughput": per_req or tps / conc, "completed": 4}
+    verdict = {"status": status, "metrics": {"output_throughput": {"change": change, "message": "m"}}}
+    data = report.throughput_record(
+        config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 64, "requests": 4},
+        repeats=[repeat, repeat, repeat], samples={"output_throughput": [tps] * 3},
+        measurement_status="invalid" if status == "invalid" else "valid", verdict=verdict,
+        problems=["request 1 failed: HTTP 500"] if status == "invalid" else [])
+    return {"kind": "throughput", "worker": "gw0", "time": 1.0, **data}
+
+
+RECORDS = [
+    _rec("bs8_b4_k4", 32, 128, 900.0, 3.9), _rec("bs8_b16_k4", 32, 128, 700.0, 4.8),
+    _rec("bs8_b4_k4", 1, 128, 80.0, 3.9), _rec("bs8_b16_k4", 1, 128, 95.0, 4.8),
+    _rec("bs8_b8_k4", 1, 128, 90.0, 4.7), _rec("bs8_b8_k4", 32, 128, 850.0, 4.7),
+    _rec("bs16_b16_k4", 1, 128, 96.0, 5.0, status="regression", change=-0.09),
+    _rec("bs16_b16_k4", 32, 128, 10.0, 5.0, status="invalid"),
+    {"kind": "coding", "config": "bs8_b8_k4", "status": "pass"},
+]
+
+
+def test_sweep_table_rows_and_order() -> None:
+    table = report.render_sweep_table(RECORDS)
+    lines = table.splitlines()
+    assert lines[0].split() == ["config", "cell", "conc", "ctx", "out", "tok/s", "accept", "TTFT", "p50", "ms",
+                                "vs", "baseline", "status"]
+    body = [line.split() for line in lines[2:]]
+    assert [r[0] for r in body][:2] == ["bs8_b4_k4", "bs8_b4_k4"]  # config order, then cell
+    assert body[0][1] == "c1_short" and body[1][1] == "c32_short"
+    assert any(r[-1] == "invalid" and r[0] == "bs16_b16_k4" for r in body)
+    assert "-9.0%" in table and "900.0 ±0%" in table
+    assert report.render_sweep_table([]) == "no throughput results"
+
+
+def test_recommendations_show_the_crossover_and_drafter_bound() -> None:
+    advice = report.recommendations(RECORDS)
+    text = "\n".join(advice)
+    assert "Best aggregate throughput at concurrency 32, context 128: bs8_b4_k4 with 900.0" in text
+    assert "Best single-request speed (concurrency 1, context 128): bs16_b16_k4" in text
+    assert "Crossover at context 128: bs8_b4_k4 wins at concurrency 32, bs16_b16_k4 at concurrency 1" in text
+    assert "Best acceptance: bs16_b16_k4 with 5.00" in text
+    assert "Acceptance is drafter-bound" in text and "block size 8 -> 16" in text
+    assert "budget 8 -> 16" in text  # 4.7 -> 4.8 is +2%: more tree, no more acceptance
+    # invalid cells never win anything
+    assert "10.0" not in text
+
+
+def test_drafter_bound_budget_step() -> None:
+    out = report.drafter_bound({"bs8_b8_k4": 4.7, "bs8_b16_k4": 4.8, "bs8_b4_k4": 3.5})
+    assert out and "budget 8 -> 16" in out[0]
+    assert report.drafter_bound({"bs8_b8_k4": 4.0, "bs8_b16_k4": 4.8}) == []
+
+
+def test_markdown_and_json(tmp_path: Path) -> None:
+    md = report.render_markdown(RECORDS)
+    assert "| config" in md and "### Recommendations" in md
+    assert "**bs16_b16_k4 c32_short**: invalid: request 1 failed: HTTP 500" in md
+    js = report.results_json(RECORDS)
+    cell = next(c for c in js["throughput"] if c["config"] == "bs8_b4_k4" and c["cell"] == "c32_short")
+    assert cell["output_throughput"] == 900.0 and cell["accept_length"] == 3.9
+    assert cell["status"] == "pass" and cell["samples"]["output_throughput"] == [900.0] * 3
+
+    class _S:
+        results_dir = tmp_path
+
+    summary = report.session_summary(RECORDS, session=_S())
+    assert summary.json["records"] == [RECORDS[-1]]
+    assert summary.sections[0][0] == "ddtree throughput sweep"
+    assert "Recommendations:" in summary.sections[0][1]
+    assert "## Other gates" in summary.markdown
+    assert summary.plot_error is None
+
+
+def test_plot_is_optional(tmp_path: Path) -> None:
+    wrote = report.plot_png(RECORDS, tmp_path / "p.png")
+    assert wrote == (tmp_path / "p.png").exists()

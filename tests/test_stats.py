@@ -1,0 +1,104 @@
+"""Small-sample statistics: percentiles, MAD, bootstrap, Mann-Whitney, interleaving."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_ddtree import stats
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    values = [15.0, 20.0, 35.0, 40.0, 50.0]
+    assert stats.percentile(values, 50) == 35.0
+    assert stats.percentile(values, 90) == pytest.approx(46.0)
+    assert stats.percentile(values, 99) == pytest.approx(49.6)
+    assert stats.percentile([3.0], 99) == 3.0
+    assert stats.median([1.0, 2.0, 3.0, 4.0]) == 2.5
+    with pytest.raises(ValueError):
+        stats.percentile([], 50)
+
+
+def test_mad_ignores_one_outlier() -> None:
+    assert stats.mad([10.0, 11.0, 12.0, 100.0]) == pytest.approx(1.0)
+    assert stats.stdev([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]) == pytest.approx(2.0)
+
+
+def test_bootstrap_is_seeded_and_brackets_the_median() -> None:
+    samples = [100.0, 102.0, 98.0, 101.0, 99.0, 103.0]
+    a = stats.bootstrap_ci(samples)
+    assert a == stats.bootstrap_ci(samples)
+    assert a[0] <= stats.median(samples) <= a[1]
+    assert stats.bootstrap_ci([5.0, 5.0, 5.0]) == (5.0, 5.0)
+    lo, hi = stats.ratio_ci([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    assert 0.87 < lo <= hi < 0.93
+
+
+def test_mann_whitney_exact_small_samples() -> None:
+    # complete separation of 3 vs 3: the smallest one-sided p-value, 1 / C(6, 3)
+    u, p = stats.mann_whitney_u([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "less")
+    assert u == 0 and p == pytest.approx(0.05)
+    assert stats.mann_whitney_u([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "greater")[1] == pytest.approx(1.0)
+    assert stats.mann_whitney_u([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])[1] == pytest.approx(0.1)
+    # overlap: not significant
+    assert stats.mann_whitney_u([1.0, 4.0, 3.0], [2.0, 5.0, 6.0], "less")[1] > 0.1
+    # all ties: no evidence at all
+    assert stats.mann_whitney_u([4.0, 4.0, 4.0], [4.0, 4.0, 4.0], "less")[1] == pytest.approx(1.0)
+    # identical values on each side, different between sides: separation still counts
+    assert stats.mann_whitney_u([3.8] * 3, [4.0] * 3, "less")[1] == pytest.approx(0.05)
+
+
+def test_mann_whitney_normal_approximation_large_samples() -> None:
+    x = [float(i) for i in range(20)]
+    y = [float(i) + 10.5 for i in range(20)]
+    _, p = stats.mann_whitney_u(x, y, "less")
+    assert 0.0 < p < 0.01  # scipy.stats.mannwhitneyu asymptotic: 1.46e-05
+    _, p2 = stats.mann_whitney_u(x, x, "two-sided")
+    assert p2 > 0.9
+
+
+def test_summary_and_policy_status() -> None:
+    policy = stats.RepeatPolicy(min_repeats=3, max_repeats=5, target_rel_ci=0.02, inconclusive_rel_ci=0.10)
+    assert policy.status([100.0, 100.5, 99.8]) == "valid"
+    assert policy.status([100.0, 150.0, 60.0]) == "inconclusive"
+    assert policy.status([100.0, 100.0, 100.0], invalid=True) == "invalid"
+    assert policy.status([]) == "invalid"
+    s = stats.summarize([100.0, 101.0, 99.0])
+    assert s.median == 100.0 and s.mad == 1.0 and s.rel_half_width <= 0.01 + 1e-12
+    with pytest.raises(ValueError):
+        stats.RepeatPolicy(min_repeats=4, max_repeats=3)
+
+
+def test_run_interleaved_orders_rounds_and_stops_early() -> None:
+    order: list[tuple[str, int]] = []
+    noisy = {"a": [100.0, 100.0, 100.0], "b": [100.0, 130.0, 80.0, 90.0, 120.0, 100.0]}
+
+    def measure(cell: str, r: int) -> float:
+        order.append((cell, r))
+        return noisy[cell][r]
+
+    policy = stats.RepeatPolicy(min_repeats=3, max_repeats=5)
+    runs = stats.run_interleaved(["a", "b"], measure, lambda s: s, policy)
+    # repeat r of every cell before repeat r+1 of any cell
+    assert order[:6] == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert ("a", 3) not in order and runs["a"].stopped_early
+    assert len(runs["b"].samples) == 5 and not runs["b"].stopped_early
+
+
+def test_run_interleaved_drops_invalid_cells() -> None:
+    calls: list[str] = []
+
+    def measure(cell: str, r: int) -> float | None:
+        calls.append(cell)
+        return None if cell == "bad" else 1.0
+
+    runs = stats.run_interleaved(["bad", "good"], measure, lambda s: s, stats.RepeatPolicy())
+    assert calls.count("bad") == 1 and runs["bad"].invalid
+    assert calls.count("good") == 3 and not runs["good"].invalid
+
+
+def test_relative_change() -> None:
+    assert stats.relative_change(100.0, 90.0) == pytest.approx(-0.1)
+    assert stats.relative_change(0.0, 0.0) == 0.0
+    assert math.isinf(stats.relative_change(0.0, 1.0))
