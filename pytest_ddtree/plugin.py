@@ -9,7 +9,7 @@ the exit status. Everything else is in modules that do not import pytest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -71,6 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
     config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_early(session, config)
 
@@ -246,15 +247,22 @@ def ddtree_baselines(ddtree_service: Any, ddtree_session: DDTreeSession) -> Any:
 
 
 # -- reporting and session end -----------------------------------------------------------------
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    report = yield
-    if report.failed and _item_config(item) is not None:
-        reason = getattr(report, "longreprtext", "") or ""
-        _session(item.config).failed_tests.append(
-            {"nodeid": report.nodeid, "when": report.when, "reason": reason.strip().splitlines()[-1][:300] if reason.strip() else ""}
-        )
-    return report
+class _FailureCollector:
+    """Collects failed ddtree tests for the package's REPRODUCE.md.
+
+    A registered object rather than a module hook because ``pytest_runtest_logreport`` gets no
+    config; on the xdist controller it sees the workers' reports too.
+    """
+
+    def __init__(self, session: DDTreeSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.failed or "ddtree" not in report.keywords:
+            return
+        text = report.longreprtext.strip()
+        last = text.splitlines()[-1][:300] if text else ""
+        self.session.failed_tests.append({"nodeid": report.nodeid, "when": report.when, "reason": last})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
