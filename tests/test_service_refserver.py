@@ -1,0 +1,121 @@
+"""Service lifecycle against the real reference engine (``python -m pytest_ddtree.refserver``).
+
+The same properties as tests/test_service.py (which uses a stand-in server), proven on the engine
+the suites actually run: its fault modes are the ones the issue names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.base import AppliedConfigMismatch, ServiceDiedError, ServiceStartError
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.process import live_process_groups
+from pytest_ddtree.service.profile import ServiceProfile, parse_profile
+
+REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("pytest_ddtree.refserver.__main__") is None,
+    reason="the reference engine (pytest_ddtree.refserver) is not in this checkout yet",
+)
+
+BS8_B8_K4 = parse_config_name("bs8_b8_k4")
+BS8_B4_K4 = parse_config_name("bs8_b4_k4_wnone")
+
+
+def ref_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
+    raw = yaml.safe_load(REFERENCE.read_text())
+    raw["command"] = raw["command"] + (" " + extra if extra else "")
+    raw.update(overrides)
+    return parse_profile(raw)
+
+
+@pytest.fixture
+def managers(tmp_path: Path) -> Iterator[list[ServiceManager]]:
+    made: list[ServiceManager] = []
+    yield made
+    for m in made:
+        m.close()
+    assert live_process_groups() == []
+
+
+def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager], lines: list[str] | None = None, **kw: Any) -> ServiceManager:
+    m = ServiceManager(
+        profile, 0, tmp_path / "logs", lines.append if lines is not None else None, tmp_path / "locks",
+        poll_interval=0.1, progress_interval=0.5,
+        client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout), **kw,
+    )
+    made.append(m)
+    return m
+
+
+def test_refserver_crash_on_start_under_5s(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--fault crash-on-start"), tmp_path, managers)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceStartError) as info:
+        m.ensure(BS8_B8_K4)
+    assert time.monotonic() - t0 < 5
+    assert info.value.exit_code not in (None, 0)
+    assert "crash-on-start" in info.value.log_tail or "Traceback" in info.value.log_tail
+
+
+def test_refserver_slow_start_past_deadline(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--load-seconds 30"), tmp_path, managers, ready_timeout_s=2)
+    with pytest.raises(ServiceStartError, match="not ready after 2 s") as info:
+        m.ensure(BS8_B8_K4)
+    assert info.value.log_tail.strip() and "<" not in info.value.log_tail[:1]
+
+
+def test_refserver_3s_load_tolerated(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    lines: list[str] = []
+    m = manager(ref_profile("--load-seconds 3"), tmp_path, managers, lines)
+    svc = m.ensure(BS8_B8_K4)
+    assert svc.ready_s >= 2.5
+    assert svc.server_info["speculative_eagle_topk"] == 4
+    assert any("elapsed" in line for line in lines)
+
+
+def test_refserver_ignore_config_topk(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--fault ignore-config=topk"), tmp_path, managers)
+    with pytest.raises(AppliedConfigMismatch) as info:
+        m.ensure(BS8_B8_K4)
+    assert [(d.key, d.expected, d.actual) for d in info.value.diffs] == [("speculative_eagle_topk", 4, 1)]
+
+
+def test_refserver_exit_after_n_then_next_config(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--fault exit-after=1"), tmp_path, managers)
+    svc = m.ensure(BS8_B8_K4)
+    svc.client.generate("def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
+    deadline = time.monotonic() + 5
+    while m.current is not None and time.monotonic() < deadline:
+        try:
+            m.ensure(BS8_B8_K4)
+        except ServiceDiedError as err:
+            assert err.exit_code not in (None, 0) and "exit-after" in str(err)
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the service did not exit after 1 request")
+    with pytest.raises(ServiceDiedError):
+        m.ensure(BS8_B8_K4)
+    svc2 = m.ensure(BS8_B4_K4)
+    assert svc2.server_info["speculative_num_draft_tokens"] == 4
+
+
+def test_refserver_auxiliary_lossless_instance(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile(), tmp_path, managers)
+    main = m.ensure(BS8_B8_K4)
+    ref = m.start_auxiliary("lossless-reference")
+    assert ref.url != main.url and ref.config is None
+    assert str(ref.server_info.get("speculative_algorithm")).upper() in ("NONE", "NULL")
+    assert m.start_auxiliary("lossless-reference") is ref
+    assert [r["config"] for r in m.launches] == ["bs8_b8_k4", "lossless-reference"]
