@@ -1,0 +1,493 @@
+"""Scheduler, simulated accelerator clock and exact accounting.
+
+Why a simulated clock: the point of the engine is that configurations change
+throughput the way they do on a GPU, on a CPU-only CI machine. A scheduler thread
+runs continuous batching (up to ``max_running_requests``); every forward pass is
+priced by :class:`ClockModel` in simulated seconds and the thread sleeps until the
+pass's end (simulated seconds / ``clock_scale``), so wall-clock measurements by the
+harness see GPU-like behaviour, while the engine's CPU work stays a small fraction
+of each step. Tokens of a step become visible to clients only when its step ends.
+
+The cost of a decode step grows with the verify tokens of the whole batch, so a big
+tree wins at concurrency 1 (more accepted tokens per nearly fixed-cost step) and
+loses at high concurrency (verify cost dominates): the campaign's crossover.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ddtree import build_tree, verify
+from .faults import Faults
+from .model import Drafter, MatchState, Models, uniform
+
+VERSION = "refserver-0.1.0"
+
+
+@dataclass(frozen=True)
+class ClockModel:
+    """Simulated cost of forward passes, in seconds (before slowdown and clock-scale).
+
+    decode step = decode_fixed
+                  + per_verify_token  * sum over the batch of (budget + 1)   [1 without speculation]
+                  + per_draft_token   * sum over the batch of block_size     [0 without speculation]
+                  + per_context_token * sum over the batch of context length
+    prefill step = prefill_fixed + prefill_per_token * sum of prompt tokens admitted
+
+    The defaults put a bs8_b8_k4 step at concurrency 1 near 42 ms (~110 tok/s per
+    request) and make the budget crossover appear between concurrency 1 and 32.
+    """
+
+    decode_fixed: float = 0.040
+    per_verify_token: float = 0.00025
+    per_draft_token: float = 0.00005
+    per_context_token: float = 0.0000005
+    prefill_fixed: float = 0.020
+    prefill_per_token: float = 0.00005
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The speculative configuration actually in effect."""
+
+    algorithm: str = "DFLASH"  # or "NONE"
+    block_size: int = 8
+    budget: int = 8
+    topk: int = 4
+    window: int | None = None
+    trained_block_size: int = 8
+
+    @property
+    def speculative(self) -> bool:
+        return self.algorithm != "NONE"
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int = 0
+
+
+@dataclass
+class StepEvent:
+    """Sent to a request's listener at the end of each step that touched it."""
+
+    n_visible: int
+    finished: bool
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Request:
+    """One generation, with its incremental model state (O(1) per new token)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str = ""
+    internal: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    text_limit: int | None = None  # output text is cut here (a matched stop string)
+    finish_reason: dict[str, Any] | None = None
+    verify_ct: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    aborted: bool = False
+    target: MatchState = field(default_factory=MatchState)
+    draft: MatchState = field(default_factory=MatchState)
+    events: queue.Queue[StepEvent] = field(default_factory=queue.Queue)
+    done: threading.Event = field(default_factory=threading.Event)
+    serial: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self) -> None:
+        if not self.rid:
+            self.rid = f"req-{self.serial:06d}"
+
+    @property
+    def context_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def accept_length(self) -> float:
+        return len(self.output_ids) / self.verify_ct if self.verify_ct else 0.0
+
+    def e2e_latency(self) -> float:
+        end = self.finished_at if self.finished_at is not None else time.monotonic()
+        return end - self.arrival
+
+
+class Histogram:
+    """A Prometheus-style cumulative histogram."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, x: float) -> None:
+        self.total += 1
+        self.sum += x
+        for i, b in enumerate(self.buckets):
+            if x <= b:
+                self.counts[i] += 1
+
+
+@dataclass
+class Accounting:
+    """Exact counters; ``*_since_flush`` feed avg_spec_accept_length."""
+
+    total_output_tokens: int = 0
+    total_prompt_tokens: int = 0
+    total_verify_steps: int = 0  # decode forward passes x requests in them
+    total_decode_tokens: int = 0  # tokens produced by decode (verify) steps
+    decode_forward_passes: int = 0
+    prefill_forward_passes: int = 0
+    simulated_busy_seconds: float = 0.0
+    requests_completed: int = 0
+    requests_aborted: int = 0
+    verify_steps_since_flush: int = 0
+    decode_tokens_since_flush: int = 0
+
+
+class Engine:
+    """Continuous-batching scheduler over the models, with the simulated clock."""
+
+    def __init__(
+        self,
+        models: Models,
+        spec: SpecConfig,
+        *,
+        max_running_requests: int = 48,
+        clock: ClockModel | None = None,
+        clock_scale: float = 1.0,
+        seed: int = 0,
+        faults: Faults | None = None,
+        log: Callable[[str], None] | None = None,
+        decode_log_interval: int = 40,
+    ) -> None:
+        self.models = models
+        self.spec = spec
+        self.max_running = max_running_requests
+        self.clock = clock or ClockModel()
+        self.clock_scale = clock_scale
+        self.seed = seed
+        self.faults = faults or Faults()
+        self.log = log or (lambda _msg: None)
+        self.decode_log_interval = max(1, decode_log_interval)
+        self.drafter = Drafter(
+            models.sam,
+            trained_depth=spec.trained_block_size - 1,
+            window=spec.window,
+            seed=seed,
+        )
+        self.acct = Accounting()
+        self.ttft = Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+        self.e2e = Histogram((0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0))
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.step_index = 0
+        self.last_gen_throughput = 0.0
+        self.cpu_seconds = 0.0  # engine CPU time spent computing steps (benchmark)
+        self.heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="refserver-scheduler", daemon=True)
+
+    # -- public API (called from HTTP threads) ----------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, req: Request) -> Request:
+        with self.cond:
+            self.waiting.append(req)
+            self.cond.notify()
+        return req
+
+    def abort(self, req: Request) -> None:
+        """Client went away: drop the request at the next step boundary."""
+        req.aborted = True
+
+    def busy(self) -> bool:
+        with self.lock:
+            return bool(self.waiting or self.running)
+
+    def flush_cache(self) -> bool:
+        """Reset the accept-length averaging; refused (False) while requests run."""
+        with self.cond:
+            if self.waiting or self.running:
+                return False
+            self.acct.verify_steps_since_flush = 0
+            self.acct.decode_tokens_since_flush = 0
+            return True
+
+    def avg_spec_accept_length(self) -> float:
+        a = self.acct
+        if not a.verify_steps_since_flush:
+            return 0.0
+        return a.decode_tokens_since_flush / a.verify_steps_since_flush
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- scheduler ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting and not self.running:
+                    self.heartbeat = time.monotonic()
+                    self.cond.wait(timeout=1.0)
+                self.running = [r for r in self.running if not self._drop_if_aborted(r)]
+                admit: list[Request] = []
+                while self.waiting and len(self.running) + len(admit) < self.max_running:
+                    r = self.waiting.popleft()
+                    if not self._drop_if_aborted(r):
+                        admit.append(r)
+            self.heartbeat = time.monotonic()
+            if admit:
+                self._prefill(admit)
+            elif self.running:
+                self._decode(list(self.running))
+
+    def _drop_if_aborted(self, r: Request) -> bool:
+        if r.aborted and r.finish_reason is None:
+            r.finish_reason = {"type": "abort", "message": "client disconnected"}
+            r.finished_at = time.monotonic()
+            self.acct.requests_aborted += 1
+            r.done.set()
+            r.events.put(StepEvent(len(r.output_ids), True))
+            return True
+        return r.aborted
+
+    def _step_seconds(self, cost: float) -> float:
+        """Simulated cost after the slowdown and clock-jitter faults."""
+        cost *= self.faults.slowdown
+        jitter = self.faults.clock_jitter
+        if jitter:
+            u = uniform(self.seed, 0xC10C, self.step_index)
+            cost *= max(0.05, 1.0 + jitter * (2.0 * u - 1.0))
+        return cost
+
+    def _sleep_until(self, t0: float, cpu_t0: float, sim_seconds: float) -> None:
+        self.cpu_seconds += time.thread_time() - cpu_t0
+        deadline = t0 + sim_seconds / self.clock_scale
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _target_next(self, r: Request, state: int, position: int) -> int:
+        p = r.params
+        if p.temperature <= 0:
+            return self.models.target.greedy(state, p.ignore_eos)
+        u = uniform(self.seed, p.seed, position)
+        return self.models.target.sample(state, p.temperature, u, p.ignore_eos)
+
+    def _stop_ids(self, r: Request) -> set[int]:
+        ids = set(r.params.stop_token_ids)
+        if not r.params.ignore_eos:
+            ids.add(self.models.tokenizer.eos_id)
+        return ids
+
+    def _prefill(self, batch: list[Request]) -> None:
+        t0, c0 = time.monotonic(), time.thread_time()
+        target, drafter = self.models.target, self.drafter
+        n_prompt = 0
+        for r in batch:
+            n_prompt += len(r.prompt_ids)
+            for tok in r.prompt_ids:
+                target.feed(r.target, tok)
+            if self.spec.speculative:
+                for tok in r.prompt_ids[-drafter.cap :]:
+                    drafter.feed(r.draft, tok)
+            if r.params.max_new_tokens > 0:
+                tok = self._target_next(r, r.target.state, r.context_len)
+                target.feed(r.target, tok)
+                if self.spec.speculative:
+                    drafter.feed(r.draft, tok)
+                self._append(r, [tok])
+            self._check_finish(r)
+        sim = self._step_seconds(self.clock.prefill_fixed + self.clock.prefill_per_token * n_prompt)
+        self.step_index += 1
+        self._sleep_until(t0, c0, sim)
+        with self.cond:
+            a = self.acct
+            a.prefill_forward_passes += 1
+            a.simulated_busy_seconds += sim
+            for r in batch:
+                if not r.internal:
+                    a.total_prompt_tokens += len(r.prompt_ids)
+                    a.total_output_tokens += len(r.output_ids)
+                if r.finish_reason is None:
+                    self.running.append(r)
+            self._publish(batch)
+
+    def _decode(self, batch: list[Request]) -> None:
+        t0, c0 = time.monotonic(), time.thread_time()
+        spec, clock = self.spec, self.clock
+        target = self.models.target
+        produced: list[int] = []
+        ctx_total = 0
+        for r in batch:
+            ctx_total += r.context_len
+            before = len(r.output_ids)
+            remaining = r.params.max_new_tokens - before
+            if spec.speculative:
+                self._spec_step(r, remaining)
+            else:
+                tok = self._target_next(r, r.target.state, r.context_len)
+                target.feed(r.target, tok)
+                self._append(r, [tok])
+            r.verify_ct += 1
+            produced.append(len(r.output_ids) - before)
+            self._check_finish(r)
+        n = len(batch)
+        if spec.speculative:
+            cost = (
+                clock.decode_fixed
+                + clock.per_verify_token * n * (spec.budget + 1)
+                + clock.per_draft_token * n * spec.block_size
+                + clock.per_context_token * ctx_total
+            )
+        else:
+            cost = clock.decode_fixed + clock.per_verify_token * n + clock.per_context_token * ctx_total
+        sim = self._step_seconds(cost)
+        self.step_index += 1
+        self._sleep_until(t0, c0, sim)
+        with self.cond:
+            a = self.acct
+            a.decode_forward_passes += 1
+            a.simulated_busy_seconds += sim
+            tokens = 0
+            for r, k in zip(batch, produced):
+                if r.internal:
+                    continue
+                tokens += k
+                a.total_verify_steps += 1
+                a.verify_steps_since_flush += 1
+            a.total_decode_tokens += tokens
+            a.decode_tokens_since_flush += tokens
+            a.total_output_tokens += tokens
+            self.last_gen_throughput = tokens / sim if sim > 0 else 0.0
+            self.running = [r for r in self.running if r.finish_reason is None]
+            self._publish(batch)
+        if self.acct.decode_forward_passes % self.decode_log_interval == 0:
+            self.log(
+                f"Decode batch. #running-req: {n}, #queue-req: {len(self.waiting)}, "
+                f"accept len: {self.avg_spec_accept_length():.2f}, "
+                f"gen throughput (token/s): {self.last_gen_throughput:.2f}"
+            )
+
+    def _spec_step(self, r: Request, remaining: int) -> None:
+        """Draft, build the tree, verify; append the accepted tokens (bonus included)."""
+        spec = self.spec
+        target, drafter = self.models.target, self.drafter
+        depth = spec.block_size - 1
+        last = r.output_ids[-1] if r.output_ids else (r.prompt_ids[-1] if r.prompt_ids else 0)
+        position = r.context_len
+        dists = drafter.propose(r.draft, position, last, depth, spec.topk)
+        tree = build_tree(dists, spec.budget, spec.topk)
+        tstate = r.target
+
+        def target_next(i: int) -> int:
+            return self._target_next(r, tstate.state, position + i)
+
+        def advance(tok: int) -> None:
+            target.feed(tstate, tok)
+
+        lossy = None
+        if self.faults.lossy_verify > 0:
+            rate = self.faults.lossy_verify
+
+            def lossy(d: int) -> bool:
+                return uniform(self.seed, 0x1055, r.serial, position, d) < rate
+
+        result = verify(tree, target_next, advance, remaining, self._stop_ids(r), lossy)
+        for tok in result.tokens:
+            drafter.feed(r.draft, tok)
+        self._append(r, result.tokens)
+
+    def _append(self, r: Request, tokens: list[int]) -> None:
+        r.output_ids.extend(tokens)
+
+    def _check_finish(self, r: Request) -> None:
+        """Set finish_reason after a step: stop token, stop string, or length."""
+        p = r.params
+        out = r.output_ids
+        stop_ids = self._stop_ids(r)
+        if out and out[-1] in stop_ids:
+            r.finish_reason = {"type": "stop", "matched": out[-1]}
+        elif p.stop and out:
+            tok = self.models.tokenizer
+            text = tok.decode(out)
+            hits = [(text.find(s), s) for s in p.stop if s and s in text]
+            if hits:
+                at, matched = min(hits)
+                # keep the tokens up to the one that completed the stop string
+                for k in range(1, len(out) + 1):
+                    if matched in tok.decode(out[:k]):
+                        del out[k:]
+                        break
+                r.text_limit = at
+                r.finish_reason = {"type": "stop", "matched": matched}
+        if r.finish_reason is None and len(out) >= p.max_new_tokens:
+            r.finish_reason = {"type": "length", "length": p.max_new_tokens}
+
+    def _publish(self, batch: list[Request]) -> None:
+        """Make the step's tokens visible (called at the step's end, under the lock)."""
+        now = time.monotonic()
+        for r in batch:
+            if r.first_token_at is None and r.output_ids:
+                r.first_token_at = now
+                if not r.internal:
+                    self.ttft.observe(now - r.arrival)
+            finished = r.finish_reason is not None
+            if finished:
+                r.finished_at = now
+                if not r.internal:
+                    self.acct.requests_completed += 1
+                    self.e2e.observe(now - r.arrival)
+            r.events.put(StepEvent(len(r.output_ids), finished))
+            if finished:
+                r.done.set()
+
+    # -- reporting ------------------------------------------------------------------
+
+    def accounting(self) -> dict[str, Any]:
+        with self.lock:
+            a = self.acct
+            return {
+                "avg_spec_accept_length": round(self.avg_spec_accept_length(), 6),
+                "total_output_tokens": a.total_output_tokens,
+                "total_prompt_tokens": a.total_prompt_tokens,
+                "total_verify_steps": a.total_verify_steps,
+                "total_decode_tokens": a.total_decode_tokens,
+                "decode_forward_passes": a.decode_forward_passes,
+                "prefill_forward_passes": a.prefill_forward_passes,
+                "simulated_busy_seconds": round(a.simulated_busy_seconds, 9),
+                "requests_completed": a.requests_completed,
+                "requests_aborted": a.requests_aborted,
+                "num_running_reqs": len(self.running),
+                "num_waiting_reqs": len(self.waiting),
+                "last_gen_throughput": round(self.last_gen_throughput, 3),
+            }

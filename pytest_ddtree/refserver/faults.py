@@ -1,0 +1,101 @@
+"""Fault injection: the ways a real deployment breaks, on demand.
+
+Why: the harness claims to catch crashed starts, dying servers, flaky HTTP, hangs,
+slow starts, silently ignored configs, broken (lossy) verification kernels and
+noisy/slow hardware. Each claim needs a server that misbehaves in exactly that way,
+so every fault is a flag of the reference engine, they combine freely, and each one
+is used by a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FAULT_HELP = {
+    "crash-on-start": "log a traceback and exit with status 1 before opening the port",
+    "exit-after=N": "exit (status 1) right after the N-th completed generation request",
+    "http500-rate=P": "answer a generation request with HTTP 500 with probability P (seeded)",
+    "hang-after=N": "after N completed generation requests stop answering anything (health too)",
+    "slow-start=S": "stay in the loading state (health 503) S seconds longer",
+    "ignore-config=topk": "silently run DFLASH with topk 1 and report speculative_eagle_topk=1",
+    "lossy-verify=P": "accept a wrong draft token with probability P (breaks losslessness)",
+    "slowdown=F": "multiply every simulated step cost by F",
+    "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
+}
+
+
+class FaultError(ValueError):
+    """A --fault value that does not parse."""
+
+
+@dataclass
+class Faults:
+    crash_on_start: bool = False
+    exit_after: int | None = None
+    http500_rate: float = 0.0
+    hang_after: int | None = None
+    slow_start: float = 0.0
+    ignore_config: set[str] = field(default_factory=set)
+    lossy_verify: float = 0.0
+    slowdown: float = 1.0
+    clock_jitter: float = 0.0
+    specs: list[str] = field(default_factory=list)
+
+    def add(self, spec: str) -> None:
+        """Parse one ``name[=value]`` item and record it (later items override)."""
+        spec = spec.strip()
+        if not spec:
+            return
+        name, has_value, value = spec.partition("=")
+        name = name.strip().lower()
+        value = value.strip()
+
+        def number(kind: type[float] | type[int], lo: float, hi: float | None = None) -> float:
+            if not has_value or not value:
+                raise FaultError(f"fault {name!r} needs a value: {name}=...")
+            try:
+                x = kind(value)
+            except ValueError:
+                raise FaultError(f"fault {name!r}: {value!r} is not a valid number") from None
+            if x < lo or (hi is not None and x > hi):
+                rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+                raise FaultError(f"fault {name!r}: {value} must be {rng}")
+            return x
+
+        if name == "crash-on-start":
+            if has_value:
+                raise FaultError("fault 'crash-on-start' takes no value")
+            self.crash_on_start = True
+        elif name == "exit-after":
+            self.exit_after = int(number(int, 0))
+        elif name == "http500-rate":
+            self.http500_rate = number(float, 0.0, 1.0)
+        elif name == "hang-after":
+            self.hang_after = int(number(int, 0))
+        elif name == "slow-start":
+            self.slow_start = number(float, 0.0)
+        elif name == "ignore-config":
+            if value not in ("topk",):
+                raise FaultError("fault 'ignore-config' supports only: ignore-config=topk")
+            self.ignore_config.add(value)
+        elif name == "lossy-verify":
+            self.lossy_verify = number(float, 0.0, 1.0)
+        elif name == "slowdown":
+            self.slowdown = number(float, 0.0)
+            if self.slowdown <= 0:
+                raise FaultError("fault 'slowdown': F must be > 0")
+        elif name == "clock-jitter":
+            self.clock_jitter = number(float, 0.0, 1.0)
+        else:
+            known = ", ".join(FAULT_HELP)
+            raise FaultError(f"unknown fault {name!r}; known: {known}")
+        self.specs.append(spec)
+
+    @classmethod
+    def parse(cls, values: list[str]) -> Faults:
+        """``--fault`` values: repeatable, each may be a comma-separated list."""
+        faults = cls()
+        for value in values:
+            for item in value.split(","):
+                faults.add(item)
+        return faults
