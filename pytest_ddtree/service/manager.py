@@ -163,8 +163,9 @@ class ServiceManager:
             raise self._failed[name]
         slot = self._current
         if slot is not None and slot.service is not None:
-            if slot.service.config == config:
+            if slot.service.config == config or self._same_launch(slot, config):
                 self._check_alive(slot, name)
+                slot.service.config = config
                 return slot.service
             if self.profile.controller == "external":
                 # Nothing to restart: just check that the running config is the asked one.
@@ -377,6 +378,8 @@ class ServiceManager:
             self._set_outcome(slot, f"failed: {str(err).splitlines()[0]}")
             try:
                 controller.stop()
+            except ServiceError as stop_err:  # keep the start error: it is the one that explains
+                self._say(f"could not stop {controller.describe()} after a failed start: {stop_err}")
             finally:
                 if self._lock is not None:
                     self._lock.release()
@@ -476,6 +479,13 @@ class ServiceManager:
             raise
         slot.service.config = config
         return slot.service
+
+    def _same_launch(self, slot: _Slot, config: DDTreeConfig) -> bool:
+        """Whether ``config`` launches exactly what is running (``bs8_b8_k4`` and
+        ``bs8_b8_k4_w2048`` under a 2048 default): then a ten-minute restart buys nothing."""
+        if self.profile.controller == "external" or not slot.launch.command:
+            return False
+        return self.profile.render_command(config, slot.launch.port) == slot.launch.command
 
     @staticmethod
     def _set_outcome(slot: _Slot, outcome: str) -> None:
