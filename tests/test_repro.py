@@ -29,6 +29,7 @@ from pytest_ddtree.repro import (
     ReproError,
     apply_unified_diff,
     check_package_dir_writable,
+    check_profile_patches,
     reverse_unified_diff,
     unified_diff,
     verify_package,
@@ -437,6 +438,12 @@ def test_wheel_and_git_pristine_and_file_list(world: dict[str, Path], fast_env: 
     assert not r.ok and "does not match sglang 0.5.3's RECORD" in r.problems[0]
     r = write_package(make_request(tmp, tmp / "b", {"distribution": "sglang", "site_packages": str(world["installed"])}))
     assert not r.ok and "`pristine:` is required" in r.problems[0]
+    # the same problems are found at session start
+    assert check_profile_patches({"patches": _dist_spec(world)}) == 3
+    with pytest.raises(ReproError, match="RECORD"):
+        check_profile_patches({"patches": _dist_spec(world, bad)})
+    with pytest.raises(ReproError, match="unknown key"):
+        check_profile_patches({"patches": {"distribution": "sglang", "pristin": "x"}})
 
 
 def test_env_snapshot_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ from .writer import (
     PackageRequest,
     ReproError,
     check_package_dir_writable,
+    check_profile_patches,
     default_package_name,
     write_package,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "VerifyReport",
     "apply_unified_diff",
     "check_package_dir_writable",
+    "check_profile_patches",
     "compare_env",
     "default_package_name",
     "deploy_package",

@@ -35,6 +35,9 @@ _ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PRE
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|SIGNATURE|CERT|PAT$", re.I)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def is_secret_name(name: str) -> bool:
     """True for names that look like they hold a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...)."""
     return bool(_SECRET.search(name))
@@ -56,7 +59,8 @@ def _run(cmd: list[str], timeout: float = 30.0) -> str | None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return proc.stdout if proc.returncode == 0 else None
+    # nvidia-smi underlines table headers with ANSI escapes even when not on a terminal
+    return _ANSI.sub("", proc.stdout) if proc.returncode == 0 else None
 
 
 def pip_freeze() -> tuple[str, list[str]]:

@@ -39,6 +39,7 @@ __all__ = [
     "ReproError",
     "write_package",
     "check_package_dir_writable",
+    "check_profile_patches",
     "default_package_name",
     "package_timestamp",
 ]
@@ -182,6 +183,22 @@ def check_package_dir_writable(directory: Path, name: str | None = None, force: 
                 f"{directory / name} already exists; pass --ddtree-package-force to replace it "
                 "or --ddtree-package-name to choose another name"
             )
+
+
+def check_profile_patches(profile: Any, profile_path: Path | None = None) -> int:
+    """Resolve the profile's ``patches`` section now (at session start) and return the file count.
+
+    A typo in the patches section (wrong pristine path, distribution not installed, a
+    pristine of another version) would otherwise surface only after a sweep of hours.
+    Raises ReproError naming the problem.
+    """
+    prof = _profile_dict(profile)
+    src = profile_path or prof.get("source")
+    base = Path(src).resolve().parent if src else None
+    try:
+        return len(collect_patches(prof.get("patches"), base).files)
+    except PatchError as exc:
+        raise ReproError(f"profile patches section: {exc}") from None
 
 
 # --------------------------------------------------------------------------- writing
