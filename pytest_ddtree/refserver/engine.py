@@ -490,4 +490,5 @@ class Engine:
                 "num_running_reqs": len(self.running),
                 "num_waiting_reqs": len(self.waiting),
                 "last_gen_throughput": round(self.last_gen_throughput, 3),
+                "engine_cpu_seconds": round(self.cpu_seconds, 6),
             }

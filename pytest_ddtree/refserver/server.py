@@ -683,7 +683,7 @@ class Handler(BaseHTTPRequestHandler):
                 sent = text
                 fin = finish_reason_openai(req.finish_reason) if ev.finished else None
                 if delta or fin:
-                    c = chunk(delta, fin)
+                    c = chunk(delta or None, fin)
                     if fin:
                         c["choices"][0]["matched_stop"] = (req.finish_reason or {}).get("matched")
                         if want_meta:
