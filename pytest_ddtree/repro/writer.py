@@ -592,6 +592,9 @@ def write_package(request: PackageRequest) -> PackageReport:
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return PackageReport(None, False, [f"cannot write the package in {out_dir}: {exc}"])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written sibling behind
+        raise
     report: VerifyReport = verify_package(tmp)
     nfiles = sum(1 for p in tmp.rglob("*") if p.is_file())
     if not report.ok:
