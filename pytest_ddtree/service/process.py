@@ -101,9 +101,11 @@ def _parent_death_signal() -> Callable[[], None] | None:
     """A preexec function that makes Linux SIGKILL the child if pytest is SIGKILLed.
 
     The last line of defence (atexit cannot run after SIGKILL). It covers the group leader only;
-    its own children are reached by the leader's shutdown or by ``stop()``.
+    its own children are reached by the leader's shutdown or by ``stop()``. Only armed from the
+    main thread: Linux sends the signal when the *thread* that forked exits, and a worker thread
+    that ends would otherwise kill a healthy service.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
     try:
         import ctypes
