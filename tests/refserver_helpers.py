@@ -1,0 +1,110 @@
+"""Start real reference-engine processes for tests (owned by the refserver tests).
+
+Why a helper and not conftest: the lead owns tests/conftest.py; refserver tests need
+to start many engines at once (startup overlaps), read their logs on failure and stop
+them reliably, which this small class does with the standard library + requests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config_args(name: str) -> list[str]:
+    """``bs8_b8_k4[_w2048]`` -> launch flags (NONE -> no speculation)."""
+    if name == "NONE":
+        return ["--speculative-algorithm", "NONE"]
+    args: list[str] = []
+    for part in name.split("_"):
+        if part.startswith("bs"):
+            args += ["--speculative-dflash-block-size", part[2:]]
+        elif part.startswith("b"):
+            args += ["--speculative-num-draft-tokens", part[1:]]
+        elif part.startswith("k"):
+            args += ["--speculative-eagle-topk", part[1:]]
+        elif part.startswith("w") and part != "wnone":
+            args += ["--speculative-draft-window-size", part[1:]]
+    return args
+
+
+class RefServer:
+    """One ``python -m pytest_ddtree.refserver`` process on a free 127.0.0.1 port."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str = "refserver") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}-{self.port}.log"
+        self.args = args
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(self.port), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> RefServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"refserver exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.03)
+        raise RuntimeError(f"refserver not ready after {timeout} s:\n{self.log()[-3000:]}")
+
+    def get(self, path: str, **kw: object) -> requests.Response:
+        return requests.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)  # type: ignore[arg-type]
+
+    def post(self, path: str, **kw: object) -> requests.Response:
+        return requests.post(self.url + path, timeout=kw.pop("timeout", 60), **kw)  # type: ignore[arg-type]
+
+    def info(self) -> dict[str, object]:
+        data: dict[str, object] = self.get("/server_info").json()
+        return data
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def start_many(specs: dict[str, list[str]], log_dir: Path) -> dict[str, RefServer]:
+    """Start several servers at once (their start-ups overlap), then wait for all."""
+    servers = {name: RefServer(args, log_dir, name) for name, args in specs.items()}
+    try:
+        for s in servers.values():
+            s.wait_ready()
+    except Exception:
+        for s in servers.values():
+            s.stop()
+        raise
+    return servers
