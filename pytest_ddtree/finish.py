@@ -136,4 +136,4 @@ def _write_package(session: _Session, outcome: FinishOutcome, records: list[dict
     outcome.package_path = report.path
     outcome.sections.append(("ddtree reproduction package", report.summary()))
     if not report.ok:
-        outcome.fail(f"reproduction package {report.path} failed verification: " + "; ".join(report.problems))
+        outcome.fail("reproduction package not published: " + "; ".join(report.problems))

@@ -16,6 +16,7 @@ import pytest
 from pytest_ddtree import options
 from pytest_ddtree.configs import ConfigError, DDTreeConfig
 from pytest_ddtree.finish import FinishOutcome, finish_session
+from pytest_ddtree.service.process import install_signal_handlers
 from pytest_ddtree.session import DDTreeSession
 from pytest_ddtree.service.profile import ProfileError
 
@@ -24,6 +25,7 @@ FINISH_KEY = pytest.StashKey[FinishOutcome]()
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
+WORKER_LOADGROUP_KEY = "ddtree_loadgroup"
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -42,7 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """With ``-n`` and no ``--dist``, use loadgroup: each config's tests stay on one worker."""
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+    if not getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") not in ("no", "load"):
+        return
+    # xdist turns "no" into "load" in its own (also tryfirst) hook; only an explicit --dist wins.
+    args = [*config.invocation_params.args, *config.getini("addopts")]
+    if not any(str(arg).startswith(("--dist", "-d")) for arg in args):
         config.option.dist = "loadgroup"
 
 
@@ -57,6 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
         settings = _replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
     worker_id = worker_input.get("workerid") if worker_input else None
+    if worker_input.get(WORKER_LOADGROUP_KEY):
+        config.option.loadgroup = True
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
     def progress(message: str) -> None:
@@ -69,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
+    # SIGTERM/SIGHUP (a CI job cancelled) skip atexit: kill the engines we started first.
+    install_signal_handlers()
     session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
@@ -103,10 +113,11 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
     except (ConfigError, ProfileError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.package is not None:
-        from pytest_ddtree.repro.writer import check_package_dir_writable
+        from pytest_ddtree.repro import check_package_dir_writable, check_profile_patches
 
         try:
-            check_package_dir_writable(settings.package)
+            check_package_dir_writable(settings.package, name=settings.package_name, force=settings.package_force)
+            check_profile_patches(session.profile, session.profile.source)
         except (OSError, ValueError) as exc:
             raise pytest.UsageError(f"--ddtree-package {settings.package}: {exc}") from None
 
@@ -116,6 +127,9 @@ def pytest_configure_node(node: Any) -> None:
     session = _session(node.config)
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
     node.workerinput[WORKER_RESULTS_KEY] = str(session.settings.results)
+    # Workers re-parse the command line, so a loadgroup chosen by pytest_cmdline_main above
+    # would not reach xdist's worker-side grouping without this.
+    node.workerinput[WORKER_LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -152,8 +166,13 @@ def _item_config(item: pytest.Item) -> DDTreeConfig | None:
     return value if isinstance(value, DDTreeConfig) else None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order by config (stable inside a config) and pin each config to one xdist worker."""
+    """Order by config (stable inside a config) and pin each config to one xdist worker.
+
+    tryfirst: xdist's worker turns ``xdist_group`` markers into nodeid suffixes in its own
+    modifyitems hook, which must see the markers added here.
+    """
     selected = [c.name for c in _session(config).selected_configs] if any(_item_config(i) for i in items) else []
     order = {name: index for index, name in enumerate(selected)}
 
@@ -215,9 +234,13 @@ def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -
     try:
         return ddtree_session.manager.ensure(ddtree_config)
     except ConfigNotAvailable as exc:
-        pytest.skip(str(exc))
+        skipped, message = True, str(exc)
     except ServiceError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        skipped, message = False, str(exc)
+    # Outside the except blocks: the report then shows our message, not a chained traceback.
+    if skipped:
+        pytest.skip(message)
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
@@ -237,7 +260,8 @@ def ddtree_reference_service(ddtree_session: DDTreeSession) -> Any:
     try:
         return ddtree_session.manager.start_auxiliary("lossless-reference", profile.lossless_args)
     except ServiceError as exc:
-        pytest.fail(f"the non-speculative reference instance did not start: {exc}", pytrace=False)
+        failure = f"the non-speculative reference instance did not start: {exc}"
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture

@@ -1,0 +1,208 @@
+"""The plugin's service lifecycle end to end: pytester runs against real reference engines.
+
+Each test writes a service profile derived from the shipped reference profile (with a fault
+injected into the engine's command line where needed), a small gate file, and runs pytest in a
+subprocess, exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+GATE = '''
+import json, os, time
+from pathlib import Path
+
+def _note(name, ddtree_service, ddtree_config):
+    info = ddtree_service.client.server_info()
+    out = Path(os.environ["GATE_OUT"]) / f"{name}-{ddtree_config.name}-{os.getpid()}.json"
+    out.write_text(json.dumps({"config": ddtree_config.name, "url": ddtree_service.url,
+                               "topk": info.get("speculative_eagle_topk"),
+                               "budget": info.get("speculative_num_draft_tokens"),
+                               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                               "t": time.time()}))
+
+def test_one(ddtree_service, ddtree_config):
+    _note("one", ddtree_service, ddtree_config)
+    ddtree_service.client.generate(text="def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
+
+def test_two(ddtree_service, ddtree_config):
+    _note("two", ddtree_service, ddtree_config)
+    ddtree_service.client.generate(text="def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
+
+def test_three(ddtree_service, ddtree_config):
+    ddtree_service.client.generate(text="def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
+
+def test_four(ddtree_service, ddtree_config):
+    ddtree_service.client.generate(text="def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
+'''
+
+
+def write_profile(directory: Path, repo_root: Path, engine_args: str = "", command_prefix: str = "", **overrides: Any) -> Path:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["command"] = command_prefix + raw["command"].replace("{config_args}", f"{engine_args} {{config_args}}".strip())
+    raw.update(overrides)
+    path = directory / "profile.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run_gate(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, timeout: float = 120) -> tuple[pytest.RunResult, float]:
+    pytester.makepyfile(test_gate=GATE)
+    out = pytester.path / "gate-out"
+    out.mkdir(exist_ok=True)
+    os.environ["GATE_OUT"] = str(out)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        f"--ddtree-service={profile}",
+        f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}",
+        f"--ddtree-results={pytester.path / 'results'}",
+        "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
+        *args,
+        timeout=timeout,
+    )
+    return result, time.monotonic() - start
+
+
+@pytest.fixture(autouse=True)
+def _gate_out_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GATE_OUT", raising=False)
+
+
+def notes(pytester: pytest.Pytester) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((pytester.path / "gate-out").glob("*.json"))]
+
+
+def test_two_configs_each_started_once_and_verified(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root)
+    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b12_k6")
+    result.assert_outcomes(passed=8)
+    starts = [line for line in result.outlines + result.errlines if "starting bs8_" in line]
+    assert len(starts) == 2, starts
+    seen = {(n["config"], n["budget"], n["topk"]) for n in notes(pytester)}
+    assert seen == {("bs8_b4_k4", 4, 4), ("bs8_b12_k6", 12, 6)}
+    result.stdout.fnmatch_lines(["*ddtree: service profile reference*", "*ddtree: configs bs8_b4_k4, bs8_b12_k6*"])
+
+
+def test_crash_on_start_fails_fast_with_log_tail_and_the_sweep_goes_on(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root, "--fault crash-on-start")
+    result, elapsed = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
+    result.assert_outcomes(errors=8)  # a fixture that cannot provide the service errors the test
+    text = result.stdout.str()
+    assert "During handling of the above exception" not in text
+    assert "exited while starting" in text and "exit code" in text and "last lines of the service log" in text
+    # one start per config, not one per test: the failure is remembered
+    starts = [line for line in result.outlines + result.errlines if "starting bs8_" in line]
+    assert len(starts) == 2, starts
+    assert elapsed < 2 * 5 + 8, f"two crashing configs took {elapsed:.1f} s"
+
+
+def test_slow_start_past_the_deadline_fails_with_the_log_tail(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root, "--fault slow-start=60", ready_timeout_s=2)
+    result, elapsed = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
+    result.assert_outcomes(errors=1, deselected=3)
+    result.stdout.fnmatch_lines(["*not ready after 2 s*HTTP 503*", "*last lines of the service log*"])
+    assert elapsed < 20
+
+
+def test_refused_connections_during_a_3s_load_are_tolerated(pytester: pytest.Pytester, repo_root: Path) -> None:
+    # The port stays closed for 3 s (connection refused), then the engine loads for 1 s more (503).
+    profile = write_profile(pytester.path, repo_root, "--load-seconds 1", command_prefix="{python} -c \"import time; time.sleep(3)\" && ", ready_timeout_s=30)
+    raw = yaml.safe_load(profile.read_text())
+    raw["command"] = "sh -c " + _sh_quote(raw["command"].replace("&& ", "&& exec "))
+    profile.write_text(yaml.safe_dump(raw))
+    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
+    result.assert_outcomes(passed=1, deselected=3)
+
+
+def _sh_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def test_ignored_config_fails_the_applied_check_with_a_diff(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root, "--fault ignore-config=topk")
+    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b8_k4", "-k", "one or two")
+    result.assert_outcomes(errors=2, deselected=2)
+    result.stdout.fnmatch_lines(["*speculative_eagle_topk*4*1*"])
+
+
+def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root, "--fault exit-after=2")
+    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
+    result.assert_outcomes(passed=4, errors=4)
+    for config in ("bs8_b4_k4", "bs8_b8_k4"):
+        result.stdout.fnmatch_lines([f"PASSED test_gate.py::test_one[[]{config}[]]*", f"PASSED test_gate.py::test_two[[]{config}[]]*"])
+        result.stdout.fnmatch_lines([f"ERROR test_gate.py::test_four[[]{config}[]]*"])
+    assert "exited during the run" in result.stdout.str()
+
+
+def test_xdist_runs_two_instances_without_port_or_config_clash(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root)
+    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b16_k4", "-n", "2")
+    result.assert_outcomes(passed=8)
+    seen = notes(pytester)
+    by_config: dict[str, set[tuple[str, str]]] = {}
+    for note in seen:
+        by_config.setdefault(note["config"], set()).add((note["worker"], note["url"]))
+        assert note["budget"] == {"bs8_b4_k4": 4, "bs8_b16_k4": 16}[note["config"]]
+    # each config ran on one worker and one instance; the two configs used different ports
+    assert all(len(v) == 1 for v in by_config.values()), by_config
+    urls = {next(iter(v))[1] for v in by_config.values()}
+    workers = {next(iter(v))[0] for v in by_config.values()}
+    assert len(urls) == 2 and len(workers) == 2, by_config
+
+
+def _engine_processes(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "pytest_ddtree.refserver" in cmdline and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -> None:
+    marker = f"--seed {4242 + os.getpid() % 1000}"
+    profile = write_profile(pytester.path, repo_root, marker)
+    pytester.makepyfile(test_slow="def test_slow(ddtree_service):\n    print('READY', flush=True)\n    import time; time.sleep(60)\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", f"--ddtree-service={profile}",
+         f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}", f"--ddtree-results={pytester.path / 'results'}",
+         "--ddtree-config=bs8_b4_k4", "test_slow.py"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            if "READY" in line or time.monotonic() > deadline:
+                break
+        assert _engine_processes(marker), "the engine should be running while the test sleeps"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 5
+    while _engine_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _engine_processes(marker) == [], "SIGINT left an engine process behind"
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED
