@@ -1,0 +1,134 @@
+"""Every fault of the reference engine behaves as documented (each is used here)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from refserver_helpers import RefServer, start_many
+
+FAST = ["--clock-scale", "200"]
+BODY = {"text": "def merge_sort(items):", "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RefServer]]:
+    specs = {
+        "base": FAST,
+        "none": [*FAST, "--speculative-algorithm", "NONE"],
+        "slowdown": [*FAST, "--fault", "slowdown=3"],
+        "jitter": [*FAST, "--fault", "clock-jitter=0.5"],
+        "topk": [*FAST, "--speculative-eagle-topk", "4", "--fault", "ignore-config=topk"],
+        "lossy": [*FAST, "--fault", "lossy-verify=0.5"],
+        "http500": [*FAST, "--fault", "http500-rate=0.5", "--seed", "3"],
+        # combinable: several faults in one process, comma list and repeated flag
+        "combo": [*FAST, "--fault", "slowdown=2,ignore-config=topk", "--fault", "exit-after=3"],
+    }
+    s = start_many(specs, tmp_path_factory.mktemp("faults"))
+    yield s
+    for srv in s.values():
+        srv.stop()
+
+
+def busy_after_one_request(srv: RefServer) -> tuple[list[int], float]:
+    r = srv.post("/generate", json=BODY).json()
+    return r["output_ids"], float(srv.info()["internal_states"][0]["simulated_busy_seconds"])  # type: ignore[index]
+
+
+def test_slowdown_multiplies_step_cost(servers: dict[str, RefServer]) -> None:
+    ids, base = busy_after_one_request(servers["base"])
+    ids2, slow = busy_after_one_request(servers["slowdown"])
+    assert ids == ids2
+    assert slow == pytest.approx(3 * base, rel=1e-6)
+
+
+def test_clock_jitter_perturbs_step_time(servers: dict[str, RefServer]) -> None:
+    _, base = busy_after_one_request(servers["base"])
+    _, jit = busy_after_one_request(servers["jitter"])
+    assert jit != pytest.approx(base, rel=1e-3)
+    assert 0.5 * base < jit < 1.5 * base
+
+
+def test_ignore_config_topk_runs_and_reports_topk_1(servers: dict[str, RefServer]) -> None:
+    info = servers["topk"].info()
+    assert info["speculative_eagle_topk"] == 1
+    assert servers["topk"].post("/generate", json=BODY).json()["output_ids"] == servers["base"].post("/generate", json=BODY).json()["output_ids"]
+
+
+def test_lossy_verify_breaks_losslessness(servers: dict[str, RefServer]) -> None:
+    differs = 0
+    for text in ("def merge_sort(items):", "The history of computing", "Once upon a time"):
+        body = {"text": text, "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+        a = servers["none"].post("/generate", json=body).json()["output_ids"]
+        b = servers["lossy"].post("/generate", json=body).json()["output_ids"]
+        differs += a != b
+    assert differs >= 2
+
+
+def test_http500_rate(servers: dict[str, RefServer]) -> None:
+    srv = servers["http500"]
+    codes = [srv.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).status_code for _ in range(30)]
+    assert codes.count(500) >= 5 and codes.count(200) >= 5 and set(codes) == {200, 500}
+    assert srv.get("/health").status_code == 200
+
+
+def test_combined_faults_then_exit_after_n(servers: dict[str, RefServer]) -> None:
+    srv = servers["combo"]
+    assert srv.info()["speculative_eagle_topk"] == 1
+    _, busy = busy_after_one_request(srv)
+    assert busy > 0
+    for _ in range(2):
+        assert srv.post("/generate", json=BODY).status_code == 200
+    assert srv.proc.wait(10) != 0  # exited right after the 3rd completed request
+    assert "exit-after=3" in srv.log()
+    with pytest.raises(requests.ConnectionError):
+        srv.get("/health", timeout=2)
+
+
+def test_crash_on_start(tmp_path: Path) -> None:
+    srv = RefServer(["--fault", "crash-on-start"], tmp_path)
+    try:
+        assert srv.proc.wait(15) != 0
+        assert "Traceback" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_hang_after_n(tmp_path: Path) -> None:
+    srv = RefServer([*FAST, "--fault", "hang-after=1"], tmp_path).wait_ready()
+    try:
+        assert srv.post("/generate", json=BODY).status_code == 200
+        for path in ("/generate", "/health"):
+            with pytest.raises(requests.Timeout):
+                if path == "/health":
+                    srv.get(path, timeout=1)
+                else:
+                    srv.post(path, json=BODY, timeout=1)
+        assert srv.proc.poll() is None  # alive, just not answering
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("flag", [["--fault", "slow-start=1.5"], ["--load-seconds", "1.5"]])
+def test_slow_start_answers_503_meanwhile(tmp_path: Path, flag: list[str]) -> None:
+    t0 = time.monotonic()
+    srv = RefServer([*FAST, *flag], tmp_path)
+    try:
+        seen = set()
+        while time.monotonic() - t0 < 1.0:
+            try:
+                seen.add(srv.get("/health", timeout=1).status_code)
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.05)
+        assert seen == {503}
+        r = srv.post("/generate", json=BODY)
+        assert r.status_code == 503 and r.json()["error"]["message"]
+        srv.wait_ready(10)
+        assert time.monotonic() - t0 >= 1.5
+    finally:
+        srv.stop()
