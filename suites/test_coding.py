@@ -1,0 +1,78 @@
+"""Coding-correctness gate: the config under test must still solve what its baseline solved.
+
+Each problem of the selected set (``--ddtree-coding-set``, ``--ddtree-coding-limit``) is asked
+through the service's chat API at temperature 0, the code is extracted from the answer and run
+with the problem's tests in the sandbox (``pytest_ddtree.sandbox``). The per-problem verdicts
+are compared with ``coding: {<set>: [passed ids]}`` of the config's baseline file; without a
+baseline the profile's floor ``coding_min_pass`` applies (default: every problem). The logic
+lives in ``pytest_ddtree.coding``; this file only wires fixtures to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_ddtree import coding, sandbox
+from pytest_ddtree.configs import DDTreeConfig
+
+
+def test_coding_gate(
+    request: pytest.FixtureRequest,
+    ddtree_config: DDTreeConfig,
+    ddtree_client: Any,
+    ddtree_profile: Any,
+    ddtree_settings: Any,
+    ddtree_recorder: Any,
+    ddtree_baselines: Any,
+) -> None:
+    set_name = ddtree_settings.coding_set
+    try:
+        problems = coding.select_problems(set_name, ddtree_settings.coding_limit)
+    except (coding.CodingSetUnavailable, coding.ProblemError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if not problems:
+        pytest.fail(f"coding set {set_name!r} has no problems (limit {ddtree_settings.coding_limit})", pytrace=False)
+
+    results = coding.solve(ddtree_client, problems, max_tokens=ddtree_settings.coding_max_tokens)
+    verdicts = {r.id: r.verdict for r in results}
+
+    section = ddtree_baselines.section(ddtree_config.name, "coding")
+    baseline_ids = None
+    if isinstance(section, dict) and isinstance(section.get(set_name), list):
+        baseline_ids = [str(x) for x in section[set_name]]
+    gate = coding.compare(baseline_ids, verdicts, ddtree_profile.coding_min_pass)
+
+    table = coding.render_table(results, baseline_ids)
+    iso = sandbox.isolation()
+    header = f"coding set {set_name} on {ddtree_config.name} (sandbox: {iso.describe()})"
+    request.node.add_report_section("call", "ddtree coding", f"{header}\n{table}\n{gate.message}")
+    ddtree_recorder.record("coding", ddtree_config.name, {
+        "set": set_name,
+        "limit": ddtree_settings.coding_limit,
+        "max_tokens": ddtree_settings.coding_max_tokens,
+        "passed": gate.pass_count,
+        "total": gate.total,
+        "gate": {"passed": gate.passed, "mode": gate.mode, "floor": gate.floor,
+                 "regressions": list(gate.regressions), "new_passes": list(gate.new_passes)},
+        "sandbox": iso.describe(),
+        "speed_factor": sandbox.speed_factor(),
+        "problems": [r.to_record() for r in results],
+    })
+
+    if ddtree_baselines.update_mode:
+        run_ids = set(verdicts)
+        kept = [pid for pid in (baseline_ids or []) if pid not in run_ids]  # outside --ddtree-coding-limit
+        passed_now = [pid for pid, v in verdicts.items() if v is sandbox.Verdict.PASSED]
+        ddtree_recorder.propose_baseline(ddtree_config.name, "coding", {set_name: sorted({*kept, *passed_now})})
+        return
+
+    if baseline_ids is None and ddtree_settings.require_baselines:
+        pytest.fail(
+            f"no coding baseline for set {set_name!r} in {ddtree_baselines.path_for(ddtree_config.name)}; "
+            f"create it with: {ddtree_baselines.create_command(ddtree_config.name)}",
+            pytrace=False,
+        )
+    if not gate.passed:
+        pytest.fail(f"{gate.message}\n\n{coding.failure_details(results, gate.regressions)}\n{table}", pytrace=False)
