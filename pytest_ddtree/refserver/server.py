@@ -636,7 +636,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(opts, dict):
             raise BadRequest("stream_options must be an object")
         include_usage = bool(opts.get("include_usage", False))
-        model = self.state.model_path
+        model = str(self.state.server_args.get("served_model_name") or self.state.model_path)
         created = int(time.time())
         prefix = "chatcmpl-" if chat else "cmpl-"
         req = Request(prompt, params, rid=prefix + uuid.uuid4().hex[:24])
