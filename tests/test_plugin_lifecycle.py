@@ -206,3 +206,66 @@ def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -
         time.sleep(0.1)
     assert _engine_processes(marker) == [], "SIGINT left an engine process behind"
     assert proc.returncode == pytest.ExitCode.INTERRUPTED
+
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+
+
+def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin(
+    pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A systemd profile driven through the plugin, with fake systemctl/journalctl on PATH that
+    really run the unit's ExecStart: the config's drop-in is written and applied, and at session
+    end the unit is back on its default config with the drop-in gone."""
+    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.service.pool import free_port
+
+    state = pytester.path / "systemd"
+    (state / "system").mkdir(parents=True)
+    monkeypatch.setenv("DDTREE_FAKE_SYSTEMD", str(state))
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    port = free_port()
+    engine = f"{sys.executable} -m pytest_ddtree.refserver --host 127.0.0.1 --port {port} --clock-scale 10"
+    (state / "system" / "engine.service").write_text(
+        f"[Service]\nExecStart={engine} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4\n"
+    )
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    subprocess.run(["systemctl", "start", "engine.service"], check=True)
+    try:
+        profile = write_profile(
+            pytester.path, repo_root, controller="systemd", unit="engine.service",
+            dropin_dir=str(state / "system"), port=port, pool=1,
+            lossless="golden", lossless_args=None,
+        )
+        raw = yaml.safe_load(profile.read_text())
+        raw["command"] = engine + " {config_args}"
+        raw["url"] = f"http://127.0.0.1:{port}"
+        profile.write_text(yaml.safe_dump(raw))
+        package_dir = pytester.path / "packages"
+        result, _ = run_gate(
+            pytester, repo_root, profile, "--ddtree-config=bs8_b12_k6", "-k", "one or two",
+            f"--ddtree-package={package_dir}", "--ddtree-package-name=sysd",
+        )
+        result.assert_outcomes(passed=2, deselected=2)
+        assert {n["budget"] for n in notes(pytester)} == {12}
+        # back on the default: no drop-in, the unit restarted with the unit file's ExecStart
+        assert not list((state / "system").glob("engine.service.d/*.conf"))
+        client = SGLangClient(f"http://127.0.0.1:{port}", timeout=5)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if client.health("/health_generate") == 200:
+                    break
+            except Exception:  # noqa: BLE001 - restarting
+                pass
+            assert time.monotonic() < deadline, "the default config did not come back"
+            time.sleep(0.2)
+        info = client.server_info()
+        assert (info["speculative_num_draft_tokens"], info["speculative_eagle_topk"]) == (8, 4)
+        # the package recorded the drop-in the session wrote
+        dropins = list((package_dir / "sysd" / "services").rglob("*.conf"))
+        assert dropins and "--speculative-num-draft-tokens 12" in dropins[0].read_text()
+        verify = subprocess.run([sys.executable, "-m", "pytest_ddtree.repro", "verify", str(package_dir / "sysd")], capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        subprocess.run(["systemctl", "stop", "engine.service"], check=False)
