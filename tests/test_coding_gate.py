@@ -1,0 +1,151 @@
+"""suites/test_coding.py end to end: pytester runs against real reference engines.
+
+* the reference engine (its corpus holds the reference solutions) passes the full set on
+  bs8_b8_k4, and --ddtree-update-baselines stores the passed ids;
+* an engine whose corpus answers every default problem with hostile code (fork bomb, file
+  writer, setsid daemon + endless loop, output flood, memory bomb + network) fails the gate
+  against a baseline, names the regressions with the extracted code, and does no harm: the
+  canary is intact and no sandbox process survives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_ddtree import coding, sandbox
+
+FENCE = "```"
+
+
+def write_profile(directory: Path, repo_root: Path, engine_args: str = "", **overrides: Any) -> Path:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["command"] = raw["command"].replace("{config_args}", f"{engine_args} {{config_args}}".strip())
+    raw["hardware_profile"] = "testhw"
+    raw["pool"] = 1
+    raw.update(overrides)
+    path = directory / "profile.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run_suite(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, suite: str = "test_coding.py") -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        str(repo_root / "suites" / suite),
+        f"--ddtree-service={profile}",
+        f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}",
+        f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4",
+        "-p", "no:cacheprovider", "-rA",
+        *args,
+        timeout=180,
+    )
+
+
+def coding_records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
+    out = []
+    for path in (pytester.path / "results").glob("records-*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "coding":
+                out.append(rec)
+    return out
+
+
+def test_reference_engine_passes_full_set_and_updates_baseline(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile = write_profile(pytester.path, repo_root)
+    result = run_suite(pytester, repo_root, profile, "--ddtree-coding-set=full", "--ddtree-update-baselines")
+    result.assert_outcomes(passed=1)
+    (rec,) = coding_records(pytester)
+    full = coding.select_problems("full")
+    assert rec["passed"] == rec["total"] == len(full), rec["gate"]
+    assert {p["id"] for p in rec["problems"]} == {p.id for p in full}
+    assert all(p["verdict"] == "passed" and p["code"] for p in rec["problems"])
+    baseline = yaml.safe_load((pytester.path / "baselines" / "testhw" / "bs8_b8_k4.yaml").read_text())
+    assert baseline["coding"]["full"] == sorted(p.id for p in full)
+
+
+HOSTILE = {
+    "slugify": "import os\n\ndef slugify(text):\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n\nslugify('x')\n",
+    "parse_duration": (
+        "import os\nTARGETS = {targets!r}\nfor t in TARGETS:\n    try:\n        open(t, 'w').write('pwned')\n    except OSError:\n        pass\n"
+        "def parse_duration(text):\n    return 0\n"
+    ),
+    "merge_intervals": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\n    os._exit(0)\n"
+        "def merge_intervals(x):\n    while True:\n        pass\n"
+    ),
+    "lru_cache": "import sys\nwhile True:\n    sys.stdout.write('A' * 65536)\n",
+    "int_to_roman": (
+        "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError:\n    pass\n"
+        "hog = []\nwhile True:\n    hog.append(bytearray(64 * 1024 * 1024))\n"
+    ),
+}
+
+
+def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every answer here is hostile, none is slow-but-correct: shorter limits (wall 4 s, CPU 2 s)
+    # keep the test fast without changing what is proven.
+    monkeypatch.setenv("DDTREE_SANDBOX_SPEED_FACTOR", "0.4")
+    canary_dir = repo_root / ".ddtree" / f"canary-{os.getpid()}-{time.monotonic_ns()}"
+    canary_dir.mkdir(parents=True)
+    try:
+        canary_dir.chmod(0o755)
+        canary = canary_dir / "canary.txt"
+        canary.write_text("intact\n")
+        targets = [str(canary), str(canary_dir / "dropped.txt"), str(repo_root / "pwned.txt")]
+        corpus = pytester.path / "hostile-corpus"
+        corpus.mkdir()
+        lines = []
+        for problem in coding.select_problems("default"):
+            code = HOSTILE[problem.id].replace("{targets!r}", repr(targets))
+            lines.append(json.dumps({"prompt": coding.user_message(problem), "response": f"{FENCE}python\n{code}{FENCE}"}))
+        (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
+        hw = pytester.path / "baselines" / "testhw"
+        hw.mkdir(parents=True)
+        (hw / "bs8_b8_k4.yaml").write_text(yaml.safe_dump({"schema": 1, "config": "bs8_b8_k4", "coding": {"default": sorted(HOSTILE)}}))
+        profile = write_profile(pytester.path, repo_root, f"--corpus-dir {corpus}")
+
+        result = run_suite(pytester, repo_root, profile)
+
+        result.assert_outcomes(failed=1)
+        out = result.stdout.str()
+        assert "REGRESSED (passed in the baseline, not now): " + ", ".join(sorted(HOSTILE)) in out
+        assert "os.fork()" in out and "--- extracted code:" in out
+        (rec,) = coding_records(pytester)
+        verdicts = {p["id"]: p["verdict"] for p in rec["problems"]}
+        assert rec["passed"] == 0 and set(verdicts.values()) <= {"error", "timeout", "failed"}, verdicts
+        assert verdicts["merge_intervals"] == "timeout"
+        assert verdicts["lru_cache"] == "error" and "output flood" in next(p["message"] for p in rec["problems"] if p["id"] == "lru_cache")
+        assert canary.read_text() == "intact\n"
+        assert not (canary_dir / "dropped.txt").exists() and not (repo_root / "pwned.txt").exists()
+        leftovers = [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if sandbox.UID_BASE <= uid < sandbox.UID_BASE + 64 * 100_000]
+        assert leftovers == [], f"sandbox processes survived: {leftovers}"
+    finally:
+        shutil.rmtree(canary_dir, ignore_errors=True)
+
+
+def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: Path) -> None:
+    """One wrong answer, no baseline, floor 4 of 5 -> passes; the default floor (all) -> fails."""
+    corpus = pytester.path / "corpus"
+    shutil.copytree(repo_root / "pytest_ddtree" / "refserver" / "corpus", corpus)
+    problem = coding.select_problems("default")[0]
+    lines = (corpus / "coding.jsonl").read_text().splitlines()
+    wrong = json.dumps({"prompt": coding.user_message(problem), "response": f"{FENCE}python\ndef {problem.entry_point}(*a):\n    return None\n{FENCE}"}, sort_keys=True)
+    lines = [wrong if json.loads(line)["prompt"] == coding.user_message(problem) else line for line in lines]
+    (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
+
+    lenient = write_profile(pytester.path, repo_root, f"--corpus-dir {corpus}", coding_min_pass=4)
+    run_suite(pytester, repo_root, lenient).assert_outcomes(passed=1)
+    strict = write_profile(pytester.path, repo_root, f"--corpus-dir {corpus}")
+    result = run_suite(pytester, repo_root, strict)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*BELOW THE FLOOR; not passed: {problem.id}*"])
