@@ -215,8 +215,9 @@ def compare_cell(
     """Verdict for one cell: invalid > missing > regression > inconclusive > improved > pass.
 
     ``status`` is the measurement's own status (:meth:`stats.RepeatPolicy.status`): an
-    invalid measurement is never compared; an inconclusive one (its repeats disagree) can
-    still show a regression that is beyond doubt, but never passes.
+    invalid measurement is never compared; an inconclusive one (repeats disagree, or the
+    host could not keep up) is compared for the record but is neither a regression nor a
+    pass. ``problems`` are the reasons behind an invalid or inconclusive status.
     """
     if status == stats.INVALID:
         return CellVerdict(cell, INVALID, (), tuple(problems) or ("measurement invalid",))
@@ -239,10 +240,11 @@ def compare_cell(
         verdicts.append(compare_metric(key, entry, samples, alpha=alpha))
     found = {v.status for v in verdicts}
     if status == stats.INCONCLUSIVE:
-        reasons.append("repeats disagree (confidence interval wider than the policy allows)")
-    if REGRESSION in found:
+        reasons.extend(problems or ["repeats disagree (confidence interval wider than the policy allows)"])
+        cell_status = INCONCLUSIVE
+    elif REGRESSION in found:
         cell_status = REGRESSION
-    elif INCONCLUSIVE in found or status == stats.INCONCLUSIVE:
+    elif INCONCLUSIVE in found:
         cell_status = INCONCLUSIVE
     elif IMPROVED in found:
         cell_status = IMPROVED

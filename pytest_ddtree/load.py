@@ -342,6 +342,7 @@ class CellResult:
     warmup_failed: int = 0
     server_accept_length: float | None = None
     server_state: dict[str, Any] = field(default_factory=dict)
+    server_state_before: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -364,6 +365,31 @@ class CellResult:
     @property
     def valid(self) -> bool:
         return not self.problems()
+
+    def engine_accounting(self) -> dict[str, float] | None:
+        """The engine's own view of the measured phase, where it reports one (refserver).
+
+        ``exact_output_throughput``: output tokens the engine produced / the wall time its
+        simulated clock says it was busy (simulated busy seconds / clock scale);
+        ``engine_busy_fraction``: that busy time / our measured duration. A fraction well
+        below 1 means the engine could not keep its simulated clock (the host is overloaded,
+        or the client could not keep up): the measurement says more about the machine than
+        about the configuration.
+        """
+        b, a = self.server_state_before, self.server_state
+        keys = ("simulated_busy_seconds", "total_output_tokens")
+        if not all(_num(b.get(k)) and _num(a.get(k)) for k in keys) or not _num(a.get("clock_scale")):
+            return None
+        busy = (float(a["simulated_busy_seconds"]) - float(b["simulated_busy_seconds"])) / float(a["clock_scale"])
+        tokens = float(a["total_output_tokens"]) - float(b["total_output_tokens"])
+        if busy <= 0 or self.duration_s <= 0:
+            return None
+        return {
+            "engine_busy_seconds": busy,
+            "engine_output_tokens": tokens,
+            "exact_output_throughput": tokens / busy,
+            "engine_busy_fraction": busy / self.duration_s,
+        }
 
     def metrics(self) -> dict[str, float | int | None]:
         """Aggregates with SGLang bench_serving's key names (times in ms).
@@ -413,6 +439,9 @@ class CellResult:
         out["spec_verify_ct"] = total_verify if verify else None
         out["server_accept_length"] = self.server_accept_length
         out["accept_length"] = self.server_accept_length if self.server_accept_length is not None else req_accept
+        engine = self.engine_accounting()
+        if engine is not None:
+            out.update(engine)
         return out
 
 
@@ -427,6 +456,30 @@ def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return None
+
+
+def _internal_state(endpoint: Endpoint, notes: list[str]) -> dict[str, Any]:
+    """``internal_states[0]`` of /server_info (empty, with a note, when unavailable)."""
+    try:
+        info = endpoint.get_json("/server_info", "/get_server_info")
+    except (LoadError, OSError, ValueError, http.client.HTTPException) as exc:
+        notes.append(f"/server_info unavailable: {exc}")
+        return {}
+    out: dict[str, Any] = {}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        out = dict(states[0])
+    else:
+        value = server_accept_length(info)
+        if value is not None:
+            out["avg_spec_accept_length"] = value
+    if _num(info.get("clock_scale")):
+        out["clock_scale"] = float(info["clock_scale"])
+    return out
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def vocab_size_of(endpoint: Endpoint) -> int:
@@ -493,6 +546,9 @@ def run_cell(
 
     Order: warm-up (``warmup_requests`` at the cell's concurrency, excluded), /flush_cache
     (resets the server's acceptance counter), the measured closed loop, /server_info.
+    ``internal_states[0]`` is read right before and after the measured loop, so exact
+    engine counters (the reference engine's token and simulated busy-time accounting) can
+    be differenced over the measured phase: see :meth:`CellResult.engine_accounting`.
     Prompts depend only on (cell name, request index, ``seed``), so every repeat and every
     session sends the same prompts: the flush keeps prefix caching out of the numbers and
     identical prompts keep acceptance comparable with the baseline.
@@ -515,19 +571,12 @@ def run_cell(
             notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
     if flush and not endpoint.flush_cache(flush_deadline_s):
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
+    before = _internal_state(endpoint, notes)
     requests, duration = _run_closed_loop(
         endpoint, workload.concurrency, prompts, workload.output_tokens, extra_sampling_params
     )
-    server_state: dict[str, Any] = {}
-    accept: float | None = None
-    try:
-        info = endpoint.get_json("/server_info", "/get_server_info")
-        accept = server_accept_length(info)
-        states = info.get("internal_states")
-        if isinstance(states, list) and states and isinstance(states[0], dict):
-            server_state = dict(states[0])
-    except (LoadError, OSError, ValueError, http.client.HTTPException) as exc:
-        notes.append(f"/server_info unavailable after the cell: {exc}")
+    server_state = _internal_state(endpoint, notes)
+    accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(
         cell=workload.name,
         workload=workload_dict(workload),
@@ -536,5 +585,6 @@ def run_cell(
         warmup_failed=warmup_failed,
         server_accept_length=accept,
         server_state=server_state,
+        server_state_before=before,
         notes=notes,
     )

@@ -206,6 +206,8 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
         return float((r.get("metrics") or {}).get("output_throughput") or 0.0)
 
     winners: dict[tuple[int, int], str] = {}
+    aggregate: list[str] = []
+    single: list[str] = []
     for (c, ctx) in sorted(by_cell):
         if c not in (top_c, low_c):
             continue
@@ -213,13 +215,15 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
         winners[(c, ctx)] = str(winner["config"])
         margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
         if c == top_c:
-            out.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
-                       f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
+            aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
+                             f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         if c == low_c and top_c != low_c:
             per = (winner.get("metrics") or {}).get("median_request_output_throughput")
             speed = f"{float(per):.1f} tok/s per request" if _num(per) else f"{tps(winner):.1f} tok/s"
-            out.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
-                       f"{winner['config']} with {speed}{margin}.")
+            single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
+                          f"{winner['config']} with {speed}{margin}.")
+    out.extend(aggregate)
+    out.extend(single)
     crossover = sorted({(ctx, winners.get((top_c, ctx)), winners.get((low_c, ctx))) for (_, ctx) in winners})
     for ctx, hi, lo in crossover:
         if hi and lo and hi != lo:
@@ -388,8 +392,9 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
     the recommended default).
     """
     throughput = normalize(records)
-    others = [dict(r) for r in records if r.get("kind") not in (None, "throughput")]
+    others = [dict(r) for r in records if not str(r.get("kind", "throughput")).startswith("throughput")]
     payload = results_json(throughput)
+    payload["throughput_repeats"] = [dict(r) for r in records if r.get("kind") == "throughput-repeat"]
     payload["records"] = others
     md_parts = ["# pytest-ddtree results", ""]
     if throughput:
