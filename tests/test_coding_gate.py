@@ -27,7 +27,8 @@ FENCE = "```"
 
 def write_profile(directory: Path, repo_root: Path, engine_args: str = "", **overrides: Any) -> Path:
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    raw["command"] = raw["command"].replace("{config_args}", f"{engine_args} {{config_args}}".strip())
+    # a 100x simulated clock: these tests check outputs, not timing
+    raw["command"] = raw["command"].replace("--clock-scale 10", "--clock-scale 100").replace("{config_args}", f"{engine_args} {{config_args}}".strip())
     raw["hardware_profile"] = "testhw"
     raw["pool"] = 1
     raw.update(overrides)
