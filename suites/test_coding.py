@@ -75,4 +75,5 @@ def test_coding_gate(
             pytrace=False,
         )
     if not gate.passed:
-        pytest.fail(f"{gate.message}\n\n{coding.failure_details(results, gate.regressions)}\n{table}", pytrace=False)
+        hint = "" if baseline_ids is not None else f"\n(no baseline yet; once the answers are right, create it with: {ddtree_baselines.create_command(ddtree_config.name)})"
+        pytest.fail(f"{gate.message}{hint}\n\n{coding.failure_details(results, gate.regressions)}\n{table}", pytrace=False)

@@ -54,6 +54,8 @@ def test_lossless_gate(
         except lossless.LosslessError as exc:
             pytest.fail(str(exc), pytrace=False)
         source = f"golden transcripts in {golden_dir}"
+        if missing and ddtree_settings.require_baselines:
+            pytest.fail("golden transcripts missing or stale (--ddtree-require-baselines):\n" + "\n".join(missing), pytrace=False)
         if not reference:
             message = f"no usable golden transcripts in {golden_dir}; create them with: {create}"
             if ddtree_settings.require_baselines:
