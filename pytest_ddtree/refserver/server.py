@@ -452,25 +452,49 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return eng
 
-    def _finish_generation(self) -> None:
-        """Count a completed request; apply exit-after / hang-after."""
+    def _count_completion(self) -> bool:
+        """Count a completed generation request *before* its response goes out and
+        apply hang-after; True when exit-after says the process must exit after it.
+
+        Counting first closes races: a client that got the N-th answer can never slip
+        another request in before the hang starts.
+        """
         st = self.state
         with st.lock:
             st.gen_requests_done += 1
             done = st.gen_requests_done
         f = st.faults
-        if f.exit_after is not None and done >= f.exit_after:
-            try:
-                self.wfile.flush()
-            except OSError:
-                pass
-            st.log(f"ERROR:    Scheduler hit an exception: injected fault exit-after={f.exit_after}; exiting")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
         if f.hang_after is not None and done >= f.hang_after and not st.hung.is_set():
             st.log(f"WARNING:  injected fault hang-after={f.hang_after}: no longer answering")
             st.hung.set()
+        return f.exit_after is not None and done >= f.exit_after
+
+    def _exit_now(self) -> None:
+        st = self.state
+        st.log(f"ERROR:    Scheduler hit an exception: injected fault exit-after={st.faults.exit_after}; exiting")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def send_generation(self, obj: Any) -> None:
+        """The final (non-streaming) answer of a generation request.
+
+        When exit-after fires, the answer is sent without Content-Length and with
+        ``Connection: close``: the client only has the whole body at EOF, i.e. when the
+        process is already exiting, so a harness that checks the process right after
+        the N-th answer reliably sees it gone.
+        """
+        if not self._count_completion():
+            self.send_json(200, obj)
+            return
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        self._exit_now()
 
     def _tokenize_prompt(self, text: Any, input_ids: Any) -> list[int]:
         models = self.state.models
@@ -552,19 +576,20 @@ class Handler(BaseHTTPRequestHandler):
         eng.submit(req)
         if not stream:
             self._wait(eng, req)
-            self.send_json(200, {"text": self._text(req, len(req.output_ids)), "output_ids": list(req.output_ids), "meta_info": self._meta(req)})
-            self._finish_generation()
+            self.send_generation({"text": self._text(req, len(req.output_ids)), "output_ids": list(req.output_ids), "meta_info": self._meta(req)})
             return
         self.start_stream()
         try:
             for ev in self._events(eng, req):
                 n = ev.n_visible
                 self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": self._meta(req, n, ev.finished)})
+            exit_now = self._count_completion()
             self.end_stream()
         except (BrokenPipeError, ConnectionResetError):
             eng.abort(req)
             raise
-        self._finish_generation()
+        if exit_now:
+            self._exit_now()
 
     def _openai_common(self, body: dict[str, Any], default_max: int) -> SamplingParams:
         n = body.get("n", 1)
@@ -654,8 +679,7 @@ class Handler(BaseHTTPRequestHandler):
                 meta = self._meta(req)
                 choice["meta_info"] = meta
                 resp["meta_info"] = meta
-            self.send_json(200, resp)
-            self._finish_generation()
+            self.send_generation(resp)
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -691,11 +715,13 @@ class Handler(BaseHTTPRequestHandler):
                     self.sse(c)
             if include_usage:
                 self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req)})
+            exit_now = self._count_completion()
             self.end_stream()
         except (BrokenPipeError, ConnectionResetError):
             eng.abort(req)
             raise
-        self._finish_generation()
+        if exit_now:
+            self._exit_now()
 
 
 class RefHTTPServer(ThreadingHTTPServer):
