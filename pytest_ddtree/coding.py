@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -119,8 +120,10 @@ class Problem:
 
 
 def problems_dir() -> Path:
-    """``suites/coding`` of this checkout (the problems ship with the suites)."""
-    return REPO_ROOT / "suites" / "coding"
+    """``suites/coding`` of this checkout (the problems ship with the suites, which users run
+    from a checkout); ``DDTREE_CODING_DIR`` points elsewhere (e.g. a private problem set)."""
+    override = os.environ.get("DDTREE_CODING_DIR")
+    return Path(override) if override else REPO_ROOT / "suites" / "coding"
 
 
 def _require_str(raw: Mapping[str, Any], key: str, path: Path, *, multiline: bool = False) -> str:
