@@ -22,10 +22,10 @@ from pytest_ddtree.service.profile import ProfileError
 
 SESSION_KEY = pytest.StashKey[DDTreeSession]()
 FINISH_KEY = pytest.StashKey[FinishOutcome]()
+SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
-WORKER_LOADGROUP_KEY = "ddtree_loadgroup"
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -43,13 +43,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """With ``-n`` and no ``--dist``, use loadgroup: each config's tests stay on one worker."""
+    """With ``-n`` and no explicit ``--dist``, schedule by config (see scheduling.py)."""
     if not getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") not in ("no", "load"):
         return
     # xdist turns "no" into "load" in its own (also tryfirst) hook; only an explicit --dist wins.
     args = [*config.invocation_params.args, *config.getini("addopts")]
-    if not any(str(arg).startswith(("--dist", "-d")) for arg in args):
-        config.option.dist = "loadgroup"
+    if not any(str(arg).startswith("--dist") or str(arg) == "-d" for arg in args):
+        config.stash[SCHEDULE_BY_CONFIG_KEY] = True
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if not config.stash.get(SCHEDULE_BY_CONFIG_KEY, False):
+        return None
+    from pytest_ddtree.scheduling import ConfigScheduling
+
+    return ConfigScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,8 +72,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
         settings = _replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
     worker_id = worker_input.get("workerid") if worker_input else None
-    if worker_input.get(WORKER_LOADGROUP_KEY):
-        config.option.loadgroup = True
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
     def progress(message: str) -> None:
@@ -122,14 +129,12 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
             raise pytest.UsageError(f"--ddtree-package {settings.package}: {exc}") from None
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller -> worker: share one results folder and timestamp."""
     session = _session(node.config)
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
     node.workerinput[WORKER_RESULTS_KEY] = str(session.settings.results)
-    # Workers re-parse the command line, so a loadgroup chosen by pytest_cmdline_main above
-    # would not reach xdist's worker-side grouping without this.
-    node.workerinput[WORKER_LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -168,10 +173,11 @@ def _item_config(item: pytest.Item) -> DDTreeConfig | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order by config (stable inside a config) and pin each config to one xdist worker.
+    """Order by config (stable inside a config) and mark each test with its config's group.
 
-    tryfirst: xdist's worker turns ``xdist_group`` markers into nodeid suffixes in its own
-    modifyitems hook, which must see the markers added here.
+    The default ``-n`` scheduling groups by config (scheduling.py); the ``xdist_group`` marker
+    serves users who choose ``--dist loadgroup`` themselves. tryfirst: xdist's worker reads the
+    markers in its own modifyitems hook.
     """
     selected = [c.name for c in _session(config).selected_configs] if any(_item_config(i) for i in items) else []
     order = {name: index for index, name in enumerate(selected)}

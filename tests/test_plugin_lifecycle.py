@@ -141,10 +141,14 @@ def test_ignored_config_fails_the_applied_check_with_a_diff(pytester: pytest.Pyt
 def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root, "--fault exit-after=2")
     result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
-    result.assert_outcomes(passed=4, errors=4)
+    outcomes = result.parseoutcomes()
+    # The third request of a config may reach the engine while it exits (a connection error in
+    # the test itself) or after the harness noticed the exit (an error at setup): either way
+    # the rest of the config fails, and the next config starts fresh and passes its first two.
+    assert outcomes.get("passed") == 4 and outcomes.get("failed", 0) + outcomes.get("errors", 0) == 4, outcomes
     for config in ("bs8_b4_k4", "bs8_b8_k4"):
         result.stdout.fnmatch_lines([f"PASSED test_gate.py::test_one[[]{config}[]]*", f"PASSED test_gate.py::test_two[[]{config}[]]*"])
-        result.stdout.fnmatch_lines([f"ERROR test_gate.py::test_four[[]{config}[]]*"])
+        result.stdout.re_match_lines([rf"(FAILED|ERROR) test_gate.py::test_four\[{config}\]"])
     assert "exited during the run" in result.stdout.str()
 
 
