@@ -68,6 +68,12 @@ def test_significant_but_within_tolerance_passes() -> None:
     assert gate.compare_cell("c8_short", _entry(), now).status == gate.PASS
 
 
+def test_absolute_floor_keeps_ms_noise_out() -> None:
+    now = {"median_ttft_ms": [28.0, 29.0, 28.5]}  # +40%, but 8.5 ms < the 10 ms floor
+    assert gate.compare_cell("c8_short", _entry(), now).status == gate.PASS
+    assert _entry()["gates"]["median_ttft_ms"]["min_change"] == 10.0
+
+
 def test_lower_is_better_metric_regresses_upwards() -> None:
     now = {"median_ttft_ms": [40.0, 41.0, 39.0]}
     v = gate.compare_cell("c8_short", _entry(), now)

@@ -1,0 +1,135 @@
+"""suites/test_throughput.py end to end against real reference engines (pytester).
+
+The engines run tiny workloads at a fast simulated clock, so each session takes seconds;
+faults make the engine slower (``slowdown``) or flaky (``http500-rate``) on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+MATRIX = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4, bs8_b4_k4]
+workload_defaults: {output_tokens: 32}
+workloads:
+  - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 2, warmup_requests: 1}
+  - {name: c4_tiny, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}
+  - {name: c1_huge, concurrency: 1, context_tokens: 999999, requests: 1, warmup_requests: 0}
+"""
+
+
+def _setup(pytester: pytest.Pytester, repo_root: Path, engine_args: str = "", pool: int = 1) -> tuple[Path, Path]:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    extra = f"--clock-scale 5 {engine_args}".strip()
+    raw["command"] = raw["command"].replace("{config_args}", f"{extra} {{config_args}}")
+    raw["pool"] = pool
+    raw["max_context"] = 4096
+    profile = pytester.path / f"profile{abs(hash(engine_args))}.yaml"
+    profile.write_text(yaml.safe_dump(raw))
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text(MATRIX)
+    return profile, matrix
+
+
+def _run(pytester: pytest.Pytester, repo_root: Path, profile: Path, matrix: Path, *args: str,
+         config: str = "bs8_b8_k4") -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"),
+        f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
+        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        f"--ddtree-config={config}", "-p", "no:cacheprovider", "-rA", *args, timeout=240,
+    )
+
+
+def _records(pytester: pytest.Pytester, kind: str = "throughput") -> list[dict[str, Any]]:
+    out = []
+    for path in (pytester.path / "results").glob("records-*.jsonl"):
+        out += [r for line in path.read_text().splitlines() if (r := json.loads(line)).get("kind") == kind]
+    return out
+
+
+def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile, matrix = _setup(pytester, repo_root)
+    # 1. no baseline: a warning with the command that creates it
+    result = _run(pytester, repo_root, profile, matrix)
+    result.assert_outcomes(passed=2, skipped=1, warnings=2)
+    result.stdout.fnmatch_lines(["*c1_tiny: no baseline for this cell in *bs8_b8_k4.yaml; create it with: "
+                                 "pytest suites --ddtree-update-baselines*--ddtree-config=bs8_b8_k4*",
+                                 "*c1_huge: context 999999 tokens exceeds the profile's max_context 4096*"])
+    # 2. the update flow writes reviewable YAML through the controller, also under xdist
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", "-n", "2",
+                  config="bs8_b8_k4,bs8_b4_k4")
+    result.assert_outcomes(passed=4, skipped=2)
+    for config in ("bs8_b8_k4", "bs8_b4_k4"):
+        data = yaml.safe_load((pytester.path / "baselines" / "refserver" / f"{config}.yaml").read_text())
+        assert sorted(data["metrics"]) == ["c1_tiny", "c4_tiny"]
+        gate = data["metrics"]["c4_tiny"]["gates"]["output_throughput"]
+        assert gate["direction"] == "higher" and len(gate["samples"]) >= 3 and gate["tolerance"] == 0.05
+        assert data["fingerprint"]["name"] == "refserver"
+    assert not list((pytester.path / "baselines").rglob("*.tmp"))
+    # 3. unchanged engine passes; table and results land in the results folder
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix)
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*bs8_b8_k4*c4_tiny*4*pass*", "*Best aggregate throughput*"])
+    results = json.loads((pytester.path / "results" / "results.json").read_text())
+    cell = next(c for c in results["throughput"] if c["cell"] == "c4_tiny")
+    assert cell["output_throughput"] > 0 and cell["completed"] == 8 and cell["accept_length"] > 1
+    # 4. a slower engine fails the gate, saying by how much and how sure
+    slow, _ = _setup(pytester, repo_root, "--fault slowdown=1.3")
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, slow, matrix)
+    assert result.ret == 1
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*bs8_b8_k4 c4_tiny: REGRESSION*",
+                                 "*output_throughput: * tok/s, -*% (95% CI *): REGRESSION beyond the 5% tolerance, "
+                                 "Mann-Whitney p=* <= 0.05*"])
+    # 5. a corrupt baseline is a clear error naming the file and the fix
+    (pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").write_text("metrics: {c1_tiny: [oops\n")
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix)
+    result.assert_outcomes(failed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*corrupt baseline *bs8_b8_k4.yaml: YAML error*Fix or delete it*"])
+
+
+def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.Pytester, repo_root: Path) -> None:
+    flaky, matrix = _setup(pytester, repo_root, "--fault http500-rate=0.6")
+    result = _run(pytester, repo_root, flaky, matrix, "--ddtree-require-baselines")
+    result.assert_outcomes(failed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*INVALID measurement (not a regression, not a pass)*", "*HTTP 500*"])
+    recs = _records(pytester)
+    assert {r["status"] for r in recs} == {"invalid"}
+    assert all(r["measurement_status"] == "invalid" and r["problems"] for r in recs)
+    assert _records(pytester, "throughput-repeat"), "each repeat is recorded as it is measured"
+    # the same without faults: a missing baseline fails under --ddtree-require-baselines
+    profile, _ = _setup(pytester, repo_root)
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-require-baselines", "--ddtree-workload=c1_*")
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*no baseline for this cell*create it with: pytest suites --ddtree-update-baselines*"
+                                 "(--ddtree-require-baselines)*"])
+
+
+def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_root: Path) -> None:
+    profile, matrix = _setup(pytester, repo_root)
+    bench = pytester.path / "bench.json"
+    result = _run(pytester, repo_root, profile, matrix, f"--benchmark-json={bench}", "--ddtree-workload=c4_*")
+    result.assert_outcomes(passed=1, warnings=1)
+    (entry,) = json.loads(bench.read_text())["benchmarks"]
+    info = entry["extra_info"]
+    assert info["cell"] == "c4_tiny" and info["config"] == "bs8_b8_k4" and info["status"] == "missing"
+    assert info["output_throughput"] > 0 and info["completed"] == 8
+    assert entry["stats"]["rounds"] == info["repeats"] >= 3
+    assert 0.05 < entry["stats"]["median"] < 30  # a replayed repeat duration, in seconds
+    # without pytest-benchmark the gate still runs
+    result = _run(pytester, repo_root, profile, matrix, "-p", "no:benchmark", "--ddtree-workload=c4_*")
+    result.assert_outcomes(passed=1, warnings=1)
