@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pytest_ddtree import stats
 
@@ -262,6 +262,39 @@ def compare_cell(
     return CellVerdict(cell, cell_status, tuple(verdicts), tuple(reasons))
 
 
+#: Below this median engine busy fraction (engines that report their simulated clock: the
+#: reference engine) the host, not the config, set the pace: the cell is inconclusive.
+MIN_ENGINE_BUSY_FRACTION = 0.85
+
+
+def measurement_status(
+    policy: stats.RepeatPolicy,
+    primary: Sequence[float],
+    invalid: bool,
+    repeats: Sequence[Mapping[str, Any]],
+    problems: Sequence[str] = (),
+    min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION,
+) -> tuple[str, list[str]]:
+    """The status of a measured cell and the reasons behind a non-valid one.
+
+    invalid: errors or wrong token counts in any repeat; inconclusive: the repeats disagree
+    (policy), or the engine reports that it could not keep its simulated clock (the
+    reference engine's busy time over our wall time is low: an overloaded host or a client
+    that cannot keep up - the numbers would describe the machine, not the config).
+    """
+    status = policy.status(primary, invalid=invalid)
+    if status == stats.INVALID:
+        return status, list(problems)[:20] or ["measurement invalid"]
+    if status == stats.INCONCLUSIVE:
+        return status, [f"repeats disagree: output tok/s {[round(p, 1) for p in primary]}"]
+    fractions = [float(f) for m in repeats if _is_number(f := m.get("engine_busy_fraction"))]
+    if fractions and stats.median(fractions) < min_busy_fraction:
+        return stats.INCONCLUSIVE, [
+            f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "
+            "client too slow): the numbers describe the machine, not the config; rerun on a quieter machine"]
+    return status, []
+
+
 def _round(x: float) -> float:
     """6 significant digits: reviewable diffs, no float noise in the YAML."""
     if x == 0 or not math.isfinite(x):
@@ -327,5 +360,5 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
     return dict(section)
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))

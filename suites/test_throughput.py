@@ -41,9 +41,6 @@ MAX_EXTRA_REPEATS = 2
 TARGET_REL_CI = 0.03
 #: ... and call the cell inconclusive when it ends wider than +-10%.
 INCONCLUSIVE_REL_CI = 0.10
-#: Below this median engine busy fraction (engines that report their clock: the reference
-#: engine) the host, not the config, set the pace: the cell is inconclusive, not a verdict.
-MIN_ENGINE_BUSY_FRACTION = 0.85
 #: Per-request timeout of the load generator.
 REQUEST_TIMEOUT_S = 600.0
 
@@ -189,13 +186,7 @@ def test_throughput(
     repeats = [s.metrics() for s in valid]
     problems = [p for s in run.samples for p in s.problems()]
     notes = sorted({n for s in run.samples for n in s.notes})
-    status = campaign.policy.status(run.primary, invalid=run.invalid)
-    fractions = [float(f) for m in repeats if isinstance(f := m.get("engine_busy_fraction"), (int, float))]
-    why: list[str] = problems[:20] if status == stats.INVALID else []
-    if status == stats.VALID and fractions and stats.median(fractions) < MIN_ENGINE_BUSY_FRACTION:
-        status = "inconclusive"
-        why.append(f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded "
-                     "or client too slow): the numbers describe the machine, not the config")
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
     samples = {
         spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
         for spec in gate.GATED_METRICS

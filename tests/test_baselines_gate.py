@@ -156,3 +156,19 @@ def test_concurrent_writers_never_corrupt_a_baseline(tmp_path: Path) -> None:
     assert sorted(final["metrics"]) == ["cell0", "cell1", "cell2", "cell3"]
     assert final["metrics"]["cell3"]["gates"]["output_throughput"]["median"] == 314.0
     assert not list(store.directory.glob(".*.tmp"))
+
+
+def test_measurement_status_flags_an_overloaded_host() -> None:
+    from pytest_ddtree import stats
+
+    policy = stats.RepeatPolicy()
+    ok = [{"engine_busy_fraction": 0.97}] * 3
+    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok) == ("valid", [])
+    status, why = gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"engine_busy_fraction": 0.6}] * 3)
+    assert status == "inconclusive" and "busy only 60%" in why[0]
+    assert gate.measurement_status(policy, [100.0], True, ok, ["boom"]) == ("invalid", ["boom"])
+    status, why = gate.measurement_status(policy, [100.0, 160.0, 60.0], False, ok)
+    assert status == "inconclusive" and "repeats disagree" in why[0]
+    # an overloaded measurement is never a regression, even when it is far off
+    v = gate.compare_cell("c", _entry(), {"output_throughput": [500.0] * 3}, status="inconclusive", problems=why)
+    assert v.status == gate.INCONCLUSIVE and not v.failed
