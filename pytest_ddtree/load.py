@@ -271,7 +271,7 @@ def stream_request(
     body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling, "stream": True}).encode()
     conn = endpoint.connect()
     last: float | None = None
-    meta: Mapping[str, Any] = {}
+    last_payload = b"{}"
     clock = time.perf_counter
     result.start = clock()
     try:
@@ -295,20 +295,21 @@ def stream_request(
                 result.end = t
                 done = True
                 break
-            chunk = json.loads(payload)
-            if not isinstance(chunk, dict):
-                raise ValueError(f"stream chunk is not a JSON object: {payload[:80]!r}")
-            if "error" in chunk:
-                raise ValueError(f"server error in stream: {chunk['error']}")
-            meta = chunk.get("meta_info") or {}
-            count = meta.get("completion_tokens")
-            if not isinstance(count, int):
-                raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
+            count = _fast_completion_tokens(payload)
+            if count is None:  # unusual chunk (error, no meta_info): parse it fully
+                count = _chunk_meta(payload).get("completion_tokens")
+                if not isinstance(count, int):
+                    raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
+            last_payload = payload
             result.chunks += 1
             last = apply_chunk(result, t, count, last)
         if not done:
             result.end = clock()
             raise ValueError("stream ended without 'data: [DONE]'")
+        meta = _chunk_meta(last_payload)
+        if meta.get("completion_tokens") != result.completion_tokens:
+            raise ValueError(f"last chunk says {meta.get('completion_tokens')} tokens, the stream counted "
+                             f"{result.completion_tokens}")
         result.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
         result.spec_verify_ct = _int_or_none(meta.get("spec_verify_ct"))
         if result.ttft_s is None:
@@ -321,6 +322,42 @@ def stream_request(
     finally:
         conn.close()
     return result
+
+
+_CT_KEY = b'"completion_tokens":'
+
+
+def _fast_completion_tokens(payload: bytes) -> int | None:
+    """``meta_info.completion_tokens`` of a chunk without parsing it.
+
+    SGLang streams the *cumulative* text (and output ids) in every chunk, so parsing each
+    chunk is quadratic in the output length and dominates the client's CPU. The key is
+    found from the end (meta_info comes last); inside the generated text a quote would be
+    escaped (``\\"completion_tokens\\":``), so the unescaped pattern only matches the key.
+    The last chunk is always parsed fully and must agree (see :func:`stream_request`).
+    """
+    i = payload.rfind(_CT_KEY)
+    if i < 0 or payload.lstrip().startswith(b'{"error"'):
+        return None
+    j = i + len(_CT_KEY)
+    n = len(payload)
+    while j < n and payload[j] in b" \t":
+        j += 1
+    k = j
+    while k < n and 48 <= payload[k] <= 57:
+        k += 1
+    return int(payload[j:k]) if k > j else None
+
+
+def _chunk_meta(payload: bytes) -> Mapping[str, Any]:
+    """Fully parse one chunk; raise ValueError for errors and non-objects."""
+    chunk = json.loads(payload)
+    if not isinstance(chunk, dict):
+        raise ValueError(f"stream chunk is not a JSON object: {payload[:80]!r}")
+    if "error" in chunk:
+        raise ValueError(f"server error in stream: {chunk['error']}")
+    meta = chunk.get("meta_info") or {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _int_or_none(value: Any) -> int | None:

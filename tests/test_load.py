@@ -103,3 +103,15 @@ def test_failed_flush_is_noted() -> None:
         res = load.run_cell(url, cell, flush_deadline_s=0.2)
     assert any("flush_cache" in n for n in res.notes)
     assert res.valid  # a stale acceptance counter is a note, not an invalid measurement
+
+
+def test_fast_token_count_is_not_fooled_by_the_text() -> None:
+    import json
+
+    evil = json.dumps({"text": 'he said "completion_tokens": 99', "meta_info": {"completion_tokens": 7}}).encode()
+    assert load._fast_completion_tokens(evil) == 7
+    first = json.dumps({"meta_info": {"completion_tokens": 12}, "text": '"completion_tokens": 5'}).encode()
+    assert load._fast_completion_tokens(first) == 12
+    assert load._fast_completion_tokens(b'{"error": {"message": "x"}}') is None
+    with pytest.raises(ValueError, match="server error"):
+        load._chunk_meta(b'{"error": {"message": "x"}}')

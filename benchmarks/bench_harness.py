@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Benchmarks of the measurement harness itself (prints figures; not a test).
+
+Why: a gate is only as good as its instrument. Three questions, three sections:
+
+(a) fidelity   - does the load generator's output tok/s agree with the reference engine's
+                 exact accounting (tokens it produced / the time its simulated clock was
+                 busy) within 2% at concurrency 1, 8 and 32? Token counts must agree exactly.
+(b) capacity   - how many output tok/s can the load generator consume on one core, and at
+                 what CPU cost per token, from an engine that adds no delay? Two sources:
+                 a raw SSE streamer (one token per chunk: the client's worst case) and the
+                 reference engine with a huge --clock-scale (its own CPU becomes the limit).
+(c) gate       - over 50 unchanged runs of a cell on an engine with ``--fault clock-jitter``,
+                 how often does the gate raise a false alarm (target <= 2%)? With
+                 ``--fault slowdown=1.1`` (10% slower), how often does it catch it (>= 95%)?
+                 Repeats are measured once into two pools (interleaved in time so drift hits
+                 both alike) and each "run" draws a disjoint baseline triple and current triple
+                 from them (seeded), then runs the real gate (``gate.compare_cell``).
+
+Usage: python benchmarks/bench_harness.py [--only fidelity,capacity,gate] [--runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pytest_ddtree import gate, load, stats  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def refserver(*args: str) -> Iterator[str]:
+    """A reference engine process on a free port; yields its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, _ = load.Endpoint(url, timeout_s=2).call("GET", "/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"refserver {' '.join(args)} did not start: {err[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def pin(cpus: set[int]) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------- (a)
+
+
+def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
+    rows = []
+    cells = [
+        load.Cell("c1", 1, 128, output_tokens, 6, 1),
+        load.Cell("c8", 8, 128, output_tokens, 24, 8),
+        load.Cell("c32", 32, 128, output_tokens, 64, 32),
+    ]
+    with refserver("--clock-scale", str(clock_scale)) as url:
+        for cell in cells:
+            res = load.run_cell(url, cell)
+            m = res.metrics()
+            eng = res.engine_accounting() or {}
+            measured = float(m["output_throughput"] or 0)
+            exact = float(eng.get("exact_output_throughput", float("nan")))
+            rows.append({
+                "concurrency": cell.concurrency,
+                "measured_tok_s": measured,
+                "exact_tok_s": exact,
+                "error_pct": (measured / exact - 1) * 100,
+                "tokens_measured": m["total_output_tokens"],
+                "tokens_engine": eng.get("engine_output_tokens"),
+                "valid": res.valid,
+            })
+    return rows
+
+
+# ---------------------------------------------------------------------------------- (b)
+
+
+def _raw_streamer(port: int, tokens_per_chunk: int) -> None:
+    """A no-delay SSE /generate: cumulative meta_info counts, one chunk per k tokens."""
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"vocab_size": 1000, "internal_states": [{}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if self.path != "/generate":
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            n = int(req["sampling_params"]["max_new_tokens"])
+            p = len(req["input_ids"])
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            out = []
+            done = 0
+            while done < n:
+                done = min(n, done + tokens_per_chunk)
+                meta = {"prompt_tokens": p, "completion_tokens": done, "spec_verify_ct": done}
+                out.append(b"data: " + json.dumps({"text": "", "meta_info": meta}).encode() + b"\n\n")
+            out.append(b"data: [DONE]\n\n")
+            for chunk in out:
+                self.wfile.write(chunk)
+
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+
+
+def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[str, Any]]:
+    import multiprocessing
+
+    rows = []
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    client_cpu, server_cpu = {cpus[0]}, set(cpus[1:] or cpus)
+    cell = load.Cell("cap", concurrency, 32, output_tokens, requests, 0)
+
+    def measure(url: str, source: str) -> None:
+        pin(client_cpu)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        res = load.run_cell(url, cell, warmup=False)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        pin(set(cpus))
+        m = res.metrics()
+        tokens = int(m["total_output_tokens"] or 0)
+        chunks = sum(r.chunks for r in res.requests)
+        rows.append({
+            "source": source,
+            "output_tok_s": float(m["output_throughput"] or 0),
+            "tokens": tokens,
+            "chunks": chunks,
+            "client_cpu_s": cpu,
+            "client_cpu_util": cpu / wall,
+            "cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
+            "cpu_us_per_chunk": cpu / chunks * 1e6 if chunks else float("nan"),
+            "client_ceiling_tok_s": tokens / cpu if cpu > 0 else float("nan"),
+            "valid": res.valid,
+        })
+
+    ctx = multiprocessing.get_context("fork")
+    for k in (1, 5):
+        port = free_port()
+        proc = ctx.Process(target=lambda: (pin(server_cpu), _raw_streamer(port, k)), daemon=True)
+        proc.start()
+        time.sleep(0.5)
+        try:
+            measure(f"http://127.0.0.1:{port}", f"raw SSE, {k} token(s)/chunk")
+        finally:
+            proc.terminate()
+            proc.join()
+    with refserver("--clock-scale", "1000000") as url:
+        load.run_cell(url, cell, warmup=False)  # warm the engine's caches
+        measure(url, "refserver --clock-scale 1e6")
+    return rows
+
+
+# ---------------------------------------------------------------------------------- (c)
+
+
+def gate_quality(runs: int, jitter: float, clock_scale: float, pool_unchanged: int, pool_slow: int,
+                 seed: int = 7) -> dict[str, Any]:
+    cell = load.Cell("c8_short", 8, 128, 64, 16, 8)
+    policy = stats.RepeatPolicy()
+    unchanged: list[dict[str, Any]] = []
+    slow: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with refserver("--clock-scale", str(clock_scale), "--fault", f"clock-jitter={jitter}") as u_url, \
+            refserver("--clock-scale", str(clock_scale), "--fault", f"clock-jitter={jitter}",
+                      "--fault", "slowdown=1.1") as s_url:
+        for i in range(max(pool_unchanged, pool_slow)):  # interleaved in time
+            if i < pool_unchanged:
+                r = load.run_cell(u_url, cell)
+                unchanged.append(r.metrics() if r.valid else {})
+            if i < pool_slow:
+                r = load.run_cell(s_url, cell)
+                slow.append(r.metrics() if r.valid else {})
+    measure_s = time.perf_counter() - t0
+    rng = random.Random(seed)
+    workload = load.workload_dict(cell)
+
+    def samples(ms: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+        return {s.key: [float(m[s.key]) for m in ms if isinstance(m.get(s.key), (int, float))]
+                for s in gate.GATED_METRICS}
+
+    def one(pool_b: list[dict[str, Any]], pool_c: list[dict[str, Any]], same: bool) -> str:
+        if same:
+            picks = rng.sample(range(len(pool_b)), 6)
+            b, c = [pool_b[i] for i in picks[:3]], [pool_b[i] for i in picks[3:]]
+        else:
+            b = [pool_b[i] for i in rng.sample(range(len(pool_b)), 3)]
+            c = [pool_c[i] for i in rng.sample(range(len(pool_c)), 3)]
+        if not all(b) or not all(c):
+            return "invalid"
+        entry = gate.baseline_cell_entry(workload, samples(b))
+        cur = samples(c)
+        status, why = gate.measurement_status(policy, cur["output_throughput"], False, c)
+        return gate.compare_cell(cell.name, entry, cur, status=status, problems=why, workload=workload).status
+
+    false_alarm = [one(unchanged, unchanged, True) for _ in range(runs)]
+    caught = [one(unchanged, slow, False) for _ in range(runs)]
+
+    def spread(pool: list[dict[str, Any]]) -> dict[str, float]:
+        v = [float(m["output_throughput"]) for m in pool if m]
+        return {"median": stats.median(v), "mad_pct": stats.mad(v) / stats.median(v) * 100, "n": len(v)}
+
+    return {
+        "runs": runs, "jitter": jitter, "clock_scale": clock_scale, "measure_s": measure_s,
+        "unchanged_pool": spread(unchanged), "slow_pool": spread(slow),
+        "slowdown_observed_pct": (spread(slow)["median"] / spread(unchanged)["median"] - 1) * 100,
+        "unchanged_verdicts": {s: false_alarm.count(s) for s in sorted(set(false_alarm))},
+        "slowdown_verdicts": {s: caught.count(s) for s in sorted(set(caught))},
+        "false_alarm_rate": false_alarm.count(gate.REGRESSION) / runs,
+        "detection_rate": caught.count(gate.REGRESSION) / runs,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="fidelity,capacity,gate")
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--fidelity-clock-scale", type=float, default=2.0)
+    ap.add_argument("--gate-clock-scale", type=float, default=5.0)
+    ap.add_argument("--jitter", type=float, default=0.2)
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    figures: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                               "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    ok = True
+    if "fidelity" in only:
+        rows = fidelity(args.fidelity_clock_scale, 64)
+        figures["fidelity"] = rows
+        print(f"(a) fidelity at --clock-scale {args.fidelity_clock_scale}: measured vs the engine's exact accounting")
+        for r in rows:
+            good = abs(r["error_pct"]) <= 2.0 and r["tokens_measured"] == r["tokens_engine"] and r["valid"]
+            ok &= good
+            print(f"    c{r['concurrency']:<3} measured {r['measured_tok_s']:9.1f} tok/s  exact {r['exact_tok_s']:9.1f} tok/s "
+                  f" error {r['error_pct']:+.2f}%  tokens {r['tokens_measured']} == {r['tokens_engine']}  "
+                  f"{'OK' if good else 'FAIL'}")
+    if "capacity" in only:
+        rows = capacity(output_tokens=2000, requests=64, concurrency=16)
+        figures["capacity"] = rows
+        print("(b) client capacity on one pinned core (no-delay engines, concurrency 16, 2000-token outputs);")
+        print("    'ceiling' = tokens / client CPU seconds: what the client could consume if the engine kept up")
+        for r in rows:
+            print(f"    {r['source']:<30} consumed {r['output_tok_s']:8.0f} tok/s (client core {r['client_cpu_util']:.0%} busy)"
+                  f"  {r['cpu_us_per_token']:5.1f} us CPU/token  {r['cpu_us_per_chunk']:5.1f} us CPU/chunk"
+                  f"  ceiling {r['client_ceiling_tok_s']:8.0f} tok/s")
+    if "gate" in only:
+        g = gate_quality(args.runs, args.jitter, args.gate_clock_scale, pool_unchanged=30, pool_slow=18)
+        figures["gate"] = g
+        fa_ok = g["false_alarm_rate"] <= 0.02
+        det_ok = g["detection_rate"] >= 0.95
+        ok &= fa_ok and det_ok
+        print(f"(c) gate quality, cell c8_short, --fault clock-jitter={g['jitter']}, --clock-scale {g['clock_scale']}, "
+              f"{g['runs']} runs each (pools measured in {g['measure_s']:.0f} s)")
+        print(f"    unchanged pool: median {g['unchanged_pool']['median']:.1f} tok/s, MAD {g['unchanged_pool']['mad_pct']:.2f}%;"
+              f" slowdown=1.1 pool: {g['slowdown_observed_pct']:+.1f}%")
+        print(f"    false alarms {g['false_alarm_rate']:.0%} ({g['unchanged_verdicts']})  {'OK' if fa_ok else 'FAIL'} (<= 2%)")
+        print(f"    slowdown caught {g['detection_rate']:.0%} ({g['slowdown_verdicts']})  {'OK' if det_ok else 'FAIL'} (>= 95%)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
