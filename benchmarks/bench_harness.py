@@ -29,7 +29,7 @@ import random
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,7 +54,8 @@ def refserver(*args: str) -> Iterator[str]:
     """A reference engine process on a free port; yields its URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tempfile.TemporaryFile()  # not a pipe: an unread pipe fills up and blocks the engine
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -66,7 +67,8 @@ def refserver(*args: str) -> Iterator[str]:
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
+                log.seek(0)
+                err = log.read().decode(errors="replace")
                 raise RuntimeError(f"refserver {' '.join(args)} did not start: {err[-2000:]}")
             time.sleep(0.1)
         yield url
@@ -76,6 +78,7 @@ def refserver(*args: str) -> Iterator[str]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def pin(cpus: set[int]) -> None:
