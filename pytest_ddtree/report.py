@@ -256,18 +256,24 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
     """
     parsed = {n: m for n in accept if (m := _NAME_RE.match(n))}
     out: list[str] = []
-    groups: dict[tuple[str, str, str | None], list[tuple[int, str]]] = defaultdict(list)
+    groups: dict[tuple[int, int, str], list[tuple[int, str]]] = defaultdict(list)
     for name, m in parsed.items():
-        groups[(m.group("bs"), m.group("k"), m.group("w"))].append((int(m.group("b")), name))
+        groups[(int(m.group("bs")), int(m.group("k")), m.group("w") or "")].append((int(m.group("b")), name))
     findings: list[str] = []
-    for (bs, _k, _w), members in sorted(groups.items()):
+    flat_steps: list[tuple[float, int, int, str, str, float, float]] = []
+    for _group, members in sorted(groups.items()):
         if len(members) < 2:
             continue
         members.sort()
         (b1, n1), (b2, n2) = members[-2], members[-1]
         a1, a2 = accept[n1], accept[n2]
         if a1 > 0 and (a2 - a1) / a1 < min_gain:
-            findings.append(f"budget {b1} -> {b2} ({n1} -> {n2}) raised acceptance only {a1:.2f} -> {a2:.2f}")
+            flat_steps.append(((a2 - a1) / a1, b1, b2, n1, n2, a1, a2))
+    if flat_steps:
+        gain, b1, b2, n1, n2, a1, a2 = max(flat_steps)
+        others = f" (and {len(flat_steps) - 1} more config families)" if len(flat_steps) > 1 else ""
+        findings.append(f"the last budget step raised acceptance by at most {gain:+.0%}, e.g. budget {b1} -> {b2} "
+                        f"({n1} -> {n2}) only {a1:.2f} -> {a2:.2f}{others}")
     by_bs: dict[int, list[tuple[float, str]]] = defaultdict(list)
     for name, m in parsed.items():
         by_bs[int(m.group("bs"))].append((accept[name], name))

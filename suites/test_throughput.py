@@ -22,6 +22,7 @@ How a config is measured (see DESIGN.md "Measurements and gates"):
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import warnings
 from collections.abc import Iterator
@@ -204,6 +205,8 @@ def test_throughput(
     cell_base = section.get(workload.name)
     verdict = gate.compare_cell(workload.name, cell_base, samples, status=status, problems=why,
                                 workload=workload_info)
+    if ddtree_baselines.update_mode and status == stats.VALID:
+        verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
     record = report.throughput_record(
         config=config, cell=workload.name, workload=workload_info, repeats=repeats, samples=samples,
         measurement_status=status, verdict=verdict.as_dict(), problems=problems[:20], notes=notes,

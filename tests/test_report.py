@@ -60,8 +60,11 @@ def test_recommendations_show_the_crossover_and_drafter_bound() -> None:
 
 def test_drafter_bound_budget_step() -> None:
     out = report.drafter_bound({"bs8_b8_k4": 4.7, "bs8_b16_k4": 4.8, "bs8_b4_k4": 3.5})
-    assert out and "budget 8 -> 16" in out[0]
+    assert out and "budget 8 -> 16" in out[0] and "at most +2%" in out[0]
     assert report.drafter_bound({"bs8_b8_k4": 4.0, "bs8_b16_k4": 4.8}) == []
+    # windows and defaults mixed (a None window must sort)
+    mixed = {"bs8_b8_k4": 4.7, "bs8_b16_k4": 4.8, "bs8_b8_k4_wnone": 4.7, "bs8_b16_k4_wnone": 4.75, "bs8_b8_k4_w1024": 4.1}
+    assert "budget 8 -> 16" in report.drafter_bound(mixed)[0]
 
 
 def test_markdown_and_json(tmp_path: Path) -> None:
