@@ -1,0 +1,86 @@
+"""The product's main job, run exactly as the README says, on the embedded engine.
+
+``pytest suites --ddtree-config=bs8_b8_k4`` with ``--ddtree-package``: every gate runs against a
+real reference engine, the committed baselines gate it, the sweep table is printed, results land
+on disk, and the reproduction package written at session end verifies with ``ddtree-repro`` and
+deploys the session's patched "sglang" onto a pristine copy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_repro import expected_patched, make_site, patch_site
+
+
+def _run(pytester: pytest.Pytester, repo_root: Path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        str(repo_root / "suites"),
+        f"--rootdir={repo_root}",
+        "-p", "no:cacheprovider",
+        *args,
+        timeout=400,
+    )
+
+
+def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester: pytest.Pytester, repo_root: Path) -> None:
+    # a patched "sglang" install and its pristine copy, named in the profile's patches section
+    pristine = make_site(pytester.path / "pristine")
+    installed = make_site(pytester.path / "installed")
+    patch_site(installed)
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["patches"] = {"distribution": "sglang", "site_packages": str(installed), "pristine": str(pristine)}
+    profile = pytester.path / "reference-patched.yaml"
+    profile.write_text(yaml.safe_dump(raw))
+    results = pytester.path / "results"
+    packages = pytester.path / "packages"
+
+    result = _run(
+        pytester, repo_root, "--ddtree-config=bs8_b8_k4", f"--ddtree-service={profile}",
+        f"--ddtree-results={results}", f"--ddtree-package={packages}", "--ddtree-package-name=main-job",
+        "--ddtree-require-baselines",
+    )
+    assert result.ret == 0, result.stdout.str()[-4000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 10 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
+    result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*bs8_b8_k4*c32_short*", "*Recommendations*"])
+
+    # results: every gate recorded, merged by the controller
+    summary = json.loads((results / "results.json").read_text())
+    kinds = {r["kind"] for r in summary.get("records", [])} if "records" in summary else set()
+    raw_kinds = {json.loads(line)["kind"] for line in (results / "records-main.jsonl").read_text().splitlines()}
+    assert {"throughput", "coding", "lossless", "health", "launch"} <= raw_kinds | kinds
+    assert (results / "results.md").read_text().strip()
+
+    # the package verifies here, and in a copy elsewhere, and deploys the patched files
+    package = packages / "main-job"
+    assert (package / "MANIFEST.sha256").is_file()
+    reproduce = (package / "REPRODUCE.md").read_text()
+    assert "bs8_b8_k4" in reproduce
+    verify = subprocess.run([sys.executable, "-m", "pytest_ddtree.repro", "verify", str(package)], capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    target = make_site(pytester.path / "target")
+    deploy = subprocess.run(
+        [sys.executable, "-m", "pytest_ddtree.repro", "deploy", str(package), "--site-packages", str(target)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    for rel, text in expected_patched().items():
+        assert (target / rel).read_text() == text, rel
+    sha = subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "MANIFEST.sha256"], cwd=package, capture_output=True, text=True)
+    assert sha.returncode == 0, sha.stdout + sha.stderr
+
+
+def test_a_package_that_cannot_be_written_is_a_usage_error_before_anything_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
+    blocker = pytester.path / "not-a-dir"
+    blocker.write_text("a file where the package folder should go")
+    result = _run(pytester, repo_root, "--ddtree-config=bs8_b8_k4", f"--ddtree-package={blocker / 'pkg'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--ddtree-package" in result.stderr.str()
+    assert "starting bs8_b8_k4" not in result.stdout.str() + result.stderr.str()
