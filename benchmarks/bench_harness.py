@@ -106,7 +106,14 @@ def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
             eng = res.engine_accounting() or {}
             measured = float(m["output_throughput"] or 0)
             exact = float(eng.get("exact_output_throughput", float("nan")))
+            a, b = res.server_state, res.server_state_before
+            passes = sum(float(a.get(k, 0)) - float(b.get(k, 0)) for k in ("decode_forward_passes", "prefill_forward_passes"))
+            overshoot = res.duration_s - float(eng.get("engine_busy_seconds", float("nan")))
             rows.append({
+                "clock_scale": clock_scale,
+                "request_span_coverage": float(m["concurrency"] or 0) / cell.concurrency,
+                "forward_passes": passes,
+                "unaccounted_ms_per_pass": overshoot / passes * 1000 if passes else float("nan"),
                 "concurrency": cell.concurrency,
                 "measured_tok_s": measured,
                 "exact_tok_s": exact,
@@ -274,7 +281,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="fidelity,capacity,gate")
     ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--fidelity-clock-scale", type=float, default=2.0)
+    ap.add_argument("--fidelity-clock-scale", type=float, nargs="+", default=[1.0, 0.5],
+                    help="clock scales to measure; the last one is held to the 2%% target")
     ap.add_argument("--gate-clock-scale", type=float, default=5.0)
     ap.add_argument("--jitter", type=float, default=0.2)
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -284,15 +292,18 @@ def main() -> int:
                                "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     ok = True
     if "fidelity" in only:
-        rows = fidelity(args.fidelity_clock_scale, 64)
+        rows = [r for scale in args.fidelity_clock_scale for r in fidelity(scale, 64)]
         figures["fidelity"] = rows
-        print(f"(a) fidelity at --clock-scale {args.fidelity_clock_scale}: measured vs the engine's exact accounting")
+        print("(a) fidelity: measured output tok/s vs the engine's exact accounting (tokens / simulated busy time)")
+        print("    'wall-sim' = (our duration - the engine's simulated busy time) per forward pass: time the engine")
+        print("    spent beyond its own clock (sleep overshoot, bookkeeping); 'spans' = request spans / duration")
         for r in rows:
             good = abs(r["error_pct"]) <= 2.0 and r["tokens_measured"] == r["tokens_engine"] and r["valid"]
-            ok &= good
-            print(f"    c{r['concurrency']:<3} measured {r['measured_tok_s']:9.1f} tok/s  exact {r['exact_tok_s']:9.1f} tok/s "
-                  f" error {r['error_pct']:+.2f}%  tokens {r['tokens_measured']} == {r['tokens_engine']}  "
-                  f"{'OK' if good else 'FAIL'}")
+            ok &= good or r["clock_scale"] != args.fidelity_clock_scale[-1]
+            print(f"    --clock-scale {r['clock_scale']:<4} c{r['concurrency']:<3} measured {r['measured_tok_s']:8.1f} tok/s"
+                  f"  exact {r['exact_tok_s']:8.1f} tok/s  error {r['error_pct']:+.2f}%  tokens {r['tokens_measured']} == "
+                  f"{r['tokens_engine']:.0f}  wall-sim {r['unaccounted_ms_per_pass']:.2f} ms/pass"
+                  f"  spans {r['request_span_coverage']:.3f}  {'OK' if good else 'FAIL'}")
     if "capacity" in only:
         rows = capacity(output_tokens=2000, requests=64, concurrency=16)
         figures["capacity"] = rows
