@@ -119,7 +119,12 @@ def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.
                                  "(--ddtree-require-baselines)*"])
 
 
-def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_root: Path) -> None:
+def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_root: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytest-benchmark disables itself when it sees an xdist worker's environment (ours, when
+    # these tests run under -n): the inner session is not one.
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(var, raising=False)
     profile, matrix = _setup(pytester, repo_root)
     bench = pytester.path / "bench.json"
     result = _run(pytester, repo_root, profile, matrix, f"--benchmark-json={bench}", "--ddtree-workload=c4_*")
