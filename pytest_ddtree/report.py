@@ -350,20 +350,30 @@ def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:
         w = r.get("workload") or {}
         series[(str(r["config"]), int(w.get("context_tokens") or 0))].append(
             (int(w.get("concurrency") or 0), float(r["metrics"]["output_throughput"])))
+    series = {k: v for k, v in series.items() if len(v) > 1}  # a line needs two concurrencies
     if not series:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (config, ctx), points in sorted(series.items()):
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{config} ctx {_ctx(ctx)}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tok/s")
-    ax.set_title("Throughput against concurrency")
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
+    contexts = sorted({ctx for _, ctx in series})
+    configs = sorted({cfg for cfg, _ in series}, key=_config_key)
+    colors = plt.get_cmap("tab20")
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts) + 3, 5), squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        for i, config in enumerate(configs):
+            points = sorted(series.get((config, ctx), []))
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colors(i % 20),
+                        linestyle="-" if i < 20 else "--", label=config)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tok/s")
+        ax.set_title(f"context {_ctx(ctx)}")
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize="small")
+    fig.suptitle("Output throughput against concurrency")
+    fig.tight_layout(rect=(0, 0, 1 - 2.5 / (5.5 * len(contexts) + 3), 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 

@@ -88,5 +88,10 @@ def test_markdown_and_json(tmp_path: Path) -> None:
 
 
 def test_plot_is_optional(tmp_path: Path) -> None:
+    import importlib.util
+
     wrote = report.plot_png(RECORDS, tmp_path / "p.png")
     assert wrote == (tmp_path / "p.png").exists()
+    assert wrote == (importlib.util.find_spec("matplotlib") is not None)  # the `plot` extra
+    if wrote:
+        assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
