@@ -21,34 +21,19 @@ import pytest
 import yaml
 
 from pytest_ddtree import coding, sandbox
+from tests.suite_helpers import reference_profile
+from tests.suite_helpers import run_suite as run_helper
 
 FENCE = "```"
 
 
 def write_profile(directory: Path, repo_root: Path, engine_args: str = "", **overrides: Any) -> Path:
-    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
     # a 100x simulated clock: these tests check outputs, not timing
-    raw["command"] = raw["command"].replace("--clock-scale 10", "--clock-scale 100").replace("{config_args}", f"{engine_args} {{config_args}}".strip())
-    raw["hardware_profile"] = "testhw"
-    raw["pool"] = 1
-    raw.update(overrides)
-    path = directory / "profile.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return reference_profile(directory, engine_args, clock_scale=100, hardware_profile="testhw", pool=1, **overrides)
 
 
 def run_suite(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, suite: str = "test_coding.py") -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        str(repo_root / "suites" / suite),
-        f"--ddtree-service={profile}",
-        f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}",
-        f"--ddtree-results={pytester.path / 'results'}",
-        f"--ddtree-baselines={pytester.path / 'baselines'}",
-        "--ddtree-config=bs8_b8_k4",
-        "-p", "no:cacheprovider", "-rA",
-        *args,
-        timeout=180,
-    )
+    return run_helper(pytester, profile, *args, suite=suite)
 
 
 def coding_records(pytester: pytest.Pytester) -> list[dict[str, Any]]:

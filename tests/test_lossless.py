@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pytest_ddtree import lossless
 from pytest_ddtree.lossless import Prompt, Transcript
+from tests.suite_helpers import reference_profile
+from tests.suite_helpers import run_suite as run_helper
 
 from refserver_helpers import config_args, start_many
 
@@ -102,29 +103,13 @@ def test_real_engines_lossless_and_lossy(tmp_path: Path) -> None:
 
 
 def write_profile(directory: Path, repo_root: Path, engine_args: str = "", **overrides: Any) -> Path:
-    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
     # a 100x simulated clock: these tests check outputs, not timing
-    raw["command"] = raw["command"].replace("--clock-scale 10", "--clock-scale 100").replace("{config_args}", f"{engine_args} {{config_args}}".strip())
-    raw["hardware_profile"] = "testhw"
-    raw["pool"] = 1
-    raw.update(overrides)
-    path = directory / f"profile-{len(list(directory.glob('profile-*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    name = f"profile-{len(list(directory.glob('profile-*.yaml')))}.yaml"
+    return reference_profile(directory, engine_args, clock_scale=100, filename=name, hardware_profile="testhw", pool=1, **overrides)
 
 
 def run_suite(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        str(repo_root / "suites" / "test_lossless.py"),
-        f"--ddtree-service={profile}",
-        f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}",
-        f"--ddtree-results={pytester.path / 'results'}",
-        f"--ddtree-baselines={pytester.path / 'baselines'}",
-        "--ddtree-config=bs8_b8_k4",
-        "-p", "no:cacheprovider", "-rA",
-        *args,
-        timeout=180,
-    )
+    return run_helper(pytester, profile, *args, suite="test_lossless.py")
 
 
 def test_suite_instance_mode_catches_lossy_verify(pytester: pytest.Pytester, repo_root: Path) -> None:

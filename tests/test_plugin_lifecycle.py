@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.suite_helpers import reference_profile, wait_healthy
+
 GATE = '''
 import json, os, time
 from pathlib import Path
@@ -49,12 +51,7 @@ def test_four(ddtree_service, ddtree_config):
 
 
 def write_profile(directory: Path, repo_root: Path, engine_args: str = "", command_prefix: str = "", **overrides: Any) -> Path:
-    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    raw["command"] = command_prefix + raw["command"].replace("{config_args}", f"{engine_args} {{config_args}}".strip())
-    raw.update(overrides)
-    path = directory / "profile.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return reference_profile(directory, engine_args, command_prefix=command_prefix, **overrides)
 
 
 def run_gate(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, timeout: float = 120) -> tuple[pytest.RunResult, float]:
@@ -221,7 +218,6 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
     """A systemd profile driven through the plugin, with fake systemctl/journalctl on PATH that
     really run the unit's ExecStart: the config's drop-in is written and applied, and at session
     end the unit is back on its default config with the drop-in gone."""
-    from pytest_ddtree.client import SGLangClient
     from pytest_ddtree.service.pool import free_port
 
     state = pytester.path / "systemd"
@@ -254,16 +250,7 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
         assert {n["budget"] for n in notes(pytester)} == {12}
         # back on the default: no drop-in, the unit restarted with the unit file's ExecStart
         assert not list((state / "system").glob("engine.service.d/*.conf"))
-        client = SGLangClient(f"http://127.0.0.1:{port}", timeout=5)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if client.health("/health_generate") == 200:
-                    break
-            except Exception:  # noqa: BLE001 - restarting
-                pass
-            assert time.monotonic() < deadline, "the default config did not come back"
-            time.sleep(0.2)
+        client = wait_healthy(f"http://127.0.0.1:{port}", what="the default config")
         info = client.server_info()
         assert (info["speculative_num_draft_tokens"], info["speculative_eagle_topk"]) == (8, 4)
         # the package recorded the drop-in the session wrote

@@ -29,6 +29,7 @@ from pytest_ddtree.service.process import ProcessController, live_process_groups
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 from pytest_ddtree.service.readiness import applied_diff
 from pytest_ddtree.service.systemd import parse_show, render_dropin
+from tests.suite_helpers import wait_healthy
 
 FAKES = Path(__file__).parent / "fakes"
 STANDIN = FAKES / "standin_server.py"
@@ -311,16 +312,7 @@ def test_fake_systemd_round_trip_restores_default(tmp_path: Path, fake_systemd: 
     assert "--speculative-draft-window-size 2048" in expected_cmd
     assert m.close() == []
     assert not dropin.exists()
-    client = SGLangClient(f"http://127.0.0.1:{port}", timeout=5)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if client.health("/health_generate") == 200:
-                break
-        except Exception:  # noqa: BLE001 - restarting
-            pass
-        assert time.monotonic() < deadline, "default config did not come back"
-        time.sleep(0.1)
+    client = wait_healthy(f"http://127.0.0.1:{port}", timeout=10, what="the default config")
     info = client.server_info()
     assert info["speculative_num_draft_tokens"] == 8 and info["speculative_eagle_topk"] == 4
     calls = (fake_systemd / "systemctl.log").read_text().splitlines()

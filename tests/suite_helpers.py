@@ -1,0 +1,78 @@
+"""Helpers shared by the tests that run the real suites and engines through pytester.
+
+One place derives test profiles from the shipped reference profile and runs a suite the way a
+user would, so that a change to the profile format or the options is made once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_ddtree.client import SGLangClient
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_PROFILE = REPO / "suites" / "services" / "reference.yaml"
+MATRIX = REPO / "suites" / "configs.yaml"
+
+
+def reference_profile(
+    directory: Path,
+    engine_args: str = "",
+    *,
+    clock_scale: float | None = None,
+    command_prefix: str = "",
+    filename: str = "profile.yaml",
+    **overrides: Any,
+) -> Path:
+    """Write a copy of the reference profile with extra engine flags (faults) and overrides."""
+    raw = yaml.safe_load(REFERENCE_PROFILE.read_text())
+    command = raw["command"]
+    if clock_scale is not None:
+        command = command.replace("--clock-scale 10", f"--clock-scale {clock_scale:g}")
+    raw["command"] = command_prefix + command.replace("{config_args}", f"{engine_args} {{config_args}}".strip())
+    raw.update(overrides)
+    path = directory / filename
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run_suite(
+    pytester: pytest.Pytester,
+    profile: Path,
+    *args: str,
+    suite: str | None = None,
+    config: str = "bs8_b8_k4",
+    timeout: float = 180,
+) -> pytest.RunResult:
+    """Run one suite file (or a test file in pytester.path when suite is None) against ``profile``."""
+    target = [str(REPO / "suites" / suite)] if suite else []
+    return pytester.runpytest_subprocess(
+        *target,
+        f"--ddtree-service={profile}",
+        f"--ddtree-matrix={MATRIX}",
+        f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}",
+        f"--ddtree-config={config}",
+        "-p", "no:cacheprovider", "-rA",
+        *args,
+        timeout=timeout,
+    )
+
+
+def wait_healthy(url: str, timeout: float = 15.0, what: str = "the service") -> SGLangClient:
+    """Poll /health_generate until 200 (a restarting service refuses or answers 503 meanwhile)."""
+    client = SGLangClient(url, timeout=5)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if client.health("/health_generate") == 200:
+                return client
+        except Exception:  # noqa: BLE001 - restarting
+            pass
+        assert time.monotonic() < deadline, f"{what} did not come back within {timeout:.0f} s"
+        time.sleep(0.1)
