@@ -62,7 +62,8 @@ def test_health_and_info_shapes(srv: RefServer) -> None:
     assert str(info["version"]).startswith("refserver-")
     state = info["internal_states"][0]  # type: ignore[index]
     for key in ("avg_spec_accept_length", "total_output_tokens", "total_verify_steps",
-                "simulated_busy_seconds", "requests_completed", "memory_usage"):
+                "simulated_busy_seconds", "requests_completed", "memory_usage", "clock_overruns",
+                "clock_overrun_seconds", "engine_cpu_seconds"):
         assert key in state
     mi = srv.get("/model_info").json()
     assert mi == srv.get("/get_model_info").json()

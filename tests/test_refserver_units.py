@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 
 import pytest
 
 from pytest_ddtree.refserver.ddtree import build_tree, verify
+from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig, StepClock
 from pytest_ddtree.refserver.faults import FaultError, Faults
 from pytest_ddtree.refserver.model import MatchState, SuffixAutomaton, TargetModel, build_models
 from pytest_ddtree.refserver.tokenizer import Tokenizer
@@ -122,3 +124,119 @@ def test_fault_parsing() -> None:
     for bad in ["bogus", "exit-after", "exit-after=x", "http500-rate=2", "ignore-config=budget", "slowdown=0"]:
         with pytest.raises(FaultError):
             Faults.parse([bad])
+
+
+class FakeTime:
+    """A monotonic clock that only moves when told to (CPU work) or slept on."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        assert s > 0
+        self.sleeps.append(s)
+        self.t += s + 0.0001  # every sleep overshoots by 0.1 ms
+
+
+def _clock(ft: FakeTime, scale: float = 10.0, max_debt_s: float = 0.050) -> StepClock:
+    return StepClock(scale, max_debt_s=max_debt_s, now=ft.now, sleep=ft.sleep)
+
+
+def test_step_clock_deadlines_chain_and_lateness_is_carried_over() -> None:
+    ft = FakeTime()
+    c = _clock(ft)
+    c.work_arrived()
+    t0 = ft.t
+    ends = []
+    for i in range(50):
+        ft.t += 0.001 if i != 10 else 0.012  # CPU work; step 10 overruns its 4 ms step by 8 ms
+        d = c.wait_step_end(0.040)  # 4 ms of wall time at scale 10
+        assert ft.t >= d  # never visible before the deadline
+        ft.t += 0.0002  # publishing
+        c.step_ended(d)
+        ends.append(d)
+    # deadline n+1 = deadline n + sim/scale, whatever happened in between
+    assert ends == pytest.approx([t0 + 0.004 * (i + 1) for i in range(50)])
+    # the late step is made up by the next ones: the busy period lasts exactly sim/scale
+    assert ft.t - t0 == pytest.approx(50 * 0.004 + 0.0001 + 0.0002, abs=1e-9)
+    assert c.overruns == 0
+    # the steps after the late one did not sleep until the debt was repaid
+    assert len(ft.sleeps) < 50
+
+
+def test_step_clock_sleeps_only_until_the_deadline() -> None:
+    ft = FakeTime()
+    c = _clock(ft)
+    c.work_arrived()
+    ft.t += 0.001  # 1 ms of CPU work
+    d = c.wait_step_end(0.040)
+    assert ft.sleeps == [pytest.approx(0.003)]  # 4 ms step - 1 ms of work
+    assert d == pytest.approx(100.004)
+
+
+def test_step_clock_resets_when_idle_no_catching_up() -> None:
+    ft = FakeTime()
+    c = _clock(ft)
+    c.work_arrived()
+    d = c.wait_step_end(0.040)
+    c.step_ended(d)
+    c.idle()
+    ft.t += 5.0  # idle gap
+    c.work_arrived()
+    arrived = ft.t
+    c.work_arrived()  # more work while busy does not move the start
+    ft.t += 0.0005
+    d = c.wait_step_end(0.040)
+    assert d == pytest.approx(arrived + 0.004)
+    assert ft.sleeps[-1] == pytest.approx(0.0035)
+    assert c.overruns == 0
+
+
+def test_step_clock_caps_the_debt_and_counts_overruns() -> None:
+    ft = FakeTime()
+    c = _clock(ft)
+    c.work_arrived()
+    d = c.wait_step_end(0.040)
+    c.step_ended(d)
+    ft.t += 0.200  # a 200 ms stall (overloaded host)
+    d = c.wait_step_end(0.040)
+    assert c.overruns == 1 and c.overrun_seconds == pytest.approx(0.200 - 0.004 + 0.0001, abs=1e-9)
+    assert d == pytest.approx(ft.t)  # the debt is dropped: the step ends now...
+    c.step_ended(d)
+    ft.t += 0.001
+    d2 = c.wait_step_end(0.040)
+    assert d2 == pytest.approx(d + 0.004)  # ...and the next one is paced from there
+    # lateness under the cap is carried, not counted
+    c.step_ended(d2)
+    ft.t = d2 + 0.030
+    d3 = c.wait_step_end(0.040)
+    assert d3 == pytest.approx(d2 + 0.004) and c.overruns == 1
+
+
+def test_step_clock_rejects_a_bad_scale() -> None:
+    with pytest.raises(ValueError):
+        StepClock(0.0)
+
+
+def test_engine_publishes_at_deadlines_and_keeps_the_rate(models) -> None:  # type: ignore[no-untyped-def]
+    """In-process engine at clock scale 20: tokens never show before the simulated time has
+    passed, and the busy period lasts the simulated time (not sim + overhead per step)."""
+    eng = Engine(models, SpecConfig(), clock_scale=20.0)
+    eng.start()
+    t0 = time.monotonic()
+    reqs = [eng.submit(Request(list(range(10, 138)), SamplingParams(max_new_tokens=96, temperature=0, ignore_eos=True)))
+            for _ in range(2)]
+    for r in reqs:
+        assert r.done.wait(30)
+    wall = max(r.finished_at or 0.0 for r in reqs) - t0
+    acct = eng.accounting()
+    busy = acct["simulated_busy_seconds"] / 20.0
+    assert acct["total_output_tokens"] == 192
+    assert wall >= busy  # never early
+    if acct["clock_overruns"] == 0:  # the host kept up: wall time is the simulated time
+        assert wall - busy < 0.015 + 0.02 * busy
+    assert acct["engine_cpu_seconds"] > 0
