@@ -8,7 +8,6 @@ them reliably, which this small class does with the standard library + requests.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,11 @@ from pathlib import Path
 
 import requests
 
+from pytest_ddtree.service.pool import free_port  # one port-picking policy for tests and harness
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def config_args(name: str) -> list[str]:

@@ -412,3 +412,44 @@ def test_applied_diff_and_helpers() -> None:
     assert parse_show("ActiveState=failed\nExecMainStatus=3\n") == {"ActiveState": "failed", "ExecMainStatus": "3"}
     err = ServiceStartError("boom", 137, "line1\nline2", 1.25, config_name="bs8_b8_k4", hint="do x")
     assert "exit code: 137 (128+9: SIGKILL)" in str(err) and "    line2" in str(err) and "do x" in str(err)
+
+
+def test_free_ports_avoid_the_ephemeral_range() -> None:
+    """Outgoing connections take source ports from the ephemeral range: a listener there races them."""
+    from pytest_ddtree.service.pool import _ephemeral_range
+
+    low, _ = _ephemeral_range()
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 10  # random, so two concurrent callers rarely agree
+    assert all(1024 <= p < low for p in ports), ports
+
+
+def test_a_start_that_lost_its_port_is_retried_on_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first port the manager picks is already taken: the engine exits with EADDRINUSE, and
+    the manager retries on a fresh port instead of failing the config."""
+    import socket
+
+    import pytest_ddtree.service.manager as manager_module
+    from pytest_ddtree.service.pool import InstanceSlot
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    picks = iter([taken])
+
+    def resolve(profile: ServiceProfile, index: int) -> InstanceSlot:
+        port = next(picks, None) or free_port()
+        return InstanceSlot(index, port, profile.render_url(port))
+
+    monkeypatch.setattr(manager_module, "resolve_instance", resolve)
+    profile = make_profile(command="{python} -m pytest_ddtree.refserver --port {port} {config_args}")
+    m = make_manager(profile, tmp_path)
+    try:
+        svc = m.ensure(BS8_B12_K6)
+        assert svc.url != f"http://127.0.0.1:{taken}"
+        assert [launch["outcome"] for launch in m.launches][0].startswith("failed")
+        assert m.launches[-1]["outcome"] == "ready" and len(m.launches) == 2
+    finally:
+        m.close()
+        blocker.close()

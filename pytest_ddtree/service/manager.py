@@ -37,6 +37,16 @@ READY_HEALTH_TIMEOUT_S = 5.0
 """Per-request timeout of health polls: short, so a dead service is noticed quickly."""
 
 
+PORT_RACE_RETRIES = 2
+"""How often a start that lost its auto-chosen port (EADDRINUSE in the log) is retried."""
+
+_PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")
+
+
+def _lost_port_race(err: ServiceStartError) -> bool:
+    return err.exit_code is not None and any(marker in err.log_tail.lower() for marker in _PORT_TAKEN)
+
+
 class ClientFactory(Protocol):
     def __call__(self, base_url: str, timeout: float) -> Any: ...
 
@@ -202,25 +212,30 @@ class ServiceManager:
                 f"profile {self.profile.name}: the command has no {{port}}, so a second instance "
                 "cannot get its own port; add {port} to the command"
             )
-        port = free_port()
-        controller = ProcessController(self.log_dir, stop_timeout_s=self.profile.stop_timeout_s)
-        launch = Launch(
-            name=f"{name}-{self.instance}",
-            command=self.profile.render_command(None, port, extra_args=args),
-            port=port,
-            url=self.profile.render_url(port),
-            env=dict(self.profile.env),
-            log_path=self._log_path(name),
-        )
-        slot = _Slot(controller, launch)
-        self._aux[name] = slot
-        try:
-            slot.service = self._launch_and_wait(slot, None, label=name)
-        except ServiceError as err:
-            self._aux_failed[name] = err
-            controller.stop()
-            raise
-        return slot.service
+        for attempt in range(PORT_RACE_RETRIES + 1):
+            port = free_port()
+            controller = ProcessController(self.log_dir, stop_timeout_s=self.profile.stop_timeout_s)
+            launch = Launch(
+                name=f"{name}-{self.instance}",
+                command=self.profile.render_command(None, port, extra_args=args),
+                port=port,
+                url=self.profile.render_url(port),
+                env=dict(self.profile.env),
+                log_path=self._log_path(name),
+            )
+            slot = _Slot(controller, launch)
+            self._aux[name] = slot
+            try:
+                slot.service = self._launch_and_wait(slot, None, label=name)
+                return slot.service
+            except ServiceError as err:
+                controller.stop()
+                if isinstance(err, ServiceStartError) and _lost_port_race(err) and attempt < PORT_RACE_RETRIES:
+                    self._say(f"{name}: the chosen port was taken before the service bound it; retrying on another port")
+                    continue
+                self._aux_failed[name] = err
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def release(self) -> None:
         """Stop the current service and let other workers have the instance."""
@@ -346,6 +361,20 @@ class ServiceManager:
             )
 
     def _start(self, config: DDTreeConfig) -> RunningService:
+        """Start ``config``; a launch that lost its auto-chosen port to another process is
+        retried on a fresh port (that is the harness's race, not the config's failure)."""
+        attempts = PORT_RACE_RETRIES + 1 if self.profile.port == "auto" and not isinstance(self.profile.pool, tuple) else 1
+        for attempt in range(attempts):
+            try:
+                return self._start_once(config)
+            except ServiceStartError as err:
+                if attempt + 1 == attempts or not _lost_port_race(err):
+                    raise
+                self._failed.pop(config.name, None)
+                self._say(f"{config.name}: the chosen port was taken before the service bound it; retrying on another port")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, config: DDTreeConfig) -> RunningService:
         name = config.name
         if self._lock is not None:
             self._lock.acquire(self.progress)

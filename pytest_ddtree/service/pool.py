@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import re
 import socket
 import time
@@ -36,8 +37,35 @@ def instance_for_worker(worker_id: str | None, pool_size: int) -> int:
     return worker_index(worker_id) % max(1, pool_size)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to port 0 and let the kernel choose)."""
+    """A port that is free now, picked at random *below* the kernel's ephemeral range.
+
+    Why not bind to port 0: the kernel then hands out a port from the ephemeral range, the
+    same range every outgoing connection (hundreds per throughput cell) takes its source port
+    from, and the same port another process asking the same way may get next; between our
+    check and the server's bind, either can take it ("Address already in use"). Below the
+    ephemeral range only other listeners compete, and a random pick makes two concurrent
+    callers unlikely to agree. The manager still retries a start that lost the race.
+    """
+    low, _ = _ephemeral_range()
+    start = max(1024, low - 12000)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(start, low) if low > start else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
