@@ -8,6 +8,8 @@ the exit status. Everything else is in modules that do not import pytest.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,6 @@ import pytest
 from pytest_ddtree import options
 from pytest_ddtree.configs import ConfigError, DDTreeConfig
 from pytest_ddtree.finish import FinishOutcome, finish_session
-from pytest_ddtree.service.process import install_signal_handlers
 from pytest_ddtree.session import DDTreeSession
 from pytest_ddtree.service.profile import ProfileError
 
@@ -70,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
-        settings = _replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
+        settings = dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
     worker_id = worker_input.get("workerid") if worker_input else None
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
@@ -79,24 +80,14 @@ def pytest_configure(config: pytest.Config) -> None:
         if reporter is not None and worker_id is None:
             reporter.write_line(line)
         else:
-            import sys
-
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-    # SIGTERM/SIGHUP (a CI job cancelled) skip atexit: kill the engines we started first.
-    install_signal_handlers()
     session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_early(session, config)
-
-
-def _replace(settings: options.Settings, **changes: Any) -> options.Settings:
-    import dataclasses
-
-    return dataclasses.replace(settings, **changes)
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:

@@ -68,6 +68,10 @@ class DDTreeSession:
         if self._manager is None:
             from pytest_ddtree.service.manager import ServiceManager
             from pytest_ddtree.service.pool import instance_for_worker
+            from pytest_ddtree.service.process import install_signal_handlers
+
+            # SIGTERM/SIGHUP (a cancelled CI job) skip atexit: kill the engines we start first.
+            install_signal_handlers()
 
             profile = self.profile
             self._manager = ServiceManager(
