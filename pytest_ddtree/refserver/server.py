@@ -170,6 +170,11 @@ class Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "refserver"
+    # TCP_NODELAY, as uvicorn/asyncio set it: a response goes out as headers + body (and a
+    # stream as one write per step, then [DONE] and the terminator back to back); with Nagle
+    # a write behind an unacknowledged one waits for the client's delayed ACK (~40 ms on
+    # Linux), which kept-alive connections hit on every request.
+    disable_nagle_algorithm = True
     sys_version = ""
     state: ServerState  # set on the subclass made by make_server
 
