@@ -513,3 +513,13 @@ def test_setup_env_check_only(world: dict[str, Path], fast_env: None) -> None:
 def test_cli_help_documents_exit_codes() -> None:
     proc = _cli("--help")
     assert proc.returncode == 0 and "exit codes:" in proc.stdout and "usage error" in proc.stdout
+
+
+def test_environment_comparison_ignores_pip_freeze_comments() -> None:
+    from pytest_ddtree.repro.verify import compare_env
+
+    recorded = {"packages": {"freeze": ["# Editable Git install with no remote (pytest-ddtree==0.1.0)", "-e /src", "requests==2.31.0"]}}
+    current = {"packages": {"freeze": ["requests==2.32.0"]}}
+    diffs = compare_env(recorded, current)
+    assert any("requests: recorded 2.31.0, here 2.32.0" in d for d in diffs), diffs
+    assert not any("#" in d for d in diffs), diffs

@@ -299,7 +299,8 @@ def verify_package(path: Path, site_packages: Path | None = None) -> VerifyRepor
 def _versions(freeze: list[str]) -> dict[str, str]:
     out = {}
     for line in freeze:
-        if "==" in line:
+        # pip freeze annotates editable installs with a comment that contains "name==version"
+        if "==" in line and not line.lstrip().startswith("#"):
             name, _, ver = line.partition("==")
             out[re.sub(r"[-_.]+", "-", name).lower()] = ver.strip()
     return out
