@@ -400,6 +400,43 @@ def _other_records_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     return tabulate(rows, headers=["kind", "config", "status"], tablefmt="github", disable_numparse=True)
 
 
+def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = ()) -> list[list[str]]:
+    """One row per config: the correctness gates next to each other, then its failed tests.
+
+    Why: the sweep table answers "how fast"; this answers "is it still right" for the same
+    configs at a glance, so a fast config that broke losslessness or a coding problem is not
+    read as the winner.
+    """
+    by_config: dict[str, dict[str, str]] = {}
+    for r in records:
+        config = str(r.get("config"))
+        row = by_config.setdefault(config, {})
+        kind = r.get("kind")
+        if kind == "coding":
+            row["coding"] = f"{r.get('passed')}/{r.get('total')} ({r.get('set')})"
+        elif kind == "lossless":
+            diverged = r.get("diverged") or []
+            row["lossless"] = "identical" if r.get("passed") else f"{len(diverged)}/{r.get('compared')} diverged"
+        elif kind == "health":
+            row["health"] = "ok"
+    failures: dict[str, int] = {}
+    for failed in failed_tests:
+        nodeid = str(failed.get("nodeid", ""))
+        for config in by_config:
+            if f"[{config}]" in nodeid or f"-{config}]" in nodeid or f"[{config}-" in nodeid:
+                failures[config] = failures.get(config, 0) + 1
+    rows = []
+    for config in sorted(by_config, key=_config_key):
+        row = by_config[config]
+        if not ({"coding", "lossless", "health"} & set(row)):
+            continue
+        rows.append([config, row.get("health", "-"), row.get("coding", "-"), row.get("lossless", "-"), str(failures.get(config, 0))])
+    return rows
+
+
+GATE_HEADERS = ["config", "health", "coding passed", "lossless", "failed tests"]
+
+
 def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -> SessionSummary:
     """Render the session's records: results.json, results.md and the terminal sections.
 
@@ -418,6 +455,10 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
     if others:
         md_parts += ["## Other gates", "", _other_records_markdown(others), ""]
     sections: list[tuple[str, str]] = []
+    gates = gate_rows(records, getattr(session, "failed_tests", ()) or ())
+    if gates:
+        sections.append(("ddtree correctness gates", tabulate(gates, headers=GATE_HEADERS, disable_numparse=True)))
+        md_parts += ["## Correctness gates", "", tabulate(gates, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True), ""]
     if throughput:
         text = render_sweep_table(throughput)
         advice = payload["recommendations"]

@@ -95,3 +95,21 @@ def test_plot_is_optional(tmp_path: Path) -> None:
     assert wrote == (importlib.util.find_spec("matplotlib") is not None)  # the `plot` extra
     if wrote:
         assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() -> None:
+    from pytest_ddtree.report import gate_rows
+
+    records = [
+        {"kind": "health", "config": "bs8_b8_k4"},
+        {"kind": "coding", "config": "bs8_b8_k4", "passed": 4, "total": 5, "set": "default"},
+        {"kind": "lossless", "config": "bs8_b8_k4", "passed": False, "compared": 30, "diverged": [{}, {}]},
+        {"kind": "lossless", "config": "bs8_b4_k4", "passed": True, "compared": 30, "diverged": []},
+        {"kind": "throughput", "config": "bs16_b16_k4"},
+    ]
+    failed = [{"nodeid": "suites/test_coding.py::test_coding_gate[bs8_b8_k4]"},
+              {"nodeid": "suites/test_throughput.py::test_throughput[c1_short-bs8_b8_k4]"}]
+    assert gate_rows(records, failed) == [
+        ["bs8_b4_k4", "-", "-", "identical", "0"],
+        ["bs8_b8_k4", "ok", "4/5 (default)", "2/30 diverged", "2"],
+    ]
