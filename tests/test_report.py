@@ -81,8 +81,10 @@ def test_markdown_and_json(tmp_path: Path) -> None:
 
     summary = report.session_summary(RECORDS, session=_S())
     assert summary.json["records"] == [RECORDS[-1]]
-    assert summary.sections[0][0] == "ddtree throughput sweep"
-    assert "Recommendations:" in summary.sections[0][1]
+    titles = [title for title, _ in summary.sections]
+    assert titles[:2] == ["ddtree correctness gates", "ddtree throughput sweep"]
+    assert "Recommendations:" in summary.sections[1][1]
+    assert "## Correctness gates" in summary.markdown
     assert "## Other gates" in summary.markdown
     assert summary.plot_error is None
 
