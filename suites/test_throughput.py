@@ -22,29 +22,18 @@ How a config is measured (see DESIGN.md "Measurements and gates"):
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from pytest_ddtree import gate, load, report, stats
+from pytest_ddtree import gate, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig, Workload
 from pytest_ddtree.fingerprint import local_fingerprint
-
-#: Repeats beyond --ddtree-repeats that a cell may get when its interval is not yet tight.
-MAX_EXTRA_REPEATS = 2
-#: Stop repeating once the 95% CI of output tok/s is within +-3% of the median ...
-TARGET_REL_CI = 0.03
-#: ... and call the cell inconclusive when it ends wider than +-10%.
-INCONCLUSIVE_REL_CI = 0.10
-#: Per-request timeout of the load generator.
-REQUEST_TIMEOUT_S = 600.0
-
+from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sample_record
 
 
 class MissingBaselineWarning(UserWarning):
@@ -89,14 +78,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("workload", params)
 
 
-@dataclass
-class Campaign:
-    """All measured cells of one config in this process."""
-
-    runs: dict[str, stats.CellRun[load.CellResult]]
-    policy: stats.RepeatPolicy
-
-
 def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> list[Workload]:
     """The cells of ``config`` that this session will run (collected, selected, not skipped)."""
     cells: list[Workload] = []
@@ -110,32 +91,16 @@ def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> li
     return cells or [request.getfixturevalue("workload")]
 
 
-def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any,
-              repeats: int) -> Campaign:
+def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int) -> Campaign:
+    """Measure all of ``config``'s cells once per process (the first cell test does it)."""
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
-    if config.name in campaigns:
-        return campaigns[config.name]
-    cells = _cells_of_config(request, config)
-    policy = stats.RepeatPolicy(min_repeats=repeats, max_repeats=repeats + MAX_EXTRA_REPEATS,
-                                target_rel_ci=TARGET_REL_CI, inconclusive_rel_ci=INCONCLUSIVE_REL_CI)
-    vocab = load.vocab_size_of(load.Endpoint(service.url))
-    by_name = {w.name: w for w in cells}
-
-    def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(service.url, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
-
-    def primary(result: load.CellResult) -> float | None:
-        value = result.metrics()["output_throughput"]
-        return float(value) if result.valid and isinstance(value, (int, float)) else None
-
-    def on_sample(name: str, r: int, result: load.CellResult) -> None:
-        recorder.record("throughput-repeat", config.name, {
-            "cell": name, "repeat": r, "workload": result.workload, "metrics": result.metrics(),
-            "problems": result.problems()[:20], "notes": result.notes,
-        })
-
-    runs = stats.run_interleaved(list(by_name), measure, primary, policy, on_sample)
-    campaigns[config.name] = Campaign(runs=runs, policy=policy)
+    if config.name not in campaigns:
+        campaigns[config.name] = measure_config(
+            service.url,
+            _cells_of_config(request, config),
+            repeats,
+            lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),
+        )
     return campaigns[config.name]
 
 
@@ -182,56 +147,35 @@ def test_throughput(
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name
     campaign = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_settings.repeats)
-    run = campaign.runs[workload.name]
-    valid = [s for s in run.samples if s.valid]
-    repeats = [s.metrics() for s in valid]
-    problems = [p for s in run.samples for p in s.problems()]
-    notes = sorted({n for s in run.samples for n in s.notes})
-    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
-    samples = {
-        spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
-        for spec in gate.GATED_METRICS
-    }
-    workload_info = load.workload_dict(workload)
-
-    section: dict[str, Any] = {}
-    baseline_problem: str | None = None
     try:
-        data = ddtree_baselines.load(config)
-        if data is not None:
-            section = gate.validate_section(data.get("metrics"), str(ddtree_baselines.path_for(config)))
-    except (BaselineError, gate.BaselineFormatError) as exc:
-        baseline_problem = str(exc)
-    cell_base = section.get(workload.name)
-    verdict = gate.compare_cell(workload.name, cell_base, samples, status=status, problems=why,
-                                workload=workload_info)
-    if ddtree_baselines.update_mode and status == stats.VALID:
-        verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
-    record = report.throughput_record(
-        config=config, cell=workload.name, workload=workload_info, repeats=repeats, samples=samples,
-        measurement_status=status, verdict=verdict.as_dict(), problems=problems[:20], notes=notes,
-        hardware_profile=ddtree_baselines.hardware_profile,
+        baseline, baseline_error = ddtree_baselines.load(config), None
+    except BaselineError as exc:
+        baseline, baseline_error = None, str(exc)
+    cell = evaluate_cell(
+        config, workload, campaign, baseline, ddtree_baselines.path_for(config),
+        ddtree_baselines.hardware_profile, ddtree_baselines.update_mode, baseline_error,
     )
+    status, verdict, record = cell.status, cell.verdict, cell.record
     ddtree_recorder.record("throughput", config, record)
 
     timer = _ReplayTimer()
-    timer.durations = [s.duration_s for s in valid]
+    timer.durations = cell.durations
     for bench in _benchmark(request, timer):
         bench.extra_info.update({"config": config, "cell": workload.name, "status": verdict.status,
-                                 "measurement_status": status, "repeats": len(repeats), **workload_info})
+                                 "measurement_status": status, "repeats": cell.repeats, **record["workload"]})
         bench.extra_info.update({k: v for k, v in record["metrics"].items() if k in report.JSON_KEYS})
-        bench.pedantic(lambda: None, rounds=max(1, len(valid)), iterations=1)
+        bench.pedantic(lambda: None, rounds=max(1, len(cell.durations)), iterations=1)
 
-    if baseline_problem is not None:
-        pytest.fail(f"{config} {workload.name}: {baseline_problem}", pytrace=False)
+    if cell.baseline_problem is not None:
+        pytest.fail(f"{config} {workload.name}: {cell.baseline_problem}", pytrace=False)
     if status == stats.INVALID:
         pytest.fail(verdict.message(config), pytrace=False)
     if ddtree_baselines.update_mode:
         if status != stats.VALID:
             pytest.fail(f"{config} {workload.name}: not blessing an inconclusive measurement (repeats disagree: "
-                        f"{run.primary}); rerun with more --ddtree-repeats on a quieter machine", pytrace=False)
+                        f"{cell.primary}); rerun with more --ddtree-repeats on a quieter machine", pytrace=False)
         fp = local_fingerprint(ddtree_service.profile, ddtree_service.server_info)
-        entry = gate.baseline_cell_entry(workload_info, samples, existing=cell_base)
+        entry = gate.baseline_cell_entry(record["workload"], cell.samples, existing=cell.baseline_cell)
         ddtree_recorder.propose_baseline(config, "metrics", {workload.name: entry})
         ddtree_recorder.propose_baseline(config, "fingerprint", fp.as_dict())
         return

@@ -1,0 +1,156 @@
+"""The throughput gate's logic, between the load generator and the suite's pass/fail.
+
+``suites/test_throughput.py`` stays a thin pytest file users can read and adapt; what it does
+for a config lives here, without pytest: measure every cell of the config with interleaved
+repeats (``measure_config``), then judge one cell against its baseline and build the record
+that results.json and the sweep table are made of (``evaluate_cell``). The same functions
+serve scripts that want the gate's verdict without pytest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from pytest_ddtree import gate, load, report, stats
+from pytest_ddtree.baselines import BaselineError
+
+#: Repeats beyond --ddtree-repeats that a cell may get when its interval is not yet tight.
+MAX_EXTRA_REPEATS = 2
+#: Stop repeating once the 95% CI of output tok/s is within +-3% of the median ...
+TARGET_REL_CI = 0.03
+#: ... and call the cell inconclusive when it ends wider than +-10%.
+INCONCLUSIVE_REL_CI = 0.10
+#: Per-request timeout of the load generator.
+REQUEST_TIMEOUT_S = 600.0
+
+OnSample = Callable[[str, int, load.CellResult], None]
+
+
+@dataclass
+class Campaign:
+    """All measured cells of one config in this process."""
+
+    runs: dict[str, stats.CellRun[load.CellResult]]
+    policy: stats.RepeatPolicy
+
+
+def measure_config(url: str, cells: Sequence[load.WorkloadLike], repeats: int, on_sample: OnSample | None = None) -> Campaign:
+    """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
+
+    Interleaving spreads slow drift (thermal, a noisy neighbour) over all cells alike instead
+    of biasing whichever cell ran last; ``on_sample`` is called as each repeat exists, so the
+    caller can record it before anything else can fail.
+    """
+    policy = stats.RepeatPolicy(
+        min_repeats=repeats,
+        max_repeats=repeats + MAX_EXTRA_REPEATS,
+        target_rel_ci=TARGET_REL_CI,
+        inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
+    )
+    vocab = load.vocab_size_of(load.Endpoint(url))
+    by_name = {w.name: w for w in cells}
+
+    def measure(name: str, r: int) -> load.CellResult:
+        return load.run_cell(url, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
+
+    def primary(result: load.CellResult) -> float | None:
+        value = result.metrics()["output_throughput"]
+        return float(value) if result.valid and isinstance(value, (int, float)) else None
+
+    def noop(name: str, r: int, result: load.CellResult) -> None:
+        return None
+
+    runs = stats.run_interleaved(list(by_name), measure, primary, policy, on_sample or noop)
+    return Campaign(runs=runs, policy=policy)
+
+
+def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, Any]:
+    """What one measured repeat contributes to the session's records (``throughput-repeat``)."""
+    return {
+        "cell": name,
+        "repeat": repeat,
+        "workload": result.workload,
+        "metrics": result.metrics(),
+        "problems": result.problems()[:20],
+        "notes": result.notes,
+    }
+
+
+@dataclass
+class CellEvaluation:
+    """One cell judged against its baseline: what the suite reports and records."""
+
+    status: str
+    verdict: gate.CellVerdict
+    record: dict[str, Any]
+    samples: dict[str, list[float]]
+    durations: list[float]
+    repeats: int
+    primary: list[float]
+    baseline_cell: Any
+    baseline_problem: str | None
+
+
+def evaluate_cell(
+    config: str,
+    workload: load.WorkloadLike,
+    campaign: Campaign,
+    baseline: Mapping[str, Any] | None,
+    baseline_path: Path,
+    hardware_profile: str,
+    update_mode: bool,
+    baseline_error: str | None = None,
+) -> CellEvaluation:
+    """Status of the measurement, verdict against the baseline, and the result record.
+
+    ``baseline`` is the parsed baseline file (None when missing); ``baseline_error`` a
+    problem reading it, which the caller fails on after recording the measurement.
+    """
+    run = campaign.runs[workload.name]
+    valid = [s for s in run.samples if s.valid]
+    repeats = [s.metrics() for s in valid]
+    problems = [p for s in run.samples for p in s.problems()]
+    notes = sorted({n for s in run.samples for n in s.notes})
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
+    samples = {
+        spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
+        for spec in gate.GATED_METRICS
+    }
+    workload_info = load.workload_dict(workload)
+    section: dict[str, Any] = {}
+    problem = baseline_error
+    if baseline is not None and problem is None:
+        try:
+            section = gate.validate_section(baseline.get("metrics"), str(baseline_path))
+        except (BaselineError, gate.BaselineFormatError) as exc:
+            problem = str(exc)
+    cell_base = section.get(workload.name)
+    verdict = gate.compare_cell(workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
+    if update_mode and status == stats.VALID:
+        verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
+    record = report.throughput_record(
+        config=config,
+        cell=workload.name,
+        workload=workload_info,
+        repeats=repeats,
+        samples=samples,
+        measurement_status=status,
+        verdict=verdict.as_dict(),
+        problems=problems[:20],
+        notes=notes,
+        hardware_profile=hardware_profile,
+    )
+    return CellEvaluation(
+        status=status,
+        verdict=verdict,
+        record=record,
+        samples=samples,
+        durations=[s.duration_s for s in valid],
+        repeats=len(repeats),
+        primary=list(run.primary),
+        baseline_cell=cell_base,
+        baseline_problem=problem,
+    )
