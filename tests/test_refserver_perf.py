@@ -7,14 +7,16 @@ figures are converted to simulated seconds (x clock scale).
 
 from __future__ import annotations
 
-import threading
-import time
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-import requests
 
 from refserver_helpers import RefServer, config_args, start_many
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_refserver  # noqa: E402  (the benchmark's closed loop, not a copy of it)
 
 SCALE = 4.0
 PROMPTS = ["Write a Python function that reverses a string.", "What is speculative decoding?", "Tell me a short story.", "Hello"]
@@ -30,38 +32,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RefServ
 
 
 def measure(srv: RefServer, concurrency: int, per_client: int, max_tokens: int = 64) -> dict[str, float]:
-    """Closed loop; returns simulated aggregate and per-request tok/s, and accounting checks."""
-    before = srv.info()["internal_states"][0]  # type: ignore[index]
-    results: list[tuple[int, float]] = []
-    lock = threading.Lock()
-
-    def client(i: int) -> None:
-        with requests.Session() as s:
-            for j in range(per_client):
-                body = {"model": "m", "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
-                        "messages": [{"role": "user", "content": PROMPTS[(i + j) % len(PROMPTS)]}]}
-                t0 = time.monotonic()
-                r = s.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
-                r.raise_for_status()
-                with lock:
-                    results.append((r.json()["usage"]["completion_tokens"], time.monotonic() - t0))
-
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - t0
-    after = srv.info()["internal_states"][0]  # type: ignore[index]
-    tokens = sum(n for n, _ in results)
-    assert len(results) == concurrency * per_client
-    assert after["total_output_tokens"] - before["total_output_tokens"] == tokens  # exact accounting
-    return {
-        "agg": tokens / wall / SCALE,
-        "per_req": sum(n / dt for n, dt in results) / len(results) / SCALE,
-        "sim_agg": tokens / (after["simulated_busy_seconds"] - before["simulated_busy_seconds"]),
-    }
+    """Closed loop (the benchmark's own); simulated aggregate and per-request tok/s."""
+    fig = bench_refserver.run_cell(srv.url, concurrency, per_client, max_tokens, prompts=PROMPTS)
+    assert fig["tokens"] == fig["engine_tokens"]  # exact accounting
+    return {"agg": fig["agg"] / SCALE, "per_req": fig["per_req"] / SCALE, "sim_agg": fig["tokens"] / fig["sim_busy"]}
 
 
 def test_budget_crossover(pair: dict[str, RefServer]) -> None:
