@@ -432,6 +432,7 @@ def judge(problems: Sequence[Problem], results: Sequence[ProblemResult], *, limi
         res.verdict, res.message, res.run_s = out.verdict, out.message, out.duration_s
         res.stdout, res.stderr = out.stdout[-4000:], out.stderr[-4000:]
         res.extra["sandbox_tier"] = out.tier
+        res.extra["sandbox_uid"] = out.uid  # which unprivileged uid ran it (leftover checks key on it)
     return list(results)
 
 

@@ -81,6 +81,10 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
     # Every answer here is hostile, none is slow-but-correct: shorter limits (wall 4 s, CPU 2 s)
     # keep the test fast without changing what is proven.
     monkeypatch.setenv("DDTREE_SANDBOX_SPEED_FACTOR", "0.4")
+    # A uid range of its own, so the leftover check below sees this run's sandboxes only and
+    # not those of tests running beside it on another xdist worker.
+    uid_base = sandbox.UID_BASE + 100_000_000
+    monkeypatch.setenv("DDTREE_SANDBOX_UID_BASE", str(uid_base))
     canary_dir = repo_root / ".ddtree" / f"canary-{os.getpid()}-{time.monotonic_ns()}"
     canary_dir.mkdir(parents=True)
     try:
@@ -113,7 +117,9 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
         assert verdicts["lru_cache"] == "error" and "output flood" in next(p["message"] for p in rec["problems"] if p["id"] == "lru_cache")
         assert canary.read_text() == "intact\n"
         assert not (canary_dir / "dropped.txt").exists() and not (repo_root / "pwned.txt").exists()
-        leftovers = [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if sandbox.UID_BASE <= uid < sandbox.UID_BASE + 64 * 100_000]
+        uids = {p["sandbox_uid"] for p in rec["problems"]}
+        assert all(uid is not None and uid_base <= uid < uid_base + 64 * 100_000 for uid in uids), uids
+        leftovers = [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
         assert leftovers == [], f"sandbox processes survived: {leftovers}"
     finally:
         shutil.rmtree(canary_dir, ignore_errors=True)
