@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 import yaml
 
 from pytest_ddtree.results import BaselineUpdate
+from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 SCHEMA_VERSION = 1
 
@@ -57,15 +58,11 @@ def write_yaml_atomic(path: Path, data: Any, header: str = "") -> None:
 def read_yaml_file(path: Path, what: str, fix: str) -> Any:
     """Parse a YAML file or raise BaselineError naming the file, the line and the fix."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BaselineError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BaselineError(f"corrupt {what} {path}: YAML error{line}: {getattr(exc, 'problem', None) or exc}. {fix}") from None
+        return read_yaml(path)[0]
+    except YAMLFileError as exc:
+        if not exc.syntax:
+            raise BaselineError(f"cannot read {what} {path}: {exc.problem}") from None
+        raise BaselineError(f"corrupt {what} {path}: YAML error{exc.location}: {exc.problem}. {fix}") from None
 
 
 @dataclass(frozen=True)

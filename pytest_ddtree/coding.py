@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Job, Limits, Verdict
+from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 __all__ = [
     "BUNDLED_SETS",
@@ -140,13 +140,11 @@ def _require_str(raw: Mapping[str, Any], key: str, path: Path, *, multiline: boo
 def load_problem(path: Path) -> Problem:
     """Parse and validate one problem file (does not run it)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ProblemError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    except OSError as exc:
-        raise ProblemError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raw, _ = read_yaml(path)
+    except YAMLFileError as exc:
+        if not exc.syntax:
+            raise ProblemError(f"{path}: cannot read: {exc.problem}") from None
+        raise ProblemError(f"{path}: invalid YAML{exc.location}: {exc.problem}") from None
     if not isinstance(raw, dict):
         raise ProblemError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
     known = {"id", "title", "category", "sets", "prompt", "entry_point", "tests", "reference_solution", "preamble"}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import yaml
+from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 
 class ConfigError(ValueError):
@@ -208,13 +208,9 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
 def load_matrix(path: Path) -> Matrix:
     """Load ``configs.yaml``; every error names the file and the offending key."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config matrix {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: YAML syntax error{line}: {getattr(exc, 'problem', exc)}") from None
+        raw = read_yaml(path)[0] or {}
+    except YAMLFileError as exc:
+        raise ConfigError(str(exc) if exc.syntax else f"cannot read config matrix {path}: {exc.problem}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
     unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended"}

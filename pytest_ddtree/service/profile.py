@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 CONTROLLERS = ("process", "systemd", "external")
 CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
@@ -265,13 +265,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
 def load_profile(path: Path) -> ServiceProfile:
     """Read and validate a profile file; YAML syntax errors report the line."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"cannot read service profile {path}: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ProfileError(f"{path}: YAML syntax error{line}: {getattr(exc, 'problem', None) or exc}") from None
+        raw, text = read_yaml(path)
+    except YAMLFileError as exc:
+        raise ProfileError(str(exc) if exc.syntax else f"cannot read service profile {path}: {exc.problem}") from None
     return parse_profile(raw, source=path, text=text)
