@@ -4,14 +4,13 @@ It speaks the same shapes to real SGLang and to the embedded reference engine, a
 renames SGLang has made (``/server_info`` was ``/get_server_info``, ``/model_info`` was
 ``/get_model_info``). It is deliberately thin: the harness must see what the server really said
 (status codes, meta_info), so nothing here retries or "fixes" a response; callers decide.
+Streaming measurement lives in ``load.py`` on bare ``http.client`` connections, because the
+client's own CPU cost per chunk matters there.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import requests
 
@@ -23,14 +22,6 @@ class ServiceHTTPError(RuntimeError):
         self.status = status
         self.body = body
         super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
-
-
-@dataclass(frozen=True)
-class StreamChunk:
-    """One SSE ``data:`` event, with its arrival time on the client's monotonic clock."""
-
-    arrival: float
-    data: dict[str, Any]
 
 
 class SGLangClient:
@@ -113,25 +104,13 @@ class SGLangClient:
         **extra: Any,
     ) -> dict[str, Any]:
         """Non-streaming ``/generate``; returns ``{text, output_ids, meta_info}``."""
-        payload = self._generate_payload(text, input_ids, sampling_params, stream=False, extra=extra)
+        payload = self._generate_payload(text, input_ids, sampling_params, extra=extra)
         result = self.post_json("/generate", payload, timeout=timeout)
         if isinstance(result, list):  # batch form; we only ever send one prompt
             result = result[0]
         if not isinstance(result, dict):
             raise ServiceHTTPError("POST", self._url("/generate"), 200, f"expected a JSON object, got {result!r}")
         return result
-
-    def stream_generate(
-        self,
-        text: str | None = None,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-        **extra: Any,
-    ) -> Iterator[StreamChunk]:
-        """Streaming ``/generate``: yields each ``data:`` event until ``data: [DONE]``."""
-        payload = self._generate_payload(text, input_ids, sampling_params, stream=True, extra=extra)
-        yield from self._stream("/generate", payload, timeout)
 
     def chat(
         self,
@@ -159,48 +138,19 @@ class SGLangClient:
             raise ServiceHTTPError("POST", self._url("/v1/chat/completions"), 200, f"expected a JSON object, got {result!r}")
         return result
 
-    @staticmethod
-    def chat_text(response: Mapping[str, Any]) -> str:
-        """The assistant message text of a chat completion response ('' when absent)."""
-        choices = response.get("choices") or []
-        if not choices:
-            return ""
-        message = choices[0].get("message") or {}
-        return str(message.get("content") or "")
-
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _generate_payload(
         text: str | None,
         input_ids: Sequence[int] | None,
         sampling_params: Mapping[str, Any] | None,
-        stream: bool,
         extra: Mapping[str, Any],
     ) -> dict[str, Any]:
         if (text is None) == (input_ids is None):
             raise ValueError("pass exactly one of text= or input_ids=")
-        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": stream, **extra}
+        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": False, **extra}
         if text is not None:
             payload["text"] = text
         else:
             payload["input_ids"] = list(input_ids or [])
         return payload
-
-    def _stream(self, path: str, payload: Mapping[str, Any], timeout: float | None) -> Iterator[StreamChunk]:
-        url = self._url(path)
-        with self.session.post(url, json=payload, stream=True, timeout=timeout or self.timeout) as response:
-            self._check("POST", response)
-            for line in response.iter_lines(chunk_size=None, decode_unicode=False):
-                if not line or not line.startswith(b"data:"):
-                    continue
-                body = line[5:].strip()
-                if body == b"[DONE]":
-                    return
-                arrival = time.perf_counter()
-                try:
-                    data = json.loads(body)
-                except json.JSONDecodeError as exc:
-                    raise ServiceHTTPError("POST", url, response.status_code, f"bad SSE event {body[:200]!r}: {exc}") from None
-                if isinstance(data, dict) and "error" in data and len(data) <= 2:
-                    raise ServiceHTTPError("POST", url, response.status_code, json.dumps(data)[:500])
-                yield StreamChunk(arrival, data if isinstance(data, dict) else {"data": data})
