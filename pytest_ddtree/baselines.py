@@ -10,7 +10,6 @@ reviewable YAML diff, and a cross-process lock keeps concurrent writers from int
 from __future__ import annotations
 
 import fcntl
-import os
 import shlex
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from pytest_ddtree.results import BaselineUpdate
+from pytest_ddtree.results import BaselineUpdate, write_text_atomic
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 SCHEMA_VERSION = 1
@@ -45,14 +44,9 @@ def dump_yaml(data: Any) -> str:
 
 
 def write_yaml_atomic(path: Path, data: Any, header: str = "") -> None:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    """Readers never see half a baseline (see ``results.write_text_atomic``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(header + dump_yaml(data))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, header + dump_yaml(data))
 
 
 def read_yaml_file(path: Path, what: str, fix: str) -> Any:
@@ -105,7 +99,7 @@ class BaselineStore:
         data = self.load(config_name)
         return None if data is None else data.get(section)
 
-    def apply_updates(self, updates: Iterable[BaselineUpdate], details: dict[str, Any] | None = None) -> list[Path]:
+    def apply_updates(self, updates: Iterable[BaselineUpdate]) -> list[Path]:
         """Merge section updates into their files (controller only). Returns the files written."""
         by_config: dict[str, list[BaselineUpdate]] = {}
         for update in updates:
@@ -119,8 +113,6 @@ class BaselineStore:
                 data["schema"] = SCHEMA_VERSION
                 data["config"] = config_name
                 data["hardware_profile"] = self.hardware_profile
-                if details:
-                    data["hardware"] = details
                 for update in config_updates:
                     existing = data.get(update.section)
                     if isinstance(existing, dict) and isinstance(update.data, dict):

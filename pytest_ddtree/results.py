@@ -113,13 +113,15 @@ def read_baseline_updates(directory: Path) -> list[BaselineUpdate]:
     ]
 
 
-def write_json_atomic(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, sort_keys=True, indent=2, default=_json_default) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write a temp file in the same folder, fsync, then rename: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    write_text_atomic(path, json.dumps(value, sort_keys=True, indent=2, default=_json_default) + "\n")
