@@ -271,5 +271,19 @@ def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTr
     return selected
 
 
+def select_workloads(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
+    """The cells ``--ddtree-workload`` asks for, in matrix order; all of them without patterns.
+
+    Each pattern must match at least one workload: a typo would otherwise run nothing and pass.
+    """
+    if not patterns:
+        return list(matrix.workloads)
+    names = ", ".join(w.name for w in matrix.workloads)
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(w.name, pattern) for w in matrix.workloads):
+            raise ConfigError(f"--ddtree-workload {pattern!r} matches no workload of {matrix.path}; valid: {names}")
+    return [w for w in matrix.workloads if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)]
+
+
 def _valid_names_hint(matrix: Matrix) -> str:
     return "valid names: all, " + ", ".join(matrix.names())

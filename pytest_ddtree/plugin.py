@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree import options
-from pytest_ddtree.configs import ConfigError, DDTreeConfig
+from pytest_ddtree.configs import ConfigError, DDTreeConfig, select_workloads
 from pytest_ddtree.finish import FinishOutcome, finish_session
 from pytest_ddtree.session import DDTreeSession
 from pytest_ddtree.service.profile import ProfileError
@@ -91,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
-    names = ("ddtree_config", "ddtree_service", "ddtree_matrix", "ddtree_package")
+    names = ("ddtree_config", "ddtree_service", "ddtree_matrix", "ddtree_package", "ddtree_workload")
     return any(config.getoption(name) for name in names)
 
 
@@ -108,6 +108,7 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
     try:
         session.selected_configs  # noqa: B018 - loads the matrix and resolves the selection
         session.profile  # noqa: B018
+        select_workloads(settings.workloads, session.matrix)
     except (ConfigError, ProfileError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings.coding_set == "humaneval":

@@ -22,7 +22,6 @@ How a config is measured (see DESIGN.md "Measurements and gates"):
 
 from __future__ import annotations
 
-import fnmatch
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +30,7 @@ import pytest
 
 from pytest_ddtree import gate, report, stats
 from pytest_ddtree.baselines import BaselineError
-from pytest_ddtree.configs import DDTreeConfig, Workload
+from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
 from pytest_ddtree.fingerprint import local_fingerprint
 from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sample_record
 
@@ -56,14 +55,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     session = _session(metafunc.config)
     if session is None:
         return
-    workloads: list[Workload] = list(session.matrix.workloads)
-    patterns = session.settings.workloads
-    if patterns:
-        chosen = [w for w in workloads if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)]
-        if not chosen:
-            names = ", ".join(w.name for w in workloads)
-            raise pytest.UsageError(f"--ddtree-workload {', '.join(patterns)} matches no workload; valid: {names}")
-        workloads = chosen
+    try:
+        workloads = select_workloads(session.settings.workloads, session.matrix)
+    except ConfigError as exc:  # normally caught at configure time already (exit 4)
+        raise pytest.UsageError(str(exc)) from None
     try:
         max_context = session.profile.max_context
     except Exception:  # a broken profile fails in the ddtree_profile fixture with its message

@@ -105,3 +105,19 @@ def test_ini_defaults_and_command_line_precedence(pytester: pytest.Pytester, rep
     assert [line for line in from_ini.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b4_k4]", "test_gate.py::test_gate[bs16_b16_k4]"]
     from_cli = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", "--ddtree-config=bs8_b12_k6")
     assert [line for line in from_cli.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b12_k6]"]
+
+
+@pytest.mark.parametrize("patterns", [["nomatch*"], ["c1_*", "c9_typo"]])
+def test_workload_pattern_matching_nothing_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path, gate_file: None, patterns: list[str]) -> None:
+    """A typo in --ddtree-workload must not run zero cells and pass (issue #10.6)."""
+    result = pytester.runpytest_subprocess(*[f"--ddtree-workload={p}" for p in patterns], *_args(repo_root))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--ddtree-workload '{patterns[-1]}' matches no workload*valid: c1_short, c8_short*"])
+
+
+def test_workload_patterns_select_in_matrix_order(repo_root: Path) -> None:
+    from pytest_ddtree.configs import load_matrix, select_workloads
+
+    matrix = load_matrix(repo_root / "suites" / "configs.yaml")
+    assert [w.name for w in select_workloads(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]
+    assert select_workloads([], matrix) == list(matrix.workloads)

@@ -18,7 +18,7 @@ from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
-    ConfigNotAvailable,
+    ExternalConfigMismatch,
     Launch,
     ServiceDiedError,
     ServiceStartError,
@@ -238,7 +238,7 @@ def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
 
 
 # -- external -----------------------------------------------------------------------------------
-def test_external_skips_other_configs(tmp_path: Path) -> None:
+def test_external_other_config_fails_with_the_diff(tmp_path: Path) -> None:
     port = free_port()
     runner = ProcessController(tmp_path, stop_timeout_s=2)
     runner.start(Launch("ext", f"{sys.executable} {STANDIN} --port {port} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4", port, ""))
@@ -258,7 +258,12 @@ def test_external_skips_other_configs(tmp_path: Path) -> None:
                 m = make_manager(profile, tmp_path)
                 time.sleep(0.1)
         assert svc.launch_command is None and svc.config == BS8_B8_K4
-        with pytest.raises(ConfigNotAvailable, match=r"speculative_eagle_topk=4 \(asked 6\)"):
+        with pytest.raises(ExternalConfigMismatch) as info:
+            m.ensure(BS8_B12_K6)
+        assert [(d.key, d.expected, d.actual) for d in info.value.diffs] == [
+            ("speculative_num_draft_tokens", 12, 8), ("speculative_eagle_topk", 6, 4)]
+        assert "never restarts an external service" in str(info.value)
+        with pytest.raises(ExternalConfigMismatch):  # remembered: no second round trip decides otherwise
             m.ensure(BS8_B12_K6)
         assert m.ensure(BS8_B8_K4).url == f"http://127.0.0.1:{port}"
         m.close()

@@ -1,7 +1,8 @@
 """Service lifecycle: profiles, controllers (process, systemd, external), readiness, the manager.
 
 The plugin uses :class:`ServiceManager` (one per xdist worker) and catches
-:class:`ServiceError` (fail the config's tests) and :class:`ConfigNotAvailable` (skip them).
+:class:`ServiceError` (fail the config's tests, among them :class:`ExternalConfigMismatch`:
+an external service running another config).
 """
 
 from pytest_ddtree.service.base import (
@@ -10,6 +11,7 @@ from pytest_ddtree.service.base import (
     ConfigNotAvailable,
     Controller,
     ExitInfo,
+    ExternalConfigMismatch,
     Launch,
     ServiceDiedError,
     ServiceError,
@@ -25,6 +27,7 @@ __all__ = [
     "ConfigNotAvailable",
     "Controller",
     "ExitInfo",
+    "ExternalConfigMismatch",
     "InstanceLock",
     "Launch",
     "RunningService",

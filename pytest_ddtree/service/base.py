@@ -85,7 +85,7 @@ class AppliedConfigMismatch(ServiceError):
     This is never "fixed" by falling back: measuring the wrong config is worse than failing.
     """
 
-    def __init__(self, config_name: str, diffs: Sequence[AppliedDiff], source: str = "/server_info") -> None:
+    def __init__(self, config_name: str, diffs: Sequence[AppliedDiff], source: str = "/server_info", hint: str | None = None) -> None:
         self.config_name = config_name
         self.diffs = list(diffs)
         lines = [f"service does not run config {config_name}: {len(self.diffs)} applied value(s) differ in {source}"]
@@ -93,11 +93,28 @@ class AppliedConfigMismatch(ServiceError):
         lines.append(f"    {'key':<{width}}  expected  actual")
         for d in self.diffs:
             lines.append(f"    {d.key:<{width}}  {d.expected!r:<8}  {d.actual!r}")
-        lines.append(
+        lines.append(hint or (
             "what to do: check that the profile's config_args flags are the ones this server build reads "
             "(upstream DFLASH silently forces topk=1), and that the applied keys name real /server_info keys"
-        )
+        ))
         super().__init__("\n".join(lines))
+
+
+class ExternalConfigMismatch(AppliedConfigMismatch):
+    """An external service runs another config than the one asked for.
+
+    A failure, not a skip: the user asked for this config to be gated, and a run that skips it
+    exits 0 without having checked anything. The harness never restarts an external service, so
+    the message says to point the profile at an instance running the config (or deselect it).
+    """
+
+    def __init__(self, config_name: str, url: str, diffs: Sequence[AppliedDiff]) -> None:
+        hint = (
+            "what to do: the harness never restarts an external service; point the profile at an "
+            f"instance running {config_name}, or leave {config_name} out of --ddtree-config"
+        )
+        super().__init__(config_name, diffs, source=f"/server_info of the external service {url}", hint=hint)
+        self.url = url
 
 
 class ConfigNotAvailable(ServiceError):

@@ -20,6 +20,7 @@ from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     ConfigNotAvailable,
     Controller,
+    ExternalConfigMismatch,
     Launch,
     ProgressFn,
     ServiceDiedError,
@@ -165,8 +166,8 @@ class ServiceManager:
         """A ready service running ``config``; restart only when the config changes.
 
         Raises the cached ServiceError for a config that failed before (no retry),
-        ServiceDiedError when the service died since the last test, ConfigNotAvailable for an
-        external service running another config.
+        ServiceDiedError when the service died since the last test, ExternalConfigMismatch (a
+        failure with the key diff) for an external service running another config.
         """
         name = config.name
         if name in self._failed:
@@ -398,7 +399,7 @@ class ServiceManager:
             service = self._launch_and_wait(slot, config, label=name)
             if self.profile.controller == "external":
                 self._check_external_config(service, config)
-        except ConfigNotAvailable as err:
+        except ExternalConfigMismatch as err:
             self._failed[name] = err
             self._current = slot  # the external service is still usable for other configs
             raise
@@ -487,11 +488,7 @@ class ServiceManager:
     def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
         diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
         if diffs:
-            detail = ", ".join(f"{d.key}={d.actual!r} (asked {d.expected!r})" for d in diffs)
-            raise ConfigNotAvailable(
-                f"external service {service.url} runs another config than {config.name}: {detail}; "
-                "the harness does not restart external services"
-            )
+            raise ExternalConfigMismatch(config.name, service.url, diffs)
 
     def _adopt_external(self, slot: _Slot, config: DDTreeConfig) -> RunningService:
         assert slot.service is not None
@@ -503,7 +500,7 @@ class ServiceManager:
             raise err from None
         try:
             self._check_external_config(slot.service, config)
-        except ConfigNotAvailable as err:
+        except ExternalConfigMismatch as err:
             self._failed[config.name] = err
             raise
         slot.service.config = config
