@@ -2,7 +2,7 @@
 
 Started by :mod:`pytest_ddtree.sandbox` as
 ``unshare --net --pid --ipc --uts --mount --fork --kill-child --mount-proc -- python -I
-_sandbox_stage.py CONFIG_JSON``.  It is PID 1 of a new PID namespace, in a private mount
+stage.py CONFIG_JSON``.  It is PID 1 of a new PID namespace, in a private mount
 namespace with no network, and still root.  It prepares the file system view, drops to an
 unprivileged per-run uid and ``exec``s the interpreter that runs the untrusted code.
 

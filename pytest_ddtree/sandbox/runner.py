@@ -1,6 +1,6 @@
 """In-sandbox runner: executes one solution and its tests, writes a verdict file.
 
-Copied into the run's private work dir and started as ``python -I _sandbox_runner.py``
+Copied into the run's private work dir and started as ``python -I runner.py``
 with the work dir as cwd (see :mod:`pytest_ddtree.sandbox`).  Standard library only.
 
 Protocol (files in the work dir, all written by the parent):

@@ -13,7 +13,7 @@ Isolation tiers (detected once per process by a probe run, see :func:`isolation`
 
 ``namespaces`` (Linux, root, util-linux ``unshare``): new network (no interfaces but a down
     loopback: no network at all), PID, IPC, UTS and mount namespaces.  A root first stage
-    (:mod:`pytest_ddtree._sandbox_stage`) gives the run private tmpfs ``/tmp``, ``/var/tmp``
+    (:mod:`pytest_ddtree.sandbox.stage`) gives the run private tmpfs ``/tmp``, ``/var/tmp``
     and ``/dev/shm``, makes the interpreter reachable, then drops to a per-run unprivileged
     uid (no supplementary groups) before the code starts.  The uid makes ``RLIMIT_NPROC``
     effective (root ignores it, so a fork bomb run as root is bounded only by the kernel's
@@ -70,8 +70,8 @@ __all__ = [
 ]
 
 _PKG_DIR = Path(__file__).resolve().parent
-_RUNNER = _PKG_DIR / "_sandbox_runner.py"
-_STAGE = _PKG_DIR / "_sandbox_stage.py"
+_RUNNER = _PKG_DIR / "runner.py"
+_STAGE = _PKG_DIR / "stage.py"
 
 #: First uid of the per-run uid range used when running as root.  Far above any real
 #: account so the sandbox owns no file on the host and shares no process count.
