@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from pytest_ddtree.results import BaselineUpdate, write_text_atomic
+from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.results import BaselineUpdate
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 SCHEMA_VERSION = 1
@@ -44,9 +45,8 @@ def dump_yaml(data: Any) -> str:
 
 
 def write_yaml_atomic(path: Path, data: Any, header: str = "") -> None:
-    """Readers never see half a baseline (see ``results.write_text_atomic``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, header + dump_yaml(data))
+    write_atomic(path, header + dump_yaml(data))
 
 
 def read_yaml_file(path: Path, what: str, fix: str) -> Any:

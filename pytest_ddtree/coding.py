@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 
 from pytest_ddtree import sandbox
+from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.sandbox import Job, Limits, Verdict
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
@@ -547,9 +548,7 @@ def sync_corpus(path: Path = CORPUS_PATH, directory: Path | None = None) -> bool
     if path.exists() and path.read_text(encoding="utf-8") == want:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(want, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, want)
     return True
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.configs import ConfigError
 from pytest_ddtree.results import (
@@ -22,7 +23,6 @@ from pytest_ddtree.results import (
     read_baseline_updates,
     read_records,
     write_json_atomic,
-    write_text_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
 
@@ -58,13 +58,6 @@ class FinishOutcome:
         self.errors.append(message)
 
 
-def _safe_profile(session: _Session) -> Any:
-    try:
-        return session.profile
-    except (ProfileError, OSError):
-        return None
-
-
 def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     outcome = FinishOutcome()
     results_dir = session.results_dir
@@ -82,7 +75,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
 
         summary = report.session_summary(records, session=session)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
-        write_text_atomic(results_dir / RESULTS_MD, summary.markdown)
+        write_atomic(results_dir / RESULTS_MD, summary.markdown)
         for title, text in summary.sections:
             outcome.sections.append((title, text))
         if summary.plot_error:

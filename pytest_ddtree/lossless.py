@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 import yaml
 
 from pytest_ddtree import coding
+from pytest_ddtree.atomicfile import write_atomic
 
 __all__ = [
     "MAX_NEW_TOKENS",
@@ -182,9 +182,7 @@ def write_golden(golden_dir: Path, transcripts: Mapping[str, Transcript]) -> lis
         if t.error:
             continue
         path = golden_path(golden_dir, pid)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(t.to_json(), sort_keys=True, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, json.dumps(t.to_json(), sort_keys=True, indent=1) + "\n")
         written.append(path)
     return written
 
@@ -309,13 +307,3 @@ def compare_all(reference: Mapping[str, Transcript], got: Mapping[str, Transcrip
     if missing:
         lines.append("without a reference: " + "; ".join(missing))
     return LosslessOutcome(not divergences and compared > 0, compared, tuple(divergences), tuple(missing), "\n".join(lines))
-
-
-def run_gate(
-    prompts: Sequence[Prompt],
-    got: Mapping[str, Transcript],
-    reference_loader: Callable[[], tuple[Mapping[str, Transcript], Sequence[str]]],
-) -> LosslessOutcome:
-    """Glue for the suite: load the reference (instance or golden) and compare."""
-    reference, missing = reference_loader()
-    return compare_all(reference, {p.id: got[p.id] for p in prompts if p.id in got}, missing)

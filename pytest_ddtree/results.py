@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from pytest_ddtree.atomicfile import write_atomic
+
 RECORDS_GLOB = "records-*.jsonl"
 UPDATES_GLOB = "baseline-updates-*.jsonl"
 RESULTS_JSON = "results.json"
@@ -113,15 +115,5 @@ def read_baseline_updates(directory: Path) -> list[BaselineUpdate]:
     ]
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a temp file in the same folder, fsync, then rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def write_json_atomic(path: Path, value: Any) -> None:
-    write_text_atomic(path, json.dumps(value, sort_keys=True, indent=2, default=_json_default) + "\n")
+    write_atomic(path, json.dumps(value, sort_keys=True, indent=2, default=_json_default) + "\n")

@@ -10,11 +10,11 @@ the hash; leave already-patched files alone so a second run is a no-op.
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomicfile import write_atomic
 from . import layout
 from .patches import PatchError, check_target_path, find_dist_info, read_metadata, sha256_file
 
@@ -115,11 +115,8 @@ def deploy_package(
         if dest.is_file() and not (backup / target).exists():
             (backup / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(dest, backup / target)
-        tmp = dest.with_name(dest.name + ".ddtree-tmp")
-        shutil.copyfile(pkg / layout.PATCHES_FULL / target, tmp)
-        if dest.exists():
-            shutil.copymode(dest, tmp)
-        os.replace(tmp, dest)
+        mode = dest.stat().st_mode & 0o7777 if dest.exists() else None
+        write_atomic(dest, (pkg / layout.PATCHES_FULL / target).read_bytes(), mode)
         if sha256_file(dest) != patched:
             rep.refused.append(f"{dest} does not have the expected sha256 after copying")
             return rep

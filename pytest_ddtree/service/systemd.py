@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, describe_exit_code
 
 DEFAULT_DROPIN_DIR = Path("/etc/systemd/system")
@@ -125,9 +126,7 @@ class SystemdController(Controller):
         path = self.dropin_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, text)
         except OSError as exc:
             raise SystemctlError(
                 f"cannot write the drop-in {path}: {exc.strerror or exc}; "
