@@ -38,6 +38,10 @@ class _ProfileDefault(enum.Enum):
 DEFAULT_WINDOW = _ProfileDefault.TOKEN
 Window = int | None | _ProfileDefault
 
+#: The config-name grammar, unanchored and without groups so other patterns can embed it (the
+#: xdist scheduler finds names inside test ids with it). Every module that reads a config name
+#: uses this or :func:`parse_config_name`; there is no second copy to drift.
+NAME_PATTERN = r"bs[1-9][0-9]*_b[1-9][0-9]*_k[1-9][0-9]*(?:_w(?:none|[1-9][0-9]*))?"
 _NAME_RE = re.compile(r"^bs(?P<bs>[1-9][0-9]*)_b(?P<b>[1-9][0-9]*)_k(?P<k>[1-9][0-9]*)(?:_w(?P<w>none|[1-9][0-9]*))?$")
 
 
@@ -88,8 +92,9 @@ class DDTreeConfig:
             "window": self.resolved_window(profile_default_window),
         }
 
-    # The sort key orders a sweep the way people read the campaign's table.
     def sort_key(self) -> tuple[int, int, int, int]:
+        """Orders a sweep the way people read the campaign's table: block size, budget, topk,
+        then window (profile default first, no window last)."""
         window = self.window
         rank = -1 if window is DEFAULT_WINDOW else (10**9 if window is None else int(window))
         return (self.block_size, self.budget, self.topk, rank)
@@ -121,6 +126,20 @@ def parse_config_name(name: str) -> DDTreeConfig:
     if config.name != text:  # leading zeros are excluded by the regex; this guards the grammar itself
         raise ConfigError(f"config name {name!r} is not canonical; write it as {config.name!r}")
     return config
+
+
+def config_or_none(name: str) -> DDTreeConfig | None:
+    """The config a canonical name stands for, or None (records may carry any string)."""
+    try:
+        return parse_config_name(name)
+    except ConfigError:
+        return None
+
+
+def name_sort_key(name: str) -> tuple[Any, ...]:
+    """Sort key for config names as found in records: configs in table order, other names after."""
+    config = config_or_none(name)
+    return (1, (), name) if config is None else (0, config.sort_key(), name)
 
 
 @dataclass(frozen=True)

@@ -17,19 +17,16 @@ size, so a bigger tree only costs compute).
 
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from tabulate import tabulate
 
 from pytest_ddtree import stats
-
-_NAME_RE = re.compile(r"^bs(?P<bs>\d+)_b(?P<b>\d+)_k(?P<k>\d+)(?:_w(?P<w>none|\d+))?$")
+from pytest_ddtree.configs import config_or_none, name_sort_key
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
@@ -55,7 +52,7 @@ def aggregate_repeats(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         keys.extend(k for k in r if k not in keys)
     out: dict[str, Any] = {}
     for k in keys:
-        values = [float(r[k]) for r in repeats if _num(r.get(k))]
+        values = [float(r[k]) for r in repeats if stats.is_number(r.get(k))]
         out[k] = stats.median(values) if values else None
     return out
 
@@ -120,33 +117,20 @@ def normalize(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _sort_key(rec: Mapping[str, Any]) -> tuple[Any, ...]:
     w = rec.get("workload") or {}
-    return (_config_key(str(rec.get("config"))), int(w.get("context_tokens") or 0),
+    return (name_sort_key(str(rec.get("config"))), int(w.get("context_tokens") or 0),
             int(w.get("concurrency") or 0), str(rec.get("cell")))
 
 
-def _config_key(name: str) -> tuple[Any, ...]:
-    m = _NAME_RE.match(name)
-    if not m:
-        return (1, name)
-    w = m.group("w")
-    return (0, int(m.group("bs")), int(m.group("b")), int(m.group("k")),
-            -1 if w is None else (10**9 if w == "none" else int(w)), name)
-
-
-def _num(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
-
-
 def _f(v: Any, digits: int = 1) -> str:
-    return f"{float(v):.{digits}f}" if _num(v) else "-"
+    return f"{float(v):.{digits}f}" if stats.is_number(v) else "-"
 
 
 def _pct(v: Any) -> str:
-    return f"{float(v) * 100:+.1f}%" if _num(v) else "-"
+    return f"{float(v) * 100:+.1f}%" if stats.is_number(v) else "-"
 
 
 def _ctx(tokens: Any) -> str:
-    if not _num(tokens):
+    if not stats.is_number(tokens):
         return "-"
     t = int(tokens)
     return f"{t // 1024}k" if t >= 1024 and t % 1024 == 0 else str(t)
@@ -159,7 +143,7 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
         w = rec.get("workload") or {}
         spread = rec.get("output_throughput_spread") or {}
         tps = _f(m.get("output_throughput"))
-        if _num(spread.get("rel_half_width")) and rec.get("measurement_status") != "invalid":
+        if stats.is_number(spread.get("rel_half_width")) and rec.get("measurement_status") != "invalid":
             tps += f" ±{float(spread['rel_half_width']) * 100:.0f}%"
         change = (rec.get("change") or {}).get("output_throughput")
         rows.append([
@@ -182,7 +166,7 @@ def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "si
 
 def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in normalize(records) if r.get("measurement_status") != "invalid"
-            and _num((r.get("metrics") or {}).get("output_throughput"))]
+            and stats.is_number((r.get("metrics") or {}).get("output_throughput"))]
 
 
 def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -219,7 +203,7 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         if c == low_c and top_c != low_c:
             per = (winner.get("metrics") or {}).get("median_request_output_throughput")
-            speed = f"{float(per):.1f} tok/s per request" if _num(per) else f"{tps(winner):.1f} tok/s"
+            speed = f"{float(per):.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
                           f"{winner['config']} with {speed}{margin}.")
     out.extend(aggregate)
@@ -241,7 +225,7 @@ def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     per: dict[str, list[float]] = defaultdict(list)
     for r in recs:
         v = (r.get("metrics") or {}).get("accept_length")
-        if _num(v):
+        if stats.is_number(v):
             per[str(r["config"])].append(float(v))
     return {k: stats.median(v) for k, v in per.items() if v}
 
@@ -254,11 +238,11 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
     raises acceptance by less than ``min_gain``, more tree (or a longer block) buys no
     acceptance; the drafter's predictions are the limit.
     """
-    parsed = {n: m for n in accept if (m := _NAME_RE.match(n))}
+    parsed = {n: c for n in accept if (c := config_or_none(n))}
     out: list[str] = []
-    groups: dict[tuple[int, int, str], list[tuple[int, str]]] = defaultdict(list)
-    for name, m in parsed.items():
-        groups[(int(m.group("bs")), int(m.group("k")), m.group("w") or "")].append((int(m.group("b")), name))
+    groups: dict[tuple[int, int, int], list[tuple[int, str]]] = defaultdict(list)
+    for name, c in parsed.items():
+        groups[(c.block_size, c.topk, c.sort_key()[3])].append((c.budget, name))
     findings: list[str] = []
     flat_steps: list[tuple[float, int, int, str, str, float, float]] = []
     for _group, members in sorted(groups.items()):
@@ -275,8 +259,8 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
         findings.append(f"the last budget step raised acceptance by at most {gain:+.0%}, e.g. budget {b1} -> {b2} "
                         f"({n1} -> {n2}) only {a1:.2f} -> {a2:.2f}{others}")
     by_bs: dict[int, list[tuple[float, str]]] = defaultdict(list)
-    for name, m in parsed.items():
-        by_bs[int(m.group("bs"))].append((accept[name], name))
+    for name, c in parsed.items():
+        by_bs[c.block_size].append((accept[name], name))
     if len(by_bs) >= 2:
         sizes = sorted(by_bs)
         lo_best = max(by_bs[sizes[0]])
@@ -354,7 +338,7 @@ def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:
     if not series:
         return False
     contexts = sorted({ctx for _, ctx in series})
-    configs = sorted({cfg for cfg, _ in series}, key=_config_key)
+    configs = sorted({cfg for cfg, _ in series}, key=name_sort_key)
     colors = plt.get_cmap("tab20")
     fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts) + 3, 5), squeeze=False)
     for ax, ctx in zip(axes[0], contexts):
@@ -426,7 +410,7 @@ def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mappi
             if f"[{config}]" in nodeid or f"-{config}]" in nodeid or f"[{config}-" in nodeid:
                 failures[config] = failures.get(config, 0) + 1
     rows = []
-    for config in sorted(by_config, key=_config_key):
+    for config in sorted(by_config, key=name_sort_key):
         row = by_config[config]
         if not ({"coding", "lossless", "health"} & set(row)):
             continue

@@ -16,7 +16,9 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-_CONFIG_IN_ID = re.compile(r"(?:\[|-)(bs[1-9][0-9]*_b[1-9][0-9]*_k[1-9][0-9]*(?:_w(?:none|[1-9][0-9]*))?)(?=-|\])")
+from pytest_ddtree.configs import NAME_PATTERN
+
+_CONFIG_IN_ID = re.compile(rf"(?:\[|-)({NAME_PATTERN})(?=-|\])")
 
 
 def config_scope(nodeid: str) -> str:

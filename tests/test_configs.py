@@ -11,9 +11,11 @@ from pytest_ddtree.configs import (
     ConfigError,
     DDTreeConfig,
     load_matrix,
+    name_sort_key,
     parse_config_name,
     select_configs,
 )
+from pytest_ddtree.scheduling import config_scope
 
 
 @pytest.mark.parametrize("name", ["bs8_b8_k4", "bs8_b12_k6_w2048", "bs8_b8_k4_wnone", "bs16_b32_k8", "bs2_b1_k1_w1"])
@@ -81,3 +83,17 @@ def test_matrix_errors_name_file_and_key(tmp_path: Path) -> None:
     path.write_text("default: bs8_b8_k4\nworkloads:\n  - {name: x, concurrency: two, context_tokens: 5}\n")
     with pytest.raises(ConfigError, match=r"workloads\[0\]: workload values must be integers"):
         load_matrix(path)
+
+
+def test_one_grammar_serves_parsing_sorting_and_scheduling() -> None:
+    names = ["bs16_b8_k4", "bs8_b8_k4_wnone", "bs8_b12_k6", "bs8_b8_k4_w512", "bs8_b8_k4", "not-a-config"]
+    assert sorted(names, key=name_sort_key) == [
+        "bs8_b8_k4", "bs8_b8_k4_w512", "bs8_b8_k4_wnone", "bs8_b12_k6", "bs16_b8_k4", "not-a-config"]
+    # The scheduler finds exactly the names the parser accepts inside a test id.
+    assert config_scope("suites/test_x.py::test_a[bs8_b12_k6_w2048-c4]") == "ddtree-config:bs8_b12_k6_w2048"
+    assert config_scope("suites/test_x.py::test_a[c4-bs8_b8_k4]") == "ddtree-config:bs8_b8_k4"
+    for not_canonical in ("bs08_b8_k4", "bs8_b8_k4_w0"):
+        with pytest.raises(ConfigError):
+            parse_config_name(not_canonical)
+        node = f"suites/test_x.py::test_a[{not_canonical}]"
+        assert config_scope(node) == node
