@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from pytest_ddtree import stats
 
@@ -48,7 +48,6 @@ REGRESSION = "regression"
 INCONCLUSIVE = "inconclusive"
 INVALID = "invalid"
 MISSING = "missing"
-NEW = "new"  # metric or cell present now, absent from the baseline
 
 
 class BaselineFormatError(ValueError):
@@ -287,7 +286,7 @@ def measurement_status(
         return status, list(problems)[:20] or ["measurement invalid"]
     if status == stats.INCONCLUSIVE:
         return status, [f"repeats disagree: output tok/s {[round(p, 1) for p in primary]}"]
-    fractions = [float(f) for m in repeats if _is_number(f := m.get("engine_busy_fraction"))]
+    fractions = [float(f) for m in repeats if stats.is_number(f := m.get("engine_busy_fraction"))]
     if fractions and stats.median(fractions) < min_busy_fraction:
         return stats.INCONCLUSIVE, [
             f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "
@@ -348,17 +347,13 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
             if gate.get("direction") not in ("higher", "lower"):
                 raise BaselineFormatError(f"{w}.direction must be 'higher' or 'lower', got {gate.get('direction')!r}")
             for num in ("median", "tolerance"):
-                if not _is_number(gate.get(num)):
+                if not stats.is_number(gate.get(num)):
                     raise BaselineFormatError(f"{w}.{num} must be a number, got {gate.get(num)!r}")
-            if "min_change" in gate and not _is_number(gate["min_change"]):
+            if "min_change" in gate and not stats.is_number(gate["min_change"]):
                 raise BaselineFormatError(f"{w}.min_change must be a number (absolute, in the metric's unit)")
             if float(gate["tolerance"]) < 0:
                 raise BaselineFormatError(f"{w}.tolerance must be >= 0 (a fraction: 0.05 = 5%)")
             samples = gate.get("samples", [])
-            if not isinstance(samples, list) or not all(_is_number(s) for s in samples):
+            if not isinstance(samples, list) or not all(stats.is_number(s) for s in samples):
                 raise BaselineFormatError(f"{w}.samples must be a list of numbers")
     return dict(section)
-
-
-def _is_number(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))

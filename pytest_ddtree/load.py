@@ -40,7 +40,6 @@ from pytest_ddtree import stats
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
-DIST_STATS = ("mean", "median", "std", "p90", "p99")
 
 
 class LoadError(RuntimeError):
@@ -426,7 +425,7 @@ class CellResult:
         """
         b, a = self.server_state_before, self.server_state
         keys = ("simulated_busy_seconds", "total_output_tokens")
-        if not all(_num(b.get(k)) and _num(a.get(k)) for k in keys) or not _num(a.get("clock_scale")):
+        if not all(stats.is_number(b.get(k)) and stats.is_number(a.get(k)) for k in keys) or not stats.is_number(a.get("clock_scale")):
             return None
         busy = (float(a["simulated_busy_seconds"]) - float(b["simulated_busy_seconds"])) / float(a["clock_scale"])
         tokens = float(a["total_output_tokens"]) - float(b["total_output_tokens"])
@@ -521,13 +520,9 @@ def _internal_state(endpoint: Endpoint, notes: list[str]) -> dict[str, Any]:
         value = server_accept_length(info)
         if value is not None:
             out["avg_spec_accept_length"] = value
-    if _num(info.get("clock_scale")):
+    if stats.is_number(info.get("clock_scale")):
         out["clock_scale"] = float(info["clock_scale"])
     return out
-
-
-def _num(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def vocab_size_of(endpoint: Endpoint) -> int:

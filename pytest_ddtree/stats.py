@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeGuard, TypeVar
 
 #: Cell status vocabulary shared with the gate and the report.
 VALID = "valid"
@@ -40,6 +40,18 @@ DEFAULT_SEED = 20240601
 #: Above this many splits the exact Mann-Whitney enumeration switches to the normal
 #: approximation (C(16, 8) = 12870 splits stay exact).
 _EXACT_LIMIT = 20000
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """A value a statistic can use: an int or a float (not a bool), and finite.
+
+    Metrics reach the gate and the report from JSON records written by other processes (and
+    older versions), so any of them may be missing, null, a string or NaN; every reader
+    filters with this one check.
+    """
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -102,3 +102,10 @@ def test_relative_change() -> None:
     assert stats.relative_change(100.0, 90.0) == pytest.approx(-0.1)
     assert stats.relative_change(0.0, 0.0) == 0.0
     assert math.isinf(stats.relative_change(0.0, 1.0))
+
+
+def test_is_number_accepts_finite_ints_and_floats_only() -> None:
+    for good in (0, 3, -2.5, 1e300, 10**400):
+        assert stats.is_number(good), good
+    for bad in (True, False, None, "1.0", float("nan"), float("inf"), [1.0], {"v": 1}):
+        assert not stats.is_number(bad), bad
