@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -29,22 +28,20 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pytest_ddtree.configs import parse_config_name  # noqa: E402
+from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
 CONFIGS = ["bs8_b4_k4", "bs8_b8_k4", "bs8_b16_k4", "bs16_b16_k4", "bs16_b32_k8"]
 CONCURRENCY = [1, 8, 32]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def config_args(name: str) -> list[str]:
-    parts = dict((p[:2], p[2:]) if p.startswith("bs") else (p[:1], p[1:]) for p in name.split("_"))
+    config = parse_config_name(name)
     return [
-        "--speculative-dflash-block-size", parts["bs"],
-        "--speculative-num-draft-tokens", parts["b"],
-        "--speculative-eagle-topk", parts["k"],
+        "--speculative-dflash-block-size", str(config.block_size),
+        "--speculative-num-draft-tokens", str(config.budget),
+        "--speculative-eagle-topk", str(config.topk),
     ]
 
 
