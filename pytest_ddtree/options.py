@@ -20,13 +20,13 @@ class OptionError(ValueError):
 
 
 class _Group(Protocol):
-    def addoption(self, *opts: str, **attrs: Any) -> None: ...
+    def addoption(self, *opts: str, **attrs: Any) -> None: ...  # noqa: V107 (pytest's signature)
 
 
 class _Parser(Protocol):
     def getgroup(self, name: str, description: str = "") -> _Group: ...
 
-    def addini(self, name: str, help: str, type: Any = None, default: Any = None) -> None: ...
+    def addini(self, name: str, help: str, type: Any = None, default: Any = None) -> None: ...  # noqa: V107
 
 
 class _Config(Protocol):

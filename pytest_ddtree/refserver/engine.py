@@ -328,12 +328,6 @@ class Engine:
             return 0.0
         return a.decode_tokens_since_flush / a.verify_steps_since_flush
 
-    def num_running(self) -> int:
-        return len(self.running)
-
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
     # -- scheduler ------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -498,12 +492,14 @@ class Engine:
         def advance(tok: int) -> None:
             target.feed(tstate, tok)
 
-        lossy = None
+        lossy: Callable[[int], bool] | None = None
         if self.faults.lossy_verify > 0:
             rate = self.faults.lossy_verify
 
-            def lossy(d: int) -> bool:
+            def lossy_at(d: int) -> bool:
                 return uniform(self.seed, 0x1055, r.serial, position, d) < rate
+
+            lossy = lossy_at
 
         result = verify(tree, target_next, advance, remaining, self._stop_ids(r), lossy)
         for tok in result.tokens:

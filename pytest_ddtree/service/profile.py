@@ -23,10 +23,6 @@ CONTROLLERS = ("process", "systemd", "external")
 CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
 LOSSLESS_MODES = ("instance", "golden")
 
-# Where the shipped profiles live, relative to the repository / rootdir.
-SHIPPED_PROFILE_DIR = Path("suites") / "services"
-REFERENCE_PROFILE = "reference.yaml"
-
 
 class ProfileError(ValueError):
     """A service profile is invalid; the message names file, key and problem."""
