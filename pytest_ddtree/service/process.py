@@ -70,30 +70,70 @@ def kill_all_groups() -> None:
             pass
 
 
+class TerminatedBySignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived (a cancelled CI job, a closed terminal).
+
+    A KeyboardInterrupt on purpose: pytest then takes its Ctrl-C path, runs the session-finish
+    hooks, and the plugin's ``ServiceManager.close()`` stops our services and puts systemd units
+    back as they were found (drop-in, running or stopped). Results already measured are kept.
+    """
+
+
+_SIGNALLED: list[int] = []
+
+
+def _kill_groups_from_signal_handler() -> None:
+    """SIGKILL our process groups without taking a lock or waiting.
+
+    The interrupted main thread may hold ``_LIVE_LOCK`` or a Popen's wait lock; acquiring either
+    here would deadlock, so this only reads a snapshot (one C-level copy under the GIL) and signals.
+    """
+    for pid in list(_LIVE):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _on_fatal_signal(signum: int, frame: FrameType | None) -> None:
-    kill_all_groups()
+    """First signal: raise :class:`TerminatedBySignal` in the main thread (orderly cleanup).
+    A second one while that cleanup runs: kill the process groups and die by the signal.
+
+    Signal-safe: no lock, no blocking call, no I/O on the first path; the orderly work happens
+    after the handler has returned, in ordinary code that may take locks and wait.
+    """
     previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if _SIGNALLED:
+        _kill_groups_from_signal_handler()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _SIGNALLED.append(signum)
     if callable(previous):
         previous(signum, frame)
-        return
-    # Re-deliver with the default action so our exit status still says "killed by SIGTERM".
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    raise TerminatedBySignal(
+        f"{signal.Signals(signum).name} received: stopping the services this session started and "
+        "restoring systemd units before exiting (send it again to kill them at once)"
+    )
 
 
 def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
-    """Kill our service process groups when pytest itself is terminated by a signal.
+    """Turn SIGTERM and SIGHUP into an orderly interrupt (see :class:`TerminatedBySignal`).
 
-    SIGINT is left alone: pytest turns it into KeyboardInterrupt and runs its session-finish
-    hooks, where the plugin calls ``ServiceManager.close()``. SIGTERM and SIGHUP would otherwise
-    kill pytest without running atexit. Only callable from the main thread; a no-op elsewhere.
+    SIGINT is left alone: pytest already turns it into KeyboardInterrupt. Without this, SIGTERM
+    kills pytest without running atexit or the session-finish hooks, leaving a model loaded on the
+    GPUs or a systemd unit running a test config. Only callable from the main thread; a no-op
+    elsewhere.
     """
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in signals:
         if signum in _PREVIOUS_HANDLERS:
             continue
-        _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+        previous = signal.getsignal(signum)
+        _PREVIOUS_HANDLERS[signum] = previous
+        if previous == signal.SIG_IGN:  # e.g. SIGHUP under nohup: the user asked to keep running
+            continue
         signal.signal(signum, _on_fatal_signal)
 
 

@@ -3,7 +3,9 @@
 Production deployments run SGLang as a unit (so it survives logouts and restarts on boot). The
 harness must not edit the admin's unit file, so it writes one drop-in,
 ``<dropin_dir>/<unit>.d/ddtree.conf``, that replaces ``ExecStart`` with the config's command, and
-removes it again at session end (``restore_default``), restarting the unit on its own default.
+removes it again at session end (``restore_default``), restarting the unit on its own default if
+it was running when the session found it (a stopped unit stays stopped). The same restore runs on
+SIGTERM (a cancelled CI job), see ``process.install_signal_handlers``.
 State comes from ``systemctl show`` (ActiveState, SubState, ExecMainStatus, ExecMainPID) and the
 log tail from ``journalctl -u``, the same places an operator would look.
 """
@@ -87,6 +89,9 @@ class SystemdController(Controller):
         self._started_at: float | None = None
         self._seen_running = False
         self._touched = False  # whether we changed anything that restore_default must undo
+        # What the admin had before we touched the unit: restore_default puts it back as found.
+        self._was_active: bool | None = None
+        self._previous_dropin: str | None = None
 
     @property
     def dropin_path(self) -> Path:
@@ -133,9 +138,27 @@ class SystemdController(Controller):
                 "run as a user that may write there or set dropin_dir in the profile"
             ) from None
 
+    def _remember_previous_state(self) -> None:
+        """Before the first change: was the unit running, and was a drop-in of our name there?
+
+        A unit that was stopped must stay stopped after the session (someone stopped it on
+        purpose, e.g. to free the GPUs), and a drop-in we did not write must come back as it was.
+        """
+        if self._touched:
+            return
+        props = self.show()
+        self._was_active = props.get("ActiveState", "") in ("active", "activating", "reloading")
+        try:
+            self._previous_dropin = self.dropin_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._previous_dropin = None
+        except OSError as exc:
+            raise SystemctlError(f"cannot read the existing drop-in {self.dropin_path}: {exc.strerror or exc}") from None
+        self._touched = True
+
     def start(self, launch: Launch) -> None:
         text = render_dropin(launch.command, launch.env, note=f"config {launch.name}")
-        self._touched = True
+        self._remember_previous_state()
         self._write_dropin(text)
         self._dropin_text = text
         self._launch = launch
@@ -173,9 +196,9 @@ class SystemdController(Controller):
     def take_over(self) -> None:
         """Stop the unit before our first start, so its GPU memory can be freed first.
 
-        From here on ``restore_default`` owes the admin the default config.
+        From here on ``restore_default`` owes the admin the unit as it was found.
         """
-        self._touched = True
+        self._remember_previous_state()
         self._run(self.systemctl + ["stop", self.unit], check=False)
         self._started_at = None
 
@@ -186,21 +209,29 @@ class SystemdController(Controller):
         self._started_at = None
 
     def restore_default(self) -> None:
-        """Remove our drop-in, reload, and restart the unit on the admin's own ExecStart."""
+        """Put the unit back as it was found: the drop-in (ours removed, a previous one written
+        back), reloaded, and running on the admin's own ExecStart only if it was running before;
+        a unit that was stopped is left stopped."""
         if not self._touched:
             return
-        try:
-            self.dropin_path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise SystemctlError(f"cannot remove the drop-in {self.dropin_path}: {exc.strerror or exc}") from None
-        try:
-            self.dropin_path.parent.rmdir()
-        except OSError:
-            pass  # not empty (other drop-ins) or already gone
+        if self._previous_dropin is not None:
+            self._write_dropin(self._previous_dropin)
+        else:
+            try:
+                self.dropin_path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SystemctlError(f"cannot remove the drop-in {self.dropin_path}: {exc.strerror or exc}") from None
+            try:
+                self.dropin_path.parent.rmdir()
+            except OSError:
+                pass  # not empty (other drop-ins) or already gone
         self._run(self.systemctl + ["daemon-reload"])
-        self._run(self.systemctl + ["restart", "--no-block", self.unit])
+        if self._was_active is False:
+            self._run(self.systemctl + ["stop", self.unit], check=False)
+        else:
+            self._run(self.systemctl + ["restart", "--no-block", self.unit])
         self._touched = False
         self._dropin_text = None
         self._started_at = None
