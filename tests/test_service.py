@@ -329,11 +329,12 @@ def test_fake_systemd_failed_unit_reports_journal(tmp_path: Path, fake_systemd: 
     port = free_port()
     (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={sys.executable} -c pass\n")
     m = make_manager(systemd_profile(fake_systemd, port, "--fault crash-on-start"), tmp_path)
-    t0 = time.monotonic()
     with pytest.raises(ServiceStartError) as info:
         m.ensure(BS8_B8_K4)
-    assert time.monotonic() - t0 < 5
     msg = str(info.value)
+    # Noticed from the unit's state, not by running into the ready deadline (no wall-time assert:
+    # the box is shared, and each fake systemctl call is a Python start-up).
+    assert "exited while starting" in msg and "not ready after" not in msg
     assert "failed/failed" in msg and "simulated crash" in msg and info.value.exit_code == 3
     m.close()
     assert not (fake_systemd / "system" / "standin.service.d" / "ddtree.conf").exists()
