@@ -4,6 +4,11 @@ What lives here is only what needs pytest: option registration, parametrization 
 tests over the selected configs, fixtures that hand out the running service, and the session-end
 work (merging results, writing baselines, the sweep table, the reproduction package) folded into
 the exit status. Everything else is in modules that do not import pytest.
+
+Imports of those modules are deferred into the hooks and fixtures that need them: pytest loads
+this plugin into every run of every project in the environment, and a run that passes no
+``--ddtree-*`` option and has no suites/ folder must not load yaml, requests, tabulate or
+pynvml (``tests/test_codebase.py`` checks it).
 """
 
 from __future__ import annotations
@@ -11,18 +16,19 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_ddtree import options
-from pytest_ddtree.configs import ConfigError, DDTreeConfig, select_workloads
-from pytest_ddtree.finish import FinishOutcome, finish_session
-from pytest_ddtree.session import DDTreeSession
-from pytest_ddtree.service.profile import ProfileError
 
-SESSION_KEY = pytest.StashKey[DDTreeSession]()
-FINISH_KEY = pytest.StashKey[FinishOutcome]()
+if TYPE_CHECKING:
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.finish import FinishOutcome
+    from pytest_ddtree.session import DDTreeSession
+
+SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
+FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
@@ -64,7 +70,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
-    config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     try:
         settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY))
@@ -83,6 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
+    from pytest_ddtree.session import DDTreeSession
+
     session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
@@ -95,16 +102,21 @@ def _explicitly_configured(config: pytest.Config) -> bool:
     return any(config.getoption(name) for name in names)
 
 
-def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
-    """Bad names, profiles and package dirs are usage errors (exit 4) before anything starts.
-
-    Only checked when the user asked for ddtree work or the default files exist: a run of
-    unrelated tests with the plugin installed must not fail because no suites/ folder is near.
-    """
+def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
+    """The user asked for ddtree work, or the default files exist: a run of unrelated tests with
+    the plugin installed must neither fail nor read files because no suites/ folder is near."""
     settings = session.settings
-    explicit = _explicitly_configured(config)
-    if not explicit and not (settings.matrix.exists() and settings.service.exists()):
+    return _explicitly_configured(config) or (settings.matrix.exists() and settings.service.exists())
+
+
+def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
+    """Bad names, profiles and package dirs are usage errors (exit 4) before anything starts."""
+    if not _ddtree_in_use(session, config):
         return
+    from pytest_ddtree.configs import ConfigError, select_workloads
+    from pytest_ddtree.service.profile import ProfileError
+
+    settings = session.settings
     try:
         session.selected_configs  # noqa: B018 - loads the matrix and resolves the selection
         session.profile  # noqa: B018
@@ -138,6 +150,11 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = _session(config)
+    if not _ddtree_in_use(session, config):
+        return []
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.service.profile import ProfileError
+
     settings = session.settings
     try:
         profile = session.profile
@@ -155,6 +172,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if CONFIG_FIXTURE not in metafunc.fixturenames:
         return
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.service.profile import ProfileError
+
     session = _session(metafunc.config)
     try:
         configs = session.selected_configs
@@ -166,7 +186,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _item_config(item: pytest.Item) -> DDTreeConfig | None:
     callspec = getattr(item, "callspec", None)
-    value = callspec.params.get(CONFIG_FIXTURE) if callspec is not None else None
+    if callspec is None or CONFIG_FIXTURE not in callspec.params:
+        return None
+    from pytest_ddtree.configs import DDTreeConfig
+
+    value = callspec.params[CONFIG_FIXTURE]
     return value if isinstance(value, DDTreeConfig) else None
 
 
@@ -209,6 +233,8 @@ def ddtree_settings(ddtree_session: DDTreeSession) -> options.Settings:
 @pytest.fixture(scope="session")
 def ddtree_profile(ddtree_session: DDTreeSession) -> Any:
     """The validated service profile (suites/services/reference.yaml unless --ddtree-service)."""
+    from pytest_ddtree.service.profile import ProfileError
+
     try:
         return ddtree_session.profile
     except ProfileError as exc:
@@ -302,6 +328,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ddtree.close()
     finally:
         if ddtree.is_controller and ddtree.results_dir.exists():
+            from pytest_ddtree.finish import finish_session
+
             outcome = finish_session(ddtree, exitstatus=int(exitstatus))
             session.config.stash[FINISH_KEY] = outcome
             if outcome.exit_failure and session.exitstatus == pytest.ExitCode.OK:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from pytest_ddtree.baselines import BaselineStore
-from pytest_ddtree.configs import DDTreeConfig, Matrix, load_matrix, select_configs
 from pytest_ddtree.options import Settings
-from pytest_ddtree.results import SessionRecorder
-from pytest_ddtree.service.profile import ServiceProfile, load_profile
+
+if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.profile import ServiceProfile
 
 ProgressFn = Callable[[str], None]
 
@@ -44,18 +46,26 @@ class DDTreeSession:
 
     @functools.cached_property
     def matrix(self) -> Matrix:
+        from pytest_ddtree.configs import load_matrix
+
         return load_matrix(self.settings.matrix)
 
     @functools.cached_property
     def profile(self) -> ServiceProfile:
+        from pytest_ddtree.service.profile import load_profile
+
         return load_profile(self.settings.service)
 
     @functools.cached_property
     def selected_configs(self) -> list[DDTreeConfig]:
+        from pytest_ddtree.configs import select_configs
+
         return select_configs(self.settings.configs, self.matrix)
 
     @functools.cached_property
     def recorder(self) -> SessionRecorder:
+        from pytest_ddtree.results import SessionRecorder
+
         return SessionRecorder(self.settings.results, self.worker_id or "main")
 
     @property
@@ -87,6 +97,7 @@ class DDTreeSession:
     def baselines(self, server_info: dict[str, Any]) -> BaselineStore:
         """The baseline store for the hardware this session measures on (fixed at first use)."""
         if self._baselines is None:
+            from pytest_ddtree.baselines import BaselineStore
             from pytest_ddtree.fingerprint import hardware_profile
 
             self._baselines = BaselineStore(

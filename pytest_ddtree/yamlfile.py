@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 class YAMLFileError(ValueError):
     """A YAML file cannot be read or parsed.
@@ -35,6 +33,8 @@ def read_yaml(path: Path) -> tuple[Any, str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise YAMLFileError(path, str(exc.strerror or exc), syntax=False) from None
+    import yaml  # here, not at the top: configs.py (and so the xdist scheduler) imports this module
+
     try:
         return yaml.safe_load(text), text
     except yaml.YAMLError as exc:

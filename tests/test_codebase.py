@@ -1,4 +1,4 @@
-"""Properties of the code base itself: no dead code in the package.
+"""Properties of the code base itself: no dead code, and a plugin that costs nothing where unused.
 
 Dead code is where a fix lands and nothing changes; vulture finds what nothing calls (at 80%
 confidence it reports only what is certainly unused: imports, variables, unreachable code).
@@ -6,6 +6,7 @@ confidence it reports only what is certainly unused: imports, variables, unreach
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,3 +18,42 @@ def test_vulture_finds_no_dead_code(repo_root: Path) -> None:
         cwd=repo_root, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+HEAVY = ("requests", "yaml", "tabulate", "pynvml")
+
+
+def test_importing_the_plugin_loads_only_the_option_declarations(tmp_path: Path) -> None:
+    """pytest loads the plugin into every run in the environment: it must cost nothing there."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import pytest_ddtree.plugin"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "pytest_ddtree.plugin" in imported and "pytest_ddtree.options" in imported
+    heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
+    assert not heavy, f"import pytest_ddtree.plugin loaded {heavy}"
+    ours = sorted(name for name in imported if name.startswith("pytest_ddtree."))
+    assert ours == ["pytest_ddtree.options", "pytest_ddtree.plugin"], ours
+
+
+def test_an_unrelated_project_run_with_xdist_loads_none_of_the_heavy_modules(tmp_path: Path) -> None:
+    """The whole run (controller, xdist scheduler, workers), not only the import."""
+    (tmp_path / "conftest.py").write_text(
+        "import os, sys\n"
+        "def pytest_unconfigure(config):\n"
+        f"    loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "    with open(os.path.join(str(config.rootpath), f'loaded-{os.getpid()}.txt'), 'w') as f:\n"
+        "        f.write(' '.join(loaded))\n"
+    )
+    (tmp_path / "test_unrelated.py").write_text("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDTREE_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = {p.name: p.read_text() for p in tmp_path.glob("loaded-*.txt")}
+    assert len(reports) == 3, reports  # the controller and two workers
+    assert all(not loaded for loaded in reports.values()), reports

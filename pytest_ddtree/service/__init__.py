@@ -3,41 +3,60 @@
 The plugin uses :class:`ServiceManager` (one per xdist worker) and catches
 :class:`ServiceError` (fail the config's tests, among them :class:`ExternalConfigMismatch`:
 an external service running another config).
+
+The names below are imported on first use (PEP 562), not here: the plugin is loaded into every
+pytest run of every project in its environment, and the manager pulls in ``requests`` and the
+controllers; a run that never starts a service must not pay for them.
 """
 
-from pytest_ddtree.service.base import (
-    AppliedConfigMismatch,
-    AppliedDiff,
-    ConfigNotAvailable,
-    Controller,
-    ExitInfo,
-    ExternalConfigMismatch,
-    Launch,
-    ServiceDiedError,
-    ServiceError,
-    ServiceStartError,
-)
-from pytest_ddtree.service.manager import RunningService, ServiceManager
-from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, worker_index
-from pytest_ddtree.service.process import install_signal_handlers, kill_all_groups
+from __future__ import annotations
 
-__all__ = [
-    "AppliedConfigMismatch",
-    "AppliedDiff",
-    "ConfigNotAvailable",
-    "Controller",
-    "ExitInfo",
-    "ExternalConfigMismatch",
-    "InstanceLock",
-    "Launch",
-    "RunningService",
-    "ServiceDiedError",
-    "ServiceError",
-    "ServiceManager",
-    "ServiceStartError",
-    "free_port",
-    "install_signal_handlers",
-    "instance_for_worker",
-    "kill_all_groups",
-    "worker_index",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_ddtree.service.base import (
+        AppliedConfigMismatch,
+        AppliedDiff,
+        ConfigNotAvailable,
+        Controller,
+        ExitInfo,
+        ExternalConfigMismatch,
+        Launch,
+        ServiceDiedError,
+        ServiceError,
+        ServiceStartError,
+    )
+    from pytest_ddtree.service.manager import RunningService, ServiceManager
+    from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, worker_index
+    from pytest_ddtree.service.process import install_signal_handlers, kill_all_groups
+
+_HOME = {
+    "AppliedConfigMismatch": "base",
+    "AppliedDiff": "base",
+    "ConfigNotAvailable": "base",
+    "Controller": "base",
+    "ExitInfo": "base",
+    "ExternalConfigMismatch": "base",
+    "Launch": "base",
+    "ServiceDiedError": "base",
+    "ServiceError": "base",
+    "ServiceStartError": "base",
+    "RunningService": "manager",
+    "ServiceManager": "manager",
+    "InstanceLock": "pool",
+    "free_port": "pool",
+    "instance_for_worker": "pool",
+    "worker_index": "pool",
+    "install_signal_handlers": "process",
+    "kill_all_groups": "process",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
