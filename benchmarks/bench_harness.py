@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from pytest_ddtree import gate, load, stats  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
+from pytest_ddtree.client import SGLangClient  # noqa: E402
 
 
 @contextmanager
@@ -55,9 +56,9 @@ def refserver(*args: str) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:
             try:
-                status, _ = load.Endpoint(url, timeout_s=2).call("GET", "/health")
-                if status == 200:
-                    break
+                with SGLangClient(url, timeout=2) as client:
+                    if client.health("/health", timeout=2) == 200:
+                        break
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -1,99 +1,91 @@
-"""A small HTTP client for the part of SGLang's API the harness uses.
+"""SGLang's API as the harness uses it, on the one HTTP layer (``pytest_ddtree.http``).
 
-It speaks the same shapes to real SGLang and to the embedded reference engine, and follows the
-renames SGLang has made (``/server_info`` was ``/get_server_info``, ``/model_info`` was
-``/get_model_info``). It is deliberately thin: the harness must see what the server really said
+It speaks the same shapes to real SGLang and to the embedded reference engine; the endpoint
+renames SGLang made (``/server_info`` was ``/get_server_info``, ...) are resolved in
+``http.FALLBACKS``. It is deliberately thin: the harness must see what the server really said
 (status codes, meta_info), so nothing here retries or "fixes" a response; callers decide.
-Streaming measurement lives in ``load.py`` on bare ``http.client`` connections, because the
-client's own CPU cost per chunk matters there.
+One client per running service: the service manager closes it when it stops the service.
+The load generator streams on connections from the same :class:`~pytest_ddtree.http.ServiceHTTP`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import requests
+from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable
 
-
-class ServiceHTTPError(RuntimeError):
-    """The service answered with an error status; the message carries status and body."""
-
-    def __init__(self, method: str, url: str, status: int, body: str) -> None:
-        self.status = status
-        self.body = body
-        super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
+__all__ = ["SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
 
 
 class SGLangClient:
-    """Requests-based client; one ``requests.Session`` per client (connection reuse)."""
+    """One service's client; its connections close with :meth:`close` (or ``with``)."""
 
     def __init__(self, base_url: str, timeout: float = 600.0) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.http = ServiceHTTP(base_url, timeout=timeout)
+        self.base_url = self.http.base_url
         self.timeout = timeout
-        self.session = requests.Session()
-        self.session.trust_env = False  # never route loopback traffic through a proxy from the env
 
     def __repr__(self) -> str:
         return f"SGLangClient({self.base_url!r})"
 
+    def __enter__(self) -> SGLangClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        self.session.close()
+        self.http.close()
 
-    # -- plumbing --------------------------------------------------------------------------
-    def _url(self, path: str) -> str:
-        return self.base_url + (path if path.startswith("/") else "/" + path)
-
-    def _check(self, method: str, response: requests.Response) -> requests.Response:
-        if response.status_code >= 400:
-            raise ServiceHTTPError(method, response.url, response.status_code, response.text)
-        return response
-
-    def get_json(self, path: str, timeout: float | None = None) -> Any:
-        response = self.session.get(self._url(path), timeout=timeout or self.timeout)
-        return self._check("GET", response).json()
-
-    def post_json(self, path: str, payload: Mapping[str, Any], timeout: float | None = None) -> Any:
-        response = self.session.post(self._url(path), json=payload, timeout=timeout or self.timeout)
-        return self._check("POST", response).json()
-
-    def _get_with_fallback(self, paths: Sequence[str], timeout: float | None) -> Any:
-        last: ServiceHTTPError | None = None
-        for path in paths:
-            try:
-                return self.get_json(path, timeout=timeout)
-            except ServiceHTTPError as exc:
-                if exc.status != 404:
-                    raise
-                last = exc
-        assert last is not None
-        raise last
+    @property
+    def closed(self) -> bool:
+        return self.http.closed
 
     # -- endpoints -------------------------------------------------------------------------
     def health(self, path: str = "/health_generate", timeout: float = 30.0) -> int:
-        """The status code of the health path; connection errors propagate (refused = not up yet)."""
-        return self.session.get(self._url(path), timeout=timeout).status_code
+        """The status code of the health path; ServiceUnreachable when nothing answers
+        (refused = not up yet)."""
+        return self.http.request("GET", path, timeout=timeout).status
 
     def server_info(self, timeout: float | None = 30.0) -> dict[str, Any]:
-        info = self._get_with_fallback(["/server_info", "/get_server_info"], timeout)
-        if not isinstance(info, dict):
-            raise ServiceHTTPError("GET", self._url("/server_info"), 200, f"expected a JSON object, got {info!r}")
-        return info
+        return self.http.get_object("/server_info", timeout)
 
     def model_info(self, timeout: float | None = 30.0) -> dict[str, Any]:
-        info = self._get_with_fallback(["/model_info", "/get_model_info"], timeout)
-        return info if isinstance(info, dict) else {}
+        return self.http.get_object("/model_info", timeout)
 
     def flush_cache(self, timeout: float = 30.0) -> bool:
         """True when flushed; False when the server refused because requests are running (400)."""
-        response = self.session.post(self._url("/flush_cache"), timeout=timeout)
-        if response.status_code == 400:
+        response = self.http.request("POST", "/flush_cache", timeout=timeout)
+        if response.status == 400:
             return False
-        self._check("POST", response)
+        response.raise_for_status()
         return True
 
     def metrics(self, timeout: float = 30.0) -> str:
-        response = self.session.get(self._url("/metrics"), timeout=timeout)
-        return self._check("GET", response).text
+        return self.http.request("GET", "/metrics", timeout=timeout).raise_for_status().text
+
+    def tokenize(self, prompts: Sequence[str], add_special_tokens: bool = False, timeout: float | None = None) -> list[list[int]]:
+        """Token ids of each prompt, by the served model's own tokenizer (``POST /tokenize``).
+
+        Shapes follow SGLang's ``http_server.py`` (``TokenizeReqInput``): a list of prompts
+        answers ``{"tokens": [[...], ...], "count": [...], "max_model_len"}``. Raises
+        ServiceHTTPError with status 404 when the service has no tokenizer endpoint.
+        """
+        answer = self.http.post_json(
+            "/tokenize", {"prompt": list(prompts), "add_special_tokens": add_special_tokens}, timeout)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if (not isinstance(tokens, list) or len(tokens) != len(prompts)
+                or not all(isinstance(t, list) and all(isinstance(i, int) for i in t) for t in tokens)):
+            raise ServiceHTTPError("POST", self.http.url("/tokenize"), 200,
+                                   f"expected {{'tokens': [[ids], ...]}} for {len(prompts)} prompts, got {str(answer)[:200]}")
+        return tokens
+
+    def detokenize(self, tokens: Sequence[int], timeout: float | None = None) -> str:
+        answer = self.http.post_json("/detokenize", {"tokens": list(tokens)}, timeout)
+        text = answer.get("text") if isinstance(answer, dict) else None
+        if not isinstance(text, str):
+            raise ServiceHTTPError("POST", self.http.url("/detokenize"), 200, f"expected {{'text': str}}, got {str(answer)[:200]}")
+        return text
 
     def generate(
         self,
@@ -104,12 +96,18 @@ class SGLangClient:
         **extra: Any,
     ) -> dict[str, Any]:
         """Non-streaming ``/generate``; returns ``{text, output_ids, meta_info}``."""
-        payload = self._generate_payload(text, input_ids, sampling_params, extra=extra)
-        result = self.post_json("/generate", payload, timeout=timeout)
+        if (text is None) == (input_ids is None):
+            raise ValueError("pass exactly one of text= or input_ids=")
+        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": False, **extra}
+        if text is not None:
+            payload["text"] = text
+        else:
+            payload["input_ids"] = list(input_ids or [])
+        result = self.http.post_json("/generate", payload, timeout)
         if isinstance(result, list):  # batch form; we only ever send one prompt
-            result = result[0]
+            result = result[0] if result else None
         if not isinstance(result, dict):
-            raise ServiceHTTPError("POST", self._url("/generate"), 200, f"expected a JSON object, got {result!r}")
+            raise ServiceHTTPError("POST", self.http.url("/generate"), 200, f"expected a JSON object, got {str(result)[:200]}")
         return result
 
     def chat(
@@ -133,24 +131,7 @@ class SGLangClient:
         }
         if return_meta_info:
             payload["return_meta_info"] = True
-        result = self.post_json("/v1/chat/completions", payload, timeout=timeout)
+        result = self.http.post_json("/v1/chat/completions", payload, timeout)
         if not isinstance(result, dict):
-            raise ServiceHTTPError("POST", self._url("/v1/chat/completions"), 200, f"expected a JSON object, got {result!r}")
+            raise ServiceHTTPError("POST", self.http.url("/v1/chat/completions"), 200, f"expected a JSON object, got {str(result)[:200]}")
         return result
-
-    # -- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _generate_payload(
-        text: str | None,
-        input_ids: Sequence[int] | None,
-        sampling_params: Mapping[str, Any] | None,
-        extra: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        if (text is None) == (input_ids is None):
-            raise ValueError("pass exactly one of text= or input_ids=")
-        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": False, **extra}
-        if text is not None:
-            payload["text"] = text
-        else:
-            payload["input_ids"] = list(input_ids or [])
-        return payload

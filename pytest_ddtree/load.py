@@ -19,8 +19,10 @@ Why it is written this way (see "Measuring serving performance without fooling y
   output makes the cell *invalid*; the gate reports invalid cells as such, never as a
   regression or a pass.
 
-``http.client`` (one connection per request, no keep-alive assumptions) keeps the client's
-own CPU cost per token low; ``benchmarks/bench_harness.py`` measures that cost.
+Requests go through the one HTTP layer (``pytest_ddtree.http``): each closed-loop client
+streams on a kept-alive connection of its own (as bench_serving's session does), on bare
+``http.client`` so the client's own CPU cost per token stays low;
+``benchmarks/bench_harness.py`` measures that cost.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from pytest_ddtree import stats
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
@@ -87,71 +90,6 @@ def workload_dict(workload: WorkloadLike) -> dict[str, Any]:
         "output_tokens": workload.output_tokens,
         "requests": workload.requests,
     }
-
-
-# --------------------------------------------------------------------------------------
-# HTTP plumbing
-
-
-class Endpoint:
-    """host/port/prefix of a base URL, with the few plain JSON calls the cell needs."""
-
-    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
-        parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
-        if parts.scheme not in ("http", "https"):
-            raise LoadError(f"unsupported URL scheme in {base_url!r}: use http:// or https://")
-        self.base_url = base_url.rstrip("/")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def connect(self) -> http.client.HTTPConnection:
-        if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s)
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        conn = self.connect()
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, self.prefix + path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def get_json(self, *paths: str) -> dict[str, Any]:
-        """GET the first of ``paths`` that answers 200 (SGLang renamed several endpoints)."""
-        last = ""
-        for path in paths:
-            status, raw = self.call("GET", path)
-            if status == 200:
-                value = json.loads(raw)
-                if isinstance(value, dict):
-                    return value
-                last = f"{path}: not a JSON object"
-            else:
-                last = f"{path}: HTTP {status}"
-        raise LoadError(f"{self.base_url}: no usable answer from {', '.join(paths)} ({last})")
-
-    def flush_cache(self, deadline_s: float = 10.0) -> bool:
-        """POST /flush_cache, retrying while the server says it is busy (SGLang answers 400)."""
-        end = time.monotonic() + deadline_s
-        while True:
-            try:
-                status, _ = self.call("POST", "/flush_cache")
-                if status == 405:
-                    status, _ = self.call("GET", "/flush_cache")
-            except OSError:
-                status = -1
-            if status == 200:
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------------
@@ -256,7 +194,7 @@ def apply_chunk(result: RequestResult, t: float, completion_tokens: int, last_to
 
 
 def stream_request(
-    endpoint: Endpoint,
+    service: ServiceHTTP,
     index: int,
     input_ids: Sequence[int],
     output_tokens: int,
@@ -276,13 +214,13 @@ def stream_request(
         sampling.update(extra_sampling_params)
     body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling, "stream": True}).encode()
     own_conn = conn is None
-    conn = endpoint.connect() if conn is None else conn
+    conn = service.connect() if conn is None else conn
     last: float | None = None
     last_payload = b"{}"
     clock = time.perf_counter
     result.start = clock()
     try:
-        conn.request("POST", endpoint.prefix + "/generate", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", service.path("/generate"), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             detail = resp.read(300).decode("utf-8", "replace").strip()
@@ -505,11 +443,11 @@ def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _internal_state(endpoint: Endpoint, notes: list[str]) -> dict[str, Any]:
+def _internal_state(client: SGLangClient, notes: list[str]) -> dict[str, Any]:
     """``internal_states[0]`` of /server_info (empty, with a note, when unavailable)."""
     try:
-        info = endpoint.get_json("/server_info", "/get_server_info")
-    except (LoadError, OSError, ValueError, http.client.HTTPException) as exc:
+        info = client.server_info()
+    except (OSError, ServiceHTTPError) as exc:
         notes.append(f"/server_info unavailable: {exc}")
         return {}
     out: dict[str, Any] = {}
@@ -525,28 +463,43 @@ def _internal_state(endpoint: Endpoint, notes: list[str]) -> dict[str, Any]:
     return out
 
 
-def vocab_size_of(endpoint: Endpoint) -> int:
-    """The model's vocabulary size from /model_info (or /get_model_info), else /server_info."""
-    for paths in (("/model_info", "/get_model_info"), ("/server_info", "/get_server_info")):
+def vocab_size_of(client: SGLangClient) -> int:
+    """The model's vocabulary size from /model_info, else /server_info."""
+    for read in (client.model_info, client.server_info):
         try:
-            info = endpoint.get_json(*paths)
-        except (LoadError, OSError, ValueError):
+            info = read()
+        except (OSError, ServiceHTTPError):
             continue
         value = info.get("vocab_size")
         if isinstance(value, int) and value > 1:
             return value
     raise LoadError(
-        f"{endpoint.base_url}: neither /model_info nor /server_info reports vocab_size; "
+        f"{client.base_url}: neither /model_info nor /server_info reports vocab_size; "
         "pass vocab_size= to run_cell (prompts must be token ids inside the vocabulary)"
     )
 
 
+def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
+    """POST /flush_cache, retrying while the server says it is busy (SGLang answers 400)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            if client.flush_cache(timeout=max(1.0, deadline_s)):
+                return True
+        except (OSError, ServiceHTTPError):
+            pass
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+
+
 def _run_closed_loop(
-    endpoint: Endpoint,
+    service: ServiceHTTP,
     concurrency: int,
     prompts: Sequence[Sequence[int]],
     output_tokens: int,
     extra_sampling_params: Mapping[str, Any] | None,
+    timeout_s: float,
 ) -> tuple[list[RequestResult], float]:
     """C workers pull the next request index until all are sent; returns results, duration."""
     results: list[RequestResult | None] = [None] * len(prompts)
@@ -554,14 +507,14 @@ def _run_closed_loop(
     counter = iter(range(len(prompts)))
 
     def worker() -> None:
-        conn = endpoint.connect()  # one kept-alive connection per closed-loop client
+        conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
         try:
             while True:
                 with lock:
                     index = next(counter, None)
                 if index is None:
                     return
-                result = stream_request(endpoint, index, prompts[index], output_tokens, extra_sampling_params, conn)
+                result = stream_request(service, index, prompts[index], output_tokens, extra_sampling_params, conn)
                 results[index] = result
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
@@ -580,7 +533,7 @@ def _run_closed_loop(
 
 
 def run_cell(
-    base_url: str,
+    service: str | SGLangClient,
     workload: WorkloadLike,
     *,
     vocab_size: int | None = None,
@@ -592,7 +545,7 @@ def run_cell(
     extra_sampling_params: Mapping[str, Any] | None = None,
     prompt_fn: Callable[[int, int, int], list[int]] = prompt_ids,
 ) -> CellResult:
-    """Measure one repeat of ``workload`` against the SGLang server at ``base_url``.
+    """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
 
     Order: warm-up (``warmup_requests`` at the cell's concurrency, excluded), /flush_cache
     (resets the server's acceptance counter), the measured closed loop, /server_info.
@@ -601,10 +554,17 @@ def run_cell(
     be differenced over the measured phase: see :meth:`CellResult.engine_accounting`.
     Prompts depend only on (cell name, request index, ``seed``), so every repeat and every
     session sends the same prompts: the flush keeps prefix caching out of the numbers and
-    identical prompts keep acceptance comparable with the baseline.
+    identical prompts keep acceptance comparable with the baseline. A URL gets a client of
+    its own for this call, closed at the end; a client is the caller's to close.
+    ``timeout_s`` bounds each streamed request's socket waits.
     """
-    endpoint = Endpoint(base_url, timeout_s=timeout_s)
-    vocab = vocab_size if vocab_size is not None else vocab_size_of(endpoint)
+    if isinstance(service, str):
+        with SGLangClient(service, timeout=timeout_s) as own:
+            return run_cell(own, workload, vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, warmup=warmup,
+                            flush=flush, flush_deadline_s=flush_deadline_s,
+                            extra_sampling_params=extra_sampling_params, prompt_fn=prompt_fn)
+    client = service
+    vocab = vocab_size if vocab_size is not None else vocab_size_of(client)
     prompts = [
         prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, i)) for i in range(workload.requests)
     ]
@@ -615,17 +575,18 @@ def run_cell(
             prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, "warmup", i))
             for i in range(workload.warmup_requests)
         ]
-        warm_results, _ = _run_closed_loop(endpoint, workload.concurrency, warm, workload.output_tokens, extra_sampling_params)
+        warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
+                                           extra_sampling_params, timeout_s)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
         if warmup_failed:
             notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
-    if flush and not endpoint.flush_cache(flush_deadline_s):
+    if flush and not flush_cache(client, flush_deadline_s):
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
-    before = _internal_state(endpoint, notes)
+    before = _internal_state(client, notes)
     requests, duration = _run_closed_loop(
-        endpoint, workload.concurrency, prompts, workload.output_tokens, extra_sampling_params
+        client.http, workload.concurrency, prompts, workload.output_tokens, extra_sampling_params, timeout_s
     )
-    server_state = _internal_state(endpoint, notes)
+    server_state = _internal_state(client, notes)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(
         cell=workload.name,

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pytest_ddtree import gate, load, report, stats
 from pytest_ddtree.baselines import BaselineError
+from pytest_ddtree.client import SGLangClient
 
 #: Repeats beyond --ddtree-repeats that a cell may get when its interval is not yet tight.
 MAX_EXTRA_REPEATS = 2
@@ -37,24 +38,31 @@ class Campaign:
     policy: stats.RepeatPolicy
 
 
-def measure_config(url: str, cells: Sequence[load.WorkloadLike], repeats: int, on_sample: OnSample | None = None) -> Campaign:
+def measure_config(service: str | SGLangClient, cells: Sequence[load.WorkloadLike], repeats: int,
+                   on_sample: OnSample | None = None) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
-    Interleaving spreads slow drift (thermal, a noisy neighbour) over all cells alike instead
-    of biasing whichever cell ran last; ``on_sample`` is called as each repeat exists, so the
-    caller can record it before anything else can fail.
+    ``service`` is the running service's client (its connections are reused; the service
+    manager closes it) or a URL (a client of its own for this call). Interleaving spreads
+    slow drift (thermal, a noisy neighbour) over all cells alike instead of biasing whichever
+    cell ran last; ``on_sample`` is called as each repeat exists, so the caller can record it
+    before anything else can fail.
     """
+    if isinstance(service, str):
+        with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
+            return measure_config(own, cells, repeats, on_sample)
+    client = service
     policy = stats.RepeatPolicy(
         min_repeats=repeats,
         max_repeats=repeats + MAX_EXTRA_REPEATS,
         target_rel_ci=TARGET_REL_CI,
         inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
     )
-    vocab = load.vocab_size_of(load.Endpoint(url))
+    vocab = load.vocab_size_of(client)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(url, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
+        return load.run_cell(client, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
 
     def primary(result: load.CellResult) -> float | None:
         value = result.metrics()["output_throughput"]

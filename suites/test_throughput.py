@@ -91,7 +91,7 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
     if config.name not in campaigns:
         campaigns[config.name] = measure_config(
-            service.url,
+            service.client,
             _cells_of_config(request, config),
             repeats,
             lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ddtree import load
+from pytest_ddtree.client import SGLangClient
 from test_load_support import StandInConfig, standin_server
 
 
@@ -98,8 +99,8 @@ def test_unreachable_server_fails_requests_not_the_harness() -> None:
 def test_failed_flush_is_noted() -> None:
     cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=4, requests=1, warmup_requests=0)
     with standin_server(StandInConfig(flush_status=400)) as (url, _):
-        endpoint = load.Endpoint(url)
-        assert endpoint.flush_cache(deadline_s=0.1) is False
+        with SGLangClient(url) as client:
+            assert load.flush_cache(client, deadline_s=0.1) is False
         res = load.run_cell(url, cell, flush_deadline_s=0.2)
     assert any("flush_cache" in n for n in res.notes)
     assert res.valid  # a stale acceptance counter is a note, not an invalid measurement

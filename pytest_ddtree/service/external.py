@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import requests
-
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError
 
 
@@ -33,7 +31,7 @@ class ExternalController(Controller):
         self._launch = launch
         try:
             status = self.client.health(self.health_path)
-        except requests.RequestException as exc:
+        except OSError as exc:  # ServiceUnreachable
             raise ServiceStartError(
                 f"external service at {launch.url} does not answer {self.health_path}: {type(exc).__name__}: {exc}",
                 log_tail="<external service: no log available>",
@@ -47,6 +45,12 @@ class ExternalController(Controller):
                 config_name=launch.name,
                 hint="check the service's own logs",
             )
+
+    def close_client(self) -> None:
+        """Close the health client's connections (the manager calls it at session end)."""
+        close = getattr(self.client, "close", None)
+        if callable(close):
+            close()
 
     def failure(self) -> ExitInfo | None:
         return None

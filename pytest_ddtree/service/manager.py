@@ -98,6 +98,20 @@ class _Slot:
     launch: Launch
     service: RunningService | None = None
     record: dict[str, Any] = field(default_factory=dict)
+    client: Any = None  # the one HTTP client of this launch (health polls, then the service's)
+
+    def stop(self) -> None:
+        """Stop the service and close its client (its kept-alive connections)."""
+        try:
+            self.controller.stop()
+        finally:
+            self.close_client()
+
+    def close_client(self) -> None:
+        client, self.client = self.client, None
+        close = getattr(client, "close", None)
+        if callable(close):
+            close()
 
 
 class ServiceManager:
@@ -200,7 +214,7 @@ class ServiceManager:
                 log_tail=info.log_tail,
             )
             self._aux_failed[name] = err
-            slot.controller.stop()
+            slot.stop()
             raise err
         args = extra_args if extra_args is not None else self.profile.lossless_args
         if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not self.profile.command:
@@ -230,7 +244,7 @@ class ServiceManager:
                 slot.service = self._launch_and_wait(slot, None, label=name)
                 return slot.service
             except ServiceError as err:
-                controller.stop()
+                slot.stop()
                 if isinstance(err, ServiceStartError) and _lost_port_race(err) and attempt < PORT_RACE_RETRIES:
                     self._say(f"{name}: the chosen port was taken before the service bound it; retrying on another port")
                     continue
@@ -251,11 +265,14 @@ class ServiceManager:
         problems: list[str] = []
         for name, slot in list(self._aux.items()):
             try:
-                slot.controller.stop()
+                slot.stop()
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"stopping auxiliary {name}: {exc}")
         self._aux.clear()
         controller = self._controller
+        current, self._current = self._current, None
+        if current is not None:
+            current.close_client()
         if controller is not None:
             try:
                 controller.stop()
@@ -265,7 +282,8 @@ class ServiceManager:
                 controller.restore_default()
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"restoring the default config of {controller.describe()}: {exc}")
-        self._current = None
+            if isinstance(controller, ExternalController):
+                controller.close_client()
         if self._lock is not None:
             self._lock.release()
         for problem in problems:
@@ -325,7 +343,9 @@ class ServiceManager:
         slot, self._current = self._current, None
         if slot is not None and self.profile.controller != "external":
             self._say(f"stopping {slot.controller.describe()}")
-            slot.controller.stop()
+            slot.stop()
+        elif slot is not None:
+            slot.close_client()
         if self._lock is not None and self._lock.held:
             self._lock.release()
             time.sleep(0.05)  # let a worker blocked on the lock get it before we re-lock
@@ -407,7 +427,7 @@ class ServiceManager:
             self._failed[name] = err
             self._set_outcome(slot, f"failed: {str(err).splitlines()[0]}")
             try:
-                controller.stop()
+                slot.stop()
             except ServiceError as stop_err:  # keep the start error: it is the one that explains
                 self._say(f"could not stop {controller.describe()} after a failed start: {stop_err}")
             finally:
@@ -441,8 +461,10 @@ class ServiceManager:
         controller.start(launch)
         record.update(controller.launch_record())
         ready_s = 0.0
+        # One client per launch: it polls health, then serves the tests; _Slot.stop closes it.
+        client = slot.client = self.client_factory(launch.url, self.client_timeout_s)
         if not external:
-            health_client: HealthClient = self.client_factory(launch.url, READY_HEALTH_TIMEOUT_S)
+            health_client: HealthClient = client
             ready_s = wait_ready(
                 health_client,
                 controller,
@@ -453,8 +475,8 @@ class ServiceManager:
                 progress_interval=self.progress_interval,
                 gpu_memory=self._gpu_memory,
                 config_name=label,
+                health_timeout_s=READY_HEALTH_TIMEOUT_S,
             )
-        client = self.client_factory(launch.url, self.client_timeout_s)
         try:
             server_info: dict[str, Any] = client.server_info()
         except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"

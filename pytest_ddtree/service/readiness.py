@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-import requests
-
+from pytest_ddtree.http import describe_transport_error
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
@@ -84,9 +83,9 @@ def wait_ready(
             if status == 200:
                 return time.monotonic() - start
             last = f"HTTP {status}"
-        except requests.RequestException as exc:
+        except OSError as exc:  # ServiceUnreachable: refused, reset, timed out
             polls += 1
-            last = _short_error(exc)
+            last = describe_transport_error(exc)
         now = time.monotonic()
         if now >= deadline:
             raise ServiceStartError(
@@ -106,14 +105,6 @@ def wait_ready(
                 f"{now - start:.0f} s elapsed, last: {last}{mem_text}"
             )
         time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
-
-
-def _short_error(exc: Exception) -> str:
-    if isinstance(exc, requests.ConnectionError):
-        return "connection refused" if "refused" in str(exc).lower() else f"connection error ({type(exc).__name__})"
-    if isinstance(exc, requests.Timeout):
-        return "timed out"
-    return f"{type(exc).__name__}"
 
 
 def _lookup(info: Mapping[str, Any], key: str) -> object:
