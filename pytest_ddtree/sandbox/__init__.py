@@ -55,8 +55,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_ddtree.sandbox.calls import StepError, TestPlan, judge_outcome, parse_tests
+
 __all__ = [
     "Isolation",
+    "StepError",
+    "TestPlan",
+    "parse_tests",
     "Job",
     "Limits",
     "RunResult",
@@ -70,7 +75,6 @@ __all__ = [
 ]
 
 _PKG_DIR = Path(__file__).resolve().parent
-_RUNNER = _PKG_DIR / "runner.py"
 _STAGE = _PKG_DIR / "stage.py"
 
 #: First uid of the per-run uid range used when running as root.  Far above any real
@@ -101,7 +105,8 @@ class Limits:
     processes: int = 8
     output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr)
     output_kill_bytes: int = 4 * 1024 * 1024  # total read before the run is killed as a flood
-    tmp_size: str = "32m"  # size of each private tmpfs (namespaces tiers)
+    tmp_size: str = "32m"  # size of each private tmpfs (work dir, /tmp; namespace tiers)
+    result_bytes: int = 16 * 1024 * 1024  # results larger than this end the run as an error
 
     def scaled(self, factor: float) -> Limits:
         return replace(self, wall_s=self.wall_s * factor, cpu_s=self.cpu_s * factor)
@@ -112,7 +117,7 @@ class Job:
     """One unit of work for :func:`run_many`."""
 
     code: str
-    tests: str
+    tests: str | TestPlan
     entry_point: str | None = None
     key: str = ""
 
@@ -130,6 +135,7 @@ class RunResult:
     workdir: str = ""
     limits: dict[str, Any] = field(default_factory=dict)
     key: str = ""
+    cleanup_error: str | None = None  # the work dir could not be removed (logged, never a verdict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -355,10 +361,19 @@ def _user_process_count() -> int:
     return sum(1 for _pid, (_pp, puid, _cwd) in _proc_table().items() if puid == uid)
 
 
-def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits) -> tuple[list[str], int | None]:
+def _runner_source() -> str:
+    """values.py then runner.py, as one ``-c`` program: the run needs no project file."""
+    parts = []
+    for name in ("values.py", "runner.py"):
+        text = (_PKG_DIR / name).read_text(encoding="utf-8")
+        parts.append("\n".join(ln for ln in text.splitlines() if not ln.startswith("from __future__")))
+    return "\n".join(parts) + "\n"
+
+
+def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits, fds: tuple[int, int]) -> tuple[list[str], int | None]:
     """argv and the uid for ``Popen(user=...)`` (plain tier) for one run."""
     exe, expose = _interpreter()
-    runner = os.path.join(workdir, "_sandbox_runner.py")
+    runner = [exe, "-I", "-c", _runner_source(), str(fds[0]), str(fds[1])]
     if tier in ("namespaces", "userns"):
         unshare = shutil.which("unshare") or "unshare"
         argv = [unshare]
@@ -372,83 +387,89 @@ def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits) -> 
             "expose": expose if tier == "namespaces" else [],
             "private_dirs": ["/tmp", "/var/tmp", "/dev/shm"],
             "tmp_size": limits.tmp_size,
-            "exec": [exe, "-I", runner],
+            "exec": runner,
         }
         argv += [exe, "-I", str(_STAGE), json.dumps(cfg)]
         return argv, None
-    return [exe, "-I", runner], uid
+    return runner, uid
 
 
-def _prepare_workdir(code: str, tests: str, entry_point: str | None, limits: Limits, tier: str, uid: int | None) -> tuple[str, str]:
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="ddtree-sbx-"))
-    nonce = secrets.token_hex(16)
+def _job_limits(limits: Limits, tier: str, uid: int | None) -> dict[str, int]:
     processes = limits.processes
     if tier == "userns" or (uid is None and os.getuid() != 0):
         processes += _user_process_count()
-    job = {
-        "entry_point": entry_point,
-        "limits": {
-            "cpu_s": max(1, int(limits.cpu_s + 0.999)),
-            "memory_bytes": limits.memory_bytes,
-            "file_size_bytes": limits.file_size_bytes,
-            "open_files": limits.open_files,
-            "processes": processes,
-            "core": 0,
-        },
+    return {
+        "cpu_s": max(1, int(limits.cpu_s + 0.999)),
+        "memory_bytes": limits.memory_bytes,
+        "file_size_bytes": limits.file_size_bytes,
+        "open_files": limits.open_files,
+        "processes": processes,
+        "core": 0,
     }
-    files = {
-        "solution.py": code,
-        "tests.py": tests,
-        "job.json": json.dumps(job),
-        ".nonce": nonce,
-        "_sandbox_runner.py": _RUNNER.read_text(encoding="utf-8"),
-    }
-    for name, text in files.items():
-        path = os.path.join(workdir, name)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(path, 0o600 if name == ".nonce" else 0o644)
-        if uid is not None:
-            os.chown(path, uid, uid)
+
+
+def _prepare_workdir(uid: int | None) -> str:
+    """An empty private directory: the run's cwd (the namespace tiers mount a tmpfs on it)."""
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="ddtree-sbx-"))
     os.chmod(workdir, 0o700)
     if uid is not None:
         os.chown(workdir, uid, uid)
-    return workdir, nonce
+    return workdir
 
 
-def _remove_tree(path: str) -> None:
-    def onerror(func: Callable[..., Any], p: str, _exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, stat.S_IRWXU)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
-
-
-def _read_result(workdir: str, nonce: str) -> dict[str, Any] | None:
-    path = os.path.join(workdir, ".result.json")
+def _remove_tree(path: str, deadline_s: float = 10.0) -> str | None:
+    """Remove a run's work dir without a recursive Python walk (a 10,000-deep tree must not
+    raise RecursionError into the gate): ``rm -rf --one-file-system`` under a deadline.
+    Returns what went wrong, for the log; never raises."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+        os.rmdir(path)  # the usual case: the run wrote into a tmpfs that died with it
         return None
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, 256 * 1024)
+        done = subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True, timeout=deadline_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not remove {path}: {type(exc).__name__}: {exc}"
+    if done.returncode != 0 or os.path.lexists(path):
+        return f"could not remove {path}: rm exited {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+    return None
+
+
+class _Sink(threading.Thread):
+    """Reads the result pipe to EOF, keeping at most ``cap`` bytes (then it stops keeping)."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.cap = fd, cap
+        self.data = bytearray()
+        self.overflow = False
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if len(self.data) + len(chunk) > self.cap:
+                self.overflow = True
+            else:
+                self.data += chunk
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """Write the job into its pipe (in a thread: it can exceed the pipe buffer)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
     finally:
         os.close(fd)
-    try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("nonce") != nonce:
-        return None
-    if data.get("verdict") not in ("passed", "failed", "error", "timeout"):
-        return None
-    return data
 
 
 def _tail(text: str, n: int = 2000) -> str:
@@ -456,10 +477,13 @@ def _tail(text: str, n: int = 2000) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: Limits, want_uid: bool) -> RunResult:
+def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: bool) -> RunResult:
     uid = _next_uid() if want_uid else None
-    workdir, nonce = _prepare_workdir(code, tests, entry_point, limits, tier, uid)
-    argv, popen_user = _build_command(tier, workdir, uid, limits)
+    workdir = _prepare_workdir(uid)
+    job_r, job_w = os.pipe()
+    out_r, out_w = os.pipe()
+    argv, popen_user = _build_command(tier, workdir, uid, limits, (job_r, out_w))
+    job = {**plan.to_job(), "code": code, "limits": _job_limits(limits, tier, uid)}
     total = [0]
     flood = threading.Event()
     lock = threading.Lock()
@@ -473,21 +497,31 @@ def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: 
     start = time.monotonic()
     timed_out = False
     proc: subprocess.Popen[bytes] | None = None
+    sink = _Sink(out_r, limits.result_bytes)
+    readers: list[_Reader] = []
+    cleanup_error: str | None = None
     try:
         kwargs: dict[str, Any] = {}
         if popen_user is not None:
             kwargs.update(user=popen_user, group=popen_user, extra_groups=[])
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=workdir,
-            env=_scrubbed_env(workdir),
-            start_new_session=True,
-            close_fds=True,
-            **kwargs,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=_scrubbed_env(workdir),
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(job_r, out_w),
+                **kwargs,
+            )
+        finally:
+            os.close(job_r)
+            os.close(out_w)
+        threading.Thread(target=_feed, args=(job_w, json.dumps(job).encode()), daemon=True).start()
+        sink.start()
         assert proc.stdout is not None and proc.stderr is not None
         readers = [
             _Reader(proc.stdout.fileno(), limits.output_bytes, on_total),
@@ -497,7 +531,7 @@ def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: 
             r.start()
         deadline = start + limits.wall_s
         while proc.poll() is None:
-            if flood.is_set():
+            if flood.is_set() or sink.overflow:
                 break
             if time.monotonic() >= deadline:
                 timed_out = True
@@ -510,27 +544,42 @@ def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: 
             pass
         for r in readers:
             r.join(timeout=2)
+        sink.join(timeout=2)
         proc.stdout.close()
         proc.stderr.close()
         duration = time.monotonic() - start
-        result = _read_result(workdir, nonce)
     finally:
         if proc is not None and proc.poll() is None:  # an exception above: never leak
             _kill_everything(proc, uid, workdir)
-        _remove_tree(workdir)
+        try:
+            os.close(out_r)
+        except OSError:
+            pass
+        cleanup_error = _remove_tree(workdir)
 
     stdout, stderr = readers[0].text(), readers[1].text()
     rc = proc.returncode
     common: dict[str, Any] = dict(
         stdout=stdout, stderr=stderr, duration_s=round(duration, 4), returncode=rc, tier=tier, uid=uid,
-        workdir=workdir, limits=asdict(limits),
+        workdir=workdir, limits=asdict(limits), cleanup_error=cleanup_error,
     )
     if flood.is_set():
         return RunResult(Verdict.ERROR, f"output flood: more than {limits.output_kill_bytes} bytes written; the run was killed", **common)
+    if sink.overflow:
+        return RunResult(Verdict.ERROR, f"result flood: more than {limits.result_bytes} bytes of results; the run was killed", **common)
     if timed_out:
         return RunResult(Verdict.TIMEOUT, f"wall-clock limit of {limits.wall_s:.1f} s exceeded; all its processes were killed", **common)
-    if result is not None:
-        return RunResult(Verdict(result["verdict"]), str(result.get("message", "")), **common)
+    document: Any = None
+    if sink.data:
+        try:
+            document = json.loads(bytes(sink.data).decode("utf-8", errors="replace"))
+        except ValueError:
+            document = None
+    if isinstance(document, dict) and document.get("cpu_limit") is True:
+        return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)
+    if isinstance(document, dict):
+        judged = judge_outcome(plan, document)
+        return RunResult(Verdict(judged.verdict), judged.message, **common)
     if rc is not None and rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)
     sig = -rc if rc is not None and rc < 0 else (rc - 128 if rc is not None and 128 < rc < 160 and tier != "plain" else 0)
@@ -540,9 +589,9 @@ def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: 
         except ValueError:
             name = str(sig)
         hint = " (memory or process limit?)" if sig == signal.SIGKILL else ""
-        msg = f"the process was killed by signal {name}{hint} before reporting a verdict"
+        msg = f"the process was killed by signal {name}{hint} before reporting its results"
     else:
-        msg = f"the process exited with code {rc} before reporting a verdict"
+        msg = f"the process exited with code {rc} before reporting its results" if not sink.data else "the run's results are not valid JSON"
     tail = _tail(stderr)
     return RunResult(Verdict.ERROR, msg + (f"\nstderr:\n{tail}" if tail else ""), **common)
 
@@ -552,13 +601,13 @@ def _execute(tier: str, code: str, tests: str, entry_point: str | None, limits: 
 _iso_lock = threading.Lock()
 _iso_cache: Isolation | None = None
 _PROBE_CODE = "def f(x):\n    return x + 1\n"
-_PROBE_TESTS = "assert f(1) == 2\n"
+_PROBE_TESTS = "f(1) == 2\n"
 
 
 def _probe(tier: str, want_uid: bool) -> str | None:
     """Run a trivial job in a tier; None when it works, else why not."""
     try:
-        res = _execute(tier, _PROBE_CODE, _PROBE_TESTS, "f", Limits(wall_s=20.0, cpu_s=10.0), want_uid)
+        res = _execute(tier, _PROBE_CODE, parse_tests(_PROBE_TESTS, "f"), Limits(wall_s=20.0, cpu_s=10.0), want_uid)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
     if res.verdict is Verdict.PASSED:
@@ -601,20 +650,24 @@ def isolation() -> Isolation:
 # --------------------------------------------------------------------------- public API
 
 
-def run_code(code: str, tests: str, entry_point: str | None = None, limits: Limits | None = None, *, scale: bool = True, key: str = "") -> RunResult:
-    """Run ``code`` then ``tests`` (asserts, in the code's namespace) in a fresh sandbox.
+def run_code(code: str, tests: str | TestPlan, entry_point: str | None = None, limits: Limits | None = None, *, scale: bool = True, key: str = "") -> RunResult:
+    """Run ``code`` in a fresh sandbox, make the calls of ``tests`` and judge their results here.
 
-    ``entry_point``, when given, must be a callable the code defines (also bound as
-    ``candidate`` for the tests).  Empty code gives ``no_code`` without starting anything.
-    Never raises for anything the code does; raises ``OSError`` only when no process can
-    be started at all.
+    ``tests`` is a :class:`~pytest_ddtree.sandbox.calls.TestPlan` or step lines for
+    :func:`~pytest_ddtree.sandbox.calls.parse_tests`.  ``entry_point``, when given, must be
+    something callable the code defines.  Empty code gives ``no_code`` without starting
+    anything.  Never raises for anything the code does; raises ``OSError`` only when no
+    process can be started at all, and ``StepError`` for malformed step lines.
     """
     base = limits or Limits()
+    plan = parse_tests(tests, entry_point) if isinstance(tests, str) else tests
+    if entry_point and plan.entry_point is None:
+        plan = TestPlan(plan.calls, plan.inputs, entry_point)
     if not code.strip():
         return RunResult(Verdict.NO_CODE, "no code was extracted from the answer", limits=asdict(base), key=key)
     lim = base.scaled(speed_factor()) if scale else base
     iso = isolation()
-    res = _execute(iso.tier, code, tests, entry_point, lim, iso.uid_drop)
+    res = _execute(iso.tier, code, plan, lim, iso.uid_drop)
     res.key = key
     return res
 

@@ -1,60 +1,58 @@
-"""In-sandbox runner: executes one solution and its tests, writes a verdict file.
+"""In-sandbox runner: runs the solution, makes the calls it is given, reports what came back.
 
-Copied into the run's private work dir and started as ``python -I runner.py``
-with the work dir as cwd (see :mod:`pytest_ddtree.sandbox`).  Standard library only.
+Started as ``python -I -c SOURCE JOB_FD OUT_FD`` where SOURCE is
+:mod:`pytest_ddtree.sandbox.values` followed by this file (so it needs nothing but the
+standard library and no file of the project in its view).  It reads the job (JSON: the code,
+the input values, the call steps, the limits) from the inherited pipe ``JOB_FD``, closes it,
+lowers the rlimits, runs the code as module ``solution`` (so an ``if __name__ ==
+"__main__":`` block does not run), then makes each call and writes one JSON document to the
+inherited pipe ``OUT_FD``: per step the value as data (``{"v": nodes}``), ``{"bound": true}``
+for a name bound in the sandbox, or the exception (``{"raised": {...}}``).
 
-Protocol (files in the work dir, all written by the parent):
-
-* ``job.json``: ``{"entry_point": str | null, "limits": {...}}``
-* ``solution.py``: the extracted code; ``tests.py``: the problem's tests
-* ``.nonce``: a random token; read and deleted before any untrusted code runs, and echoed in
-  ``.result.json`` so a verdict file the code wrote itself (without the token) is rejected.
-
-The solution runs with ``__name__ == "solution"`` so an ``if __name__ == "__main__":``
-block (a common habit of chat models) does not run and block on stdin.  The tests run in
-the solution's namespace: they call the entry point by name (``candidate`` is an alias).
-An ``AssertionError`` is a *failed* verdict whose message names the failing assert line
-and, for a bare ``assert a == b``, the two values; any other exception is an *error*.
-This guards against accidents and sloppy answers, not against code written to forge a
-verdict by inspecting this process: the sandbox contains harm, not cheating.
+The runner decides nothing: it never sees an expected value, so code that patches it, reads
+its frames or writes to ``OUT_FD`` itself can only report values, which the parent then
+compares (:func:`pytest_ddtree.sandbox.calls.judge_outcome`).
 """
 
-from __future__ import annotations
-
-import ast
-import json
-import os
-import resource
-import signal
-import sys
-import traceback
+import builtins as _builtins
+import json as _json
+import os as _os
+import resource as _resource
+import signal as _signal
+import sys as _sys
+import traceback as _traceback
 from typing import Any, NoReturn
 
+try:  # under the type checker and in-process tests; in the sandbox the text is prepended
+    from pytest_ddtree.sandbox.values import decode, encode
+except ImportError:  # pragma: no cover - the sandbox has no project files in its view
+    pass
+
 _TAIL = 2000
+_LIMIT_KEYS = {
+    "cpu_s": "RLIMIT_CPU",
+    "memory_bytes": "RLIMIT_AS",
+    "file_size_bytes": "RLIMIT_FSIZE",
+    "open_files": "RLIMIT_NOFILE",
+    "processes": "RLIMIT_NPROC",
+    "core": "RLIMIT_CORE",
+}
 
 
 def _set_limits(limits: dict[str, int]) -> None:
-    """Lower rlimits (soft and hard).  Failures are ignored: not every OS has every limit."""
-    table = {
-        "cpu_s": resource.RLIMIT_CPU,
-        "memory_bytes": resource.RLIMIT_AS,
-        "file_size_bytes": resource.RLIMIT_FSIZE,
-        "open_files": resource.RLIMIT_NOFILE,
-        "processes": resource.RLIMIT_NPROC,
-        "core": resource.RLIMIT_CORE,
-    }
-    for key, res in table.items():
-        if key not in limits:
+    """Lower rlimits (soft and hard); a limit this OS lacks is skipped."""
+    for key, name in _LIMIT_KEYS.items():
+        if key not in limits or not hasattr(_resource, name):
             continue
+        res = getattr(_resource, name)
         value = int(limits[key])
         try:
-            _soft, hard = resource.getrlimit(res)
-            if hard != resource.RLIM_INFINITY and value > hard:
+            _soft, hard = _resource.getrlimit(res)
+            if hard != _resource.RLIM_INFINITY and value > hard:
                 value = hard
-            # CPU: the hard limit one second above the soft one turns SIGXCPU into SIGKILL
-            # if the code ignores SIGXCPU.
-            new_hard = value + 1 if key == "cpu_s" and (hard == resource.RLIM_INFINITY or value + 1 <= hard) else value
-            resource.setrlimit(res, (value, new_hard))
+            # CPU: a hard limit one second above the soft one turns an ignored SIGXCPU into SIGKILL.
+            new_hard = value + 1 if key == "cpu_s" and (hard == _resource.RLIM_INFINITY or value + 1 <= hard) else value
+            _resource.setrlimit(res, (value, new_hard))
         except (ValueError, OSError):
             pass
 
@@ -63,115 +61,109 @@ def _tail(text: str) -> str:
     return text if len(text) <= _TAIL else "..." + text[-_TAIL:]
 
 
-def _format_exc(stage: str) -> str:
-    """The traceback without the runner's own frame: only solution/tests lines matter."""
-    etype, value, tb = sys.exc_info()
-    if tb is not None and tb.tb_next is not None:
+def _trace(exc: BaseException) -> str:
+    """The traceback without the runner's frames: only solution lines matter."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != "solution.py":
         tb = tb.tb_next
-    return _tail(f"{stage}:\n" + "".join(traceback.format_exception(etype, value, tb)))
-
-
-def _short(value: Any) -> str:
     try:
-        text = repr(value)
-    except Exception as exc:  # noqa: BLE001 - a hostile __repr__ must not break the runner
-        text = f"<repr failed: {type(exc).__name__}>"
-    return text if len(text) <= 300 else text[:300] + "..."
+        return _tail("".join(_traceback.format_exception(type(exc), exc, tb)))
+    except BaseException:  # noqa: BLE001 - a hostile exception must not break the report
+        return type(exc).__name__
 
 
-def _assert_message(exc: AssertionError, tests_src: str, ns: dict[str, Any]) -> str:
-    """Describe a failed assert: its source line, its message, and for ``a == b`` both sides."""
-    lineno = None
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code.co_filename == "tests.py":
-            lineno = line
-    parts: list[str] = []
-    detail = str(exc)
-    node: ast.Assert | None = None
-    if lineno is not None:
-        try:
-            for candidate in ast.walk(ast.parse(tests_src)):
-                if isinstance(candidate, ast.Assert) and candidate.lineno <= lineno <= (candidate.end_lineno or lineno):
-                    node = candidate
-        except SyntaxError:
-            node = None
-        if node is not None:
-            parts.append(f"tests.py:{node.lineno}: {ast.get_source_segment(tests_src, node) or ''}".strip())
+def _raised(exc: BaseException) -> dict[str, Any]:
+    try:
+        message = str(exc)[:500]
+    except BaseException:  # noqa: BLE001
+        message = "<str() of the exception failed>"
+    mro = [c.__name__ for c in type(exc).__mro__ if isinstance(getattr(c, "__name__", None), str)]
+    return {"raised": {"type": type(exc).__name__, "mro": mro, "message": message, "trace": _trace(exc)}}
+
+
+def _write(fd: int, document: dict[str, Any]) -> NoReturn:
+    try:
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    try:
+        data = _json.dumps(document).encode()
+    except BaseException as exc:  # noqa: BLE001
+        data = _json.dumps({"load_error": f"the results could not be written: {type(exc).__name__}"}).encode()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[_os.write(fd, view):]
+        _os.close(fd)
+    except BaseException:  # noqa: BLE001 - no result: the parent reports an error
+        _os._exit(3)
+    _os._exit(0)
+
+
+def _lookup(fn: list[str], ns: dict[str, Any], names: dict[str, Any]) -> Any:
+    kind = fn[0]
+    if kind == "method":
+        return getattr(names[fn[1]], fn[2])
+    if kind == "builtin":
+        return getattr(_builtins, fn[1])
+    if fn[1] not in ns:
+        raise NameError(f"the solution does not define {fn[1]!r}")
+    return ns[fn[1]]
+
+
+def _step(step: dict[str, Any], ns: dict[str, Any], names: dict[str, Any]) -> dict[str, Any]:
+    def value(arg: dict[str, Any]) -> Any:
+        return names[arg["ref"]] if "ref" in arg else decode(arg["v"])
+
+    try:
+        target = _lookup(step["fn"], ns, names)
+        loop = step.get("loop")
+        if loop:
+            var, start, stop, stride = loop
+            results = []
+            for i in range(start, stop, stride):
+                names[var] = i
+                results.append(target(*[value(a) for a in step["args"]], **{k: value(a) for k, a in step["kwargs"].items()}))
+            result: Any = results
         else:
-            parts.append(f"tests.py:{lineno}: {tests_src.splitlines()[lineno - 1].strip()}")
-    if detail:
-        parts.append(f"message: {detail}")
-    if node is not None and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 and not detail:
-        try:
-            left = eval(compile(ast.Expression(node.test.left), "tests.py", "eval"), ns)  # noqa: S307
-            right = eval(compile(ast.Expression(node.test.comparators[0]), "tests.py", "eval"), ns)  # noqa: S307
-            parts.append(f"left:  {_short(left)}\nright: {_short(right)}")
-        except BaseException:  # noqa: BLE001 - best effort only
-            pass
-    return _tail("\n".join(parts) or "AssertionError")
+            result = target(*[value(a) for a in step["args"]], **{k: value(a) for k, a in step["kwargs"].items()})
+        if step.get("bind"):
+            names[step["bind"]] = result
+            return {"bound": True}
+        return {"v": encode(result)}
+    except BaseException as exc:  # noqa: BLE001 - every outcome is reported, also SystemExit
+        return _raised(exc)
 
 
-def main() -> None:
-    with open(".nonce", encoding="utf-8") as fh:
-        nonce = fh.read().strip()
-    os.unlink(".nonce")
-    with open("job.json", encoding="utf-8") as fh:
-        job = json.load(fh)
-    with open("solution.py", encoding="utf-8") as fh:
-        solution_src = fh.read()
-    with open("tests.py", encoding="utf-8") as fh:
-        tests_src = fh.read()
-    entry_point: str | None = job.get("entry_point")
+def main(job_fd: int, out_fd: int) -> NoReturn:
+    with _os.fdopen(job_fd, "rb") as fh:
+        job = _json.loads(fh.read())
     _set_limits(job.get("limits", {}))
-    sys.argv = ["solution.py"]
-    result_path = os.path.abspath(".result.json")
-
-    def finish(verdict: str, message: str) -> NoReturn:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-        try:
-            fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.write(fd, json.dumps({"nonce": nonce, "verdict": verdict, "message": message}).encode())
-            os.close(fd)
-        except BaseException:  # noqa: BLE001 - no verdict file: the parent reports an error
-            os._exit(3)
-        os._exit(0)
 
     def on_xcpu(_signum: int, _frame: Any) -> None:
-        finish("timeout", f"CPU time limit of {job.get('limits', {}).get('cpu_s')} s exceeded")
+        _write(out_fd, {"cpu_limit": True})
 
-    if hasattr(signal, "SIGXCPU"):
-        signal.signal(signal.SIGXCPU, on_xcpu)
-
-    ns: dict[str, Any] = {"__name__": "solution", "__builtins__": __builtins__}
+    if hasattr(_signal, "SIGXCPU"):
+        _signal.signal(_signal.SIGXCPU, on_xcpu)
+    _sys.argv = ["solution.py"]
+    ns: dict[str, Any] = {"__name__": "solution", "__builtins__": _builtins}
     stage = "compiling the solution"
     try:
-        code = compile(solution_src, "solution.py", "exec")
+        code = compile(job["code"], "solution.py", "exec")
         stage = "running the solution"
         exec(code, ns)  # noqa: S102 - this is the point of the sandbox
     except SystemExit as exc:
-        finish("error", f"the solution called exit({exc.code!r}) while {stage}")
-    except BaseException:  # noqa: BLE001
-        finish("error", _format_exc(stage))
-    if entry_point:
-        fn = ns.get(entry_point)
-        if not callable(fn):
-            finish("error", f"the solution does not define a function named {entry_point!r}")
-        ns["candidate"] = fn
-    try:
-        tests_code = compile(tests_src, "tests.py", "exec")
-        exec(tests_code, ns)  # noqa: S102
-    except AssertionError as exc:
-        finish("failed", _assert_message(exc, tests_src, ns))
-    except SystemExit as exc:
-        finish("error", f"exit({exc.code!r}) was called while running the tests")
-    except BaseException:  # noqa: BLE001
-        finish("error", _format_exc("running the tests"))
-    finish("passed", "")
+        _write(out_fd, {"load_error": f"the solution called exit({exc.code!r}) while {stage}"})
+    except BaseException as exc:  # noqa: BLE001
+        _write(out_fd, {"load_error": f"{stage}:\n{_trace(exc)}"})
+    entry = job.get("entry_point")
+    if entry and not callable(ns.get(entry)):
+        _write(out_fd, {"load_error": f"the solution does not define a function or class named {entry!r}"})
+    names = {name: decode(nodes) for name, nodes in job.get("inputs", {}).items()}
+    steps = [_step(step, ns, names) for step in job["steps"]]
+    _write(out_fd, {"steps": steps})
 
 
 if __name__ == "__main__":
-    main()
+    main(int(_sys.argv[1]), int(_sys.argv[2]))

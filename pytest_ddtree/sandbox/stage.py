@@ -15,7 +15,7 @@ mount namespace only:
   the interpreter (hiding the rest of, say, ``/root``), and the interpreter's prefix is
   bind-mounted back read-only at its own path (shared-library rpaths stay valid);
 * ``/tmp``, ``/var/tmp`` and ``/dev/shm`` become small private tmpfs mounts, so files the
-  code leaves there vanish with the namespace; the run's work dir is bound back in.
+  code leaves there vanish with the namespace; the run's work dir is a tmpfs of its own.
 
 Directories are opened before anything is mounted over them and bound from
 ``/proc/self/fd/N``, which still reaches a directory that a tmpfs now hides.
@@ -95,9 +95,11 @@ def main(argv: list[str]) -> int:
             _mount(f"/proc/self/fd/{fds[p]}", p, None, MS_BIND | MS_REC, None)
             _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
-    if not os.path.isdir(workdir):
-        os.makedirs(workdir, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fds[workdir]}", workdir, None, MS_BIND, None)
+    # The work dir is a size-capped tmpfs of its own: what the run writes there never
+    # reaches the host disk and vanishes with the namespace (no clean-up walk afterwards).
+    os.makedirs(workdir, mode=0o700, exist_ok=True)
+    owner = f",uid={uid},gid={gid if gid is not None else uid}" if uid is not None else ""
+    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_size}{owner}")
     for fd in fds.values():
         os.close(fd)
 
