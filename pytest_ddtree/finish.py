@@ -74,8 +74,12 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         from pytest_ddtree import report
 
         summary = report.session_summary(records, session=session)
+        live = getattr(session, "live_report", None)
+        if live is not None:
+            summary.json["environment"] = live.environment
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
+        _write_html_report(session, summary.json, outcome)
         for title, text in summary.sections:
             outcome.sections.append((title, text))
         if summary.plot_error:
@@ -91,6 +95,23 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     if outcome.errors:
         outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
     return outcome
+
+
+def _write_html_report(session: _Session, payload: dict[str, Any], outcome: FinishOutcome) -> None:
+    """The final report.html (the live one, marked finished); its failure never loses results."""
+    try:
+        from pytest_ddtree.htmlreport import REPORT_HTML, write_report
+        from pytest_ddtree.htmlreport.live import LiveReport
+
+        live = getattr(session, "live_report", None)
+        if isinstance(live, LiveReport):
+            path = live.write_final(payload)
+            outcome.errors.extend(live.errors)
+        else:
+            path = write_report(session.results_dir / REPORT_HTML, payload)
+        outcome.sections.append(("ddtree report", f"report: {path}"))
+    except Exception as exc:  # noqa: BLE001 - results.json is written already
+        outcome.fail(f"writing report.html failed: {type(exc).__name__}: {exc}")
 
 
 def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:

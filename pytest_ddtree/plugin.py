@@ -95,6 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_early(session, config)
+        config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
@@ -318,6 +319,39 @@ class _FailureCollector:
         text = report.longreprtext.strip()
         last = text.splitlines()[-1][:300] if text else ""
         self.session.failed_tests.append({"nodeid": report.nodeid, "when": report.when, "reason": last})
+
+
+class _LiveReportHooks:
+    """Controller only: report.html at the start and after each config's last test (htmlreport.live)."""
+
+    def __init__(self, session: DDTreeSession) -> None:
+        self.session = session
+
+    def _start(self, nodeids: list[str]) -> None:
+        if self.session.live_report is not None:
+            return
+        try:
+            names = [c.name for c in self.session.selected_configs]
+        except (ConfigError, ProfileError):
+            return
+        from pytest_ddtree.htmlreport.live import LiveReport, start_report
+
+        live = LiveReport(self.session.results_dir, names)
+        live.plan(nodeids)
+        if live.status().total:  # a session that runs ddtree tests; other runs get no page
+            self.session.live_report = start_report(live, self.session)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._start([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._start(list(ids))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        live = self.session.live_report
+        if live is not None and report.when == "teardown" and live.test_done(report.nodeid):
+            live.write_running(self.session.failed_tests)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

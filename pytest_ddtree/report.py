@@ -69,11 +69,13 @@ def throughput_record(
     problems: Sequence[str] = (),
     notes: Sequence[str] = (),
     hardware_profile: str | None = None,
+    baseline: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of one cell: medians over repeats, samples, spread, verdict.
 
     ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
-    ``verdict`` is ``gate.CellVerdict.as_dict()``.
+    ``verdict`` is ``gate.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
+    (samples, median, tolerance per metric), so the report can draw repeats against them.
     """
     primary = [float(v) for v in samples.get("output_throughput") or []]
     spread = stats.summarize(primary).as_dict() if primary else None
@@ -95,6 +97,7 @@ def throughput_record(
         "problems": list(problems),
         "notes": list(notes),
         "hardware_profile": hardware_profile,
+        "baseline": dict(baseline or {}),
     }
 
 
@@ -312,6 +315,10 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         entry["change_vs_baseline"] = r.get("change") or {}
         entry["samples"] = r.get("samples") or {}
         entry["problems"] = r.get("problems") or []
+        # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
+        for key in ("verdict", "workload", "baseline", "hardware_profile"):
+            if r.get(key) is not None:
+                entry[key] = r.get(key)
         cells.append(entry)
     return {"throughput": cells, "recommendations": recommendations(recs)}
 
@@ -433,6 +440,7 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
     payload = results_json(throughput)
     payload["throughput_repeats"] = [dict(r) for r in records if r.get("kind") == "throughput-repeat"]
     payload["records"] = others
+    payload["failed_tests"] = [dict(f) for f in getattr(session, "failed_tests", ()) or ()]
     md_parts = ["# pytest-ddtree results", ""]
     if throughput:
         md_parts.append(render_markdown(throughput))

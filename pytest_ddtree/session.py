@@ -39,6 +39,8 @@ class DDTreeSession:
         self._manager: Any = None
         self._baselines: BaselineStore | None = None
         self.failed_tests: list[dict[str, str]] = []
+        # The controller's htmlreport.live.LiveReport (report.html while the session runs), or None.
+        self.live_report: Any = None
 
     @property
     def is_controller(self) -> bool:

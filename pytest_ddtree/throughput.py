@@ -150,6 +150,7 @@ def evaluate_cell(
         problems=problems[:20],
         notes=notes,
         hardware_profile=hardware_profile,
+        baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
     )
     return CellEvaluation(
         status=status,

@@ -1,0 +1,215 @@
+"""The session's ``report.html``: one self-contained page (data, styles, chart runtime inline).
+
+Why one file with everything inline: it is opened from disk, attached to a CI run or copied off
+a GPU box that has no network, so it may not fetch anything. It is rendered from the same
+payload as ``results.json`` (plus a live status while the session runs) by a Jinja2 template;
+the charts are Plotly figures (see charts.py) and appear only where the ``report`` extra is
+installed; every figure is in a table too, so the page without the extra still says it all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_ddtree import report
+from pytest_ddtree.htmlreport import charts, model
+from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.results import RESULTS_JSON, read_records
+
+REPORT_HTML = "report.html"
+#: How often a page of a running session reloads itself.
+REFRESH_S = 10
+
+
+@dataclass
+class LiveStatus:
+    """Where a session stands; ``state`` is "running" or "finished"."""
+
+    state: str = "finished"
+    done: int = 0
+    total: int = 0
+    started_at: float | None = None
+    eta: float | None = None
+    current: list[str] = field(default_factory=list)
+    planned: list[str] = field(default_factory=list)
+    updated_at: float = field(default_factory=time.time)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "state": self.state, "done": self.done, "total": self.total, "current": self.current,
+            "started_at_text": model.fmt_time(self.started_at), "eta_text": model.fmt_time(self.eta) if self.eta else "",
+            "updated_at_text": model.fmt_time(self.updated_at),
+        }
+
+
+def _template() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pytest_ddtree.htmlreport", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template("report.html.j2")
+
+
+def environment_rows(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
+    env = payload.get("environment")
+    if not isinstance(env, Mapping):
+        return []
+    rows = []
+    for key, value in env.items():
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(str(v) for v in value) or "-"
+        elif isinstance(value, Mapping):
+            value = "; ".join(f"{k}: {v}" for k, v in value.items()) or "-"
+        rows.append((str(key), "not recorded" if value in (None, "") else str(value)))
+    return rows
+
+
+def collect_environment(session: Any = None) -> dict[str, Any]:
+    """The facts a reader needs to trust the numbers: machine, GPUs, package, profile, configs."""
+    import pytest_ddtree
+    from pytest_ddtree.repro.envsnap import nvml_snapshot
+
+    nvml = nvml_snapshot()
+    gpus = [f"{g.get('name')} ({(g.get('memory_total_bytes') or 0) / 2**30:.0f} GiB)" for g in nvml.get("gpus") or []]
+    env: dict[str, Any] = {
+        "package": f"pytest-ddtree {pytest_ddtree.__version__} at {Path(pytest_ddtree.__file__).parent}",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "host": f"{platform.node()} ({platform.system()} {platform.release()}, {os.cpu_count()} CPUs)",
+        "GPUs": gpus or (nvml.get("error") or "none"),
+        "NVIDIA driver": nvml.get("driver_version"),
+        "CUDA driver": nvml.get("cuda_driver_version"),
+    }
+    settings = getattr(session, "settings", None)
+    if session is not None:
+        try:
+            profile = session.profile
+            env["service profile"] = f"{profile.name} ({getattr(settings, 'service', '?')}), controller {profile.controller}"
+        except Exception:  # noqa: BLE001 - a broken profile is reported elsewhere; the page still renders
+            env["service profile"] = str(getattr(settings, "service", None))
+        try:
+            env["configs"] = [c.name for c in session.selected_configs]
+        except Exception:  # noqa: BLE001
+            pass
+        env["results"] = str(getattr(session, "results_dir", ""))
+    return env
+
+
+def _engine_facts(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Hardware profile and launch commands, from the records (they name the engine build)."""
+    facts: dict[str, Any] = {}
+    profiles = sorted({str(c.get("hardware_profile")) for c in payload.get("throughput") or []
+                       if isinstance(c, Mapping) and c.get("hardware_profile")})
+    if profiles:
+        facts["hardware profile (baselines folder)"] = profiles
+    commands = [((r.get("launch") or {}).get("command")) for r in model.records(payload, "launch")]
+    if commands and commands[0]:
+        facts["engine command (first launch)"] = commands[0]
+    return facts
+
+
+def build_html(
+    payload: Mapping[str, Any],
+    *,
+    live: LiveStatus | None = None,
+    other: Mapping[str, Any] | None = None,
+    other_label: str = "",
+    source: str = "",
+) -> str:
+    """The page for ``payload`` (results.json's shape); ``other`` adds the comparison section."""
+    live = live or LiveStatus(state="finished")
+    cells = model.cells(payload)
+    gate_rows = model.gates(payload, planned=live.planned)
+    if not live.total:
+        live.total = len(gate_rows)
+    runtime = charts.plotly_runtime()
+    figures: dict[str, Any] = {}
+    output_panels = charts.sweep_panels(cells, "output_throughput", "output tok/s")
+    request_panels = charts.sweep_panels(cells, "median_request_output_throughput", "tok/s per request (median)")
+    for p in output_panels + request_panels:
+        figures[p["id"]] = p["figure"]
+    acceptance = charts.acceptance_figure(cells)
+    if acceptance:
+        figures["acceptance"] = acceptance
+    repeat_charts = []
+    for config in dict.fromkeys(c.config for c in cells):
+        fig = charts.repeats_figure(config, cells)
+        if fig:
+            figure_id = f"repeats-{config}"
+            figures[figure_id] = fig
+            repeat_charts.append({"id": figure_id})
+    accept = report._config_accept([{"config": c.config, "metrics": {"accept_length": c.values.get("accept_length")}}
+                                    for c in cells if not c.predicted and c.measurement_status != "invalid"])
+    environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
+    environment.update(_engine_facts(payload))
+    lossless = model.records(payload, "lossless")
+    return str(_template().render(
+        live=live.view(),
+        refresh_s=REFRESH_S,
+        overall=model.overall(gate_rows),
+        source=source,
+        gate_names=model.GATES,
+        gates=gate_rows,
+        recommendations=[str(r) for r in payload.get("recommendations") or []],
+        charts_available=runtime is not None,
+        charts_extra=charts.CHARTS_EXTRA,
+        plotly_js=(runtime or "").replace("</script", "<\\/script"),
+        figures_json=charts.figure_json(figures if runtime else {}),
+        output_panels=output_panels,
+        request_panels=request_panels,
+        acceptance=acceptance,
+        repeat_charts=repeat_charts,
+        drafter_bound=report.drafter_bound(accept),
+        cells=cells,
+        columns=model.CELL_COLUMNS,
+        coding=model.coding_grid(payload),
+        divergences=model.divergences(payload),
+        lossless_measured=bool(lossless),
+        timeline=model.timeline(payload),
+        comparison=model.compare_sessions(payload, other) if other is not None else None,
+        other_label=other_label,
+        environment=environment_rows({"environment": environment}),
+        fmt=model.fmt, fmt_pct=model.fmt_pct, fmt_time=model.fmt_time, ctx=report._ctx, is_number=model.is_number,
+    ))
+
+
+def load_payload(results_dir: Path) -> dict[str, Any]:
+    """results.json when the session finished; else the payload rebuilt from its records."""
+    path = results_dir / RESULTS_JSON
+    if path.is_file():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a results object")
+        return data
+    records = read_records(results_dir)
+    if not records:
+        raise FileNotFoundError(f"{results_dir}: neither {RESULTS_JSON} nor records-*.jsonl (is it a results folder?)")
+    return payload_from_records(records)
+
+
+def payload_from_records(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = (),
+                         environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """results.json's shape from raw records (what the page of a running session shows)."""
+    payload = report.session_summary(records).json
+    payload["failed_tests"] = [dict(f) for f in failed_tests]
+    if environment is not None:
+        payload["environment"] = dict(environment)
+    return payload
+
+
+def write_report(path: Path, payload: Mapping[str, Any], live: LiveStatus | None = None) -> Path:
+    """Render and replace ``path`` atomically: a reader (a reloading browser) never sees half a page."""
+    write_atomic(path, build_html(payload, live=live))
+    return path

@@ -1,0 +1,178 @@
+"""Chart specifications (Plotly figure dicts) and the inlined Plotly runtime.
+
+Why Plotly (see the README's "HTML report" section for the comparison): its Python package
+ships ``plotly.min.js`` inside the wheel, so a page can inline the runtime with no download;
+it needs only ``narwhals`` and ``packaging`` (no numpy, pandas or pillow); its charts zoom,
+pan, hover and toggle series out of the box. The figures here are plain JSON-ready dicts,
+so building them needs nothing from plotly at all; only the runtime text comes from it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_ddtree import report
+from pytest_ddtree.htmlreport.model import Cell, is_number
+
+#: The extra that adds the charts (the page names it when the runtime is missing).
+CHARTS_EXTRA = "pytest-ddtree[report]"
+
+_STATUS_COLOR = {"pass": "#2e7d32", "improved": "#1565c0", "updated": "#2e7d32", "regression": "#c62828",
+                 "invalid": "#6a1b9a", "inconclusive": "#ef6c00", "missing": "#757575", "new": "#757575"}
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_runtime() -> str | None:
+    """The plotly.js source shipped in the plotly wheel, or None when plotly is not installed."""
+    try:
+        from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return str(get_plotlyjs())
+
+
+def _ctx_label(tokens: int | None) -> str:
+    return report._ctx(tokens) if tokens is not None else "?"
+
+
+def _layout(title: str, x_title: str, y_title: str, log_x: bool = False) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "font": {"size": 14}},
+        "xaxis": {"title": {"text": x_title}, **({"type": "log", "dtick": 0.30102999566} if log_x else {})},
+        "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+        "margin": {"l": 60, "r": 10, "t": 40, "b": 50},
+        "height": 340,
+        "legend": {"font": {"size": 10}},
+        "hovermode": "closest",
+    }
+
+
+def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[str, Any]]:
+    """One figure per context length: ``metric`` against concurrency, a line per config."""
+    by_ctx: dict[int | None, dict[str, list[tuple[int, float, str]]]] = defaultdict(lambda: defaultdict(list))
+    for c in cells:
+        value = c.values.get(metric)
+        if c.concurrency is None or not is_number(value) or c.measurement_status == "invalid":
+            continue
+        by_ctx[c.context_tokens][c.config + (" (predicted)" if c.predicted else "")].append((c.concurrency, float(value), c.cell))
+    panels = []
+    for ctx in sorted(by_ctx, key=lambda t: t or 0):
+        traces = []
+        for name in sorted(by_ctx[ctx], key=lambda n: report._config_key(n.split(" ")[0])):
+            points = sorted(by_ctx[ctx][name])
+            traces.append({
+                "type": "scatter", "mode": "lines+markers", "name": name,
+                "x": [p[0] for p in points], "y": [p[1] for p in points], "text": [p[2] for p in points],
+                "hovertemplate": f"{name}<br>%{{text}}: %{{y:.1f}}<extra></extra>",
+                **({"line": {"dash": "dot"}} if name.endswith("(predicted)") else {}),
+            })
+        panels.append({
+            "id": f"{metric}-ctx-{ctx}", "context": ctx,
+            "figure": {"data": traces, "layout": _layout(f"context {_ctx_label(ctx)}", "concurrency", y_title, log_x=True)},
+        })
+    return panels
+
+
+def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
+    """Acceptance against budget, a line per (block size, topk, window); flat last steps marked.
+
+    The mark uses the same threshold as the text diagnosis (report.DRAFTER_BOUND_GAIN): a
+    marked point is where a bigger tree stopped buying acceptance.
+    """
+    accept = report._config_accept([{"config": c.config, "metrics": {"accept_length": c.values.get("accept_length")}}
+                                    for c in cells if not c.predicted and c.measurement_status != "invalid"])
+    groups: dict[tuple[int, int, str], list[tuple[int, float, str]]] = defaultdict(list)
+    for name, value in accept.items():
+        if m := report._NAME_RE.match(name):
+            groups[(int(m.group("bs")), int(m.group("k")), m.group("w") or "")].append((int(m.group("b")), value, name))
+    if not groups:
+        return None
+    traces: list[dict[str, Any]] = []
+    flat_x: list[int] = []
+    flat_y: list[float] = []
+    flat_text: list[str] = []
+    for (bs, k, w), members in sorted(groups.items()):
+        members.sort()
+        label = f"block {bs}, topk {k}" + (f", window {w}" if w else "")
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": label, "x": [m[0] for m in members],
+                       "y": [m[1] for m in members], "text": [m[2] for m in members],
+                       "hovertemplate": "%{text}: %{y:.2f}<extra></extra>"})
+        if len(members) >= 2:
+            (_, a1, _), (b2, a2, n2) = members[-2], members[-1]
+            if a1 > 0 and (a2 - a1) / a1 < report.DRAFTER_BOUND_GAIN:
+                flat_x.append(b2)
+                flat_y.append(a2)
+                flat_text.append(f"{n2}: {(a2 - a1) / a1:+.0%} over the previous budget")
+    if flat_x:
+        traces.append({"type": "scatter", "mode": "markers", "name": "drafter-bound (last budget step < "
+                       f"{report.DRAFTER_BOUND_GAIN:.0%} gain)", "x": flat_x, "y": flat_y, "text": flat_text,
+                       "marker": {"symbol": "x-thin-open", "size": 16, "color": "#c62828", "line": {"width": 3}},
+                       "hovertemplate": "%{text}<extra></extra>"})
+    layout = _layout("Acceptance against budget", "budget (tree nodes per verify step)", "accepted tokens per step")
+    layout["xaxis"]["type"] = "log"
+    layout["xaxis"]["dtick"] = 0.30102999566
+    return {"data": traces, "layout": layout}
+
+
+def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_throughput") -> dict[str, Any] | None:
+    """Each cell's repeats and its baseline's samples, relative to the baseline median, with the band.
+
+    Relative (1.0 = the baseline median) so cells of very different speeds share one axis; the
+    shaded bar is the tolerance the gate allows, so a dot outside it on the bad side is what a
+    regression looks like, and a wide cloud is what a noisy cell looks like.
+    """
+    xs: list[str] = []
+    band_base: list[float] = []
+    band_height: list[float] = []
+    base_x: list[str] = []
+    base_y: list[float] = []
+    cur: dict[str, tuple[list[str], list[float], list[str]]] = defaultdict(lambda: ([], [], []))
+    for c in cells:
+        if c.config != config or c.predicted:
+            continue
+        samples = c.samples.get(metric) or []
+        base = c.baseline.get(metric) or {}
+        ref = base.get("median")
+        if not is_number(ref) or not ref:
+            ref = sorted(samples)[len(samples) // 2] if samples else None
+        if not ref:
+            continue
+        xs.append(c.cell)
+        tol = float(base["tolerance"]) if is_number(base.get("tolerance")) else 0.0
+        band_base.append(1.0 - tol)
+        band_height.append(2 * tol)
+        for s in base.get("samples") or []:
+            base_x.append(c.cell)
+            base_y.append(float(s) / float(ref))
+        xs_c, ys_c, texts = cur[c.status]
+        for s in samples:
+            xs_c.append(c.cell)
+            ys_c.append(float(s) / float(ref))
+            texts.append(f"{s:.1f}")
+    if not xs:
+        return None
+    traces: list[dict[str, Any]] = [
+        {"type": "bar", "name": "tolerance band", "x": xs, "y": band_height, "base": band_base,
+         "marker": {"color": "rgba(46,125,50,0.15)"}, "hoverinfo": "skip", "width": 0.6},
+        {"type": "scatter", "mode": "markers", "name": "baseline samples", "x": base_x, "y": base_y,
+         "marker": {"color": "#9e9e9e", "size": 8, "symbol": "circle-open"}, "offsetgroup": "b",
+         "hovertemplate": "baseline %{y:.3f}<extra></extra>"},
+    ]
+    for status, (x, y, text) in sorted(cur.items()):
+        traces.append({"type": "scatter", "mode": "markers", "name": f"this session ({status})", "x": x, "y": y,
+                       "text": text, "marker": {"color": _STATUS_COLOR.get(status, "#000"), "size": 9},
+                       "hovertemplate": "%{text} (%{y:.3f} of the baseline median)<extra></extra>"})
+    layout = _layout(f"{config}: output tok/s repeats / baseline median", "cell", "relative to the baseline median")
+    layout["yaxis"].pop("rangemode")
+    layout["barmode"] = "overlay"
+    return {"data": traces, "layout": layout}
+
+
+def figure_json(figure: Mapping[str, Any]) -> str:
+    """JSON safe to put inside a <script> element."""
+    import json
+
+    return json.dumps(figure, default=str).replace("</", "<\\/")

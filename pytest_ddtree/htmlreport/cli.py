@@ -1,0 +1,48 @@
+"""``ddtree-report RESULTS_DIR [--against OTHER_RESULTS_DIR] [-o report.html]``.
+
+Rebuilds the page of a results folder (after an upgrade of the report, or from a session that
+was killed before it finished: the records are enough), and with ``--against`` puts another
+session's figures beside each cell with the change, judged by the throughput gate itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_ddtree.htmlreport import REPORT_HTML, build_html, load_payload
+from pytest_ddtree.atomicfile import write_atomic
+
+#: Exit status of a usage error (as pytest's): a folder that is not a results folder.
+USAGE_ERROR = 4
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddtree-report", description=__doc__.split("\n\n")[1] if __doc__ else None)
+    parser.add_argument("results", type=Path, help="a session's results folder (results.json or records-*.jsonl)")
+    parser.add_argument("--against", type=Path, default=None, metavar="OTHER_RESULTS_DIR",
+                        help="another session's results folder: its figures and the change per config and cell")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help=f"where to write the page (default: RESULTS_DIR/{REPORT_HTML}, or "
+                             f"RESULTS_DIR/report-against-<other>.html with --against)")
+    args = parser.parse_args(argv)
+    try:
+        payload = load_payload(args.results)
+        other = load_payload(args.against) if args.against is not None else None
+    except (OSError, ValueError, json.JSONDecodeError) as exc:
+        print(f"ddtree-report: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    output = args.output
+    if output is None:
+        output = args.results / (REPORT_HTML if args.against is None else f"report-against-{args.against.resolve().name}.html")
+    page = build_html(payload, other=other, other_label=str(args.against) if args.against else "", source=str(args.results))
+    write_atomic(output, page)
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

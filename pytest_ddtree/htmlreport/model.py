@@ -1,0 +1,423 @@
+"""What the HTML report shows, as plain data, from a results payload (no pytest, no HTML).
+
+Why a separate view model: the same payload (``results.json``, or the live records of a running
+session) is read by the page, by ``ddtree-report --against`` and by the tests, and every other
+helper changes that payload while we build this (prompt sources, multi-session baselines,
+confirmation runs, predicted rows). So every section is read defensively: a section or key that
+is not there renders as "not measured", never as an exception, and unknown extra keys are
+ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from pytest_ddtree import report
+
+#: The gates of one config, in the order a reader asks about them.
+GATES = ("health", "applied", "coding", "lossless", "throughput")
+PASS, FAIL, INCONCLUSIVE, INVALID = "pass", "fail", "inconclusive", "invalid"
+NOT_MEASURED, PENDING = "not measured", "pending"
+
+#: Which suite file proves which gate (a failed test is attributed by its file).
+_GATE_OF_TEST = {"test_health": "health", "test_coding": "coding", "test_lossless": "lossless", "test_throughput": "throughput"}
+
+#: Cell metrics shown in the sweep table: (key in results.json, header, digits).
+CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("output_throughput", "out tok/s", 1),
+    ("median_request_output_throughput", "tok/s per request", 1),
+    ("accept_length", "accept length", 2),
+    ("median_ttft_ms", "TTFT p50 ms", 1),
+    ("median_itl_ms", "ITL p50 ms", 2),
+    ("median_e2e_latency_ms", "E2E p50 ms", 1),
+)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """The one number format of the page (tables and tests use it alike)."""
+    return f"{float(value):.{digits}f}" if is_number(value) else "-"
+
+
+def fmt_pct(value: Any) -> str:
+    return f"{float(value) * 100:+.1f}%" if is_number(value) else "-"
+
+
+def fmt_time(epoch: Any) -> str:
+    if not is_number(epoch):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(epoch)))
+
+
+@dataclass
+class GateResult:
+    status: str
+    summary: str = ""
+    messages: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Cell:
+    """One throughput cell as the page shows it (numbers straight from the payload)."""
+
+    config: str
+    cell: str
+    concurrency: int | None
+    context_tokens: int | None
+    status: str
+    measurement_status: str
+    values: dict[str, Any]
+    change: dict[str, Any]
+    samples: dict[str, list[float]]
+    baseline: dict[str, Any]  # metric -> {median, samples, tolerance, direction}
+    messages: list[str]
+    predicted: bool = False
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _floats(values: Any) -> list[float]:
+    """Numbers from a flat list, or from a list of per-session lists (multi-session baselines)."""
+    out: list[float] = []
+    for v in _as_list(values):
+        if is_number(v):
+            out.append(float(v))
+        elif isinstance(v, Mapping):
+            out.extend(_floats(v.get("samples")))
+        elif isinstance(v, (list, tuple)):
+            out.extend(_floats(v))
+    return out
+
+
+_CELL_NAME = re.compile(r"^c(?P<c>\d+)_")
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if is_number(value) else None
+
+
+def cells(payload: Mapping[str, Any]) -> list[Cell]:
+    out: list[Cell] = []
+    for raw in _as_list(payload.get("throughput")):
+        if not isinstance(raw, Mapping) or "cell" not in raw:
+            continue
+        workload = _as_dict(raw.get("workload"))
+        # bench_serving's "concurrency" is the measured one; the workload's limit is max_concurrency.
+        conc = _int(workload.get("concurrency")) or _int(raw.get("max_concurrency"))
+        if conc is None and (m := _CELL_NAME.match(str(raw["cell"]))):
+            conc = int(m.group("c"))
+        verdict = _as_dict(raw.get("verdict"))
+        metric_verdicts = _as_dict(verdict.get("metrics"))
+        baseline: dict[str, Any] = {}
+        for key, entry in _as_dict(raw.get("baseline")).items():
+            if isinstance(entry, Mapping):
+                baseline[key] = {"median": entry.get("median"), "samples": _floats(entry.get("samples")),
+                                 "tolerance": entry.get("tolerance"), "direction": entry.get("direction")}
+        for key, mv in metric_verdicts.items():  # older results: only the verdict knows the baseline
+            if isinstance(mv, Mapping) and key not in baseline and is_number(mv.get("baseline_median")):
+                baseline[key] = {"median": mv.get("baseline_median"), "samples": [], "tolerance": mv.get("tolerance"),
+                                 "direction": mv.get("direction")}
+        messages = [str(m) for m in _as_list(verdict.get("reasons"))]
+        messages += [str(mv["message"]) for mv in metric_verdicts.values() if isinstance(mv, Mapping) and mv.get("message")]
+        messages += [str(p) for p in _as_list(raw.get("problems")) if str(p) not in messages]
+        out.append(Cell(
+            config=str(raw.get("config")),
+            cell=str(raw["cell"]),
+            concurrency=conc,
+            context_tokens=_int(raw.get("context_tokens")) or _int(workload.get("context_tokens")),
+            status=str(raw.get("status") or NOT_MEASURED),
+            measurement_status=str(raw.get("measurement_status") or ""),
+            values={key: raw.get(key) for key, _, _ in CELL_COLUMNS},
+            change=_as_dict(raw.get("change_vs_baseline")),
+            samples={k: _floats(v) for k, v in _as_dict(raw.get("samples")).items()},
+            baseline=baseline,
+            messages=messages,
+            predicted=bool(raw.get("predicted")) or raw.get("status") == "predicted",
+        ))
+    out.sort(key=lambda c: (report._config_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
+    return out
+
+
+def records(payload: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [dict(r) for r in _as_list(payload.get("records")) if isinstance(r, Mapping) and r.get("kind") == kind]
+
+
+def config_of_nodeid(nodeid: str, known: Iterable[str]) -> str | None:
+    """The config a test ran for: one of the dash-separated parts of its parameter id."""
+    if "[" not in nodeid:
+        return None
+    parts = set(nodeid.rsplit("[", 1)[1].rstrip("]").split("-"))
+    return next((name for name in known if name in parts), None)
+
+
+def _gate_of_nodeid(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+    return _GATE_OF_TEST.get(stem, "other")
+
+
+def config_names(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> list[str]:
+    names: list[str] = list(planned)
+    for c in _as_list(payload.get("throughput")):
+        if isinstance(c, Mapping) and c.get("config") is not None:
+            names.append(str(c["config"]))
+    for r in _as_list(payload.get("records")):
+        if isinstance(r, Mapping) and r.get("config") is not None and r.get("kind") != "launch":
+            names.append(str(r["config"]))
+    for r in records(payload, "launch"):
+        name = str(r.get("config"))
+        if report._NAME_RE.match(name):  # not the lossless reference instance
+            names.append(name)
+    unique = list(dict.fromkeys(names))
+    return sorted(unique, key=report._config_key)
+
+
+def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, dict[str, GateResult]]:
+    """Each config's five gates: pass / fail / inconclusive / invalid / not measured / pending."""
+    names = config_names(payload, planned)
+    out: dict[str, dict[str, GateResult]] = {n: {g: GateResult(NOT_MEASURED) for g in GATES} for n in names}
+    for r in records(payload, "health"):
+        if (row := out.get(str(r.get("config")))) is not None:
+            row["health"] = GateResult(PASS, f"answered ({r.get('completion_tokens')} tokens)")
+    for r in records(payload, "launch"):
+        launch = _as_dict(r.get("launch")) or r
+        if (row := out.get(str(r.get("config")))) is None:
+            continue
+        outcome = str(launch.get("outcome", ""))
+        if outcome == "ready":
+            if row["applied"].status != FAIL:
+                row["applied"] = GateResult(PASS, f"ready after {fmt(launch.get('ready_s'))} s; /server_info matches")
+        elif outcome:
+            row["applied"] = GateResult(FAIL, outcome, [outcome])
+    for r in records(payload, "coding"):
+        if (row := out.get(str(r.get("config")))) is None:
+            continue
+        gate = _as_dict(r.get("gate"))
+        flips = [str(p) for p in _as_list(gate.get("regressions"))]
+        summary = f"{r.get('passed')}/{r.get('total')} passed ({r.get('set', 'default')})"
+        if gate.get("passed", r.get("passed") == r.get("total")):
+            row["coding"] = GateResult(PASS, summary)
+        else:
+            why = [f"flipped to failing against the baseline: {', '.join(flips)}"] if flips else []
+            if gate.get("floor") is not None and not flips:
+                why.append(f"below the floor of {gate.get('floor')}")
+            row["coding"] = GateResult(FAIL, summary, why)
+    for r in records(payload, "lossless"):
+        if (row := out.get(str(r.get("config")))) is None:
+            continue
+        if r.get("golden_written"):
+            row["lossless"] = GateResult(PASS, "golden transcripts written")
+            continue
+        diverged = _as_list(r.get("diverged"))
+        summary = f"{int(r.get('compared') or 0) - len(diverged)}/{r.get('compared')} identical"
+        if r.get("passed"):
+            row["lossless"] = GateResult(PASS, summary)
+        else:
+            row["lossless"] = GateResult(FAIL, summary, [f"{d.get('prompt_id')}: first divergence at {d.get('unit')} "
+                                                         f"{d.get('position')}" for d in diverged if isinstance(d, Mapping)])
+    by_config: dict[str, list[Cell]] = defaultdict(list)
+    for c in cells(payload):
+        if not c.predicted:
+            by_config[c.config].append(c)
+    for name, measured in by_config.items():
+        if name not in out:
+            continue
+        statuses = {c.status for c in measured}
+        bad = [c for c in measured if c.status in ("regression", "invalid", "inconclusive", "missing")]
+        messages = [f"{c.cell}: {c.status}" + (f": {'; '.join(c.messages)}" if c.messages else "") for c in bad]
+        summary = f"{len(measured)} cells"
+        if "invalid" in statuses:
+            status = INVALID
+        elif "regression" in statuses:
+            status = FAIL
+        elif "inconclusive" in statuses or "missing" in statuses:
+            status = INCONCLUSIVE
+        else:
+            status = PASS
+        out[name]["throughput"] = GateResult(status, summary, messages)
+    for failed in _as_list(payload.get("failed_tests")):
+        if not isinstance(failed, Mapping):
+            continue
+        nodeid = str(failed.get("nodeid", ""))
+        failed_config = config_of_nodeid(nodeid, out)
+        if failed_config is None:
+            continue
+        gate_name = _gate_of_nodeid(nodeid)
+        reason = f"{nodeid.rsplit('::', 1)[-1]} failed ({failed.get('when', 'call')}): {failed.get('reason', '')}"
+        if failed.get("when") == "setup" and out[failed_config]["applied"].status != PASS:
+            gate_name = "applied"  # the service fixture failed: the config never ran
+        elif gate_name == "other":
+            gate_name = "health"
+        result = out[failed_config][gate_name]
+        if result.status in (PASS, NOT_MEASURED, PENDING):
+            result.status = FAIL
+        if reason not in result.messages:
+            result.messages.append(reason)
+    started = {n for n, row in out.items() if any(g.status != NOT_MEASURED for g in row.values())}
+    for name in planned:
+        if name not in started:
+            out[name] = {g: GateResult(PENDING) for g in GATES}
+    return out
+
+
+def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:
+    statuses = {g.status for row in gate_rows.values() for g in row.values()}
+    for status in (FAIL, INVALID, INCONCLUSIVE):
+        if status in statuses:
+            return status
+    return PASS if PASS in statuses else NOT_MEASURED
+
+
+@dataclass
+class CodingGrid:
+    problems: list[str]
+    configs: list[str]
+    verdicts: dict[tuple[str, str], dict[str, Any]]  # (problem, config) -> problem record
+    flips: set[tuple[str, str]]
+    fixed: set[tuple[str, str]]
+
+
+def coding_grid(payload: Mapping[str, Any]) -> CodingGrid:
+    problems: list[str] = []
+    configs: list[str] = []
+    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+    flips: set[tuple[str, str]] = set()
+    fixed: set[tuple[str, str]] = set()
+    for r in records(payload, "coding"):
+        config = str(r.get("config"))
+        configs.append(config)
+        for p in _as_list(r.get("problems")):
+            if isinstance(p, Mapping) and p.get("id") is not None:
+                pid = str(p["id"])
+                problems.append(pid)
+                verdicts[(pid, config)] = dict(p)
+        gate = _as_dict(r.get("gate"))
+        flips |= {(str(p), config) for p in _as_list(gate.get("regressions"))}
+        fixed |= {(str(p), config) for p in _as_list(gate.get("new_passes"))}
+    return CodingGrid(list(dict.fromkeys(problems)), sorted(dict.fromkeys(configs), key=report._config_key), verdicts, flips, fixed)
+
+
+def divergences(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for r in records(payload, "lossless"):
+        for d in _as_list(r.get("diverged")):
+            if isinstance(d, Mapping):
+                out.append((str(r.get("config")), dict(d)))
+    return out
+
+
+@dataclass
+class TimelineRow:
+    config: str
+    worker: str
+    started_at: float | None
+    ready_s: float | None
+    gap_s: float | None  # since the previous config's last result on this worker: stop + GPU release
+    first_result: float | None
+    last_result: float | None
+    outcome: str
+
+
+def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
+    """When each config started, how long it took to be ready, which worker ran it.
+
+    Launch records arrive at session end; while a session runs, a config's first result stands
+    in for its start.
+    """
+    times: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in _as_list(payload.get("records")) + _as_list(payload.get("throughput_repeats")):
+        if isinstance(r, Mapping) and r.get("kind") != "launch" and is_number(r.get("time")):
+            times[(str(r.get("config")), str(r.get("worker", "main")))].append(float(r["time"]))
+    rows: dict[tuple[str, str], TimelineRow] = {}
+    for r in records(payload, "launch"):
+        launch = _as_dict(r.get("launch")) or r
+        name = str(launch.get("config", r.get("config")))
+        key = (name, str(r.get("worker", "main")))
+        if key in rows and rows[key].started_at is not None:
+            continue
+        started = launch.get("started_at")
+        rows[key] = TimelineRow(name, key[1], float(started) if is_number(started) else None,
+                                float(launch["ready_s"]) if is_number(launch.get("ready_s")) else None,
+                                None, None, None, str(launch.get("outcome", "")))
+    for key, ts in times.items():
+        row = rows.setdefault(key, TimelineRow(key[0], key[1], None, None, None, None, None, "running"))
+        row.first_result, row.last_result = min(ts), max(ts)
+    ordered = sorted(rows.values(), key=lambda r: (r.worker, r.started_at or r.first_result or 0.0))
+    last_end: dict[str, float] = {}
+    for row in ordered:
+        start = row.started_at
+        if start is not None and row.worker in last_end and report._NAME_RE.match(row.config):
+            row.gap_s = max(0.0, start - last_end[row.worker])
+        if row.last_result is not None and report._NAME_RE.match(row.config):
+            last_end[row.worker] = row.last_result
+    return sorted(ordered, key=lambda r: r.started_at or r.first_result or 0.0)
+
+
+@dataclass
+class Comparison:
+    config: str
+    cell: str
+    metric: str
+    this_median: float | None
+    other_median: float | None
+    change: float | None
+    status: str
+    message: str
+
+
+def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> list[Comparison]:
+    """Each cell of this session against the same cell of ``other``, judged by the gate itself.
+
+    The other session's samples stand where a baseline's would; tolerance and direction come
+    from this session's baseline entry when it has one, else from the gate's defaults, and the
+    figures are :func:`gate.compare_metric`'s, so the page and the gate never disagree.
+    """
+    from pytest_ddtree import gate
+
+    theirs = {(c.config, c.cell): c for c in cells(other)}
+    out: list[Comparison] = []
+    for mine in cells(payload):
+        base = theirs.get((mine.config, mine.cell))
+        for key, spec in ((s.key, s) for s in gate.GATED_METRICS):
+            current = mine.samples.get(key) or []
+            previous = base.samples.get(key) if base else []
+            if not current and not previous:
+                continue
+            if base is None or not previous or not current:
+                out.append(Comparison(mine.config, mine.cell, key, _median(current), _median(previous or []), None,
+                                      "new" if base is None or not previous else "missing",
+                                      "only in this session" if current else "only in the other session"))
+                continue
+            entry = {"direction": spec.direction, "tolerance": spec.tolerance, "unit": spec.unit,
+                     **{k: v for k, v in mine.baseline.get(key, {}).items() if k in ("direction", "tolerance") and v is not None},
+                     "median": _median(previous), "samples": previous}
+            verdict = gate.compare_metric(key, entry, current)
+            out.append(Comparison(mine.config, mine.cell, key, verdict.current_median, verdict.baseline_median,
+                                  verdict.change, verdict.status, verdict.message))
+    mine_keys = {(c.config, c.cell) for c in cells(payload)}
+    for c in cells(other):
+        if (c.config, c.cell) not in mine_keys:
+            out.append(Comparison(c.config, c.cell, "output_throughput", None, _median(c.samples.get("output_throughput") or []),
+                                  None, "missing", "only in the other session"))
+    return out
+
+
+def _median(values: Sequence[float]) -> float | None:
+    from pytest_ddtree import stats
+
+    return stats.median(list(values)) if values else None

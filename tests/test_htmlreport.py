@@ -1,0 +1,140 @@
+"""report.html from payloads (no browser): verdicts, missing sections, no-charts page, live progress, comparison."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddtree import gate, report
+from pytest_ddtree.htmlreport import LiveStatus, build_html, charts, load_payload, model, write_report
+from pytest_ddtree.htmlreport.live import LiveReport
+
+
+def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: str = "pass",
+          base: list[float] | None = None, message: str = "") -> dict[str, Any]:
+    repeats = [{"output_throughput": t, "accept_length": 4.0 + (0.1 if "b8" in config else 0.0), "median_ttft_ms": 5.0,
+                "median_request_output_throughput": t / conc} for t in tps]
+    verdict = {"status": status, "reasons": [], "metrics": {"output_throughput": {
+        "message": message, "change": (sorted(tps)[1] / sorted(base)[1] - 1) if base else None}}}
+    baseline = {"output_throughput": {"median": sorted(base)[1], "samples": base, "tolerance": 0.05, "direction": "higher"}} if base else None
+    data = report.throughput_record(config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 32,
+                                                                      "requests": 4}, repeats=repeats,
+                                    samples={"output_throughput": tps}, measurement_status="valid", verdict=verdict, baseline=baseline)
+    return {"kind": "throughput", "time": 100.0, "worker": "main", **data}
+
+
+def _payload() -> dict[str, Any]:
+    records: list[dict[str, Any]] = [
+        _cell("bs8_b8_k4", "c1_s", 1, 48, [100.0, 101.0, 99.0], base=[100.0, 100.5, 99.5]),
+        _cell("bs8_b8_k4", "c4_s", 4, 48, [300.0, 301.0, 299.0], base=[300.0, 300.5, 299.5]),
+        _cell("bs8_b4_k4", "c1_s", 1, 48, [70.0, 71.0, 69.0], status="regression", base=[100.0, 100.5, 99.5],
+              message="output_throughput: 100 -> 70 tok/s, -30.0%: REGRESSION beyond the 5% tolerance"),
+        {"kind": "coding", "config": "bs8_b4_k4", "time": 90.0, "passed": 1, "total": 2, "set": "default",
+         "gate": {"passed": False, "regressions": ["slugify"], "new_passes": []},
+         "problems": [{"id": "slugify", "verdict": "failed", "code": "def slugify(s):\n    return None", "message": "AssertionError: <b>"},
+                      {"id": "lru_cache", "verdict": "passed", "code": "x", "message": ""}]},
+        {"kind": "lossless", "config": "bs8_b4_k4", "time": 95.0, "passed": False, "compared": 3,
+         "diverged": [{"prompt_id": "p1", "position": 7, "unit": "token", "reference": "the cat", "got": "the dog", "detail": "d"}]},
+        {"kind": "health", "config": "bs8_b8_k4", "time": 80.0, "completion_tokens": 16},
+        {"kind": "launch", "config": "bs8_b8_k4", "time": 200.0, "worker": "main",
+         "launch": {"config": "bs8_b8_k4", "outcome": "ready", "ready_s": 1.5, "started_at": 70.0}},
+        {"kind": "launch", "config": "bs8_b4_k4", "time": 200.0, "worker": "main",
+         "launch": {"config": "bs8_b4_k4", "outcome": "ready", "ready_s": 2.5, "started_at": 85.0}},
+    ]
+    payload = report.session_summary(records).json
+    payload["failed_tests"] = [{"nodeid": "suites/test_coding.py::test_coding[bs8_b4_k4]", "when": "call", "reason": "REGRESSED: slugify"}]
+    return payload
+
+
+def _text(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_gates_show_failures_with_their_messages_and_the_rest_passes() -> None:
+    rows = model.gates(_payload(), planned=["bs8_b8_k4", "bs8_b4_k4", "bs16_b16_k4"])
+    bad, good = rows["bs8_b4_k4"], rows["bs8_b8_k4"]
+    assert bad["throughput"].status == "fail" and "REGRESSION beyond the 5% tolerance" in bad["throughput"].messages[0]
+    assert bad["coding"].status == "fail" and "flipped to failing against the baseline: slugify" in bad["coding"].messages
+    assert any("REGRESSED: slugify" in m for m in bad["coding"].messages)  # the failed test's own reason too
+    assert bad["lossless"].status == "fail" and "p1: first divergence at token 7" in bad["lossless"].messages
+    assert bad["health"].status == "not measured"
+    assert {g: r.status for g, r in good.items()} == {"health": "pass", "applied": "pass", "coding": "not measured",
+                                                      "lossless": "not measured", "throughput": "pass"}
+    assert {r.status for r in rows["bs16_b16_k4"].values()} == {"pending"}
+    assert model.overall(rows) == "fail"
+
+
+def test_page_escapes_code_and_marks_the_flip() -> None:
+    page = build_html(_payload())
+    assert "AssertionError: &lt;b&gt;" in page and "<b>" not in page.split("<body>")[1].split("<script")[0]
+    assert 'data-flip="true"' in page and "failed (flip)" in page
+    assert "the cat" in page and "the dog" in page
+
+
+def test_missing_sections_render_as_not_measured() -> None:
+    for payload in ({}, {"throughput": "garbage", "records": [1, None, {"kind": "coding"}]}):
+        text = _text(build_html(payload))
+        for what in ("Throughput: not measured", "Coding: not measured", "Lossless: not measured", "Timeline: not measured"):
+            assert what in text
+
+
+def test_without_the_charts_extra_every_table_stays_and_the_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(charts, "plotly_runtime", lambda: None)
+    page = build_html(_payload())
+    assert "Plotly.newPlot" not in page and "pip install 'pytest-ddtree[report]'" in page
+    assert page.count('<tr data-config="bs8_b8_k4" data-cell=') >= 2 and 'id="coding-grid"' in page
+
+
+def test_with_the_charts_extra_one_panel_per_context_and_the_runtime_inline() -> None:
+    if charts.plotly_runtime() is None:
+        pytest.skip("plotly (the report extra) is not installed; the test extra installs it")
+    payload = _payload()
+    payload["throughput"].append({**payload["throughput"][0], "cell": "c1_l", "context_tokens": 512})
+    page = build_html(payload)
+    assert len(re.findall(r'id="chart-output_throughput-ctx-\d+"', page)) == 2
+    assert "Plotly.newPlot" in page and not re.search(r"<(script|link|img)[^>]*(src|href)=", page)
+
+
+def test_live_progress_counts_each_configs_tests_and_estimates_the_end(tmp_path: Path) -> None:
+    live = LiveReport(tmp_path, ["bs8_b8_k4", "bs8_b4_k4"], started_at=1000.0)
+    ids = [f"suites/test_health.py::test_health[{c}]" for c in live.configs] + [
+        f"suites/test_throughput.py::test_throughput[c1_s-{c}]" for c in live.configs] + ["tests/test_x.py::test_other"]
+    live.plan(ids)
+    assert not live.test_done(ids[0]) and live.test_done(ids[2])  # bs8_b8_k4's second (last) test
+    status = live.status()
+    assert (status.done, status.total, status.current) == (1, 2, [])
+    assert status.eta is not None and status.eta > status.started_at  # type: ignore[operator]
+    live.write_running()
+    page = (tmp_path / "report.html").read_text()
+    assert 'data-state="running"' in page and "running: config 1 of 2 done" in _text(page)
+    assert '<meta http-equiv="refresh"' in page
+    live.write_final(load_payload(tmp_path) if (tmp_path / "results.json").exists() else {})
+    final = (tmp_path / "report.html").read_text()
+    assert 'data-state="finished"' in final and "http-equiv" not in final
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_comparison_uses_the_gates_own_figures() -> None:
+    this = _payload()
+    other = report.session_summary([_cell("bs8_b4_k4", "c1_s", 1, 48, [100.0, 100.5, 99.5]),
+                                    _cell("bs8_b8_k4", "c1_s", 1, 48, [100.0, 100.5, 99.5])]).json
+    rows = {(c.config, c.cell, c.metric): c for c in model.compare_sessions(this, other)}
+    got = rows[("bs8_b4_k4", "c1_s", "output_throughput")]
+    expected = gate.compare_metric("output_throughput", {"direction": "higher", "tolerance": 0.05, "median": 100.0,
+                                                         "samples": [100.0, 100.5, 99.5]}, [70.0, 71.0, 69.0])
+    assert (got.change, got.status, got.message) == (expected.change, expected.status, expected.message)
+    assert got.status == "regression"
+    assert rows[("bs8_b8_k4", "c4_s", "output_throughput")].status == "new"
+    page = build_html(this, other=other, other_label="yesterday")
+    assert 'data-metric="output_throughput"' in page and "-30.0%" in page
+
+
+def test_write_report_replaces_the_page_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    path.write_text("old")
+    write_report(path, _payload(), LiveStatus(state="finished"))
+    assert path.read_text().rstrip().endswith("</html>") and [p.name for p in tmp_path.iterdir()] == ["report.html"]
