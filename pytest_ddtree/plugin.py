@@ -330,6 +330,9 @@ class _LiveReportHooks:
     def _start(self, nodeids: list[str]) -> None:
         if self.session.live_report is not None:
             return
+        from pytest_ddtree.configs import ConfigError
+        from pytest_ddtree.service.profile import ProfileError
+
         try:
             names = [c.name for c in self.session.selected_configs]
         except (ConfigError, ProfileError):

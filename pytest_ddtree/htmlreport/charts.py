@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_ddtree import report
+from pytest_ddtree.configs import config_or_none, name_sort_key
 from pytest_ddtree.htmlreport.model import Cell, is_number
 
 #: The extra that adds the charts (the page names it when the runtime is missing).
@@ -61,7 +62,7 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
     panels = []
     for ctx in sorted(by_ctx, key=lambda t: t or 0):
         traces = []
-        for name in sorted(by_ctx[ctx], key=lambda n: report._config_key(n.split(" ")[0])):
+        for name in sorted(by_ctx[ctx], key=lambda n: name_sort_key(n.split(" ")[0])):
             points = sorted(by_ctx[ctx][name])
             traces.append({
                 "type": "scatter", "mode": "lines+markers", "name": name,
@@ -86,8 +87,9 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
                                     for c in cells if not c.predicted and c.measurement_status != "invalid"])
     groups: dict[tuple[int, int, str], list[tuple[int, float, str]]] = defaultdict(list)
     for name, value in accept.items():
-        if m := report._NAME_RE.match(name):
-            groups[(int(m.group("bs")), int(m.group("k")), m.group("w") or "")].append((int(m.group("b")), value, name))
+        if c := config_or_none(name):
+            window = "" if name.count("_w") == 0 else name.rsplit("_w", 1)[1]
+            groups[(c.block_size, c.topk, window)].append((c.budget, value, name))
     if not groups:
         return None
     traces: list[dict[str, Any]] = []

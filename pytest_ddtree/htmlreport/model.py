@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from pytest_ddtree import report
+from pytest_ddtree.configs import config_or_none, name_sort_key
 
 #: The gates of one config, in the order a reader asks about them.
 GATES = ("health", "applied", "coding", "lossless", "throughput")
@@ -149,7 +150,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             messages=messages,
             predicted=bool(raw.get("predicted")) or raw.get("status") == "predicted",
         ))
-    out.sort(key=lambda c: (report._config_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
+    out.sort(key=lambda c: (name_sort_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
     return out
 
 
@@ -181,10 +182,10 @@ def config_names(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> lis
             names.append(str(r["config"]))
     for r in records(payload, "launch"):
         name = str(r.get("config"))
-        if report._NAME_RE.match(name):  # not the lossless reference instance
+        if config_or_none(name):  # not the lossless reference instance
             names.append(name)
     unique = list(dict.fromkeys(names))
-    return sorted(unique, key=report._config_key)
+    return sorted(unique, key=name_sort_key)
 
 
 def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, dict[str, GateResult]]:
@@ -309,7 +310,7 @@ def coding_grid(payload: Mapping[str, Any]) -> CodingGrid:
         gate = _as_dict(r.get("gate"))
         flips |= {(str(p), config) for p in _as_list(gate.get("regressions"))}
         fixed |= {(str(p), config) for p in _as_list(gate.get("new_passes"))}
-    return CodingGrid(list(dict.fromkeys(problems)), sorted(dict.fromkeys(configs), key=report._config_key), verdicts, flips, fixed)
+    return CodingGrid(list(dict.fromkeys(problems)), sorted(dict.fromkeys(configs), key=name_sort_key), verdicts, flips, fixed)
 
 
 def divergences(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -361,9 +362,9 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
     last_end: dict[str, float] = {}
     for row in ordered:
         start = row.started_at
-        if start is not None and row.worker in last_end and report._NAME_RE.match(row.config):
+        if start is not None and row.worker in last_end and config_or_none(row.config):
             row.gap_s = max(0.0, start - last_end[row.worker])
-        if row.last_result is not None and report._NAME_RE.match(row.config):
+        if row.last_result is not None and config_or_none(row.config):
             last_end[row.worker] = row.last_result
     return sorted(ordered, key=lambda r: r.started_at or r.first_result or 0.0)
 
