@@ -22,9 +22,14 @@ import pytest
 
 from pytest_ddtree import options
 
-if TYPE_CHECKING:
-    from pytest_ddtree.configs import DDTreeConfig
+if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module docstring)
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.configs import DDTreeConfig, Matrix
     from pytest_ddtree.finish import FinishOutcome
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession
 
 SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
@@ -41,6 +46,12 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 def _session(config: pytest.Config) -> DDTreeSession:
     return config.stash[SESSION_KEY]
+
+
+def session_of(config: pytest.Config) -> DDTreeSession | None:
+    """The ddtree session of a pytest run, for a suite's hooks (hooks get no fixtures): e.g. a
+    ``pytest_generate_tests`` that parametrizes over the matrix. None before configure."""
+    return config.stash.get(SESSION_KEY, None)
 
 
 # -- options and configuration ---------------------------------------------------------------
@@ -232,7 +243,7 @@ def ddtree_settings(ddtree_session: DDTreeSession) -> options.Settings:
 
 
 @pytest.fixture(scope="session")
-def ddtree_profile(ddtree_session: DDTreeSession) -> Any:
+def ddtree_profile(ddtree_session: DDTreeSession) -> ServiceProfile:
     """The validated service profile (suites/services/reference.yaml unless --ddtree-service)."""
     from pytest_ddtree.service.profile import ProfileError
 
@@ -243,19 +254,19 @@ def ddtree_profile(ddtree_session: DDTreeSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def ddtree_matrix(ddtree_session: DDTreeSession) -> Any:
+def ddtree_matrix(ddtree_session: DDTreeSession) -> Matrix:
     """The config matrix and workloads of suites/configs.yaml (or --ddtree-matrix)."""
     return ddtree_session.matrix
 
 
 @pytest.fixture(scope="session")
-def ddtree_recorder(ddtree_session: DDTreeSession) -> Any:
+def ddtree_recorder(ddtree_session: DDTreeSession) -> SessionRecorder:
     """Crash-safe session results: ``record(kind, config, data)``, ``propose_baseline(...)``."""
     return ddtree_session.recorder
 
 
 @pytest.fixture
-def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -> Any:
+def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -> RunningService:
     """The service running ``ddtree_config``: restarted if needed, healthy, config verified.
 
     A failed start or a config that did not apply fails every test of that config with the
@@ -276,13 +287,14 @@ def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -
 
 
 @pytest.fixture
-def ddtree_client(ddtree_service: Any) -> Any:
+def ddtree_client(ddtree_service: RunningService) -> SGLangClient:
     """The SGLangClient of the running service."""
-    return ddtree_service.client
+    client: SGLangClient = ddtree_service.client
+    return client
 
 
 @pytest.fixture
-def ddtree_reference_service(ddtree_session: DDTreeSession) -> Any:
+def ddtree_reference_service(ddtree_session: DDTreeSession) -> RunningService:
     """A non-speculative instance (profile ``lossless: instance``) for the lossless gate."""
     from pytest_ddtree.service.base import ServiceError
 
@@ -297,7 +309,7 @@ def ddtree_reference_service(ddtree_session: DDTreeSession) -> Any:
 
 
 @pytest.fixture
-def ddtree_baselines(ddtree_service: Any, ddtree_session: DDTreeSession) -> Any:
+def ddtree_baselines(ddtree_service: RunningService, ddtree_session: DDTreeSession) -> BaselineStore:
     """The baseline store of this hardware profile (baselines/<hardware-profile>/<config>.yaml)."""
     return ddtree_session.baselines(ddtree_service.server_info)
 

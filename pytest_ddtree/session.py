@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported where first used: a session is built in every pyte
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig, Matrix
     from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
 
 ProgressFn = Callable[[str], None]
@@ -36,7 +37,7 @@ class DDTreeSession:
         self.settings = settings
         self.worker_id = worker_id
         self.progress: ProgressFn = progress or _stderr_progress
-        self._manager: Any = None
+        self._manager: ServiceManager | None = None
         self._baselines: BaselineStore | None = None
         self.failed_tests: list[dict[str, str]] = []
         # The controller's htmlreport.live.LiveReport (report.html while the session runs), or None.
@@ -75,7 +76,7 @@ class DDTreeSession:
         return self.settings.results
 
     @property
-    def manager(self) -> Any:
+    def manager(self) -> ServiceManager:
         """The service manager of this process, created on first use (starts nothing by itself)."""
         if self._manager is None:
             from pytest_ddtree.service.manager import ServiceManager

@@ -32,6 +32,7 @@ from pytest_ddtree import gate, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
 from pytest_ddtree.fingerprint import local_fingerprint
+from pytest_ddtree.plugin import session_of
 from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sample_record
 
 
@@ -42,17 +43,11 @@ class MissingBaselineWarning(UserWarning):
 _CAMPAIGNS = pytest.StashKey[dict[str, "Campaign"]]()
 
 
-def _session(config: pytest.Config) -> Any:
-    from pytest_ddtree.plugin import SESSION_KEY
-
-    return config.stash.get(SESSION_KEY, None)
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``workload`` over the matrix's cells (filtered by --ddtree-workload)."""
     if "workload" not in metafunc.fixturenames:
         return
-    session = _session(metafunc.config)
+    session = session_of(metafunc.config)
     if session is None:
         return
     try:

@@ -6,6 +6,7 @@ confidence it reports only what is certainly unused: imports, variables, unreach
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -57,3 +58,17 @@ def test_an_unrelated_project_run_with_xdist_loads_none_of_the_heavy_modules(tmp
     reports = {p.name: p.read_text() for p in tmp_path.glob("loaded-*.txt")}
     assert len(reports) == 3, reports  # the controller and two workers
     assert all(not loaded for loaded in reports.values()), reports
+
+
+def test_every_fixture_of_the_plugin_declares_the_type_it_returns(repo_root: Path) -> None:
+    """Typed fixtures let a suite's test be type-checked against what the plugin hands out."""
+    tree = ast.parse((repo_root / "pytest_ddtree" / "plugin.py").read_text())
+    fixtures = {
+        node.name: ast.unparse(node.returns) if node.returns else None
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and any("fixture" in ast.unparse(d) for d in node.decorator_list)
+    }
+    assert len(fixtures) >= 9, fixtures
+    untyped = {name: ret for name, ret in fixtures.items() if ret in (None, "Any", "object")}
+    assert not untyped, untyped
