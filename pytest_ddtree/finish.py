@@ -20,8 +20,6 @@ from pytest_ddtree.configs import ConfigError
 from pytest_ddtree.results import (
     RESULTS_JSON,
     RESULTS_MD,
-    read_baseline_updates,
-    read_records,
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
@@ -43,6 +41,10 @@ class _Session(Protocol):
     @property
     def selected_configs(self) -> Any: ...
 
+    def collected_records(self) -> list[dict[str, Any]]: ...
+
+    def collected_updates(self) -> list[Any]: ...
+
 
 @dataclass
 class FinishOutcome:
@@ -61,7 +63,7 @@ class FinishOutcome:
 def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     outcome = FinishOutcome()
     results_dir = session.results_dir
-    records = read_records(results_dir)
+    records = session.collected_records()
     if not records and session.settings.package is None:
         return outcome
 
@@ -77,6 +79,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         live = getattr(session, "live_report", None)
         if live is not None:
             summary.json["environment"] = live.environment
+        summary.json["session_id"] = session.settings.session_id
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
         _write_html_report(session, summary.json, outcome)
@@ -115,7 +118,7 @@ def _write_html_report(session: _Session, payload: dict[str, Any], outcome: Fini
 
 
 def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:
-    updates = read_baseline_updates(session.results_dir)
+    updates = session.collected_updates()
     by_profile: dict[str | None, list[Any]] = defaultdict(list)
     for update in updates:
         by_profile[update.hardware_profile].append(update)

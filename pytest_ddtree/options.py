@@ -9,6 +9,7 @@ pytest: it stays usable (and testable) as plain Python.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,7 +59,8 @@ def add_options(parser: _Parser) -> None:
     add("--ddtree-require-baselines", dest="ddtree_require_baselines", action="store_true", default=False,
         help="fail (not just report) when a config has no baseline: use in CI")
     add("--ddtree-results", dest="ddtree_results", default=None, metavar="DIR",
-        help="where results.json/results.md go (default: .ddtree/results/<UTC timestamp>/)")
+        help="this session's results folder: new or empty, or a previous session's (then a subfolder "
+             "per session); default: .ddtree/results/<session id>/")
     add("--ddtree-package", dest="ddtree_package", default=None, metavar="DIR",
         help="also write a verified reproduction package under DIR at session end")
     add("--ddtree-package-name", dest="ddtree_package_name", default=None, metavar="NAME",
@@ -110,6 +112,8 @@ class Settings:
     repeats: int
     workloads: tuple[str, ...]
     session_stamp: str
+    session_id: str = ""
+    """Unique per session (stamp + random): names its results folder and tags every record."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -123,7 +127,7 @@ def session_stamp(now: datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ")
 
 
-def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: Path | None = None) -> Settings:
+def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: Path | None = None, session_id: str | None = None) -> Settings:
     """Command line beats ini beats default; relative CLI paths are relative to the invocation dir."""
     root = Path(config.rootpath)
     cwd = invocation_dir or Path.cwd()
@@ -148,8 +152,9 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     baselines_value, baselines_base = pick("ddtree_baselines", "ddtree_baselines")
     baselines = _path(baselines_base, baselines_value) if baselines_value else root / "baselines"
     stamp = stamp or session_stamp()
+    session_id = session_id or f"{stamp}-{secrets.token_hex(3)}"
     results_value, results_base = pick("ddtree_results", "ddtree_results")
-    results = _path(results_base, results_value) if results_value else root / ".ddtree" / "results" / stamp
+    results = _path(results_base, results_value) if results_value else root / ".ddtree" / "results" / session_id
     package_value = config.getoption("ddtree_package")
     coding_set_value, _ = pick("ddtree_coding_set", "ddtree_coding_set")
     coding_set = str(coding_set_value or "default")
@@ -195,4 +200,5 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         repeats=repeats,
         workloads=tuple(workloads),
         session_stamp=stamp,
+        session_id=session_id,
     )

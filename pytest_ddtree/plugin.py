@@ -38,6 +38,7 @@ SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
+WORKER_SESSION_KEY = "ddtree_session_id"
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -83,11 +84,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     try:
-        settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY))
+        settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY), session_id=worker_input.get(WORKER_SESSION_KEY))
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
         settings = dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
+    elif not _is_xdist_worker(config):  # the controller picks this session's own folder, once
+        from pytest_ddtree.sessionfiles import ResultsDirError, choose_results_dir
+
+        try:
+            settings = dataclasses.replace(settings, results=choose_results_dir(settings.results, settings.session_id))
+        except ResultsDirError as exc:
+            raise pytest.UsageError(str(exc)) from None
     worker_id = worker_input.get("workerid") if worker_input else None
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
@@ -154,10 +162,21 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller -> worker: share one results folder and timestamp."""
+    """xdist controller -> worker: share one results folder, session id and timestamp."""
     session = _session(node.config)
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
+    node.workerinput[WORKER_SESSION_KEY] = session.settings.session_id
     node.workerinput[WORKER_RESULTS_KEY] = str(session.settings.results)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist worker -> controller: its records and baseline proposals (absent if it crashed;
+    then the controller reads its journal)."""
+    from pytest_ddtree.sessionfiles import WORKEROUTPUT_KEY
+
+    output = getattr(node, "workeroutput", None) or {}
+    _session(node.config).collector.add_worker_output(node.workerinput["workerid"], output.get(WORKEROUTPUT_KEY))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -376,6 +395,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         ddtree.close()
     finally:
+        recorder = ddtree.__dict__.get("recorder")
+        if _is_xdist_worker(session.config) and recorder is not None:
+            from pytest_ddtree.sessionfiles import WORKEROUTPUT_KEY
+
+            session.config.workeroutput[WORKEROUTPUT_KEY] = recorder.handover()  # type: ignore[attr-defined]
         if ddtree.is_controller and ddtree.results_dir.exists():
             from pytest_ddtree.finish import finish_session
 

@@ -1,12 +1,13 @@
-"""The session's results: appended as they are measured, merged once at the end.
+"""The session's results: kept in memory, journaled as they are measured, merged once at the end.
 
-Every gate writes through one SessionRecorder so that a crash, a Ctrl-C or a killed CI job loses
-nothing already measured: each record is one JSON line, appended and flushed the moment it exists
-(``records-<worker>.jsonl``). Under pytest-xdist each worker appends to its own file in the same
-directory (the controller hands the directory to the workers), so no two processes ever write one
-file; the controller merges them into ``results.json`` when every worker is done. Baseline updates
-travel the same way (``baseline-updates-<worker>.jsonl``) and only the controller applies them,
-which is how xdist workers can never corrupt a baseline.
+Every gate writes through one SessionRecorder. Each record is kept in memory and also appended
+as one JSON line, flushed the moment it exists (``records-<worker>.jsonl``), so a crash, a Ctrl-C
+or a killed CI job loses nothing already measured. Under pytest-xdist each worker hands its
+records to the controller through ``workeroutput`` when it finishes; its journal is read only if
+it never did (see ``sessionfiles.SessionCollector``). Every entry carries the session id, and the
+folder belongs to one session, so two sessions never mix. Baseline updates travel the same way
+(``baseline-updates-<worker>.jsonl``) and only the controller applies them, which is how xdist
+workers can never corrupt a baseline.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any, Iterable, Mapping
 from pytest_ddtree.atomicfile import write_atomic
 
 RECORDS_GLOB = "records-*.jsonl"
-UPDATES_GLOB = "baseline-updates-*.jsonl"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 
@@ -47,9 +47,12 @@ def dumps(value: Any) -> str:
 class SessionRecorder:
     """Appends records for one process (controller or one xdist worker)."""
 
-    def __init__(self, directory: Path, worker: str = "main") -> None:
+    def __init__(self, directory: Path, worker: str = "main", session_id: str = "") -> None:
         self.directory = directory
         self.worker = worker
+        self.session_id = session_id
+        self.records: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self.records_path = directory / f"records-{worker}.jsonl"
@@ -58,9 +61,10 @@ class SessionRecorder:
         # controller may never start a service itself, so every proposal carries it.
         self.hardware_profile: str | None = None
 
-    def _append(self, path: Path, entry: Mapping[str, Any]) -> None:
-        line = dumps(entry) + "\n"
+    def _append(self, path: Path, entry: Mapping[str, Any], memory: list[dict[str, Any]]) -> None:
+        line = dumps({**entry, "session": self.session_id}) + "\n"
         with self._lock, open(path, "a", encoding="utf-8") as handle:
+            memory.append(json.loads(line))  # plain JSON types: what workeroutput can carry
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
@@ -68,12 +72,17 @@ class SessionRecorder:
     def record(self, kind: str, config: str | None, data: Mapping[str, Any]) -> None:
         """Append one measurement/verdict now; ``kind`` is e.g. throughput, coding, lossless, health, launch."""
         entry = {"kind": kind, "config": config, "worker": self.worker, "time": time.time(), **data}
-        self._append(self.records_path, entry)
+        self._append(self.records_path, entry, self.records)
 
     def propose_baseline(self, config: str, section: str, data: Any) -> None:
         """Queue a baseline section update; the controller applies it at session end (update mode only)."""
         entry = {"config": config, "section": section, "data": data, "worker": self.worker, "hardware_profile": self.hardware_profile}
-        self._append(self.updates_path, entry)
+        self._append(self.updates_path, entry, self.updates)
+
+    def handover(self) -> dict[str, Any]:
+        """What an xdist worker gives the controller (``workeroutput``) when it finishes."""
+        with self._lock:
+            return {"records": list(self.records), "updates": list(self.updates)}
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class BaselineUpdate:
     hardware_profile: str | None = None
 
 
-def _read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+def read_journal(paths: Iterable[Path]) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     for path in sorted(paths):
         with open(path, encoding="utf-8") as handle:
@@ -101,18 +110,11 @@ def _read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def read_records(directory: Path) -> list[dict[str, Any]]:
-    """All records of the session, every worker, in time order."""
-    records = _read_jsonl(directory.glob(RECORDS_GLOB))
+    """Every journaled record in a session's folder, in time order (a folder holds one session;
+    the controller's own merge uses ``sessionfiles.SessionCollector`` instead)."""
+    records = read_journal(directory.glob(RECORDS_GLOB))
     records.sort(key=lambda r: (r.get("time", 0.0), r.get("worker", "")))
     return records
-
-
-def read_baseline_updates(directory: Path) -> list[BaselineUpdate]:
-    return [
-        BaselineUpdate(e["config"], e["section"], e["data"], e.get("hardware_profile"))
-        for e in _read_jsonl(directory.glob(UPDATES_GLOB))
-        if "section" in e
-    ]
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -18,9 +18,10 @@ from pytest_ddtree.options import Settings
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig, Matrix
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.results import BaselineUpdate, SessionRecorder
     from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
+    from pytest_ddtree.sessionfiles import SessionCollector
 
 ProgressFn = Callable[[str], None]
 
@@ -67,9 +68,31 @@ class DDTreeSession:
 
     @functools.cached_property
     def recorder(self) -> SessionRecorder:
+        """Created on the first record: that is when the session claims its results folder."""
         from pytest_ddtree.results import SessionRecorder
+        from pytest_ddtree.sessionfiles import claim_results_dir
 
-        return SessionRecorder(self.settings.results, self.worker_id or "main")
+        claim_results_dir(self.settings.results, self.settings.session_id)
+        return SessionRecorder(self.settings.results, self.worker_id or "main", self.settings.session_id)
+
+    @functools.cached_property
+    def collector(self) -> SessionCollector:
+        """The controller's collection of its workers' results (xdist ``workeroutput``)."""
+        from pytest_ddtree.sessionfiles import SessionCollector
+
+        return SessionCollector(self.settings.results, self.settings.session_id)
+
+    def _own(self, kind: str) -> list[dict[str, Any]]:
+        recorder = self.__dict__.get("recorder")  # never create one (and claim a folder) just to read
+        return list(getattr(recorder, kind)) if recorder is not None else []
+
+    def collected_records(self) -> list[dict[str, Any]]:
+        """Every record of this session: own, handed over by workers, or journaled by crashed ones."""
+        return self.collector.records(self._own("records"))
+
+    def collected_updates(self) -> list[BaselineUpdate]:
+        """This session's baseline proposals, and no other session's."""
+        return self.collector.baseline_updates(self._own("updates"))
 
     @property
     def results_dir(self) -> Path:
