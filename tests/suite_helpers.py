@@ -6,7 +6,6 @@ user would, so that a change to the profile format or the options is made once.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from pytest_ddtree.client import SGLangClient
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_PROFILE = REPO / "suites" / "services" / "reference.yaml"
@@ -67,12 +67,12 @@ def run_suite(
 def wait_healthy(url: str, timeout: float = 15.0, what: str = "the service") -> SGLangClient:
     """Poll /health_generate until 200 (a restarting service refuses or answers 503 meanwhile)."""
     client = SGLangClient(url, timeout=5)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def healthy() -> bool:
         try:
-            if client.health("/health_generate") == 200:
-                return client
+            return client.health("/health_generate") == 200
         except Exception:  # noqa: BLE001 - restarting
-            pass
-        assert time.monotonic() < deadline, f"{what} did not come back within {timeout:.0f} s"
-        time.sleep(0.1)
+            return False
+
+    wait_until(healthy, timeout, f"{what} to answer /health_generate", interval=0.1)
+    return client

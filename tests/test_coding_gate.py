@@ -85,13 +85,17 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
     # not those of tests running beside it on another xdist worker.
     uid_base = sandbox.UID_BASE + 100_000_000
     monkeypatch.setenv("DDTREE_SANDBOX_UID_BASE", str(uid_base))
-    canary_dir = repo_root / ".ddtree" / f"canary-{os.getpid()}-{time.monotonic_ns()}"
-    canary_dir.mkdir(parents=True)
+    # Two kinds of target: a file of ours (under tmp_path, which the sandbox's private /tmp
+    # hides) and the checkout, which the sandbox shows read-only. The test writes only the
+    # former; the latter is only ever attempted by the hostile code, and must stay clean.
+    canary_dir = pytester.path / "canary"
+    canary_dir.mkdir()
+    escape = repo_root / f"pwned-{os.getpid()}-{time.monotonic_ns()}.txt"
     try:
         canary_dir.chmod(0o755)
         canary = canary_dir / "canary.txt"
         canary.write_text("intact\n")
-        targets = [str(canary), str(canary_dir / "dropped.txt"), str(repo_root / "pwned.txt")]
+        targets = [str(canary), str(canary_dir / "dropped.txt"), str(escape)]
         corpus = pytester.path / "hostile-corpus"
         corpus.mkdir()
         lines = []
@@ -116,13 +120,13 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
         assert verdicts["merge_intervals"] == "timeout"
         assert verdicts["lru_cache"] == "error" and "output flood" in next(p["message"] for p in rec["problems"] if p["id"] == "lru_cache")
         assert canary.read_text() == "intact\n"
-        assert not (canary_dir / "dropped.txt").exists() and not (repo_root / "pwned.txt").exists()
+        assert not (canary_dir / "dropped.txt").exists() and not escape.exists()
         uids = {p["sandbox_uid"] for p in rec["problems"]}
         assert all(uid is not None and uid_base <= uid < uid_base + 64 * 100_000 for uid in uids), uids
         leftovers = [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
         assert leftovers == [], f"sandbox processes survived: {leftovers}"
     finally:
-        shutil.rmtree(canary_dir, ignore_errors=True)
+        escape.unlink(missing_ok=True)  # only there if the sandbox failed (and the test with it)
 
 
 def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: Path) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_ddtree import load
 from pytest_ddtree.client import SGLangClient
-from test_load_support import StandInConfig, standin_server
+from tests.load_standin import StandInConfig, standin_server
 
 
 def test_itl_spreads_a_chunk_over_its_tokens() -> None:

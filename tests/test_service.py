@@ -29,6 +29,7 @@ from pytest_ddtree.service.process import ProcessController, live_process_groups
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 from pytest_ddtree.service.readiness import applied_diff
 from pytest_ddtree.service.systemd import parse_show, render_dropin
+from tests.polling import wait_until
 from tests.suite_helpers import wait_healthy
 
 FAKES = Path(__file__).parent / "fakes"
@@ -172,7 +173,7 @@ def test_exit_mid_run_fails_rest_of_config_next_config_runs(tmp_path: Path, mana
     svc = m.ensure(BS8_B8_K4)
     svc.client.generate("hi", sampling_params={"max_new_tokens": 1})
     svc.client.generate("hi", sampling_params={"max_new_tokens": 1})  # the server exits after answering this one
-    time.sleep(0.3)
+    wait_until(lambda: not pid_alive(svc.server_info["pid"]), 10, "the server to exit after its second request")
     with pytest.raises(ServiceDiedError) as info:
         m.ensure(BS8_B8_K4)
     assert info.value.exit_code == 3 and "exit-after=2" in str(info.value)
@@ -189,14 +190,12 @@ def test_stop_leaves_no_process_in_group(tmp_path: Path, ignore_sigterm: bool) -
     extra = " --ignore-sigterm" if ignore_sigterm else ""
     ctl = ProcessController(tmp_path, stop_timeout_s=0.5)
     ctl.start(Launch("stop", f"{sys.executable} {STANDIN} --port {port} --spawn-child{extra}", port, ""))
-    deadline = time.monotonic() + 5
-    child = None
-    while time.monotonic() < deadline and child is None:
-        for line in ctl.log_tail().splitlines():
-            if "worker child pid" in line:
-                child = int(line.split()[-1])
-        time.sleep(0.05)
-    assert child is not None and ctl.pid is not None
+
+    def logged_child() -> int | None:
+        return next((int(line.split()[-1]) for line in ctl.log_tail().splitlines() if "worker child pid" in line), None)
+
+    child = wait_until(logged_child, 5, "the stand-in to log its worker child's pid")
+    assert ctl.pid is not None
     leader = ctl.pid
     t0 = time.monotonic()
     ctl.stop()
@@ -224,17 +223,15 @@ def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.monotonic() + 15
-    while not pidfile.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(pidfile.exists, 15, "the harness to start its server")
     server_pid = int(pidfile.read_text())
     log = next((tmp_path / "logs").glob("*.log")).read_text()
     child = int(next(l for l in log.splitlines() if "worker child pid" in l).split()[-1])
     assert pid_alive(server_pid) and pid_alive(child)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=10)
-    time.sleep(0.2)
-    assert not pid_alive(server_pid) and not pid_alive(child)
+    # The harness is gone; its group kill reaches the server and its child a moment later.
+    wait_until(lambda: not pid_alive(server_pid) and not pid_alive(child), 10, "the server and its child to die")
 
 
 # -- external -----------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ the suites actually run: its fault modes are the ones the issue names.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,11 +21,6 @@ from pytest_ddtree.service.process import live_process_groups
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 
 REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("pytest_ddtree.refserver.__main__") is None,
-    reason="the reference engine (pytest_ddtree.refserver) is not in this checkout yet",
-)
 
 BS8_B8_K4 = parse_config_name("bs8_b8_k4")
 BS8_B4_K4 = parse_config_name("bs8_b4_k4_wnone")

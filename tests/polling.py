@@ -1,0 +1,25 @@
+"""Waiting for a state in tests: poll a condition until a deadline, never sleep a fixed time.
+
+A fixed sleep is either too short on a busy machine (the test flakes) or too long everywhere
+(the suite crawls); a poll returns as soon as the state is reached and fails with what it was
+waiting for when it is not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """The first truthy value of ``condition()``; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
