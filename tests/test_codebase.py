@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,35 @@ def test_every_fixture_of_the_plugin_declares_the_type_it_returns(repo_root: Pat
     assert len(fixtures) >= 9, fixtures
     untyped = {name: ret for name, ret in fixtures.items() if ret in (None, "Any", "object")}
     assert not untyped, untyped
+
+
+def _architecture(repo_root: Path) -> str:
+    text = (repo_root / "README.md").read_text()
+    return text[text.index("## Architecture"):]
+
+
+def test_the_readme_map_names_every_module(repo_root: Path) -> None:
+    """The architecture map stays true: a new module is listed, a listed one exists."""
+    section = _architecture(repo_root)
+    package = repo_root / "pytest_ddtree"
+    modules = {f"pytest_ddtree/{p.name}" for p in package.glob("*.py") if p.name != "__init__.py"}
+    modules |= {f"pytest_ddtree/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    missing = sorted(m for m in modules if m not in section)
+    assert not missing, f"README architecture section does not name {missing}"
+    listed = set(re.findall(r"^\s+(pytest_ddtree/[\w/]+\.py|pytest_ddtree/\w+/)\s", section, re.M))
+    assert listed and not sorted(listed - modules), sorted(listed - modules)
+
+
+def test_the_where_things_live_table_points_at_real_definitions(repo_root: Path) -> None:
+    section = _architecture(repo_root)
+    rows = [line for line in section.splitlines() if line.startswith("| ") and ".py`" in line]
+    assert len(rows) >= 8, rows
+    for row in rows:
+        place = row.rsplit("|", 2)[-2]
+        files = re.findall(r"`([\w/]+\.py)`", place)
+        names = re.findall(r"`(\w+)`", place.split("(", 1)[1]) if "(" in place else []
+        paths = [repo_root / f if f.startswith("tests/") else repo_root / "pytest_ddtree" / f for f in files]
+        assert paths and all(p.is_file() for p in paths), row
+        source = "\n".join(p.read_text() for p in paths)
+        for name in names:
+            assert re.search(rf"^(def|class) {name}\b|^{name} = ", source, re.M), f"{name} is not defined in {files}"

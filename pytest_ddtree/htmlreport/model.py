@@ -10,16 +10,16 @@ ignored.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from pytest_ddtree import report
 from pytest_ddtree.configs import config_or_none, name_sort_key
+from pytest_ddtree.stats import is_number as is_number  # the one number check, re-exported for charts and the template
 
 #: The gates of one config, in the order a reader asks about them.
 GATES = ("health", "applied", "coding", "lossless", "throughput")
@@ -38,10 +38,6 @@ CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("median_itl_ms", "ITL p50 ms", 2),
     ("median_e2e_latency_ms", "E2E p50 ms", 1),
 )
-
-
-def is_number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
 def fmt(value: Any, digits: int = 1) -> str:
