@@ -117,11 +117,40 @@ def _write_html_report(session: _Session, payload: dict[str, Any], outcome: Fini
         outcome.fail(f"writing report.html failed: {type(exc).__name__}: {exc}")
 
 
+def _write_golden_references(session: _Session, outcome: FinishOutcome, proposals: list[Any]) -> None:
+    """Golden transcripts: the first reference measured on each hardware profile this session
+    (every proposal came from a ``lossless_args`` launch; one write per profile, by the controller)."""
+    from pytest_ddtree.lossless import write_golden
+
+    lines: list[str] = []
+    done: set[str] = set()
+    for proposal in proposals:
+        if proposal.hardware_profile is None:
+            outcome.fail("a golden reference without a hardware profile was dropped (the service never started?)")
+            continue
+        if proposal.hardware_profile in done:
+            continue
+        done.add(proposal.hardware_profile)
+        store = BaselineStore(session.settings.baselines, proposal.hardware_profile, update_mode=True)
+        try:
+            written = write_golden(store.golden_dir(), proposal.data)
+        except (OSError, KeyError, TypeError) as exc:
+            outcome.fail(f"writing golden transcripts failed: {type(exc).__name__}: {exc}")
+            continue
+        lines.append(f"wrote {len(written) - 1} golden transcripts in {store.golden_dir()} from: {proposal.data.get('command')}")
+    if lines:
+        outcome.sections.append(("ddtree golden transcripts", "\n".join(lines)))
+
+
 def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:
+    from pytest_ddtree.lossless import GOLDEN_SECTION
+
     updates = session.collected_updates()
+    _write_golden_references(session, outcome, [u for u in updates if u.section == GOLDEN_SECTION])
     by_profile: dict[str | None, list[Any]] = defaultdict(list)
     for update in updates:
-        by_profile[update.hardware_profile].append(update)
+        if update.section != GOLDEN_SECTION:
+            by_profile[update.hardware_profile].append(update)
     lines: list[str] = []
     for hardware_profile, profile_updates in sorted(by_profile.items(), key=lambda kv: str(kv[0])):
         if hardware_profile is None:

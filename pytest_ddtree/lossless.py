@@ -10,14 +10,23 @@ Prompts: every bundled coding prompt (``suites/coding/*.yaml``) plus the text pr
 ``suites/coding/lossless_prompts.yaml`` (``prompts: [{id, text}]``), sent raw to ``/generate``
 with ``temperature: 0`` and ``max_new_tokens: 96`` (:data:`MAX_NEW_TOKENS`).
 
-References (the profile's ``lossless`` key):
-``instance`` - a second instance started with the profile's ``lossless_args`` (for the
-    reference engine ``--speculative-algorithm NONE``); its outputs do not depend on the
-    config, so they are fetched once per process and cached.
-``golden`` - transcripts in ``baselines/<hardware>/golden/lossless-<prompt id>.json``, written
-    by ``--ddtree-update-baselines`` from the config under test (bless them with a trusted,
-    ideally non-speculative, config).  A transcript records a hash of its prompt and the token
-    limit, so an edited prompt is reported as a stale transcript, not as a divergence.
+The reference is always a launch with the profile's ``lossless_args`` (speculation off), in the
+instance's own slot (``ServiceManager.ensure_reference``: the instance lock and the GPU-memory
+wait like any launch), measured once per process (:func:`measure_reference`):
+``instance`` - measured live in every session.
+``golden`` - read from ``baselines/<hardware>/golden/`` (``reference.json`` plus
+    ``lossless-<prompt id>.json``), for services the harness cannot launch. Blessed by
+    ``--ddtree-update-baselines``: the workers measure the reference launch and propose it, and
+    the controller writes it once per hardware profile (:func:`write_golden`). The config under
+    test never writes transcripts, so a lossy build cannot bless itself. A transcript records a
+    hash of its prompt and the token limit, so an edited prompt is reported as stale.
+
+The floor: on GPUs greedy output can differ between two non-speculative runs whose batches
+differ (kernels are not batch-invariant). So the reference is generated twice, all prompts at
+once and one at a time, and the divergences between the two are its floor. The config under
+test must be exact where the service is deterministic (the reference engine, or SGLang with
+``--enable-deterministic-inference``); elsewhere it must not diverge on more prompts, nor at an
+earlier token, than the floor (a floor without divergences means exact).
 
 No pytest import here; ``suites/test_lossless.py`` is the thin wrapper.
 """
@@ -26,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -45,9 +54,14 @@ __all__ = [
     "LosslessOutcome",
     "Prompt",
     "Transcript",
+    "Floor",
+    "Reference",
     "collect",
     "compare",
-    "compare_all",
+    "exact_reason",
+    "judge",
+    "load_golden_reference",
+    "measure_reference",
     "golden_path",
     "load_golden",
     "load_prompts",
@@ -55,6 +69,9 @@ __all__ = [
 ]
 
 MAX_NEW_TOKENS = 96
+GOLDEN_REFERENCE = "reference.json"
+GOLDEN_SECTION = "lossless-golden"
+"""The baseline-update section under which workers propose a measured reference for golden/."""
 PROMPTS_FILE = "lossless_prompts.yaml"
 
 
@@ -147,25 +164,6 @@ def collect(client: GenerateClient, prompts: Sequence[Prompt], max_new_tokens: i
     return {t.prompt_id: t for t in results}
 
 
-_ref_lock = threading.Lock()
-_ref_cache: dict[tuple[str, str, int], Transcript] = {}
-
-
-def collect_cached(key: str, client: GenerateClient, prompts: Sequence[Prompt], max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Transcript]:
-    """:func:`collect` memoized per (key, prompt, limit): the non-speculative reference does
-    not depend on the config under test, so a sweep asks it once.  Errors are not cached."""
-    with _ref_lock:
-        have = {p.id: _ref_cache[(key, p.sha256, max_new_tokens)] for p in prompts if (key, p.sha256, max_new_tokens) in _ref_cache}
-    missing = [p for p in prompts if p.id not in have]
-    fresh = collect(client, missing, max_new_tokens) if missing else {}
-    with _ref_lock:
-        for p in missing:
-            t = fresh[p.id]
-            if not t.error:
-                _ref_cache[(key, p.sha256, max_new_tokens)] = t
-    return {**have, **fresh}
-
-
 # --------------------------------------------------------------------------- golden
 
 
@@ -174,17 +172,19 @@ def golden_path(golden_dir: Path, prompt_id: str) -> Path:
     return golden_dir / f"lossless-{safe}.json"
 
 
-def write_golden(golden_dir: Path, transcripts: Mapping[str, Transcript]) -> list[Path]:
-    """One JSON file per prompt, written atomically (readers never see half a file)."""
+def write_golden(golden_dir: Path, blessed: Mapping[str, Any]) -> list[Path]:
+    """Write a proposed reference (:meth:`Reference.golden_payload`): ``reference.json`` (the
+    launch it came from and its floor) and one file per prompt, each replaced atomically."""
     golden_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for pid, t in sorted(transcripts.items()):
-        if t.error:
-            continue
+    for pid, data in sorted(blessed["transcripts"].items()):
         path = golden_path(golden_dir, pid)
-        write_atomic(path, json.dumps(t.to_json(), sort_keys=True, indent=1) + "\n")
+        write_atomic(path, json.dumps(data, sort_keys=True, indent=1) + "\n")
         written.append(path)
-    return written
+    meta = {key: blessed[key] for key in ("command", "floor", "session", "written_at")}
+    path = golden_dir / GOLDEN_REFERENCE
+    write_atomic(path, json.dumps(meta, sort_keys=True, indent=1) + "\n")
+    return [path, *written]
 
 
 def load_golden(golden_dir: Path, prompts: Sequence[Prompt], create_command: str, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[dict[str, Transcript], list[str]]:
@@ -289,21 +289,126 @@ class LosslessOutcome:
         }
 
 
-def compare_all(reference: Mapping[str, Transcript], got: Mapping[str, Transcript], missing: Sequence[str] = ()) -> LosslessOutcome:
-    """Compare every prompt that has a reference; ``missing`` lists prompts without one."""
-    divergences = []
-    compared = 0
-    for pid in sorted(got):
-        if pid not in reference:
-            continue
-        compared += 1
-        d = compare(reference[pid], got[pid])
-        if d is not None:
-            divergences.append(d)
-    lines = [f"lossless: {compared - len(divergences)}/{compared} prompts identical to the non-speculative reference"]
+# --------------------------------------------------------------------------- reference and floor
+
+
+@dataclass(frozen=True)
+class Floor:
+    """How far a non-speculative launch disagrees with itself between two batch compositions."""
+
+    compared: int
+    diverged: int
+    earliest: int | None  # earliest diverging token among them (None: no divergence)
+    batch_sizes: tuple[int, int] = (1, 1)
+
+    def describe(self) -> str:
+        runs = f"the same prompts at batch {self.batch_sizes[0]} and at batch {self.batch_sizes[1]}"
+        if not self.diverged:
+            return f"floor: 0/{self.compared} prompts differ between {runs}"
+        return f"floor: {self.diverged}/{self.compared} prompts differ between {runs}, the earliest at token {self.earliest}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compared": self.compared, "diverged": self.diverged, "earliest": self.earliest, "batch_sizes": list(self.batch_sizes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Floor:
+        sizes = data.get("batch_sizes") or (1, 1)
+        earliest = data.get("earliest")
+        return cls(int(data["compared"]), int(data["diverged"]), None if earliest is None else int(earliest), (int(sizes[0]), int(sizes[1])))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The non-speculative transcripts a config is judged against, where they came from, and
+    their floor."""
+
+    transcripts: Mapping[str, Transcript]
+    floor: Floor
+    source: str  # named in every message: which launch, live or golden
+    command: str = ""
+    missing: tuple[str, ...] = ()
+
+    def golden_payload(self, session: str) -> dict[str, Any]:
+        """What a worker proposes for ``golden/`` (plain JSON: it travels through workeroutput)."""
+        return {
+            "transcripts": {pid: t.to_json() for pid, t in self.transcripts.items()},
+            "floor": self.floor.to_json(),
+            "command": self.command,
+            "session": session,
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+
+def measure_reference(client: GenerateClient, prompts: Sequence[Prompt], command: str, max_new_tokens: int = MAX_NEW_TOKENS) -> Reference:
+    """Generate every prompt on the reference launch twice: all at once, then one at a time.
+
+    The one-at-a-time transcripts are the reference (no batch neighbours); their differences
+    from the batched run are the floor. A failed request means no reference at all.
+    """
+    batched = collect(client, prompts, max_new_tokens, workers=max(1, len(prompts)))
+    single = collect(client, prompts, max_new_tokens, workers=1)
+    failed = [f"{t.prompt_id}: {t.error}" for t in (*batched.values(), *single.values()) if t.error]
+    if failed:
+        raise LosslessError("the non-speculative reference launch failed requests: " + "; ".join(failed[:5]))
+    positions = [d.position for p in prompts if (d := compare(single[p.id], batched[p.id])) is not None]
+    floor = Floor(len(prompts), len(positions), min(positions) if positions else None, (1, len(prompts)))
+    return Reference(single, floor, f"a launch with lossless_args, measured now: {command}", command)
+
+
+def load_golden_reference(golden_dir: Path, prompts: Sequence[Prompt], create_command: str, max_new_tokens: int = MAX_NEW_TOKENS) -> Reference:
+    """The blessed reference of ``golden/``; transcripts without ``reference.json`` (written by an
+    older harness from a config under test, possibly speculative) are not trusted."""
+    meta_path = golden_dir / GOLDEN_REFERENCE
+    if not meta_path.exists():
+        problems = [f"{golden_dir}: no {GOLDEN_REFERENCE}, so these transcripts were not written from a non-speculative "
+                    f"launch; re-bless with: {create_command}"]
+        return Reference({}, Floor(0, 0, None), f"golden transcripts in {golden_dir}", missing=tuple(problems))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        floor = Floor.from_json(meta["floor"])
+        command = str(meta["command"])
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise LosslessError(f"corrupt {meta_path}: {type(exc).__name__}: {exc}. Re-bless with: {create_command}") from None
+    found, problems = load_golden(golden_dir, prompts, create_command, max_new_tokens)
+    written = meta.get("written_at", "?")
+    source = f"golden transcripts in {golden_dir}, blessed {written} from a launch with lossless_args: {command}"
+    return Reference(found, floor, source, command, tuple(problems))
+
+
+def exact_reason(server_info: Mapping[str, Any]) -> str | None:
+    """Why this service must match the reference exactly (None: judge against the floor)."""
+    if str(server_info.get("version", "")).startswith("refserver"):
+        return "the reference engine is deterministic"
+    if server_info.get("enable_deterministic_inference") is True:
+        return "SGLang's deterministic inference is on (--enable-deterministic-inference)"
+    return None
+
+
+def judge(reference: Reference, got: Mapping[str, Transcript], exact: str | None) -> LosslessOutcome:
+    """Compare every prompt that has a reference transcript, then apply the rule: exact where
+    ``exact`` says why, else no more diverging prompts and no earlier divergence than the floor."""
+    divergences = [d for pid in sorted(got) if pid in reference.transcripts and (d := compare(reference.transcripts[pid], got[pid])) is not None]
+    compared = sum(1 for pid in got if pid in reference.transcripts)
+    floor = reference.floor
+    earliest = min((d.position for d in divergences), default=None)
+    requests_failed = any(d.unit == "request" for d in divergences)
+    if exact is not None or not floor.diverged:
+        rule = f"rule: identical ({exact or 'the reference has no divergence floor'})"
+        passed = not divergences
+    else:
+        rule = "rule: no more diverging prompts than the floor, and none earlier than its earliest"
+        passed = not requests_failed and len(divergences) <= floor.diverged and (earliest is None or earliest >= (floor.earliest or 0))
+    passed = passed and compared > 0
+    lines = [
+        f"lossless: {compared - len(divergences)}/{compared} prompts identical to the non-speculative reference",
+        f"reference: {reference.source}",
+        floor.describe(),
+        rule,
+    ]
     if divergences:
-        lines.append("DIVERGED (speculation changed the greedy output):")
+        head = "DIVERGED (speculation changed the greedy output):" if not passed else "diverged within the floor:"
+        lines.append(head)
         lines += [d.describe() for d in divergences]
-    if missing:
-        lines.append("without a reference: " + "; ".join(missing))
-    return LosslessOutcome(not divergences and compared > 0, compared, tuple(divergences), tuple(missing), "\n".join(lines))
+    if reference.missing:
+        lines.append("without a reference: " + "; ".join(reference.missing))
+    return LosslessOutcome(passed, compared, tuple(divergences), reference.missing, "\n".join(lines))

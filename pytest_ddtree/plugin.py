@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
     from pytest_ddtree.client import SGLangClient
     from pytest_ddtree.configs import DDTreeConfig, Matrix
     from pytest_ddtree.finish import FinishOutcome
+    from pytest_ddtree.lossless import Reference
     from pytest_ddtree.results import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
@@ -312,18 +313,32 @@ def ddtree_client(ddtree_service: RunningService) -> SGLangClient:
     return client
 
 
-@pytest.fixture
-def ddtree_reference_service(ddtree_session: DDTreeSession) -> RunningService:
-    """A non-speculative instance (profile ``lossless: instance``) for the lossless gate."""
+@pytest.fixture(scope="session")
+def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
+    """The non-speculative reference of the lossless gate, measured once per process.
+
+    The profile's ``lossless_args`` launched in this instance's slot (lock and GPU wait like any
+    launch; the next config restarts after it), every prompt generated at two batch compositions
+    (transcripts and floor). In golden mode with ``--ddtree-update-baselines`` it is also
+    proposed for ``golden/``; the controller writes it once per hardware profile.
+    """
+    from pytest_ddtree import lossless
     from pytest_ddtree.service.base import ServiceError
 
-    profile = ddtree_session.profile
-    if profile.lossless != "instance" or not profile.lossless_args:
-        pytest.skip(f"profile {profile.name} uses golden transcripts for the lossless gate, not a reference instance")
+    settings = ddtree_session.settings
     try:
-        return ddtree_session.manager.start_auxiliary("lossless-reference", profile.lossless_args)
-    except ServiceError as exc:
-        failure = f"the non-speculative reference instance did not start: {exc}"
+        service = ddtree_session.manager.ensure_reference()
+        reference = lossless.measure_reference(service.client, lossless.load_prompts(), service.launch_command or "")
+    except (ServiceError, lossless.LosslessError) as exc:
+        failure = f"the non-speculative reference (lossless_args) is not available: {exc}"
+    else:
+        recorder = ddtree_session.recorder
+        if settings.update_baselines and ddtree_session.profile.lossless == "golden":
+            if recorder.hardware_profile is None:
+                recorder.hardware_profile = ddtree_session.baselines(service.server_info).hardware_profile
+            recorder.propose_baseline("", lossless.GOLDEN_SECTION, reference.golden_payload(settings.session_id))
+        recorder.record("lossless-reference", None, {"command": reference.command, "floor": reference.floor.to_json()})
+        return reference
     pytest.fail(failure, pytrace=False)
 
 

@@ -40,13 +40,35 @@ def test_compare_tokens_and_text() -> None:
     assert err is not None and err.unit == "request" and "boom" in err.describe()
 
 
-def test_compare_all_message() -> None:
-    ref = {"a": t("a", "x", [1]), "b": t("b", "y", [2])}
-    out = lossless.compare_all(ref, {"a": t("a", "x", [1]), "b": t("b", "z", [3]), "c": t("c", "q", [4])}, ["c: no golden"])
-    assert not out.passed and out.compared == 2 and len(out.divergences) == 1
-    assert "1/2 prompts identical" in out.message and "DIVERGED" in out.message and "c: no golden" in out.message
-    assert lossless.compare_all(ref, {"a": t("a", "x", [1])}).passed
-    assert not lossless.compare_all({}, {"a": t("a", "x", [1])}).passed  # nothing compared is not a pass
+def _reference(transcripts: dict[str, Transcript], diverged: int = 0, earliest: int | None = None) -> lossless.Reference:
+    floor = lossless.Floor(len(transcripts), diverged, earliest, (1, len(transcripts)))
+    return lossless.Reference(transcripts, floor, "test launch --speculative-algorithm NONE", "CMD")
+
+
+def test_judge_exact_and_against_the_floor() -> None:
+    ref = {f"p{i}": t(f"p{i}", "x" * 100, list(range(100))) for i in range(4)}
+    late = dict(ref, p1=t("p1", "x" * 100, list(range(60)) + [999] * 40))  # diverges at token 60
+    early = dict(ref, p1=t("p1", "x" * 100, list(range(20)) + [999] * 80))  # at token 20
+    two = dict(late, p2=t("p2", "x" * 100, list(range(70)) + [999] * 30))
+    floor = _reference(ref, diverged=1, earliest=40)  # the service disagrees with itself once, at 40
+    assert lossless.judge(floor, late, exact=None).passed  # within the floor: not more often, not earlier
+    assert not lossless.judge(floor, early, exact=None).passed  # earlier than the floor
+    assert not lossless.judge(floor, two, exact=None).passed  # more often than the floor
+    out = lossless.judge(floor, late, exact="SGLang's deterministic inference is on")  # deterministic: exact
+    assert not out.passed and "rule: identical (SGLang's deterministic inference is on)" in out.message
+    assert not lossless.judge(_reference(ref), late, exact=None).passed  # a floor without divergence means exact
+    out = lossless.judge(floor, late, exact=None)
+    assert "reference: test launch --speculative-algorithm NONE" in out.message
+    assert "floor: 1/4 prompts differ between the same prompts at batch 1 and at batch 4, the earliest at token 40" in out.message
+    assert not lossless.judge(floor, {}, exact=None).passed  # nothing compared is not a pass
+    failed = dict(ref, p3=t("p3", "", None, error="HTTP 500"))
+    assert not lossless.judge(_reference(ref, 2, 0), failed, exact=None).passed  # a failed request never hides in the floor
+
+
+def test_exact_reason() -> None:
+    assert lossless.exact_reason({"version": "refserver-0.1.0"}) == "the reference engine is deterministic"
+    assert "deterministic inference" in (lossless.exact_reason({"version": "0.5.4", "enable_deterministic_inference": True}) or "")
+    assert lossless.exact_reason({"version": "0.5.4", "enable_deterministic_inference": False}) is None
 
 
 def test_prompts() -> None:
@@ -59,18 +81,24 @@ def test_prompts() -> None:
 def test_golden_roundtrip_stale_and_corrupt(tmp_path: Path) -> None:
     prompts = [Prompt("coding:x", "def x():", "coding"), Prompt("text:y", "Hello", "text")]
     trans = {p.id: Transcript(p.id, "out", (1, 2), None, p.sha256) for p in prompts}
-    written = lossless.write_golden(tmp_path, trans)
-    assert len(written) == 2 and all(p.name.startswith("lossless-") for p in written)
-    found, problems = lossless.load_golden(tmp_path, prompts, "CMD")
-    assert problems == [] and found["text:y"].output_ids == (1, 2)
+    reference = lossless.Reference(trans, lossless.Floor(2, 1, 7, (1, 2)), "live", "python -m engine --speculative-algorithm NONE")
+    written = lossless.write_golden(tmp_path, json.loads(json.dumps(reference.golden_payload("s1"))))  # as workeroutput carries it
+    assert [p.name for p in written] == ["reference.json", "lossless-coding-x.json", "lossless-text-y.json"]
+    loaded = lossless.load_golden_reference(tmp_path, prompts, "CMD")
+    assert loaded.missing == () and loaded.transcripts["text:y"].output_ids == (1, 2)
+    assert loaded.floor == reference.floor and loaded.command == reference.command
+    assert "blessed" in loaded.source and "--speculative-algorithm NONE" in loaded.source
     changed = [prompts[0], Prompt("text:y", "Hello!", "text")]
-    found, problems = lossless.load_golden(tmp_path, changed, "CMD")
-    assert list(found) == ["coding:x"] and "stale" in problems[0] and "CMD" in problems[0]
+    loaded = lossless.load_golden_reference(tmp_path, changed, "CMD")
+    assert list(loaded.transcripts) == ["coding:x"] and "stale" in loaded.missing[0] and "CMD" in loaded.missing[0]
     missing = lossless.load_golden(tmp_path, [Prompt("text:z", "z", "text")], "CMD")[1]
     assert "no golden transcript" in missing[0]
     lossless.golden_path(tmp_path, "text:y").write_text("{not json")
     with pytest.raises(lossless.LosslessError, match="corrupt golden transcript .* CMD"):
         lossless.load_golden(tmp_path, prompts, "CMD")
+    (tmp_path / "reference.json").unlink()  # transcripts of unknown origin (an older harness's) are not trusted
+    untrusted = lossless.load_golden_reference(tmp_path, prompts, "CMD")
+    assert not untrusted.transcripts and "not written from a non-speculative launch" in untrusted.missing[0]
 
 
 def test_real_engines_lossless_and_lossy(tmp_path: Path) -> None:
@@ -87,11 +115,14 @@ def test_real_engines_lossless_and_lossy(tmp_path: Path) -> None:
 
         prompts = lossless.load_prompts()
         clients = {name: SGLangClient(s.url) for name, s in servers.items()}
-        ref = lossless.collect_cached(servers["none"].url, clients["none"], prompts)
-        assert all(tr.output_ids and len(tr.output_ids) > 0 for tr in ref.values())
-        good = lossless.compare_all(ref, lossless.collect(clients["spec"], prompts))
+        ref = lossless.measure_reference(clients["none"], prompts, "refserver --speculative-algorithm NONE")
+        assert ref.floor.diverged == 0 and ref.floor.compared == len(prompts)  # the engine is batch-invariant
+        assert all(tr.output_ids and len(tr.output_ids) > 0 for tr in ref.transcripts.values())
+        exact = lossless.exact_reason(clients["spec"].server_info())
+        assert exact == "the reference engine is deterministic"
+        good = lossless.judge(ref, lossless.collect(clients["spec"], prompts), exact)
         assert good.passed, good.message
-        bad = lossless.compare_all(ref, lossless.collect(clients["lossy"], prompts))
+        bad = lossless.judge(ref, lossless.collect(clients["lossy"], prompts), exact)
         assert not bad.passed and bad.divergences
         assert "first divergence at token" in bad.message and "reference:" in bad.message and "got:" in bad.message
     finally:
@@ -116,22 +147,32 @@ def test_suite_instance_mode_catches_lossy_verify(pytester: pytest.Pytester, rep
     profile = write_profile(pytester.path, repo_root, "--fault lossy-verify=0.05")
     result = run_suite(pytester, repo_root, profile)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*reference: non-speculative instance (--speculative-algorithm NONE)*", "*DIVERGED*", "*first divergence at token*"])
+    result.stdout.fnmatch_lines([
+        "*reference: a launch with lossless_args, measured now: *--speculative-algorithm NONE*",
+        "*floor: 0/* prompts differ*", "*rule: identical (the reference engine is deterministic)*",
+        "*DIVERGED*", "*first divergence at token*",
+    ])
 
 
-def test_suite_golden_mode(pytester: pytest.Pytester, repo_root: Path) -> None:
-    golden = write_profile(pytester.path, repo_root, lossless="golden", lossless_args=None)
-    missing = run_suite(pytester, repo_root, golden)
+def test_suite_golden_mode_blessed_only_from_the_reference_launch(pytester: pytest.Pytester, repo_root: Path) -> None:
+    """A lossy-verify engine cannot bless itself: golden/ comes from the lossless_args launch, and
+    the config under test is judged against it in the blessing session too."""
+    golden_dir = pytester.path / "baselines" / "testhw" / "golden"
+    lossy = write_profile(pytester.path, repo_root, "--fault lossy-verify=0.05", lossless="golden")
+    missing = run_suite(pytester, repo_root, lossy)
     missing.assert_outcomes(skipped=1)
     missing.stdout.fnmatch_lines(["*no usable golden transcripts*--ddtree-update-baselines*"])
 
-    run_suite(pytester, repo_root, golden, "--ddtree-update-baselines").assert_outcomes(passed=1)
-    files = sorted((pytester.path / "baselines" / "testhw" / "golden").glob("lossless-*.json"))
+    blessing = run_suite(pytester, repo_root, lossy, "--ddtree-update-baselines")
+    blessing.assert_outcomes(failed=1)  # judged against the reference launch, not blessed as its own
+    blessing.stdout.fnmatch_lines(["*DIVERGED*", "*wrote * golden transcripts in *golden from: *--speculative-algorithm NONE*"])
+    files = sorted(golden_dir.glob("lossless-*.json"))
     assert len(files) == len(lossless.load_prompts())
-    assert json.loads(files[0].read_text())["output_ids"]
+    meta = json.loads((golden_dir / "reference.json").read_text())
+    assert "--speculative-algorithm NONE" in meta["command"] and meta["floor"]["diverged"] == 0
 
-    run_suite(pytester, repo_root, golden).assert_outcomes(passed=1)
-    lossy = write_profile(pytester.path, repo_root, "--fault lossy-verify=0.05", lossless="golden", lossless_args=None)
+    clean = write_profile(pytester.path, repo_root, lossless="golden")
+    run_suite(pytester, repo_root, clean).assert_outcomes(passed=1)  # the blessed reference is the lossless one
     result = run_suite(pytester, repo_root, lossy)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*reference: golden transcripts in*", "*first divergence at token*"])
+    result.stdout.fnmatch_lines(["*reference: golden transcripts in*blessed * from a launch with lossless_args*", "*first divergence at token*"])

@@ -105,11 +105,24 @@ def test_refserver_exit_after_n_then_next_config(tmp_path: Path, managers: list[
     assert svc2.server_info["speculative_num_draft_tokens"] == 4
 
 
-def test_refserver_auxiliary_lossless_instance(tmp_path: Path, managers: list[ServiceManager]) -> None:
+def test_refserver_reference_launch_takes_the_slot(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    """The non-speculative reference runs in the instance's own slot: lock and GPU wait like any
+    launch, the config stopped first and restarted after it."""
     m = manager(ref_profile(), tmp_path, managers)
-    main = m.ensure(BS8_B8_K4)
-    ref = m.start_auxiliary("lossless-reference")
-    assert ref.url != main.url and ref.config is None
-    assert str(ref.server_info.get("speculative_algorithm")).upper() in ("NONE", "NULL")
-    assert m.start_auxiliary("lossless-reference") is ref
-    assert [r["config"] for r in m.launches] == ["bs8_b8_k4", "lossless-reference"]
+    m.ensure(BS8_B8_K4)
+    ref = m.ensure_reference()
+    assert ref.config is None and str(ref.server_info.get("speculative_algorithm")).upper() in ("NONE", "NULL")
+    assert m.ensure_reference() is ref  # kept while it runs
+    assert not _alive(m.launches[0]["pid"])  # never two copies of the model at once
+    again = m.ensure(BS8_B8_K4)
+    assert again.server_info["speculative_eagle_topk"] == 4 and not _alive(m.launches[1]["pid"])
+    assert [r["config"] for r in m.launches] == ["bs8_b8_k4", "lossless-reference", "bs8_b8_k4"]
+    assert "--speculative-algorithm NONE" in m.launches[1]["command"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -28,11 +28,14 @@ from pytest_ddtree.service.base import (
     ServiceStartError,
 )
 from pytest_ddtree.service.external import ExternalController
-from pytest_ddtree.service.pool import InstanceLock, free_port, resolve_instance
+from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, wait_ready
 from pytest_ddtree.service.systemd import SystemdController
+
+REFERENCE_LABEL = "lossless-reference"
+"""The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
 READY_HEALTH_TIMEOUT_S = 5.0
 """Per-request timeout of health polls: short, so a dead service is noticed quickly."""
@@ -162,8 +165,6 @@ class ServiceManager:
         self._controller: Controller | None = None
         self._current: _Slot | None = None
         self._failed: dict[str, ServiceError] = {}
-        self._aux: dict[str, _Slot] = {}
-        self._aux_failed: dict[str, ServiceError] = {}
         self._starts = 0
         self._gpu_baseline: int | None = None
         self._baseline_taken = False
@@ -198,59 +199,35 @@ class ServiceManager:
         self._switch_away()
         return self._start(config)
 
-    def start_auxiliary(self, name: str = "reference", extra_args: str | None = None) -> RunningService:
-        """A second instance with ``extra_args`` (default: the profile's lossless_args) in place of
-        the config args, on its own free port; started once and kept until ``close``."""
-        if name in self._aux_failed:
-            raise self._aux_failed[name]
-        slot = self._aux.get(name)
-        if slot is not None and slot.service is not None:
-            info = slot.controller.failure()
-            if info is None:
-                return slot.service
-            err = ServiceDiedError(
-                f"auxiliary instance {name!r} exited during the run: {info.description}",
-                exit_code=info.exit_code,
-                log_tail=info.log_tail,
-            )
-            self._aux_failed[name] = err
-            slot.stop()
-            raise err
-        args = extra_args if extra_args is not None else self.profile.lossless_args
+    def ensure_reference(self) -> RunningService:
+        """The non-speculative reference: the profile's ``lossless_args`` launched in this
+        instance's own slot, in place of a config.
+
+        Why the same slot and not a second instance beside it: on a GPU two copies of a large
+        model rarely fit, so the reference takes the instance lock, waits for the previous
+        instance's GPU memory and restarts like any config (the next ``ensure`` restarts the
+        config). Callers cache what they measure on it: it is launched once per process.
+        """
+        name = REFERENCE_LABEL
+        if name in self._failed:
+            raise self._failed[name]
         if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not self.profile.command:
             raise ConfigNotAvailable(
-                f"profile {self.profile.name} has no launch command for an auxiliary instance "
-                f"({name}); use lossless: golden for external services"
+                f"profile {self.profile.name} cannot launch the non-speculative reference (it has no launch "
+                "command: an external service or a pool of URLs); compare against golden transcripts "
+                "(lossless: golden) blessed with a profile that launches this deployment"
             )
-        if "{port}" not in self.profile.command:
+        if not self.profile.lossless_args:
             raise ConfigNotAvailable(
-                f"profile {self.profile.name}: the command has no {{port}}, so a second instance "
-                "cannot get its own port; add {port} to the command"
+                f"profile {self.profile.name} has no lossless_args: the non-speculative reference needs the "
+                "launch arguments that turn speculation off, e.g. lossless_args: '--speculative-algorithm NONE'"
             )
-        for attempt in range(PORT_RACE_RETRIES + 1):
-            port = free_port()
-            controller = ProcessController(self.log_dir, stop_timeout_s=self.profile.stop_timeout_s)
-            launch = Launch(
-                name=f"{name}-{self.instance}",
-                command=self.profile.render_command(None, port, extra_args=args),
-                port=port,
-                url=self.profile.render_url(port),
-                env=dict(self.profile.env),
-                log_path=self._log_path(name),
-            )
-            slot = _Slot(controller, launch)
-            self._aux[name] = slot
-            try:
-                slot.service = self._launch_and_wait(slot, None, label=name)
-                return slot.service
-            except ServiceError as err:
-                slot.stop()
-                if isinstance(err, ServiceStartError) and _lost_port_race(err) and attempt < PORT_RACE_RETRIES:
-                    self._say(f"{name}: the chosen port was taken before the service bound it; retrying on another port")
-                    continue
-                self._aux_failed[name] = err
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        slot = self._current
+        if slot is not None and slot.service is not None and slot.service.config is None:
+            self._check_alive(slot, name)
+            return slot.service
+        self._switch_away()
+        return self._start(None)
 
     def release(self) -> None:
         """Stop the current service and let other workers have the instance."""
@@ -263,12 +240,6 @@ class ServiceManager:
         test results. The plugin should print the returned problems.
         """
         problems: list[str] = []
-        for name, slot in list(self._aux.items()):
-            try:
-                slot.stop()
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"stopping auxiliary {name}: {exc}")
-        self._aux.clear()
         controller = self._controller
         current, self._current = self._current, None
         if current is not None:
@@ -381,7 +352,7 @@ class ServiceManager:
                 "anyway (a start that runs out of memory will say so in its log)"
             )
 
-    def _start(self, config: DDTreeConfig) -> RunningService:
+    def _start(self, config: DDTreeConfig | None) -> RunningService:
         """Start ``config``; a launch that lost its auto-chosen port to another process is
         retried on a fresh port (that is the harness's race, not the config's failure)."""
         attempts = PORT_RACE_RETRIES + 1 if self.profile.port == "auto" and not isinstance(self.profile.pool, tuple) else 1
@@ -391,17 +362,20 @@ class ServiceManager:
             except ServiceStartError as err:
                 if attempt + 1 == attempts or not _lost_port_race(err):
                     raise
-                self._failed.pop(config.name, None)
-                self._say(f"{config.name}: the chosen port was taken before the service bound it; retrying on another port")
+                name = config.name if config is not None else REFERENCE_LABEL
+                self._failed.pop(name, None)
+                self._say(f"{name}: the chosen port was taken before the service bound it; retrying on another port")
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _start_once(self, config: DDTreeConfig) -> RunningService:
-        name = config.name
+    def _start_once(self, config: DDTreeConfig | None) -> RunningService:
+        """Launch ``config`` (None: the non-speculative reference with ``lossless_args``)."""
+        name = config.name if config is not None else REFERENCE_LABEL
         if self._lock is not None:
             self._lock.acquire(self.progress)
         controller = self._controller_for_profile()
         instance_slot = resolve_instance(self.profile, self.instance)
-        command = None if self.profile.controller == "external" else self.profile.render_command(config, instance_slot.port)
+        extra_args = self.profile.lossless_args if config is None else None
+        command = None if self.profile.controller == "external" else self.profile.render_command(config, instance_slot.port, extra_args=extra_args)
         launch = Launch(
             name=name,
             command=command or "",
@@ -417,7 +391,7 @@ class ServiceManager:
             if self.profile.controller != "external":
                 self._wait_gpu_release()
             service = self._launch_and_wait(slot, config, label=name)
-            if self.profile.controller == "external":
+            if self.profile.controller == "external" and config is not None:
                 self._check_external_config(service, config)
         except ExternalConfigMismatch as err:
             self._failed[name] = err
