@@ -55,11 +55,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_ddtree.sandbox import bwrap, cgroup, seccomp
 from pytest_ddtree.sandbox.calls import StepError, TestPlan, judge_outcome, parse_tests
 
 __all__ = [
     "Isolation",
     "StepError",
+    "TIERS",
+    "refusal",
     "TestPlan",
     "parse_tests",
     "Job",
@@ -145,14 +148,22 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Isolation:
-    """What the sandbox gives on this machine: the tier and a human-readable account."""
+    """What the sandbox gives on this machine: the tier and what it guarantees."""
 
-    tier: str  # "namespaces" | "userns" | "plain"
+    tier: str  # "bwrap" | "unshare" | "userns" | "plain"
     uid_drop: bool
     network_isolated: bool
     pid_namespace: bool
     private_tmp: bool
     notes: tuple[str, ...] = ()
+    cgroup: str | None = None  # "v1" | "v2": memory and pids counted by the kernel
+    seccomp: bool = False
+    minimal_view: bool = False  # only /usr, the interpreter and tmpfs are visible (bwrap)
+
+    @property
+    def strong(self) -> bool:
+        """A namespace tier with a uid drop: what the coding gate requires without opt-in."""
+        return self.tier in ("bwrap", "unshare") and self.uid_drop
 
     def describe(self) -> str:
         parts = [f"tier={self.tier}"]
@@ -160,6 +171,12 @@ class Isolation:
         parts.append("no network" if self.network_isolated else "network NOT isolated")
         parts.append("pid namespace" if self.pid_namespace else "no pid namespace")
         parts.append("private /tmp" if self.private_tmp else "shared /tmp")
+        if self.tier == "bwrap":
+            parts.append("minimal read-only view (/usr + interpreter)")
+        elif self.tier == "unshare":
+            parts.append("host root read-only by uid, /run, homes and project hidden")
+        parts.append(f"memory+pids by cgroup {self.cgroup}" if self.cgroup else "memory by RLIMIT_AS only (shared memory not counted)")
+        parts.append("seccomp + no_new_privs" if self.seccomp else "no seccomp")
         return ", ".join(parts)
 
 
@@ -370,28 +387,59 @@ def _runner_source() -> str:
     return "\n".join(parts) + "\n"
 
 
-def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits, fds: tuple[int, int]) -> tuple[list[str], int | None]:
+def _hidden_dirs() -> list[str]:
+    """What the unshare tier covers with an empty tmpfs: sockets and state under /run,
+    homes, and the project tree (reference solutions, tests)."""
+    dirs = ["/run", "/var/run", "/var/lib", "/home", "/root", "/srv", "/mnt", "/media", "/opt", str(_PKG_DIR.parent.parent)]
+    return list(dict.fromkeys(os.path.realpath(d) for d in dirs))
+
+
+def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits, fds: tuple[int, ...], cgroup_procs: list[str]) -> tuple[list[str], int | None]:
     """argv and the uid for ``Popen(user=...)`` (plain tier) for one run."""
     exe, expose = _interpreter()
     runner = [exe, "-I", "-c", _runner_source(), str(fds[0]), str(fds[1])]
-    if tier in ("namespaces", "userns"):
+    if tier == "bwrap":
+        bwrap_exe = bwrap.find() or "bwrap"
+        seccomp_fd = fds[2] if len(fds) > 2 else None
+        cfg = {
+            "mode": "bwrap",
+            "workdir": workdir,
+            "uid": uid,
+            "gid": uid,
+            "expose": expose,
+            "tmp_size": limits.tmp_size,
+            "cgroup_procs": cgroup_procs,
+            "exec": bwrap.command(bwrap_exe, workdir=workdir, expose=expose, tmp_bytes=_size_bytes(limits.tmp_size), seccomp_fd=seccomp_fd, run=runner),
+        }
+        return [exe, "-I", str(_STAGE), json.dumps(cfg)], None
+    if tier in ("unshare", "userns"):
         unshare = shutil.which("unshare") or "unshare"
         argv = [unshare]
         if tier == "userns":
             argv += ["--user", "--map-root-user"]
         argv += ["--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc", "--"]
+        program = seccomp.program() if tier == "unshare" else None
         cfg = {
+            "mode": "unshare",
             "workdir": workdir,
             "uid": uid,
             "gid": uid,
-            "expose": expose if tier == "namespaces" else [],
+            "expose": expose if tier == "unshare" else [],
             "private_dirs": ["/tmp", "/var/tmp", "/dev/shm"],
+            "hide": _hidden_dirs() if tier == "unshare" else [],
             "tmp_size": limits.tmp_size,
+            "cgroup_procs": cgroup_procs,
+            "seccomp": program.hex() if program else "",
             "exec": runner,
         }
         argv += [exe, "-I", str(_STAGE), json.dumps(cfg)]
         return argv, None
     return runner, uid
+
+
+def _size_bytes(size: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    return int(size[:-1]) * units[size[-1].lower()] if size[-1].lower() in units else int(size)
 
 
 def _job_limits(limits: Limits, tier: str, uid: int | None) -> dict[str, int]:
@@ -482,7 +530,17 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
     workdir = _prepare_workdir(uid)
     job_r, job_w = os.pipe()
     out_r, out_w = os.pipe()
-    argv, popen_user = _build_command(tier, workdir, uid, limits, (job_r, out_w))
+    child_fds: tuple[int, ...] = (job_r, out_w)
+    program = seccomp.program() if tier == "bwrap" else None
+    if program is not None:
+        filter_r, filter_w = os.pipe()
+        os.write(filter_w, program)
+        os.close(filter_w)
+        child_fds += (filter_r,)
+    group = None
+    if tier in ("bwrap", "unshare") and uid is not None:
+        group = cgroup.create(f"ddtree-sbx-{uid}-{secrets.token_hex(3)}", limits.memory_bytes + _size_bytes(limits.tmp_size), limits.processes + 4)
+    argv, popen_user = _build_command(tier, workdir, uid, limits, child_fds, group.procs_files() if group else [])
     job = {**plan.to_job(), "code": code, "limits": _job_limits(limits, tier, uid)}
     total = [0]
     flood = threading.Event()
@@ -514,12 +572,12 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
                 env=_scrubbed_env(workdir),
                 start_new_session=True,
                 close_fds=True,
-                pass_fds=(job_r, out_w),
+                pass_fds=child_fds,
                 **kwargs,
             )
         finally:
-            os.close(job_r)
-            os.close(out_w)
+            for fd in child_fds:
+                os.close(fd)
         threading.Thread(target=_feed, args=(job_w, json.dumps(job).encode()), daemon=True).start()
         sink.start()
         assert proc.stdout is not None and proc.stderr is not None
@@ -556,6 +614,10 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
         except OSError:
             pass
         cleanup_error = _remove_tree(workdir)
+        if group is not None:
+            oom = group.oom_killed()
+            why = group.destroy()
+            cleanup_error = "; ".join(e for e in (cleanup_error, why) if e) or None
 
     stdout, stderr = readers[0].text(), readers[1].text()
     rc = proc.returncode
@@ -589,6 +651,8 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
         except ValueError:
             name = str(sig)
         hint = " (memory or process limit?)" if sig == signal.SIGKILL else ""
+        if group is not None and oom:
+            hint = f" (the cgroup memory limit of {group.memory_bytes} bytes was reached)"
         msg = f"the process was killed by signal {name}{hint} before reporting its results"
     else:
         msg = f"the process exited with code {rc} before reporting its results" if not sink.data else "the run's results are not valid JSON"
@@ -615,10 +679,14 @@ def _probe(tier: str, want_uid: bool) -> str | None:
     return f"{res.verdict.value}: {res.message[:300]}"
 
 
-def isolation() -> Isolation:
-    """Detect (once per process, cached) the strongest tier that works here.
+TIERS = ("bwrap", "unshare", "userns", "plain")
 
-    ``DDTREE_SANDBOX_TIER=plain`` forces the weakest tier (for tests of the fallback).
+
+def isolation() -> Isolation:
+    """Detect (once per process, cached) the strongest tier that passes a probe run here.
+
+    ``DDTREE_SANDBOX_TIER`` (one of :data:`TIERS`) starts the search at that tier, e.g.
+    ``plain`` for tests of the weakest one.
     """
     global _iso_cache
     with _iso_lock:
@@ -626,17 +694,31 @@ def isolation() -> Isolation:
             return _iso_cache
         notes: list[str] = []
         forced = os.environ.get("DDTREE_SANDBOX_TIER", "")
+        start = TIERS.index(forced) if forced in TIERS else 0
         is_root = hasattr(os, "getuid") and os.getuid() == 0
         linux = sys.platform.startswith("linux")
-        if linux and shutil.which("unshare") and forced in ("", "namespaces", "userns"):
-            tier = "namespaces" if is_root else "userns"
+        group = cgroup.available() if is_root else None
+        has_seccomp = seccomp.program() is not None
+        candidates = []
+        if linux and is_root:
+            if bwrap.find():
+                candidates.append("bwrap")
+            else:
+                notes.append("bubblewrap (bwrap) not installed: apt-get install bubblewrap")
+            if shutil.which("unshare"):
+                candidates.append("unshare")
+            else:
+                notes.append("util-linux unshare not found")
+        elif linux and shutil.which("unshare"):
+            candidates.append("userns")
+        for tier in candidates:
+            if TIERS.index(tier) < start:
+                continue
             why = _probe(tier, want_uid=is_root)
             if why is None:
-                _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes))
+                _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes), cgroup=group, seccomp=has_seccomp and tier != "userns", minimal_view=tier == "bwrap")
                 return _iso_cache
             notes.append(f"{tier} tier unavailable ({why})")
-        elif linux and not shutil.which("unshare"):
-            notes.append("util-linux unshare not found: no namespaces")
         if is_root:
             why = _probe("plain", want_uid=True)
             if why is None:
@@ -645,6 +727,27 @@ def isolation() -> Isolation:
             notes.append(f"uid drop unavailable ({why})")
         _iso_cache = Isolation("plain", False, False, False, False, tuple(notes))
         return _iso_cache
+
+
+def refusal(iso: Isolation, allow_plain: bool) -> str | None:
+    """Why the coding gate must not run generated code here (None: it may).
+
+    Fail closed: without a namespace tier with a uid drop the gate runs only when the user
+    opted in (``--ddtree-sandbox=plain``), and never as root without a uid drop.
+    """
+    is_root = hasattr(os, "getuid") and os.getuid() == 0
+    if is_root and not iso.uid_drop:
+        return (
+            f"the sandbox would run generated code as root ({iso.describe()}; {'; '.join(iso.notes) or 'no uid drop'}). "
+            "Fix: install bubblewrap (apt-get install bubblewrap) or util-linux, or run with CAP_SYS_ADMIN and CAP_SETUID"
+        )
+    if iso.strong or allow_plain:
+        return None
+    return (
+        f"the strongest sandbox tier is unavailable: {iso.describe()} ({'; '.join(iso.notes) or 'no namespaces'}). "
+        "Fix: install bubblewrap (apt-get install bubblewrap) or util-linux unshare and run as root, "
+        "or accept the weaker isolation explicitly with --ddtree-sandbox=plain (ini: ddtree_sandbox = plain)"
+    )
 
 
 # --------------------------------------------------------------------------- public API
@@ -667,6 +770,8 @@ def run_code(code: str, tests: str | TestPlan, entry_point: str | None = None, l
         return RunResult(Verdict.NO_CODE, "no code was extracted from the answer", limits=asdict(base), key=key)
     lim = base.scaled(speed_factor()) if scale else base
     iso = isolation()
+    if hasattr(os, "getuid") and os.getuid() == 0 and not iso.uid_drop:
+        return RunResult(Verdict.ERROR, "refused: " + (refusal(iso, True) or "no uid drop"), limits=asdict(base), key=key, tier=iso.tier)
     res = _execute(iso.tier, code, plan, lim, iso.uid_drop)
     res.key = key
     return res

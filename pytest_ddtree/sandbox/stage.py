@@ -67,33 +67,87 @@ def _blocked_ancestor(path: str) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    cfg = json.loads(argv[1])
-    workdir: str = cfg["workdir"]
-    uid: int | None = cfg["uid"]
-    gid: int | None = cfg["gid"]
-    expose: list[str] = cfg["expose"]
-    private_dirs: list[str] = cfg["private_dirs"]
-    tmp_size: str = cfg["tmp_size"]
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+CLONE_NEWNS = 0x00020000
+MS_PRIVATE = 1 << 18
 
-    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [workdir, *expose]}
 
-    for d in private_dirs:
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
+
+def _prctl(option: int, arg: int | ctypes.c_void_p | None) -> None:
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+
+
+def _join_cgroups(procs_files: list[str]) -> None:
+    for path in procs_files:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(str(os.getpid()))
+
+
+def _drop(uid: int | None, gid: int | None) -> None:
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(gid if gid is not None else uid)
+        os.setuid(uid)
+
+
+def _expose(expose: list[str], fds: dict[str, int]) -> None:
+    """Cover each directory the run's uid cannot traverse on the way to the interpreter with a
+    tmpfs, and bind the interpreter back, read-only, at its own path."""
     covered: set[str] = set()
     for p in expose:
         blocked = _blocked_ancestor(p)
         if blocked is not None and blocked not in covered and blocked != "/":
             _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
             covered.add(blocked)
-
     for p in expose:
         if not os.path.isdir(p):
             os.makedirs(p, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{fds[p]}", p, None, MS_BIND | MS_REC, None)
             _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(argv[1])
+    mode: str = cfg.get("mode", "unshare")
+    workdir: str = cfg["workdir"]
+    uid: int | None = cfg["uid"]
+    gid: int | None = cfg["gid"]
+    expose: list[str] = cfg["expose"]
+    tmp_size: str = cfg["tmp_size"]
+
+    if mode == "bwrap":
+        # Our own mount namespace, only to make the interpreter reachable for the run's uid;
+        # bubblewrap (run as that uid) builds the run's view from it.
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in expose}
+        _expose(expose, fds)
+        for fd in fds.values():
+            os.close(fd)
+        _join_cgroups(cfg.get("cgroup_procs", []))
+        _drop(uid, gid)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(cfg["exec"][0], cfg["exec"])
+
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [workdir, *expose]}
+    for d in cfg["private_dirs"]:
+        if os.path.isdir(d) and not os.path.islink(d):
+            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
+    _expose(expose, fds)
+    # Hidden: sockets and state under /run, homes, the project tree (reference solutions).
+    for d in cfg.get("hide", []):
+        if os.path.isdir(d) and not os.path.islink(d) and not any(e == d or e.startswith(d + os.sep) for e in expose):
+            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0755,size=4k")
 
     # The work dir is a size-capped tmpfs of its own: what the run writes there never
     # reaches the host disk and vanishes with the namespace (no clean-up walk afterwards).
@@ -102,6 +156,7 @@ def main(argv: list[str]) -> int:
     _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_size}{owner}")
     for fd in fds.values():
         os.close(fd)
+    _join_cgroups(cfg.get("cgroup_procs", []))
 
     argv_next: list[str] = cfg["exec"]
     sys.stdout.flush()
@@ -109,11 +164,9 @@ def main(argv: list[str]) -> int:
     child = os.fork()
     if child == 0:
         try:
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(gid if gid is not None else uid)
-                os.setuid(uid)
+            _drop(uid, gid)
             os.chdir(workdir)
+            _load_filter(cfg.get("seccomp", ""))
             os.execv(argv_next[0], argv_next)
         except BaseException as exc:  # noqa: BLE001
             os.write(2, f"ddtree-sandbox-stage: {type(exc).__name__}: {exc}\n".encode())
@@ -131,6 +184,19 @@ def main(argv: list[str]) -> int:
             if os.WIFSIGNALED(status):
                 return 128 + os.WTERMSIG(status)
             return os.WEXITSTATUS(status)
+
+
+def _load_filter(program_hex: str) -> None:
+    """no_new_privs, then the seccomp filter (hex of struct sock_filter[]), if any."""
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if not program_hex:
+        return
+    raw = bytes.fromhex(program_hex)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    prog = _SockFprog(len(raw) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
 
 
 if __name__ == "__main__":
