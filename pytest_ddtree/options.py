@@ -73,6 +73,9 @@ def add_options(parser: _Parser) -> None:
         help="run only the first N problems of the coding set")
     add("--ddtree-coding-max-tokens", dest="ddtree_coding_max_tokens", default=None, type=int, metavar="N",
         help="max_tokens of each coding request (default: 1024)")
+    add("--ddtree-sandbox", dest="ddtree_sandbox", default=None, metavar="TIER",
+        help="sandbox the coding gate may use: strong (default: bwrap or unshare with a uid drop; "
+             "fails the gate otherwise) or plain (explicitly accept weaker isolation)")
     add("--ddtree-ready-timeout", dest="ddtree_ready_timeout", default=None, type=float, metavar="SECONDS",
         help="override the profile's ready_timeout_s")
     add("--ddtree-repeats", dest="ddtree_repeats", default=None, type=int, metavar="N",
@@ -86,7 +89,12 @@ def add_options(parser: _Parser) -> None:
     parser.addini("ddtree_results", "results root (like --ddtree-results)", default=None)
     parser.addini("ddtree_matrix", "config matrix path (like --ddtree-matrix)", default=None)
     parser.addini("ddtree_coding_set", "coding set (like --ddtree-coding-set)", default=None)
+    parser.addini("ddtree_sandbox", "sandbox tier the coding gate may use (like --ddtree-sandbox)", default=None)
     parser.addini("ddtree_repeats", "throughput repeats per cell (like --ddtree-repeats)", default=None)
+
+
+#: --ddtree-sandbox values: "strong" requires a namespace tier with a uid drop (fail closed).
+SANDBOX_CHOICES = ("strong", "plain")
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class Settings:
     coding_set: str
     coding_limit: int | None
     coding_max_tokens: int
+    sandbox: str
     ready_timeout: float | None
     repeats: int
     workloads: tuple[str, ...]
@@ -166,6 +175,10 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     max_tokens = config.getoption("ddtree_coding_max_tokens")
     if max_tokens is not None and max_tokens < 16:
         raise OptionError(f"--ddtree-coding-max-tokens must be at least 16, got {max_tokens}")
+    sandbox_value, _ = pick("ddtree_sandbox", "ddtree_sandbox")
+    sandbox_tier = str(sandbox_value or "strong")
+    if sandbox_tier not in SANDBOX_CHOICES:
+        raise OptionError(f"--ddtree-sandbox: unknown value {sandbox_tier!r}; choose one of {', '.join(SANDBOX_CHOICES)}")
     ready_timeout = config.getoption("ddtree_ready_timeout")
     if ready_timeout is not None and ready_timeout <= 0:
         raise OptionError(f"--ddtree-ready-timeout must be positive, got {ready_timeout}")
@@ -196,6 +209,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         coding_set=coding_set,
         coding_limit=coding_limit,
         coding_max_tokens=max_tokens or 1024,
+        sandbox=sandbox_tier,
         ready_timeout=ready_timeout,
         repeats=repeats,
         workloads=tuple(workloads),

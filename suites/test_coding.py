@@ -35,6 +35,12 @@ def test_coding_gate(
     if not problems:
         pytest.fail(f"coding set {set_name!r} has no problems (limit {ddtree_settings.coding_limit})", pytrace=False)
 
+    iso = sandbox.isolation()
+    refused = sandbox.refusal(iso, allow_plain=ddtree_settings.sandbox == "plain")
+    if refused:  # fail closed: no generated code runs under a weaker sandbox without opt-in
+        request.node.add_report_section("call", "ddtree coding", f"sandbox: {iso.describe()}\nREFUSED: {refused}")
+        pytest.fail(f"coding gate not run: {refused}", pytrace=False)
+
     results = coding.solve(ddtree_client, problems, max_tokens=ddtree_settings.coding_max_tokens)
     verdicts = {r.id: r.verdict for r in results}
 
@@ -45,7 +51,6 @@ def test_coding_gate(
     gate = coding.compare(baseline_ids, verdicts, ddtree_profile.coding_min_pass)
 
     table = coding.render_table(results, baseline_ids)
-    iso = sandbox.isolation()
     header = f"coding set {set_name} on {ddtree_config.name} (sandbox: {iso.describe()})"
     request.node.add_report_section("call", "ddtree coding", f"{header}\n{table}\n{gate.message}")
     ddtree_recorder.record("coding", ddtree_config.name, {
