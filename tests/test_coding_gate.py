@@ -145,3 +145,29 @@ def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: 
     result = run_suite(pytester, repo_root, strict)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*BELOW THE FLOOR; not passed: {problem.id}*"])
+
+
+def test_weak_sandbox_without_opt_in_fails_the_gate_with_reason(pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: with only the plain tier available the gate runs no generated code and
+    fails with the reason and the fix; the opt-in is accepted from the ini file, but never
+    runs code as root without a uid drop."""
+    monkeypatch.setenv("DDTREE_SANDBOX_TIER", "plain")
+    profile = write_profile(pytester.path, repo_root)
+    result = run_suite(pytester, repo_root, profile)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "coding gate not run" in out and "tier=plain" in out and "Fix:" in out
+    assert "--ddtree-sandbox=plain" in out or "as root" in out
+    assert coding_records(pytester) == []  # nothing was asked or run
+
+    # the ini key (-o overrides it) opts in: the gate then runs, unless that would mean root
+    opted_in = run_suite(pytester, repo_root, profile, "-o", "ddtree_sandbox=plain", "--ddtree-coding-limit=1")
+    text = opted_in.stdout.str()
+    assert "--ddtree-sandbox=plain" not in text
+    if "coding gate not run" in text:
+        assert os.getuid() == 0 and "would run generated code as root" in text
+    else:
+        assert len(coding_records(pytester)) == 1
+
+    bad = run_suite(pytester, repo_root, profile, "--ddtree-sandbox=nonsense")
+    assert bad.ret == 4 and "strong, plain" in bad.stderr.str() + bad.stdout.str()

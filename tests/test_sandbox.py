@@ -85,9 +85,9 @@ def test_infinite_loop_times_out() -> None:
 
 @linux_only
 def test_cpu_limit() -> None:
-    res = run("def f():\n    while True:\n        pass\n", limits=Limits(wall_s=8.0, cpu_s=1.0))
-    assert res.verdict is Verdict.TIMEOUT
-    assert res.duration_s < 6.0
+    res = run("def f():\n    while True:\n        pass\n", limits=Limits(wall_s=30.0, cpu_s=1.0))
+    # the CPU limit ended it, not the wall clock (which a loaded machine could also reach)
+    assert res.verdict is Verdict.TIMEOUT and "CPU time limit" in res.message, res.message
 
 
 @linux_only

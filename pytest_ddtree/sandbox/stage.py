@@ -113,6 +113,73 @@ def _expose(expose: list[str], fds: dict[str, int]) -> None:
             _mount(None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+MS_NOEXEC = 8
+MNT_DETACH = 2
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41}
+
+
+def _ro_bind(source: str, target: str) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC, None)
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def _minimal_root(workdir: str, expose: list[str], tmp_size: str, uid: int | None, gid: int | None) -> None:
+    """Build the run's whole view on a fresh tmpfs and ``pivot_root`` into it, as bubblewrap
+    does: read-only ``/usr`` (and the ``/bin``, ``/lib*`` links), the interpreter's prefix,
+    a new ``/proc``, a few device nodes, and size-capped tmpfs ``/tmp`` and work dir.
+    Nothing else of the host (``/run``, ``/etc``, homes, the project) exists for the run."""
+    new_root = workdir  # an empty host dir, private to this run; a tmpfs goes on top
+    _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+
+    def inside(path: str) -> str:
+        return os.path.join(new_root, path.lstrip("/"))
+
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), inside(path))
+        elif os.path.isdir(path):
+            os.makedirs(inside(path), exist_ok=True)
+            _ro_bind(path, inside(path))
+    for path in expose:
+        if any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
+            continue
+        os.makedirs(inside(path), exist_ok=True)
+        _ro_bind(path, inside(path))
+    os.makedirs(inside("/proc"))
+    _mount("proc", inside("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    os.makedirs(inside("/dev"))
+    _mount("tmpfs", inside("/dev"), "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEVICES:
+        open(inside(f"/dev/{name}"), "w").close()
+        _mount(f"/dev/{name}", inside(f"/dev/{name}"), None, MS_BIND, None)
+    for name, target in (("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("fd", "/proc/self/fd")):
+        os.symlink(target, inside(f"/dev/{name}"))
+    os.makedirs(inside("/dev/shm"))
+    os.makedirs(inside("/tmp"))
+    _mount("tmpfs", inside("/tmp"), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
+    _mount("tmpfs", inside("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
+    # The work dir is a size-capped tmpfs of its own: what the run writes there never
+    # reaches the host disk and vanishes with the namespace (no clean-up walk afterwards).
+    os.makedirs(inside(workdir), exist_ok=True)
+    owner = f",uid={uid},gid={gid if gid is not None else uid}" if uid is not None else ""
+    _mount("tmpfs", inside(workdir), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_size}{owner}")
+
+    old = inside("/.oldroot")
+    os.makedirs(old)
+    nr = _PIVOT_ROOT_NR.get(os.uname().machine)
+    if nr is None or _libc.syscall(nr, new_root.encode(), old.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root: {os.strerror(err)}")
+    os.chdir("/")
+    if _libc.umount2(b"/.oldroot", MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount /.oldroot: {os.strerror(err)}")
+    os.rmdir("/.oldroot")
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1])
     mode: str = cfg.get("mode", "unshare")
@@ -139,24 +206,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         os.execv(cfg["exec"][0], cfg["exec"])
 
-    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [workdir, *expose]}
-    for d in cfg["private_dirs"]:
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_size}")
-    _expose(expose, fds)
-    # Hidden: sockets and state under /run, homes, the project tree (reference solutions).
-    for d in cfg.get("hide", []):
-        if os.path.isdir(d) and not os.path.islink(d) and not any(e == d or e.startswith(d + os.sep) for e in expose):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0755,size=4k")
-
-    # The work dir is a size-capped tmpfs of its own: what the run writes there never
-    # reaches the host disk and vanishes with the namespace (no clean-up walk afterwards).
-    os.makedirs(workdir, mode=0o700, exist_ok=True)
-    owner = f",uid={uid},gid={gid if gid is not None else uid}" if uid is not None else ""
-    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={tmp_size}{owner}")
-    for fd in fds.values():
-        os.close(fd)
-    _join_cgroups(cfg.get("cgroup_procs", []))
+    _join_cgroups(cfg.get("cgroup_procs", []))  # before the host's /sys goes out of view
+    _minimal_root(workdir, expose, tmp_size, uid, gid)
 
     argv_next: list[str] = cfg["exec"]
     sys.stdout.flush()
