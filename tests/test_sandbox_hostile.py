@@ -147,42 +147,48 @@ def test_plain_tier_cleanup_survives_a_deep_tree() -> None:
 # --------------------------------------------------------------------------- 5: unix sockets
 
 
-def test_unix_socket_under_run_receives_nothing() -> None:
-    path = f"/run/ddtree-hostile-{secrets.token_hex(6)}.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def test_unix_sockets_under_run_and_abstract_receive_nothing() -> None:
+    token = secrets.token_hex(6)
+    path = f"/run/ddtree-hostile-{token}.sock"
+    abstract = f"\0ddtree-hostile-{token}"
+    servers = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
     received: list[bytes] = []
-    try:
-        server.bind(path)
-        os.chmod(path, 0o777)
-        server.listen(4)
-        server.settimeout(0.2)
-        stop = threading.Event()
+    stop = threading.Event()
 
-        def accept() -> None:
-            while not stop.is_set():
+    def accept(server: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1.0)
                 try:
-                    conn, _ = server.accept()
+                    received.append(conn.recv(1024))
                 except OSError:
-                    continue
-                with conn:
-                    conn.settimeout(1.0)
-                    try:
-                        received.append(conn.recv(1024))
-                    except OSError:
-                        pass
+                    pass
 
-        thread = threading.Thread(target=accept, daemon=True)
-        thread.start()
+    try:
+        servers[0].bind(path)
+        os.chmod(path, 0o777)
+        servers[1].bind(abstract)
+        threads = []
+        for server in servers:
+            server.listen(4)
+            server.settimeout(0.2)
+            threads.append(threading.Thread(target=accept, args=(server,), daemon=True))
+            threads[-1].start()
         code = (
-            "import socket\ndef f(x):\n    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-            f"    try:\n        s.connect({path!r})\n        s.sendall(b'escaped')\n        return x * x\n"
-            "    except OSError:\n        return -1\n"
+            "import socket\ndef f(x):\n    for address in ADDRESSES:\n"
+            "        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            "        try:\n            s.connect(address)\n            s.sendall(b'escaped')\n            return x * x\n"
+            "        except OSError:\n            pass\n    return -1\n"
         )
-        (res,) = run_all([Job(code, SQUARE_TESTS, "f", key="unix")])
-        stop.set()
-        thread.join(timeout=2)
+        (res,) = run_all([Job(f"ADDRESSES = {[path, abstract]!r}\n" + code, SQUARE_TESTS, "f", key="unix")])
     finally:
-        server.close()
+        stop.set()
+        for server in servers:
+            server.close()
         if os.path.exists(path):
             os.unlink(path)
     assert res.verdict is Verdict.FAILED, res.message

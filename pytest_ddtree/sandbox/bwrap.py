@@ -42,7 +42,7 @@ def command(bwrap: str, *, workdir: str, expose: list[str], tmp_bytes: int, secc
         if not any(path == d or path.startswith(d + os.sep) for d in _SYSTEM_DIRS):
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    argv += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--size", str(tmp_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(tmp_bytes), "--perms", "0700", "--tmpfs", workdir, "--chdir", workdir]
     argv += ["--remount-ro", "/"]
     if seccomp_fd is not None:
