@@ -9,30 +9,32 @@ instead: a fresh interpreter per run, its own session and process group, stdin f
 /dev/null, bounded output capture, a private temp dir, a scrubbed environment, rlimits, a
 wall-clock limit that kills everything, and OS isolation where the machine offers it.
 
-Isolation tiers (detected once per process by a probe run, see :func:`isolation`):
+The verdict is decided here, not in the run: only the code, the calls and their input
+values enter the sandbox, and the results come back as data that
+:func:`pytest_ddtree.sandbox.calls.judge_outcome` compares with the expected values.
 
-``namespaces`` (Linux, root, util-linux ``unshare``): new network (no interfaces but a down
-    loopback: no network at all), PID, IPC, UTS and mount namespaces.  A root first stage
-    (:mod:`pytest_ddtree.sandbox.stage`) gives the run private tmpfs ``/tmp``, ``/var/tmp``
-    and ``/dev/shm``, makes the interpreter reachable, then drops to a per-run unprivileged
-    uid (no supplementary groups) before the code starts.  The uid makes ``RLIMIT_NPROC``
-    effective (root ignores it, so a fork bomb run as root is bounded only by the kernel's
-    pid limit) and makes every file the uid does not own read-only.  The PID namespace
-    means nothing survives: when its first process dies the kernel kills the rest, also
-    children that called ``setsid``; ``unshare --kill-child`` ties that to the process we
-    kill on a timeout.
-``userns`` (Linux, not root, unprivileged user namespaces allowed): the same namespaces
-    inside a user namespace, no uid drop (the code runs as the invoking user: it can write
-    that user's files; the private ``/tmp`` still applies).  ``RLIMIT_NPROC`` counts all of
-    the user's processes, so the limit is raised by the number already running.
-``plain`` (anything else, e.g. macOS, or Linux without ``unshare``): a new session and
-    process group, rlimits where the OS supports them (macOS ignores ``RLIMIT_AS``), a uid
-    drop when root and the interpreter is reachable by that uid, and the clean-up below.
-    No network isolation.
+Isolation tiers (detected once per process by a probe run, see :func:`isolation`; the
+README's Sandbox section lists what each guarantees and the test that proves it):
 
-In every tier, after the run (and at once on a timeout or an output flood) the process
-group is SIGKILLed, then every process still owned by the run's uid or descended from the
-run's process, until none is left.  Only the standard library is used here (no pytest).
+``bwrap`` (Linux, root, bubblewrap installed): the root stage (:mod:`.stage`) joins the
+    run's cgroup and drops to a per-run unprivileged uid; bubblewrap (:mod:`.bwrap`) builds a
+    root of read-only ``/usr`` and interpreter, tmpfs work dir and ``/tmp``, new
+    user/PID/network/IPC/UTS/cgroup namespaces, ``no_new_privs`` and the seccomp filter
+    (:mod:`.seccomp`).
+``unshare`` (Linux, root, util-linux ``unshare``, no bubblewrap): the same view, built by
+    the stage itself as PID 1 of new namespaces (``pivot_root`` into a fresh tmpfs), the
+    same cgroup, uid drop, ``no_new_privs`` and filter.
+``userns`` (Linux, not root, unprivileged user namespaces): the ``unshare`` stage inside a
+    user namespace, without a uid drop, cgroup or filter.
+``plain`` (anything else): a session, rlimits, a uid drop where the interpreter is
+    reachable; the coding gate refuses it unless the user opts in, and never runs code as
+    root (:func:`refusal`).
+
+The per-run uid makes ``RLIMIT_NPROC`` effective (root ignores it) and every file it does
+not own read-only; the PID namespace means nothing survives (the kernel kills the rest when
+its first process dies, also children that called ``setsid``).  In every tier, after the
+run (and at once on a timeout or an output flood) the process group is SIGKILLed, then every
+process still owned by the run's uid or descended from it, and the run's cgroup is removed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import enum
 import json
 import os
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
@@ -55,7 +56,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree.sandbox import bwrap, cgroup, seccomp
+from pytest_ddtree.sandbox import bwrap, cgroup, plain, seccomp, unshare
 from pytest_ddtree.sandbox.calls import StepError, TestPlan, judge_outcome, parse_tests
 
 __all__ = [
@@ -391,41 +392,24 @@ def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits, fds
     """argv and the uid for ``Popen(user=...)`` (plain tier) for one run."""
     exe, expose = _interpreter()
     runner = [exe, "-I", "-c", _runner_source(), str(fds[0]), str(fds[1])]
+    if tier == "plain":
+        return plain.command(uid=uid, run=runner)
+    cfg: dict[str, Any] = {
+        "mode": "bwrap" if tier == "bwrap" else "unshare",
+        "workdir": workdir,
+        "uid": uid,
+        "gid": uid,
+        "expose": expose,
+        "tmp_size": limits.tmp_size,
+        "cgroup_procs": cgroup_procs,
+    }
     if tier == "bwrap":
-        bwrap_exe = bwrap.find() or "bwrap"
         seccomp_fd = fds[2] if len(fds) > 2 else None
-        cfg = {
-            "mode": "bwrap",
-            "workdir": workdir,
-            "uid": uid,
-            "gid": uid,
-            "expose": expose,
-            "tmp_size": limits.tmp_size,
-            "cgroup_procs": cgroup_procs,
-            "exec": bwrap.command(bwrap_exe, workdir=workdir, expose=expose, tmp_bytes=_size_bytes(limits.tmp_size), seccomp_fd=seccomp_fd, run=runner),
-        }
+        cfg["exec"] = bwrap.command(bwrap.find() or "bwrap", workdir=workdir, expose=expose, tmp_bytes=_size_bytes(limits.tmp_size), seccomp_fd=seccomp_fd, run=runner)
         return [exe, "-I", str(_STAGE), json.dumps(cfg)], None
-    if tier in ("unshare", "userns"):
-        unshare = shutil.which("unshare") or "unshare"
-        argv = [unshare]
-        if tier == "userns":
-            argv += ["--user", "--map-root-user"]
-        argv += ["--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc", "--"]
-        program = seccomp.program() if tier == "unshare" else None
-        cfg = {
-            "mode": "unshare",
-            "workdir": workdir,
-            "uid": uid,
-            "gid": uid,
-            "expose": expose,
-            "tmp_size": limits.tmp_size,
-            "cgroup_procs": cgroup_procs,
-            "seccomp": program.hex() if program else "",
-            "exec": runner,
-        }
-        argv += [exe, "-I", str(_STAGE), json.dumps(cfg)]
-        return argv, None
-    return runner, uid
+    program = seccomp.program() if tier == "unshare" else None
+    cfg.update(seccomp=program.hex() if program else "", exec=runner)
+    return unshare.command(user_namespace=tier == "userns", stage=[exe, "-I", str(_STAGE), json.dumps(cfg)]), None
 
 
 def _size_bytes(size: str) -> int:
@@ -696,11 +680,11 @@ def isolation() -> Isolation:
                 candidates.append("bwrap")
             else:
                 notes.append("bubblewrap (bwrap) not installed: apt-get install bubblewrap")
-            if shutil.which("unshare"):
+            if unshare.find():
                 candidates.append("unshare")
             else:
                 notes.append("util-linux unshare not found")
-        elif linux and shutil.which("unshare"):
+        elif linux and unshare.find():
             candidates.append("userns")
         for tier in candidates:
             if TIERS.index(tier) < start:

@@ -1,25 +1,22 @@
-"""Privileged first stage of the Linux namespace sandbox (runs as root inside fresh namespaces).
+"""Privileged first stage of the Linux sandbox (runs as root; standard library only).
 
-Started by :mod:`pytest_ddtree.sandbox` as
-``unshare --net --pid --ipc --uts --mount --fork --kill-child --mount-proc -- python -I
-stage.py CONFIG_JSON``.  It is PID 1 of a new PID namespace, in a private mount
-namespace with no network, and still root.  It prepares the file system view, drops to an
-unprivileged per-run uid and ``exec``s the interpreter that runs the untrusted code.
+Mode ``unshare``: started as ``unshare --net --pid --ipc --uts --mount --fork --kill-child
+--mount-proc -- python -I stage.py CONFIG_JSON``, it is PID 1 of new PID, network, IPC, UTS
+and mount namespaces, still root.  It joins the run's cgroup, builds the run's whole view
+on a fresh tmpfs (read-only ``/usr`` and the interpreter's prefix, a new ``/proc``, a few
+device nodes, size-capped tmpfs ``/tmp``, ``/dev/shm`` and work dir) and ``pivot_root``s
+into it, so nothing else of the host exists for the run.  A child then drops to the per-run
+uid, sets ``no_new_privs``, loads the seccomp filter and ``exec``s the runner; the stage
+reaps orphans until the runner ends.
+
+Mode ``bwrap``: in a mount namespace of its own, it makes an interpreter under a 0700
+directory (pyenv under ``/root``) reachable by covering the blocked directory with a tmpfs
+and binding only the interpreter back, read-only; joins the run's cgroup; drops to the
+per-run uid and ``exec``s bubblewrap, which builds the run's view (:mod:`.bwrap`).
 
 Why a stage at all: dropping to an unprivileged uid is what makes ``RLIMIT_NPROC`` (fork
-bombs) and file permissions (writes outside the work dir) real, but the interpreter often
-lives where that uid cannot go (pyenv under ``/root``, mode 0700).  So, inside the private
-mount namespace only:
-
-* a tmpfs is mounted over each directory the uid cannot traverse that lies on the way to
-  the interpreter (hiding the rest of, say, ``/root``), and the interpreter's prefix is
-  bind-mounted back read-only at its own path (shared-library rpaths stay valid);
-* ``/tmp``, ``/var/tmp`` and ``/dev/shm`` become small private tmpfs mounts, so files the
-  code leaves there vanish with the namespace; the run's work dir is a tmpfs of its own.
-
-Directories are opened before anything is mounted over them and bound from
-``/proc/self/fd/N``, which still reaches a directory that a tmpfs now hides.
-Only the standard library is used: this file runs under ``python -I``.
+bombs) and file permissions real, joining a cgroup needs root, and the interpreter often
+lives where the unprivileged uid cannot go.
 """
 
 from __future__ import annotations
