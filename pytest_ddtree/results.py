@@ -60,6 +60,9 @@ class SessionRecorder:
         # Set once the session knows which hardware it measures on (first service start); the
         # controller may never start a service itself, so every proposal carries it.
         self.hardware_profile: str | None = None
+        # The host this process's service runs on (a fleet pool), stamped on every record so the
+        # results say which host measured what.
+        self.host: str | None = None
 
     def _append(self, path: Path, entry: Mapping[str, Any], memory: list[dict[str, Any]]) -> None:
         line = dumps({**entry, "session": self.session_id}) + "\n"
@@ -72,6 +75,8 @@ class SessionRecorder:
     def record(self, kind: str, config: str | None, data: Mapping[str, Any]) -> None:
         """Append one measurement/verdict now; ``kind`` is e.g. throughput, coding, lossless, health, launch."""
         entry = {"kind": kind, "config": config, "worker": self.worker, "time": time.time(), **data}
+        if self.host is not None:
+            entry.setdefault("host", self.host)
         self._append(self.records_path, entry, self.records)
 
     def propose_baseline(self, config: str, section: str, data: Any) -> None:

@@ -110,9 +110,11 @@ class DDTreeSession:
             install_signal_handlers()
 
             profile = self.profile
+            instance = instance_for_worker(self.worker_id, profile.pool_size)
+            self.recorder.host = profile.for_instance(instance).host
             self._manager = ServiceManager(
                 profile,
-                instance_index=instance_for_worker(self.worker_id, profile.pool_size),
+                instance_index=instance,
                 log_dir=self.results_dir / "logs",
                 progress=self.progress,
                 lock_dir=self.settings.rootdir / ".ddtree" / "locks",

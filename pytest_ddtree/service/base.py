@@ -144,6 +144,8 @@ class Launch:
     url: str
     env: Mapping[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    fields: Mapping[str, object] = field(default_factory=dict)
+    """Template values of the command controller ({config_args}, {budget}, ...); empty elsewhere."""
 
 
 def describe_exit_code(code: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, Sequence
 from contextlib import contextmanager
 
 _NVML_LOCK = threading.Lock()
@@ -163,3 +163,77 @@ def wait_for_gpu_memory_release(
         time.sleep(poll_interval_s)
         used = read_used()
     return True
+
+
+# -- a host's GPUs through nvidia-smi (remote hosts have no NVML in this process) ---------------
+SMI_MEMORY_QUERY = ("nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv")
+SMI_INVENTORY_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid,memory.used,memory.total,driver_version", "--format=csv,noheader,nounits")
+_MIB = 2**20
+
+
+def _mib(text: str) -> int:
+    """``"81559 MiB"`` or ``"81559"`` -> bytes."""
+    return int(float(text.strip().split()[0]) * _MIB)
+
+
+def parse_smi_memory(text: str) -> list[tuple[int, int]]:
+    """(used, total) bytes per GPU from ``nvidia-smi --query-gpu=memory.used,memory.total --format=csv``."""
+    rows = []
+    for line in text.strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 2 or not cells[0][:1].isdigit():
+            continue  # the header line
+        rows.append((_mib(cells[0]), _mib(cells[1])))
+    return rows
+
+
+class _Runs(Protocol):
+    name: str
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> Any: ...
+
+
+class HostGpus:
+    """GPU memory and inventory of a (remote) host via ``nvidia-smi``; "no GPU" instead of errors.
+
+    Memory polling feeds the same release wait and progress line as NVML does locally. A host
+    without nvidia-smi (exit 127) or without GPUs has None, like a laptop here. ssh failures are
+    not swallowed: a dead host must fail its config, not look like a host without GPUs.
+    """
+
+    def __init__(self, host: _Runs) -> None:
+        self.host = host
+
+    def memory(self) -> list[tuple[int, int]] | None:
+        result = self.host.run(list(SMI_MEMORY_QUERY))
+        if result.returncode != 0:
+            return None
+        rows = parse_smi_memory(result.stdout)
+        return rows or None
+
+    def memory_used_bytes(self) -> int | None:
+        rows = self.memory()
+        return None if rows is None else sum(used for used, _ in rows)
+
+    def wait_release(self, threshold_bytes: int | None, timeout_s: float, progress: Callable[[str], None] | None) -> bool:
+        """:func:`wait_for_gpu_memory_release` on the host; ``None``: driver overhead (1 GiB a GPU)."""
+        rows = self.memory()
+        if rows is None:
+            return True
+        if threshold_bytes is None:
+            threshold_bytes = len(rows) * 2**30
+        return wait_for_gpu_memory_release(threshold_bytes, timeout_s, progress, read_used=self.memory_used_bytes)
+
+    def inventory(self) -> GpuInventory:
+        result = self.host.run(list(SMI_INVENTORY_QUERY))
+        if result.returncode != 0:
+            return GpuInventory(error=f"nvidia-smi on {self.host.name}: exit {result.returncode}")
+        gpus = []
+        driver = None
+        for line in result.stdout.strip().splitlines():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) != 6 or not cells[0].isdigit():
+                continue
+            driver = cells[5]
+            gpus.append(GpuInfo(int(cells[0]), cells[1], cells[2], _mib(cells[4]), _mib(cells[3])))
+        return GpuInventory(driver, None, None, tuple(gpus), None if gpus else f"nvidia-smi on {self.host.name} lists no GPU")

@@ -10,6 +10,9 @@ noticed on the next ``ensure`` and fails the rest of its config; the next config
 from __future__ import annotations
 
 import os
+import shlex
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +30,13 @@ from pytest_ddtree.service.base import (
     ServiceError,
     ServiceStartError,
 )
+from pytest_ddtree.service.command import CommandController, render_env
 from pytest_ddtree.service.external import ExternalController
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, wait_ready
+from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
 
 REFERENCE_LABEL = "lossless-reference"
@@ -148,7 +153,8 @@ class ServiceManager:
         gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
         gpu_release: Callable[[int | None, float, ProgressFn | None], bool] | None = _default_gpu_release,
     ) -> None:
-        self.profile = profile
+        # A host pool's entry (host, url, unit...) applied: one ordinary profile from here on.
+        self.profile = profile = profile.for_instance(instance_index)
         self.instance = instance_index
         self.log_dir = Path(log_dir)
         self.progress = progress
@@ -159,9 +165,27 @@ class ServiceManager:
         self.client_timeout_s = client_timeout_s
         self.systemctl = systemctl
         self.journalctl = journalctl
+        fleet = profile.fleet
+        self.host: LocalHost | SSHHost = make_host(
+            profile.host, fleet.ssh_options, connect_timeout_s=fleet.connect_timeout_s,
+            command_timeout_s=fleet.command_timeout_s, sudo=fleet.sudo,
+        )
+        if isinstance(self.host, SSHHost):
+            # The GPUs that matter are the host's: nvidia-smi there, not NVML here.
+            from pytest_ddtree.service.gpu import HostGpus
+
+            host_gpus = HostGpus(self.host)
+            if gpu_memory is _default_gpu_memory:
+                gpu_memory = host_gpus.memory_used_bytes
+            if gpu_release is _default_gpu_release:
+                gpu_release = host_gpus.wait_release
         self._gpu_memory = gpu_memory
         self._gpu_release = gpu_release
         self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{instance_index}") if lock_dir is not None else None
+        self._host_lock = (
+            HostLock(self.host, fleet.lock_path or f"/tmp/pytest-ddtree-{profile.unit or profile.name}.lock")
+            if isinstance(self.host, SSHHost) else None
+        )
         self._controller: Controller | None = None
         self._current: _Slot | None = None
         self._failed: dict[str, ServiceError] = {}
@@ -211,7 +235,8 @@ class ServiceManager:
         name = REFERENCE_LABEL
         if name in self._failed:
             raise self._failed[name]
-        if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not self.profile.command:
+        launches = bool(self.profile.command) or self.profile.controller == "command"
+        if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not launches:
             raise ConfigNotAvailable(
                 f"profile {self.profile.name} cannot launch the non-speculative reference (it has no launch "
                 "command: an external service or a pool of URLs); compare against golden transcripts "
@@ -257,6 +282,9 @@ class ServiceManager:
                 controller.close_client()
         if self._lock is not None:
             self._lock.release()
+        if self._host_lock is not None:
+            self._host_lock.release()
+        self.host.close()
         for problem in problems:
             self._say(f"service cleanup problem: {problem}")
         return problems
@@ -287,7 +315,11 @@ class ServiceManager:
                     systemctl=self.systemctl,
                     journalctl=self.journalctl,
                     stop_timeout_s=p.stop_timeout_s,
+                    command_timeout_s=p.fleet.command_timeout_s,
+                    host=self.host,
                 )
+            elif p.controller == "command":
+                self._controller = CommandController(p.fleet.commands, self.host, command_timeout_s=p.fleet.command_timeout_s)
             else:
                 slot = resolve_instance(p, self.instance)
                 health_client = self.client_factory(slot.url, READY_HEALTH_TIMEOUT_S)
@@ -295,7 +327,19 @@ class ServiceManager:
         return self._controller
 
     def _check_alive(self, slot: _Slot, name: str) -> None:
-        info = slot.controller.failure()
+        try:
+            info = slot.controller.failure()
+        except ServiceError as exc:  # the host stopped answering (ssh): the config cannot go on there
+            err = ServiceDiedError(
+                f"cannot check the service any more: {exc}", config_name=name,
+                log_tail="<unavailable: the host does not answer>",
+                hint="the remaining tests of this config cannot run on this host",
+            )
+            self._failed[name] = err
+            self._set_outcome(slot, f"lost: {str(exc).splitlines()[0]}")
+            self._current = None
+            slot.close_client()
+            raise err from None
         if info is None:
             return
         err = ServiceDiedError(
@@ -314,7 +358,10 @@ class ServiceManager:
         slot, self._current = self._current, None
         if slot is not None and self.profile.controller != "external":
             self._say(f"stopping {slot.controller.describe()}")
-            slot.stop()
+            try:
+                slot.stop()
+            except ServiceError as exc:  # e.g. the host went away; the next start says so for its config
+                self._say(f"could not stop {slot.controller.describe()}: {str(exc).splitlines()[0]}")
         elif slot is not None:
             slot.close_client()
         if self._lock is not None and self._lock.held:
@@ -375,17 +422,19 @@ class ServiceManager:
         controller = self._controller_for_profile()
         instance_slot = resolve_instance(self.profile, self.instance)
         extra_args = self.profile.lossless_args if config is None else None
-        command = None if self.profile.controller == "external" else self.profile.render_command(config, instance_slot.port, extra_args=extra_args)
         launch = Launch(
             name=name,
-            command=command or "",
+            command=self._launch_command(config, instance_slot.port, extra_args) or "",
             port=instance_slot.port,
             url=instance_slot.url,
             env=dict(self.profile.env),
             log_path=self._log_path(name) if self.profile.controller == "process" else None,
+            fields=self._template_fields(config, extra_args),
         )
         slot = _Slot(controller, launch)
         try:
+            if self._host_lock is not None:
+                self._host_lock.acquire(self._lock_owner(), self.progress, timeout_s=self.ready_timeout_s)
             if isinstance(controller, SystemdController):
                 controller.take_over()  # stop the unit (even its default config) before the wait
             if self.profile.controller != "external":
@@ -419,6 +468,7 @@ class ServiceManager:
             self._say(f"starting {label} on {launch.url}: {launch.command}")
         record: dict[str, Any] = {
             "config": label,
+            "host": self.profile.host,
             "instance": self.instance,
             "controller": controller.kind,
             "command": launch.command or None,
@@ -507,7 +557,33 @@ class ServiceManager:
         ``bs8_b8_k4_w2048`` under a 2048 default): then a ten-minute restart buys nothing."""
         if self.profile.controller == "external" or not slot.launch.command:
             return False
-        return self.profile.render_command(config, slot.launch.port) == slot.launch.command
+        return self._launch_command(config, slot.launch.port) == slot.launch.command
+
+    def _template_fields(self, config: DDTreeConfig | None, extra_args: str | None = None) -> dict[str, object]:
+        """The command controller's template values for ``config`` (see command.py); None with
+        ``extra_args``: the non-speculative reference."""
+        if self.profile.controller != "command":
+            return {}
+        fields: dict[str, object] = dict(config.field_values(self.profile.default_window)) if config is not None else {}
+        args = self.profile.render_config_args(config) if config is not None else []
+        config_args = " ".join(part for part in (shlex.join(args), extra_args or "") if part)
+        fields.update(config_args=config_args, config_env=render_env(self.profile.env),
+                      host=self.profile.node, unit=self.profile.unit or "", python=shlex.quote(sys.executable))
+        return fields
+
+    def _launch_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str | None:
+        """What a launch runs: the profile's command, or the command controller's start."""
+        if self.profile.controller == "external":
+            return None
+        if self.profile.controller == "command":
+            name = config.name if config is not None else REFERENCE_LABEL
+            probe = Launch(name=name, command="", port=port, url=self.profile.render_url(port), env=dict(self.profile.env),
+                           fields=self._template_fields(config, extra_args))
+            return CommandController(self.profile.fleet.commands, self.host).render("start", CommandController.values_for(probe))
+        return self.profile.render_command(config, port, extra_args=extra_args)
+
+    def _lock_owner(self) -> str:
+        return f"pytest-ddtree pid {os.getpid()} on {socket.gethostname()} worker {os.environ.get('PYTEST_XDIST_WORKER', '-')}"
 
     @staticmethod
     def _set_outcome(slot: _Slot, outcome: str) -> None:

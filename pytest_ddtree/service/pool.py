@@ -85,13 +85,15 @@ def resolve_instance(profile: ServiceProfile, index: int) -> InstanceSlot:
 
     ``pool: [urls]`` -> that URL (its port, if any, is what a process launch listens on);
     ``port: auto`` -> a fresh free port; a fixed port P -> P + index, so a pool of N instances
-    on one host uses N consecutive ports.
+    on one host uses N consecutive ports (a pool of hosts: P on each host).
     """
     if isinstance(profile.pool, tuple):
         url = profile.pool[index % len(profile.pool)].rstrip("/")
         return InstanceSlot(index, urlparse(url).port, url)
     if profile.port == "auto":
         port = free_port()
+    elif profile.fleet.hosts:
+        port = int(profile.port)  # one instance per host: each listens on the profile's (or its entry's) port
     else:
         port = int(profile.port) + index
     return InstanceSlot(index, port, profile.render_url(port))

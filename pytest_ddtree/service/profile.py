@@ -8,6 +8,7 @@ problem.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import string
 import sys
@@ -17,9 +18,11 @@ from typing import Any, Mapping
 
 
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, FleetKeys, is_host_pool, parse_fleet_keys
+from pytest_ddtree.service.ssh import SSHTarget
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
-CONTROLLERS = ("process", "systemd", "external")
+CONTROLLERS = ("process", "systemd", "external", "command")
 CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
 LOSSLESS_MODES = ("instance", "golden")
 
@@ -56,6 +59,7 @@ class ServiceProfile:
     draft_model_path: str | None = None
     patches: Mapping[str, Any] | None = None
     description: str = ""
+    fleet: FleetKeys = field(default_factory=FleetKeys)
     source: Path | None = None
     text: str = ""
 
@@ -86,11 +90,35 @@ class ServiceProfile:
             port="" if port is None else port,
             config_args=config_args,
             python=shlex.quote(sys.executable),
-            host="127.0.0.1",
+            host=self.node,
         ).strip()
 
     def render_url(self, port: int | None) -> str:
-        return self.url.format(port="" if port is None else port, host="127.0.0.1").rstrip("/")
+        return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")
+
+    @property
+    def host(self) -> str | None:
+        """``user@node[:port]`` where the service runs (systemd/command over ssh), None: here."""
+        return self.fleet.host
+
+    @property
+    def node(self) -> str:
+        """The service's host name for URLs and ``{host}`` (127.0.0.1 for a local service)."""
+        return SSHTarget.parse(self.fleet.host).url_host if self.fleet.host else "127.0.0.1"
+
+    def for_instance(self, index: int) -> ServiceProfile:
+        """The profile of pool instance ``index``: a host pool's entry applied (host, url, unit...)."""
+        if not self.fleet.hosts:
+            return self
+        entry = self.fleet.hosts[index % len(self.fleet.hosts)]
+        over = dict(entry.overrides)
+        fleet = dataclasses.replace(
+            self.fleet, host=entry.host, ssh_options=over.pop("ssh_options", self.fleet.ssh_options),
+            lock_path=over.pop("lock_path", self.fleet.lock_path),
+        )
+        if "env" in over:
+            over["env"] = {**self.env, **over["env"]}
+        return dataclasses.replace(self, fleet=fleet, **over)
 
     def expected_applied(self, config: DDTreeConfig) -> dict[str, object]:
         """server_info key -> the value the config must show there after a restart."""
@@ -131,6 +159,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "draft_model_path": ((str, type(None)), False),
     "patches": ((dict, type(None)), False),
     "description": (str, False),
+    **FLEET_KEY_TYPES,
 }
 
 
@@ -156,7 +185,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
                 raise fail(key, "missing required key")
             continue
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
             names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
             raise fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
 
@@ -171,7 +200,9 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         raise fail("port", f"must be a TCP port 1-65535, got {port}")
     pool_raw = raw.get("pool", 1)
     pool: int | tuple[str, ...]
-    if isinstance(pool_raw, list):
+    if is_host_pool(pool_raw):
+        pool = len(pool_raw)  # the hosts are fleet.hosts; one instance per host
+    elif isinstance(pool_raw, list):
         if not pool_raw or not all(isinstance(u, str) and u.startswith("http") for u in pool_raw):
             raise fail("pool", "a list pool must hold service URLs like http://127.0.0.1:30000")
         pool = tuple(u.rstrip("/") for u in pool_raw)
@@ -224,6 +255,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         if key in raw and raw[key] <= 0:
             raise fail(key, f"must be positive, got {raw[key]}")
     env = {str(k): str(v) for k, v in (raw.get("env") or {}).items()}
+    fleet = parse_fleet_keys(raw, controller, fail)
     window = raw.get("default_window", 2048)
     if window is not None and window < 1:
         raise fail("default_window", f"must be positive or null, got {window}")
@@ -253,6 +285,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         draft_model_path=raw.get("draft_model_path"),
         patches=raw.get("patches"),
         description=raw.get("description", ""),
+        fleet=fleet,
         source=source,
         text=text,
     )

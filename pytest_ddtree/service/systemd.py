@@ -7,7 +7,8 @@ removes it again at session end (``restore_default``), restarting the unit on it
 it was running when the session found it (a stopped unit stays stopped). The same restore runs on
 SIGTERM (a cancelled CI job), see ``process.install_signal_handlers``.
 State comes from ``systemctl show`` (ActiveState, SubState, ExecMainStatus, ExecMainPID) and the
-log tail from ``journalctl -u``, the same places an operator would look.
+log tail from ``journalctl -u``, the same places an operator would look. With a profile ``host``
+all of it (systemctl, journalctl, the drop-in file) happens on that host over ssh (ssh.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, describe_exit_code
+from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
 
 DEFAULT_DROPIN_DIR = Path("/etc/systemd/system")
 DROPIN_NAME = "ddtree.conf"
@@ -76,7 +77,9 @@ class SystemdController(Controller):
         stop_timeout_s: float = 30.0,
         not_started_grace_s: float = 5.0,
         command_timeout_s: float = 60.0,
+        host: Host | None = None,
     ) -> None:
+        self.host: Host = host if host is not None else LocalHost(command_timeout_s)
         self.unit = unit
         self.dropin_dir = Path(dropin_dir) if dropin_dir else DEFAULT_DROPIN_DIR
         self.systemctl = list(systemctl)
@@ -103,19 +106,17 @@ class SystemdController(Controller):
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         try:
-            result = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=self.command_timeout_s
-            )
-        except FileNotFoundError:
+            result = self.host.run(argv, timeout_s=self.command_timeout_s)
+        except RemoteCommandError as exc:
+            raise SystemctlError(str(exc)) from None
+        if result.returncode == COMMAND_NOT_FOUND_EXIT:
             raise SystemctlError(
-                f"cannot run {argv[0]!r}: not found on PATH; the systemd controller needs systemctl "
-                "(use controller: process to run the command directly)"
-            ) from None
-        except subprocess.TimeoutExpired:
-            raise SystemctlError(f"{shlex.join(argv)} did not finish within {self.command_timeout_s:.0f} s") from None
+                f"cannot run {argv[0]!r} on {self.host.name}: not found on PATH; the systemd controller needs "
+                "systemctl (use controller: process to run the command directly)"
+            )
         if check and result.returncode != 0:
             raise SystemctlError(
-                f"{shlex.join(argv)} failed with exit code {result.returncode}: "
+                f"{shlex.join(argv)} on {self.host.name} failed with exit code {result.returncode}: "
                 f"{(result.stderr or result.stdout).strip() or '<no output>'}\n"
                 "what to do: check that the unit exists and that this user may manage it "
                 "(e.g. a sudoers rule for systemctl, or run as root)"
@@ -128,15 +129,10 @@ class SystemdController(Controller):
         return parse_show(result.stdout)
 
     def _write_dropin(self, text: str) -> None:
-        path = self.dropin_path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, text)
-        except OSError as exc:
-            raise SystemctlError(
-                f"cannot write the drop-in {path}: {exc.strerror or exc}; "
-                "run as a user that may write there or set dropin_dir in the profile"
-            ) from None
+            self.host.write_file(str(self.dropin_path), text)
+        except RemoteCommandError as exc:
+            raise SystemctlError(f"cannot write the drop-in: {exc}") from None
 
     def _remember_previous_state(self) -> None:
         """Before the first change: was the unit running, and was a drop-in of our name there?
@@ -149,11 +145,9 @@ class SystemdController(Controller):
         props = self.show()
         self._was_active = props.get("ActiveState", "") in ("active", "activating", "reloading")
         try:
-            self._previous_dropin = self.dropin_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            self._previous_dropin = None
-        except OSError as exc:
-            raise SystemctlError(f"cannot read the existing drop-in {self.dropin_path}: {exc.strerror or exc}") from None
+            self._previous_dropin = self.host.read_file(str(self.dropin_path))
+        except RemoteCommandError as exc:
+            raise SystemctlError(f"cannot read the existing drop-in: {exc}") from None
         self._touched = True
 
     def start(self, launch: Launch) -> None:
@@ -218,15 +212,9 @@ class SystemdController(Controller):
             self._write_dropin(self._previous_dropin)
         else:
             try:
-                self.dropin_path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise SystemctlError(f"cannot remove the drop-in {self.dropin_path}: {exc.strerror or exc}") from None
-            try:
-                self.dropin_path.parent.rmdir()
-            except OSError:
-                pass  # not empty (other drop-ins) or already gone
+                self.host.remove_file(str(self.dropin_path))  # and its folder when no other drop-in is left
+            except RemoteCommandError as exc:
+                raise SystemctlError(f"cannot remove the drop-in: {exc}") from None
         self._run(self.systemctl + ["daemon-reload"])
         if self._was_active is False:
             self._run(self.systemctl + ["stop", self.unit], check=False)
@@ -239,12 +227,16 @@ class SystemdController(Controller):
     def log_tail(self, n: int = 40) -> str:
         try:
             result = self._run(self.journalctl + ["-u", self.unit, "-n", str(n), "--no-pager"], check=False)
-        except SystemctlError as exc:
+        except ServiceError as exc:  # also ssh failures: a log tail must never raise
             return f"<no journal: {exc}>"
         return (result.stdout or result.stderr).rstrip()
 
     def describe(self) -> str:
-        return f"systemd unit {self.unit} (drop-in {self.dropin_path})"
+        where = "" if self.host.name == "local" else f" on {self.host.name}"
+        return f"systemd unit {self.unit}{where} (drop-in {self.dropin_path})"
 
     def launch_record(self) -> dict[str, object]:
-        return {"unit": self.unit, "dropin_path": str(self.dropin_path), "dropin": self._dropin_text}
+        record: dict[str, object] = {"unit": self.unit, "dropin_path": str(self.dropin_path), "dropin": self._dropin_text}
+        if self.host.name != "local":
+            record["host"] = self.host.name
+        return record

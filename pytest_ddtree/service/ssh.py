@@ -1,0 +1,438 @@
+"""Where the systemd and command controllers run their commands: here, or on a host over ssh.
+
+A fleet sweep drives SGLang units on several GPU hosts. The harness reaches them with the system
+OpenSSH client (whatever keys, agents, jump hosts and known_hosts the user already has work
+unchanged) in BatchMode, so a missing key or an unknown host key is an error at once instead
+of a password prompt that hangs the sweep. One ControlMaster socket per host carries every
+call, so a sweep that runs systemctl, journalctl and nvidia-smi hundreds of times opens one
+TCP connection per host, not hundreds. Every call has a timeout, and a failure of ssh itself
+(exit 255: refused, unreachable, auth) becomes an :class:`SSHError` that names the host and
+quotes ssh's own words, so the configs of a dead host fail with that reason and never hang.
+
+The same small interface (:class:`LocalHost`, :class:`SSHHost`) runs a command, writes a file
+and removes one, so the controllers are written once for both places.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any, Protocol, Sequence
+
+from pytest_ddtree.service.base import ProgressFn, ServiceError
+
+SSH_ERROR_EXIT = 255
+"""What the OpenSSH client exits with when ssh itself failed (not the remote command)."""
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_COMMAND_TIMEOUT_S = 60.0
+COMMAND_NOT_FOUND_EXIT = 127
+
+
+class SSHError(ServiceError):
+    """ssh could not run a command on a host (refused, unreachable, auth failed, timed out)."""
+
+    def __init__(self, host: str, command: str, problem: str) -> None:
+        self.host = host
+        self.command = command
+        self.problem = problem
+        super().__init__(
+            f"ssh to {host} failed: {problem}\n"
+            f"    while running: {command}\n"
+            "what to do: check that the host is up and that `ssh -o BatchMode=yes HOST true` works with the "
+            "profile's ssh_options (key-based login, known host key)"
+        )
+
+
+class RemoteCommandError(ServiceError):
+    """A command ran (locally or on a host) and exited non-zero where success was needed."""
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """``user@node[:port]`` of a profile's ``host`` (``[v6addr]:port`` for IPv6)."""
+
+    node: str
+    user: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SSHTarget:
+        match = re.fullmatch(r"(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<node>[^:@\s\[\]]+))(?::(?P<port>\d+))?", text)
+        if not match:
+            raise ValueError(f"not a host: {text!r} (expected user@node or user@node:port)")
+        port = int(match["port"]) if match["port"] else None
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"not a TCP port in {text!r}: {port}")
+        return cls(node=match["v6"] or match["node"], user=match["user"], port=port)
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.node}" if self.user else self.node
+
+    @property
+    def url_host(self) -> str:
+        """The node as it goes into a URL (IPv6 in brackets)."""
+        return f"[{self.node}]" if ":" in self.node else self.node
+
+    def __str__(self) -> str:
+        text = f"{self.user + '@' if self.user else ''}{self.url_host}"
+        return f"{text}:{self.port}" if self.port else text
+
+
+class Host(Protocol):
+    """Runs commands and edits files in one place (this machine, or a host over ssh)."""
+
+    name: str
+    """``local`` or the ``user@node[:port]`` text, for messages and result records."""
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv``; a non-zero exit is returned, not raised (ssh's own failures are raised)."""
+
+    def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a shell script (``sh -c``); output is stdout and stderr together, in order."""
+
+    def write_file(self, path: str, text: str) -> None:
+        """Write ``text`` to ``path`` atomically (a temporary file renamed), creating the folder."""
+
+    def remove_file(self, path: str) -> None:
+        """Remove ``path`` (gone already is fine) and its folder if that is left empty."""
+
+    def read_file(self, path: str) -> str | None:
+        """The text of ``path``, None when there is no such file."""
+
+    def close(self) -> None:
+        """Release connections; safe to call twice."""
+
+
+def output_tail(text: str, lines: int = 5) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(kept[-lines:]) or "<no output>"
+
+
+_WRITE_SCRIPT = 'set -e; mkdir -p "$(dirname "$1")"; cat > "$1.ddtree-tmp"; mv -f "$1.ddtree-tmp" "$1"'
+_REMOVE_SCRIPT = 'rm -f "$1"; rmdir "$(dirname "$1")" 2>/dev/null || true'
+_READ_SCRIPT = 'test -e "$1" || exit 66; cat "$1"'
+_MISSING_EXIT = 66
+
+
+def _read(host: Host, path: str) -> str | None:
+    result = host.run(["sh", "-c", _READ_SCRIPT, "sh", path])
+    if result.returncode == _MISSING_EXIT:
+        return None
+    _check(host, result, f"read {path}")
+    return result.stdout
+
+
+class LocalHost:
+    """This machine: the commands run as children, with the same timeouts as remote ones."""
+
+    name = "local"
+
+    def __init__(self, command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, sudo: bool = False) -> None:
+        self.command_timeout_s = command_timeout_s
+        self.prefix = ["sudo", "-n"] if sudo else []
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        full = self.prefix + list(argv)
+        timeout = timeout_s or self.command_timeout_s
+        try:
+            return _run_bounded(full, input_text, timeout, merge=False)
+        except FileNotFoundError:
+            return subprocess.CompletedProcess(full, COMMAND_NOT_FOUND_EXIT, "", f"{full[0]}: command not found")
+        except subprocess.TimeoutExpired:
+            raise RemoteCommandError(f"`{shlex.join(full)}` did not finish within {timeout:.0f} s (killed)") from None
+
+    def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        timeout = timeout_s or self.command_timeout_s
+        try:
+            return _run_bounded(["sh", "-c", script], None, timeout, merge=True)
+        except subprocess.TimeoutExpired:
+            raise RemoteCommandError(f"`{script}` did not finish within {timeout:.0f} s (killed)") from None
+
+    def write_file(self, path: str, text: str) -> None:
+        _check(self, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
+
+    def remove_file(self, path: str) -> None:
+        _check(self, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
+
+    def read_file(self, path: str) -> str | None:
+        return _read(self, path)
+
+    def close(self) -> None:
+        return None
+
+
+def _check(host: Host, result: subprocess.CompletedProcess[str], what: str) -> None:
+    if result.returncode != 0:
+        raise RemoteCommandError(
+            f"cannot {what} on {host.name}: exit {result.returncode}: {output_tail(result.stderr or result.stdout)}\n"
+            "what to do: log in as a user that may write there (root, or sudo: true with a sudoers rule), "
+            "or point dropin_dir at a writable folder"
+        )
+
+
+def _run_bounded(argv: list[str], input_text: str | None, timeout_s: float, *, merge: bool) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own session; on timeout kill its whole process group.
+
+    Output goes to temporary files, not pipes: a command that leaves a background child behind
+    (``nohup server &``, an ssh ControlMaster) would otherwise hold the pipe open and make us wait
+    for the timeout although the command itself returned. Its own session keeps a Ctrl-C on the
+    terminal from killing a restore command half-way.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=out,
+            stderr=out if merge else err,
+            start_new_session=True,
+        )
+        try:
+            if input_text is not None:
+                assert proc.stdin is not None
+                try:
+                    proc.stdin.write(input_text.encode())
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+            proc.wait(timeout=timeout_s)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(
+            argv, proc.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+        )
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
+        pass
+
+
+class SSHHost:
+    """A host reached with the system ``ssh``: BatchMode, one ControlMaster socket, timeouts.
+
+    ``options`` are the profile's ``ssh_options`` (``-i KEY``, ``-o Name=value``, ``-J jump``...);
+    they come first on the command line, and ssh takes the first value it sees of an option, so
+    they override the defaults here.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        options: Sequence[str] = (),
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+        sudo: bool = False,
+        ssh: str = "ssh",
+    ) -> None:
+        self.target = SSHTarget.parse(target)
+        self.name = str(self.target)
+        self.options = list(options)
+        self.connect_timeout_s = connect_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.prefix = ["sudo", "-n"] if sudo else []
+        self.ssh = ssh
+        # Short and private: a unix socket path must stay under ~100 bytes, and the socket
+        # grants the holder our login on the host.
+        self._control_dir: str | None = None
+        self._lock = threading.Lock()
+
+    def _control_path(self) -> str:
+        with self._lock:
+            if self._control_dir is None:
+                self._control_dir = tempfile.mkdtemp(prefix="ddtree-ssh-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            return os.path.join(self._control_dir, "%C")
+
+    def ssh_argv(self, remote_command: str, *, master: bool = True) -> list[str]:
+        """The full local argv that runs ``remote_command`` (a shell command line) on the host."""
+        if shutil.which(self.ssh) is None:
+            raise SSHError(self.name, remote_command, f"the ssh client {self.ssh!r} is not installed (apt-get install openssh-client)")
+        connect = max(1, int(round(self.connect_timeout_s)))
+        argv = [self.ssh, *self.options]
+        argv += [
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={connect}",
+            # A host that vanishes mid-call (power, network) is noticed in ~3 probes, not at TCP's 15 min.
+            "-o", f"ServerAliveInterval={max(1, connect // 3)}",
+            "-o", "ServerAliveCountMax=3",
+        ]
+        if master:
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._control_path()}", "-o", "ControlPersist=300"]
+        if self.target.port is not None:
+            argv += ["-p", str(self.target.port)]
+        return argv + ["--", self.target.destination, remote_command]
+
+    def _call(self, remote_command: str, input_text: str | None, timeout_s: float | None, *, merge: bool) -> subprocess.CompletedProcess[str]:
+        timeout = (timeout_s or self.command_timeout_s) + self.connect_timeout_s
+        argv = self.ssh_argv(remote_command)
+        try:
+            result = _run_bounded(argv, input_text, timeout, merge=merge)
+        except subprocess.TimeoutExpired:
+            raise SSHError(self.name, remote_command, f"no answer within {timeout:.0f} s (ssh killed)") from None
+        if result.returncode == SSH_ERROR_EXIT:
+            raise SSHError(self.name, remote_command, f"exit {SSH_ERROR_EXIT}: {output_tail(result.stderr or result.stdout, 3)}")
+        return result
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        return self._call(shlex.join(self.prefix + list(argv)), input_text, timeout_s, merge=False)
+
+    def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        return self._call(shlex.join(["sh", "-c", script]), None, timeout_s, merge=True)
+
+    def write_file(self, path: str, text: str) -> None:
+        _check(self, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
+
+    def remove_file(self, path: str) -> None:
+        _check(self, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
+
+    def read_file(self, path: str) -> str | None:
+        return _read(self, path)
+
+    def open_session(self, remote_command: str) -> subprocess.Popen[str]:
+        """A long-running remote command whose stdin we hold (the host lock); output on a pipe."""
+        return subprocess.Popen(
+            self.ssh_argv(remote_command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def close(self) -> None:
+        """Stop the ControlMaster and remove its folder (the master would otherwise linger 5 min)."""
+        with self._lock:
+            control_dir, self._control_dir = self._control_dir, None
+        if control_dir is None:
+            return
+        path = os.path.join(control_dir, "%C")
+        argv = [self.ssh, *self.options, "-o", f"ControlPath={path}", "-O", "exit"]
+        if self.target.port is not None:
+            argv += ["-p", str(self.target.port)]
+        try:
+            _run_bounded(argv + ["--", self.target.destination], None, 10.0, merge=True)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def make_host(
+    target: str | None,
+    options: Sequence[str] = (),
+    *,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+    sudo: bool = False,
+) -> LocalHost | SSHHost:
+    """The place a profile's commands run: ``host: null`` is this machine."""
+    if not target:
+        return LocalHost(command_timeout_s, sudo=sudo)
+    return SSHHost(target, options, connect_timeout_s=connect_timeout_s, command_timeout_s=command_timeout_s, sudo=sudo)
+
+
+class HostLock:
+    """An exclusive lock on a host (``flock`` there), so two sessions never drive one service.
+
+    The lock is held by a remote ``flock ... cat`` that lives as long as our ssh session: when
+    this process ends in any way (even SIGKILL), ssh closes, ``cat`` reads end-of-file, and the
+    kernel on the host drops the lock. The holder writes who it is next to the lock, so a session
+    that has to wait says for whom.
+    """
+
+    BUSY_EXIT = 75
+
+    def __init__(self, host: SSHHost, path: str) -> None:
+        self.host = host
+        self.path = path
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def acquire(self, owner: str, progress: ProgressFn | None = None, timeout_s: float | None = None, poll_s: float = 2.0) -> None:
+        if self.held:
+            return
+        start = time.monotonic()
+        told = False
+        quoted = shlex.quote(self.path)
+        script = (
+            f"exec flock -n -E {self.BUSY_EXIT} {quoted} sh -c "
+            + shlex.quote(f'echo "$1" > {quoted}.owner; echo ddtree-lock-held; exec cat > /dev/null')
+            + f" sh {shlex.quote(owner)}"
+        )
+        # A plain call first: it opens the ControlMaster (a master born from the lock's session
+        # would inherit the lock's pipes and hold them open) and fails cleanly on a dead host.
+        self.host.run(["true"])
+        while True:
+            proc = self.host.open_session(script)
+            assert proc.stdout is not None
+            first = _readline_within(proc.stdout, self.host.connect_timeout_s + self.host.command_timeout_s)
+            if first.strip() == "ddtree-lock-held":
+                self._proc = proc
+                return
+            rest = _finish(proc)
+            code = proc.returncode
+            if code == SSH_ERROR_EXIT or code is None:
+                raise SSHError(self.host.name, f"flock {self.path}", output_tail(first + rest, 3) if code else "no answer (ssh killed)")
+            if code != self.BUSY_EXIT:
+                raise RemoteCommandError(
+                    f"cannot lock {self.path} on {self.host.name}: exit {code}: {output_tail(first + rest)}\n"
+                    "what to do: the host needs flock (util-linux) and a writable lock_path"
+                )
+            if progress is not None and not told:
+                holder = self.host.run(["cat", f"{self.path}.owner"]).stdout.strip() or "another session"
+                progress(f"host {self.host.name} is locked by {holder} ({self.path}); waiting")
+                told = True
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise ServiceError(f"host {self.host.name} stayed locked ({self.path}) for {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    def release(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _finish(proc)
+
+
+def _readline_within(stream: IO[str], timeout_s: float) -> str:
+    """One line from ``stream``, or what there is after ``timeout_s`` ('' if nothing)."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return box[0] if box else ""
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    """Close our end (the remote ``cat`` ends), collect what is left, kill after 10 s."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return out or ""

@@ -1,0 +1,249 @@
+"""Fleet tests against real OpenSSH: three sshd "hosts" on 127.0.0.1, each with its own fake
+systemd (tests/fakes) really running the reference engine (see tests/fleet_helpers.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.base import ServiceError
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.profile import ProfileError, parse_profile
+from pytest_ddtree.service.ssh import HostLock, SSHError, SSHHost, SSHTarget
+from tests.fleet_helpers import FakeHost, SshFleet, sshd_binary
+from tests.suite_helpers import wait_healthy
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = "bs8_b*_k4"
+SWEEP_CONFIGS = [f"bs8_b{b}_k4" for b in (4, 8, 12, 16)]  # the glob does not match the _wnone configs
+
+
+@pytest.fixture(scope="session")
+def ssh_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshFleet]:
+    """One set of three sshd hosts per test session (per xdist worker), shared by every fleet test."""
+    if sshd_binary() is None:
+        pytest.fail("sshd is not installed: apt-get install -y openssh-server openssh-client (.ci/run does this)", pytrace=False)
+    fleet = SshFleet(tmp_path_factory.mktemp("fleet"), n=3, load_seconds=0.5)
+    try:
+        yield fleet.start()
+    finally:
+        fleet.close()
+
+
+def _host(fleet: SshFleet, index: int, **kw: Any) -> SSHHost:
+    return SSHHost(fleet.hosts[index].target, fleet.ssh_options(), **kw)
+
+
+def _config_of(command: str, profile: Any) -> str:
+    """The config name a launch command ran (matched against every sweep config's rendering)."""
+    for name in SWEEP_CONFIGS:
+        if profile.render_command(parse_config_name(name), profile.port) == command:
+            return name
+    return "default"
+
+
+def _assert_default_restored(host: FakeHost) -> None:
+    assert not host.dropin.exists(), f"{host.target}: drop-in left behind"
+    calls = (host.state / "systemctl.log").read_text().splitlines()
+    assert calls[-2:] == ["daemon-reload", "restart --no-block ddtree-ref.service"], calls[-4:]
+    info = wait_healthy(f"http://127.0.0.1:{host.service_port}", timeout=30, what="the default config").server_info()
+    assert (info["speculative_num_draft_tokens"], info["speculative_eagle_topk"]) == (8, 4)
+
+
+# -- the transport ------------------------------------------------------------------------------
+def test_target_parsing_and_profile_errors() -> None:
+    assert SSHTarget.parse("ops@gpu-3:2222") == SSHTarget("gpu-3", "ops", 2222)
+    assert str(SSHTarget.parse("[fd00::1]:22")) == "[fd00::1]:22" and SSHTarget.parse("gpu-3").user is None
+    base = {"name": "f", "controller": "systemd", "unit": "u.service", "command": "x {config_args} {port}",
+            "url": "http://{host}:{port}", "config_args": {}}
+    with pytest.raises(ProfileError, match="port: a remote service listens on a fixed port"):
+        parse_profile({**base, "host": "ops@gpu-1"})
+    with pytest.raises(ProfileError, match=r"pool\[1\]\.unitt: unknown key"):
+        parse_profile({**base, "port": 30000, "pool": ["ops@gpu-1", {"host": "ops@gpu-2", "unitt": "x"}]})
+    with pytest.raises(ProfileError, match="host: remote hosts need controller systemd or command"):
+        parse_profile({**base, "controller": "process", "host": "ops@gpu-1", "port": 30000})
+    profile = parse_profile({**base, "port": 30000, "ssh_options": "-i ~/.ssh/fleet",
+                             "pool": ["ops@gpu-1", {"host": "ops@gpu-2:2222", "port": 31000, "unit": "b.service"}]})
+    assert profile.pool_size == 2 and profile.host is None
+    second = profile.for_instance(1)
+    assert (second.host, second.port, second.unit, second.render_url(second.port)) == ("ops@gpu-2:2222", 31000, "b.service", "http://gpu-2:31000")
+    assert profile.for_instance(0).fleet.ssh_options == ("-i", "~/.ssh/fleet")
+
+
+def test_ssh_runs_writes_through_one_master_and_times_out(ssh_fleet: SshFleet) -> None:
+    host = _host(ssh_fleet, 0, connect_timeout_s=5)
+    try:
+        result = host.run(["sh", "-c", 'echo "$DDTREE_FAKE_SYSTEMD"; echo oops >&2; exit 3'])
+        assert (result.returncode, result.stdout.strip(), result.stderr.strip()) == (3, str(ssh_fleet.hosts[0].state), "oops")
+        target = ssh_fleet.hosts[0].root / "dir" / "file.conf"
+        host.write_file(str(target), "a 'quoted' $line\n")
+        assert target.read_text() == "a 'quoted' $line\n"
+        host.remove_file(str(target))
+        assert not target.parent.exists()
+        # Every call went through one ControlMaster: one socket, one sshd session process tree.
+        sockets = os.listdir(Path(host._control_path()).parent)
+        assert len(sockets) == 1, sockets
+        started = time.monotonic()
+        with pytest.raises(SSHError, match="no answer within"):
+            host.run(["sleep", "60"], timeout_s=1)
+        assert time.monotonic() - started < 30
+    finally:
+        host.close()
+
+
+def test_unreachable_host_is_an_ssh_error_not_a_hang(ssh_fleet: SshFleet) -> None:
+    from pytest_ddtree.service.pool import free_port
+
+    host = SSHHost(f"nobody@127.0.0.1:{free_port()}", ssh_fleet.ssh_options(), connect_timeout_s=3)
+    with pytest.raises(SSHError, match="Connection refused") as info:
+        host.run(["systemctl", "show", "x"])
+    assert "ssh to nobody@127.0.0.1" in str(info.value) and "while running: systemctl show x" in str(info.value)
+
+
+def test_host_lock_keeps_a_second_session_out(ssh_fleet: SshFleet) -> None:
+    first, second = _host(ssh_fleet, 2), _host(ssh_fleet, 2)
+    path = str(ssh_fleet.root / "lock-test.lock")
+    lock_a, lock_b = HostLock(first, path), HostLock(second, path)
+    lines: list[str] = []
+    try:
+        lock_a.acquire("session A")
+        with pytest.raises(ServiceError, match="stayed locked"):
+            lock_b.acquire("session B", lines.append, timeout_s=1, poll_s=0.2)
+        assert any("locked by session A" in line for line in lines), lines
+        lock_a.release()
+        lock_b.acquire("session B", timeout_s=30, poll_s=0.2)
+        assert lock_b.held
+    finally:
+        lock_a.release()
+        lock_b.release()
+        first.close()
+        second.close()
+
+
+# -- the systemd controller on a remote host ------------------------------------------------------
+def test_remote_systemd_round_trip_restores_default(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    fake = ssh_fleet.hosts[0]
+    raw = ssh_fleet.pool_profile(hosts=[0])
+    entry = raw.pop("pool")[0]
+    raw.update(host=entry["host"], port=entry["port"], dropin_dir=entry["dropin_dir"], lock_path=entry["lock_path"])
+    raw["env"] = {"SGLANG_DFLASH_TREE_VERIFY": "1"}
+    profile = parse_profile(raw)
+    lines: list[str] = []
+    manager = ServiceManager(profile, 0, tmp_path / "logs", lines.append, tmp_path / "locks", poll_interval=0.2,
+                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    starts_before = len(fake.starts())
+    try:
+        service = manager.ensure(parse_config_name("bs8_b12_k6"))
+        assert service.url == f"http://127.0.0.1:{fake.service_port}"
+        assert service.server_info["speculative_num_draft_tokens"] == 12
+        text = fake.dropin.read_text()
+        assert "ExecStart=\nExecStart=" + profile.render_command(parse_config_name("bs8_b12_k6"), fake.service_port) in text
+        assert 'Environment="SGLANG_DFLASH_TREE_VERIFY=1"' in text
+        assert manager.launches[0]["host"] == fake.target and manager.launches[0]["dropin"] == text
+        # The GPU memory of the host (fake nvidia-smi over ssh) shows the loaded weights.
+        assert manager._gpu_memory is not None and manager._gpu_memory() == 60000 * 2**20
+    finally:
+        assert manager.close() == []
+    config_command = profile.render_command(parse_config_name("bs8_b12_k6"), fake.service_port)
+    assert fake.starts()[starts_before:] == [config_command, ssh_fleet.default_command(fake)]
+    _assert_default_restored(fake)
+    assert (Path(fake.lock_path)).exists()
+
+
+def test_crash_on_remote_host_reports_its_journal(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    raw = ssh_fleet.pool_profile(hosts=[1])
+    raw["command"] = raw["command"].replace("{config_args}", "{config_args} --fault crash-on-start")
+    manager = ServiceManager(parse_profile(raw), 0, tmp_path / "logs", None, None, poll_interval=0.2,
+                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    try:
+        with pytest.raises(ServiceError) as info:
+            manager.ensure(parse_config_name("bs8_b8_k4"))
+        message = str(info.value)
+        assert "ddtree-ref.service on" in message or "failed/failed" in message, message
+        assert "crash" in message.lower(), message
+    finally:
+        manager.close()
+    _assert_default_restored(ssh_fleet.hosts[1])
+
+
+# -- a sweep over the pool (pytest -n 3, one worker per host) ---------------------------------------
+def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None) -> tuple[subprocess.CompletedProcess[str], Any]:
+    profile_path = tmp_path / "fleet.yaml"
+    profile_path.write_text(yaml.safe_dump(fleet.pool_profile()))
+    argv = [sys.executable, "-m", "pytest", "suites/test_health.py", f"--ddtree-config={SWEEP}", "-n", "3",
+            f"--ddtree-service={profile_path}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = threading.Thread(target=on_start, daemon=True) if on_start else None
+    if watcher:
+        watcher.start()
+    out, _ = proc.communicate(timeout=400)
+    if watcher:
+        watcher.join(timeout=60)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, ""), parse_profile(yaml.safe_load(profile_path.read_text()))
+
+
+def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    before = [len(h.starts()) for h in ssh_fleet.hosts]
+    result, profile = _run_sweep(ssh_fleet, tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    ran: dict[str, list[str]] = {}
+    for host, skip in zip(ssh_fleet.hosts, before):
+        launches = host.starts()[skip:]
+        assert launches[-1] == ssh_fleet.default_command(host), "the last start of each host is its default"
+        for command in launches[:-1]:
+            ran.setdefault(_config_of(command, profile.for_instance(host.index)), []).append(host.target)
+    assert sorted(ran) == sorted(SWEEP_CONFIGS), ran
+    assert all(len(targets) == 1 for targets in ran.values()), f"a config ran twice: {ran}"
+    assert len({t[0] for t in ran.values()}) == 3, f"not every host was used: {ran}"
+    for host in ssh_fleet.hosts:
+        _assert_default_restored(host)
+    # The results say which host measured what.
+    records = [yaml.safe_load(line) for f in (tmp_path / "results").glob("records-*.jsonl") for line in f.read_text().splitlines()]
+    health = {r["config"]: r.get("host") for r in records if r.get("kind") == "health"}
+    assert set(health) == set(SWEEP_CONFIGS) and {h: [t] for h, t in health.items()} == ran
+
+
+def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    victim = ssh_fleet.hosts[1]
+    before = [len(h.starts()) for h in ssh_fleet.hosts]
+
+    def kill_after_first_start() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(victim.starts()) <= before[1]:
+            time.sleep(0.1)
+        ssh_fleet.stop_sshd(1)
+
+    try:
+        result, profile = _run_sweep(ssh_fleet, tmp_path, kill_after_first_start)
+    finally:
+        if victim.sshd is None:
+            ssh_fleet.start_sshd(1)
+    assert result.returncode != 0, result.stdout[-4000:]
+    out = result.stdout
+    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if line.startswith(("FAILED", "ERROR")) and "[" in line}
+    assert failed, out[-4000:]
+    assert f"ssh to {victim.target} failed" in out, out[-4000:]
+    # Configs that ran on the live hosts passed; each of them started exactly once there.
+    ran_live = set()
+    for host in (ssh_fleet.hosts[0], ssh_fleet.hosts[2]):
+        for command in host.starts()[before[host.index]:-1]:  # the last start is the restored default
+            ran_live.add(_config_of(command, profile.for_instance(host.index)))
+        _assert_default_restored(host)
+    assert not (ran_live & failed), f"configs of live hosts failed: {ran_live & failed}"
+    assert ran_live | failed == set(SWEEP_CONFIGS), (ran_live, failed)
+    # The dead host's service kept running (its sshd is what died) on its sweep config: put the
+    # default back by hand, as an operator would, for the tests after this one.
+    victim.dropin.unlink(missing_ok=True)
+    victim.systemctl("daemon-reload")
+    victim.systemctl("restart", "ddtree-ref.service")
