@@ -176,6 +176,25 @@ def test_crash_on_remote_host_reports_its_journal(ssh_fleet: SshFleet, tmp_path:
     _assert_default_restored(ssh_fleet.hosts[1])
 
 
+def test_command_controller_runs_its_templates_on_the_host(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    from pytest_ddtree.service.pool import free_port
+    from tests.test_command import command_profile
+
+    fake, work = ssh_fleet.hosts[2], tmp_path / "svc"
+    profile = command_profile(work, prefix=f'echo "$DDTREE_FAKE_SYSTEMD" > {work}/where; ', host=fake.target,
+                              port=free_port(), url="http://{host}:{port}", ssh_options=ssh_fleet.ssh_options())
+    manager = ServiceManager(profile, 0, tmp_path / "logs", None, None, poll_interval=0.2,
+                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    try:
+        service = manager.ensure(parse_config_name("bs8_b12_k6"))
+        assert service.server_info["speculative_num_draft_tokens"] == 12
+        assert (work / "where").read_text().strip() == str(fake.state)  # the start ran in the host's session
+        assert manager.launches[0]["host"] == fake.target
+    finally:
+        assert manager.close() == []
+    assert (work / "restores").exists()
+
+
 # -- a sweep over the pool (pytest -n 3, one worker per host) ---------------------------------------
 def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None) -> tuple[subprocess.CompletedProcess[str], Any]:
     profile_path = tmp_path / "fleet.yaml"

@@ -1,0 +1,142 @@
+"""The command controller passes the process controller's lifecycle tests, driven by shell templates.
+
+The templates launch the same stand-in server as test_service.py, in their own session (setsid),
+the way a user's wrapper around a scheduler CLI would: ``start`` backgrounds it and returns,
+``status`` reports its exit code once it is gone, ``stop`` signals its process group, ``logs``
+tails its log, ``restore`` records that it ran.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddtree.service.base import AppliedConfigMismatch, AppliedDiff, ServiceError, ServiceStartError
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.profile import ProfileError, ServiceProfile, parse_profile
+from tests.test_service import APPLIED, BS8_B8_K4, BS8_B12_K6, CONFIG_ARGS, STANDIN, make_manager, pid_alive
+
+
+def command_profile(work: Path, extra: str = "", prefix: str = "", **overrides: Any) -> ServiceProfile:
+    work.mkdir(parents=True, exist_ok=True)
+    pid, rc, log = work / "pid", work / "rc", work / "svc.log"
+    raw: dict[str, Any] = {
+        "name": "standin-cmd",
+        "controller": "command",
+        "start": (
+            f"{prefix}rm -f {rc}; echo '{{name}} {{block_size}} {{budget}} {{topk}} {{window}} {{config_env}}' >> {work}/starts; "
+            f"setsid sh -c '{{python}} {STANDIN} --port {{port}} {{config_args}} {extra} > {log} 2>&1; echo $? > {rc}' "
+            f"< /dev/null > /dev/null 2>&1 & echo $! > {pid}"
+        ),
+        "status": f'if [ -e {rc} ]; then c=$(cat {rc}); echo "service exited with code $c"; [ "$c" -ne 0 ] && exit "$c"; exit 1; fi',
+        "stop": (
+            f"g=$(cat {pid}); kill -TERM -$g 2>/dev/null; "
+            f"for i in $(seq 50); do kill -0 -$g 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -$g 2>/dev/null; true"
+        ),
+        "logs": f"tail -n 40 {log}",
+        "restore": f"echo 'restore [{{config_args}}] {{url}}' >> {work}/restores",
+        "url": "http://127.0.0.1:{port}",
+        "port": "auto",
+        "config_args": CONFIG_ARGS,
+        "applied": APPLIED,
+        "env": {"SGLANG_X": "1"},
+        "ready_timeout_s": 15,
+        "stop_timeout_s": 2,
+        "command_timeout_s": 10,
+    }
+    raw.update(overrides)
+    return parse_profile(raw)
+
+
+def _group_alive(work: Path) -> bool:
+    return pid_alive(int((work / "pid").read_text()))
+
+
+@pytest.fixture
+def closing() -> Any:
+    made: list[ServiceManager] = []
+    yield made
+    for manager in made:
+        manager.close()
+
+
+def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[ServiceManager]) -> None:
+    work = tmp_path / "svc"
+    lines: list[str] = []
+    manager = make_manager(command_profile(work, "--listen-delay 0.5 --load-seconds 0.5"), tmp_path, lines)
+    closing.append(manager)
+    service = manager.ensure(BS8_B8_K4)
+    assert service.server_info["speculative_eagle_topk"] == 4 and service.ready_s >= 0.9
+    assert "connection refused" in "\n".join(lines) or "HTTP 503" in "\n".join(lines)
+    assert manager.ensure(BS8_B8_K4) is service  # same config: no restart
+    first_pid = service.server_info["pid"]
+    record = manager.launches[0]
+    assert record["controller"] == "command" and "--speculative-eagle-topk 4" in record["command"]
+    assert record["commands"]["stop"].startswith("g=$(cat ")
+    switched = manager.ensure(BS8_B12_K6)
+    assert switched.server_info["speculative_num_draft_tokens"] == 12
+    assert not pid_alive(first_pid)
+    # The config's fields and {config_env} reached the template.
+    assert (work / "starts").read_text().splitlines() == ["bs8_b8_k4 8 8 4 2048 SGLANG_X=1", "bs8_b12_k6 8 12 6 2048 SGLANG_X=1"]
+
+
+def test_crash_on_start_reported_fast_with_exit_code_and_log(tmp_path: Path, closing: list[ServiceManager]) -> None:
+    manager = make_manager(command_profile(tmp_path / "svc", "--fault crash-on-start"), tmp_path)
+    closing.append(manager)
+    started = time.monotonic()
+    with pytest.raises(ServiceStartError) as info:
+        manager.ensure(BS8_B8_K4)
+    assert time.monotonic() - started < manager.ready_timeout_s / 2
+    message = str(info.value)
+    assert info.value.exit_code == 3 and "service exited with code 3" in message
+    assert "simulated crash while loading weights" in message  # the logs template's tail
+    with pytest.raises(ServiceStartError) as again:
+        manager.ensure(BS8_B8_K4)
+    assert again.value is info.value and len(manager.launches) == 1
+
+
+def test_ignored_config_fails_the_applied_check(tmp_path: Path, closing: list[ServiceManager]) -> None:
+    manager = make_manager(command_profile(tmp_path / "svc", "--fault ignore-config=topk"), tmp_path)
+    closing.append(manager)
+    with pytest.raises(AppliedConfigMismatch) as info:
+        manager.ensure(BS8_B8_K4)
+    assert info.value.diffs == [AppliedDiff("speculative_eagle_topk", 4, 1)]
+    assert not _group_alive(tmp_path / "svc")  # the wrong service was stopped
+
+
+def test_close_stops_and_restores(tmp_path: Path) -> None:
+    work = tmp_path / "svc"
+    manager = make_manager(command_profile(work), tmp_path)
+    service = manager.ensure(BS8_B8_K4)
+    assert _group_alive(work)
+    assert manager.close() == []
+    assert not pid_alive(service.server_info["pid"]) and not _group_alive(work)
+    assert (work / "restores").read_text() == f"restore [] {service.url}\n"  # no config args on restore
+    assert manager.close() == []  # twice is fine
+
+
+def test_start_command_failure_and_timeout(tmp_path: Path, closing: list[ServiceManager]) -> None:
+    failing = make_manager(command_profile(tmp_path / "a", start="echo 'kubectl: no such deployment' >&2; exit 7"), tmp_path)
+    closing.append(failing)
+    with pytest.raises(ServiceStartError) as info:
+        failing.ensure(BS8_B8_K4)
+    assert info.value.exit_code == 7 and "kubectl: no such deployment" in str(info.value)
+    hanging = make_manager(command_profile(tmp_path / "b", start="sleep 60", command_timeout_s=1), tmp_path)
+    closing.append(hanging)
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match="did not finish within 1 s"):
+        hanging.ensure(BS8_B8_K4)
+    assert time.monotonic() - started < 30
+
+
+def test_profile_errors_name_the_template() -> None:
+    base = {"name": "c", "controller": "command", "url": "http://127.0.0.1:{port}", "port": 30000, "config_args": {}}
+    with pytest.raises(ProfileError, match="status: the command controller needs start, stop and status"):
+        parse_profile({**base, "start": "x", "stop": "y"})
+    with pytest.raises(ProfileError, match=r"start: unknown placeholder\(s\) \['budgett'\]"):
+        parse_profile({**base, "start": "x {budgett}", "stop": "y", "status": "z"})
+    with pytest.raises(ProfileError, match="start: command templates belong to controller: command"):
+        parse_profile({**base, "controller": "process", "command": "x {config_args} {port}", "start": "x"})
