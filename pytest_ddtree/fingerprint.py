@@ -122,11 +122,31 @@ class _ProfileLike(Protocol):
     def hardware_profile(self) -> str | None: ...
 
 
+def installed_engine_version(python: str | None, distribution: str = "sglang") -> str | None:
+    """The version of ``distribution`` installed for the service's interpreter (None: unknown)."""
+    if not python:
+        return None
+    import subprocess
+
+    code = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+    try:
+        proc = subprocess.run([python, "-c", code, distribution], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
 def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, Any]) -> HardwareProfile:
     """:func:`fingerprint` with this machine's NVML inventory and the profile's override.
 
     NVML is not asked for the reference engine: its clock is simulated, GPUs are irrelevant.
+    A service whose /server_info has no ``version`` gets the engine version installed for its
+    interpreter (the profile's ``python:``), never the harness's.
     """
+    if "version" not in server_info:
+        version = installed_engine_version(getattr(profile, "service_python", None))
+        if version is not None:
+            server_info = {**server_info, "version": version}
     override = getattr(profile, "hardware_profile", None) if profile is not None else None
     inventory: InventoryLike | None = None
     if not override and not is_reference_engine(server_info):

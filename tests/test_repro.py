@@ -150,7 +150,7 @@ def _snap_cache() -> dict[str, Any]:
 @pytest.fixture
 def fast_env(monkeypatch: pytest.MonkeyPatch, _snap_cache: dict[str, Any]) -> None:
     """Reuse one real snapshot (pip freeze costs ~1 s) in tests that are not about the env."""
-    monkeypatch.setattr(writer, "snapshot_env", lambda environ=None: copy.deepcopy(_snap_cache))
+    monkeypatch.setattr(writer, "snapshot_env", lambda environ=None, **kw: copy.deepcopy(_snap_cache))
 
 
 @pytest.fixture
@@ -454,7 +454,7 @@ def test_env_snapshot_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fake.nvmlInit = fail  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(envsnap, "pip_freeze", lambda: ("pip freeze", ["x==1"]))
+    monkeypatch.setattr(envsnap, "pip_freeze", lambda python=None: ("pip freeze", ["x==1"]))
     snap = envsnap.snapshot_env({"HF_TOKEN": "s", "AWS_SECRET_ACCESS_KEY": "s", "MY_API_KEY": "s",
                                  "CUDA_VISIBLE_DEVICES": "0", "SGLANG_DFLASH_TREE_VERIFY": "1", "HOME": "/root"})
     assert snap["nvml"]["available"] is False

@@ -13,6 +13,7 @@ same session (GPU memory *used*, temperatures, uptime, load).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -63,15 +64,40 @@ def _run(cmd: list[str], timeout: float = 30.0) -> str | None:
     return _ANSI.sub("", proc.stdout) if proc.returncode == 0 else None
 
 
-def pip_freeze() -> tuple[str, list[str]]:
-    """(source, lines) of ``python -m pip freeze``; importlib.metadata when pip is unavailable.
+_INTERPRETER_FACTS = (
+    "import json, platform, sys, importlib.metadata as md\n"
+    "seen = {}\n"
+    "for d in md.distributions():\n"
+    "    n = d.metadata['Name']\n"
+    "    if n and n.lower() not in seen: seen[n.lower()] = n + '==' + d.version\n"
+    "print(json.dumps({'version': platform.python_version(), 'implementation': platform.python_implementation(),"
+    " 'executable': sys.executable, 'prefix': sys.prefix, 'distributions': sorted(seen.values(), key=str.lower)}))\n"
+)
+
+
+def interpreter_facts(python: str) -> dict[str, Any]:
+    """Version, implementation, executable, prefix and ``name==version`` of every distribution of
+    another interpreter (the service's), asked by running it. Raises OSError when it cannot run."""
+    try:
+        proc = subprocess.run([python, "-c", _INTERPRETER_FACTS], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise OSError(f"cannot run the service's interpreter {python}: {exc}") from None
+    if proc.returncode != 0:
+        raise OSError(f"the service's interpreter {python} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+    facts: dict[str, Any] = json.loads(proc.stdout)
+    return facts
+
+
+def pip_freeze(python: str | None = None) -> tuple[str, list[str]]:
+    """(source, lines) of ``python -m pip freeze`` of ``python`` (default: this interpreter);
+    importlib.metadata when pip is unavailable.
 
     The fallback lists ``name==version`` for every distribution on sys.path, which loses
     editable/URL details but keeps the versions that matter for pinning.
     """
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+            [python or sys.executable, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
             capture_output=True, text=True, timeout=120, check=False,
             env={**os.environ, "PIP_NO_INPUT": "1", "PYTHONWARNINGS": "ignore"},
         )
@@ -80,6 +106,8 @@ def pip_freeze() -> tuple[str, list[str]]:
             return "pip freeze", lines
     except (OSError, subprocess.SubprocessError):
         pass
+    if python is not None and python != sys.executable:
+        return "importlib.metadata", list(interpreter_facts(python)["distributions"])
     import importlib.metadata as md
 
     seen: dict[str, str] = {}
@@ -188,8 +216,13 @@ def _nvcc_version() -> str | None:
     return m.group(1) if m else text.strip().splitlines()[-1]
 
 
-def snapshot_env(environ: Mapping[str, str] | None = None, include_pip: bool = True) -> dict[str, Any]:
-    """Collect the snapshot as a JSON-ready dict (keys sorted when dumped)."""
+def snapshot_env(environ: Mapping[str, str] | None = None, include_pip: bool = True, python: str | None = None) -> dict[str, Any]:
+    """Collect the snapshot as a JSON-ready dict (keys sorted when dumped).
+
+    ``python``: the service's interpreter (the profile's ``python:``); its version and packages
+    are what the snapshot records. A service interpreter that cannot run is recorded as an error
+    and this interpreter's facts are used, so a package is still written (with the warning).
+    """
     env = dict(os.environ if environ is None else environ)
     uname = platform.uname()
     snap: dict[str, Any] = {
@@ -213,8 +246,16 @@ def snapshot_env(environ: Mapping[str, str] | None = None, include_pip: bool = T
         "nvidia_smi_topo": _run(["nvidia-smi", "topo", "-m"]),
         "env_vars": filter_env_vars(env),
     }
+    if python is not None and python != sys.executable:
+        try:
+            facts = interpreter_facts(python)
+            snap["python"] = {k: facts[k] for k in ("version", "implementation", "executable", "prefix")}
+        except (OSError, ValueError, KeyError) as exc:
+            snap["python"]["service_interpreter_error"] = str(exc)
+            python = None
+    snap["python"]["role"] = "the service's interpreter" if python is not None else "the harness's interpreter"
     if include_pip:
-        source, lines = pip_freeze()
+        source, lines = pip_freeze(python)
         snap["packages"] = {"source": source, "freeze": lines}
     return snap
 
@@ -231,8 +272,11 @@ def render_env_text(snap: Mapping[str, Any]) -> str:
         f"Kernel:        {o.get('kernel')} {o.get('kernel_version')}",
         f"Host:          {o.get('hostname')}",
         f"CPU:           {c.get('model')} x{c.get('count')}, RAM {_gib(c.get('memory_total_bytes'))}",
-        f"Python:        {py.get('version')} ({py.get('implementation')}) {py.get('executable')}",
+        f"Python:        {py.get('version')} ({py.get('implementation')}) {py.get('executable')}"
+        + (f" - {py['role']}" if py.get("role") else ""),
     ]
+    if py.get("service_interpreter_error"):
+        lines.append(f"               (the service's interpreter could not be asked: {py['service_interpreter_error']})")
     if nv.get("available"):
         gpus = nv.get("gpus", [])
         lines += [

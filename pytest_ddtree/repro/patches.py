@@ -15,6 +15,7 @@ import base64
 import hashlib
 import re
 import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -412,7 +413,21 @@ def _resolve(base: Path | None, value: Any, what: str) -> Path:
     return p
 
 
-def _site_packages_of(distribution: str) -> Path:
+_LOCATE = "import importlib.metadata as m, sys; print(m.distribution(sys.argv[1]).locate_file(''))"
+
+
+def _site_packages_of(distribution: str, python: str | None = None) -> Path:
+    if python is not None and python != sys.executable:  # the service's interpreter, asked directly
+        try:
+            proc = subprocess.run([python, "-c", _LOCATE, distribution], capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise PatchError(f"cannot run the service's interpreter {python} to find {distribution!r}: {exc}") from None
+        if proc.returncode != 0:
+            raise PatchError(
+                f"distribution {distribution!r} is not installed for the service's interpreter {python}; set "
+                "`python:` in the profile to the interpreter the service runs, or `site_packages:` in its patches section"
+            )
+        return Path(proc.stdout.strip()).resolve()
     import importlib.metadata as md
 
     try:
@@ -445,7 +460,7 @@ def _skip(path: str) -> bool:
     )
 
 
-def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None) -> PatchSet:
+def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None, python: str | None = None) -> PatchSet:
     """Turn a profile's ``patches`` section into a PatchSet.
 
     ``{distribution: NAME, pristine: PATH, [site_packages: PATH], [pristine_prefix: STR]}``:
@@ -453,6 +468,7 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
     under its top-level package directories missing from RECORD are "added".
     ``{files: [{patched, pristine, target}], [distribution: NAME], [site_packages: PATH]}``:
     an explicit list.  Relative paths are resolved against ``base_dir`` (the profile's folder).
+    ``python`` is the service's interpreter, where an installed NAME is looked up.
     """
     if not spec:
         return PatchSet(mode="none")
@@ -471,7 +487,7 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
     if spec.get("site_packages") is not None:
         site = _resolve(base_dir, spec["site_packages"], "site_packages")
     elif dist_name:
-        site = _site_packages_of(dist_name)
+        site = _site_packages_of(dist_name, python)
 
     version: str | None = None
     record: dict[str, str | None] = {}
@@ -488,14 +504,21 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
         return _collect_files(spec["files"], base_dir, dist_name, version, record_text)
     if not dist_name or site is None:
         raise PatchError("patches: give either `distribution:` (with `pristine:`) or a `files:` list")
-    if "pristine" not in spec:
-        raise PatchError(
-            f"patches: `pristine:` is required with distribution {dist_name!r}: a wheel, a directory or a git "
-            "checkout of the unmodified version, so the package can hold diffs"
-        )
     prefix = spec.get("pristine_prefix")
     if prefix is not None and not isinstance(prefix, str):
         raise PatchError(f"patches: pristine_prefix must be a string, got {prefix!r}")
+    from .sourcetree import collect_source_install  # editable and from-source installs (PEP 610/660)
+
+    given = _resolve(base_dir, spec["pristine"], "pristine") if "pristine" in spec else None
+    from_source = collect_source_install(site, dist_info, dist_name, version, record, given, prefix)
+    if from_source is not None:
+        return from_source
+    if "pristine" not in spec:
+        raise PatchError(
+            f"patches: `pristine:` is required with distribution {dist_name!r}: a wheel, a directory or a git "
+            "checkout of the unmodified version, so the package can hold diffs (an editable or from-source "
+            "install of a git checkout needs none: its HEAD is the pristine)"
+        )
     pristine = _Pristine(_resolve(base_dir, spec["pristine"], "pristine"), prefix)
     warnings: list[str] = []
     files: list[PatchedFile] = []

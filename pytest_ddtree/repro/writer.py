@@ -141,8 +141,16 @@ def _profile_dict(profile: Any) -> dict[str, Any]:
         return dict(profile)
     if dataclasses.is_dataclass(profile) and not isinstance(profile, type):
         return {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile)}
-    keys = ("name", "description", "controller", "unit", "patches", "draft_model_path", "command")
+    keys = ("name", "description", "controller", "unit", "patches", "draft_model_path", "command", "python")
     return {k: getattr(profile, k) for k in keys if hasattr(profile, k)}
+
+
+def _service_python(prof: Mapping[str, Any]) -> str | None:
+    """The service's interpreter (profile ``python:``, else the command's Python): what env/
+    freezes and where the patched distribution is looked up."""
+    from pytest_ddtree.service.profile import resolve_service_python
+
+    return resolve_service_python(prof.get("python"), prof.get("command"))
 
 
 def _check_name(name: str) -> None:
@@ -196,7 +204,7 @@ def check_profile_patches(profile: Any, profile_path: Path | None = None) -> int
     src = profile_path or prof.get("source")
     base = Path(src).resolve().parent if src else None
     try:
-        return len(collect_patches(prof.get("patches"), base).files)
+        return len(collect_patches(prof.get("patches"), base, python=_service_python(prof)).files)
     except PatchError as exc:
         raise ReproError(f"profile patches section: {exc}") from None
 
@@ -224,8 +232,8 @@ class _Tree:
         self.put(rel, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
 
 
-def _write_env(tree: _Tree, req: PackageRequest) -> dict[str, Any]:
-    snap = snapshot_env(req.environ)
+def _write_env(tree: _Tree, req: PackageRequest, python: str | None) -> dict[str, Any]:
+    snap = snapshot_env(req.environ, python=python)
     pk = snap.get("packages") or {"source": "none", "freeze": []}
     freeze: list[str] = pk["freeze"]
     tree.put(layout.ENV_FREEZE, "".join(f"{ln}\n" for ln in freeze))
@@ -520,10 +528,13 @@ def _build(tmp: Path, req: PackageRequest, name: str, when: _dt.datetime) -> lis
     warnings: list[str] = []
     created = when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    ps = collect_patches(prof.get("patches"), base)
+    python = _service_python(prof)
+    ps = collect_patches(prof.get("patches"), base, python=python)
     warnings += list(ps.warnings)
     entries = _write_patches(tree, ps)
-    snap = _write_env(tree, req)
+    snap = _write_env(tree, req, python)
+    if snap["python"].get("service_interpreter_error"):
+        warnings.append(f"env: {snap['python']['service_interpreter_error']}; env/ holds the harness's interpreter instead")
     if not snap["nvml"].get("available"):
         warnings.append(f"env: {snap['nvml'].get('error') or NO_GPU}")
     warnings += _write_services(tree, req, prof)

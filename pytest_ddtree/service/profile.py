@@ -9,7 +9,10 @@ problem.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shlex
+import shutil
 import string
 import sys
 from dataclasses import dataclass, field
@@ -58,6 +61,7 @@ class ServiceProfile:
     max_context: int | None = None
     draft_model_path: str | None = None
     patches: Mapping[str, Any] | None = None
+    python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
     description: str = ""
     fleet: FleetKeys = field(default_factory=FleetKeys)
     source: Path | None = None
@@ -92,6 +96,16 @@ class ServiceProfile:
             python=shlex.quote(sys.executable),
             host=self.node,
         ).strip()
+
+    @property
+    def service_python(self) -> str | None:
+        """The interpreter the service runs under: ``python:``, else the first word of ``command``
+        when that is a Python (``{python}`` is this one); None when neither says.
+
+        Why: the package's env/ and the versions it records must be the service's, not those of
+        the harness, which often lives in another virtual environment.
+        """
+        return resolve_service_python(self.python, self.command)
 
     def render_url(self, port: int | None) -> str:
         return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")
@@ -133,6 +147,24 @@ class ServiceProfile:
         return f"{self.source or self.name}: {key}"
 
 
+def resolve_service_python(python: str | None, command: str | None) -> str | None:
+    """``python:`` if given, else the first word of ``command`` when it names a Python."""
+    if python:
+        return os.path.expanduser(python)
+    try:
+        words = shlex.split(command or "")
+    except ValueError:
+        return None
+    if not words:
+        return None
+    first = words[0]
+    if first == "{python}":
+        return sys.executable
+    if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
+        return shutil.which(first) or first
+    return None
+
+
 _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     # key: (accepted types, required)
     "name": (str, True),
@@ -158,6 +190,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "max_context": ((int, type(None)), False),
     "draft_model_path": ((str, type(None)), False),
     "patches": ((dict, type(None)), False),
+    "python": ((str, type(None)), False),
     "description": (str, False),
     **FLEET_KEY_TYPES,
 }
@@ -284,6 +317,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         max_context=raw.get("max_context"),
         draft_model_path=raw.get("draft_model_path"),
         patches=raw.get("patches"),
+        python=raw.get("python"),
         description=raw.get("description", ""),
         fleet=fleet,
         source=source,
