@@ -161,10 +161,14 @@ HEADERS = ["config", "cell", "conc", "ctx", "out tok/s", "accept", "TTFT p50 ms"
 
 def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple") -> str:
     """The sweep table (per config and cell): tok/s, acceptance, TTFT p50, change, status."""
-    rows = table_rows(records)
+    recs = normalize(records)
+    rows, headers = table_rows(recs), HEADERS
     if not rows:
         return "no throughput results"
-    return tabulate(rows, headers=HEADERS, tablefmt=tablefmt, disable_numparse=True)
+    if any(r.get("host") for r in recs):  # a fleet sweep: say which host measured each row
+        rows = [row[:1] + [str(r.get("host") or "-")] + row[1:] for row, r in zip(rows, recs)]
+        headers = HEADERS[:1] + ["host"] + HEADERS[1:]
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
 def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -316,7 +320,7 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         entry["samples"] = r.get("samples") or {}
         entry["problems"] = r.get("problems") or []
         # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
-        for key in ("verdict", "workload", "baseline", "hardware_profile"):
+        for key in ("verdict", "workload", "baseline", "hardware_profile", "host"):
             if r.get(key) is not None:
                 entry[key] = r.get(key)
         cells.append(entry)

