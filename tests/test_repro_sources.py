@@ -151,3 +151,20 @@ def test_fingerprint_takes_the_engine_version_from_the_service_interpreter(edita
                              "python": str(editable_service["python"]), "hardware_profile": None})
     assert local_fingerprint(profile, {"tp_size": 8}).details["engine_version"] == "0.0.1"  # sglang of the service's venv
     assert local_fingerprint(profile, {"version": "0.5.9"}).details["engine_version"] == "0.5.9"  # the service's own word first
+
+
+def test_legacy_develop_install_via_egg_link(tmp_path: Path) -> None:
+    """``setup.py develop`` (what older pips ran for ``-e``): ``<site>/sglang.egg-link`` names the
+    source root, whose ``sglang.egg-info`` holds the metadata (the layout setuptools writes)."""
+    pkg = make_source_tree(tmp_path / "src")
+    patch_tree(pkg)
+    egg = pkg.parent / "sglang.egg-info"  # ignored by the checkout's .gitignore, as in real trees
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.0.1\n\n")
+    (egg / "top_level.txt").write_text("sglang\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sglang.egg-link").write_text(f"{pkg.parent}\n.\n")
+    ps = collect_patches({"distribution": "sglang", "site_packages": str(site)})
+    assert {(f.target, f.status) for f in ps.files} == {("sglang/srt/worker.py", "modified"), ("sglang/srt/ddtree_utils.py", "added")}
+    assert ps.version == "0.0.1" and ps.pristine_kind == "git" and "sglang/srt/worker.py" in (ps.record_text or "")

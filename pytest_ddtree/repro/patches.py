@@ -493,10 +493,20 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
     record: dict[str, str | None] = {}
     record_text: str | None = None
     if dist_name and site is not None:
-        dist_info = find_dist_info(site, dist_name)
-        _n, version = read_metadata(dist_info / "METADATA")
-        record = read_record(dist_info)
-        record_text = (dist_info / "RECORD").read_text(encoding="utf-8")
+        try:
+            dist_info = find_dist_info(site, dist_name)
+        except PatchError:
+            from .sourcetree import legacy_egg_info  # ``setup.py develop``: an .egg-link and an .egg-info
+
+            found = legacy_egg_info(site, dist_name)
+            if found is None:
+                raise
+            dist_info = found
+        meta_file = dist_info / "METADATA" if (dist_info / "METADATA").is_file() else dist_info / "PKG-INFO"
+        _n, version = read_metadata(meta_file)
+        if (dist_info / "RECORD").is_file():
+            record = read_record(dist_info)
+            record_text = (dist_info / "RECORD").read_text(encoding="utf-8")
 
     if version is None and isinstance(spec.get("version"), str):
         version = spec["version"]

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from .patches import PatchedFile, PatchError, PatchSet, _Pristine, _skip, check_target_path, normalize_dist_name, sha256_bytes
+from .patches import PatchedFile, PatchError, PatchSet, _Pristine, _skip, check_target_path, normalize_dist_name, read_metadata, sha256_bytes
 
-__all__ = ["direct_url", "editable_package_dirs", "collect_source_install"]
+__all__ = ["direct_url", "editable_package_dirs", "collect_source_install", "legacy_egg_info"]
 
 
 def direct_url(dist_info: Path) -> dict[str, Any] | None:
@@ -101,6 +101,8 @@ def editable_package_dirs(site: Path, dist_info: Path, distribution: str, record
     source = _source_dir(info) if info else None
     if source is not None:
         roots += [source, source / "src", source / "python"]
+    if dist_info.name.endswith(".egg-info"):  # setup.py develop: the metadata sits in the source root
+        roots.append(dist_info.parent)
     if not found:
         for name in _top_level_names(dist_info, distribution):
             for root in roots:
@@ -108,6 +110,22 @@ def editable_package_dirs(site: Path, dist_info: Path, distribution: str, record
                     found[name] = (root / name).resolve()
                     break
     return found
+
+
+def legacy_egg_info(site: Path, distribution: str) -> Path | None:
+    """The ``*.egg-info`` of a legacy editable install (``setup.py develop``): reached through
+    ``<site>/<name>.egg-link`` (its first line is the source root), or ``site`` is that root."""
+    want = normalize_dist_name(distribution)
+    roots = [site]
+    for link in sorted(site.glob("*.egg-link")):
+        first = link.read_text(encoding="utf-8").splitlines()[:1]
+        if normalize_dist_name(link.stem) == want and first and first[0].strip():
+            roots.insert(0, Path(first[0].strip()))
+    for root in roots:
+        for egg in sorted(root.glob("*.egg-info")):
+            if (egg / "PKG-INFO").is_file() and normalize_dist_name(read_metadata(egg / "PKG-INFO")[0] or "") == want:
+                return egg
+    return None
 
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -178,7 +196,8 @@ def collect_source_install(
     """The PatchSet of an editable or from-source install; None for an install from an index or
     a wheel file (the RECORD-hash path in ``patches.collect_patches`` handles those)."""
     info = direct_url(dist_info)
-    editable = bool(info and isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable"))
+    editable = dist_info.name.endswith(".egg-info") or bool(
+        info and isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable"))
     pkg_dirs = editable_package_dirs(site, dist_info, distribution, record) if editable or info is None else {}
     source = _source_dir(info) if info else None
     if not pkg_dirs and source is None:
