@@ -42,16 +42,27 @@ def config_args(name: str) -> list[str]:
 class RefServer:
     """One ``python -m pytest_ddtree.refserver`` process on a free 127.0.0.1 port."""
 
+    #: A free port can be taken by another listener between the pick and the bind (other test
+    #: processes on the machine start engines too); like the harness, start again on a fresh one.
+    PORT_ATTEMPTS = 3
+
     def __init__(self, args: list[str], log_dir: Path, name: str = "refserver") -> None:
+        self.args = args
+        self.name = name
+        self.log_dir = log_dir
+        self._attempts = 0
+        self._launch()
+
+    def _launch(self) -> None:
+        self._attempts += 1
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"{name}-{self.port}.log"
-        self.args = args
+        self.log_path = self.log_dir / f"{self.name}-{self.port}.log"
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(self.port), *args],
+            [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(self.port), *self.args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -64,6 +75,10 @@ class RefServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "Address already in use" in self.log() and self._attempts < self.PORT_ATTEMPTS:
+                    self._log.close()
+                    self._launch()
+                    continue
                 raise RuntimeError(f"refserver exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
