@@ -144,10 +144,30 @@ class DDTreeSession:
             parts.append(f"--ddtree-service={self.settings.service}")
         return " ".join(parts)
 
+    def _record_host_env(self, manager: Any) -> None:
+        """For the package: the environment of the remote host that ran this worker's service.
+
+        Taken over ssh before the session lets go of the host; a failure is recorded, not raised
+        (the package then says the host's snapshot is missing, the results are unaffected).
+        """
+        from pytest_ddtree.service.ssh import SSHHost
+
+        if self.settings.package is None or not isinstance(manager.host, SSHHost) or not manager.launches:
+            return
+        from pytest_ddtree.repro.envsnap import snapshot_env_on
+
+        try:
+            python = manager.profile.service_python or "python3"  # the service's interpreter there
+            snapshot: dict[str, Any] = {"snapshot": snapshot_env_on(manager.host, python)}
+        except Exception as exc:  # noqa: BLE001 - ssh down, no python3 there: say so in the package
+            snapshot = {"error": f"{type(exc).__name__}: {exc}"}
+        self.recorder.record("host-env", None, {"host": manager.host.name, **snapshot})
+
     def close(self) -> None:
         """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
+            self._record_host_env(manager)
             try:
                 manager.close()
             finally:

@@ -209,11 +209,11 @@ def test_command_controller_runs_its_templates_on_the_host(ssh_fleet: SshFleet, 
 
 
 # -- a sweep over the pool (pytest -n 3, one worker per host) ---------------------------------------
-def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None) -> tuple[subprocess.CompletedProcess[str], Any]:
+def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     profile_path = tmp_path / "fleet.yaml"
     profile_path.write_text(yaml.safe_dump(fleet.pool_profile()))
     argv = [sys.executable, "-m", "pytest", "suites/test_health.py", f"--ddtree-config={SWEEP}", "-n", "3",
-            f"--ddtree-service={profile_path}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q"]
+            f"--ddtree-service={profile_path}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watcher = threading.Thread(target=on_start, daemon=True) if on_start else None
@@ -227,7 +227,7 @@ def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None) -> tuple[s
 
 def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     before = [len(h.starts()) for h in ssh_fleet.hosts]
-    result, profile = _run_sweep(ssh_fleet, tmp_path)
+    result, profile = _run_sweep(ssh_fleet, tmp_path, None, f"--ddtree-package={tmp_path / 'pkg'}", "--ddtree-package-name=fleet")
     assert result.returncode == 0, result.stdout[-4000:]
     ran: dict[str, list[str]] = {}
     for host, skip in zip(ssh_fleet.hosts, before):
@@ -244,6 +244,15 @@ def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp
     records = [yaml.safe_load(line) for f in (tmp_path / "results").glob("records-*.jsonl") for line in f.read_text().splitlines()]
     health = {r["config"]: r.get("host") for r in records if r.get("kind") == "health"}
     assert set(health) == set(SWEEP_CONFIGS) and {h: [t] for h, t in health.items()} == ran
+    # The package describes the hosts that ran the service, each snapshot taken there over ssh.
+    package = tmp_path / "pkg" / "fleet"
+    for host in ssh_fleet.hosts:
+        folder = package / "env" / "hosts" / host.target.replace(":", "_")
+        snapshot = yaml.safe_load((folder / "environment.json").read_text())
+        assert snapshot["host"] == host.target and snapshot["env_vars"]["DDTREE_FAKE_SYSTEMD"] == str(host.state)
+        assert (folder / "pip-freeze.txt").read_text().strip()
+    main_env = yaml.safe_load((package / "env" / "environment.json").read_text())
+    assert main_env["host"] == min(h.target for h in ssh_fleet.hosts)
 
 
 def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_path: Path) -> None:

@@ -20,9 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
 
-__all__ = ["snapshot_env", "render_env_text", "filter_env_vars", "is_secret_name", "pip_freeze", "NO_GPU"]
+__all__ = ["snapshot_env", "snapshot_env_on", "render_env_text", "filter_env_vars", "is_secret_name", "pip_freeze", "NO_GPU"]
 
 NO_GPU = "no NVIDIA GPU"
 
@@ -296,3 +297,28 @@ def render_env_text(snap: Mapping[str, Any]) -> str:
     lines.append("Environment variables (secret-looking names dropped):")
     lines += [f"  {k}={v}" for k, v in snap.get("env_vars", {}).items()] or ["  (none)"]
     return "\n".join(lines) + "\n"
+
+
+class _Runner(Protocol):
+    name: str
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> Any: ...
+
+
+def snapshot_env_on(host: _Runner, python: str = "python3", timeout_s: float = 180.0) -> dict[str, Any]:
+    """:func:`snapshot_env` taken on ``host`` (ssh.py's SSHHost) with the service's interpreter.
+
+    Why remote: in a fleet sweep the machine that ran the service is the host, not the one
+    running pytest; its driver, GPUs and packages are what a reproduction needs. This module is
+    stdlib-only on purpose, so its own source is piped to ``python -`` there: nothing needs to be
+    installed on the host. Raises RuntimeError with the host's output when the snapshot fails.
+    """
+    source = Path(__file__).read_text(encoding="utf-8")
+    program = source + "\nimport json as _json\nprint(_json.dumps(snapshot_env()))\n"
+    result = host.run([python, "-"], input_text=program, timeout_s=timeout_s)
+    if result.returncode != 0:
+        raise RuntimeError(f"environment snapshot on {host.name} with {python} failed (exit {result.returncode}): "
+                           f"{(result.stderr or result.stdout).strip()[-500:]}")
+    snap: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    snap["host"] = host.name
+    return snap

@@ -98,6 +98,7 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         session_start=_stamp(getattr(settings, "session_stamp", None)),
         exit_status=exitstatus,
         command_line="pytest " + shlex.join(sys.argv[1:]),
+        host_envs={str(r["host"]): r for r in records if r.get("kind") == "host-env" and r.get("host")},
     )
 
 

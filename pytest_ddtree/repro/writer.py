@@ -19,6 +19,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import shutil
 import string
@@ -96,6 +97,9 @@ class PackageRequest:
     exit_status: int | None = None
     command_line: str = "pytest suites"
     environ: Mapping[str, str] | None = None  # None: os.environ
+    # Fleet sweeps: host -> {"snapshot": envsnap dict} or {"error": text}, taken over ssh on the
+    # hosts that ran the service; env/ then describes the first of them, env/hosts/<host>/ each.
+    host_envs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -232,8 +236,25 @@ class _Tree:
         self.put(rel, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
 
 
+def _write_host_envs(tree: _Tree, host_envs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """env/hosts/<host>/ for every fleet host; returns the first host's snapshot (or None)."""
+    first: dict[str, Any] | None = None
+    for host, entry in sorted(host_envs.items()):
+        base = "env/hosts/" + re.sub(r"[^A-Za-z0-9_.@-]+", "_", host)
+        snap = entry.get("snapshot")
+        if not isinstance(snap, Mapping):
+            tree.put(f"{base}/ERROR.txt", f"no environment snapshot of {host}: {entry.get('error', 'unknown')}\n")
+            continue
+        first = first or dict(snap)
+        tree.json(f"{base}/environment.json", snap)
+        tree.put(f"{base}/environment.txt", render_env_text(snap))
+        tree.put(f"{base}/pip-freeze.txt", "".join(f"{ln}\n" for ln in (snap.get("packages") or {}).get("freeze", [])))
+    return first
+
+
 def _write_env(tree: _Tree, req: PackageRequest, python: str | None) -> dict[str, Any]:
-    snap = snapshot_env(req.environ, python=python)
+    # A fleet's service ran on its hosts: describe them, not the machine that ran pytest.
+    snap = _write_host_envs(tree, req.host_envs) or snapshot_env(req.environ, python=python)
     pk = snap.get("packages") or {"source": "none", "freeze": []}
     freeze: list[str] = pk["freeze"]
     tree.put(layout.ENV_FREEZE, "".join(f"{ln}\n" for ln in freeze))
