@@ -562,17 +562,25 @@ def collect_patches(spec: Mapping[str, Any] | None, base_dir: Path | None = None
                     files.append(PatchedFile(rel, p.read_bytes(), None, "added"))
     finally:
         pristine.close()
+    return distribution_patch_set(dist_name, version, record_text, pristine.kind, pristine.path.name, files, warnings)
+
+
+def distribution_patch_set(
+    distribution: str, version: str | None, record_text: str | None, pristine_kind: str, pristine_name: str | None,
+    files: Sequence[PatchedFile], warnings: Sequence[str],
+) -> PatchSet:
+    """The PatchSet of an installed distribution, once every target is proven safe to deploy."""
     for f in files:
         why = check_target_path(f.target)
         if why:
             raise PatchError(f"patches: {why}")
     return PatchSet(
         mode="distribution",
-        distribution=dist_name,
+        distribution=distribution,
         version=version,
         record_text=record_text,
-        pristine_kind=pristine.kind,
-        pristine_name=pristine.path.name,
+        pristine_kind=pristine_kind,
+        pristine_name=pristine_name,
         files=tuple(sorted(files, key=lambda f: f.target)),
         warnings=tuple(warnings),
     )

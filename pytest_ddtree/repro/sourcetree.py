@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from .patches import PatchedFile, PatchError, PatchSet, _Pristine, _skip, check_target_path, normalize_dist_name, read_metadata, sha256_bytes
+from .patches import (
+    PatchedFile,
+    PatchError,
+    PatchSet,
+    _Pristine,
+    _skip,
+    distribution_patch_set,
+    normalize_dist_name,
+    read_metadata,
+    sha256_bytes,
+)
 
 __all__ = ["direct_url", "editable_package_dirs", "collect_source_install", "legacy_egg_info"]
 
@@ -239,17 +249,4 @@ def collect_source_install(
         finally:
             pristine.close()
         pristine_kind, pristine_name = pristine.kind, pristine.path.name
-    for f in files:
-        why = check_target_path(f.target)
-        if why:
-            raise PatchError(f"patches: {why}")
-    return PatchSet(
-        mode="distribution",
-        distribution=distribution,
-        version=version,
-        record_text=_record_text(pristine_rows),
-        pristine_kind=pristine_kind,
-        pristine_name=pristine_name,
-        files=tuple(sorted(files, key=lambda f: f.target)),
-        warnings=tuple(warnings),
-    )
+    return distribution_patch_set(distribution, version, _record_text(pristine_rows), pristine_kind, pristine_name, files, warnings)
