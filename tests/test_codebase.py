@@ -105,3 +105,14 @@ def test_the_where_things_live_table_points_at_real_definitions(repo_root: Path)
         source = "\n".join(p.read_text() for p in paths)
         for name in names:
             assert re.search(rf"^(def|class) {name}\b|^{name} = ", source, re.M), f"{name} is not defined in {files}"
+
+
+def test_the_readme_lists_every_fixture_with_its_type(repo_root: Path) -> None:
+    tree = ast.parse((repo_root / "pytest_ddtree" / "plugin.py").read_text())
+    fixtures = {node.name: ast.unparse(node.returns).split(".")[-1] for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                and node.returns is not None and any("fixture" in ast.unparse(d) for d in node.decorator_list)}
+    readme = (repo_root / "README.md").read_text()
+    section = readme[readme.index("## Fixtures for a suite"):readme.index("## Configuration names")]
+    for name, returns in fixtures.items():
+        row = next((line for line in section.splitlines() if f"`{name}`" in line), None)
+        assert row is not None and returns in row, f"README's fixture table lacks {name} -> {returns}"
