@@ -20,12 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_ddtree.service.pool import free_port
+from tests.polling import wait_until
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 UNIT = "ddtree-ref.service"
@@ -101,14 +101,13 @@ class FakeHost:
         return dict(json.loads(path.read_text())) if path.exists() else {}
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _wait_listening(port: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port} within {timeout_s:.0f} s")
+    wait_until(lambda: _listening(port), timeout_s, f"sshd to listen on 127.0.0.1:{port}", interval=0.05)
 
 
 def _descendants(pid: int) -> list[int]:
