@@ -138,3 +138,19 @@ def test_write_report_replaces_the_page_atomically(tmp_path: Path) -> None:
     path.write_text("old")
     write_report(path, _payload(), LiveStatus(state="finished"))
     assert path.read_text().rstrip().endswith("</html>") and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_a_config_that_did_not_start_or_apply_fails_the_applied_gate() -> None:
+    payload = {"records": [
+        {"kind": "launch", "config": "bs8_b8_k4", "launch": {"config": "bs8_b8_k4", "outcome": "failed: exited with status 1"}},
+        {"kind": "launch", "config": "lossless-reference", "launch": {"config": "lossless-reference", "outcome": "ready"}},
+    ], "failed_tests": [
+        {"nodeid": "suites/test_health.py::test_health[bs8_b4_k4]", "when": "setup",
+         "reason": "bs8_b4_k4 did not apply: speculative_eagle_topk expected 4, got 1"},
+    ]}
+    rows = model.gates(payload, planned=["bs8_b8_k4", "bs8_b4_k4"])
+    assert sorted(rows) == ["bs8_b4_k4", "bs8_b8_k4"]
+    assert rows["bs8_b8_k4"]["applied"].status == "fail" and rows["bs8_b8_k4"]["applied"].messages == ["failed: exited with status 1"]
+    applied = rows["bs8_b4_k4"]["applied"]
+    assert applied.status == "fail" and "speculative_eagle_topk expected 4, got 1" in applied.messages[0]
+    assert "lossless-reference" not in rows

@@ -265,6 +265,11 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
             result.status = FAIL
         if reason not in result.messages:
             result.messages.append(reason)
+    for row in out.values():
+        # Launch records come at session end; a gate that measured anything ran on a service whose
+        # /server_info already matched the config (the service fixture fails the tests otherwise).
+        if row["applied"].status == NOT_MEASURED and any(row[g].status != NOT_MEASURED for g in GATES):
+            row["applied"] = GateResult(PASS, "/server_info matched (launch timings at session end)")
     started = {n for n, row in out.items() if any(g.status != NOT_MEASURED for g in row.values())}
     for name in planned:
         if name not in started:
