@@ -30,7 +30,8 @@ def main() -> int:
     parser.add_argument("--skip-run", action="store_true", help="screenshot an existing results folder")
     parser.add_argument("-n", default="2", help="xdist workers for the session (default 2)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "report.png")
-    parser.add_argument("--height", type=int, default=1500, help="pixels of the page's top to keep")
+    parser.add_argument("--height", type=int, default=1300, help="CSS pixels of the page's top to keep")
+    parser.add_argument("--scale", type=float, default=0.7, help="device pixels per CSS pixel (smaller PNG)")
     args = parser.parse_args()
     reason = browser_missing_reason()
     if reason:
@@ -43,7 +44,7 @@ def main() -> int:
         code = subprocess.run(cmd, cwd=REPO).returncode
         print(f"session: exit {code} after {time.monotonic() - begin:.0f} s (results in {args.results})")
     page_path = args.results / "report.html"
-    with tempfile.TemporaryDirectory() as profile, open_page(page_path, Path(profile), viewport=(1400, args.height)) as opened:
+    with tempfile.TemporaryDirectory() as profile, open_page(page_path, Path(profile), viewport=(1400, args.height), scale=args.scale) as opened:
         charts = opened.page.eval_on_selector_all(".js-plotly-plot", "ds => ds.length")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         opened.page.screenshot(path=str(args.out), clip={"x": 0, "y": 0, "width": 1400, "height": args.height})

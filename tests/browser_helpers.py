@@ -42,7 +42,7 @@ class OpenedPage:
 
 
 @contextmanager
-def open_page(path: Path, profile_dir: Path, viewport: tuple[int, int] = (1400, 1000)) -> Iterator[OpenedPage]:
+def open_page(path: Path, profile_dir: Path, viewport: tuple[int, int] = (1400, 1000), scale: float = 1.0) -> Iterator[OpenedPage]:
     """``path`` loaded from disk in a fresh profile; console errors and foreign requests collected."""
     from playwright.sync_api import sync_playwright
 
@@ -50,7 +50,7 @@ def open_page(path: Path, profile_dir: Path, viewport: tuple[int, int] = (1400, 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(profile_dir), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": viewport[0], "height": viewport[1]},
+            viewport={"width": viewport[0], "height": viewport[1]}, device_scale_factor=scale,
         )
         try:
             opened = OpenedPage(context.new_page())

@@ -130,6 +130,9 @@ def build_html(
 ) -> str:
     """The page for ``payload`` (results.json's shape); ``other`` adds the comparison section."""
     live = live or LiveStatus(state="finished")
+    if live.started_at is None:  # a rebuilt page: the session began with its first record
+        times = [float(r["time"]) for r in payload.get("records") or [] if isinstance(r, Mapping) and model.is_number(r.get("time"))]
+        live.started_at = min(times) if times else None
     cells = model.cells(payload)
     gate_rows = model.gates(payload, planned=live.planned)
     if not live.total:

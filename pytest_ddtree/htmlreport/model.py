@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,9 +235,11 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         if name not in out:
             continue
         statuses = {c.status for c in measured}
-        bad = [c for c in measured if c.status in ("regression", "invalid", "inconclusive", "missing")]
+        severity = {"invalid": 0, "regression": 1, "inconclusive": 2, "missing": 3}
+        bad = sorted((c for c in measured if c.status in severity), key=lambda c: severity[c.status])
         messages = [f"{c.cell}: {c.status}" + (f": {'; '.join(c.messages)}" if c.messages else "") for c in bad]
-        summary = f"{len(measured)} cells"
+        counts = Counter(c.status for c in measured)
+        summary = f"{len(measured)} cells: " + ", ".join(f"{n} {status}" for status, n in counts.most_common())
         if "invalid" in statuses:
             status = INVALID
         elif "regression" in statuses:
