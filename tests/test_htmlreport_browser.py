@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_ddtree import coding
 from pytest_ddtree.htmlreport import model
@@ -104,7 +105,14 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     (root / "configs.yaml").write_text(MATRIX)
     normal = reference_profile(root, clock_scale=2, filename="normal.yaml", max_context=4096, pool=1)
     code, output, states, torn = _run(root, normal, root / "blessed", "--ddtree-update-baselines", watch=True)
-    assert code == 0, output[-4000:]
+    # A loaded host can make a cell's repeats disagree; the gate then refuses to bless that cell
+    # (and fails its test). That is the gate working; what this test needs is a blessed cell per config.
+    failed = json.loads((root / "blessed" / "results.json").read_text()).get("failed_tests", [])
+    assert code == 0 or (code == 1 and "not blessing an inconclusive measurement" in output
+                         and all("test_throughput" in f["nodeid"] for f in failed)), output[-4000:]
+    for config in CONFIGS:
+        blessed = yaml.safe_load((root / "baselines" / "refserver" / f"{config}.yaml").read_text())
+        assert blessed.get("metrics"), f"no throughput cell of {config} could be blessed on this host: {output[-3000:]}"
     if (final := (root / "blessed" / "report.html").read_text()) and states and states[-1][0] != "finished":
         states.append(("finished", -1, _cells_table_counts(final)))
 
