@@ -130,12 +130,28 @@ class DDTreeSession:
 
             self._baselines = BaselineStore(
                 root=self.settings.baselines,
-                hardware_profile=hardware_profile(self.profile, server_info),
+                hardware_profile=self._remote_hardware_profile(server_info) or hardware_profile(self.profile, server_info),
                 update_mode=self.settings.update_baselines,
                 create_hint=self.create_hint(),
             )
             self.recorder.hardware_profile = self._baselines.hardware_profile
         return self._baselines
+
+    def _remote_hardware_profile(self, server_info: dict[str, Any]) -> str | None:
+        """A fleet host's fingerprint: its GPUs come from nvidia-smi there, not NVML here.
+
+        None where the local rule applies (no remote host, a ``hardware_profile`` override, the
+        reference engine), so hosts of one hardware profile share one baseline folder.
+        """
+        from pytest_ddtree.fingerprint import fingerprint, is_reference_engine
+        from pytest_ddtree.service.ssh import SSHHost
+
+        host = getattr(self._manager, "host", None)
+        if not isinstance(host, SSHHost) or self.profile.hardware_profile or is_reference_engine(server_info):
+            return None
+        from pytest_ddtree.service.gpu import HostGpus
+
+        return fingerprint(server_info, None, HostGpus(host).inventory()).name
 
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""

@@ -116,6 +116,25 @@ def test_ssh_runs_writes_through_one_master_and_times_out(ssh_fleet: SshFleet) -
         host.close()
 
 
+def test_host_gpus_over_ssh_feed_the_hardware_profile(ssh_fleet: SshFleet) -> None:
+    from pytest_ddtree.fingerprint import fingerprint
+    from pytest_ddtree.service.gpu import HostGpus, parse_smi_memory
+
+    assert parse_smi_memory("memory.used [MiB], memory.total [MiB]\n1 MiB, 81559 MiB\n70000 MiB, 81559 MiB\n") == [
+        (2**20, 81559 * 2**20), (70000 * 2**20, 81559 * 2**20)]
+    host = _host(ssh_fleet, 1)
+    try:
+        inventory = HostGpus(host).inventory()
+        assert [(g.name, g.memory_total_bytes) for g in inventory.gpus] == [("NVIDIA H200", 81559 * 2**20)]
+        assert inventory.driver_version == "550.00"
+        name = fingerprint({"version": "0.5.3", "model_path": "/models/k26"}, None, inventory).name
+        assert name.startswith("1xH200-sglang-0.5.3-k26-")
+        # The unit runs its default config: the host's GPU holds its weights.
+        assert HostGpus(host).memory_used_bytes() == 60000 * 2**20
+    finally:
+        host.close()
+
+
 def test_unreachable_host_is_an_ssh_error_not_a_hang(ssh_fleet: SshFleet) -> None:
     from pytest_ddtree.service.pool import free_port
 
