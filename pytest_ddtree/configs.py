@@ -38,11 +38,12 @@ class _ProfileDefault(enum.Enum):
 DEFAULT_WINDOW = _ProfileDefault.TOKEN
 Window = int | None | _ProfileDefault
 
-#: The config-name grammar, unanchored and without groups so other patterns can embed it (the
-#: xdist scheduler finds names inside test ids with it). Every module that reads a config name
-#: uses this or :func:`parse_config_name`; there is no second copy to drift.
-NAME_PATTERN = r"bs[1-9][0-9]*_b[1-9][0-9]*_k[1-9][0-9]*(?:_w(?:none|[1-9][0-9]*))?"
-_NAME_RE = re.compile(r"^bs(?P<bs>[1-9][0-9]*)_b(?P<b>[1-9][0-9]*)_k(?P<k>[1-9][0-9]*)(?:_w(?P<w>none|[1-9][0-9]*))?$")
+#: The config-name grammar, written once: with its groups it parses a name, without them
+#: (``NAME_PATTERN``) other patterns embed it (:func:`config_in_nodeid`). Every module that reads
+#: a config name goes through this module; there is no second copy to drift.
+_NAME_GROUPED = r"bs(?P<bs>[1-9][0-9]*)_b(?P<b>[1-9][0-9]*)_k(?P<k>[1-9][0-9]*)(?:_w(?P<w>none|[1-9][0-9]*))?"
+NAME_PATTERN = re.sub(r"\(\?P<\w+>", "(?:", _NAME_GROUPED)
+_NAME_RE = re.compile(f"^{_NAME_GROUPED}$")
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,19 @@ def parse_config_name(name: str) -> DDTreeConfig:
     if config.name != text:  # leading zeros are excluded by the regex; this guards the grammar itself
         raise ConfigError(f"config name {name!r} is not canonical; write it as {config.name!r}")
     return config
+
+
+_NAME_IN_ID = re.compile(rf"(?:\[|-)({NAME_PATTERN})(?=-|\])")
+
+
+def config_in_nodeid(nodeid: str) -> str | None:
+    """The config name in a parametrized test's id (``...::test_x[c4-bs8_b8_k4]``), or None.
+
+    The parameter id, not the rest of the node id: the config is what the plugin parametrized,
+    and pytest may decorate node ids in other ways (xdist, 9.2's structured ids).
+    """
+    match = _NAME_IN_ID.search(nodeid.rsplit("::", 1)[-1])
+    return match.group(1) if match else None
 
 
 def config_or_none(name: str) -> DDTreeConfig | None:

@@ -383,6 +383,10 @@ class _LiveReportHooks:
             names = [c.name for c in self.session.selected_configs]
         except (ConfigError, ProfileError):
             return
+        from pytest_ddtree.configs import config_in_nodeid
+
+        if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):
+            return  # no ddtree test collected (e.g. the project's other tests): no page, no folder
         from pytest_ddtree.htmlreport.live import LiveReport, start_report
 
         live = LiveReport(self.session.results_dir, names)

@@ -11,20 +11,17 @@ their own scope, so they spread like ``--dist load``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-from pytest_ddtree.configs import NAME_PATTERN
-
-_CONFIG_IN_ID = re.compile(rf"(?:\[|-)({NAME_PATTERN})(?=-|\])")
+from pytest_ddtree.configs import config_in_nodeid
 
 
 def config_scope(nodeid: str) -> str:
     """The config name in a parametrized node id, or the node id itself when there is none."""
-    match = _CONFIG_IN_ID.search(nodeid.rsplit("::", 1)[-1])
-    return f"ddtree-config:{match.group(1)}" if match else nodeid
+    name = config_in_nodeid(nodeid)
+    return f"ddtree-config:{name}" if name else nodeid
 
 
 class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]

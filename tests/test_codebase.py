@@ -116,3 +116,19 @@ def test_the_readme_lists_every_fixture_with_its_type(repo_root: Path) -> None:
     for name, returns in fixtures.items():
         row = next((line for line in section.splitlines() if f"`{name}`" in line), None)
         assert row is not None and returns in row, f"README's fixture table lacks {name} -> {returns}"
+
+
+def test_a_run_without_ddtree_tests_writes_nothing_beside_the_suites(tmp_path: Path, repo_root: Path) -> None:
+    """A project with the default suites/ files still runs its other tests without a results folder."""
+    (tmp_path / "suites" / "services").mkdir(parents=True)
+    (tmp_path / "suites" / "configs.yaml").write_text((repo_root / "suites" / "configs.yaml").read_text())
+    (tmp_path / "suites" / "services" / "reference.yaml").write_text(
+        (repo_root / "suites" / "services" / "reference.yaml").read_text())
+    (tmp_path / "test_unrelated.py").write_text("def test_one():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDTREE_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_unrelated.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (tmp_path / ".ddtree").exists(), sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / ".ddtree").rglob("*"))

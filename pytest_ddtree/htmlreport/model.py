@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ddtree import report
-from pytest_ddtree.configs import config_or_none, name_sort_key
+from pytest_ddtree.configs import config_in_nodeid, config_or_none, name_sort_key
 from pytest_ddtree.stats import is_number as is_number  # the one number check, re-exported for charts and the template
 
 #: The gates of one config, in the order a reader asks about them.
@@ -155,11 +155,9 @@ def records(payload: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 def config_of_nodeid(nodeid: str, known: Iterable[str]) -> str | None:
-    """The config a test ran for: one of the dash-separated parts of its parameter id."""
-    if "[" not in nodeid:
-        return None
-    parts = set(nodeid.rsplit("[", 1)[1].rstrip("]").split("-"))
-    return next((name for name in known if name in parts), None)
+    """The config a test ran for (configs.config_in_nodeid), if it is one of ``known``."""
+    name = config_in_nodeid(nodeid)
+    return name if name is not None and name in set(known) else None
 
 
 def _gate_of_nodeid(nodeid: str) -> str:
