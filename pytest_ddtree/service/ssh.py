@@ -123,15 +123,30 @@ _READ_SCRIPT = 'test -e "$1" || exit 66; cat "$1"'
 _MISSING_EXIT = 66
 
 
-def _read(host: Host, path: str) -> str | None:
-    result = host.run(["sh", "-c", _READ_SCRIPT, "sh", path])
-    if result.returncode == _MISSING_EXIT:
-        return None
-    _check(host, result, f"read {path}")
-    return result.stdout
+class _FileOps:
+    """File edits as small ``sh`` scripts through ``run``: one code path here and over ssh
+    (where ``sudo: true`` prefixes them like every other command)."""
+
+    name: str
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        raise NotImplementedError
+
+    def write_file(self, path: str, text: str) -> None:
+        _check(self.name, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
+
+    def remove_file(self, path: str) -> None:
+        _check(self.name, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
+
+    def read_file(self, path: str) -> str | None:
+        result = self.run(["sh", "-c", _READ_SCRIPT, "sh", path])
+        if result.returncode == _MISSING_EXIT:
+            return None
+        _check(self.name, result, f"read {path}")
+        return result.stdout
 
 
-class LocalHost:
+class LocalHost(_FileOps):
     """This machine: the commands run as children, with the same timeouts as remote ones."""
 
     name = "local"
@@ -157,23 +172,14 @@ class LocalHost:
         except subprocess.TimeoutExpired:
             raise RemoteCommandError(f"`{script}` did not finish within {timeout:.0f} s (killed)") from None
 
-    def write_file(self, path: str, text: str) -> None:
-        _check(self, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
-
-    def remove_file(self, path: str) -> None:
-        _check(self, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
-
-    def read_file(self, path: str) -> str | None:
-        return _read(self, path)
-
     def close(self) -> None:
         return None
 
 
-def _check(host: Host, result: subprocess.CompletedProcess[str], what: str) -> None:
+def _check(host: str, result: subprocess.CompletedProcess[str], what: str) -> None:
     if result.returncode != 0:
         raise RemoteCommandError(
-            f"cannot {what} on {host.name}: exit {result.returncode}: {output_tail(result.stderr or result.stdout)}\n"
+            f"cannot {what} on {host}: exit {result.returncode}: {output_tail(result.stderr or result.stdout)}\n"
             "what to do: log in as a user that may write there (root, or sudo: true with a sudoers rule), "
             "or point dropin_dir at a writable folder"
         )
@@ -225,7 +231,7 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
         pass
 
 
-class SSHHost:
+class SSHHost(_FileOps):
     """A host reached with the system ``ssh``: BatchMode, one ControlMaster socket, timeouts.
 
     ``options`` are the profile's ``ssh_options`` (``-i KEY``, ``-o Name=value``, ``-J jump``...);
@@ -296,15 +302,6 @@ class SSHHost:
 
     def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         return self._call(shlex.join(["sh", "-c", script]), None, timeout_s, merge=True)
-
-    def write_file(self, path: str, text: str) -> None:
-        _check(self, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
-
-    def remove_file(self, path: str) -> None:
-        _check(self, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
-
-    def read_file(self, path: str) -> str | None:
-        return _read(self, path)
 
     def open_session(self, remote_command: str) -> subprocess.Popen[str]:
         """A long-running remote command whose stdin we hold (the host lock); output on a pipe."""
