@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,14 +28,24 @@ from .server import ServerState, make_server
 DEFAULT_MODEL_PATH = "refserver/tiny-infinigram"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+def _int_in(low: int, high: int | None = None, what: str = "int") -> Callable[[str], int]:
+    """An argparse ``type=``: an int in ``low..high``, refused with a message that says so."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} value: {text!r}") from None
+        if v < low or (high is not None and v > high):
+            bounds = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {v}")
+        return v
+
+    return parse
+
+
+_positive_int = _int_in(1)
+_port = _int_in(0, 65535, "port")
 
 
 def _nonneg_float(text: str) -> float:
@@ -51,16 +62,6 @@ def _positive_float(text: str) -> float:
     v = _nonneg_float(text)
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port: {text!r}") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {v}")
     return v
 
 
