@@ -55,6 +55,9 @@ def test_reference_engine_passes_full_set_and_updates_baseline(pytester: pytest.
     assert rec["passed"] == rec["total"] == len(full), rec["gate"]
     assert {p["id"] for p in rec["problems"]} == {p.id for p in full}
     assert all(p["verdict"] == "passed" and p["code"] for p in rec["problems"])
+    # the report says which tier ran the code and what holds: namespaces, memory accounting, seccomp
+    assert rec["sandbox"] == sandbox.isolation().describe()
+    assert rec["sandbox"].startswith("tier=") and ("by cgroup" in rec["sandbox"] or "RLIMIT_AS only" in rec["sandbox"]) and "seccomp" in rec["sandbox"]
     baseline = yaml.safe_load((pytester.path / "baselines" / "testhw" / "bs8_b8_k4.yaml").read_text())
     assert baseline["coding"]["full"] == sorted(p.id for p in full)
 

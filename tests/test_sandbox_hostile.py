@@ -51,6 +51,10 @@ FORGERIES = {
     "os_write": (
         "import os, sys\ndef f(x):\n    os.write(int(sys.argv[2]), b'{\"verdict\": \"passed\", \"nonce\": \"x\"}')\n    os._exit(0)\n"
     ),
+    # results built to crash the parent: a JSON document nested 200,000 deep ...
+    "deep_json": "import os, sys\ndef f(x):\n    os.write(int(sys.argv[2]), b'[' * 200_000)\n    os._exit(0)\n",
+    # ... and a real value nested 20,000 deep (encoded without recursion, shown without crashing)
+    "deep_value": "from functools import reduce\ndef f(x):\n    return reduce(lambda acc, _: [acc], range(20_000), [x])\n",
     # learn the answers from the tests, the problem files or the reference solutions
     "read_sources": (
         "import os, glob\n"

@@ -610,12 +610,15 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
     if sink.data:
         try:
             document = json.loads(bytes(sink.data).decode("utf-8", errors="replace"))
-        except ValueError:
+        except (ValueError, RecursionError):  # forged or cut short: no results
             document = None
     if isinstance(document, dict) and document.get("cpu_limit") is True:
         return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)
     if isinstance(document, dict):
-        judged = judge_outcome(plan, document)
+        try:
+            judged = judge_outcome(plan, document)
+        except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # results built to break the comparison
+            return RunResult(Verdict.ERROR, f"the run's results could not be compared: {type(exc).__name__}: {str(exc)[:200]}", **common)
         return RunResult(Verdict(judged.verdict), judged.message, **common)
     if rc is not None and rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)

@@ -150,7 +150,10 @@ def _build(tag: str, args: list[Any], built: list[Any], index: int) -> Any:
 
 def short(value: Any, width: int = 300) -> str:
     """repr of a decoded or expected value (plain data only, so repr is safe), cut to width."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply to show>"
     return text if len(text) <= width else text[:width] + "..."
 
 
