@@ -25,7 +25,7 @@ README's Sandbox section lists what each guarantees and the test that proves it)
     the stage itself as PID 1 of new namespaces (``pivot_root`` into a fresh tmpfs), the
     same cgroup, uid drop, ``no_new_privs`` and filter.
 ``userns`` (Linux, not root, unprivileged user namespaces): the ``unshare`` stage inside a
-    user namespace, without a uid drop, cgroup or filter.
+    user namespace, without a uid drop or cgroup.
 ``plain`` (anything else): a session, rlimits, a uid drop where the interpreter is
     reachable; the coding gate refuses it unless the user opts in, and never runs code as
     root (:func:`refusal`).
@@ -40,6 +40,7 @@ process still owned by the run's uid or descended from it, and the run's cgroup 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import os
 import secrets
@@ -159,7 +160,7 @@ class Isolation:
     notes: tuple[str, ...] = ()
     cgroup: str | None = None  # "v1" | "v2": memory and pids counted by the kernel
     seccomp: bool = False
-    minimal_view: bool = False  # only /usr, the interpreter and tmpfs are visible (bwrap)
+    minimal_view: bool = False  # only /usr, the interpreter and tmpfs are visible
 
     @property
     def strong(self) -> bool:
@@ -172,10 +173,10 @@ class Isolation:
         parts.append("no network" if self.network_isolated else "network NOT isolated")
         parts.append("pid namespace" if self.pid_namespace else "no pid namespace")
         parts.append("private /tmp" if self.private_tmp else "shared /tmp")
-        if self.tier == "bwrap":
-            parts.append("minimal read-only view (/usr + interpreter)")
-        elif self.tier == "unshare":
-            parts.append("minimal read-only view (/usr + interpreter, pivot_root)")
+        if self.minimal_view:
+            parts.append("minimal read-only view (/usr + interpreter)" if self.tier == "bwrap" else "minimal read-only view (/usr + interpreter, pivot_root)")
+        else:
+            parts.append("the whole host visible")
         parts.append(f"memory+pids by cgroup {self.cgroup}" if self.cgroup else "memory by RLIMIT_AS only (shared memory not counted)")
         parts.append("seccomp + no_new_privs" if self.seccomp else "no seccomp")
         return ", ".join(parts)
@@ -379,6 +380,7 @@ def _user_process_count() -> int:
     return sum(1 for _pid, (_pp, puid, _cwd) in _proc_table().items() if puid == uid)
 
 
+@functools.lru_cache(maxsize=1)
 def _runner_source() -> str:
     """values.py then runner.py, as one ``-c`` program: the run needs no project file."""
     parts = []
@@ -407,7 +409,7 @@ def _build_command(tier: str, workdir: str, uid: int | None, limits: Limits, fds
         seccomp_fd = fds[2] if len(fds) > 2 else None
         cfg["exec"] = bwrap.command(bwrap.find() or "bwrap", workdir=workdir, expose=expose, tmp_bytes=_size_bytes(limits.tmp_size), seccomp_fd=seccomp_fd, run=runner)
         return [exe, "-I", str(_STAGE), json.dumps(cfg)], None
-    program = seccomp.program() if tier == "unshare" else None
+    program = seccomp.program()
     cfg.update(seccomp=program.hex() if program else "", exec=runner)
     return unshare.command(user_namespace=tier == "userns", stage=[exe, "-I", str(_STAGE), json.dumps(cfg)]), None
 
@@ -694,7 +696,7 @@ def isolation() -> Isolation:
                 continue
             why = _probe(tier, want_uid=is_root)
             if why is None:
-                _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes), cgroup=group, seccomp=has_seccomp and tier != "userns", minimal_view=tier == "bwrap")
+                _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes), cgroup=group, seccomp=has_seccomp, minimal_view=True)
                 return _iso_cache
             notes.append(f"{tier} tier unavailable ({why})")
         if is_root:
