@@ -12,8 +12,10 @@ Problem files
     ``category``, ``sets`` (a list drawn from ``default`` - the 5-problem gate set like
     the campaign's - and ``full``; every problem is in ``full``), ``prompt`` (the user
     message, sent verbatim), ``entry_point`` (the function or class the tests call),
-    ``tests`` (Python code with asserts, run in the solution's namespace) and
-    ``reference_solution``.  Errors name the file and the key.
+    ``tests`` (one step per line: a call and the value it must return, the exception it
+    must raise, or a property of its result; see :mod:`pytest_ddtree.sandbox.calls`: only
+    the calls enter the sandbox, the expectations stay here) and ``reference_solution``.
+    Errors name the file, the key and the line.
 
 Extraction (:func:`extract_code`)
     1. ``<think>...</think>`` blocks are removed; text up to a lone ``</think>`` too (models
