@@ -46,7 +46,7 @@ from pytest_ddtree.sandbox.values import Opaque, decode, difference, encode, sho
 __all__ = ["Arg", "Call", "StepError", "TestPlan", "Judgement", "judge_outcome", "parse_tests"]
 
 _RAISES = re.compile(r"^(?P<call>.+?)\s+raises\s+(?P<exc>[A-Za-z_][A-Za-z0-9_.]*)\s*$", re.DOTALL)
-_SATISFIES = re.compile(r"^(?P<call>.+?)\s+satisfies\s+(?P<pred>.+)$", re.DOTALL)
+_SATISFIES = re.compile(r"\s+satisfies\s+")
 _NOTHING = object()
 
 
@@ -195,6 +195,14 @@ def parse_tests(text: str, entry_point: str | None = None) -> TestPlan:
     return TestPlan(tuple(calls), inputs, entry_point)
 
 
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text, mode="eval")
+    except SyntaxError:
+        return False
+    return True
+
+
 def _parse_line(line: str, bound: set[str], inputs: dict[str, Any]) -> Call | None:
     body, message = line, ""
     if line.startswith("assert "):
@@ -208,12 +216,13 @@ def _parse_line(line: str, bound: set[str], inputs: dict[str, Any]) -> Call | No
             message = str(_eval(node.msg, inputs, line)) if node.msg is not None else ""
     raises = satisfies = None
     m = _RAISES.match(body)
-    if m:
+    if m and _parses(m.group("call")):
         body, raises = m.group("call"), m.group("exc").rsplit(".", 1)[-1]
     else:
-        m = _SATISFIES.match(body)
-        if m:
-            body, satisfies = m.group("call"), m.group("pred")
+        for sep in _SATISFIES.finditer(body):  # the first " satisfies " outside a string argument
+            if _parses(body[: sep.start()]):
+                body, satisfies = body[: sep.start()], body[sep.end():]
+                break
     try:
         tree = ast.parse(body, mode="exec")
     except SyntaxError as exc:

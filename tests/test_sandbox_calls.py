@@ -1,0 +1,90 @@
+"""The data that crosses the sandbox wall and the parent's judgement, without processes:
+step parsing, the value form (round trip, deep values, cycles, forged data) and comparison
+by type and value."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from pytest_ddtree.sandbox.calls import StepError, judge_outcome, parse_tests
+from pytest_ddtree.sandbox.values import Opaque, decode, difference, encode
+
+
+def test_step_forms() -> None:
+    plan = parse_tests(
+        'assert f(1, "a") == (2, "a"), "pairs"\n'
+        "f(-1) raises ValueError\n"
+        "f(0)\n"
+        "c = Box(2)\n"
+        "c.get() == 2\n"
+        "len(c) == 1\n"
+        "data = [3, 1, 2]\n"
+        "sorted(data) == [1, 2, 3]\n"
+        "[f(k) for k in range(3)] == [1, 2, 3]\n"
+        'f("x satisfies y") satisfies result > 0\n',
+        "f",
+    )
+    kinds = [(c.fn, c.bind, c.loop, c.raises) for c in plan.calls]
+    assert kinds[0] == (("call", "f"), None, None, None) and plan.calls[0].expect == (2, "a") and plan.calls[0].message == "pairs"
+    assert kinds[1][3] == "ValueError" and not plan.calls[2].has_expect
+    assert kinds[3] == (("call", "Box"), "c", None, None)
+    assert kinds[4][0] == ("method", "c", "get") and kinds[5][0] == ("builtin", "len")
+    assert plan.inputs == {"data": [3, 1, 2]} and plan.calls[6].args[0].ref == "data"  # data stays data
+    assert kinds[7][2] == ("k", 0, 3, 1)
+    assert plan.calls[8].args[0].value == "x satisfies y" and plan.calls[8].satisfies == "result > 0"
+    job = plan.to_job()
+    assert "expect" not in str(job) and "(2, 'a')" not in str(job)  # expectations never enter the run
+
+
+@pytest.mark.parametrize("line", ["f(", "x.y.z(1)", "f(*a)", "a = b = f(1)", "f(1) == 2 raises X", "for i in []: f(i)"])
+def test_bad_steps_say_which_line(line: str) -> None:
+    with pytest.raises(StepError, match="f\\(|x\\.y|a = b|for"):
+        parse_tests(line)
+
+
+def test_values_round_trip_deep_and_cyclic() -> None:
+    value = {"a": [1, 2.5, float("nan"), -3j, None, True], (1, "t"): frozenset({b"x"}), "s": {1, 2}, "big": 3**500}
+    back = decode(encode(value))
+    assert back.keys() == value.keys() and back["big"] == 3**500 and math.isnan(back["a"][2])
+    assert difference(value, back) is None
+    deep = functools.reduce(lambda acc, _: [acc], range(20_000), [7])
+    assert difference(deep, decode(encode(deep))) is None
+    cyclic: list[object] = [1]
+    cyclic.append(cyclic)
+    assert isinstance(decode(encode(cyclic))[1], Opaque)
+
+    class Sub(int):
+        pass
+
+    assert isinstance(decode(encode(Sub(3))), Opaque) and difference(3, Opaque("Sub")) is not None
+
+
+@pytest.mark.parametrize("forged", [[], [["L", [0]]], [["I", "zz"]], [["Q"]], [["D", [1]], ["N"]], [["E", [1]], ["L", []]], "x"])
+def test_forged_values_are_value_errors(forged: object) -> None:
+    with pytest.raises(ValueError):
+        decode(forged)
+
+
+def test_comparison_by_type_and_value() -> None:
+    assert difference(1, True) is not None and difference(True, 1) is not None
+    assert difference((1, 2), [1, 2]) is not None
+    assert difference(2.0, 2) is None and difference(2, 2.0) is not None
+    assert difference(0.1 + 0.2, 0.3) is None and difference(1.0, 1.01) is not None
+    assert "at [1]" in (difference([1, [2]], [1, [3]]) or "")
+
+
+def test_judgement_of_outcomes() -> None:
+    plan = parse_tests("f(2) == 4\nf(-1) raises ValueError\nf(3) satisfies result % 2 == 1", "f")
+    ok = {"steps": [{"v": encode(4)}, {"raised": {"type": "ValueError", "mro": ["ValueError", "Exception"]}}, {"v": encode(9)}]}
+    assert judge_outcome(plan, ok).verdict == "passed"
+    wrong = {"steps": [{"v": encode(5)}, *ok["steps"][1:]]}
+    assert judge_outcome(plan, wrong).verdict == "failed"
+    not_raised = {"steps": [ok["steps"][0], {"v": encode(None)}, ok["steps"][2]]}
+    assert "to be raised" in judge_outcome(plan, not_raised).message
+    assert judge_outcome(plan, {"steps": ok["steps"][:2]}).verdict == "error"  # cut short
+    assert judge_outcome(plan, {"verdict": "passed"}).verdict == "error"  # the old forged form
+    assert judge_outcome(plan, {"steps": [{"v": [["I", "nope"]]}, *ok["steps"][1:]]}).verdict == "error"
+    assert judge_outcome(plan, {"load_error": "SyntaxError"}).verdict == "error"
