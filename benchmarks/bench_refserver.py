@@ -117,7 +117,7 @@ def run_cell(url: str, concurrency: int, per_client: int, max_tokens: int,
         "sim_busy": after["simulated_busy_seconds"] - before["simulated_busy_seconds"],
         "agg": tokens / wall,
         "per_req": sum(n / dt for n, dt in results) / len(results),
-        "accept": after["avg_spec_accept_length"],
+        "accept": after["exact_accept_length_since_flush"],
         "cpu_per_step": (after["engine_cpu_seconds"] - before["engine_cpu_seconds"]) / max(1, steps),
         "sim_per_step": (after["simulated_busy_seconds"] - before["simulated_busy_seconds"]) / max(1, steps),
     }

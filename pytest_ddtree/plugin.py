@@ -139,8 +139,7 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
 
     settings = session.settings
     try:
-        session.selected_configs  # noqa: B018 - loads the matrix and resolves the selection
-        session.profile  # noqa: B018
+        session.profile.check_selection(session.selected_configs)  # before any restart
         select_workloads(settings.workloads, session.matrix)
     except (ConfigError, ProfileError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -195,6 +194,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     return [
         f"ddtree: service profile {profile.name} ({settings.service}), controller {profile.controller}",
+        *(f"ddtree:   {field}: {how}" for field, how in profile.how_fields_reach_the_service().items()),
         f"ddtree: configs {names}",
         f"ddtree: results {settings.results}",
     ]

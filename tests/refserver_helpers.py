@@ -46,8 +46,9 @@ class RefServer:
     #: processes on the machine start engines too); like the harness, start again on a fresh one.
     PORT_ATTEMPTS = 3
 
-    def __init__(self, args: list[str], log_dir: Path, name: str = "refserver") -> None:
+    def __init__(self, args: list[str], log_dir: Path, name: str = "refserver", extra_env: dict[str, str] | None = None) -> None:
         self.args = args
+        self.extra_env = dict(extra_env or {})  # a build's variables (the SubSir dialect reads them)
         self.name = name
         self.log_dir = log_dir
         self._attempts = 0
@@ -60,6 +61,7 @@ class RefServer:
         self.log_path = self.log_dir / f"{self.name}-{self.port}.log"
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(self.extra_env)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_ddtree.refserver", "--port", str(self.port), *self.args],

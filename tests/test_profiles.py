@@ -8,9 +8,13 @@ import pytest
 import yaml
 
 from pytest_ddtree.configs import parse_config_name
-from pytest_ddtree.service.profile import ProfileError, load_profile
+from pytest_ddtree.service.profile import ProfileError, SelectionError, ServiceProfile, load_profile, parse_profile, render_value
 
-SHIPPED = ["reference.yaml", "sglang-dflash-tree.yaml", "sglang-ddtree.yaml"]
+SHIPPED = ["reference.yaml", "sglang-upstream-dflash.yaml", "sglang-ddtree-pr27509.yaml", "sglang-subsir-tree-verify.yaml"]
+
+
+def shipped(repo_root: Path, name: str) -> ServiceProfile:
+    return load_profile(repo_root / "suites" / "services" / name)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -19,30 +23,68 @@ def test_shipped_profiles_load_and_warn_about_flags(repo_root: Path, name: str) 
     profile = load_profile(path)
     assert profile.default_window == 2048
     assert profile.applied, "every shipped profile checks that the config applied"
+    for field_name in profile.settable_fields():  # every set field is read back or says why not
+        assert field_name in profile.applied.values() or field_name in profile.unverifiable, field_name
     if name != "reference.yaml":
-        assert "CHECK THE FLAG MAPPING" in path.read_text()
+        text = path.read_text()
+        assert "CHECK THE FLAG MAPPING" in text and profile.ready_timeout_s == 3600
+        assert "python/sglang/srt/" in text, "a shipped profile cites the source file it follows"
 
 
-def test_rendering_omits_a_field_whose_value_is_none(repo_root: Path) -> None:
-    profile = load_profile(repo_root / "suites" / "services" / "sglang-dflash-tree.yaml")
-    args = profile.render_config_args(parse_config_name("bs8_b12_k6"))
-    assert args == [
-        "--speculative-dflash-block-size", "8", "--speculative-num-draft-tokens", "12",
-        "--speculative-eagle-topk", "6", "--speculative-draft-window-size", "2048",
-    ]
-    no_window = profile.render_config_args(parse_config_name("bs8_b12_k6_wnone"))
-    assert "--speculative-draft-window-size" not in no_window
-    assert profile.env["SGLANG_DFLASH_TREE_VERIFY"] == "1"
-    assert profile.expected_applied(parse_config_name("bs8_b12_k6_wnone")) == {
-        "speculative_num_draft_tokens": 12, "speculative_eagle_topk": 6, "speculative_draft_window_size": None,
-    }
+def test_upstream_dflash_sets_the_block_size_only(repo_root: Path) -> None:
+    profile = shipped(repo_root, "sglang-upstream-dflash.yaml")
+    assert profile.render_config_args(parse_config_name("bs8_b7_k1")) == [
+        "--speculative-dflash-block-size", "8", "--speculative-draft-window-size", "2048"]
+    assert profile.expected_applied(parse_config_name("bs16_b15_k1_wnone")) == {
+        "speculative_num_draft_tokens": 16, "speculative_eagle_topk": 1, "speculative_draft_window_size": None}
+    profile.check_selection([parse_config_name("bs8_b7_k1"), parse_config_name("bs16_b15_k1_wnone")])
+    with pytest.raises(SelectionError) as info:
+        profile.check_selection([parse_config_name("bs8_b8_k4")])
+    message = str(info.value)
+    assert "bs8_b8_k4 asks topk=4, but this build cannot set topk: it is always 1" in message
+    assert "bs8_b8_k4 asks budget=8, but this build cannot set budget: it is = block_size - 1 (7 here)" in message
 
 
-def test_ddtree_fork_profile_uses_its_budget_flag(repo_root: Path) -> None:
-    profile = load_profile(repo_root / "suites" / "services" / "sglang-ddtree.yaml")
-    command = profile.render_command(parse_config_name("bs8_b16_k4"), 30000)
-    assert "--speculative-algorithm DDTREE" in command and "--speculative-ddtree-budget 16" in command
-    assert profile.controller == "systemd" and profile.unit == "sglang-ddtree.service"
+def test_ddtree_pr27509_takes_its_own_flags_and_topk_follows_the_budget(repo_root: Path) -> None:
+    profile = shipped(repo_root, "sglang-ddtree-pr27509.yaml")
+    command = profile.render_command(parse_config_name("bs8_b16_k16"), 30000)
+    assert "--speculative-algorithm DDTREE" in command
+    assert "--speculative-ddtree-block-size 8 --speculative-ddtree-budget 16" in command
+    assert "topk" not in command
+    with pytest.raises(SelectionError, match="cannot set topk"):
+        profile.check_selection([parse_config_name("bs8_b8_k4"), parse_config_name("bs8_b8_k6")])
+
+
+def test_subsir_fork_sets_budget_and_topk_through_the_environment(repo_root: Path) -> None:
+    profile = shipped(repo_root, "sglang-subsir-tree-verify.yaml")
+    config = parse_config_name("bs8_b12_k6_wnone")
+    assert profile.render_env(config) == {
+        "SGLANG_DFLASH_TREE_VERIFY": "1", "SGLANG_DFLASH_BLOCK_VERIFY": "1",
+        "SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS": "13", "SGLANG_DFLASH_TREE_VERIFY_TOPK": "6"}
+    assert profile.render_config_args(config) == ["--speculative-num-draft-tokens", "8"]
+    assert set(profile.unverifiable) == {"budget", "topk"}
+    how = profile.how_fields_reach_the_service()
+    assert "unverifiable: set by SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS" in how["budget"]
+    # k4 and k6 differ only in an environment variable: two launches, both allowed
+    profile.check_selection([parse_config_name("bs8_b8_k4"), parse_config_name("bs8_b8_k6")])
+
+
+def test_a_profile_that_cannot_set_topk_refuses_two_configs_differing_in_topk(repo_root: Path) -> None:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    del raw["config_args"]["topk"], raw["applied"]["speculative_eagle_topk"]
+    profile = parse_profile(raw)  # topk unmapped: derived by the build
+    k4, k6, k4_w = parse_config_name("bs8_b8_k4"), parse_config_name("bs8_b8_k6"), parse_config_name("bs8_b8_k4_w2048")
+    profile.check_selection([k4, k4_w])  # the same config under two names is not a conflict
+    with pytest.raises(SelectionError) as info:
+        profile.check_selection([k4, k6])
+    assert "bs8_b8_k4, bs8_b8_k6 would run the same launch" in str(info.value)
+    assert "cannot set topk (topk: not settable: derived by the build)" in str(info.value)
+    assert profile.expressible([k4, k6, parse_config_name("bs8_b4_k6")]) == [k4, parse_config_name("bs8_b4_k6")]
+
+
+def test_value_templates_take_an_offset() -> None:
+    assert render_value("--n {value}", 8) == "--n 8"
+    assert render_value("{value+1}", 8) == "9" and render_value("x{value-1}y", 8) == "x7y"
 
 
 def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
@@ -67,6 +109,14 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
         ({"command": "python -m server --port {prot} {config_args}"}, r"command: unknown placeholder"),
         ({"config_args": {"budget": "--budget"}}, r"config_args.budget: must be a flag template"),
         ({"config_args": {"tree": "--t {value}"}}, r"config_args.tree: unknown config field"),
+        ({"config_args": {"budget": "--b {valu}"}}, r"config_args.budget: must be a flag template"),
+        ({"config_env": {"budget": {"X": "{value}"}}}, r"config_env.budget: this field is already set by config_args"),
+        ({"config_env": {"topk": "X"}}, r"config_env.topk: must map environment variables"),
+        ({"fixed": {"topk": 1}}, r"fixed.topk: the profile also sets this field"),
+        ({"fixed": {"tree": 1}}, r"fixed.tree: unknown config field"),
+        ({"applied": {"speculative_num_draft_tokens": "budget"}}, r"config_args.block_size: the profile sets block_size but never checks it"),
+        ({"unverifiable": {"topk": "no key"}}, r"unverifiable.topk: this field is read back by applied"),
+        ({"unverifiable": {"topk": ""}}, r"unverifiable.topk: must give the reason"),
         ({"applied": {"speculative_eagle_topk": "top_k"}}, r"applied.speculative_eagle_topk: must name a config field"),
         ({"url": None}, r"profile.yaml: url: missing required key"),
         ({"port": "any"}, r"port: must be an integer or 'auto'"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,29 +115,44 @@ def test_hang_after_n(tmp_path: Path) -> None:
         srv.stop()
 
 
-@pytest.mark.parametrize("flag", [["--fault", "slow-start=1.5"], ["--load-seconds", "1.5"]])
-def test_slow_start_answers_503_meanwhile(tmp_path: Path, flag: list[str]) -> None:
-    srv = RefServer([*FAST, *flag], tmp_path)
-    try:
-        codes: list[int] = []
-        first_answer = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                code = srv.get("/health", timeout=1).status_code
-            except requests.ConnectionError:  # the port is not open yet: normal
-                time.sleep(0.02)
-                continue
-            if first_answer is None:
-                first_answer = time.monotonic()
+def _start_phases(srv: RefServer, started: float) -> tuple[float, float]:
+    """Seconds refused (port closed), then seconds answering 503, until health says 200."""
+    first_answer = None
+    codes: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            code = srv.get("/health", timeout=2).status_code
+        except requests.ConnectionError:  # the port is not open yet: normal
+            time.sleep(0.02)
+            continue
+        if first_answer is None:
+            first_answer = time.monotonic()
+            if code == 503:
                 r = srv.post("/generate", json=BODY)
                 assert r.status_code == 503 and r.json()["error"]["message"]
-            codes.append(code)
-            if code == 200:
-                break
-            time.sleep(0.05)
-        assert first_answer is not None and codes[-1] == 200
-        assert set(codes[:-1]) == {503}  # loading: 503, never an error or a hang
-        assert time.monotonic() - first_answer >= 1.3  # the port opens just before the load starts
+        codes.append(code)
+        if code == 200:
+            break
+        time.sleep(0.05)
+    assert first_answer is not None and codes[-1] == 200, codes
+    assert set(codes[:-1]) <= {503}  # never an error or a hang
+    return first_answer - started, time.monotonic() - first_answer
+
+
+def test_start_refuses_connections_while_loading_then_answers_503_during_warm_up(tmp_path: Path) -> None:
+    """As SGLang: the port opens only after the weights are loaded (http_server.py launch_server),
+    then health answers 503 until the warm-up is done (server_status Starting). Two engines side by
+    side, one loading 1.5 s longer and one warming up 1.5 s longer: each spends its extra time in
+    its own phase."""
+    started = time.monotonic()
+    loading = RefServer([*FAST, "--load-seconds", "1.5"], tmp_path, "loading")
+    warming = RefServer([*FAST, "--fault", "slow-start=1.5"], tmp_path, "warming")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            (load_refused, load_503), (warm_refused, warm_503) = pool.map(lambda s: _start_phases(s, started), [loading, warming])
+        assert load_refused > warm_refused + 1.0, (load_refused, warm_refused)
+        assert warm_503 > load_503 + 1.0, (warm_503, load_503)
     finally:
-        srv.stop()
+        loading.stop()
+        warming.stop()

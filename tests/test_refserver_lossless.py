@@ -66,7 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[l
 
 
 def accept(runs: dict[str, tuple[list[Any], dict[str, Any]]], name: str) -> float:
-    return float(runs[name][1]["internal_states"][0]["avg_spec_accept_length"])
+    return float(runs[name][1]["internal_states"][0]["exact_accept_length_since_flush"])
 
 
 def test_lossless_acceptance_and_memory_across_configs(runs: dict[str, tuple[list[Any], dict[str, Any]]]) -> None:

@@ -40,7 +40,8 @@ CONFIG_ARGS = {
     "topk": "--speculative-eagle-topk {value}",
     "window": "--speculative-draft-window-size {value}",
 }
-APPLIED = {"speculative_num_draft_tokens": "budget", "speculative_eagle_topk": "topk"}
+APPLIED = {"speculative_dflash_block_size": "block_size", "speculative_num_draft_tokens": "budget",
+           "speculative_eagle_topk": "topk", "speculative_draft_window_size": "window"}
 BS8_B8_K4 = parse_config_name("bs8_b8_k4")
 BS8_B12_K6 = parse_config_name("bs8_b12_k6")
 
@@ -238,7 +239,7 @@ def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
 def test_external_other_config_fails_with_the_diff(tmp_path: Path) -> None:
     port = free_port()
     runner = ProcessController(tmp_path, stop_timeout_s=2)
-    runner.start(Launch("ext", f"{sys.executable} {STANDIN} --port {port} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4", port, ""))
+    runner.start(Launch("ext", f"{sys.executable} {STANDIN} --port {port} --speculative-dflash-block-size 8 --speculative-num-draft-tokens 8 --speculative-eagle-topk 4 --speculative-draft-window-size 2048", port, ""))
     try:
         profile = parse_profile({
             "name": "ext", "controller": "external", "url": f"http://127.0.0.1:{port}", "port": port,
@@ -354,7 +355,7 @@ def test_pool_assignment() -> None:
     fixed = make_profile(pool=2, port=31000)
     assert [resolve_instance(fixed, i).port for i in range(2)] == [31000, 31001]
     urls = parse_profile({"name": "ext", "controller": "external", "url": "http://10.0.0.1:30000",
-                          "config_args": CONFIG_ARGS, "pool": ["http://10.0.0.1:30000", "http://10.0.0.2:30001/"]})
+                          "config_args": CONFIG_ARGS, "applied": APPLIED, "pool": ["http://10.0.0.1:30000", "http://10.0.0.2:30001/"]})
     assert resolve_instance(urls, 1).url == "http://10.0.0.2:30001" and resolve_instance(urls, 2).port == 30000
 
 

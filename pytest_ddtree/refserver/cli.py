@@ -10,6 +10,8 @@ launcher refusing its arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -20,7 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .engine import VERSION, ClockModel, Engine, SpecConfig
+from .dialects import DIALECT_HELP, DIALECTS, DialectError, Resolved, add_speculative_flags, resolve
+from .engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
 from .faults import FAULT_HELP, FaultError, Faults
 from .model import CORPUS_DIR, build_models
 from .server import ServerState, make_server
@@ -65,21 +68,17 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _algorithm(text: str) -> str:
-    v = text.strip().upper()
-    if v not in ("DFLASH", "NONE"):
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from DFLASH, NONE)")
-    return v
+def _dialect_of(argv: list[str] | None) -> str:
+    """The ``--dialect`` (it decides which speculative flags exist, so it is read first)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--dialect", choices=DIALECTS, default="reference")
+    known, _ = pre.parse_known_args(argv)
+    return str(known.dialect)
 
 
-def _window(text: str) -> int | None:
-    if text.strip().lower() in ("none", "null", ""):
-        return None
-    return _positive_int(text)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     faults = "\n".join(f"  {k:<20} {v}" for k, v in FAULT_HELP.items())
+    dialects = "\n".join(f"  {k:<20} {v}" for k, v in DIALECT_HELP.items())
     p = argparse.ArgumentParser(
         prog="python -m pytest_ddtree.refserver",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -87,29 +86,38 @@ def build_parser() -> argparse.ArgumentParser:
             "Reference SGLang-compatible engine with DFlash-style block drafting and DDTree "
             "tree verification over corpus-built models and a simulated accelerator clock."
         ),
-        epilog="faults (--fault, repeatable, comma lists allowed, combinable):\n" + faults,
+        epilog="dialects (--dialect, which build's flags and environment to follow):\n" + dialects
+        + "\n\nfaults (--fault, repeatable, comma lists allowed, combinable):\n" + faults,
     )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     g.add_argument("--port", type=_port, default=30000, help="port (default: %(default)s; 0 picks a free one)")
-    g.add_argument("--model-path", default=DEFAULT_MODEL_PATH, help="model name reported in /model_info (default: %(default)s)")
+    g.add_argument("--model-path", "--model", dest="model_path", default=DEFAULT_MODEL_PATH, help="model name reported in /model_info (default: %(default)s)")
     g.add_argument("--tokenizer-path", default=None, help="reported tokenizer path (default: the model path)")
     g.add_argument("--served-model-name", default=None, help="model name in OpenAI responses (default: the model path)")
     g.add_argument("--context-length", type=_positive_int, default=32768, help="max prompt + output tokens (default: %(default)s)")
     g.add_argument("--max-running-requests", type=_positive_int, default=48, help="continuous-batching batch limit (default: %(default)s)")
-    g.add_argument("--decode-log-interval", type=_positive_int, default=40, help="log a decode line every N steps (default: %(default)s)")
+    g.add_argument("--decode-log-interval", type=_positive_int, default=40,
+                   help="decode batches per log line and per refresh of avg_spec_accept_length (default: %(default)s)")
     g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
     g.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR, help="corpus to build the models from (default: the bundled one)")
-    s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", type=_algorithm, default="DFLASH", help="DFLASH (DDTree verification) or NONE (default: %(default)s)")
-    s.add_argument("--speculative-dflash-block-size", type=_positive_int, default=8, help="drafter block size; the tree depth is block_size - 1 (default: %(default)s)")
-    s.add_argument("--speculative-num-draft-tokens", type=_positive_int, default=8, help="DDTree budget: non-root tree nodes verified per step (default: %(default)s)")
-    s.add_argument("--speculative-eagle-topk", type=_positive_int, default=4, help="candidates per depth (default: %(default)s)")
-    s.add_argument("--speculative-draft-window-size", "--speculative-dflash-draft-window-size", dest="speculative_draft_window_size", type=_window, default=None, help="drafter sees only the last W tokens (compact cache); absent = no window")
-    s.add_argument("--speculative-num-steps", type=_positive_int, default=1, help="accepted for SGLang compatibility (DFLASH uses 1)")
-    s.add_argument("--trained-block-size", type=_positive_int, default=8, help="block size the emulated drafter was trained at (default: %(default)s)")
+    # SGLang launch flags the shipped profiles pass: accepted and reported in /server_info, as SGLang
+    # reports every server arg; they change nothing in the emulation.
+    sg = p.add_argument_group("SGLang launch flags (accepted and reported; no effect on the emulation)")
+    sg.add_argument("--tp-size", "--tp", dest="tp_size", type=_positive_int, default=1, help="tensor parallel size (default: %(default)s)")
+    sg.add_argument("--trust-remote-code", action="store_true")
+    sg.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path", default=None)
+    sg.add_argument("--attention-backend", default=None)
+    sg.add_argument("--mem-fraction-static", type=float, default=None)
+    sg.add_argument("--page-size", type=_positive_int, default=1)
+    sg.add_argument("--disable-overlap-schedule", action="store_true")
+    sg.add_argument("--disable-cuda-graph", action="store_true")
+    add_speculative_flags(p, dialect)
+    s = p.add_argument_group("drafter")
+    s.add_argument("--trained-block-size", type=_positive_int, default=8, help="block size the emulated drafter was trained at (its config's block_size; default: %(default)s)")
     e = p.add_argument_group("emulation")
-    e.add_argument("--load-seconds", type=_nonneg_float, default=0.0, help="emulated weight loading; health answers 503 meanwhile (default: %(default)s)")
+    e.add_argument("--dialect", choices=DIALECTS, default="reference", help="which build's flags and environment to follow (default: %(default)s; see below)")
+    e.add_argument("--load-seconds", type=_nonneg_float, default=0.0, help="emulated weight loading; the port stays closed meanwhile (default: %(default)s)")
     e.add_argument("--clock-scale", type=_positive_float, default=1.0, help="simulated seconds per wall second; >1 speeds tests up (default: %(default)s)")
     e.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0, help="seed of drafter noise, sampling and faults (default: %(default)s)")
     e.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (see below)")
@@ -117,13 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Faults]:
-    parser = build_parser()
+    parser = build_parser(_dialect_of(argv))
     ns = parser.parse_args(argv)
     try:
         faults = Faults.parse(ns.fault)
     except FaultError as exc:
         parser.error(f"argument --fault: {exc}")
-    if ns.speculative_dflash_block_size < 2:
+    block = getattr(ns, "speculative_dflash_block_size", None)
+    if ns.dialect == "reference" and block is not None and block < 2:
         parser.error("argument --speculative-dflash-block-size: must be >= 2 (depth = block_size - 1)")
     if ns.trained_block_size < 2:
         parser.error("argument --trained-block-size: must be >= 2")
@@ -139,8 +148,9 @@ def log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def server_args_dict(ns: argparse.Namespace, faults: Faults, spec: SpecConfig, port: int) -> dict[str, Any]:
-    speculative = spec.speculative
+def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved, spec: SpecConfig, port: int) -> dict[str, Any]:
+    """Every server arg as a top-level key, as SGLang's /server_info (http_server.py ``server_info``:
+    ``dataclasses.asdict(server_args)``), with the speculative keys named and valued as the dialect's build."""
     return {
         "model_path": ns.model_path,
         "tokenizer_path": ns.tokenizer_path or ns.model_path,
@@ -153,14 +163,17 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, spec: SpecConfig, p
         "enable_metrics": True,
         "random_seed": ns.seed,
         "seed": ns.seed,
-        "speculative_algorithm": spec.algorithm,
-        "speculative_dflash_block_size": spec.block_size if speculative else None,
-        "speculative_num_draft_tokens": spec.budget if speculative else None,
-        "speculative_eagle_topk": spec.topk if speculative else None,
-        "speculative_num_steps": 1 if speculative else None,
-        "speculative_draft_window_size": spec.window if speculative else None,
-        "speculative_dflash_draft_window_size": spec.window if speculative else None,
-        "compact_cache": bool(speculative and spec.window is not None),
+        "tp_size": ns.tp_size,
+        "trust_remote_code": ns.trust_remote_code,
+        "speculative_draft_model_path": ns.speculative_draft_model_path,
+        "attention_backend": ns.attention_backend,
+        "mem_fraction_static": ns.mem_fraction_static,
+        "page_size": ns.page_size,
+        "disable_overlap_schedule": ns.disable_overlap_schedule,
+        "disable_cuda_graph": ns.disable_cuda_graph,
+        **resolved.server_args,
+        "compact_cache": bool(spec.speculative and spec.window is not None),
+        "dialect": ns.dialect,
         "trained_block_size": ns.trained_block_size,
         "load_seconds": ns.load_seconds,
         "clock_scale": ns.clock_scale,
@@ -169,26 +182,70 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, spec: SpecConfig, p
     }
 
 
+def _refuse(message: str) -> int:
+    """A build refusing its arguments: SGLang raises ValueError in ServerArgs before the port opens."""
+    log("ERROR:    Traceback (most recent call last):\n"
+        '  File "sglang/srt/server_args.py", in __post_init__\n'
+        f"ValueError: {message}")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ns, faults = parse_args(argv)
-    topk = ns.speculative_eagle_topk
-    if "topk" in faults.ignore_config and ns.speculative_algorithm == "DFLASH":
+    log(f"refserver {VERSION} starting (dialect {ns.dialect})")
+    try:
+        resolved = resolve(ns.dialect, ns, os.environ, drafter_block_size=ns.trained_block_size, tp_size=ns.tp_size)
+    except DialectError as exc:
+        return _refuse(str(exc))
+    for warning in resolved.warnings:
+        log(f"WARNING:  {warning}")
+    topk = resolved.topk
+    server_args = dict(resolved.server_args)
+    if "topk" in faults.ignore_config and resolved.algorithm == "DFLASH" and ns.dialect == "reference":
         topk = 1  # what upstream SGLang silently does to DFLASH
+        server_args["speculative_eagle_topk"] = 1
+    resolved = dataclasses.replace(resolved, server_args=server_args)
     spec = SpecConfig(
-        algorithm=ns.speculative_algorithm,
-        block_size=ns.speculative_dflash_block_size,
-        budget=ns.speculative_num_draft_tokens,
+        algorithm=resolved.algorithm,
+        block_size=resolved.block_size,
+        budget=resolved.budget,
         topk=topk,
-        window=ns.speculative_draft_window_size,
+        window=resolved.window,
         trained_block_size=ns.trained_block_size,
     )
-    log(f"refserver {VERSION} starting")
     if faults.crash_on_start:
         log("ERROR:    Traceback (most recent call last):\n"
             '  File "pytest_ddtree/refserver/cli.py", line 1, in load_model\n'
             "RuntimeError: injected fault crash-on-start: CUDA error: out of memory")
         log("ERROR:    Initialization failed. exiting")
         return 1
+
+    def handle_term(signum: int, frame: FrameType | None) -> None:
+        log(f"Received signal {signum}; shutting down")
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, handle_term)
+
+    # Weights load before the HTTP server exists: SGLang's launch_server starts uvicorn only after
+    # the scheduler processes have loaded the model (entrypoints/http_server.py ``launch_server``),
+    # so connection refused is what a client sees meanwhile.
+    t0 = time.monotonic()
+    log(f"Load weight begin. model_path={ns.model_path}")
+    try:
+        models = build_models(ns.corpus_dir)
+    except Exception:
+        log("ERROR:    " + traceback.format_exc().rstrip())
+        log("ERROR:    Initialization failed. exiting")
+        return 1
+    if ns.load_seconds > 0:
+        log(f"Emulated weight loading: {ns.load_seconds:.1f} s")
+        time.sleep(ns.load_seconds)
+    log(
+        f"Load weight end. corpus={models.corpus.digest} tokens={models.sam.n_tokens} "
+        f"states={models.sam.n_states} vocab={models.tokenizer.vocab_size} ({time.monotonic() - t0:.2f} s)"
+    )
+    if ns.dialect == "ddtree" and spec.speculative:  # ddtree_utils.py: topk = min(tree_budget, V)
+        spec = dataclasses.replace(spec, topk=min(spec.budget, models.tokenizer.vocab_size))
 
     state = ServerState(server_args={}, faults=faults, seed=ns.seed, context_length=ns.context_length, log=log)
     try:
@@ -197,63 +254,51 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR:    could not bind {ns.host}:{ns.port}: {exc}")
         return 1
     port = int(httpd.server_address[1])
-    state.server_args = server_args_dict(ns, faults, spec, port)
+    state.server_args = server_args_dict(ns, faults, resolved, spec, port)
+    state.models = models
     args_text = ", ".join(f"{k}={v!r}" for k, v in state.server_args.items())
     log(f"server_args=ServerArgs({args_text})")
     if spec.speculative and spec.window is not None:
         log(f"DFLASH draft window size {spec.window}: compact cache enabled")
+    engine = Engine(
+        models,
+        spec,
+        max_running_requests=ns.max_running_requests,
+        clock=ClockModel(),
+        clock_scale=ns.clock_scale,
+        seed=ns.seed,
+        faults=faults,
+        log=log,
+        decode_log_interval=ns.decode_log_interval,
+    )
+    engine.start()
+    state.engine = engine
+    log(
+        f"Speculative: algorithm={spec.algorithm} block_size={spec.block_size} budget={spec.budget} "
+        f"topk={spec.topk} window={spec.window}"
+    )
     log(f"INFO:     Uvicorn-compatible server listening on http://{ns.host}:{port}")
 
-    def handle_term(signum: int, frame: FrameType | None) -> None:
-        log(f"Received signal {signum}; shutting down")
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, handle_term)
-
-    def load() -> None:
+    def warm_up() -> None:
+        """SGLang's ``_execute_server_warmup`` (entrypoints/http_server.py): one short generation
+        after the port opens; health answers 503 until it is done (server_status Starting)."""
         try:
-            t0 = time.monotonic()
-            log(f"Load weight begin. model_path={ns.model_path}")
-            models = build_models(ns.corpus_dir)
-            state.models = models
-            log(
-                f"Load weight end. corpus={models.corpus.digest} tokens={models.sam.n_tokens} "
-                f"states={models.sam.n_states} vocab={models.tokenizer.vocab_size} "
-                f"({time.monotonic() - t0:.2f} s)"
-            )
-            wait = ns.load_seconds + faults.slow_start
-            if wait > 0:
-                log(f"Emulated weight loading: {wait:.1f} s")
-                time.sleep(wait)
-            engine = Engine(
-                models,
-                spec,
-                max_running_requests=ns.max_running_requests,
-                clock=ClockModel(),
-                clock_scale=ns.clock_scale,
-                seed=ns.seed,
-                faults=faults,
-                log=log,
-                decode_log_interval=ns.decode_log_interval,
-            )
-            engine.start()
-            state.engine = engine
-            mem = state.server_args
-            log(
-                f"Speculative: algorithm={spec.algorithm} block_size={mem['speculative_dflash_block_size']} "
-                f"num_draft_tokens={mem['speculative_num_draft_tokens']} topk={mem['speculative_eagle_topk']} "
-                f"window={mem['speculative_draft_window_size']}"
-            )
+            warm = Request(models.tokenizer.encode("The capital city of France is"),
+                           SamplingParams(max_new_tokens=8, temperature=0.0), internal=True)
+            engine.submit(warm)
+            if not warm.done.wait(600):
+                raise RuntimeError("the warm-up generation did not finish")
+            if faults.slow_start > 0:
+                log(f"Warm-up held for {faults.slow_start:.1f} s (fault slow-start)")
+                time.sleep(faults.slow_start)
             state.ready.set()
             log("The server is fired up and ready to roll!")
         except Exception:
             log("ERROR:    " + traceback.format_exc().rstrip())
             log("ERROR:    Initialization failed. exiting")
-            import os
-
             os._exit(1)
 
-    threading.Thread(target=load, name="refserver-load", daemon=True).start()
+    threading.Thread(target=warm_up, name="refserver-warmup", daemon=True).start()
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

@@ -335,6 +335,7 @@ class Handler(BaseHTTPRequestHandler):
         return eng
 
     def h_health(self) -> None:
+        """http_server.py ``health_generate``: 503 while the server status is Starting (warm-up)."""
         eng = self._engine_or_503()
         if eng is None:
             return
@@ -344,6 +345,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_text(200, "")
 
     def h_server_info(self) -> None:
+        """http_server.py ``server_info``: server args top-level, ``version``, ``internal_states``."""
         st = self.state
         info = dict(st.server_args)
         info["version"] = VERSION
@@ -358,38 +360,38 @@ class Handler(BaseHTTPRequestHandler):
         internal: dict[str, Any] = {"memory_usage": mem}
         if st.engine is not None:
             internal.update(st.engine.accounting())
-        else:
-            internal["avg_spec_accept_length"] = 0.0
         internal["status"] = "ready" if st.ready.is_set() else "loading"
         info["internal_states"] = [internal]
         info["uptime_s"] = round(time.time() - st.started, 3)
         self.send_json(200, info)
 
     def h_model_info(self) -> None:
+        """http_server.py ``model_info``: exactly SGLang's keys (no vocab size, no tokenizer name).
+
+        ``vocab_size`` is the one exception, kept until the harness no longer reads it (issue 9:
+        prompts move to /tokenize); tests/test_refserver_conformance.py tracks it.
+        """
         st = self.state
         body: dict[str, Any] = {
             "model_path": st.model_path,
             "tokenizer_path": st.server_args.get("tokenizer_path", st.model_path),
             "is_generation": True,
-            "tokenizer": None,
-            "vocab_size": None,
-            "max_context_length": st.context_length,
+            "preferred_sampling_params": None,
             "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "infinigram",
+            "architectures": ["InfiniGramForCausalLM"],
         }
         if st.models is not None:
-            tok = st.models.tokenizer
-            body.update(
-                tokenizer=tok.name,
-                vocab_size=tok.vocab_size,
-                eos_token_id=tok.eos_id,
-                corpus_digest=st.models.corpus.digest,
-            )
+            body["vocab_size"] = st.models.tokenizer.vocab_size
         self.send_json(200, body)
 
     def h_models(self) -> None:
         self.send_json(200, {"object": "list", "data": [{"id": self.state.model_path, "object": "model", "owned_by": "refserver", "root": self.state.model_path, "max_model_len": self.state.context_length}]})
 
     def h_flush_cache(self) -> None:
+        """http_server.py ``flush_cache`` / scheduler.py ``flush_cache``: refused (400) unless idle."""
         eng = self._engine_or_503()
         if eng is None:
             return
@@ -509,9 +511,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest("give either text or input_ids, not both")
             ids = _int_list(input_ids, "input_ids")
             vocab = models.tokenizer.vocab_size
-            bad = [x for x in ids if not 0 <= x < vocab]
-            if bad:
-                raise BadRequest(f"input_ids out of range [0, {vocab}): {bad[:5]}")
+            if any(not 0 <= x < vocab for x in ids):  # tokenizer_manager.py _validate_input_ids_in_vocab
+                shown = ids if len(ids) <= 16 else [*ids[:16], "..."]
+                raise BadRequest(f"The input_ids {shown} contains values greater than the vocab size ({vocab}).")
             return ids
         if not isinstance(text, str):
             if isinstance(text, list):
@@ -555,17 +557,25 @@ class Handler(BaseHTTPRequestHandler):
         return text
 
     def _meta(self, req: Request, n: int | None = None, final: bool = True) -> dict[str, Any]:
+        """meta_info as SGLang's tokenizer_manager.py ``_handle_batch_output``: e2e_latency and the
+        spec fields (``_calculate_spec_decoding_metrics``, only under speculation and when the
+        request had a verify step) come with the finished chunk only."""
         n = len(req.output_ids) if n is None else n
-        return {
+        meta: dict[str, Any] = {
             "id": req.rid,
             "prompt_tokens": len(req.prompt_ids),
             "completion_tokens": n,
             "cached_tokens": 0,
             "finish_reason": req.finish_reason if final else None,
-            "e2e_latency": round(req.e2e_latency(), 6),
-            "spec_verify_ct": req.verify_ct,
-            "spec_accept_length": round(n / req.verify_ct, 6) if req.verify_ct else 0.0,
         }
+        if not final:
+            return meta
+        meta["e2e_latency"] = round(req.e2e_latency(), 6)
+        engine = self.state.engine
+        if engine is not None and engine.spec.speculative and req.verify_ct > 0:
+            meta["spec_verify_ct"] = req.verify_ct
+            meta["spec_accept_length"] = round(n / req.verify_ct, 6)
+        return meta
 
     def h_generate(self) -> None:
         body = self.read_json()

@@ -427,7 +427,7 @@ class ServiceManager:
             command=self._launch_command(config, instance_slot.port, extra_args) or "",
             port=instance_slot.port,
             url=instance_slot.url,
-            env=dict(self.profile.env),
+            env=self.profile.render_env(config),
             log_path=self._log_path(name) if self.profile.controller == "process" else None,
             fields=self._template_fields(config, extra_args),
         )
@@ -553,11 +553,17 @@ class ServiceManager:
         return slot.service
 
     def _same_launch(self, slot: _Slot, config: DDTreeConfig) -> bool:
-        """Whether ``config`` launches exactly what is running (``bs8_b8_k4`` and
-        ``bs8_b8_k4_w2048`` under a 2048 default): then a ten-minute restart buys nothing."""
-        if self.profile.controller == "external" or not slot.launch.command:
+        """Whether ``config`` is what is running under another name (``bs8_b8_k4`` and
+        ``bs8_b8_k4_w2048`` under a 2048 default): then a ten-minute restart buys nothing.
+
+        Only the same field values count: two configs that differ but would render the same
+        launch are refused at start (ServiceProfile.check_selection) and never share a service.
+        """
+        running = slot.service.config if slot.service is not None else None
+        if self.profile.controller == "external" or not slot.launch.command or running is None:
             return False
-        return self._launch_command(config, slot.launch.port) == slot.launch.command
+        window = self.profile.default_window
+        return running.field_values(window) == config.field_values(window)
 
     def _template_fields(self, config: DDTreeConfig | None, extra_args: str | None = None) -> dict[str, object]:
         """The command controller's template values for ``config`` (see command.py); None with
@@ -567,7 +573,7 @@ class ServiceManager:
         fields: dict[str, object] = dict(config.field_values(self.profile.default_window)) if config is not None else {}
         args = self.profile.render_config_args(config) if config is not None else []
         config_args = " ".join(part for part in (shlex.join(args), extra_args or "") if part)
-        fields.update(config_args=config_args, config_env=render_env(self.profile.env),
+        fields.update(config_args=config_args, config_env=render_env(self.profile.render_env(config)),
                       host=self.profile.node, unit=self.profile.unit or "", python=shlex.quote(sys.executable))
         return fields
 
@@ -577,7 +583,7 @@ class ServiceManager:
             return None
         if self.profile.controller == "command":
             name = config.name if config is not None else REFERENCE_LABEL
-            probe = Launch(name=name, command="", port=port, url=self.profile.render_url(port), env=dict(self.profile.env),
+            probe = Launch(name=name, command="", port=port, url=self.profile.render_url(port), env=self.profile.render_env(config),
                            fields=self._template_fields(config, extra_args))
             return CommandController(self.profile.fleet.commands, self.host).render("start", CommandController.values_for(probe))
         return self.profile.render_command(config, port, extra_args=extra_args)

@@ -17,8 +17,7 @@ import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
+from typing import Any, Iterable, Mapping
 
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, FleetKeys, is_host_pool, parse_fleet_keys
@@ -34,6 +33,59 @@ class ProfileError(ValueError):
     """A service profile is invalid; the message names file, key and problem."""
 
 
+class SelectionError(ProfileError):
+    """The selected configs ask for something the profile's build cannot do (a usage error)."""
+
+
+# A value template: ``{value}``, or ``{value+1}`` / ``{value-1}`` where a build counts differently
+# (e.g. the SubSir fork's SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS counts the root: budget + 1).
+_VALUE_PLACEHOLDER = re.compile(r"\{value(?:([+-])(\d+))?\}")
+# A fixed value that follows another field, e.g. ``block_size - 1`` (upstream DFLASH's chain).
+_FIXED_EXPRESSION = re.compile(r"^\s*(block_size|budget|topk)\s*(?:([+-])\s*(\d+))?\s*$")
+
+
+def render_value(template: str, value: int) -> str:
+    """Fill ``{value}`` / ``{value+N}`` / ``{value-N}`` in a flag or environment template."""
+
+    def fill(match: re.Match[str]) -> str:
+        sign, amount = match.group(1), match.group(2)
+        if sign is None:
+            return str(value)
+        return str(value + int(amount) if sign == "+" else value - int(amount))
+
+    return _VALUE_PLACEHOLDER.sub(fill, template)
+
+
+def _valid_value_template(template: object) -> bool:
+    if not isinstance(template, str) or not _VALUE_PLACEHOLDER.search(template):
+        return False
+    rest = _VALUE_PLACEHOLDER.sub("", template)
+    return "{" not in rest and "}" not in rest
+
+
+@dataclass(frozen=True)
+class FixedValue:
+    """What a build always uses for a field it cannot set: a number, another field's value plus
+    an offset, or None (derived by the build in a way the harness cannot predict)."""
+
+    number: int | None = None
+    follows: str | None = None
+    offset: int = 0
+
+    def value_for(self, values: Mapping[str, int | None]) -> int | None:
+        if self.follows is not None:
+            base = values[self.follows]
+            return None if base is None else base + self.offset
+        return self.number
+
+    def describe(self) -> str:
+        if self.follows is not None:
+            if not self.offset:
+                return f"= {self.follows}"
+            return f"= {self.follows} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
+        return "derived by the build" if self.number is None else f"always {self.number}"
+
+
 @dataclass(frozen=True)
 class ServiceProfile:
     """A validated service profile. ``source`` and ``text`` keep the file for the repro package."""
@@ -46,6 +98,9 @@ class ServiceProfile:
     default_window: int | None
     config_args: Mapping[str, str]
     applied: Mapping[str, str]
+    config_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    fixed: Mapping[str, FixedValue] = field(default_factory=dict)
+    unverifiable: Mapping[str, str] = field(default_factory=dict)
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
     gpu_release_timeout_s: float = 120.0
@@ -77,8 +132,122 @@ class ServiceProfile:
             value = values[field_name]
             if template is None or value is None:
                 continue
-            args.extend(shlex.split(template.format(value=value)))
+            args.extend(shlex.split(render_value(template, value)))
         return args
+
+    def render_env(self, config: DDTreeConfig | None) -> dict[str, str]:
+        """The launch environment: the profile's ``env`` plus ``config_env`` for ``config``
+        (a field whose value is None sets nothing)."""
+        env = dict(self.env)
+        if config is None:
+            return env
+        values = config.field_values(self.default_window)
+        for field_name in CONFIG_FIELDS:
+            value = values[field_name]
+            if value is None:
+                continue
+            for variable, template in self.config_env.get(field_name, {}).items():
+                env[variable] = render_value(template, value)
+        return env
+
+    # -- what the build can set ------------------------------------------------------------
+    def settable_fields(self) -> tuple[str, ...]:
+        """Fields that reach the service through a launch flag or an environment variable."""
+        return tuple(f for f in CONFIG_FIELDS if f in self.config_args or f in self.config_env)
+
+    def fixed_field(self, field_name: str) -> FixedValue | None:
+        """How the build decides a field the profile cannot set (None: the profile sets it).
+        A field the profile neither sets nor lists under ``fixed`` is derived by the build."""
+        if field_name in self.settable_fields():
+            return None
+        return self.fixed.get(field_name, FixedValue())
+
+    def how_fields_reach_the_service(self) -> dict[str, str]:
+        """field -> one line: the flag, the variable, or what the build uses instead."""
+        out: dict[str, str] = {}
+        for name in CONFIG_FIELDS:
+            if name in self.config_args:
+                how = f"flag {self.config_args[name]}"
+            elif name in self.config_env:
+                how = "env " + ", ".join(f"{k}={v}" for k, v in self.config_env[name].items())
+            else:
+                fixed = self.fixed_field(name)
+                assert fixed is not None
+                how = f"not settable: {fixed.describe()}"
+            checks = [key for key, f in self.applied.items() if f == name]
+            if checks:
+                how += "; read back as /server_info " + ", ".join(checks)
+            elif name in self.unverifiable:
+                how += f"; unverifiable: {self.unverifiable[name]}"
+            out[name] = how
+        return out
+
+    def launch_identity(self, config: DDTreeConfig) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """What a launch of ``config`` really is: the command (port left out) and its environment."""
+        env = self.render_env(config)
+        command = self.render_command(config, None) if self.command else shlex.join(self.render_config_args(config))
+        return command, tuple(sorted(env.items()))
+
+    def expressible(self, configs: Iterable[DDTreeConfig]) -> list[DDTreeConfig]:
+        """The configs this build can run under their own names: fixed fields as the build has
+        them, and one config per distinct launch (the first, in the given order)."""
+        kept: list[DDTreeConfig] = []
+        launches: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for config in configs:
+            try:
+                self.check_selection([config])
+            except SelectionError:
+                continue
+            identity = self.launch_identity(config)
+            if identity not in launches:
+                launches.add(identity)
+                kept.append(config)
+        return kept
+
+    def check_selection(self, configs: Iterable[DDTreeConfig]) -> None:
+        """Refuse, before anything starts, configs this build would mislabel.
+
+        A config whose fixed field differs from what the build always uses would be recorded
+        under a name it did not run; two different configs with the same launch (command and
+        environment) would record one service's numbers under two names. Both raise
+        SelectionError naming the fields the profile cannot set.
+        """
+        configs = list(configs)
+        problems: list[str] = []
+        for config in configs:
+            values = config.field_values(self.default_window)
+            for name in CONFIG_FIELDS:
+                fixed = self.fixed_field(name)
+                if fixed is None:
+                    continue
+                expected = fixed.value_for(values)
+                if expected is not None and values[name] != expected:
+                    problems.append(
+                        f"{config.name} asks {name}={values[name]}, but this build cannot set {name}: "
+                        f"it is {fixed.describe()} ({expected} here)"
+                    )
+        by_launch: dict[tuple[str, tuple[tuple[str, str], ...]], list[DDTreeConfig]] = {}
+        for config in configs:
+            by_launch.setdefault(self.launch_identity(config), []).append(config)
+        for group in by_launch.values():
+            distinct = {tuple(sorted(c.field_values(self.default_window).items(), key=lambda kv: kv[0])): c for c in group}
+            if len(distinct) < 2:
+                continue
+            differing = [
+                name for name in CONFIG_FIELDS
+                if len({c.field_values(self.default_window)[name] for c in distinct.values()}) > 1
+            ]
+            names = ", ".join(c.name for c in distinct.values())
+            problems.append(
+                f"{names} would run the same launch (command and environment): this profile cannot set "
+                f"{', '.join(differing)} ({'; '.join(f'{f}: {self.how_fields_reach_the_service()[f]}' for f in differing)}); "
+                "select one of them, or map the field in config_args / config_env if your build can set it"
+            )
+        if problems:
+            raise SelectionError(
+                f"service profile {self.source or self.name} cannot run the selected configs as named:\n  - "
+                + "\n  - ".join(problems)
+            )
 
     def render_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str:
         """The full launch command; ``config=None`` with ``extra_args`` launches e.g. a no-speculation instance."""
@@ -176,7 +345,10 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "port": ((int, str), False),
     "default_window": ((int, type(None)), False),
     "config_args": (dict, True),
+    "config_env": ((dict, type(None)), False),
+    "fixed": ((dict, type(None)), False),
     "applied": (dict, False),
+    "unverifiable": ((dict, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
@@ -270,12 +442,54 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     for key, template in config_args.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"config_args.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
-        if not isinstance(template, str) or "{value}" not in template:
-            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}}, got {template!r}")
+        if not _valid_value_template(template):
+            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), got {template!r}")
+    config_env: dict[str, dict[str, str]] = {}
+    for key, variables in (raw.get("config_env") or {}).items():
+        if key not in CONFIG_FIELDS:
+            raise fail(f"config_env.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+        if not isinstance(variables, Mapping) or not variables:
+            raise fail(f"config_env.{key}", f"must map environment variables to templates, e.g. {{SGLANG_X: \"{{value}}\"}}, got {variables!r}")
+        if key in config_args:
+            raise fail(f"config_env.{key}", "this field is already set by config_args; a field reaches the service one way")
+        for variable, template in variables.items():
+            if not _valid_value_template(template):
+                raise fail(f"config_env.{key}.{variable}", f"must be a template containing {{value}} (or {{value+N}}), got {template!r}")
+        config_env[key] = {str(k): str(v) for k, v in variables.items()}
+    settable = set(config_args) | set(config_env)
+    fixed: dict[str, FixedValue] = {}
+    for key, value in (raw.get("fixed") or {}).items():
+        if key not in CONFIG_FIELDS:
+            raise fail(f"fixed.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+        if key in settable:
+            raise fail(f"fixed.{key}", "the profile also sets this field (config_args / config_env); a fixed field is one the build cannot set")
+        if value is None:
+            fixed[key] = FixedValue()
+        elif isinstance(value, int) and not isinstance(value, bool):
+            fixed[key] = FixedValue(number=value)
+        elif isinstance(value, str) and (match := _FIXED_EXPRESSION.match(value)) and match.group(1) != key:
+            amount = int(match.group(3) or 0)
+            fixed[key] = FixedValue(follows=match.group(1), offset=-amount if match.group(2) == "-" else amount)
+        else:
+            raise fail(f"fixed.{key}", f"must be the value the build always uses (an integer), another field "
+                                       f"with an offset (e.g. 'block_size - 1'), or null (derived by the build), got {value!r}")
     applied = raw.get("applied") or {}
     for key, field_name in applied.items():
         if field_name not in CONFIG_FIELDS:
             raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), got {field_name!r}")
+    unverifiable = {str(k): v for k, v in (raw.get("unverifiable") or {}).items()}
+    for key, reason in unverifiable.items():
+        if key not in CONFIG_FIELDS:
+            raise fail(f"unverifiable.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+        if not isinstance(reason, str) or not reason.strip():
+            raise fail(f"unverifiable.{key}", "must give the reason /server_info cannot show this field (the report prints it)")
+        if key in applied.values():
+            raise fail(f"unverifiable.{key}", "this field is read back by applied; drop one of the two")
+    for key in CONFIG_FIELDS:
+        if key in settable and key not in applied.values() and key not in unverifiable:
+            section = "config_args" if key in config_args else "config_env"
+            raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
+                                         f"it under applied, or say why it cannot be checked under unverifiable")
     lossless = raw.get("lossless", "instance" if raw.get("lossless_args") else "golden")
     if lossless not in LOSSLESS_MODES:
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
@@ -302,6 +516,9 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         default_window=window,
         config_args=dict(config_args),
         applied=dict(applied),
+        config_env=config_env,
+        fixed=fixed,
+        unverifiable=unverifiable,
         health_path=health_path,
         ready_timeout_s=float(raw.get("ready_timeout_s", 900)),
         gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", 120)),

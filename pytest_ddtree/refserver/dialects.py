@@ -1,0 +1,273 @@
+"""How each SGLang build the harness ships a profile for turns launch flags and environment into a
+speculative configuration: the reference engine's ``--dialect``.
+
+Why: a shipped profile is only worth something if its flags mean, on the engine CI runs it against,
+what they mean on the build it names. Each dialect below follows that build's own argument handling
+(cited per function), including its refusals (exit 1 with the build's message, before the port
+opens) and its silent overrides (a log warning, the value in effect in ``/server_info``). The
+reference dialect is the engine's own: every config field has a flag, so the default profile can
+run every matrix config.
+
+A dialect turns the parsed flags and the environment into a :class:`Resolved`: the configuration the
+engine runs (DDTree budget = non-root nodes, topk = candidates per depth) and the server-arg keys
+``/server_info`` reports for it, named and valued as that build reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DIALECTS = ("reference", "upstream", "ddtree", "subsir")
+DIALECT_HELP = {
+    "reference": "the engine's own flags: block size, budget (--speculative-num-draft-tokens), topk, window",
+    "upstream": "upstream SGLang DFLASH (sgl-project/sglang main): a chain; topk forced to 1, block size = num draft tokens",
+    "ddtree": "PR 27509 (Rancy-Wang/sglang ddtree-v2): --speculative-algorithm DDTREE, --speculative-ddtree-block-size/-budget",
+    "subsir": "SubSir/sglang fork: DFLASH with tree verify from SGLANG_DFLASH_TREE_VERIFY* environment variables",
+}
+
+
+class DialectError(ValueError):
+    """The build would refuse these arguments (it raises ValueError before the server starts)."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a build runs for the given flags and environment."""
+
+    algorithm: str  # DFLASH (tree or chain) or NONE
+    block_size: int
+    budget: int
+    topk: int
+    window: int | None
+    server_args: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _window(text: str) -> int | None:
+    if text.strip().lower() in ("none", "null", ""):
+        return None
+    return _positive(text)
+
+
+def _algorithm(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper()
+        if value not in choices:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(choices)})")
+        return value
+
+    return parse
+
+
+def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None:
+    """The speculative flags the dialect's build accepts; anything else is an argparse error (exit 2),
+    as an unknown flag is for ``sglang.launch_server``."""
+    s = parser.add_argument_group(f"speculative decoding (dialect {dialect})")
+    if dialect == "reference":
+        s.add_argument("--speculative-algorithm", type=_algorithm(("DFLASH", "NONE")), default="DFLASH",
+                       help="DFLASH (DDTree verification) or NONE (default: %(default)s)")
+        s.add_argument("--speculative-dflash-block-size", type=_positive, default=8,
+                       help="drafter block size; the tree depth is block_size - 1 (default: %(default)s)")
+        s.add_argument("--speculative-num-draft-tokens", type=_positive, default=8,
+                       help="DDTree budget: non-root tree nodes verified per step (default: %(default)s)")
+        s.add_argument("--speculative-eagle-topk", type=_positive, default=4, help="candidates per depth (default: %(default)s)")
+        s.add_argument("--speculative-draft-window-size", "--speculative-dflash-draft-window-size",
+                       dest="speculative_draft_window_size", type=_window, default=None,
+                       help="drafter sees only the last W tokens (compact cache); absent = no window")
+        s.add_argument("--speculative-num-steps", type=_positive, default=1, help="accepted for SGLang compatibility (DFLASH uses 1)")
+        return
+    choices = ("DFLASH", "DDTREE", "NONE") if dialect == "ddtree" else ("DFLASH", "NONE")
+    s.add_argument("--speculative-algorithm", type=_algorithm(choices), default="NONE",
+                   help=f"{', '.join(choices)} (default: no speculation, as SGLang)")
+    s.add_argument("--speculative-num-draft-tokens", type=_positive, default=None, help="DFLASH: the block size (verify width)")
+    s.add_argument("--speculative-dflash-block-size", type=_positive, default=None, help="DFLASH: alias of --speculative-num-draft-tokens; must match it")
+    s.add_argument("--speculative-eagle-topk", type=_positive, default=None, help="forced to 1 under DFLASH (a warning)")
+    s.add_argument("--speculative-num-steps", type=_positive, default=None, help="forced to 1 under DFLASH (a warning)")
+    if dialect == "subsir":
+        # The fork predates the May 2026 rename: only the older flag exists there.
+        s.add_argument("--speculative-dflash-draft-window-size", dest="speculative_dflash_draft_window_size", type=_positive,
+                       default=None, help="drafter window (compact cache); absent = no window")
+    else:
+        s.add_argument("--speculative-draft-window-size", dest="speculative_draft_window_size", type=_positive,
+                       default=None, help="drafter window (compact cache); absent = no window")
+    if dialect == "ddtree":
+        s.add_argument("--speculative-ddtree-block-size", type=_positive, default=None,
+                       help="DDTREE: draft block size; wins over --speculative-num-draft-tokens (a warning)")
+        s.add_argument("--speculative-ddtree-budget", type=int, default=None,
+                       help="DDTREE: non-root tree nodes B, verify width B + 1 (default block_size - 1)")
+
+
+def resolve(dialect: str, ns: argparse.Namespace, env: Mapping[str, str], *, drafter_block_size: int,
+            tp_size: int = 1) -> Resolved:
+    """The configuration the dialect's build runs; DialectError where it refuses to start."""
+    if dialect == "reference":
+        return _reference(ns)
+    if ns.speculative_algorithm == "NONE":
+        return Resolved("NONE", drafter_block_size, drafter_block_size - 1, 1, None, {"speculative_algorithm": None})
+    if dialect == "upstream":
+        return _upstream_dflash(ns, drafter_block_size)
+    if dialect == "ddtree":
+        if ns.speculative_algorithm != "DDTREE":
+            return _upstream_dflash(ns, drafter_block_size)
+        return _ddtree(ns, drafter_block_size)
+    if dialect == "subsir":
+        return _subsir(ns, env, drafter_block_size, tp_size)
+    raise DialectError(f"unknown dialect {dialect!r} (choose from {', '.join(DIALECTS)})")
+
+
+def _reference(ns: argparse.Namespace) -> Resolved:
+    speculative = ns.speculative_algorithm != "NONE"
+    window = ns.speculative_draft_window_size
+    return Resolved(
+        ns.speculative_algorithm, ns.speculative_dflash_block_size, ns.speculative_num_draft_tokens,
+        ns.speculative_eagle_topk, window,
+        {
+            "speculative_algorithm": ns.speculative_algorithm,
+            "speculative_dflash_block_size": ns.speculative_dflash_block_size if speculative else None,
+            "speculative_num_draft_tokens": ns.speculative_num_draft_tokens if speculative else None,
+            "speculative_eagle_topk": ns.speculative_eagle_topk if speculative else None,
+            "speculative_num_steps": 1 if speculative else None,
+            "speculative_draft_window_size": window if speculative else None,
+            "speculative_dflash_draft_window_size": window if speculative else None,
+        },
+    )
+
+
+def _handle_dflash(args: dict[str, Any], drafter_block_size: int, window_key: str, warnings: list[str],
+                   check_window: bool = True) -> int:
+    """sgl-project/sglang python/sglang/srt/arg_groups/speculative_hook.py ``_handle_dflash``:
+    num_steps and topk forced to 1 with a warning; --speculative-dflash-block-size must match
+    --speculative-num-draft-tokens (ValueError) and becomes it; absent both, the drafter's
+    config gives the block size; the window must be >= the block size (ValueError)."""
+    steps = args.get("speculative_num_steps")
+    if steps is not None and steps != 1:
+        warnings.append(f"DFLASH only supports speculative_num_steps == 1; overriding speculative_num_steps={steps} to 1.")
+    args["speculative_num_steps"] = 1
+    topk = args.get("speculative_eagle_topk")
+    if topk is not None and topk != 1:
+        warnings.append(f"DFLASH only supports speculative_eagle_topk == 1; overriding speculative_eagle_topk={topk} to 1.")
+    args["speculative_eagle_topk"] = 1
+    block = args.get("speculative_dflash_block_size")
+    draft_tokens = args.get("speculative_num_draft_tokens")
+    if block is not None:
+        if draft_tokens is not None and draft_tokens != block:
+            raise DialectError(
+                "Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set "
+                "but they differ. For DFLASH they must match. "
+                f"speculative_num_draft_tokens={draft_tokens}, speculative_dflash_block_size={block}."
+            )
+        args["speculative_num_draft_tokens"] = block
+    if args.get("speculative_num_draft_tokens") is None:
+        args["speculative_num_draft_tokens"] = drafter_block_size  # parse_dflash_draft_config(...).resolve_block_size
+    draft_tokens = int(args["speculative_num_draft_tokens"])
+    window = args.get(window_key)
+    if check_window and window is not None and window < draft_tokens:
+        raise DialectError(
+            "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
+            f"window_size={window}, block_size={draft_tokens}."
+        )
+    return draft_tokens
+
+
+def _upstream_dflash(ns: argparse.Namespace, drafter_block_size: int) -> Resolved:
+    """Upstream DFLASH verifies a chain: the root plus block_size - 1 drafted tokens, i.e. a DDTree
+    budget of block_size - 1 non-root nodes with one candidate per depth."""
+    args = _spec_args(ns)
+    warnings: list[str] = []
+    block = _handle_dflash(args, drafter_block_size, "speculative_draft_window_size", warnings)
+    return Resolved("DFLASH", block, block - 1, 1, args["speculative_draft_window_size"], args, tuple(warnings))
+
+
+def _ddtree(ns: argparse.Namespace, drafter_block_size: int) -> Resolved:
+    """Rancy-Wang/sglang (branch ddtree-v2, PR 27509) python/sglang/srt/arg_groups/speculative_hook.py
+    ``_handle_ddtree``: --speculative-ddtree-block-size wins over the other two block-size flags (a
+    warning each), then ``_handle_dflash`` runs (topk forced to 1 in the server args), then the budget
+    defaults to block_size - 1 and must be >= 1. The tree itself takes topk = min(budget, vocab)
+    (python/sglang/srt/speculative/ddtree_utils.py): no per-depth cap, so topk = budget here."""
+    args = _spec_args(ns)
+    args["speculative_ddtree_block_size"] = ns.speculative_ddtree_block_size
+    args["speculative_ddtree_budget"] = ns.speculative_ddtree_budget
+    warnings: list[str] = []
+    ddtree_block = ns.speculative_ddtree_block_size
+    if ddtree_block is not None:
+        draft_tokens = args.get("speculative_num_draft_tokens")
+        if draft_tokens is not None and draft_tokens != ddtree_block:
+            warnings.append(f"DDTREE uses --speculative-ddtree-block-size={ddtree_block} instead of --speculative-num-draft-tokens={draft_tokens}.")
+        dflash_block = args.get("speculative_dflash_block_size")
+        if dflash_block is not None and dflash_block != ddtree_block:
+            warnings.append(f"DDTREE ignores conflicting --speculative-dflash-block-size={dflash_block}; using --speculative-ddtree-block-size={ddtree_block}.")
+        args["speculative_num_draft_tokens"] = ddtree_block
+        args["speculative_dflash_block_size"] = None
+    block = _handle_dflash(args, drafter_block_size, "speculative_draft_window_size", warnings)
+    budget = args["speculative_ddtree_budget"]
+    if budget is None:
+        budget = block - 1
+    if budget < 1:
+        raise DialectError(f"--speculative-ddtree-budget must be >= 1, got {budget}.")
+    args["speculative_ddtree_budget"] = budget
+    args["speculative_algorithm"] = "DDTREE"
+    return Resolved("DFLASH", block, budget, budget, args["speculative_draft_window_size"], args, tuple(warnings))
+
+
+def _subsir(ns: argparse.Namespace, env: Mapping[str, str], drafter_block_size: int, tp_size: int) -> Resolved:
+    """SubSir/sglang python/sglang/srt/speculative/dflash_worker.py (commit 0433712a5d69) ``DFlashWorker.__init__``:
+    the block size is speculative_num_draft_tokens (upstream's DFLASH handling first); tree verify
+    is SGLANG_DFLASH_TREE_VERIFY=1 and needs SGLANG_DFLASH_BLOCK_VERIFY=1 (its default) and
+    tp_size 1 (else ValueError); SGLANG_DFLASH_TREE_VERIFY_TOPK (default 1) candidates per depth;
+    SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS (default block_size) tree nodes including the root
+    (dflash_utils.build_tree_verify_tokens), so the DDTree budget is NUM_TOKENS - 1. Without tree
+    verify it is upstream's chain. The variables are not server args: /server_info cannot show them."""
+    args = _spec_args(ns)
+    args["speculative_dflash_draft_window_size"] = ns.speculative_dflash_draft_window_size
+    warnings: list[str] = []
+    block = _handle_dflash(args, drafter_block_size, "speculative_dflash_draft_window_size", warnings, check_window=False)
+
+    def env_int(name: str, default: int) -> int:
+        text = env.get(name)
+        if text is None:
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise DialectError(f"invalid literal for int() with base 10: {text!r} (environment variable {name})") from None
+
+    tree = bool(env_int("SGLANG_DFLASH_TREE_VERIFY", 0))
+    block_verify = bool(env_int("SGLANG_DFLASH_BLOCK_VERIFY", 1))
+    topk = env_int("SGLANG_DFLASH_TREE_VERIFY_TOPK", 1)
+    num_tokens = env_int("SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS", block)
+    if tree and not block_verify:
+        raise DialectError("Invalid DFlash config: SGLANG_DFLASH_TREE_VERIFY=1 requires block verify (set SGLANG_DFLASH_BLOCK_VERIFY=1).")
+    if tree and tp_size > 1:
+        raise DialectError(f"DFLASH tree-verify mode currently requires tp_size==1; disabling tree-verify for tp_size={tp_size}.")
+    window = args["speculative_dflash_draft_window_size"]
+    warnings.append(f"DFLASH verify mode: block_verify={block_verify}, tree_verify={tree}")
+    if not tree or block <= 1:
+        return Resolved("DFLASH", block, block - 1, 1, window, args, tuple(warnings))
+    if topk < 1 or num_tokens < 2:
+        raise DialectError(f"DFLASH tree verify needs SGLANG_DFLASH_TREE_VERIFY_TOPK >= 1 and _NUM_TOKENS >= 2, got {topk} and {num_tokens}")
+    return Resolved("DFLASH", block, num_tokens - 1, topk, window, args, tuple(warnings))
+
+
+def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:
+    """The speculative server args as given (SGLang reports every server arg in /server_info)."""
+    return {
+        "speculative_algorithm": ns.speculative_algorithm,
+        "speculative_num_draft_tokens": ns.speculative_num_draft_tokens,
+        "speculative_dflash_block_size": ns.speculative_dflash_block_size,
+        "speculative_eagle_topk": ns.speculative_eagle_topk,
+        "speculative_num_steps": ns.speculative_num_steps,
+        "speculative_draft_window_size": getattr(ns, "speculative_draft_window_size", None),
+    }
