@@ -143,11 +143,11 @@ def _start_phases(srv: RefServer, started: float) -> tuple[float, float]:
 def test_start_refuses_connections_while_loading_then_answers_503_during_warm_up(tmp_path: Path) -> None:
     """As SGLang: the port opens only after the weights are loaded (http_server.py launch_server),
     then health answers 503 until the warm-up is done (server_status Starting). Two engines side by
-    side, one loading 1.5 s longer and one warming up 1.5 s longer: each spends its extra time in
+    side, one loading 2.5 s longer and one warming up 2.5 s longer: each spends its extra time in
     its own phase."""
     started = time.monotonic()
-    loading = RefServer([*FAST, "--load-seconds", "1.5"], tmp_path, "loading")
-    warming = RefServer([*FAST, "--fault", "slow-start=1.5"], tmp_path, "warming")
+    loading = RefServer([*FAST, "--load-seconds", "2.5"], tmp_path, "loading")
+    warming = RefServer([*FAST, "--fault", "slow-start=2.5"], tmp_path, "warming")
     try:
         with ThreadPoolExecutor(2) as pool:
             (load_refused, load_503), (warm_refused, warm_503) = pool.map(lambda s: _start_phases(s, started), [loading, warming])

@@ -598,7 +598,7 @@ class Engine:
                 sglang_avg = self.sglang_avg_spec_accept_length()
                 if sglang_avg is not None:  # absent until refreshed, as in SGLang
                     out["avg_spec_accept_length"] = round(sglang_avg, 6)
-            else:
+            elif self.spec.speculative:
                 out["avg_spec_accept_length"] = round(self.avg_spec_accept_length(), 6)
             return out | {
                 "exact_accept_length_since_flush": round(self.avg_spec_accept_length(), 6),
