@@ -115,7 +115,7 @@ def test_hang_after_n(tmp_path: Path) -> None:
         srv.stop()
 
 
-def _start_phases(srv: RefServer, started: float) -> tuple[float, float]:
+def _start_phases(srv: RefServer, started: float, generate_refused: bool) -> tuple[float, float]:
     """Seconds refused (port closed), then seconds answering 503, until health says 200."""
     first_answer = None
     codes: list[int] = []
@@ -128,7 +128,7 @@ def _start_phases(srv: RefServer, started: float) -> tuple[float, float]:
             continue
         if first_answer is None:
             first_answer = time.monotonic()
-            if code == 503:
+            if generate_refused:  # a long warm-up: generation is refused too, with a message
                 r = srv.post("/generate", json=BODY)
                 assert r.status_code == 503 and r.json()["error"]["message"]
         codes.append(code)
@@ -150,7 +150,7 @@ def test_start_refuses_connections_while_loading_then_answers_503_during_warm_up
     warming = RefServer([*FAST, "--fault", "slow-start=2.5"], tmp_path, "warming")
     try:
         with ThreadPoolExecutor(2) as pool:
-            (load_refused, load_503), (warm_refused, warm_503) = pool.map(lambda s: _start_phases(s, started), [loading, warming])
+            (load_refused, load_503), (warm_refused, warm_503) = pool.map(lambda args: _start_phases(*args), [(loading, started, False), (warming, started, True)])
         assert load_refused > warm_refused + 1.0, (load_refused, warm_refused)
         assert warm_503 > load_503 + 1.0, (warm_503, load_503)
     finally:
