@@ -60,6 +60,21 @@ class FinishOutcome:
         self.errors.append(message)
 
 
+def _report_field_mapping(session: _Session, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+    """How each config field reached the service, in results.json; the fields the harness could
+    not prove (unverifiable, with the profile's reason, or not settable) also in the summary."""
+    try:
+        profile = session.profile
+    except (ProfileError, OSError):
+        return
+    mapping = profile.how_fields_reach_the_service()
+    results["config_fields"] = mapping
+    unproven = {name: how for name, how in mapping.items() if "unverifiable:" in how or how.startswith("not settable")}
+    if unproven:
+        outcome.sections.append(("ddtree config fields not read back",
+                                 "\n".join(f"{name}: {how}" for name, how in unproven.items())))
+
+
 def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     outcome = FinishOutcome()
     results_dir = session.results_dir
@@ -80,6 +95,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         if live is not None:
             summary.json["environment"] = live.environment
         summary.json["session_id"] = session.settings.session_id
+        _report_field_mapping(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
         _write_html_report(session, summary.json, outcome)

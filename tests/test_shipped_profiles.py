@@ -61,6 +61,14 @@ def test_shipped_profile_passes_the_health_suite_in_its_dialect(pytester: pytest
     result = run_suite(pytester, profile, suite="test_health.py", config=",".join(configs), timeout=300)
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("passed") == 3 * len(configs), result.stdout.str()[-3000:]
+    # The report names every field the harness could not read back, with the profile's reason.
+    out = result.stdout.str()
+    unproven = [f for f in ("budget", "topk") if f not in load_profile(SERVICES / name).settable_fields()
+                or f in load_profile(SERVICES / name).unverifiable]
+    if unproven:
+        assert "ddtree config fields not read back" in out
+        for field_name in unproven:
+            assert re.search(rf"^{field_name}: (not settable|env .*unverifiable: )", out, re.M), out[-3000:]
     # The engine ran what each name says, also for fields /server_info cannot show (the fork's env).
     logs = {p.name: p.read_text() for p in (pytester.path / "results" / "logs").glob("*.log")}
     for config_name in configs:
