@@ -140,3 +140,31 @@ def test_profile_errors_name_the_template() -> None:
         parse_profile({**base, "start": "x {budgett}", "stop": "y", "status": "z"})
     with pytest.raises(ProfileError, match="start: command templates belong to controller: command"):
         parse_profile({**base, "controller": "process", "command": "x {config_args} {port}", "start": "x"})
+
+
+def test_readme_fleet_and_kubectl_examples_are_valid_profiles(repo_root: Path) -> None:
+    """The README's examples parse as profiles and render the commands they promise."""
+    import re
+
+    import yaml
+
+    from pytest_ddtree.service.command import CommandController
+    from pytest_ddtree.service.ssh import LocalHost
+
+    text = (repo_root / "README.md").read_text()
+    blocks = dict(re.findall(r"```yaml\nname: (k26-fleet|k26-k8s)\n(.*?)```", text, re.S))
+    assert set(blocks) == {"k26-fleet", "k26-k8s"}
+    profiles = {}
+    for name, body in blocks.items():
+        raw = yaml.safe_load(f"name: {name}\n" + body.replace("{...}", "{}"))
+        raw.update(config_args=CONFIG_ARGS, applied=APPLIED)
+        profiles[name] = parse_profile(raw)
+    fleet = profiles["k26-fleet"]
+    assert fleet.pool_size == 3 and fleet.for_instance(2).render_url(fleet.for_instance(2).port) == "http://10.0.0.3:30001"
+    assert fleet.for_instance(1).render_url(30000) == "http://gpu-node-2:30000"
+    k8s = profiles["k26-k8s"]
+    values = {"config_args": "--speculative-eagle-topk 4", "url": k8s.render_url(30000), "port": 30000, "name": "bs8_b8_k4"}
+    controller = CommandController(k8s.fleet.commands, LocalHost())
+    assert 'DDTREE_ARGS="--speculative-eagle-topk 4"' in controller.render("start", values)
+    assert "jsonpath='{.items[*].status.containerStatuses[*].restartCount}'" in controller.render("status", values)
+    assert "{ for (i = 1; i <= NF; i++) if ($i > 0) { print" in controller.render("status", values)
