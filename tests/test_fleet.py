@@ -93,6 +93,11 @@ def test_target_parsing_and_profile_errors() -> None:
     second = profile.for_instance(1)
     assert (second.host, second.port, second.unit, second.render_url(second.port)) == ("ops@gpu-2:2222", 31000, "b.service", "http://gpu-2:31000")
     assert profile.for_instance(0).fleet.ssh_options == ("-i", "~/.ssh/fleet")
+    # {python} on a remote host is the profile's python: (else python3 there), never our own path.
+    remote = parse_profile({**base, "command": "{python} -m x {config_args} {port}", "port": 30000, "host": "ops@gpu-1"})
+    assert remote.render_command(None, 30000) == "python3 -m x  30000"
+    assert parse_profile({**base, "command": "{python} -m x {config_args}", "port": 30000, "host": "ops@gpu-1",
+                          "python": "/opt/sglang/bin/python"}).render_command(None, 1).startswith("/opt/sglang/bin/python -m")
 
 
 def test_ssh_runs_writes_through_one_master_and_times_out(ssh_fleet: SshFleet) -> None:

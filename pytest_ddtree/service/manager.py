@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -574,7 +573,7 @@ class ServiceManager:
         args = self.profile.render_config_args(config) if config is not None else []
         config_args = " ".join(part for part in (shlex.join(args), extra_args or "") if part)
         fields.update(config_args=config_args, config_env=render_env(self.profile.render_env(config)),
-                      host=self.profile.node, unit=self.profile.unit or "", python=shlex.quote(sys.executable))
+                      host=self.profile.node, unit=self.profile.unit or "", python=shlex.quote(self.profile.launch_python))
         return fields
 
     def _launch_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str | None:

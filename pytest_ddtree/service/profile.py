@@ -262,9 +262,15 @@ class ServiceProfile:
         return self.command.format(
             port="" if port is None else port,
             config_args=config_args,
-            python=shlex.quote(sys.executable),
+            python=shlex.quote(self.launch_python),
             host=self.node,
         ).strip()
+
+    @property
+    def launch_python(self) -> str:
+        """What ``{python}`` stands for: this interpreter, or on a remote host the profile's
+        ``python:`` (else ``python3`` there): our own path means nothing on another machine."""
+        return (self.python or "python3") if self.host else sys.executable
 
     @property
     def service_python(self) -> str | None:
