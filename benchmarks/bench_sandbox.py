@@ -86,7 +86,7 @@ def measure(tier: str, runs: int, humaneval: bool) -> tuple[list[str], bool]:
         if name.startswith("deep"):
             contained = res.verdict is Verdict.PASSED and res.cleanup_error is None and not os.path.lexists(res.workdir)
         ok &= contained
-        detail = res.message.splitlines()[0][:90] if res.message else "passed"
+        detail = " / ".join(res.message.splitlines()[:2])[:110] if res.message else "passed"
         if name.startswith("memfd"):
             detail += f"; {res.stderr.count('.') * 15} MiB written first"
         lines.append(f"| {tier} | {name}: {'contained' if contained else 'NOT CONTAINED'} | {res.duration_s:.1f} s, {detail} |")
