@@ -9,9 +9,12 @@ run's uid, no work dir, no file written outside the run.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
@@ -242,3 +245,33 @@ def test_seccomp_no_new_privs_and_no_keyring() -> None:
     )
     (res,) = run_all([Job(code, "f() == [1, 1, 1, 1, 1, 1, 38, '1', True]", "f", key="kernel")])
     assert res.verdict is Verdict.PASSED, res.message  # EPERM (1) everywhere, clone3 ENOSYS, no_new_privs set, not root
+
+
+# --------------------------------------------------------------------------- the userns tier
+
+
+def test_userns_tier_as_an_unprivileged_user() -> None:
+    """Not root: the same stage inside a user namespace builds the same minimal view with the
+    filter, and the gate refuses it without the opt-in (no uid drop, no cgroup).  Run as
+    'nobody' with the system interpreter, which that user can reach."""
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if os.getuid() != 0 or setpriv is None or not os.access(python, os.X_OK):
+        pytest.skip("needs root, util-linux setpriv and /usr/bin/python3 to act as an unprivileged user")
+    script = (
+        "import json\nfrom pytest_ddtree import sandbox\niso = sandbox.isolation()\n"
+        "r = sandbox.run_code('import os\\ndef f():\\n    return sorted(os.listdir(\"/\"))', 'f() == 1', 'f')\n"
+        "print(json.dumps({'tier': iso.tier, 'seccomp': iso.seccomp, 'message': r.message, 'refusal': sandbox.refusal(iso, False)}))\n"
+    )
+    done = subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, cwd="/tmp", capture_output=True, text=True, timeout=120, check=False,
+    )
+    if done.returncode != 0 and "Permission denied" in done.stderr:
+        pytest.skip(f"the checkout is not readable by an unprivileged user: {done.stderr[-200:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if out["tier"] != "userns":
+        pytest.skip(f"unprivileged user namespaces are not allowed here: tier {out['tier']}")
+    listing = out["message"]  # the failed step shows what / holds in the run
+    assert "'usr'" in listing and not any(f"'{d}'" in listing for d in ("etc", "run", "var", "home", "root", "work")), listing
+    assert out["seccomp"] is True and "--ddtree-sandbox=plain" in out["refusal"]

@@ -723,8 +723,9 @@ def refusal(iso: Isolation, allow_plain: bool) -> str | None:
         )
     if iso.strong or allow_plain:
         return None
+    why = "; ".join(iso.notes) or ("not root: no uid drop, no cgroup" if iso.tier == "userns" else "no namespaces")
     return (
-        f"the strongest sandbox tier is unavailable: {iso.describe()} ({'; '.join(iso.notes) or 'no namespaces'}). "
+        f"the strongest sandbox tier is unavailable: {iso.describe()} ({why}). "
         "Fix: install bubblewrap (apt-get install bubblewrap) or util-linux unshare and run as root, "
         "or accept the weaker isolation explicitly with --ddtree-sandbox=plain (ini: ddtree_sandbox = plain)"
     )
