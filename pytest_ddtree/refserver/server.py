@@ -137,6 +137,8 @@ def _bool(obj: dict[str, Any], key: str, default: bool = False) -> bool:
 
 
 def parse_sampling(sp: Any, *, max_key: str = "max_new_tokens", default_max: int = 128) -> SamplingParams:
+    """SGLang's sampling params (python/sglang/srt/sampling/sampling_params.py: max_new_tokens
+    defaults to 128, temperature to 1.0)."""
     if sp is None:
         sp = {}
     if not isinstance(sp, dict):
@@ -578,6 +580,8 @@ class Handler(BaseHTTPRequestHandler):
         return meta
 
     def h_generate(self) -> None:
+        """http_server.py ``generate_request``: {text | input_ids, sampling_params, stream}; a stream is
+        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there)."""
         body = self.read_json()
         eng = self._begin_generation()
         if eng is None:
@@ -635,6 +639,7 @@ class Handler(BaseHTTPRequestHandler):
         self._openai_run(eng, body, prompt, params, chat=False)
 
     def h_chat(self) -> None:
+        """entrypoints/openai/serving_chat.py: OpenAI shape with usage; return_meta_info adds meta_info."""
         body = self.read_json()
         eng = self._begin_generation()
         if eng is None:
