@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddtree.service.pool import free_port
+from pytest_ddtree.service.process import _parent_death_signal
 from tests.polling import wait_until
 
 FAKES = Path(__file__).resolve().parent / "fakes"
@@ -205,7 +206,9 @@ class SshFleet:
         sshd = sshd_binary()
         assert sshd is not None
         log = open(host.root / "sshd.log", "ab")
-        host.sshd = subprocess.Popen([sshd, "-D", "-e", "-f", str(host.root / "sshd_config")], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        # Dies with the test process even when that is SIGKILLed (a timed-out CI job).
+        host.sshd = subprocess.Popen([sshd, "-D", "-e", "-f", str(host.root / "sshd_config")], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_parent_death_signal())
         log.close()
         _wait_listening(host.ssh_port)
 
