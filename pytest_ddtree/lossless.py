@@ -58,6 +58,7 @@ __all__ = [
     "Reference",
     "collect",
     "compare",
+    "deterministic_hint",
     "exact_reason",
     "judge",
     "load_golden_reference",
@@ -384,7 +385,15 @@ def exact_reason(server_info: Mapping[str, Any]) -> str | None:
     return None
 
 
-def judge(reference: Reference, got: Mapping[str, Transcript], exact: str | None) -> LosslessOutcome:
+def deterministic_hint(server_info: Mapping[str, Any]) -> str:
+    """Where the build offers deterministic inference but it is off: how to get an exact check."""
+    if server_info.get("enable_deterministic_inference") is False:
+        return ("note: this build has --enable-deterministic-inference; a service started with it is held to "
+                "an identical output instead of the floor")
+    return ""
+
+
+def judge(reference: Reference, got: Mapping[str, Transcript], exact: str | None, hint: str = "") -> LosslessOutcome:
     """Compare every prompt that has a reference transcript, then apply the rule: exact where
     ``exact`` says why, else no more diverging prompts and no earlier divergence than the floor."""
     divergences = [d for pid in sorted(got) if pid in reference.transcripts and (d := compare(reference.transcripts[pid], got[pid])) is not None]
@@ -396,7 +405,7 @@ def judge(reference: Reference, got: Mapping[str, Transcript], exact: str | None
         rule = f"rule: identical ({exact or 'the reference has no divergence floor'})"
         passed = not divergences
     else:
-        rule = "rule: no more diverging prompts than the floor, and none earlier than its earliest"
+        rule = "rule: no more diverging prompts than the floor, and none earlier than its earliest" + (f"\n{hint}" if hint else "")
         passed = not requests_failed and len(divergences) <= floor.diverged and (earliest is None or earliest >= (floor.earliest or 0))
     passed = passed and compared > 0
     lines = [

@@ -54,7 +54,7 @@ def test_lossless_gate(
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
 
-    outcome = lossless.judge(reference, got, exact)
+    outcome = lossless.judge(reference, got, exact, lossless.deterministic_hint(ddtree_service.server_info))
     ddtree_recorder.record("lossless", ddtree_config.name, {
         "reference": reference.source, "floor": reference.floor.to_json(), "exact": exact,
         "max_new_tokens": lossless.MAX_NEW_TOKENS, **outcome.to_record(),

@@ -69,6 +69,11 @@ def test_exact_reason() -> None:
     assert lossless.exact_reason({"version": "refserver-0.1.0"}) == "the reference engine is deterministic"
     assert "deterministic inference" in (lossless.exact_reason({"version": "0.5.4", "enable_deterministic_inference": True}) or "")
     assert lossless.exact_reason({"version": "0.5.4", "enable_deterministic_inference": False}) is None
+    hint = lossless.deterministic_hint({"enable_deterministic_inference": False})
+    assert "--enable-deterministic-inference" in hint and lossless.deterministic_hint({"version": "0.4.0"}) == ""
+    ref = {"p": t("p", "x", [1, 2, 3])}
+    within = lossless.judge(_reference(ref, 1, 0), {"p": t("p", "x", [1, 2, 4])}, None, hint)
+    assert within.passed and hint in within.message
 
 
 def test_prompts() -> None:
