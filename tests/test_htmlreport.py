@@ -41,7 +41,7 @@ def _payload() -> dict[str, Any]:
          "diverged": [{"prompt_id": "p1", "position": 7, "unit": "token", "reference": "the cat", "got": "the dog", "detail": "d"}]},
         {"kind": "health", "config": "bs8_b8_k4", "time": 80.0, "completion_tokens": 16},
         {"kind": "launch", "config": "bs8_b8_k4", "time": 200.0, "worker": "main",
-         "launch": {"config": "bs8_b8_k4", "outcome": "ready", "ready_s": 1.5, "started_at": 70.0}},
+         "launch": {"config": "bs8_b8_k4", "outcome": "ready", "ready_s": 1.5, "started_at": 70.0, "engine_version": "refserver-0.1.0"}},
         {"kind": "launch", "config": "bs8_b4_k4", "time": 200.0, "worker": "main",
          "launch": {"config": "bs8_b4_k4", "outcome": "ready", "ready_s": 2.5, "started_at": 85.0}},
     ]
@@ -73,6 +73,8 @@ def test_page_escapes_code_and_marks_the_flip() -> None:
     assert "AssertionError: &lt;b&gt;" in page and "<b>" not in page.split("<body>")[1].split("<script")[0]
     assert 'data-flip="true"' in page and "failed (flip)" in page
     assert "the cat" in page and "the dog" in page
+    environment = page.split('id="environment-table"', 1)[1]
+    assert "engine version (/server_info)" in environment and "refserver-0.1.0" in environment
 
 
 def test_missing_sections_render_as_not_measured() -> None:

@@ -162,6 +162,9 @@ def test_regression_and_coding_flip_are_failures_with_messages_in_the_browser(se
             assert status == "fail" and f"flipped to failing against the baseline: {sessions.flipped_problem}" in text
             assert by[(config, "health")][0] == "pass" and by[(config, "applied")][0] == "pass"
         assert page.inner_text("#overall") == "fail"
+        environment = page.inner_text("#environment-table")
+        assert re.search(r"engine version \(/server_info\)\s+refserver", environment), environment
+        assert re.search(r"package\s+pytest-ddtree \S+ at /", environment), environment
         # The flip is outlined, and its code and error are one click away.
         cell = page.locator(f'#coding-grid tr[data-problem="{sessions.flipped_problem}"] td[data-config="{CONFIGS[0]}"]')
         assert cell.get_attribute("data-flip") == "true"

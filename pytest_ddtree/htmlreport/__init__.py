@@ -114,6 +114,8 @@ def _engine_facts(payload: Mapping[str, Any]) -> dict[str, Any]:
                        if isinstance(c, Mapping) and c.get("hardware_profile")})
     if profiles:
         facts["hardware profile (baselines folder)"] = profiles
+    versions = sorted({str(v) for r in model.records(payload, "launch") if (v := (r.get("launch") or {}).get("engine_version"))})
+    facts["engine version (/server_info)"] = versions or "not recorded"
     commands = [((r.get("launch") or {}).get("command")) for r in model.records(payload, "launch")]
     if commands and commands[0]:
         facts["engine command (first launch)"] = commands[0]

@@ -516,6 +516,7 @@ class ServiceManager:
                 raise AppliedConfigMismatch(config.name, diffs)
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
+        record["engine_version"] = server_info.get("version")  # the report's environment section
         self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
         return RunningService(
             url=launch.url,
