@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmarks of the measurement harness itself (prints figures; not a test).
 
-Why: a gate is only as good as its instrument. Three questions, three sections:
+Why: a gate is only as good as its instrument. Two questions, two sections (the gate's own
+false alarms and detection are measured by ``bench_gate.py``):
 
 (a) fidelity   - does the load generator's output tok/s agree with the reference engine's
                  exact accounting (tokens it produced / the time its simulated clock was
@@ -10,14 +11,8 @@ Why: a gate is only as good as its instrument. Three questions, three sections:
                  what CPU cost per token, from an engine that adds no delay? Two sources:
                  a raw SSE streamer (one token per chunk: the client's worst case) and the
                  reference engine with a huge --clock-scale (its own CPU becomes the limit).
-(c) gate       - over 50 unchanged runs of a cell on an engine with ``--fault clock-jitter``,
-                 how often does the gate raise a false alarm (target <= 2%)? With
-                 ``--fault slowdown=1.1`` (10% slower), how often does it catch it (>= 95%)?
-                 Repeats are measured once into two pools (interleaved in time so drift hits
-                 both alike) and each "run" draws a disjoint baseline triple and current triple
-                 from them (seeded), then runs the real gate (``gate.compare_cell``).
 
-Usage: python benchmarks/bench_harness.py [--only fidelity,capacity,gate] [--runs 50] [--clock-scale 1 10]
+Usage: python benchmarks/bench_harness.py [--only fidelity,capacity] [--clock-scale 1 10]
 """
 
 from __future__ import annotations
@@ -25,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import gate, load, stats  # noqa: E402
+from pytest_ddtree import load  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
 from pytest_ddtree.client import SGLangClient  # noqa: E402
 
@@ -215,75 +209,12 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
     return rows
 
 
-# ---------------------------------------------------------------------------------- (c)
-
-
-def gate_quality(runs: int, jitter: float, clock_scale: float, pool_unchanged: int, pool_slow: int,
-                 seed: int = 7) -> dict[str, Any]:
-    cell = load.Cell("c8_short", 8, 128, 64, 16, 8)
-    policy = stats.RepeatPolicy()
-    unchanged: list[dict[str, Any]] = []
-    slow: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    with refserver("--clock-scale", str(clock_scale), "--fault", f"clock-jitter={jitter}") as u_url, \
-            refserver("--clock-scale", str(clock_scale), "--fault", f"clock-jitter={jitter}",
-                      "--fault", "slowdown=1.1") as s_url:
-        for i in range(max(pool_unchanged, pool_slow)):  # interleaved in time
-            if i < pool_unchanged:
-                r = load.run_cell(u_url, cell)
-                unchanged.append(r.metrics() if r.valid else {})
-            if i < pool_slow:
-                r = load.run_cell(s_url, cell)
-                slow.append(r.metrics() if r.valid else {})
-    measure_s = time.perf_counter() - t0
-    rng = random.Random(seed)
-    workload = load.workload_dict(cell)
-
-    def samples(ms: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-        return {s.key: [float(m[s.key]) for m in ms if isinstance(m.get(s.key), (int, float))]
-                for s in gate.GATED_METRICS}
-
-    def one(pool_b: list[dict[str, Any]], pool_c: list[dict[str, Any]], same: bool) -> str:
-        if same:
-            picks = rng.sample(range(len(pool_b)), 6)
-            b, c = [pool_b[i] for i in picks[:3]], [pool_b[i] for i in picks[3:]]
-        else:
-            b = [pool_b[i] for i in rng.sample(range(len(pool_b)), 3)]
-            c = [pool_c[i] for i in rng.sample(range(len(pool_c)), 3)]
-        if not all(b) or not all(c):
-            return "invalid"
-        entry = gate.baseline_cell_entry(workload, samples(b))
-        cur = samples(c)
-        status, why = gate.measurement_status(policy, cur["output_throughput"], False, c)
-        return gate.compare_cell(cell.name, entry, cur, status=status, problems=why, workload=workload).status
-
-    false_alarm = [one(unchanged, unchanged, True) for _ in range(runs)]
-    caught = [one(unchanged, slow, False) for _ in range(runs)]
-
-    def spread(pool: list[dict[str, Any]]) -> dict[str, float]:
-        v = [float(m["output_throughput"]) for m in pool if m]
-        return {"median": stats.median(v), "mad_pct": stats.mad(v) / stats.median(v) * 100, "n": len(v)}
-
-    return {
-        "runs": runs, "jitter": jitter, "clock_scale": clock_scale, "measure_s": measure_s,
-        "unchanged_pool": spread(unchanged), "slow_pool": spread(slow),
-        "slowdown_observed_pct": (spread(slow)["median"] / spread(unchanged)["median"] - 1) * 100,
-        "unchanged_verdicts": {s: false_alarm.count(s) for s in sorted(set(false_alarm))},
-        "slowdown_verdicts": {s: caught.count(s) for s in sorted(set(caught))},
-        "false_alarm_rate": false_alarm.count(gate.REGRESSION) / runs,
-        "detection_rate": caught.count(gate.REGRESSION) / runs,
-    }
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="fidelity,capacity,gate")
-    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--only", default="fidelity,capacity")
     ap.add_argument("--clock-scale", "--fidelity-clock-scale", dest="fidelity_clock_scale", type=float, nargs="+", metavar="S",
                     default=[1.0, 10.0], help="fidelity: reference-engine clock scales to measure, each held to the "
                     "2%% target (default: 1 and 10, the shipped reference profile's)")
-    ap.add_argument("--gate-clock-scale", type=float, default=5.0)
-    ap.add_argument("--jitter", type=float, default=0.2)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -318,18 +249,6 @@ def main() -> int:
             print(f"    {r['source']:<30} consumed {r['output_tok_s']:8.0f} tok/s (client core {r['client_cpu_util']:.0%} busy)"
                   f"  {r['cpu_us_per_token']:5.1f} us CPU/token  {r['cpu_us_per_chunk']:5.1f} us CPU/chunk"
                   f"  ceiling {r['client_ceiling_tok_s']:8.0f} tok/s")
-    if "gate" in only:
-        g = gate_quality(args.runs, args.jitter, args.gate_clock_scale, pool_unchanged=30, pool_slow=18)
-        figures["gate"] = g
-        fa_ok = g["false_alarm_rate"] <= 0.02
-        det_ok = g["detection_rate"] >= 0.95
-        ok &= fa_ok and det_ok
-        print(f"(c) gate quality, cell c8_short, --fault clock-jitter={g['jitter']}, --clock-scale {g['clock_scale']}, "
-              f"{g['runs']} runs each (pools measured in {g['measure_s']:.0f} s)")
-        print(f"    unchanged pool: median {g['unchanged_pool']['median']:.1f} tok/s, MAD {g['unchanged_pool']['mad_pct']:.2f}%;"
-              f" slowdown=1.1 pool: {g['slowdown_observed_pct']:+.1f}%")
-        print(f"    false alarms {g['false_alarm_rate']:.0%} ({g['unchanged_verdicts']})  {'OK' if fa_ok else 'FAIL'} (<= 2%)")
-        print(f"    slowdown caught {g['detection_rate']:.0%} ({g['slowdown_verdicts']})  {'OK' if det_ok else 'FAIL'} (>= 95%)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     return 0 if ok else 1

@@ -289,7 +289,7 @@ def render_markdown(records: Iterable[Mapping[str, Any]], title: str = "Throughp
     advice = recommendations(recs)
     if advice:
         parts += ["### Recommendations", "", *(f"- {a}" for a in advice), ""]
-    bad = [r for r in recs if r.get("status") in ("regression", "invalid", "inconclusive", "missing")]
+    bad = [r for r in recs if r.get("status") in ("regression", "invalid", "inconclusive", "missing", "thin", "metric-missing")]
     if bad:
         parts += ["### Cells that need attention", ""]
         for r in bad:

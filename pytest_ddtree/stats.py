@@ -237,6 +237,165 @@ def _norm_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
+#: MAD x this = a normal-consistent estimate of sigma (1 / Phi^-1(3/4)).
+NORMAL_MAD_SCALE = 1.4826
+
+
+def scaled_mad(values: Sequence[float]) -> float:
+    """Robust sigma: one wild repeat of three does not move it (unlike the standard deviation)."""
+    return NORMAL_MAD_SCALE * mad(values)
+
+
+def binomial_cdf(k: int, n: int, p: float = 0.5) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    if k < 0:
+        return 0.0
+    return float(sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(min(k, n) + 1)))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An interval with the coverage it really has (not the one we wished for)."""
+
+    low: float
+    high: float
+    coverage: float
+    method: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.coverage:.0%} {self.method}"
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Distribution-free interval of the median from order statistics, with its exact coverage.
+
+    [x_(j), x_(n+1-j)] covers the true median with probability 1 - 2 P(Bin(n, 1/2) <= j-1),
+    whatever the distribution. We take the narrowest such interval that reaches
+    ``confidence``; when n is too small for that (n = 3 gives at most 75%, [min, max]) the
+    widest one is returned and its coverage says so, instead of calling it "95%".
+    """
+    if not samples:
+        raise ValueError("median_interval of an empty sequence")
+    ordered = sorted(float(v) for v in samples)
+    n = len(ordered)
+    best = Interval(ordered[0], ordered[-1], 1.0 - 2.0 * binomial_cdf(0, n), "order-statistic interval of the median")
+    for j in range(2, n // 2 + 1):
+        coverage = 1.0 - 2.0 * binomial_cdf(j - 1, n)
+        if coverage < confidence:
+            break
+        best = Interval(ordered[j - 1], ordered[n - j], coverage, best.method)
+    return best
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (Lentz's method)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-12:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function (df > 0)."""
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def _normal_quantile(p: float) -> float:
+    """Acklam's rational approximation of the standard normal quantile (|error| < 1.2e-9)."""
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+         -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+         -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+         4.374664141464968e00, 2.938163982698783e00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+    if p < 0.02425:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
+            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - 0.02425:
+        return -_normal_quantile(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / \
+        (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def _t_pdf(t: float, df: float) -> float:
+    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+                    - (df + 1) / 2 * math.log1p(t * t / df))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Inverse of :func:`t_cdf`: Newton steps from the normal quantile, bisection as a fallback."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile needs 0 < p < 1, got {p}")
+    t = _normal_quantile(p)
+    for _ in range(50):
+        step = (t_cdf(t, df) - p) / max(_t_pdf(t, df), 1e-300)
+        t -= step
+        if abs(step) < 1e-10 * max(1.0, abs(t)):
+            return t
+    lo, hi = -1e4, 1e4
+    while hi - lo > 1e-7 * max(1.0, abs(lo)):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def log_ratio_interval(baseline: Sequence[float], current: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """Welch t-interval of mean(log current) - mean(log baseline), returned as a ratio interval.
+
+    Throughput and latency noise is multiplicative, so on log values it is close to normal and
+    this interval's stated coverage holds (unlike a bootstrap of three numbers). None when a
+    side has fewer than two samples, a value is not positive, or neither side varies.
+    """
+    if len(baseline) < 2 or len(current) < 2 or min(*baseline, *current) <= 0:
+        return None
+    lb = [math.log(v) for v in baseline]
+    lc = [math.log(v) for v in current]
+    vb = sum((v - mean(lb)) ** 2 for v in lb) / (len(lb) - 1) / len(lb)
+    vc = sum((v - mean(lc)) ** 2 for v in lc) / (len(lc) - 1) / len(lc)
+    diff = mean(lc) - mean(lb)
+    if vb + vc == 0:
+        return Interval(math.exp(diff), math.exp(diff), 1.0, "t-interval on log values")
+    df = (vb + vc) ** 2 / ((vb**2 / (len(lb) - 1) if vb else 0.0) + (vc**2 / (len(lc) - 1) if vc else 0.0))
+    half = t_quantile(0.5 + confidence / 2.0, df) * math.sqrt(vb + vc)
+    return Interval(math.exp(diff - half), math.exp(diff + half), confidence, "t-interval on log values")
+
+
 @dataclass(frozen=True)
 class Summary:
     """Centre and spread of one metric's repeat samples."""
@@ -246,10 +405,18 @@ class Summary:
     mad: float
     ci_low: float
     ci_high: float
+    coverage: float = 0.0
+
+    @property
+    def rel_spread(self) -> float:
+        """Scaled MAD relative to the median: the robust "how much do repeats disagree"."""
+        if self.median == 0:
+            return 0.0 if self.mad == 0 else math.inf
+        return NORMAL_MAD_SCALE * self.mad / abs(self.median)
 
     @property
     def rel_half_width(self) -> float:
-        """Half the CI width relative to the median (0.02 = "+-2%"); inf when median is 0."""
+        """Half the interval's width relative to the median (0.02 = "+-2%"); inf when median is 0."""
         if self.median == 0:
             return 0.0 if self.ci_low == self.ci_high else math.inf
         return (self.ci_high - self.ci_low) / 2.0 / abs(self.median)
@@ -259,25 +426,30 @@ class Summary:
             "n": self.n,
             "median": self.median,
             "mad": self.mad,
+            "rel_spread": self.rel_spread,
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
+            "ci_coverage": self.coverage,
             "rel_half_width": self.rel_half_width,
         }
 
 
 def summarize(samples: Sequence[float], *, confidence: float = 0.95, seed: int = DEFAULT_SEED) -> Summary:
-    lo, hi = bootstrap_ci(samples, confidence=confidence, seed=seed)
-    return Summary(n=len(samples), median=median(samples), mad=mad(samples), ci_low=lo, ci_high=hi)
+    """Median, MAD and the order-statistic interval of the median with its true coverage."""
+    interval = median_interval(samples, confidence)
+    return Summary(n=len(samples), median=median(samples), mad=mad(samples), ci_low=interval.low,
+                   ci_high=interval.high, coverage=interval.coverage)
 
 
 @dataclass(frozen=True)
 class RepeatPolicy:
-    """How many repeats a cell gets, and when its interval counts as tight or too wide.
+    """How many repeats a cell gets, and when its repeats count as agreeing.
 
-    ``min_repeats`` (>= 3 by default, the issue's floor) always run; after that a cell stops
-    as soon as the CI of its primary metric is within +-``target_rel_ci`` of the median, or
-    at ``max_repeats``. A cell that ends wider than +-``inconclusive_rel_ci`` is
-    ``inconclusive``: reported, never counted as a pass.
+    ``min_repeats`` (>= 3 by default) always run; after that a cell stops as soon as the
+    robust spread (scaled MAD / median) of its primary metric is within ``target_rel_ci``,
+    or at ``max_repeats``. A cell whose spread ends above ``inconclusive_rel_ci`` is
+    ``inconclusive``: reported, never counted as a pass. The scaled MAD, not an interval of
+    three numbers, decides: one wild repeat of three does not make a cell inconclusive.
     """
 
     min_repeats: int = 3
@@ -292,10 +464,14 @@ class RepeatPolicy:
         if self.max_repeats < self.min_repeats:
             raise ValueError(f"max_repeats ({self.max_repeats}) must be >= min_repeats ({self.min_repeats})")
 
+    def spread(self, samples: Sequence[float]) -> float:
+        m = median(samples)
+        return scaled_mad(samples) / abs(m) if m else (0.0 if scaled_mad(samples) == 0 else math.inf)
+
     def is_tight(self, samples: Sequence[float]) -> bool:
         if len(samples) < self.min_repeats:
             return False
-        return summarize(samples, confidence=self.confidence).rel_half_width <= self.target_rel_ci
+        return self.spread(samples) <= self.target_rel_ci
 
     def status(self, samples: Sequence[float], invalid: bool = False) -> CellStatus:
         """valid / inconclusive / invalid for a finished cell's primary-metric samples."""
@@ -303,7 +479,7 @@ class RepeatPolicy:
             return "invalid"
         if len(samples) < min(3, self.min_repeats):
             return "inconclusive"
-        if summarize(samples, confidence=self.confidence).rel_half_width > self.inconclusive_rel_ci:
+        if self.spread(samples) > self.inconclusive_rel_ci:
             return "inconclusive"
         return "valid"
 

@@ -18,12 +18,14 @@ from pytest_ddtree import gate, load, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.client import SGLangClient
 
-#: Repeats beyond --ddtree-repeats that a cell may get when its interval is not yet tight.
-MAX_EXTRA_REPEATS = 2
-#: Stop repeating once the 95% CI of output tok/s is within +-3% of the median ...
+#: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
+MAX_EXTRA_REPEATS = 6
+#: Repeats agree once the robust spread (scaled MAD / median) of output tok/s is within 3% ...
 TARGET_REL_CI = 0.03
-#: ... and call the cell inconclusive when it ends wider than +-10%.
-INCONCLUSIVE_REL_CI = 0.10
+#: ... and a cell whose spread is still above 12% after the extra repeats is inconclusive.
+INCONCLUSIVE_REL_CI = 0.12
+#: Fresh repeats of a flagged cell in its confirmation run.
+CONFIRM_REPEATS = 12
 #: Per-request timeout of the load generator.
 REQUEST_TIMEOUT_S = 600.0
 
@@ -32,47 +34,109 @@ OnSample = Callable[[str, int, load.CellResult], None]
 
 @dataclass
 class Campaign:
-    """All measured cells of one config in this process."""
+    """All measured cells of one config in this process, and their verdicts once judged."""
 
     runs: dict[str, stats.CellRun[load.CellResult]]
     policy: stats.RepeatPolicy
+    verdicts: dict[str, gate.CellVerdict] = dataclasses.field(default_factory=dict)
+    confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
 
 
-def measure_config(service: str | SGLangClient, cells: Sequence[load.WorkloadLike], repeats: int,
-                   on_sample: OnSample | None = None) -> Campaign:
+def repeat_policy(repeats: int) -> stats.RepeatPolicy:
+    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats disagree."""
+    return stats.RepeatPolicy(
+        min_repeats=repeats,
+        max_repeats=repeats + MAX_EXTRA_REPEATS,
+        target_rel_ci=INCONCLUSIVE_REL_CI,
+        inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
+    )
+
+
+def measure_config(
+    service: str | SGLangClient,
+    cells: Sequence[load.WorkloadLike],
+    repeats: int,
+    on_sample: OnSample | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    on_confirm: OnSample | None = None,
+) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
     ``service`` is the running service's client (its connections are reused; the service
     manager closes it) or a URL (a client of its own for this call). Interleaving spreads
     slow drift (thermal, a noisy neighbour) over all cells alike instead of biasing whichever
     cell ran last; ``on_sample`` is called as each repeat exists, so the caller can record it
-    before anything else can fail.
+    before anything else can fail. With ``baseline`` (the config's validated ``metrics``
+    section) the cells are judged together, and flagged cells get their confirmation run now,
+    while this config's service is still up (``on_confirm`` records those repeats).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
-            return measure_config(own, cells, repeats, on_sample)
+            return measure_config(own, cells, repeats, on_sample, baseline, on_confirm)
     client = service
-    policy = stats.RepeatPolicy(
-        min_repeats=repeats,
-        max_repeats=repeats + MAX_EXTRA_REPEATS,
-        target_rel_ci=TARGET_REL_CI,
-        inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
-    )
+    policy = repeat_policy(repeats)
     vocab = load.vocab_size_of(client)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
         return load.run_cell(client, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
 
-    def primary(result: load.CellResult) -> float | None:
-        value = result.metrics()["output_throughput"]
-        return float(value) if result.valid and isinstance(value, (int, float)) else None
-
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
 
-    runs = stats.run_interleaved(list(by_name), measure, primary, policy, on_sample or noop)
-    return Campaign(runs=runs, policy=policy)
+    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop)
+    campaign = Campaign(runs=runs, policy=policy)
+    if baseline is None:
+        return campaign
+    inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
+    first = gate.judge_config(inputs)
+    flagged = [name for name, v in first.items() if v.flagged]
+    if not flagged:
+        campaign.verdicts = first
+        return campaign
+    confirm_policy = stats.RepeatPolicy(min_repeats=CONFIRM_REPEATS, max_repeats=CONFIRM_REPEATS)
+    campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop)
+    confirmations = {name: gate_samples([s.metrics() for s in run.samples if s.valid])
+                     for name, run in campaign.confirmations.items()}
+    campaign.verdicts = gate.judge_config(inputs, confirmations)
+    return campaign
+
+
+def _primary(result: load.CellResult) -> float | None:
+    value = result.metrics()["output_throughput"]
+    return float(value) if result.valid and isinstance(value, (int, float)) else None
+
+
+def gate_samples(repeats: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Each gated metric's repeat samples (a metric a repeat did not report is left out)."""
+    samples = {
+        spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
+        for spec in gate.GATED_METRICS
+    }
+    return {k: v for k, v in samples.items() if v}
+
+
+def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Valid repeats' metrics (with the engine's clock overruns, where it reports them) and problems."""
+    repeats = []
+    for s in run.samples:
+        if not s.valid:
+            continue
+        m: dict[str, Any] = dict(s.metrics())
+        before, after = s.server_state_before.get("clock_overruns"), s.server_state.get("clock_overruns")
+        if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+            m["clock_overruns"] = after - before
+        repeats.append(m)
+    return repeats, [p for s in run.samples for p in s.problems()]
+
+
+def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> gate.CellInput:
+    """What the gate needs of one measured cell."""
+    run = campaign.runs[workload.name]
+    repeats, problems = _repeat_facts(run)
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
+    return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None, gate_samples(repeats),
+                          status, why, load.workload_dict(workload))
 
 
 def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, Any]:
@@ -119,14 +183,10 @@ def evaluate_cell(
     """
     run = campaign.runs[workload.name]
     valid = [s for s in run.samples if s.valid]
-    repeats = [s.metrics() for s in valid]
-    problems = [p for s in run.samples for p in s.problems()]
+    repeats, problems = _repeat_facts(run)
     notes = sorted({n for s in run.samples for n in s.notes})
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
-    samples = {
-        spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
-        for spec in gate.GATED_METRICS
-    }
+    samples = gate_samples(repeats)
     workload_info = load.workload_dict(workload)
     section: dict[str, Any] = {}
     problem = baseline_error
@@ -136,9 +196,14 @@ def evaluate_cell(
         except (BaselineError, gate.BaselineFormatError) as exc:
             problem = str(exc)
     cell_base = section.get(workload.name)
-    verdict = gate.compare_cell(workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
+    verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
+        workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
     if update_mode and status == stats.VALID:
         verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
+    confirmation = campaign.confirmations.get(workload.name)
+    if confirmation is not None:
+        notes.append(f"confirmation run: {len(confirmation.samples)} fresh repeats, output tok/s "
+                     f"{[round(p, 1) for p in confirmation.primary]}")
     record = report.throughput_record(
         config=config,
         cell=workload.name,

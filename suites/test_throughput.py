@@ -8,13 +8,17 @@ How a config is measured (see DESIGN.md "Measurements and gates"):
   plugin pins a config's tests to one xdist worker, so this happens once per config.
 * A cell is repeated at least ``--ddtree-repeats`` times (default 3) and at most
   ``MAX_EXTRA_REPEATS`` more, stopping as soon as the output-throughput interval is tight.
-* Each cell is compared with ``baselines/<hardware-profile>/<config>.yaml``: it fails only
-  on a regression beyond tolerance with statistical support, or on an invalid measurement
-  (errors, wrong token counts), and the message says which. Inconclusive cells are skipped
-  with the reason; a cell without a baseline passes with a ``MissingBaselineWarning`` that
-  names the command creating it (``--ddtree-require-baselines`` makes it a failure).
-* ``--ddtree-update-baselines`` proposes the measured samples as the new baseline; the
-  controller writes them at session end (atomic, sorted YAML).
+* The config's cells are judged together against ``baselines/<hardware-profile>/<config>.yaml``
+  (``pytest_ddtree/gate.py`` states the rule); a flagged cell is measured again at once, while
+  the service is up, and fails only when that confirmation regresses too. A cell also fails on
+  an invalid measurement (errors, wrong token counts) or a gated metric the run did not
+  produce. Inconclusive cells (repeats that disagree even after extra repeats, a service that
+  could not keep its clock) are skipped with the reason; a cell without a baseline, or with
+  one too thin to trust, passes with a ``MissingBaselineWarning`` naming the command that
+  creates it. ``--ddtree-require-baselines`` (CI) makes all three failures.
+* ``--ddtree-update-baselines`` proposes the measured samples as this session's part of the
+  baseline (the last three blessed sessions are kept); the controller writes them at session
+  end (atomic, sorted YAML).
 * Every cell is also a pytest-benchmark record: its rounds are the measured repeats'
   durations (replayed through a custom timer), its ``extra_info`` the bench_serving figures,
   so ``--benchmark-json``/``--benchmark-autosave`` carry them.
@@ -38,6 +42,10 @@ from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sa
 
 class MissingBaselineWarning(UserWarning):
     """A cell was measured but has no baseline to gate against (the message says how to make one)."""
+
+
+class NewMetricWarning(UserWarning):
+    """A gated metric was measured that the cell's baseline does not hold yet."""
 
 
 _CAMPAIGNS = pytest.StashKey[dict[str, "Campaign"]]()
@@ -81,15 +89,26 @@ def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> li
     return cells or [request.getfixturevalue("workload")]
 
 
-def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int) -> Campaign:
-    """Measure all of ``config``'s cells once per process (the first cell test does it)."""
+def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int,
+              baselines: Any) -> Campaign:
+    """Measure and judge all of ``config``'s cells once per process (the first cell test does it)."""
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
     if config.name not in campaigns:
+        section = None
+        if not baselines.update_mode:
+            try:
+                data = baselines.load(config.name)
+                section = gate.validate_section((data or {}).get("metrics"), str(baselines.path_for(config.name)))
+            except (BaselineError, gate.BaselineFormatError):
+                section = None  # each cell test fails on it with the message, after recording
         campaigns[config.name] = measure_config(
             service.client,
             _cells_of_config(request, config),
             repeats,
             lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),
+            baseline=section,
+            on_confirm=lambda name, r, result: recorder.record(
+                "throughput-confirm-repeat", config.name, sample_record(name, r, result)),
         )
     return campaigns[config.name]
 
@@ -136,7 +155,8 @@ def test_throughput(
 ) -> None:
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name
-    campaign = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_settings.repeats)
+    campaign = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_settings.repeats,
+                         ddtree_baselines)
     try:
         baseline, baseline_error = ddtree_baselines.load(config), None
     except BaselineError as exc:
@@ -165,21 +185,29 @@ def test_throughput(
             pytest.fail(f"{config} {workload.name}: not blessing an inconclusive measurement (repeats disagree: "
                         f"{cell.primary}); rerun with more --ddtree-repeats on a quieter machine", pytrace=False)
         fp = local_fingerprint(ddtree_service.profile, ddtree_service.server_info)
-        entry = gate.baseline_cell_entry(record["workload"], cell.samples, existing=cell.baseline_cell)
+        entry = gate.baseline_cell_entry(record["workload"], cell.samples, existing=cell.baseline_cell,
+                                         session=ddtree_settings.session_stamp)
         ddtree_recorder.propose_baseline(config, "metrics", {workload.name: entry})
         ddtree_recorder.propose_baseline(config, "fingerprint", fp.as_dict())
         return
-    if verdict.status == gate.MISSING:
-        reasons = "; ".join(verdict.reasons)
+    require = ddtree_settings.require_baselines
+    if verdict.status in (gate.MISSING, gate.THIN):
+        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == gate.THIN)])
         msg = (f"{config} {workload.name}: {reasons} in {ddtree_baselines.path_for(config)}; "
                f"create it with: {ddtree_baselines.create_command(config)}")
-        if ddtree_settings.require_baselines:
+        if require:
             pytest.fail(msg + " (--ddtree-require-baselines)", pytrace=False)
         # A warning, not a skip: the measurement is real and must reach --benchmark-json
         # (pytest-benchmark drops skipped tests); CI turns this into a failure with
         # --ddtree-require-baselines.
         warnings.warn(MissingBaselineWarning(msg), stacklevel=1)
-    if verdict.status == gate.REGRESSION:
+    new = [m.message for m in verdict.metrics if m.status == gate.NEW]
+    if new:
+        warnings.warn(NewMetricWarning(f"{config} {workload.name}: " + "; ".join(new)), stacklevel=1)
+    if verdict.failed:
         pytest.fail(verdict.message(config), pytrace=False)
     if verdict.status == gate.INCONCLUSIVE:
+        if require:
+            pytest.fail(verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
+                        "a CI run must not pass a cell it could not judge)", pytrace=False)
         pytest.skip(verdict.message(config).replace("\n", " "))

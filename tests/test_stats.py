@@ -109,3 +109,30 @@ def test_is_number_accepts_finite_ints_and_floats_only() -> None:
         assert stats.is_number(good), good
     for bad in (True, False, None, "1.0", float("nan"), float("inf"), [1.0], {"v": 1}):
         assert not stats.is_number(bad), bad
+
+
+def test_median_interval_states_its_real_coverage() -> None:
+    three = stats.median_interval([3.0, 1.0, 2.0])
+    assert (three.low, three.high) == (1.0, 3.0) and three.coverage == pytest.approx(0.75)
+    assert three.label == "75% order-statistic interval of the median"
+    nine = stats.median_interval([float(v) for v in range(9)])  # [x(2), x(8)] reaches 96%
+    assert (nine.low, nine.high) == (1.0, 7.0) and nine.coverage == pytest.approx(0.9609375)
+
+
+def test_t_quantiles_and_the_log_ratio_interval() -> None:
+    assert stats.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-5)  # scipy.stats.t.ppf
+    assert stats.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-5)
+    assert stats.t_quantile(0.995, 1) == pytest.approx(63.656741, abs=1e-4)
+    assert stats.t_quantile(0.05, 30) == pytest.approx(-1.697261, abs=1e-5)
+    interval = stats.log_ratio_interval([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    assert interval is not None and interval.label == "95% t-interval on log values"
+    assert interval.low < 0.9 < interval.high and interval.high < 1.0
+    assert stats.log_ratio_interval([100.0], [90.0, 91.0]) is None
+
+
+def test_scaled_mad_is_robust_and_policy_spread_uses_it() -> None:
+    assert stats.scaled_mad([100.0, 101.0, 99.0]) == pytest.approx(1.4826)
+    assert stats.scaled_mad([100.0, 101.0, 40.0]) == pytest.approx(1.4826)  # one wild repeat
+    policy = stats.RepeatPolicy(inconclusive_rel_ci=0.1)
+    assert policy.status([100.0, 101.0, 40.0]) == "valid"
+    assert policy.status([100.0, 130.0, 75.0]) == "inconclusive"

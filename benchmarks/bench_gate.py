@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""How often does the throughput gate cry wolf, and how often does it catch a real drop?
+
+Why: a gate that fails most unchanged sweeps teaches people to ignore it, and one that waves a
+10% slowdown through is worse. This benchmark answers both questions by simulation, through the
+gate's own functions (``throughput.repeat_policy`` and ``stats.run_interleaved`` for the
+repeats, ``gate.baseline_cell_entry`` for blessing, ``gate.measurement_status`` and
+``gate.judge_config`` with its confirmation run for the verdicts), under a documented noise
+model:
+
+* repeat noise: each repeat of a cell is the true value times exp(N(0, s)), with s = the
+  noise level for output tok/s, 2 s for TTFT p50 (a median over few requests) and s / 3 for the
+  accept length (greedy decoding barely varies);
+* outlier repeats: with probability ``--outlier-rate`` a repeat is ``--outlier-size`` worse
+  (a GC pause, a noisy neighbour);
+* day-to-day shift: every session (the K = 3 blessed ones and today's) has its own factor
+  exp(N(0, d)), common to all its configs and cells (the machine is a bit faster or slower
+  that day); d / 2 for the accept length. ``--launch-shift`` adds a per-config-launch factor;
+* a sweep is the campaign matrix: 18 configs x 6 cells x 3 gated metrics, 3 repeats a cell
+  in the first pass, flagged cells re-measured with ``throughput.CONFIRM_REPEATS`` fresh ones.
+
+Printed per noise level: per-cell and whole-sweep false alarms of an unchanged service
+(a sweep "fails" when any cell fails; inconclusive cells count separately, since they fail
+under --ddtree-require-baselines), and detection of a 10% drop of one cell's output tok/s, of
+the whole config, and of half its cells.
+
+Usage: python benchmarks/bench_gate.py [--sweeps 1000] [--noise 0.01 0.03 0.05] [--day-shift 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pytest_ddtree import gate, stats, throughput  # noqa: E402
+
+CONFIGS = 18
+CELLS = 6
+WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
+
+
+class Model:
+    """The documented noise model (see the module docstring)."""
+
+    def __init__(self, noise: float, day_shift: float, launch_shift: float, outlier_rate: float,
+                 outlier_size: float, rng: random.Random) -> None:
+        self.noise, self.day, self.launch = noise, day_shift, launch_shift
+        self.outlier_rate, self.outlier_size, self.rng = outlier_rate, outlier_size, rng
+        # true values per (config, cell): throughput, TTFT, accept length
+        self.truth = [[(rng.uniform(80, 1200), rng.uniform(4, 400), rng.uniform(3, 5.5)) for _ in range(CELLS)]
+                      for _ in range(CONFIGS)]
+
+    def session(self) -> list[float]:
+        """A session's day factor per metric (throughput, TTFT, accept)."""
+        z = self.rng.gauss(0, self.day)
+        return [math.exp(z), math.exp(-z), math.exp(z / 2)]
+
+    def launch_factor(self) -> float:
+        return math.exp(self.rng.gauss(0, self.launch)) if self.launch else 1.0
+
+    def repeat(self, config: int, cell: int, day: list[float], launch: float, drop: float = 1.0) -> dict[str, float]:
+        tps, ttft, acc = self.truth[config][cell]
+        g = self.rng.gauss
+        out = 1.0 - self.outlier_size if self.rng.random() < self.outlier_rate else 1.0
+        return {
+            "output_throughput": tps * day[0] * launch * drop * out * math.exp(g(0, self.noise)),
+            "median_ttft_ms": ttft * day[1] / launch / out * math.exp(g(0, 2 * self.noise)),
+            "accept_length": acc * day[2] * math.exp(g(0, self.noise / 3)),
+        }
+
+
+def _samples(runs: list[dict[str, float]]) -> dict[str, list[float]]:
+    return {s.key: [r[s.key] for r in runs] for s in gate.GATED_METRICS}
+
+
+def _measure(model: Model, config: int, cells: list[int], day: list[float], launch: float, repeats: int,
+             drops: dict[int, float]) -> dict[int, stats.CellRun[dict[str, float]]]:
+    """The suite's interleaved repeats (same policy, same early stop / extra repeats)."""
+    policy = throughput.repeat_policy(repeats)
+    return stats.run_interleaved(
+        cells, lambda c, r: model.repeat(config, c, day, launch, drops.get(c, 1.0)),
+        lambda s: s["output_throughput"], policy)
+
+
+def bless(model: Model, sessions: int = gate.DEFAULT_SESSIONS_KEPT) -> list[list[dict[str, Any]]]:
+    """K blessed sessions through the bless flow's own function; returns entries[config][cell]."""
+    entries: list[list[dict[str, Any] | None]] = [[None] * CELLS for _ in range(CONFIGS)]
+    for s in range(sessions):
+        day = model.session()
+        for cfg in range(CONFIGS):
+            launch = model.launch_factor()
+            runs = _measure(model, cfg, list(range(CELLS)), day, launch, 3, {})
+            for cell, run in runs.items():
+                entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
+                                                              session=f"s{s}")
+    return [[e for e in row if e is not None] for row in entries]
+
+
+def judge(model: Model, cfg: int, entries: list[dict[str, Any]], day: list[float],
+          drops: dict[int, float]) -> dict[str, gate.CellVerdict]:
+    """One config of today's session: first pass, confirmation of flagged cells, final verdicts."""
+    launch = model.launch_factor()
+    policy = throughput.repeat_policy(3)
+    runs = _measure(model, cfg, list(range(CELLS)), day, launch, 3, drops)
+    inputs = {}
+    for cell, run in runs.items():
+        status, why = gate.measurement_status(policy, run.primary, run.invalid, [])
+        inputs[f"c{cell}"] = gate.CellInput(entries[cell], _samples(run.samples), status, why, WORKLOAD)
+    first = gate.judge_config(inputs)
+    flagged = [int(name[1:]) for name, v in first.items() if v.flagged]
+    if not flagged:
+        return first
+    conf_runs = _measure(model, cfg, flagged, day, launch, throughput.CONFIRM_REPEATS, drops)
+    confirmations = {f"c{c}": _samples(run.samples) for c, run in conf_runs.items()}
+    return gate.judge_config(inputs, confirmations)
+
+
+def false_alarms(noise: float, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    failed_sweeps = inconclusive_sweeps = failed_cells = inconclusive_cells = flagged_cells = cells = 0
+    by_metric: dict[str, int] = {}
+    for _ in range(args.sweeps):
+        model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
+        baseline = bless(model)
+        day = model.session()
+        sweep_failed = sweep_inconclusive = False
+        for cfg in range(CONFIGS):
+            verdicts = judge(model, cfg, baseline[cfg], day, {})
+            for v in verdicts.values():
+                cells += 1
+                flagged_cells += any(m.first_change is not None for m in v.metrics)
+                if v.failed:
+                    failed_cells += 1
+                    sweep_failed = True
+                    for m in v.metrics:
+                        if m.status in gate.FAILING:
+                            by_metric[m.metric] = by_metric.get(m.metric, 0) + 1
+                elif v.status == gate.INCONCLUSIVE:
+                    inconclusive_cells += 1
+                    sweep_inconclusive = True
+        failed_sweeps += sweep_failed
+        inconclusive_sweeps += sweep_inconclusive and not sweep_failed
+    return {"sweeps": args.sweeps, "cells": cells, "sweep_false_alarm": failed_sweeps / args.sweeps,
+            "sweep_inconclusive": inconclusive_sweeps / args.sweeps, "cell_false_alarm": failed_cells / cells,
+            "cell_inconclusive": inconclusive_cells / cells, "cell_confirmation_runs": flagged_cells / cells,
+            "failing_metrics": by_metric}
+
+
+def detection(noise: float, args: argparse.Namespace, seed: int, dropped: list[int], trials: int) -> dict[str, Any]:
+    """Share of trials where every dropped cell's output tok/s is a regression."""
+    rng = random.Random(seed)
+    caught = 0
+    for _ in range(trials):
+        model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
+        entries: list[dict[str, Any] | None] = [None] * CELLS
+        for s in range(gate.DEFAULT_SESSIONS_KEPT):
+            runs = _measure(model, 0, list(range(CELLS)), model.session(), model.launch_factor(), 3, {})
+            for cell, run in runs.items():
+                entries[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cell], session=f"s{s}")
+        verdicts = judge(model, 0, [e for e in entries if e is not None], model.session(),
+                         {c: 1.0 - args.drop for c in dropped})
+        ok = True
+        for c in dropped:
+            m = verdicts[f"c{c}"].metric("output_throughput")
+            ok &= m is not None and m.status == gate.REGRESSION
+        caught += ok
+    return {"trials": trials, "rate": caught / trials}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweeps", type=int, default=1000, help="simulated unchanged sweeps per noise level")
+    ap.add_argument("--trials", type=int, default=1000, help="simulated drops of one cell per noise level")
+    ap.add_argument("--trials-config", type=int, default=300, help="simulated drops of a whole / half config")
+    ap.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.05], help="repeat noise sigma(s)")
+    ap.add_argument("--day-shift", type=float, default=0.02, help="day-to-day sigma, per session")
+    ap.add_argument("--launch-shift", type=float, default=0.0, help="extra sigma per config launch")
+    ap.add_argument("--outlier-rate", type=float, default=0.02)
+    ap.add_argument("--outlier-size", type=float, default=0.15)
+    ap.add_argument("--drop", type=float, default=0.10, help="the regression to catch (0.10 = 10%% slower)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    figures: dict[str, Any] = {"model": {k: v for k, v in vars(args).items() if k != "json"}}
+    print(f"gate simulation: {CONFIGS} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics, "
+          f"K={gate.DEFAULT_SESSIONS_KEPT} blessed sessions, 3 repeats + {throughput.CONFIRM_REPEATS} confirmation, "
+          f"day shift {args.day_shift:.0%}, launch shift {args.launch_shift:.0%}, "
+          f"outliers {args.outlier_rate:.0%} x {args.outlier_size:.0%}, drop {args.drop:.0%}")
+    ok = True
+    for noise in args.noise:
+        t0 = time.monotonic()
+        fa = false_alarms(noise, args, args.seed)
+        one = detection(noise, args, args.seed + 1, [0], args.trials)
+        whole = detection(noise, args, args.seed + 2, list(range(CELLS)), args.trials_config)
+        half = detection(noise, args, args.seed + 3, list(range(CELLS // 2)), args.trials_config)
+        figures[f"{noise}"] = {"false_alarms": fa, "one_cell": one, "whole_config": whole, "half_config": half}
+        target = noise <= 0.03 + 1e-9
+        fa_ok, det_ok = fa["sweep_false_alarm"] + fa["sweep_inconclusive"] <= 0.02, one["rate"] >= 0.95
+        if target:
+            ok &= fa_ok and det_ok
+        mark = (lambda good: ("OK" if good else "FAIL") if target else "info")
+        print(f"noise {noise:.0%} ({time.monotonic() - t0:.0f} s):")
+        print(f"  unchanged, {fa['sweeps']} sweeps: sweep fails {fa['sweep_false_alarm']:.1%}, sweep inconclusive "
+              f"{fa['sweep_inconclusive']:.1%} {mark(fa_ok)} (<= 2% together); per cell {fa['cell_false_alarm']:.3%} "
+              f"fail, {fa['cell_inconclusive']:.3%} inconclusive, {fa['cell_confirmation_runs']:.1%} confirmation runs; "
+              f"failing metrics {fa['failing_metrics']}")
+        print(f"  {args.drop:.0%} drop of one cell's output tok/s caught {one['rate']:.1%} of {one['trials']} "
+              f"{mark(det_ok)} (>= 95%); of the whole config {whole['rate']:.1%}, of half its cells {half['rate']:.1%} "
+              f"({whole['trials']} trials each)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
