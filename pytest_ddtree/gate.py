@@ -553,7 +553,8 @@ def _judge_metric(
         status, msg = FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
     elif flagged_why and not confirmation:
         status = REGRESSION
-        msg = f"{what}: REGRESSION: {flagged_why}; no confirmation run was possible ({made_of(tolerance, len(m.current))})"
+        msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; no confirmation run was "
+               f"possible ({made_of(tolerance, len(m.current))})")
     elif flagged_why and confirmation is not None:
         conf_log = _log_centre(confirmation)
         tolerance = max(base.tolerance, Z_CELL * m.std_error(len(confirmation)))
@@ -567,8 +568,8 @@ def _judge_metric(
                     f" ({_fmt_pct(math.expm1(conf_rel))} relative)")
         if reproduced:
             status = REGRESSION
-            msg = (f"{what}: REGRESSION: {flagged_why}; reproduced by the {conf_txt} "
-                   f"({made_of(tolerance, len(confirmation))})")
+            msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
+                   f"{conf_txt} ({made_of(tolerance, len(confirmation))})")
         else:
             status = PASS
             msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
@@ -583,6 +584,15 @@ def _judge_metric(
         (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
         shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
         baseline_samples=len(base.samples), baseline_sessions=len(base.sessions))
+
+
+def compare_metric(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
+    """One metric of two finished sessions (reports): judged alone, today's samples standing as
+    their own confirmation, since there is no service left to measure again."""
+    verdict = compare_cell("cell", {"gates": {key: entry}}, {key: current}, confirmation={key: current})
+    found = verdict.metric(key)
+    assert found is not None
+    return found
 
 
 def compare_cell(
