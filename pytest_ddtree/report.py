@@ -413,7 +413,7 @@ def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mappi
             diverged = r.get("diverged") or []
             row["lossless"] = "identical" if r.get("passed") else f"{len(diverged)}/{r.get('compared')} diverged"
         elif kind == "health":
-            row["health"] = "ok"
+            row["health"] = "ok" if r.get("passed", True) else "FAILED"
     failures: dict[str, int] = {}
     for failed in failed_tests:
         nodeid = str(failed.get("nodeid", ""))

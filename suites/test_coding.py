@@ -70,6 +70,14 @@ def test_coding_gate(
         run_ids = set(verdicts)
         kept = [pid for pid in (baseline_ids or []) if pid not in run_ids]  # outside --ddtree-coding-limit
         passed_now = [pid for pid, v in verdicts.items() if v is sandbox.Verdict.PASSED]
+        floor = ddtree_profile.coding_min_pass
+        need = len(verdicts) if floor is None else min(floor, len(verdicts))
+        if len(passed_now) < need:  # an empty or broken list would otherwise pass forever
+            what = "every problem (coding_min_pass: null)" if floor is None else f"coding_min_pass {floor}"
+            pytest.fail(f"not blessing coding set {set_name!r} of {ddtree_config.name}: {len(passed_now)}/{len(verdicts)} "
+                        f"passed, below the profile's floor of {need} ({what}); fix the service or lower the floor in "
+                        f"the profile, then bless again\n\n{coding.failure_details(results, gate.regressions)}\n{table}",
+                        pytrace=False)
         ddtree_recorder.propose_baseline(ddtree_config.name, "coding", {set_name: sorted({*kept, *passed_now})})
         return
 

@@ -30,6 +30,13 @@ def test_short_generation(ddtree_client: Any, ddtree_config: DDTreeConfig, ddtre
         sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
     )
     meta = result.get("meta_info", {})
-    ddtree_recorder.record("health", ddtree_config.name, {"completion_tokens": meta.get("completion_tokens"), "text": result.get("text", "")[:200]})
-    assert meta.get("completion_tokens") == 16, f"asked for 16 tokens with ignore_eos, got meta_info {meta}"
-    assert result.get("text"), "the service returned an empty completion"
+    problems = []
+    if meta.get("completion_tokens") != 16:
+        problems.append(f"asked for 16 tokens with ignore_eos, got meta_info {meta}")
+    if not result.get("text"):
+        problems.append("the service returned an empty completion")
+    # Recorded with its outcome, before failing: the correctness table must not say "ok" here.
+    ddtree_recorder.record("health", ddtree_config.name, {
+        "completion_tokens": meta.get("completion_tokens"), "text": result.get("text", "")[:200],
+        "status": "failed" if problems else "ok", "passed": not problems, "problems": problems})
+    assert not problems, "; ".join(problems)

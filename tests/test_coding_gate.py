@@ -148,6 +148,12 @@ def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: 
     result = run_suite(pytester, repo_root, strict)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*BELOW THE FLOOR; not passed: {problem.id}*"])
+    # blessing below the floor is refused with the numbers, and writes nothing
+    result = run_suite(pytester, repo_root, strict, "--ddtree-update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*not blessing coding set 'default' of bs8_b8_k4: 4/5 passed, below the profile's "
+                                 "floor of 5 (every problem (coding_min_pass: null))*"])
+    assert not list((pytester.path / "baselines").rglob("*.yaml"))
 
 
 def test_weak_sandbox_without_opt_in_fails_the_gate_with_reason(pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

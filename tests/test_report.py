@@ -108,10 +108,11 @@ def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() 
         {"kind": "lossless", "config": "bs8_b8_k4", "passed": False, "compared": 30, "diverged": [{}, {}]},
         {"kind": "lossless", "config": "bs8_b4_k4", "passed": True, "compared": 30, "diverged": []},
         {"kind": "throughput", "config": "bs16_b16_k4"},
+        {"kind": "health", "config": "bs8_b4_k4", "passed": False, "problems": ["empty completion"]},
     ]
     failed = [{"nodeid": "suites/test_coding.py::test_coding_gate[bs8_b8_k4]"},
               {"nodeid": "suites/test_throughput.py::test_throughput[c1_short-bs8_b8_k4]"}]
     assert gate_rows(records, failed) == [
-        ["bs8_b4_k4", "-", "-", "identical", "0"],
+        ["bs8_b4_k4", "FAILED", "-", "identical", "0"],
         ["bs8_b8_k4", "ok", "4/5 (default)", "2/30 diverged", "2"],
     ]

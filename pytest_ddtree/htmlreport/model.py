@@ -188,7 +188,8 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
     out: dict[str, dict[str, GateResult]] = {n: {g: GateResult(NOT_MEASURED) for g in GATES} for n in names}
     for r in records(payload, "health"):
         if (row := out.get(str(r.get("config")))) is not None:
-            row["health"] = GateResult(PASS, f"answered ({r.get('completion_tokens')} tokens)")
+            row["health"] = (GateResult(PASS, f"answered ({r.get('completion_tokens')} tokens)") if r.get("passed", True)
+                             else GateResult(FAIL, "; ".join(r.get("problems") or ["short generation failed"])))
     for r in records(payload, "launch"):
         launch = _as_dict(r.get("launch")) or r
         if (row := out.get(str(r.get("config")))) is None:
