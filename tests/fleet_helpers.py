@@ -191,6 +191,10 @@ class SshFleet:
             wrapper = bin_dir / tool
             wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKES / tool} "$@"\n')
             wrapper.chmod(0o755)
+        # A sudo that logs what it was asked to run (sudo: true must only wrap unit management).
+        sudo = bin_dir / "sudo"
+        sudo.write_text(f'#!/bin/sh\n[ "$1" = "-n" ] && shift\necho "$*" >> {host.root / "sudo.log"}\nexec "$@"\n')
+        sudo.chmod(0o755)
         path = ":".join([str(bin_dir), str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
         (host.root / "sshd_config").write_text(
             f"Port {host.ssh_port}\nListenAddress 127.0.0.1\nHostKey {self.root / 'host_ed25519'}\n"

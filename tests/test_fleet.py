@@ -140,6 +140,28 @@ def test_host_gpus_over_ssh_feed_the_hardware_profile(ssh_fleet: SshFleet) -> No
         host.close()
 
 
+def test_sudo_wraps_only_unit_management(ssh_fleet: SshFleet) -> None:
+    from pytest_ddtree.service.gpu import HostGpus
+    from pytest_ddtree.service.systemd import SystemdController
+
+    fake = ssh_fleet.hosts[1]
+    host = SSHHost(fake.target, ssh_fleet.ssh_options(), sudo=True)
+    log = fake.root / "sudo.log"
+    log.unlink(missing_ok=True)
+    try:
+        controller = SystemdController("ddtree-ref.service", dropin_dir=fake.state / "system", host=host)
+        assert controller.show()["ActiveState"] == "active"
+        assert "server is fired up" in controller.log_tail(5)  # the journal of the unit, read over ssh
+        assert HostGpus(host).memory_used_bytes() == 60000 * 2**20
+        host.write_file(str(fake.root / "probe" / "x.conf"), "x\n")
+        host.remove_file(str(fake.root / "probe" / "x.conf"))
+    finally:
+        host.close()
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["systemctl", "journalctl", "sh", "sh"], calls
+    assert not any("nvidia-smi" in c for c in calls)
+
+
 def test_unreachable_host_is_an_ssh_error_not_a_hang(ssh_fleet: SshFleet) -> None:
     from pytest_ddtree.service.pool import free_port
 

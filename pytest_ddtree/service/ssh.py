@@ -93,8 +93,13 @@ class Host(Protocol):
     name: str
     """``local`` or the ``user@node[:port]`` text, for messages and result records."""
 
-    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
-        """Run ``argv``; a non-zero exit is returned, not raised (ssh's own failures are raised)."""
+    def run(
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv``; a non-zero exit is returned, not raised (ssh's own failures are raised).
+
+        ``privileged``: a command that manages the unit (systemctl, journalctl, the drop-in), run
+        with ``sudo -n`` under ``sudo: true``; reads like nvidia-smi or the env snapshot are not."""
 
     def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run a shell script (``sh -c``); output is stdout and stderr together, in order."""
@@ -125,21 +130,23 @@ _MISSING_EXIT = 66
 
 class _FileOps:
     """File edits as small ``sh`` scripts through ``run``: one code path here and over ssh
-    (where ``sudo: true`` prefixes them like every other command)."""
+    (privileged: ``sudo: true`` prefixes them like systemctl)."""
 
     name: str
 
-    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError
 
     def write_file(self, path: str, text: str) -> None:
-        _check(self.name, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text), f"write {path}")
+        _check(self.name, self.run(["sh", "-c", _WRITE_SCRIPT, "sh", path], input_text=text, privileged=True), f"write {path}")
 
     def remove_file(self, path: str) -> None:
-        _check(self.name, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path]), f"remove {path}")
+        _check(self.name, self.run(["sh", "-c", _REMOVE_SCRIPT, "sh", path], privileged=True), f"remove {path}")
 
     def read_file(self, path: str) -> str | None:
-        result = self.run(["sh", "-c", _READ_SCRIPT, "sh", path])
+        result = self.run(["sh", "-c", _READ_SCRIPT, "sh", path], privileged=True)
         if result.returncode == _MISSING_EXIT:
             return None
         _check(self.name, result, f"read {path}")
@@ -155,8 +162,10 @@ class LocalHost(_FileOps):
         self.command_timeout_s = command_timeout_s
         self.prefix = ["sudo", "-n"] if sudo else []
 
-    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
-        full = self.prefix + list(argv)
+    def run(
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        full = (self.prefix if privileged else []) + list(argv)
         timeout = timeout_s or self.command_timeout_s
         try:
             return _run_bounded(full, input_text, timeout, merge=False)
@@ -297,8 +306,10 @@ class SSHHost(_FileOps):
             raise SSHError(self.name, remote_command, f"exit {SSH_ERROR_EXIT}: {output_tail(result.stderr or result.stdout, 3)}")
         return result
 
-    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
-        return self._call(shlex.join(self.prefix + list(argv)), input_text, timeout_s, merge=False)
+    def run(
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        return self._call(shlex.join((self.prefix if privileged else []) + list(argv)), input_text, timeout_s, merge=False)
 
     def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         return self._call(shlex.join(["sh", "-c", script]), None, timeout_s, merge=True)

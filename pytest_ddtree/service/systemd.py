@@ -106,7 +106,7 @@ class SystemdController(Controller):
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         try:
-            result = self.host.run(argv, timeout_s=self.command_timeout_s)
+            result = self.host.run(argv, timeout_s=self.command_timeout_s, privileged=True)
         except RemoteCommandError as exc:
             raise SystemctlError(str(exc)) from None
         if result.returncode == COMMAND_NOT_FOUND_EXIT:
