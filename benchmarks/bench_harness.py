@@ -94,10 +94,10 @@ def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
             m = res.metrics()
             eng = res.engine_accounting() or {}
             measured = float(m["output_throughput"] or 0)
-            exact = float(eng.get("exact_output_throughput", float("nan")))
+            exact = float(eng.get("ddtree_exact_output_throughput", float("nan")))
             a, b = res.server_state, res.server_state_before
             passes = sum(float(a.get(k, 0)) - float(b.get(k, 0)) for k in ("decode_forward_passes", "prefill_forward_passes"))
-            overshoot = res.duration_s - float(eng.get("engine_busy_seconds", float("nan")))
+            overshoot = res.duration_s - float(eng.get("ddtree_engine_busy_seconds", float("nan")))
             n_req = len(res.requests)
             rows.append({
                 "clock_scale": clock_scale,
@@ -111,7 +111,7 @@ def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
                 "exact_tok_s": exact,
                 "error_pct": (measured / exact - 1) * 100,
                 "tokens_measured": m["total_output_tokens"],
-                "tokens_engine": eng.get("engine_output_tokens"),
+                "tokens_engine": eng.get("ddtree_engine_output_tokens"),
                 "valid": res.valid,
             })
     return rows

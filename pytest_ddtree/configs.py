@@ -166,6 +166,7 @@ class Workload:
     output_tokens: int
     requests: int
     warmup_requests: int
+    prompts: str = "documents"  # a bundled source, "random", or a ShareGPT .json path (see prompts.py)
 
 
 @dataclass(frozen=True)
@@ -214,11 +215,11 @@ def _expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
     return configs
 
 
-def _workload(entry: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
+def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Workload:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
-    allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests"}
+    allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts"}
     unknown = set(merged) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
@@ -235,7 +236,14 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
     name = str(merged.get("name") or f"c{concurrency}_ctx{context}")
     if min(concurrency, context, output, requests) < 1 or warmup < 0:
         raise ConfigError(f"{where}: workload {name!r} needs positive concurrency, context, output and requests")
-    return Workload(name, concurrency, context, output, requests, warmup)
+    prompts = str(merged.get("prompts") or "documents")
+    if prompts not in ("coding", "chat", "documents", "random"):
+        if not prompts.endswith(".json"):
+            raise ConfigError(f"{where}: workload {name!r}: prompts must be coding, chat, documents, random or a "
+                              f"ShareGPT .json file, got {prompts!r}")
+        if base is not None and not Path(prompts).is_absolute():
+            prompts = str(base / prompts)
+    return Workload(name, concurrency, context, output, requests, warmup, prompts)
 
 
 def load_matrix(path: Path) -> Matrix:
@@ -263,7 +271,8 @@ def load_matrix(path: Path) -> Matrix:
     defaults = raw.get("workload_defaults") or {}
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"{path}: workload_defaults must be a mapping")
-    workloads = tuple(_workload(w, f"{path}: workloads[{i}]", defaults) for i, w in enumerate(raw.get("workloads") or []))
+    workloads = tuple(_workload(w, f"{path}: workloads[{i}]", defaults, path.parent)
+                      for i, w in enumerate(raw.get("workloads") or []))
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: workload names must be unique, got {names}")

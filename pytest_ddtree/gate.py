@@ -639,7 +639,7 @@ def measurement_status(
         spread = policy.spread(primary) if primary else math.inf
         return status, [f"repeats disagree after {len(primary)} repeats: output tok/s {[round(p, 1) for p in primary]} "
                         f"(robust spread {spread:.1%} > {policy.inconclusive_rel_ci:.0%}); {what_to_do}"]
-    fractions = [float(f) for m in repeats if stats.is_number(f := m.get("engine_busy_fraction"))]
+    fractions = [float(f) for m in repeats if stats.is_number(f := m.get("ddtree_engine_busy_fraction"))]
     if fractions and stats.median(fractions) < min_busy_fraction:
         return stats.INCONCLUSIVE, [
             f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "

@@ -60,7 +60,6 @@ class ServiceUnreachable(ConnectionError):
 
     def __init__(self, method: str, url: str, exc: BaseException) -> None:
         self.reason = describe_transport_error(exc)
-        self.cause = exc
         super().__init__(f"{method} {url}: {self.reason} ({type(exc).__name__}: {exc})")
 
 

@@ -10,9 +10,10 @@ Why it is written this way (see "Measuring serving performance without fooling y
   sum of a request's ITLs equals its decode time and TPOT and ITL agree.
 * **Closed loop at fixed concurrency**: C worker threads each send the next request as soon
   as their previous one finished, which is how the campaign's "concurrency 32" was meant.
-* **Exact prompt lengths**: prompts are ``input_ids`` (seeded, deterministic, inside the
-  vocabulary), so a "4k" cell really sends 4096 tokens; the server's ``prompt_tokens`` is
-  checked against it, and the output length is forced with ``ignore_eos`` and checked.
+* **Real text of exact length** (``prompts.py``): prompts are real text cut to the cell's
+  token count by the service's own tokenizer and sent as ``input_ids``, so a "4k" cell really
+  sends 4096 tokens; the server's ``prompt_tokens`` is checked against it, and the output
+  length is forced with ``ignore_eos`` and checked.
 * **Warm-up at the measured concurrency, excluded**, then ``/flush_cache`` so the server's
   ``avg_spec_accept_length`` covers the measured requests only.
 * **Failures are counted, never hidden**: any failed request, wrong prompt length or short
@@ -29,24 +30,26 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import threading
 import time
-import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_ddtree import prompts as prompts_mod
 from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
+from pytest_ddtree.prompts import Prompt, PromptMaker, PromptSet, stable_seed
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
+#: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
+DIST_PERCENTILES = (90, 95, 99)
 
 
 class LoadError(RuntimeError):
-    """The cell could not be run at all (e.g. the server gives no vocabulary size)."""
+    """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
 
 
 class WorkloadLike(Protocol):
@@ -64,6 +67,8 @@ class WorkloadLike(Protocol):
     def requests(self) -> int: ...
     @property
     def warmup_requests(self) -> int: ...
+    @property
+    def prompts(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -76,43 +81,23 @@ class Cell:
     output_tokens: int
     requests: int
     warmup_requests: int = -1  # -1: one request per concurrent worker
+    prompts: str = prompts_mod.DEFAULT_SOURCE
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:
             object.__setattr__(self, "warmup_requests", self.concurrency)
 
 
-def workload_dict(workload: WorkloadLike) -> dict[str, Any]:
-    """The workload's defining numbers; stored with baselines so a changed workload is seen."""
+def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> dict[str, Any]:
+    """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
+    and how it was tokenized, as measured); stored with baselines so a changed workload is seen."""
     return {
         "concurrency": workload.concurrency,
         "context_tokens": workload.context_tokens,
         "output_tokens": workload.output_tokens,
         "requests": workload.requests,
+        "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
     }
-
-
-# --------------------------------------------------------------------------------------
-# Prompts
-
-
-def prompt_ids(length: int, vocab_size: int, seed: int) -> list[int]:
-    """``length`` deterministic token ids from the middle of the vocabulary.
-
-    The middle avoids special tokens, which sit at the start (the reference engine, many
-    BPE vocabularies) or at the end (Llama-style added tokens) of a vocabulary.
-    """
-    if vocab_size < 2:
-        raise LoadError(f"vocabulary of {vocab_size} tokens is too small for prompts")
-    lo = max(1, vocab_size // 8)
-    hi = max(lo + 1, vocab_size // 2)
-    rng = random.Random(seed)
-    return [rng.randrange(lo, hi) for _ in range(length)]
-
-
-def stable_seed(*parts: object) -> int:
-    """A seed that is the same in every process (``hash()`` is salted per process)."""
-    return zlib.crc32("\x1f".join(str(p) for p in parts).encode())
 
 
 # --------------------------------------------------------------------------------------
@@ -126,6 +111,8 @@ class RequestResult:
     index: int
     expected_prompt_tokens: int
     expected_output_tokens: int
+    prompt_tolerance: float = 0.0  # allowed relative error of the server's count (text prompts)
+    sent_prompt_tokens: int | None = None  # tokens sent (None: text, the server counts)
     ok: bool = False
     error: str | None = None
     prompt_tokens: int | None = None
@@ -160,7 +147,13 @@ class RequestResult:
         if not self.ok:
             return [f"request {self.index} failed: {self.error}"]
         out: list[str] = []
-        if self.prompt_tokens is not None and self.prompt_tokens != self.expected_prompt_tokens:
+        if self.prompt_tokens is not None and self.prompt_tolerance > 0:
+            if abs(self.prompt_tokens - self.expected_prompt_tokens) > self.prompt_tolerance * self.expected_prompt_tokens:
+                out.append(
+                    f"request {self.index}: server counted {self.prompt_tokens} prompt tokens for a text prompt "
+                    f"aimed at {self.expected_prompt_tokens} (more than ±{self.prompt_tolerance:.0%} off)"
+                )
+        elif self.prompt_tokens is not None and self.prompt_tokens != self.expected_prompt_tokens:
             out.append(
                 f"request {self.index}: server counted {self.prompt_tokens} prompt tokens, "
                 f"sent {self.expected_prompt_tokens}"
@@ -196,10 +189,11 @@ def apply_chunk(result: RequestResult, t: float, completion_tokens: int, last_to
 def stream_request(
     service: ServiceHTTP,
     index: int,
-    input_ids: Sequence[int],
+    prompt: Prompt,
     output_tokens: int,
     extra_sampling_params: Mapping[str, Any] | None = None,
     conn: http.client.HTTPConnection | None = None,
+    tolerance: float = 0.0,
 ) -> RequestResult:
     """Send one streaming /generate and time it; never raises (errors land in the result).
 
@@ -208,11 +202,12 @@ def stream_request(
     and an accept to every request's TTFT and, on short requests, percents to throughput.
     Without one, the request opens and closes its own.
     """
-    result = RequestResult(index=index, expected_prompt_tokens=len(input_ids), expected_output_tokens=output_tokens)
+    result = RequestResult(index=index, expected_prompt_tokens=prompt.target_tokens, expected_output_tokens=output_tokens,
+                           prompt_tolerance=tolerance, sent_prompt_tokens=prompt.sent_tokens)
     sampling: dict[str, Any] = {"max_new_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True}
     if extra_sampling_params:
         sampling.update(extra_sampling_params)
-    body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling, "stream": True}).encode()
+    body = json.dumps({**prompt.payload(), "sampling_params": sampling, "stream": True}).encode()
     own_conn = conn is None
     conn = service.connect() if conn is None else conn
     last: float | None = None
@@ -329,6 +324,8 @@ class CellResult:
     server_state: dict[str, Any] = field(default_factory=dict)
     server_state_before: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    prompt_source: str = ""  # e.g. "documents via /tokenize": which text, tokenized how
+    speculative: bool = False  # the config speculates: every response must carry spec_verify_ct
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -345,6 +342,14 @@ class CellResult:
             out.extend(r.problems())
         if not self.requests:
             out.append("no requests were sent")
+        ok = self.ok_requests
+        silent = sum(1 for r in ok if not r.spec_verify_ct)
+        if self.speculative and silent:
+            out.append(
+                f"{silent} of {len(ok)} responses carry no spec_verify_ct on their finished chunk: speculation looks off "
+                "(was the service started without its speculative flags, or did the build ignore them?); "
+                "no accept length can be measured"
+            )
         return out
 
     @property
@@ -354,9 +359,9 @@ class CellResult:
     def engine_accounting(self) -> dict[str, float] | None:
         """The engine's own view of the measured phase, where it reports one (refserver).
 
-        ``exact_output_throughput``: output tokens the engine produced / the wall time its
+        ``ddtree_exact_output_throughput``: output tokens the engine produced / the wall time its
         simulated clock says it was busy (simulated busy seconds / clock scale);
-        ``engine_busy_fraction``: that busy time / our measured duration. A fraction well
+        ``ddtree_engine_busy_fraction``: that busy time / our measured duration. A fraction well
         below 1 means the engine could not keep its simulated clock (the host is overloaded,
         or the client could not keep up): the measurement says more about the machine than
         about the configuration.
@@ -370,35 +375,39 @@ class CellResult:
         if busy <= 0 or self.duration_s <= 0:
             return None
         return {
-            "engine_busy_seconds": busy,
-            "engine_output_tokens": tokens,
-            "exact_output_throughput": tokens / busy,
-            "engine_busy_fraction": busy / self.duration_s,
+            "ddtree_engine_busy_seconds": busy,
+            "ddtree_engine_output_tokens": tokens,
+            "ddtree_exact_output_throughput": tokens / busy,
+            "ddtree_engine_busy_fraction": busy / self.duration_s,
         }
 
     def metrics(self) -> dict[str, float | int | None]:
-        """Aggregates with SGLang bench_serving's key names (times in ms).
+        """Aggregates under SGLang bench_serving's key names (times in ms); ours start ``ddtree_``.
 
-        ``concurrency`` is bench_serving's *achieved* concurrency (sum of latencies /
-        duration); ``max_concurrency`` is the configured one. ``accept_length`` is the
-        server's (``/server_info`` after a flush) when available, else total output tokens /
-        total verify steps of the measured requests; ``request_accept_length`` is always the
-        latter, ``mean_request_accept_length`` the mean of the per-request ratios.
+        bench_serving's: ``total_input_tokens`` is the tokens sent (the server's count for text
+        prompts); ``total_throughput`` is (input + output) tokens / duration; mean, median,
+        std, p90, p95, p99 of every distribution; ``concurrency`` is the *achieved*
+        concurrency (sum of latencies / duration), ``max_concurrency`` the configured one.
+        ``accept_length`` is the gated figure: sum(completion_tokens) / sum(spec_verify_ct)
+        over the measured requests' finished chunks (what SGLang's own tests compute). The
+        server's ``avg_spec_accept_length`` is ``ddtree_server_accept_length``, information
+        only: SGLang zeroes it on /flush_cache, omits it until decode batches ran and refreshes
+        it every 40 batches, so it is never gated and never stands in for the requests' ratio.
         """
         ok = self.ok_requests
         dur = self.duration_s if self.duration_s > 0 else float("nan")
+        sent = [r.sent_prompt_tokens if r.sent_prompt_tokens is not None else (r.prompt_tokens or 0) for r in ok]
         out: dict[str, float | int | None] = {
             "duration": self.duration_s,
             "completed": len(ok),
-            "failed": self.failed,
             "max_concurrency": self.workload.get("concurrency"),
-            "total_input_tokens": sum(r.prompt_tokens or 0 for r in ok),
+            "total_input_tokens": sum(sent),
             "total_output_tokens": sum(r.completion_tokens for r in ok),
         }
         out["request_throughput"] = len(ok) / dur
         out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
         out["output_throughput"] = float(out["total_output_tokens"] or 0) / dur
-        out["total_token_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
+        out["total_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
         series: dict[str, list[float]] = {
             "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
             "tpot": [t * 1000 for r in ok if (t := r.tpot_s) is not None],
@@ -410,20 +419,25 @@ class CellResult:
             out[f"mean_{name}_ms"] = stats.mean(values) if values else None
             out[f"median_{name}_ms"] = stats.median(values) if values else None
             out[f"std_{name}_ms"] = stats.stdev(values) if values else None
-            out[f"p90_{name}_ms"] = stats.percentile(values, 90) if values else None
-            out[f"p99_{name}_ms"] = stats.percentile(values, 99) if values else None
+            for q in DIST_PERCENTILES:
+                out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
+        out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
-        per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
-        out["median_request_output_throughput"] = stats.median(per_request) if per_request else None
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)
-        req_accept = sum(r.completion_tokens for r in verify) / total_verify if total_verify else None
-        out["request_accept_length"] = req_accept
+        # Only when every measured response says how many verify steps it took: a partial sum
+        # would be a ratio over a subset (and such a cell is invalid, see problems()).
+        complete = bool(ok) and len(verify) == len(ok)
+        out["accept_length"] = sum(r.completion_tokens for r in ok) / total_verify if complete and total_verify else None
+        # ours
+        out["ddtree_failed"] = self.failed
+        out["ddtree_server_input_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
+        out["ddtree_spec_verify_ct"] = total_verify if verify else None
         ratios = [a for r in verify if (a := r.accept_length) is not None]
-        out["mean_request_accept_length"] = stats.mean(ratios) if ratios else None
-        out["spec_verify_ct"] = total_verify if verify else None
-        out["server_accept_length"] = self.server_accept_length
-        out["accept_length"] = self.server_accept_length if self.server_accept_length is not None else req_accept
+        out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
+        out["ddtree_server_accept_length"] = self.server_accept_length
+        per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
+        out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
         engine = self.engine_accounting()
         if engine is not None:
             out.update(engine)
@@ -463,20 +477,38 @@ def _internal_state(client: SGLangClient, notes: list[str]) -> dict[str, Any]:
     return out
 
 
-def vocab_size_of(client: SGLangClient) -> int:
-    """The model's vocabulary size from /model_info, else /server_info."""
-    for read in (client.model_info, client.server_info):
+def prompt_maker(
+    client: SGLangClient,
+    *,
+    tokenizer_path: str | None = None,
+    vocab_size: int | None = None,
+    dataset: str | None = None,
+) -> PromptMaker:
+    """The prompt maker of one service: its /tokenize, its prompt_tokens for calibration."""
+
+    def tokenize(texts: Sequence[str]) -> list[list[int]]:
         try:
-            info = read()
-        except (OSError, ServiceHTTPError):
-            continue
-        value = info.get("vocab_size")
-        if isinstance(value, int) and value > 1:
-            return value
-    raise LoadError(
-        f"{client.base_url}: neither /model_info nor /server_info reports vocab_size; "
-        "pass vocab_size= to run_cell (prompts must be token ids inside the vocabulary)"
-    )
+            return client.tokenize(texts)
+        except ServiceHTTPError as exc:
+            if exc.status in (404, 405):
+                raise LookupError(f"{client.base_url} has no /tokenize") from None
+            raise
+
+    def count_prompt_tokens(text: str) -> int:
+        meta = client.generate(text=text, sampling_params={"max_new_tokens": 1, "temperature": 0.0}).get("meta_info") or {}
+        count = meta.get("prompt_tokens")
+        if not isinstance(count, int):
+            raise LoadError(f"{client.base_url}: /generate reports no meta_info.prompt_tokens (cannot size text prompts)")
+        return count
+
+    key = client.base_url
+    try:
+        info = client.model_info()
+        key = f"{info.get('model_path')}|{info.get('tokenizer_path')}" if info.get("model_path") else key
+    except (OSError, ServiceHTTPError):
+        pass
+    return PromptMaker(tokenize, count_prompt_tokens, key, tokenizer_path=tokenizer_path, vocab_size=vocab_size,
+                       dataset=dataset)
 
 
 def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
@@ -496,15 +528,15 @@ def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
 def _run_closed_loop(
     service: ServiceHTTP,
     concurrency: int,
-    prompts: Sequence[Sequence[int]],
+    prompts: PromptSet,
     output_tokens: int,
     extra_sampling_params: Mapping[str, Any] | None,
     timeout_s: float,
 ) -> tuple[list[RequestResult], float]:
     """C workers pull the next request index until all are sent; returns results, duration."""
-    results: list[RequestResult | None] = [None] * len(prompts)
+    results: list[RequestResult | None] = [None] * len(prompts.prompts)
     lock = threading.Lock()
-    counter = iter(range(len(prompts)))
+    counter = iter(range(len(prompts.prompts)))
 
     def worker() -> None:
         conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
@@ -514,7 +546,8 @@ def _run_closed_loop(
                     index = next(counter, None)
                 if index is None:
                     return
-                result = stream_request(service, index, prompts[index], output_tokens, extra_sampling_params, conn)
+                result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                                        prompts.tolerance)
                 results[index] = result
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
@@ -536,14 +569,14 @@ def run_cell(
     service: str | SGLangClient,
     workload: WorkloadLike,
     *,
-    vocab_size: int | None = None,
+    prompts: PromptMaker | None = None,
     seed: int = 0,
     timeout_s: float = 300.0,
     warmup: bool = True,
     flush: bool = True,
     flush_deadline_s: float = 10.0,
     extra_sampling_params: Mapping[str, Any] | None = None,
-    prompt_fn: Callable[[int, int, int], list[int]] = prompt_ids,
+    speculative: bool = False,
 ) -> CellResult:
     """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
 
@@ -552,29 +585,32 @@ def run_cell(
     ``internal_states[0]`` is read right before and after the measured loop, so exact
     engine counters (the reference engine's token and simulated busy-time accounting) can
     be differenced over the measured phase: see :meth:`CellResult.engine_accounting`.
-    Prompts depend only on (cell name, request index, ``seed``), so every repeat and every
-    session sends the same prompts: the flush keeps prefix caching out of the numbers and
-    identical prompts keep acceptance comparable with the baseline. A URL gets a client of
-    its own for this call, closed at the end; a client is the caller's to close.
-    ``timeout_s`` bounds each streamed request's socket waits.
+    Prompts (``prompts``, default: :func:`prompt_maker` of the service) depend only on the
+    cell's source, length, request index and ``seed``, so every repeat and every session sends
+    the same prompts: the flush keeps prefix caching out of the numbers and identical prompts
+    keep acceptance comparable with the baseline. A URL gets a client of its own for this
+    call, closed at the end; a client is the caller's to close. ``timeout_s`` bounds each
+    streamed request's socket waits. ``speculative``: the service runs a speculative config,
+    so a response without ``spec_verify_ct`` makes the cell invalid (speculation looks off).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=timeout_s) as own:
-            return run_cell(own, workload, vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, warmup=warmup,
-                            flush=flush, flush_deadline_s=flush_deadline_s,
-                            extra_sampling_params=extra_sampling_params, prompt_fn=prompt_fn)
+            return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
+                            flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
+                            speculative=speculative)
     client = service
-    vocab = vocab_size if vocab_size is not None else vocab_size_of(client)
-    prompts = [
-        prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, i)) for i in range(workload.requests)
-    ]
-    notes: list[str] = []
+    maker = prompts if prompts is not None else prompt_maker(client)
+    try:
+        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(workload.name, seed))
+        warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
+                           stable_seed(workload.name, seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
+    except prompts_mod.PromptError as exc:
+        raise LoadError(f"{workload.name}: {exc}") from None
+    except (OSError, ServiceHTTPError) as exc:
+        raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
+    notes: list[str] = list(measured.notes)
     warmup_failed = 0
-    if warmup and workload.warmup_requests > 0:
-        warm = [
-            prompt_fn(workload.context_tokens, vocab, stable_seed(workload.name, seed, "warmup", i))
-            for i in range(workload.warmup_requests)
-        ]
+    if warm is not None:
         warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
                                            extra_sampling_params, timeout_s)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
@@ -584,13 +620,13 @@ def run_cell(
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
     requests, duration = _run_closed_loop(
-        client.http, workload.concurrency, prompts, workload.output_tokens, extra_sampling_params, timeout_s
+        client.http, workload.concurrency, measured, workload.output_tokens, extra_sampling_params, timeout_s
     )
     server_state = _internal_state(client, notes)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(
         cell=workload.name,
-        workload=workload_dict(workload),
+        workload=workload_dict(workload, measured.label),
         requests=requests,
         duration_s=duration,
         warmup_failed=warmup_failed,
@@ -598,4 +634,6 @@ def run_cell(
         server_state=server_state,
         server_state_before=before,
         notes=notes,
+        prompt_source=measured.label,
+        speculative=speculative,
     )

@@ -82,6 +82,9 @@ def add_options(parser: _Parser) -> None:
         help="interleaved repeats per throughput cell (default: 3, the minimum for statistics)")
     add("--ddtree-workload", dest="ddtree_workload", action="append", default=None, metavar="GLOB",
         help="throughput cells to run, by name glob (repeatable; default: all of configs.yaml)")
+    add("--ddtree-dataset", dest="ddtree_dataset", default=None, metavar="PATH",
+        help="a ShareGPT JSON file (bench_serving's format) whose text becomes every throughput cell's "
+             "prompts, cut to each cell's exact length (default: each workload's prompts: source)")
 
     parser.addini("ddtree_service", "default service profile path (like --ddtree-service)", default=None)
     parser.addini("ddtree_config", "default config selection (like --ddtree-config)", type="args", default=[])
@@ -123,6 +126,7 @@ class Settings:
     session_stamp: str
     session_id: str = ""
     """Unique per session (stamp + random): names its results folder and tags every record."""
+    dataset: Path | None = None
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -190,6 +194,10 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     if repeats < 3:
         raise OptionError(f"--ddtree-repeats must be at least 3 (statistics need 3 samples per cell), got {repeats}")
     workloads: Sequence[str] = config.getoption("ddtree_workload") or ()
+    dataset_value = config.getoption("ddtree_dataset")
+    dataset = _path(cwd, dataset_value) if dataset_value else None
+    if dataset is not None and not dataset.is_file():
+        raise OptionError(f"--ddtree-dataset: no such file {dataset} (give a ShareGPT JSON file, bench_serving's format)")
     name = config.getoption("ddtree_package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -215,4 +223,5 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         workloads=tuple(workloads),
         session_stamp=stamp,
         session_id=session_id,
+        dataset=dataset,
     )

@@ -32,16 +32,16 @@ from pytest_ddtree.configs import config_or_none, name_sort_key
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
 DRAFTER_BOUND_GAIN = 0.08
 
-#: Metrics copied into the JSON results per cell (bench_serving names + ours).
+#: Metrics copied into the JSON results per cell: SGLang bench_serving's names, then ours
+#: (``ddtree_``; the server's avg_spec_accept_length is ``ddtree_server_accept_length``, information).
 JSON_KEYS = (
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-    "request_throughput", "input_throughput", "output_throughput", "total_token_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p90_itl_ms", "p99_itl_ms",
-    "mean_e2e_latency_ms", "median_e2e_latency_ms", "std_e2e_latency_ms", "p90_e2e_latency_ms",
-    "p99_e2e_latency_ms", "concurrency", "max_concurrency", "accept_length",
-    "request_accept_length", "mean_request_accept_length", "median_request_output_throughput",
+    "duration", "completed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
+    *(f"{stat}_{dist}_ms" for dist in ("ttft", "tpot", "itl", "e2e_latency")
+      for stat in ("mean", "median", "std", "p90", "p95", "p99")),
+    "max_itl_ms", "concurrency", "max_concurrency", "accept_length",
+    "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct", "ddtree_mean_request_accept_length",
+    "ddtree_server_accept_length", "ddtree_median_request_output_throughput",
 )
 
 
@@ -151,12 +151,12 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
         change = (rec.get("change") or {}).get("output_throughput")
         rows.append([
             str(rec.get("config")), str(rec.get("cell")), str(w.get("concurrency", "-")), _ctx(w.get("context_tokens")),
-            tps, _f(m.get("accept_length"), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
+            str(w.get("prompts") or "-"), tps, _f(m.get("accept_length"), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
         ])
     return rows
 
 
-HEADERS = ["config", "cell", "conc", "ctx", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
+HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
 
 
 def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple") -> str:
@@ -209,7 +209,7 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
             aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         if c == low_c and top_c != low_c:
-            per = (winner.get("metrics") or {}).get("median_request_output_throughput")
+            per = (winner.get("metrics") or {}).get("ddtree_median_request_output_throughput")
             speed = f"{float(per):.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
                           f"{winner['config']} with {speed}{margin}.")

@@ -59,6 +59,10 @@ def measure_config(
     on_sample: OnSample | None = None,
     baseline: Mapping[str, Any] | None = None,
     on_confirm: OnSample | None = None,
+    *,
+    tokenizer_path: str | None = None,
+    vocab_size: int | None = None,
+    dataset: str | None = None,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -69,17 +73,20 @@ def measure_config(
     before anything else can fail. With ``baseline`` (the config's validated ``metrics``
     section) the cells are judged together, and flagged cells get their confirmation run now,
     while this config's service is still up (``on_confirm`` records those repeats).
+    ``tokenizer_path`` and ``vocab_size`` are the profile's, ``dataset`` is ``--ddtree-dataset``
+    (see ``prompts.py``).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
-            return measure_config(own, cells, repeats, on_sample, baseline, on_confirm)
+            return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
+                                  vocab_size=vocab_size, dataset=dataset)
     client = service
     policy = repeat_policy(repeats)
-    vocab = load.vocab_size_of(client)
+    maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], vocab_size=vocab, timeout_s=REQUEST_TIMEOUT_S)
+        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=True)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -136,7 +143,14 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
     repeats, problems = _repeat_facts(run)
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
     return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None, gate_samples(repeats),
-                          status, why, load.workload_dict(workload))
+                          status, why, measured_workload(run, workload))
+
+
+def measured_workload(run: stats.CellRun[load.CellResult], workload: load.WorkloadLike) -> dict[str, Any]:
+    """The workload as measured: its numbers and the prompts its repeats really used
+    (``documents via /tokenize``), so a baseline made from other prompts does not apply."""
+    measured_prompts = sorted({s.prompt_source for s in run.samples if s.prompt_source})
+    return load.workload_dict(workload, measured_prompts[0] if measured_prompts else None)
 
 
 def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, Any]:
@@ -148,6 +162,7 @@ def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, 
         "metrics": result.metrics(),
         "problems": result.problems()[:20],
         "notes": result.notes,
+        "prompts": result.prompt_source,
     }
 
 
@@ -187,7 +202,7 @@ def evaluate_cell(
     notes = sorted({n for s in run.samples for n in s.notes})
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
     samples = gate_samples(repeats)
-    workload_info = load.workload_dict(workload)
+    workload_info = measured_workload(run, workload)
     section: dict[str, Any] = {}
     problem = baseline_error
     if baseline is not None and problem is None:

@@ -36,6 +36,7 @@ from pytest_ddtree import gate, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
 from pytest_ddtree.fingerprint import local_fingerprint
+from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sample_record
 
@@ -101,15 +102,22 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 section = gate.validate_section((data or {}).get("metrics"), str(baselines.path_for(config.name)))
             except (BaselineError, gate.BaselineFormatError):
                 section = None  # each cell test fails on it with the message, after recording
-        campaigns[config.name] = measure_config(
-            service.client,
-            _cells_of_config(request, config),
-            repeats,
-            lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),
-            baseline=section,
-            on_confirm=lambda name, r, result: recorder.record(
-                "throughput-confirm-repeat", config.name, sample_record(name, r, result)),
-        )
+        settings = session_of(request.config).settings
+        try:
+            campaigns[config.name] = measure_config(
+                service.client,
+                _cells_of_config(request, config),
+                repeats,
+                lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),
+                baseline=section,
+                on_confirm=lambda name, r, result: recorder.record(
+                    "throughput-confirm-repeat", config.name, sample_record(name, r, result)),
+                tokenizer_path=service.profile.tokenizer_path(),
+                vocab_size=service.profile.vocab_size,
+                dataset=str(settings.dataset) if settings.dataset else None,
+            )
+        except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
+            pytest.fail(f"{config.name}: {exc}", pytrace=False)
     return campaigns[config.name]
 
 

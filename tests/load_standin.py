@@ -19,7 +19,6 @@ from typing import Any
 
 @dataclass
 class StandInConfig:
-    vocab_size: int = 1000
     tokens_per_chunk: int = 3
     step_s: float = 0.002
     prefill_s: float = 0.005
@@ -29,6 +28,9 @@ class StandInConfig:
     accept: float = 3.0
     flush_status: int = 200
     no_meta: bool = False
+    no_spec: bool = False  # no spec_verify_ct (speculation off)
+    tokenize: bool = True  # answer POST /tokenize (one token per UTF-8 byte); False: 404 like an old build
+    text_prompt_scale: float = 1.0  # a text prompt counts this many tokens per byte (text fallback tests)
     generate_calls: int = 0
     flushes: int = 0
     active: int = 0
@@ -53,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/model_info":
-            self._json(200, {"model_path": "standin", "vocab_size": self.cfg.vocab_size})
+            self._json(200, {"model_path": "standin", "tokenizer_path": f"standin-{id(self.cfg)}"})
         elif self.path == "/server_info":
             self._json(200, {"version": "standin-1", "internal_states": [{"avg_spec_accept_length": self.cfg.accept}]})
         else:
@@ -68,8 +70,16 @@ class _Handler(BaseHTTPRequestHandler):
                 cfg.flushes += 1
             self._json(cfg.flush_status, {"ok": cfg.flush_status == 200})
             return
+        if self.path == "/tokenize" and cfg.tokenize:
+            self._json(200, {"tokens": [_ids(p) for p in body["prompt"]], "count": [len(_ids(p)) for p in body["prompt"]],
+                             "max_model_len": 1 << 20})
+            return
         if self.path != "/generate":
             self._json(404, {"error": "not found"})
+            return
+        prompt_tokens = len(body["input_ids"]) if "input_ids" in body else round(len(_ids(body["text"])) * cfg.text_prompt_scale)
+        if not body.get("stream"):
+            self._json(200, {"text": "x", "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": 1}})
             return
         with cfg.lock:
             cfg.generate_calls += 1
@@ -80,7 +90,6 @@ class _Handler(BaseHTTPRequestHandler):
             if cfg.fail_every and n % cfg.fail_every == 0:
                 self._json(500, {"error": "injected"})
                 return
-            ids = body["input_ids"]
             sp = body["sampling_params"]
             want = int(sp["max_new_tokens"]) if sp.get("ignore_eos") else min(5, int(sp["max_new_tokens"]))
             if cfg.output_cap is not None:
@@ -99,8 +108,10 @@ class _Handler(BaseHTTPRequestHandler):
                 first = False
                 done += k
                 steps += 1
-                meta = {"prompt_tokens": len(ids) + cfg.prompt_offset, "completion_tokens": done,
-                        "spec_verify_ct": steps, "finish_reason": None}
+                meta = {"prompt_tokens": prompt_tokens + cfg.prompt_offset, "completion_tokens": done,
+                        "finish_reason": None}
+                if not cfg.no_spec:
+                    meta["spec_verify_ct"] = steps
                 chunk = {"text": "x" * done} if cfg.no_meta else {"text": "x" * done, "meta_info": meta}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
@@ -108,6 +119,11 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with cfg.lock:
                 cfg.active -= 1
+
+
+def _ids(text: str) -> list[int]:
+    """The stand-in's tokenizer: one token per UTF-8 byte (ids 100..355)."""
+    return [100 + b for b in text.encode()]
 
 
 @contextmanager

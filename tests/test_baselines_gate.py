@@ -231,9 +231,9 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
     from pytest_ddtree import stats
 
     policy = stats.RepeatPolicy()
-    ok = [{"engine_busy_fraction": 0.97}] * 3
+    ok = [{"ddtree_engine_busy_fraction": 0.97}] * 3
     assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok) == ("valid", [])
-    status, why = gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"engine_busy_fraction": 0.6}] * 3)
+    status, why = gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"ddtree_engine_busy_fraction": 0.6}] * 3)
     assert status == "inconclusive" and "busy only 60%" in why[0]
     assert gate.measurement_status(policy, [100.0], True, ok, ["boom"]) == ("invalid", ["boom"])
     status, why = gate.measurement_status(policy, [100.0, 160.0, 60.0], False, ok)

@@ -17,7 +17,7 @@ from pytest_ddtree.htmlreport.live import LiveReport
 def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: str = "pass",
           base: list[float] | None = None, message: str = "") -> dict[str, Any]:
     repeats = [{"output_throughput": t, "accept_length": 4.0 + (0.1 if "b8" in config else 0.0), "median_ttft_ms": 5.0,
-                "median_request_output_throughput": t / conc} for t in tps]
+                "ddtree_median_request_output_throughput": t / conc} for t in tps]
     verdict = {"status": status, "reasons": [], "metrics": {"output_throughput": {
         "message": message, "change": (sorted(tps)[1] / sorted(base)[1] - 1) if base else None}}}
     baseline = {"output_throughput": {"median": sorted(base)[1], "samples": base, "tolerance": 0.05, "direction": "higher"}} if base else None

@@ -23,35 +23,42 @@ def test_itl_spreads_a_chunk_over_its_tokens() -> None:
     assert r.tpot_s == pytest.approx((0.27 - 0.10) / 6)
 
 
-def test_prompt_ids_are_deterministic_and_inside_the_vocabulary() -> None:
-    a = load.prompt_ids(500, 1000, 7)
-    assert a == load.prompt_ids(500, 1000, 7)
-    assert a != load.prompt_ids(500, 1000, 8)
-    assert len(a) == 500 and all(125 <= t < 500 for t in a)
-    assert load.stable_seed("c1", 0, 1) == load.stable_seed("c1", 0, 1)
-
-
 def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
     cell = load.Cell("c4_short", concurrency=4, context_tokens=64, output_tokens=16, requests=12)
     with standin_server(StandInConfig(tokens_per_chunk=3)) as (url, cfg):
         res = load.run_cell(url, cell)
     assert res.valid, res.problems()
     m = res.metrics()
-    assert m["completed"] == 12 and m["failed"] == 0
+    assert m["completed"] == 12 and m["ddtree_failed"] == 0
     assert m["total_output_tokens"] == 12 * 16
     assert m["total_input_tokens"] == 12 * 64
     assert all(r.chunks == 1 + 5 for r in res.requests)  # 1 + ceil(15 / 3) chunks, 16 tokens
     assert all(len(r.itl_s) == 15 for r in res.requests)
-    assert m["request_accept_length"] == pytest.approx(16 / 6)
-    assert m["accept_length"] == pytest.approx(3.0)  # the server's figure wins
+    assert m["accept_length"] == pytest.approx(16 / 6)  # the requests' own ratio ...
+    assert m["ddtree_server_accept_length"] == pytest.approx(3.0)  # ... never the server's figure
     assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["duration"])
     assert m["max_concurrency"] == 4 and 2.5 < float(m["concurrency"] or 0) <= 4.01
-    for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2e_latency_ms", "std_ttft_ms"):
-        assert isinstance(m[key], float) and m[key] > 0
+    for dist in ("ttft", "tpot", "itl", "e2e_latency"):  # bench_serving's names, p95 included
+        for stat in ("mean", "median", "std", "p90", "p95", "p99"):
+            assert isinstance(m[f"{stat}_{dist}_ms"], float) and m[f"{stat}_{dist}_ms"] >= 0, (stat, dist)
+    assert m["total_throughput"] == pytest.approx((m["total_input_tokens"] + m["total_output_tokens"]) / m["duration"])
+    assert m["ddtree_server_input_tokens"] == m["total_input_tokens"]  # sent == counted by the server
+    ours = {k for k in m if k.startswith("ddtree_")}
+    assert ours >= {"ddtree_failed", "ddtree_spec_verify_ct", "ddtree_server_accept_length"}
     # warm-up ran at the measured concurrency and was excluded; then one flush
     assert cfg.generate_calls == 12 + 4
     assert cfg.flushes == 1
     assert cfg.max_active <= 4
+
+
+def test_a_speculative_cell_without_spec_verify_ct_is_invalid() -> None:
+    cell = load.Cell("c2", concurrency=2, context_tokens=8, output_tokens=6, requests=4, warmup_requests=0)
+    with standin_server(StandInConfig(no_spec=True)) as (url, _):
+        plain = load.run_cell(url, cell)  # a non-speculative measurement: fine, no accept length
+        spec = load.run_cell(url, cell, speculative=True)
+    assert plain.valid and plain.metrics()["accept_length"] is None
+    assert not spec.valid
+    assert any("4 of 4 responses carry no spec_verify_ct" in p and "speculation looks off" in p for p in spec.problems())
 
 
 def test_http_errors_make_the_cell_invalid() -> None:
@@ -60,7 +67,7 @@ def test_http_errors_make_the_cell_invalid() -> None:
         res = load.run_cell(url, cell)
     assert not res.valid
     assert res.failed == 2
-    assert res.metrics()["failed"] == 2 and res.metrics()["completed"] == 4
+    assert res.metrics()["ddtree_failed"] == 2 and res.metrics()["completed"] == 4
     assert any("HTTP 500" in p for p in res.problems())
 
 
@@ -87,13 +94,15 @@ def test_stream_without_token_counts_is_an_error_not_a_chunk_count() -> None:
 
 
 def test_unreachable_server_fails_requests_not_the_harness() -> None:
-    cell = load.Cell("c1", concurrency=2, context_tokens=8, output_tokens=4, requests=2, warmup_requests=0)
+    cell = load.Cell("c1", concurrency=2, context_tokens=8, output_tokens=4, requests=2, warmup_requests=0, prompts="random")
     with standin_server() as (url, _):
         pass  # closed now
-    res = load.run_cell(url, cell, vocab_size=100, flush=False)
-    assert res.failed == 2 and not res.valid
-    with pytest.raises(load.LoadError, match="vocab_size"):
-        load.run_cell(url, cell)
+    with SGLangClient(url, timeout=2) as client:
+        maker = load.prompt_maker(client, vocab_size=100)
+        res = load.run_cell(client, cell, prompts=maker, flush=False)
+        assert res.failed == 2 and not res.valid
+        with pytest.raises(load.LoadError, match="cannot make the prompts.*connection refused"):
+            load.run_cell(client, load.Cell("c1", 1, 8, 4, 1, 0))
 
 
 def test_failed_flush_is_noted() -> None:

@@ -12,7 +12,7 @@ def _rec(config: str, conc: int, ctx: int, tps: float, accept: float, status: st
          change: float | None = 0.01, per_req: float | None = None) -> dict[str, Any]:
     cell = f"c{conc}_{'short' if ctx < 1024 else f'{ctx // 1024}k'}"
     repeat = {"output_throughput": tps, "accept_length": accept, "median_ttft_ms": 12.0,
-              "median_request_output_throughput": per_req or tps / conc, "completed": 4}
+              "ddtree_median_request_output_throughput": per_req or tps / conc, "completed": 4}
     verdict = {"status": status, "metrics": {"output_throughput": {"change": change, "message": "m"}}}
     data = report.throughput_record(
         config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 64, "requests": 4},
@@ -35,7 +35,7 @@ RECORDS = [
 def test_sweep_table_rows_and_order() -> None:
     table = report.render_sweep_table(RECORDS)
     lines = table.splitlines()
-    assert lines[0].split() == ["config", "cell", "conc", "ctx", "out", "tok/s", "accept", "TTFT", "p50", "ms",
+    assert lines[0].split() == ["config", "cell", "conc", "ctx", "prompts", "out", "tok/s", "accept", "TTFT", "p50", "ms",
                                 "vs", "baseline", "status"]
     body = [line.split() for line in lines[2:]]
     assert [r[0] for r in body][:2] == ["bs8_b4_k4", "bs8_b4_k4"]  # config order, then cell

@@ -142,7 +142,7 @@ def build_html(
     runtime = charts.plotly_runtime()
     figures: dict[str, Any] = {}
     output_panels = charts.sweep_panels(cells, "output_throughput", "output tok/s")
-    request_panels = charts.sweep_panels(cells, "median_request_output_throughput", "tok/s per request (median)")
+    request_panels = charts.sweep_panels(cells, "ddtree_median_request_output_throughput", "tok/s per request (median)")
     for p in output_panels + request_panels:
         figures[p["id"]] = p["figure"]
     acceptance = charts.acceptance_figure(cells)

@@ -32,7 +32,7 @@ _GATE_OF_TEST = {"test_health": "health", "test_coding": "coding", "test_lossles
 #: Cell metrics shown in the sweep table: (key in results.json, header, digits).
 CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("output_throughput", "out tok/s", 1),
-    ("median_request_output_throughput", "tok/s per request", 1),
+    ("ddtree_median_request_output_throughput", "tok/s per request", 1),
     ("accept_length", "accept length", 2),
     ("median_ttft_ms", "TTFT p50 ms", 1),
     ("median_itl_ms", "ITL p50 ms", 2),

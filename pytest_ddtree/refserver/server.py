@@ -299,6 +299,10 @@ class Handler(BaseHTTPRequestHandler):
             ("POST", "/generate"): self.h_generate,
             ("POST", "/v1/completions"): self.h_completions,
             ("POST", "/v1/chat/completions"): self.h_chat,
+            ("POST", "/tokenize"): self.h_tokenize,
+            ("POST", "/v1/tokenize"): self.h_tokenize,
+            ("POST", "/detokenize"): self.h_detokenize,
+            ("POST", "/v1/detokenize"): self.h_detokenize,
         }
         handler = routes.get((method, path))
         try:
@@ -391,6 +395,54 @@ class Handler(BaseHTTPRequestHandler):
 
     def h_models(self) -> None:
         self.send_json(200, {"object": "list", "data": [{"id": self.state.model_path, "object": "model", "owned_by": "refserver", "root": self.state.model_path, "max_model_len": self.state.context_length}]})
+
+    # /tokenize and /detokenize follow SGLang's python/sglang/srt/entrypoints/openai/serving_tokenize.py
+    # (routes in entrypoints/http_server.py, request shapes TokenizeRequest / DetokenizeRequest in
+    # entrypoints/openai/protocol.py): a string prompt answers {"tokens": [...], "count": n}, a list
+    # of prompts {"tokens": [[...], ...], "count": [...]}, both with "max_model_len".
+
+    def _tokenizer_or_503(self) -> Any:
+        models = self.state.models
+        if models is None:
+            self.send_error_json(503, "server is starting up (loading weights)")
+            return None
+        return models.tokenizer
+
+    def h_tokenize(self) -> None:
+        body = self.read_json()
+        tok = self._tokenizer_or_503()
+        if tok is None:
+            return
+        _bool(body, "add_special_tokens", True)  # validated; this tokenizer adds no BOS/EOS either way
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt)
+            self.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": self.state.context_length})
+        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            lists = [tok.encode(p) for p in prompt]
+            self.send_json(200, {"tokens": lists, "count": [len(i) for i in lists], "max_model_len": self.state.context_length})
+        else:
+            raise BadRequest(f"Invalid prompt type: {type(prompt).__name__}. Expected str or List[str].")
+
+    def h_detokenize(self) -> None:
+        body = self.read_json()
+        tok = self._tokenizer_or_503()
+        if tok is None:
+            return
+        skip = _bool(body, "skip_special_tokens", True)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise BadRequest(f"Invalid tokens type: {type(tokens).__name__}. Expected List[int] or List[List[int]].")
+        nested = bool(tokens) and isinstance(tokens[0], list)
+        lists = tokens if nested else [tokens]
+        for ids in lists:
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise BadRequest("Invalid input: 'tokens' must be a list of integers (or of lists of integers).")
+            bad = [t for t in ids if not 0 <= t < tok.vocab_size]
+            if bad:
+                raise BadRequest(f"Error decoding tokens: ids out of range [0, {tok.vocab_size}): {bad[:5]}")
+        texts = [tok.decode(ids, skip_special_tokens=skip) for ids in lists]
+        self.send_json(200, {"text": texts if nested else texts[0]})
 
     def h_flush_cache(self) -> None:
         """http_server.py ``flush_cache`` / scheduler.py ``flush_cache``: refused (400) unless idle."""

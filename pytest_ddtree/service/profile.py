@@ -114,6 +114,8 @@ class ServiceProfile:
     lossless_args: str | None = None
     hardware_profile: str | None = None
     max_context: int | None = None
+    tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
+    vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)
     draft_model_path: str | None = None
     patches: Mapping[str, Any] | None = None
     python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
@@ -121,6 +123,16 @@ class ServiceProfile:
     fleet: FleetKeys = field(default_factory=FleetKeys)
     source: Path | None = None
     text: str = ""
+
+    def tokenizer_path(self) -> str | None:
+        """``tokenizer:`` with a relative path taken from the profile's folder (as written
+        otherwise: a name the tokenizer library resolves)."""
+        if not self.tokenizer:
+            return None
+        path = Path(os.path.expanduser(self.tokenizer))
+        if not path.is_absolute() and self.source is not None and (self.source.parent / path).exists():
+            return str(self.source.parent / path)
+        return str(path)
 
     # -- rendering -------------------------------------------------------------------------
     def render_config_args(self, config: DDTreeConfig) -> list[str]:
@@ -366,6 +378,8 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "lossless_args": ((str, type(None)), False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
+    "tokenizer": ((str, type(None)), False),
+    "vocab_size": ((int, type(None)), False),
     "draft_model_path": ((str, type(None)), False),
     "patches": ((dict, type(None)), False),
     "python": ((str, type(None)), False),
@@ -538,6 +552,8 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         lossless_args=raw.get("lossless_args"),
         hardware_profile=raw.get("hardware_profile"),
         max_context=raw.get("max_context"),
+        tokenizer=raw.get("tokenizer"),
+        vocab_size=raw.get("vocab_size"),
         draft_model_path=raw.get("draft_model_path"),
         patches=raw.get("patches"),
         python=raw.get("python"),

@@ -1,9 +1,19 @@
 #!/usr/bin/env python3
-"""A tiny stand-in for an SGLang server, for lifecycle tests that need a real process.
+"""A tiny stand-in for an SGLang server: a real process that answers like upstream SGLang.
 
-It accepts the reference engine's launch flags and fault specs that matter to the lifecycle:
-refuse connections for a while, answer 503 while "loading", crash on start, exit after N
-generate requests, ignore a config flag, ignore SIGTERM, fork a worker child (process groups).
+Lifecycle: it accepts the reference engine's launch flags and fault specs that matter to the
+lifecycle: refuse connections for a while, answer 503 while "loading", crash on start, exit
+after N generate requests, ignore a config flag, ignore SIGTERM, fork a worker child.
+
+Serving, as upstream SGLang does it where the harness depends on it (and unlike our own engine,
+so the harness cannot lean on the engine's conveniences): no ``vocab_size`` anywhere
+(``/model_info`` has exactly SGLang's keys); ``POST /tokenize`` (alias ``/v1/tokenize``);
+streamed ``/generate`` with cumulative ``completion_tokens`` and ``spec_verify_ct`` /
+``spec_accept_length`` on the finished chunk only; ``internal_states[0].avg_spec_accept_length``
+absent after ``/flush_cache`` until decode batches ran and refreshed only every 40 of them;
+``/flush_cache`` 400 while requests run. Each request's first token comes from prefill, then
+each verify step accepts 2 and 5 tokens in turn (``--fault spec-off``: no spec fields at all,
+a service whose speculation silently did not engage).
 """
 
 from __future__ import annotations
@@ -11,12 +21,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ACCEPT_CYCLE = (2, 5)  # tokens accepted per verify step, in turn
+DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
+STEP_S = 0.002
+PIECE = re.compile(r"\s*\S+|\s+")
+
+
+def tokenize(text: str) -> list[int]:
+    """Word pieces with their leading space, hashed to ids (deterministic, no vocabulary size)."""
+    return [100 + zlib.crc32(p.encode()) % 50000 for p in PIECE.findall(text)]
+
+
+def verify_steps(completion_tokens: int) -> int:
+    """Verify steps for an output: the first token comes from prefill, then ACCEPT_CYCLE."""
+    steps, done = 0, 1
+    while done < completion_tokens:
+        done += ACCEPT_CYCLE[steps % len(ACCEPT_CYCLE)]
+        steps += 1
+    return steps
 
 
 def main() -> None:
@@ -72,8 +104,18 @@ def main() -> None:
     elif ignored:
         info[f"speculative_{ignored}"] = None
     exit_after = int(faults["exit-after"]) if "exit-after" in faults else None
-    count = {"generate": 0}
+    spec_on = "spec-off" not in faults
+    count = {"generate": 0, "running": 0, "batches": 0, "tokens": 0, "verify": 0}
+    shown: dict[str, float] = {}  # the lagging avg_spec_accept_length, as SGLang's scheduler logs it
     lock = threading.Lock()
+
+    def decode_batch(tokens: int) -> None:
+        with lock:
+            count["batches"] += 1
+            count["tokens"] += tokens
+            count["verify"] += 1
+            if spec_on and count["batches"] % DECODE_LOG_INTERVAL == 0:
+                shown["avg_spec_accept_length"] = count["tokens"] / count["verify"]
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *a: object) -> None:
@@ -92,20 +134,78 @@ def main() -> None:
             if self.path in ("/health", "/health_generate"):
                 self._send(503 if loading else 200, {"loading": loading})
             elif self.path in ("/server_info", "/get_server_info"):
-                self._send(200, info)
+                with lock:
+                    self._send(200, {**info, "version": "0.0.0-standin", "internal_states": [dict(shown)]})
             elif self.path in ("/model_info", "/get_model_info"):
-                self._send(200, {"model_path": "standin"})
+                self._send(200, {"model_path": "standin", "tokenizer_path": "standin", "is_generation": True,
+                                 "preferred_sampling_params": None, "weight_version": "default",
+                                 "has_image_understanding": False, "has_audio_understanding": False,
+                                 "model_type": "standin", "architectures": ["StandInForCausalLM"]})
             else:
                 self._send(404, {"error": self.path})
 
+        def _stream(self, body: dict[str, Any]) -> None:
+            prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(tokenize(body.get("text") or ""))
+            want = int((body.get("sampling_params") or {}).get("max_new_tokens", 128))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.close_connection = True  # HTTP/1.0 stream: the end of the body is the end of the connection
+            done, steps = 1, 0
+            while True:
+                finished = done >= want
+                meta = {"id": "standin", "prompt_tokens": prompt_tokens, "completion_tokens": done,
+                        "finish_reason": {"type": "length", "length": want} if finished else None}
+                if finished and spec_on:  # SGLang puts spec fields on the finished chunk only
+                    meta.update(spec_verify_ct=steps, spec_accept_length=done / steps if steps else 0.0)
+                chunk = {"text": "x" * done, "output_ids": [7] * done, "meta_info": meta}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+                if finished:
+                    break
+                time.sleep(STEP_S)
+                k = min(ACCEPT_CYCLE[steps % len(ACCEPT_CYCLE)] if spec_on else 1, want - done)
+                done += k
+                steps += 1
+                decode_batch(k)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
-            if self.path == "/generate":
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {}
+            if self.path in ("/tokenize", "/v1/tokenize"):
+                prompt = body.get("prompt")
+                if isinstance(prompt, list):
+                    ids = [tokenize(p) for p in prompt]
+                    self._send(200, {"tokens": ids, "count": [len(i) for i in ids], "max_model_len": 1 << 20})
+                else:
+                    ids1 = tokenize(str(prompt))
+                    self._send(200, {"tokens": ids1, "count": len(ids1), "max_model_len": 1 << 20})
+            elif self.path == "/flush_cache":
+                with lock:
+                    busy = count["running"] > 0
+                    if not busy:
+                        shown.clear()
+                        count.update(batches=0, tokens=0, verify=0)
+                self._send(400 if busy else 200, {"flushed": not busy})
+            elif self.path == "/generate":
                 with lock:
                     count["generate"] += 1
                     n = count["generate"]
-                self._send(200, {"text": "ok", "meta_info": {"completion_tokens": 1}})
+                    count["running"] += 1
+                try:
+                    if body.get("stream"):
+                        self._stream(body)
+                    else:
+                        self._send(200, {"text": "ok", "meta_info": {"completion_tokens": 1}})
+                finally:
+                    with lock:
+                        count["running"] -= 1
                 if exit_after is not None and n >= exit_after:
                     print(f"standin: fault exit-after={exit_after}: exiting with {args.exit_code}", flush=True)
                     self.wfile.flush()
@@ -113,7 +213,11 @@ def main() -> None:
             else:
                 self._send(404, {"error": self.path})
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 256  # concurrency-32 clients reconnect per request (HTTP/1.0 streams)
+
+    server = Server((args.host, args.port), Handler)
     print(f"standin: listening on {args.host}:{args.port}", flush=True)
     server.serve_forever()
 

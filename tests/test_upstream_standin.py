@@ -1,0 +1,104 @@
+"""The throughput gate against a server that answers like upstream SGLang, not like our engine.
+
+``tests/fakes/standin_server.py`` has no vocab_size anywhere, a ``/tokenize``, spec fields on the
+finished chunk only and a lagging ``avg_spec_accept_length`` (absent after a flush, refreshed
+every 40 decode batches). The main job's throughput cells (the shipped ``suites/configs.yaml``)
+must all measure against it: exact prompt lengths, the accept length of the requests themselves;
+and with speculation off, the cells must fail saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from suite_helpers import MATRIX, run_suite
+
+FAKES = Path(__file__).parent / "fakes"
+sys.path.insert(0, str(FAKES))
+from standin_server import verify_steps  # noqa: E402  (the stand-in's own rule, for the expected ratio)
+
+
+def standin_profile(directory: Path, extra: str = "") -> Path:
+    raw: dict[str, Any] = {
+        "name": "upstream-standin",
+        "controller": "process",
+        "command": f"{{python}} {FAKES / 'standin_server.py'} --port {{port}} {{config_args}} {extra}",
+        "url": "http://127.0.0.1:{port}",
+        "port": "auto",
+        "config_args": {
+            "block_size": "--speculative-dflash-block-size {value}",
+            "budget": "--speculative-num-draft-tokens {value}",
+            "topk": "--speculative-eagle-topk {value}",
+            "window": "--speculative-draft-window-size {value}",
+        },
+        "applied": {"speculative_dflash_block_size": "block_size", "speculative_num_draft_tokens": "budget",
+                    "speculative_eagle_topk": "topk", "speculative_draft_window_size": "window"},
+        "ready_timeout_s": 30,
+        "stop_timeout_s": 5,
+    }
+    path = directory / "upstream-standin.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def records(pytester: pytest.Pytester, kind: str) -> list[dict[str, Any]]:
+    out = []
+    for path in (pytester.path / "results").glob("records-*.jsonl"):
+        out += [r for line in path.read_text().splitlines() if (r := json.loads(line)).get("kind") == kind]
+    return out
+
+
+def test_every_main_job_cell_measures_against_an_upstream_like_server(pytester: pytest.Pytester) -> None:
+    workloads = yaml.safe_load(MATRIX.read_text())["workloads"]
+    result = run_suite(pytester, standin_profile(pytester.path), suite="test_throughput.py", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert result.parseoutcomes().get("passed") == len(workloads), result.parseoutcomes()
+    result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*c1_long*documents via /tokenize*"])
+
+    contexts = {w["name"]: int(w["context_tokens"]) for w in workloads}
+    cells = {r["cell"]: r for r in records(pytester, "throughput")}
+    assert set(cells) == set(contexts)
+    for name, cell in cells.items():
+        # measured (a noisy shared machine may leave a cell's interval wide: inconclusive, not invalid)
+        assert cell["measurement_status"] in ("valid", "inconclusive"), (name, cell.get("problems"))
+        assert cell["workload"]["prompts"].endswith("via /tokenize")
+    repeats = records(pytester, "throughput-repeat")
+    assert len(repeats) >= 3 * len(contexts)
+    expected = 64 / verify_steps(64)  # every request: 64 tokens, the first from prefill
+    for data in repeats:
+        m = data["metrics"]
+        assert data["problems"] == [], data["problems"]
+        # the server's own count of every request's prompt equals the cell's context length
+        assert m["ddtree_server_input_tokens"] == m["total_input_tokens"] == m["completed"] * contexts[data["cell"]]
+        # the gated figure is the requests' ratio, whatever the lagging server average says
+        assert m["accept_length"] == pytest.approx(expected), data["cell"]
+        assert m["ddtree_spec_verify_ct"] == m["completed"] * verify_steps(64)
+        server = m["ddtree_server_accept_length"]
+        assert server is None or server != pytest.approx(expected, abs=1e-9)
+    # the lagging average was recorded beside it (information), and it is not the requests' ratio
+    assert any(rec["metrics"]["ddtree_server_accept_length"] is not None for rec in repeats)
+
+
+def test_speculation_off_fails_every_cell_with_the_reason(pytester: pytest.Pytester) -> None:
+    profile = standin_profile(pytester.path, "--fault spec-off")
+    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-workload=c8_short", suite="test_throughput.py", timeout=300)
+    assert result.ret == 1
+    assert result.parseoutcomes().get("failed") == 2, result.parseoutcomes()
+    result.stdout.fnmatch_lines(["*carry no spec_verify_ct*speculation looks off*"])
+
+
+def test_random_prompts_without_vocab_size_fail_with_the_fix(pytester: pytest.Pytester) -> None:
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text(yaml.safe_dump({
+        "default": "bs8_b8_k4", "matrix": ["bs8_b8_k4"],
+        "workloads": [{"name": "c1_rand", "concurrency": 1, "context_tokens": 32, "output_tokens": 8, "requests": 2,
+                       "prompts": "random"}]}))
+    result = run_suite(pytester, standin_profile(pytester.path), f"--ddtree-matrix={matrix}", suite="test_throughput.py")
+    assert result.parseoutcomes().get("failed") == 1, result.parseoutcomes()
+    result.stdout.fnmatch_lines(["*c1_rand: prompts: random needs vocab_size in the service profile*"])
