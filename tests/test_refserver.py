@@ -70,7 +70,7 @@ def test_health_and_info_shapes(srv: RefServer) -> None:
     mi = srv.get("/model_info").json()
     assert mi == srv.get("/get_model_info").json()
     assert mi["model_path"] == "test/tiny" and mi["is_generation"] is True
-    assert mi["vocab_size"] > 256 and mi["architectures"]
+    assert "vocab_size" not in mi and mi["architectures"]
     assert "compact cache" in srv.log() and "The server is fired up and ready to roll!" in srv.log()
 
 
@@ -96,8 +96,7 @@ def test_generate_and_accounting_are_exact(srv: RefServer) -> None:
 
 
 def test_input_ids_and_stop_strings(srv: RefServer) -> None:
-    vocab = srv.get("/model_info").json()["vocab_size"]
-    r = srv.post("/generate", json={"input_ids": [vocab - 1, 300, 301], "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    r = srv.post("/generate", json={"input_ids": [299, 300, 301], "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
     assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == 3
     r = srv.post("/generate", json={"text": "def is_prime(n):", "sampling_params": {"max_new_tokens": 100, "temperature": 0, "stop": ["True"]}})
     body = r.json()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from typing import Any
 import pytest
 import requests
 
-from pytest_ddtree.refserver.engine import SGLANG_LAGGING_AVERAGE
 from refserver_helpers import REPO, RefServer
 
 UPSTREAM = "sgl-project/sglang "
@@ -38,10 +36,6 @@ SGLANG_MODEL_INFO_KEYS = {
     "model_path", "tokenizer_path", "is_generation", "preferred_sampling_params", "weight_version",
     "has_image_understanding", "has_audio_understanding", "model_type", "architectures",
 }
-# Keys the engine still adds until the harness no longer reads them (issue 9 item 1 moves prompts
-# to /tokenize); each must go, and the test below fails when one is left after it is unused.
-PENDING_EXTRA_MODEL_INFO_KEYS = {"vocab_size"}
-
 INTERVAL = 4  # --decode-log-interval of the spec engine
 
 
@@ -162,7 +156,7 @@ def _model_info(engines: Engines) -> None:
     body = engines.spec.get("/model_info").json()
     assert body == engines.spec.get("/get_model_info").json()
     assert SGLANG_MODEL_INFO_KEYS <= set(body)
-    assert set(body) - SGLANG_MODEL_INFO_KEYS == PENDING_EXTRA_MODEL_INFO_KEYS
+    assert set(body) == SGLANG_MODEL_INFO_KEYS
     assert body["is_generation"] is True
 
 
@@ -239,21 +233,13 @@ def _lagging_average(engines: Engines) -> None:
 @behaviour("/flush_cache answers 400 while requests run, 200 when idle", HTTP_SERVER + " (flush_cache); " + SCHEDULER + " (flush_cache)")
 def _flush_busy(engines: Engines) -> None:
     server = engines.spec
-    started = threading.Event()
-
-    def run() -> None:
-        started.set()
-        server.post("/generate", json={"text": "x", "sampling_params": {**GREEDY, "max_new_tokens": 400}})
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    started.wait()
-    deadline = time.monotonic() + 10
-    while state(server)["num_running_reqs"] + state(server)["num_waiting_reqs"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert server.post("/flush_cache").status_code == 400
-    worker.join()
+    body = {"text": "x", "sampling_params": {**GREEDY, "max_new_tokens": 3000}, "stream": True}
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=120) as resp:
+        lines = resp.iter_lines(decode_unicode=True)
+        assert next(line for line in lines if line).startswith("data: ")  # running: its first step is out
+        assert server.post("/flush_cache").status_code == 400
+        for _ in lines:  # let it finish
+            pass
     assert server.post("/flush_cache").status_code == 200
 
 
@@ -311,20 +297,7 @@ def _subsir(engines: Engines) -> None:
     assert "SGLANG_DFLASH_TREE_VERIFY=1 requires block verify (set SGLANG_DFLASH_BLOCK_VERIFY=1)" in err
 
 
-PENDING = {
-    "_lagging_average": "the harness still gates on avg_spec_accept_length until issue 9 item 2 lands "
-                        "(refserver.engine.SGLANG_LAGGING_AVERAGE)",
-}
-
-
-def _param(item: Behaviour) -> Any:
-    name = item.check.__name__
-    if name == "_lagging_average" and not SGLANG_LAGGING_AVERAGE:
-        return pytest.param(item, id=name.strip("_"), marks=pytest.mark.xfail(reason=PENDING[name], strict=True))
-    return pytest.param(item, id=name.strip("_"))
-
-
-@pytest.mark.parametrize("item", [_param(b) for b in BEHAVIOURS])
+@pytest.mark.parametrize("item", BEHAVIOURS, ids=[b.check.__name__.strip("_") for b in BEHAVIOURS])
 def test_engine_behaves_like_sglang(engines: Engines, item: Behaviour) -> None:
     item.check(engines)
 

@@ -32,12 +32,6 @@ from .model import Drafter, MatchState, Models, uniform
 
 VERSION = "refserver-0.1.0"
 
-#: Whether /server_info's avg_spec_accept_length lags as SGLang's (absent until decode_log_interval
-#: decode batches, refreshed every that many). Off until the harness stops gating on that figure
-#: (issue 9 item 2, the client's accept length from spec_verify_ct): the live figure keeps the
-#: stored baselines valid meanwhile. tests/test_refserver_conformance.py tracks it.
-SGLANG_LAGGING_AVERAGE = False
-
 #: Most wall-clock lateness the scheduler carries over to later steps (see StepClock).
 MAX_CLOCK_DEBT_S = 0.050
 
@@ -594,12 +588,9 @@ class Engine:
         with self.lock:
             a = self.acct
             out: dict[str, Any] = {}
-            if SGLANG_LAGGING_AVERAGE:
-                sglang_avg = self.sglang_avg_spec_accept_length()
-                if sglang_avg is not None:  # absent until refreshed, as in SGLang
-                    out["avg_spec_accept_length"] = round(sglang_avg, 6)
-            elif self.spec.speculative:
-                out["avg_spec_accept_length"] = round(self.avg_spec_accept_length(), 6)
+            sglang_avg = self.sglang_avg_spec_accept_length()
+            if sglang_avg is not None:  # absent until refreshed, as in SGLang
+                out["avg_spec_accept_length"] = round(sglang_avg, 6)
             return out | {
                 "exact_accept_length_since_flush": round(self.avg_spec_accept_length(), 6),
                 "total_output_tokens": a.total_output_tokens,

@@ -372,11 +372,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, info)
 
     def h_model_info(self) -> None:
-        """http_server.py ``model_info``: exactly SGLang's keys (no vocab size, no tokenizer name).
-
-        ``vocab_size`` is the one exception, kept until the harness no longer reads it (issue 9:
-        prompts move to /tokenize); tests/test_refserver_conformance.py tracks it.
-        """
+        """http_server.py ``model_info``: exactly SGLang's keys (no vocab size, no tokenizer name)."""
         st = self.state
         body: dict[str, Any] = {
             "model_path": st.model_path,
@@ -389,8 +385,6 @@ class Handler(BaseHTTPRequestHandler):
             "model_type": "infinigram",
             "architectures": ["InfiniGramForCausalLM"],
         }
-        if st.models is not None:
-            body["vocab_size"] = st.models.tokenizer.vocab_size
         self.send_json(200, body)
 
     def h_models(self) -> None:
