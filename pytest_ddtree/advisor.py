@@ -264,6 +264,8 @@ class Planner:
     seed: int = 0
     measured: dict[tuple[str, str], Measurement] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
+    #: configs whose restart measured nothing (a failed start): spent, never chosen again
+    failed: list[str] = field(default_factory=list)
     _fit: Fit | None = None
 
     def __post_init__(self) -> None:
@@ -279,12 +281,24 @@ class Planner:
         self.measured[(m.config, m.cell)] = m
         self._fit = None
 
+    def fail(self, name: str) -> None:
+        """A config whose restart measured nothing: it counts as spent and is not chosen again."""
+        if name not in self.failed and name not in self.order:
+            self.failed.append(name)
+
+    def invalidate(self) -> None:
+        """Forget the fit (after the prior changed)."""
+        self._fit = None
+
     @property
     def restarts_spent(self) -> int:
-        return len(self.order)
+        return len(self.order) + len(self.failed)
 
     def measured_shapes(self) -> set[tuple[int, int, int]]:
         return {self.by_name[n].shape for n in self.order}
+
+    def _spent_shapes(self) -> set[tuple[int, int, int]]:
+        return self.measured_shapes() | {self.by_name[n].shape for n in self.failed}
 
     def model(self) -> Fit:
         if self._fit is None:
@@ -304,7 +318,7 @@ class Planner:
 
     def candidates(self) -> list[ConfigPoint]:
         """One config per unmeasured shape (the default window first, i.e. the shortest name)."""
-        done = self.measured_shapes()
+        done = self._spent_shapes()
         seen: dict[tuple[int, int, int], ConfigPoint] = {}
         for c in sorted(self.configs, key=lambda c: (len(c.name), c.name)):
             if c.shape not in done and c.shape not in seen:
@@ -352,8 +366,10 @@ class Planner:
         if self.restarts_spent >= self.max_restarts:
             return None
         for name in self._corners():
-            if name not in self.order and self.by_name[name].shape not in self.measured_shapes():
+            if name not in self.order and self.by_name[name].shape not in self._spent_shapes():
                 return name
+        if not self.order:
+            return None  # nothing measured to fit yet (both corners failed): stop, say so
         if not self.candidates() or self.decided():
             return None
         chances = self.chances()
@@ -394,7 +410,8 @@ class Planner:
                 if cell == w.name and self.by_name[name].shape not in measured_shapes and p.high > val
             ]
             if rival:
-                _, high, name = max(rival)
+                # the most likely rival; among window twins (predicted alike) the default window
+                _, high, name = max(rival, key=lambda r: (round(r[0], 6), round(r[1], 6), -len(r[2])))
                 rec.challenger, rec.challenger_high = name, high
             recs.append(rec)
         return recs

@@ -85,6 +85,13 @@ def add_options(parser: _Parser) -> None:
     add("--ddtree-dataset", dest="ddtree_dataset", default=None, metavar="PATH",
         help="a ShareGPT JSON file (bench_serving's format) whose text becomes every throughput cell's "
              "prompts, cut to each cell's exact length (default: each workload's prompts: source)")
+    add("--ddtree-max-restarts", dest="ddtree_max_restarts", default=None, type=int, metavar="N",
+        help="adaptive sweep: measure at most N of the selected configs (one service restart each), "
+             "each chosen from what was measured so far, and predict the others (serial, no -n; "
+             "needs the 'advisor' extra)")
+    add("--ddtree-prior", dest="ddtree_prior", action="append", default=None, metavar="RESULTS_DIR",
+        help="adaptive sweep: fit the model's shape from an earlier session's results folder on the "
+             "same hardware profile (repeatable)")
 
     parser.addini("ddtree_service", "default service profile path (like --ddtree-service)", default=None)
     parser.addini("ddtree_config", "default config selection (like --ddtree-config)", type="args", default=[])
@@ -127,6 +134,9 @@ class Settings:
     session_id: str = ""
     """Unique per session (stamp + random): names its results folder and tags every record."""
     dataset: Path | None = None
+    max_restarts: int | None = None
+    """--ddtree-max-restarts: the adaptive sweep's restart budget (None: measure every config)."""
+    priors: tuple[Path, ...] = ()
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -198,6 +208,16 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     dataset = _path(cwd, dataset_value) if dataset_value else None
     if dataset is not None and not dataset.is_file():
         raise OptionError(f"--ddtree-dataset: no such file {dataset} (give a ShareGPT JSON file, bench_serving's format)")
+    max_restarts = config.getoption("ddtree_max_restarts")
+    if max_restarts is not None and max_restarts < 1:
+        raise OptionError(f"--ddtree-max-restarts must be at least 1 (each measured config is one restart), got {max_restarts}")
+    priors = tuple(_path(cwd, value) for value in config.getoption("ddtree_prior") or ())
+    for prior in priors:
+        if not prior.is_dir():
+            raise OptionError(f"--ddtree-prior: no such results folder {prior} (give an earlier session's "
+                              "--ddtree-results folder, the one holding its results.json)")
+    if priors and max_restarts is None:
+        raise OptionError("--ddtree-prior only informs the adaptive sweep: add --ddtree-max-restarts N")
     name = config.getoption("ddtree_package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -224,4 +244,6 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         session_stamp=stamp,
         session_id=session_id,
         dataset=dataset,
+        max_restarts=max_restarts,
+        priors=priors,
     )

@@ -114,6 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
+        _validate_adaptive(session, config)
         _validate_early(session, config)
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
 
@@ -128,6 +129,22 @@ def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
     the plugin installed must neither fail nor read files because no suites/ folder is near."""
     settings = session.settings
     return _explicitly_configured(config) or (settings.matrix.exists() and settings.service.exists())
+
+
+def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:
+    """--ddtree-max-restarts: serial only, needs the advisor extra and readable prior folders."""
+    if session.settings.max_restarts is None:
+        return
+    from pytest_ddtree import adaptive
+    from pytest_ddtree.advisor import AdvisorUnavailable
+
+    if getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(adaptive.XDIST_ERROR)
+    try:
+        adaptive.check_available()
+        adaptive.check_prior_dirs(session.settings.priors)
+    except (AdvisorUnavailable, adaptive.PriorError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:

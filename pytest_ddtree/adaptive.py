@@ -1,0 +1,270 @@
+"""The adaptive sweep of a session (``--ddtree-max-restarts N``): what the plugin's loop asks.
+
+Why a module of its own: the plugin's run loop only needs three answers (which config next,
+what the measured one showed, what to report), while the bookkeeping behind them (reading the
+session's throughput records back into the planner, fitting the prior sessions of the same
+hardware profile, turning predictions into report rows) is plain Python and testable without
+pytest. The model and the choice rule are in :mod:`pytest_ddtree.advisor`.
+
+Reporting needs no numpy: the session's ``adaptive-sweep`` record already holds the predicted
+rows, so ``results.json``, the sweep table and a later re-render read them from the records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The record kind that carries the adaptive sweep's outcome (restarts, predictions, picks).
+RECORD_KIND = "adaptive-sweep"
+#: ``status`` of a predicted row: never gated, never a baseline.
+PREDICTED = "predicted"
+
+XDIST_ERROR = (
+    "--ddtree-max-restarts runs serially: each next config is chosen from the results of the "
+    "configs measured before it, so xdist workers (-n) cannot run configs side by side. Run "
+    "without -n (or -n 0), or drop --ddtree-max-restarts to sweep every config in parallel."
+)
+
+
+class PriorError(ValueError):
+    """A --ddtree-prior folder holds no usable results (a usage error)."""
+
+
+def check_available() -> None:
+    """Raise :class:`pytest_ddtree.advisor.AdvisorUnavailable` when numpy/scipy are missing."""
+    from pytest_ddtree.advisor import _np_scipy
+
+    _np_scipy()
+
+
+def _results_files(directory: Path) -> list[Path]:
+    """A session folder's results.json, or those of the session folders under a results root."""
+    own = directory / "results.json"
+    if own.is_file():
+        return [own]
+    return sorted(directory.glob("*/results.json"))
+
+
+def check_prior_dirs(directories: Sequence[Path]) -> None:
+    """Every prior folder must hold at least one session's results.json (else a usage error)."""
+    for directory in directories:
+        if not _results_files(directory):
+            raise PriorError(f"--ddtree-prior {directory}: no results.json in it or in its session folders "
+                             "(give the --ddtree-results folder of a finished session)")
+
+
+@dataclass(frozen=True)
+class PriorRows:
+    """Measured throughput cells of earlier sessions, split by hardware profile."""
+
+    rows: list[dict[str, Any]]
+    ignored: dict[str, int]  # other hardware profile -> number of cells left out
+
+
+def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -> PriorRows:
+    """The measured (never predicted) valid cells of earlier sessions on ``hardware_profile``."""
+    rows: list[dict[str, Any]] = []
+    ignored: dict[str, int] = {}
+    for directory in directories:
+        for path in _results_files(directory):
+            try:
+                payload = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise PriorError(f"--ddtree-prior {path}: not readable JSON ({exc})") from None
+            for row in payload.get("throughput") or []:
+                if row.get("measurement_status") == "invalid" or not row.get("output_throughput"):
+                    continue
+                profile = row.get("hardware_profile")
+                if hardware_profile is not None and profile != hardware_profile:
+                    ignored[str(profile)] = ignored.get(str(profile), 0) + 1
+                    continue
+                rows.append(row)
+    return PriorRows(rows, ignored)
+
+
+def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """Config points, cell points and measurements of throughput rows (records or results.json)."""
+    from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement
+    from pytest_ddtree.configs import config_or_none
+
+    configs: dict[str, ConfigPoint] = {}
+    cells: dict[str, CellPoint] = {}
+    out: list[Measurement] = []
+    for row in rows:
+        metrics = row.get("metrics") if isinstance(row.get("metrics"), Mapping) else row
+        assert isinstance(metrics, Mapping)
+        tok_s, workload = metrics.get("output_throughput"), row.get("workload") or {}
+        parsed = config_or_none(str(row.get("config")))
+        if parsed is None or not isinstance(tok_s, (int, float)) or tok_s <= 0 or "concurrency" not in workload:
+            continue
+        configs[parsed.name] = ConfigPoint.of(parsed)
+        cell = CellPoint(str(row.get("cell")), int(workload["concurrency"]), int(workload["context_tokens"]),
+                         int(workload.get("output_tokens") or 0))
+        cells[cell.name] = cell
+        accept = metrics.get("accept_length")
+        out.append(Measurement(parsed.name, cell.name, float(tok_s),
+                               float(accept) if isinstance(accept, (int, float)) and accept > 0 else None))
+    return configs, cells, out
+
+
+@dataclass
+class AdaptiveSweep:
+    """One session's adaptive sweep: a Planner fed from the session's own throughput records."""
+
+    configs: Sequence[Any]  # DDTreeConfig, in run order
+    workloads: Sequence[Any]  # Workload: the cells this session measures
+    max_restarts: int
+    default: str | None = None
+    priors: Sequence[Path] = ()
+    progress: Callable[[str], None] = print
+    tried: list[str] = field(default_factory=list)
+    prior_note: str | None = None
+    _prior_done: bool = False
+
+    def __post_init__(self) -> None:
+        from pytest_ddtree.advisor import CellPoint, ConfigPoint, Planner
+
+        self.planner = Planner([ConfigPoint.of(c) for c in self.configs], [CellPoint.of(w) for w in self.workloads],
+                               self.max_restarts, default=self.default)
+
+    def next_config(self) -> str | None:
+        """The next config to measure (its restart is the manager's), or None to stop."""
+        name = self.planner.next_config()
+        if name is not None:
+            self.tried.append(name)
+        return name
+
+    def record_config(self, name: str, records: Iterable[Mapping[str, Any]], hardware_profile: str | None) -> int:
+        """Feed the planner the valid throughput cells of ``name``; returns how many there were.
+
+        A config that measured nothing (a failed start) is marked failed, so it is neither
+        chosen again nor recommended; its restart still counts.
+        """
+        rows = [r for r in records if r.get("kind") == "throughput" and r.get("config") == name
+                and r.get("measurement_status") != "invalid"]
+        _, _, measurements = _measurements(rows)
+        for m in measurements:
+            self.planner.record(m)
+        if not measurements:
+            self.planner.fail(name)
+        if not self._prior_done and hardware_profile is not None:
+            self._apply_priors(hardware_profile)
+        return len(measurements)
+
+    def _apply_priors(self, hardware_profile: str) -> None:
+        """Fit the earlier sessions of this hardware profile once; it becomes the planner's prior."""
+        self._prior_done = True
+        if not self.priors:
+            return
+        from pytest_ddtree.advisor import fit
+
+        prior = read_prior_rows(self.priors, hardware_profile)
+        for other, count in sorted(prior.ignored.items()):
+            self.progress(f"adaptive sweep: ignored {count} prior cells measured on hardware profile {other} "
+                          f"(this session measures on {hardware_profile})")
+        configs, cells, measurements = _measurements(prior.rows)
+        if not measurements:
+            self.prior_note = f"no prior cells on hardware profile {hardware_profile}: fitted from this session only"
+            self.progress(f"adaptive sweep: {self.prior_note}")
+            return
+        self.planner.prior = fit(configs, cells, measurements)
+        self.planner.invalidate()
+        self.prior_note = (f"prior: {len(measurements)} cells of {len(configs)} configs from "
+                           f"{len(self.priors)} earlier results folder(s) on {hardware_profile}")
+        self.progress(f"adaptive sweep: {self.prior_note}")
+
+    def outcome(self, launches: int, workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The ``adaptive-sweep`` record: restarts as the service manager counted its launches,
+        the predicted rows (with intervals) and the per-cell picks (always measured configs)."""
+        predicted: list[dict[str, Any]] = []
+        recommendations: list[dict[str, Any]] = []
+        error = None
+        try:
+            self._report(predicted, recommendations, workloads)
+        except Exception as exc:  # noqa: BLE001 - a failed fit must not lose the measured results
+            error = f"the advisor could not predict: {type(exc).__name__}: {exc}"
+        return {
+            "restarts": launches,
+            "full_sweep_restarts": len(self.configs),
+            "max_restarts": self.max_restarts,
+            "measured": list(self.planner.order),
+            "failed": list(self.planner.failed),
+            "not_measured": self.not_measured(),
+            "predicted": predicted,
+            "recommendations": recommendations,
+            "prior": self.prior_note,
+            **({"error": error} if error else {}),
+        }
+
+    def not_measured(self) -> list[str]:
+        """The configs the sweep never restarted for (their cells are predicted)."""
+        return [c.name for c in self.configs if c.name not in self.tried]
+
+    def _report(self, predicted: list[dict[str, Any]], recommendations: list[dict[str, Any]],
+                workloads: Mapping[str, Mapping[str, Any]]) -> None:
+        if self.planner.order:
+            for (config, cell), p in sorted(self.planner.predictions().items()):
+                predicted.append({
+                    "config": config, "cell": cell, "status": PREDICTED, "predicted": True,
+                    "output_throughput": round(p.tok_s, 3),
+                    "output_throughput_interval": [round(p.low, 3), round(p.high, 3)],
+                    "workload": dict(workloads.get(cell) or {}),
+                })
+            for rec in self.planner.recommendations():
+                recommendations.append({
+                    "cell": rec.cell, "config": rec.config, "output_throughput": round(rec.tok_s, 3),
+                    "challenger": rec.challenger,
+                    "challenger_high": round(rec.challenger_high, 3) if rec.challenger_high is not None else None,
+                })
+
+
+# -- reporting (no numpy) ------------------------------------------------------------------
+def outcome_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The session's adaptive-sweep outcome, if it ran one (the last record wins)."""
+    found = None
+    for r in records:
+        if r.get("kind") == RECORD_KIND:
+            found = r
+    return dict(found) if found is not None else None
+
+
+def predicted_table_rows(outcome: Mapping[str, Any], width: int, ctx: Callable[[Any], str] = str) -> list[list[str]]:
+    """Rows for the sweep table beside the measured ones: ``predicted`` with the interval
+    (``ctx`` formats the context length as the measured rows do)."""
+    rows = []
+    for p in outcome.get("predicted") or []:
+        w = p.get("workload") or {}
+        low, high = p.get("output_throughput_interval") or (0.0, 0.0)
+        tps = f"{float(p['output_throughput']):.1f} [{float(low):.0f}-{float(high):.0f}]"
+        row = [str(p["config"]), str(p["cell"]), str(w.get("concurrency", "-")), ctx(w.get("context_tokens")),
+               str(w.get("prompts") or "-"), tps, "-", "-", "-", PREDICTED]
+        rows.append(row + ["-"] * (width - len(row)))
+    return rows
+
+
+def summary_lines(outcome: Mapping[str, Any]) -> list[str]:
+    """The recommendations' adaptive part: restarts spent vs a full sweep, per-cell picks."""
+    lines = [
+        f"adaptive sweep: {outcome.get('restarts')} restarts spent (service launches) of "
+        f"{outcome.get('full_sweep_restarts')} a full sweep would take (limit {outcome.get('max_restarts')}); "
+        f"measured: {', '.join(outcome.get('measured') or []) or 'none'}",
+    ]
+    if outcome.get("error"):
+        lines.append(f"adaptive sweep: {outcome['error']}")
+    if outcome.get("failed"):
+        lines.append(f"adaptive sweep: failed to measure (restart spent): {', '.join(outcome['failed'])}")
+    if outcome.get("prior"):
+        lines.append(f"adaptive sweep: {outcome['prior']}")
+    for rec in outcome.get("recommendations") or []:
+        line = f"{rec['cell']}: {rec['config']} ({float(rec['output_throughput']):.1f} tok/s measured)"
+        if rec.get("challenger"):
+            line += (f"; {rec['challenger']} (not measured) may reach {float(rec['challenger_high']):.1f}: "
+                     "measure it or run the full sweep to be sure")
+        lines.append(line)
+    if outcome.get("predicted"):
+        lines.append("rows marked predicted are the model's estimates with a 95% interval: never gated, never baselines")
+    return lines
