@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
 SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
 FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
+SCHEDULER_KEY = pytest.StashKey[Any]()
+HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
@@ -78,7 +80,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from pytest_ddtree.scheduling import ConfigScheduling
 
-    return ConfigScheduling(config, log)
+    session = _session(config)
+    instances = 0  # no profile (another project's run) or a broken one: schedule as xdist would
+    if _ddtree_in_use(session, config):
+        from pytest_ddtree.configs import ConfigError
+        from pytest_ddtree.service.profile import ProfileError
+
+        try:
+            instances = session.profile.pool_size
+        except (ConfigError, ProfileError, OSError):
+            pass  # the tests that need the profile report it
+    scheduler = config.stash[SCHEDULER_KEY] = ConfigScheduling(config, log, progress=session.progress, instances=instances)
+    return scheduler
+
+
+class _DeadHostWatcher:
+    """Controller: a test that failed because its worker's host does not answer ssh (the
+    worker marks its report) makes the scheduler feed that worker no more configs."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        host = next((entry[1] for entry in report.user_properties if entry[0] == HOST_UNREACHABLE_PROPERTY), None)
+        scheduler = self.config.stash.get(SCHEDULER_KEY, None)
+        node = getattr(report, "node", None)  # set by xdist on the controller
+        if host is not None and scheduler is not None and node is not None:
+            scheduler.mark_dead(node, report.nodeid, str(host))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,6 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _validate_adaptive(session, config)
         _validate_early(session, config)
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
+        config.pluginmanager.register(_DeadHostWatcher(config), "ddtree-dead-host-watcher")
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
@@ -303,13 +332,15 @@ def ddtree_recorder(ddtree_session: DDTreeSession) -> SessionRecorder:
 
 
 @pytest.fixture
-def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -> RunningService:
+def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession, request: pytest.FixtureRequest) -> RunningService:
     """The service running ``ddtree_config``: restarted if needed, healthy, config verified.
 
     A failed start or a config that did not apply fails every test of that config with the
-    reason (exit code, log tail, key-by-key diff); the next config starts fresh.
+    reason (exit code, log tail, key-by-key diff); the next config starts fresh. A host that
+    does not answer ssh is named in the report, so the controller sends it no more configs.
     """
     from pytest_ddtree.service.base import ConfigNotAvailable, ServiceError
+    from pytest_ddtree.service.ssh import unreachable_host
 
     try:
         return ddtree_session.manager.ensure(ddtree_config)
@@ -317,6 +348,9 @@ def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession) -
         skipped, message = True, str(exc)
     except ServiceError as exc:
         skipped, message = False, str(exc)
+        host = unreachable_host(exc)
+        if host is not None:
+            request.node.user_properties.append((HOST_UNREACHABLE_PROPERTY, host))
     # Outside the except blocks: the report then shows our message, not a chained traceback.
     if skipped:
         pytest.skip(message)

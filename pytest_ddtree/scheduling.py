@@ -1,4 +1,4 @@
-"""xdist scheduling that keeps each config's tests on one worker.
+"""xdist scheduling that keeps each config's tests on one worker, and stops feeding dead hosts.
 
 Restarting a service is the expensive step (about ten minutes on the campaign's GPUs), so the
 tests of one config must run on one worker, back to back. xdist's ``loadgroup`` does that by
@@ -7,11 +7,26 @@ are derived from a structured id there), and node ids must never be keyed on any
 This scheduler groups by the config name found in the test's parameter id instead: it is the
 same name on every worker, whatever pytest does to node ids. Tests without a config are each
 their own scope, so they spread like ``--dist load``.
+
+In a fleet sweep each worker owns one host. When a host stops answering ssh, its worker would
+otherwise go on taking configs and failing each with the ssh error, although the other hosts
+could measure them. The plugin tells :meth:`ConfigScheduling.mark_dead` which worker's host is
+gone (from the failed test's report); from then on that worker gets no new config, the configs
+already queued on it but not started are taken back (xdist's ``steal`` command) for the live
+workers, and it shuts down after the config it was running. When every worker owns its service
+instance (no more workers than instances), live workers are therefore not shut down as soon as
+the queue is empty (xdist's default): work may still come back to them; they stop with everyone
+else when the last test is done. Workers that share an instance take turns on its lock, so an
+idle one must let go (shut down) at once, and the configs of a host that dies late in such a
+run stay with it (there is nobody left to take them). When every worker's host is dead, the
+scheduler keeps handing out configs, so the run ends with every config failed fast instead of
+waiting for a worker that will never come.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Callable
 
 from xdist.scheduler import LoadScopeScheduling
 
@@ -27,8 +42,103 @@ def config_scope(nodeid: str) -> str:
 class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
     """LoadScopeScheduling whose scope is the DDTree config (see module docstring)."""
 
-    def __init__(self, config: Any, log: Any = None) -> None:
+    def __init__(
+        self, config: Any, log: Any = None, progress: Callable[[str], None] | None = None, instances: int = 0
+    ) -> None:
         super().__init__(config, log)
+        self.hold_idle_workers = 0 < self.numnodes <= instances
+        """Each worker owns its instance: an idle worker may wait for work given back."""
+        self.dead: dict[Any, str] = {}
+        """Workers whose host stopped answering -> that host."""
+        self._steals_in_flight: dict[Any, int] = {}
+        self._progress = progress
 
     def _split_scope(self, nodeid: str) -> str:
         return config_scope(nodeid)
+
+    def _takers(self) -> list[Any]:
+        """Workers that can still take configs: host alive, not shutting down."""
+        return [node for node in self.nodes if node not in self.dead and not node.shutting_down]
+
+    def mark_dead(self, node: Any, nodeid: str, host: str) -> None:
+        """``node``'s host is unreachable (seen while running ``nodeid``): feed it no more configs.
+
+        The config of ``nodeid`` stays with it (its remaining tests fail fast with the cached
+        error); every config queued on it and not yet started goes back to the queue.
+        """
+        if node in self.dead or node not in self.assigned_work:
+            return
+        self.dead[node] = host
+        if not self._takers():
+            self._say(f"host {host} does not answer (worker {node.gateway.id}), and no other host is left: "
+                      "the remaining configs fail there")
+            return
+        current = self._split_scope(nodeid)
+        collection = self.registered_collections[node]
+        returned = []
+        for scope, unit in self.assigned_work[node].items():
+            if scope == current or any(unit.values()):
+                continue  # started: its tests stay with this worker
+            node.send_steal([collection.index(test) for test in unit])
+            self._steals_in_flight[node] = self._steals_in_flight.get(node, 0) + 1
+            returned.append(scope.removeprefix("ddtree-config:"))
+        moved = f"; {', '.join(returned)} go to the other hosts" if returned else ""
+        self._say(f"host {host} does not answer: worker {node.gateway.id} takes no more configs{moved}")
+        node.shutdown()
+
+    def remove_pending_tests_from_node(self, node: Any, indices: list[int]) -> None:
+        """The answer to a steal: these tests left ``node``'s queue; queue them for the others.
+
+        An empty answer means the worker had already begun the config (xdist steals all or
+        nothing): it stays there.
+        """
+        if node not in self.assigned_work:
+            return
+        self._steals_in_flight[node] -= 1
+        collection = self.registered_collections[node]
+        returned: OrderedDict[str, dict[str, bool]] = OrderedDict()
+        for index in indices:
+            nodeid = collection[index]
+            scope = self._split_scope(nodeid)
+            unit = self.assigned_work[node][scope]
+            del unit[nodeid]
+            if not unit:
+                del self.assigned_work[node][scope]
+            returned.setdefault(scope, {})[nodeid] = False
+        for scope in reversed(returned):  # first in line, in their original order
+            self.workqueue[scope] = returned[scope]
+            self.workqueue.move_to_end(scope, last=False)
+        for other in self.nodes:
+            self._reschedule(other)
+
+    def remove_node(self, node: Any) -> str | None:
+        """A worker went away (finished or crashed); a steal it never answered is moot (xdist puts
+        a crashed worker's unfinished tests back in the queue itself)."""
+        self._steals_in_flight.pop(node, None)
+        crashed: str | None = super().remove_node(node)
+        return crashed
+
+    @property
+    def tests_finished(self) -> bool:
+        if any(self._steals_in_flight.values()):
+            return False  # tests on their way back must still be run
+        return bool(super().tests_finished)
+
+    def _reschedule(self, node: Any) -> None:
+        if node.shutting_down:
+            return
+        if node in self.dead and self._takers():
+            node.shutdown()
+            return
+        if not self.workqueue:
+            if not self.hold_idle_workers:
+                node.shutdown()
+            return  # else stay up: a dead host's configs may still come back (module docstring)
+        if self._pending_of(self.assigned_work[node]) > 2:  # xdist's low-water mark
+            return
+        self._assign_work_unit(node)
+
+    def _say(self, line: str) -> None:
+        self.log(line)
+        if self._progress is not None:
+            self._progress(line)

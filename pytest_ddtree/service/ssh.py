@@ -51,6 +51,19 @@ class SSHError(ServiceError):
         )
 
 
+def unreachable_host(exc: BaseException | None) -> str | None:
+    """The host of the :class:`SSHError` behind ``exc`` (itself, or what it was raised from or
+    while handling), None when ssh did not fail: the manager wraps a lost host's error in the
+    config's own failure (``ServiceDiedError``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, SSHError):
+            return exc.host
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class RemoteCommandError(ServiceError):
     """A command ran (locally or on a host) and exited non-zero where success was needed."""
 
