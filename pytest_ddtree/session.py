@@ -161,7 +161,8 @@ class DDTreeSession:
         return " ".join(parts)
 
     def _record_host_env(self, manager: Any) -> None:
-        """For the package: the environment of the remote host that ran this worker's service.
+        """For the package: the environment of the remote host that ran this worker's service,
+        and its systemd unit as the controller found it there.
 
         Taken over ssh before the session lets go of the host; a failure is recorded, not raised
         (the package then says the host's snapshot is missing, the results are unaffected).
@@ -177,7 +178,7 @@ class DDTreeSession:
             snapshot: dict[str, Any] = {"snapshot": snapshot_env_on(manager.host, python)}
         except Exception as exc:  # noqa: BLE001 - ssh down, no python3 there: say so in the package
             snapshot = {"error": f"{type(exc).__name__}: {exc}"}
-        self.recorder.record("host-env", None, {"host": manager.host.name, **snapshot})
+        self.recorder.record("host-env", None, {"host": manager.host.name, "systemd_unit": manager.systemd_unit_text, **snapshot})
 
     def close(self) -> None:
         """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""

@@ -299,8 +299,15 @@ def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp
         snapshot = yaml.safe_load((folder / "environment.json").read_text())
         assert snapshot["host"] == host.target and snapshot["env_vars"]["DDTREE_FAKE_SYSTEMD"] == str(host.state)
         assert (folder / "pip-freeze.txt").read_text().strip()
+        # The unit as found on that host (`systemctl cat` over ssh), before the sweep's drop-in.
+        unit = (folder / "systemctl-cat.txt").read_text()
+        assert unit.startswith(f"# {host.state / 'system' / 'ddtree-ref.service'}\n"), unit
+        assert ssh_fleet.default_command(host) in unit and "ddtree.conf" not in unit
+    first = min(ssh_fleet.hosts, key=lambda h: h.target)
     main_env = yaml.safe_load((package / "env" / "environment.json").read_text())
-    assert main_env["host"] == min(h.target for h in ssh_fleet.hosts)
+    assert main_env["host"] == first.target
+    assert (package / "services" / "systemd" / "ddtree-ref.service").read_text() == (
+        package / "env" / "hosts" / first.target.replace(":", "_") / "systemctl-cat.txt").read_text()
 
 
 def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_path: Path) -> None:

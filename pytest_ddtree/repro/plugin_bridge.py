@@ -53,6 +53,11 @@ def _systemd_unit_text(unit: str | None) -> str | None:
     return proc.stdout if proc.returncode == 0 and proc.stdout else None
 
 
+def _hosts_unit_text(host_envs: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """A fleet's unit as read on its first host (the one env/ describes), over ssh."""
+    return next((str(e["systemd_unit"]) for _, e in sorted(host_envs.items()) if e.get("systemd_unit")), None)
+
+
 def _stamp(value: str | None) -> _dt.datetime | None:
     if not value:
         return None
@@ -79,6 +84,12 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         matrix_text = None
     launches = launches_from_records(records)
     failed = [FailedTest(str(f.get("nodeid", "")), str(f.get("reason", ""))) for f in session.failed_tests]
+    host_envs = {str(r["host"]): r for r in records if r.get("kind") == "host-env" and r.get("host")}
+    unit_text = None
+    if profile.controller == "systemd":
+        # A fleet's unit lives on its hosts: never read this machine's unit of the same name.
+        remote = bool(profile.host or profile.fleet.hosts)
+        unit_text = _hosts_unit_text(host_envs) if remote else _systemd_unit_text(profile.unit)
     return PackageRequest(
         out_dir=Path(settings.package),
         name=settings.package_name,
@@ -87,7 +98,7 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         profile_path=getattr(profile, "source", None),
         profile_text=getattr(profile, "text", None) or None,
         launches=launches,
-        systemd_unit_text=_systemd_unit_text(profile.unit) if profile.controller == "systemd" else None,
+        systemd_unit_text=unit_text,
         results_dir=Path(session.results_dir),
         matrix=matrix.names(),
         default_config=matrix.default.name,
@@ -98,7 +109,7 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         session_start=_stamp(getattr(settings, "session_stamp", None)),
         exit_status=exitstatus,
         command_line="pytest " + shlex.join(sys.argv[1:]),
-        host_envs={str(r["host"]): r for r in records if r.get("kind") == "host-env" and r.get("host")},
+        host_envs=host_envs,
     )
 
 

@@ -97,8 +97,9 @@ class PackageRequest:
     exit_status: int | None = None
     command_line: str = "pytest suites"
     environ: Mapping[str, str] | None = None  # None: os.environ
-    # Fleet sweeps: host -> {"snapshot": envsnap dict} or {"error": text}, taken over ssh on the
-    # hosts that ran the service; env/ then describes the first of them, env/hosts/<host>/ each.
+    # Fleet sweeps: host -> {"snapshot": envsnap dict} or {"error": text}, plus "systemd_unit"
+    # (`systemctl cat` there), taken over ssh on the hosts that ran the service; env/ then
+    # describes the first of them, env/hosts/<host>/ each.
     host_envs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
@@ -241,6 +242,8 @@ def _write_host_envs(tree: _Tree, host_envs: Mapping[str, Mapping[str, Any]]) ->
     first: dict[str, Any] | None = None
     for host, entry in sorted(host_envs.items()):
         base = "env/hosts/" + re.sub(r"[^A-Za-z0-9_.@-]+", "_", host)
+        if entry.get("systemd_unit"):  # `systemctl cat` there: each host's unit, also when they differ
+            tree.put(f"{base}/systemctl-cat.txt", str(entry["systemd_unit"]))
         snap = entry.get("snapshot")
         if not isinstance(snap, Mapping):
             tree.put(f"{base}/ERROR.txt", f"no environment snapshot of {host}: {entry.get('error', 'unknown')}\n")

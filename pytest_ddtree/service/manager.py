@@ -200,6 +200,13 @@ class ServiceManager:
         """The service currently in force, if any."""
         return self._current.service if self._current is not None else None
 
+    @property
+    def systemd_unit_text(self) -> str | None:
+        """``systemctl cat`` of the unit as the systemd controller found it on its host (None for
+        other controllers, or before the first start)."""
+        controller = self._controller
+        return controller.unit_text if isinstance(controller, SystemdController) else None
+
     def ensure(self, config: DDTreeConfig) -> RunningService:
         """A ready service running ``config``; restart only when the config changes.
 

@@ -95,6 +95,8 @@ class SystemdController(Controller):
         # What the admin had before we touched the unit: restore_default puts it back as found.
         self._was_active: bool | None = None
         self._previous_dropin: str | None = None
+        self.unit_text: str | None = None
+        """``systemctl cat`` of the unit as found (before our drop-in), for the repro package."""
 
     @property
     def dropin_path(self) -> Path:
@@ -148,6 +150,10 @@ class SystemdController(Controller):
             self._previous_dropin = self.host.read_file(str(self.dropin_path))
         except RemoteCommandError as exc:
             raise SystemctlError(f"cannot read the existing drop-in: {exc}") from None
+        # Read where the unit runs (over ssh for a fleet host): the package must describe that
+        # host's unit, and this machine may have none or another one of the same name.
+        unit = self._run(self.systemctl + ["cat", "--no-pager", self.unit], check=False)
+        self.unit_text = unit.stdout if unit.returncode == 0 and unit.stdout.strip() else None
         self._touched = True
 
     def start(self, launch: Launch) -> None:
