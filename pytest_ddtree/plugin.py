@@ -295,6 +295,82 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.xdist_group(name=cfg.name))
 
 
+# -- the adaptive sweep (--ddtree-max-restarts) ------------------------------------------------
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """Run the configs one at a time, each chosen by the advisor from the ones measured before.
+
+    Only with ``--ddtree-max-restarts`` (serial: ``_validate_adaptive`` refuses ``-n``); other
+    runs keep pytest's own loop. Tests of no config run first; the configs never chosen are
+    reported as deselected, and their throughput cells are predicted (adaptive.py).
+    """
+    config = session.config
+    ddtree = config.stash.get(SESSION_KEY, None)
+    limit = ddtree.settings.max_restarts if ddtree is not None else None
+    if ddtree is None or limit is None or _is_xdist_worker(config):
+        return None
+    if session.testsfailed and not config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    if config.option.collectonly:
+        return True
+    plain: list[pytest.Item] = []
+    by_config: dict[str, list[pytest.Item]] = {}
+    for item in session.items:
+        cfg = _item_config(item)
+        (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
+    if not by_config:
+        return None
+    from pytest_ddtree.adaptive import RECORD_KIND, AdaptiveSweep
+    from pytest_ddtree.configs import select_workloads
+    from pytest_ddtree.load import workload_dict
+
+    settings, matrix = ddtree.settings, ddtree.matrix
+    max_context = ddtree.profile.max_context
+    workloads = [w for w in select_workloads(settings.workloads, matrix) if max_context is None or w.context_tokens <= max_context]
+    sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in by_config], workloads, limit,
+                          default=matrix.default.name, priors=settings.priors, progress=ddtree.progress)
+
+    def first_untried() -> pytest.Item | None:
+        return next((items[0] for name, items in by_config.items() if name not in sweep.tried), None)
+
+    _run_items(session, plain, first_untried())
+    error = None
+    while True:
+        try:
+            name = sweep.next_config()
+        except Exception as exc:  # noqa: BLE001 - a fit that fails ends the sweep; the measured results stay
+            error = f"adaptive sweep stopped: the advisor failed: {type(exc).__name__}: {exc}"
+            ddtree.progress(error)
+            break
+        if name is None:
+            break
+        ddtree.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {limit})")
+        _run_items(session, by_config[name], first_untried())
+        got = sweep.record_config(name, ddtree.recorder.records, ddtree.recorder.hardware_profile)
+        ddtree.progress(f"adaptive sweep: {name} measured {got} cell(s)")
+    skipped = [item for name, items in by_config.items() if name not in sweep.tried for item in items]
+    if skipped:
+        ddtree.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
+                        f"cells are predicted instead): {', '.join(sweep.not_measured())}")
+        config.hook.pytest_deselected(items=skipped)
+    outcome = sweep.outcome(ddtree.manager.config_launches, {w.name: workload_dict(w) for w in workloads})
+    if error is not None:
+        outcome["error"] = error
+    ddtree.recorder.record(RECORD_KIND, None, outcome)
+    return True
+
+
+def _run_items(session: pytest.Session, items: list[pytest.Item], after: pytest.Item | None) -> None:
+    """pytest's own loop body over ``items``; ``after`` is the item expected to run next."""
+    for index, item in enumerate(items):
+        nextitem = items[index + 1] if index + 1 < len(items) else after
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+
+
 # -- fixtures ----------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def ddtree_session(request: pytest.FixtureRequest) -> DDTreeSession:

@@ -196,6 +196,14 @@ class ServiceManager:
 
     # -- public API ---------------------------------------------------------------------------
     @property
+    def config_launches(self) -> int:
+        """How many times this manager launched a speculative config (a restart each; the
+        non-speculative reference and adopted external services are not counted): the figure
+        the adaptive sweep reports as restarts spent."""
+        return sum(1 for launch in self.launches
+                   if launch.get("config") != REFERENCE_LABEL and launch.get("controller") != "external")
+
+    @property
     def current(self) -> RunningService | None:
         """The service currently in force, if any."""
         return self._current.service if self._current is not None else None

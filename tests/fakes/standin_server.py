@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -51,6 +52,44 @@ def verify_steps(completion_tokens: int) -> int:
     return steps
 
 
+# --cost-shape odd: a throughput surface outside the advisor's model family (the adaptive sweep's
+# test): topk-6 acceptance peaks at budget 12 and then falls (a wider tree of worse candidates),
+# and every running request adds a fixed cost to each step besides its verify width.
+def odd_accept(block_size: int, budget: int, topk: int) -> float:
+    """Mean tokens per verify step (bonus included) of a config under the odd cost shape."""
+
+    accept = 1 + 3.4 * (1 - math.exp(-budget / 6.0)) * (1.04 if block_size >= 16 else 1.0)
+    if topk == 6:
+        accept = (1 + 3.4 * (1 - math.exp(-min(budget, 12) / 6.0))) * 1.06 * (1 - 0.08 * max(0, budget - 12) / 4)
+    elif topk == 8:
+        accept *= 0.97
+    return accept
+
+
+def odd_step_s(block_size: int, budget: int, running: int) -> float:
+    """Seconds per decode step with ``running`` requests: fixed + per request (overhead + verify + draft)."""
+    return 0.004 + running * (0.0012 + 0.00010 * (budget + 1) + 0.00002 * block_size)
+
+
+def odd_steps(block_size: int, budget: int, topk: int, output_tokens: int) -> int:
+    """Verify steps of one request under the odd shape: the first token from prefill, then the
+    whole tokens of the accumulated fractional acceptance (what the stream below does)."""
+    done, steps, carry = 1, 0, 0.0
+    while done < output_tokens:
+        carry += odd_accept(block_size, budget, topk)
+        whole = int(carry)
+        carry -= whole
+        done += min(max(1, whole), output_tokens - done)
+        steps += 1
+    return steps
+
+
+def odd_tok_s(block_size: int, budget: int, topk: int, concurrency: int, output_tokens: int) -> float:
+    """The closed loop's output tok/s under the odd shape (prefill and HTTP cost nothing here)."""
+    steps = odd_steps(block_size, budget, topk, output_tokens)
+    return concurrency * output_tokens / (steps * odd_step_s(block_size, budget, concurrency))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -66,6 +105,8 @@ def main() -> None:
     ap.add_argument("--exit-code", type=int, default=3)
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--spawn-child", action="store_true", help="fork a sleeping worker in our group")
+    ap.add_argument("--cost-shape", choices=("odd",), default=None,
+                    help="odd: acceptance and step time from odd_accept / odd_step_s (per config, per batch)")
     args = ap.parse_args()
 
     faults: dict[str, str] = {}
@@ -151,7 +192,9 @@ def main() -> None:
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             self.close_connection = True  # HTTP/1.0 stream: the end of the body is the end of the connection
-            done, steps = 1, 0
+            done, steps, carry, deadline = 1, 0, 0.0, time.monotonic()
+            shape = (args.speculative_dflash_block_size or 8, args.speculative_num_draft_tokens or 8,
+                     args.speculative_eagle_topk or 4)
             while True:
                 finished = done >= want
                 meta = {"id": "standin", "prompt_tokens": prompt_tokens, "completion_tokens": done,
@@ -163,8 +206,20 @@ def main() -> None:
                 self.wfile.flush()
                 if finished:
                     break
-                time.sleep(STEP_S)
-                k = min(ACCEPT_CYCLE[steps % len(ACCEPT_CYCLE)] if spec_on else 1, want - done)
+                if args.cost_shape == "odd":  # fractional acceptance carried over, step cost by batch
+                    with lock:
+                        running = count["running"]
+                    # paced against deadlines (like the reference engine's StepClock): sleep
+                    # overshoot on a loaded box must not add up over a request's steps
+                    deadline = max(deadline, time.monotonic() - 0.05) + odd_step_s(shape[0], shape[1], running)
+                    time.sleep(max(0.0, deadline - time.monotonic()))
+                    carry += odd_accept(*shape)
+                    whole = int(carry)
+                    carry -= whole
+                    k = min(max(1, whole), want - done)
+                else:
+                    time.sleep(STEP_S)
+                    k = min(ACCEPT_CYCLE[steps % len(ACCEPT_CYCLE)] if spec_on else 1, want - done)
                 done += k
                 steps += 1
                 decode_batch(k)
