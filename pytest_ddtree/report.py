@@ -159,16 +159,19 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
 HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
 
 
-def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple") -> str:
-    """The sweep table (per config and cell): tok/s, acceptance, TTFT p50, change, status."""
+def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple",
+                       predicted_rows: Sequence[list[str]] = ()) -> str:
+    """The sweep table (per config and cell): tok/s, acceptance, TTFT p50, change, status;
+    ``predicted_rows`` (the adaptive sweep's, status ``predicted``) follow the measured ones."""
     recs = normalize(records)
     rows, headers = table_rows(recs), HEADERS
-    if not rows:
+    if not rows and not predicted_rows:
         return "no throughput results"
     if any(r.get("host") for r in recs):  # a fleet sweep: say which host measured each row
         rows = [row[:1] + [str(r.get("host") or "-")] + row[1:] for row, r in zip(rows, recs)]
         headers = HEADERS[:1] + ["host"] + HEADERS[1:]
-    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+        predicted_rows = [row[:1] + ["-"] + row[1:] for row in predicted_rows]
+    return tabulate([*rows, *predicted_rows], headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
 def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -455,8 +458,16 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
     if gates:
         sections.append(("ddtree correctness gates", tabulate(gates, headers=GATE_HEADERS, disable_numparse=True)))
         md_parts += ["## Correctness gates", "", tabulate(gates, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True), ""]
-    if throughput:
-        text = render_sweep_table(throughput)
+    from pytest_ddtree import adaptive
+
+    sweep = adaptive.outcome_of(records)
+    predicted = adaptive.predicted_table_rows(sweep, len(HEADERS), _ctx) if sweep else []
+    if sweep:  # predicted rows: beside the measured ones, never among them (never gated)
+        payload["predicted"] = sweep.get("predicted") or []
+        payload["adaptive_sweep"] = {k: v for k, v in sweep.items() if k != "predicted"}
+        payload["recommendations"] = [*payload["recommendations"], *adaptive.summary_lines(sweep)]
+    if throughput or predicted:
+        text = render_sweep_table(throughput, predicted_rows=predicted)
         advice = payload["recommendations"]
         if advice:
             text += "\n\nRecommendations:\n" + "\n".join(f"  - {a}" for a in advice)
