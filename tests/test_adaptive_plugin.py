@@ -162,3 +162,35 @@ def test_a_cost_shape_outside_the_model_still_gets_picks_within_five_percent(pyt
     measured = {(r["config"], r["cell"]): r["output_throughput"] for r in payload["throughput"]}
     print("measured / stand-in surface:", {k: round(v / truth(k[0], int(k[1][1:])), 3) for k, v in sorted(measured.items())})
     assert sum(within) >= 0.8 * len(within), picks
+
+
+def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignored_with_a_warning(tmp_path: Path) -> None:
+    """--ddtree-prior: an earlier session's measured cells on this hardware profile become the
+    planner's prior; cells measured on another profile are left out, and the session says so."""
+    from pytest_ddtree.adaptive import AdaptiveSweep
+
+    matrix = load_matrix(MATRIX)
+    configs = select_configs(["all"], matrix)
+    cells = [w for w in matrix.workloads if w.name in ("c1_short", "c8_short")]
+
+    def row(config: str, cell: Any, tok_s: float, profile: str) -> dict[str, Any]:
+        return {"kind": "throughput", "config": config, "cell": cell.name, "measurement_status": "valid",
+                "hardware_profile": profile, "output_throughput": tok_s, "accept_length": 4.0,
+                "workload": {"concurrency": cell.concurrency, "context_tokens": cell.context_tokens,
+                             "output_tokens": cell.output_tokens}}
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    rows = [row(c.name, w, 900.0 + 10 * c.budget * w.concurrency, "refserver") for c in configs[:6] for w in cells]
+    rows += [row(configs[0].name, w, 50.0, "h100-other") for w in cells]
+    (earlier / "results.json").write_text(json.dumps({"throughput": rows}))
+    lines: list[str] = []
+    sweep = AdaptiveSweep(configs, cells, 4, default=matrix.default.name, priors=[earlier], progress=lines.append)
+    first = sweep.next_config()
+    assert first is not None
+    measured = [{**row(first, w, 1000.0, "refserver"), "metrics": {"output_throughput": 1000.0, "accept_length": 4.0}}
+                for w in cells]
+    assert sweep.record_config(first, measured, "refserver") == len(cells)
+    assert sweep.planner.prior is not None and sweep.planner.prior.n_obs == 12
+    assert any("ignored 2 prior cells measured on hardware profile h100-other" in line for line in lines), lines
+    assert sweep.prior_note and "12 cells of 6 configs" in sweep.prior_note
