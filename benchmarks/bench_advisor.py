@@ -9,6 +9,9 @@ requests; measurements get 1.5% multiplicative noise. The advisor then measures 
 and predicts the rest; we print the Done-when figures per N over several noise seeds.
 
 Run: .venv/bin/python benchmarks/bench_advisor.py [--engine-truth]
+     .venv/bin/python benchmarks/bench_advisor.py --end-to-end [N ...]   (default N = 6)
+(``--end-to-end``: the real plugin, no simulation: a full 18-config sweep of the shipped matrix
+on the reference engine, then ``--ddtree-max-restarts N`` sessions, compared; tens of minutes.)
 (``--engine-truth``, about a minute: every cell's truth and accept length from the engine's own
 scheduler driven as a closed loop on a fake clock, instead of the closed form.)
 """
@@ -145,7 +148,70 @@ def run(n_restarts: int, configs: list[ConfigPoint], cells: list[CellPoint], tru
     }
 
 
+def _session(out: Path, *args: str) -> dict[str, object]:
+    """One real pytest session of the throughput suite on the reference engine; its results.json."""
+    import json
+    import subprocess
+    import time
+
+    begin = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "suites" / "test_throughput.py"), "--ddtree-config=all",
+           f"--ddtree-results={out}", f"--ddtree-baselines={out.parent / 'baselines'}", "-p", "no:cacheprovider",
+           "-q", "-n", "0", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    print(f"  {' '.join(args) or 'full sweep'}: exit {proc.returncode} in {time.monotonic() - begin:.0f} s", flush=True)
+    payload: dict[str, object] = json.loads((out / "results.json").read_text())
+    return payload
+
+
+def end_to_end(ns: list[int]) -> int:
+    """The real plugin on the reference engine: one full sweep (18 restarts, the truth of this
+    machine at this time), then one adaptive session per N; each N's picks, predictions and
+    intervals against that full sweep, and against the committed baselines (a quiet machine)."""
+    import tempfile
+
+    import yaml
+
+    work = Path(tempfile.mkdtemp(prefix="bench-advisor-e2e-"))
+    print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
+    full = _session(work / "full")
+    truth = {(r["config"], r["cell"]): float(r["output_throughput"]) for r in full["throughput"]  # type: ignore[attr-defined]
+             if r.get("output_throughput")}
+
+    def committed(config: str, cell: str) -> float | None:
+        path = ROOT / "baselines" / "refserver" / f"{config}.yaml"
+        gates = (yaml.safe_load(path.read_text()).get("metrics") or {}).get(cell, {}).get("gates", {}) if path.exists() else {}
+        value = (gates.get("output_throughput") or {}).get("median")
+        return float(value) if value else None
+
+    cells = sorted({cell for _, cell in truth})
+    configs = sorted({config for config, _ in truth})
+    rows = []
+    for n in ns:
+        payload = _session(work / f"n{n}", "--ddtree-max-restarts", str(n))
+        sweep: dict = payload["adaptive_sweep"]  # type: ignore[assignment,type-arg]
+        predicted: list = payload["predicted"]  # type: ignore[assignment,type-arg]
+        for name, source in (("same-machine full sweep", truth.get),
+                             ("committed baselines", lambda key: committed(*key))):
+            values = {(c, w): source((c, w)) for c in configs for w in cells}
+            picks = {r["cell"]: r["config"] for r in sweep["recommendations"]}
+            within = [(values[(picks[w], w)] or 0) >= 0.97 * max(v for (c, x), v in values.items() if x == w and v)
+                      for w in cells if w in picks]
+            errs = [abs(p["output_throughput"] / values[(p["config"], p["cell"])] - 1) for p in predicted if values.get((p["config"], p["cell"]))]
+            inside = [p["output_throughput_interval"][0] <= values[(p["config"], p["cell"])] <= p["output_throughput_interval"][1]
+                      for p in predicted if values.get((p["config"], p["cell"]))]
+            rows.append(f"| {n} | {sweep['restarts']} | {name} | {sum(within)}/{len(within)} ({sum(within) / max(1, len(within)):.0%}) | "
+                        f"{statistics.median(errs) if errs else 0:.1%} | {sum(inside) / max(1, len(inside)):.0%} |")
+    print("| N | restarts (service launches) | truth | cells within 3% of the best | median abs error (predicted) | true value inside interval |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
 def main() -> int:
+    if "--end-to-end" in sys.argv:
+        ns = [int(a) for a in sys.argv[sys.argv.index("--end-to-end") + 1:] if a.isdigit()] or [6]
+        return end_to_end(ns)
     matrix = load_matrix(ROOT / "suites" / "configs.yaml")
     configs = [ConfigPoint.of(c) for c in matrix.configs]
     windows = {c.name: (c.window if isinstance(c.window, int) else (2048 if c.window is not None else None)) for c in matrix.configs}
