@@ -117,7 +117,7 @@ class DDTreeSession:
                 instance_index=instance,
                 log_dir=self.results_dir / "logs",
                 progress=self.progress,
-                lock_dir=self.settings.rootdir / ".ddtree" / "locks",
+                lock_dir=self.settings.rootdir / ".ddtree" / "locks" if profile.instance_lock else None,
                 ready_timeout_s=self.settings.ready_timeout,
             )
         return self._manager

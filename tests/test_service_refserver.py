@@ -126,3 +126,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_reference_sessions_on_one_machine_do_not_take_turns(pytester: pytest.Pytester) -> None:
+    """The embedded engine shares nothing between sessions (``instance_lock: false``): a session
+    runs while another holds the instance lock. A copy of the profile without the key takes it."""
+    from pytest_ddtree.service.pool import InstanceLock
+    from tests.suite_helpers import reference_profile, run_suite
+
+    locks = pytester.path / ".ddtree" / "locks"
+    other_session = InstanceLock(locks, "reference-0")
+    other_session.acquire(timeout_s=5)
+    try:
+        shipped = reference_profile(pytester.path, filename="reference.yaml")
+        run_suite(pytester, shipped, "--rootdir", str(pytester.path), suite="test_health.py").assert_outcomes(passed=3)
+    finally:
+        other_session.release()
+    locking = reference_profile(pytester.path, filename="locking.yaml", instance_lock=True, name="locking")
+    assert not (locks / "locking-0.lock").exists()
+    run_suite(pytester, locking, "--rootdir", str(pytester.path), suite="test_health.py").assert_outcomes(passed=3)
+    assert (locks / "locking-0.lock").exists()

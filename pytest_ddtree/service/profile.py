@@ -107,6 +107,10 @@ class ServiceProfile:
     stop_timeout_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
     pool: int | tuple[str, ...] = 1
+    #: Two sessions on one machine take turns on an instance (a file lock) unless this is false:
+    #: only for a service that shares nothing between sessions (the embedded engine, one process
+    #: per session on a free port of the CPU); a GPU service shares its GPUs even with port auto.
+    instance_lock: bool = True
     coding_min_pass: int | None = None
     unit: str | None = None
     dropin_dir: str | None = None
@@ -373,6 +377,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "stop_timeout_s": ((int, float), False),
     "env": ((dict, type(None)), False),
     "pool": ((int, list), False),
+    "instance_lock": (bool, False),
     "coding_min_pass": ((int, type(None)), False),
     "lossless": (str, False),
     "lossless_args": ((str, type(None)), False),
@@ -545,6 +550,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         stop_timeout_s=float(raw.get("stop_timeout_s", 30)),
         env=env,
         pool=pool,
+        instance_lock=bool(raw.get("instance_lock", True)),
         coding_min_pass=raw.get("coding_min_pass"),
         unit=raw.get("unit"),
         dropin_dir=raw.get("dropin_dir"),
