@@ -24,6 +24,8 @@ from test_upstream_standin import FAKES, standin_profile
 sys.path.insert(0, str(FAKES))
 from standin_server import odd_tok_s  # noqa: E402  (the stand-in's own surface: the truth)
 
+pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test_gate="def test_gate(ddtree_config):\n    pass\n")

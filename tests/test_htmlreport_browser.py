@@ -48,7 +48,8 @@ workloads:
 """
 FENCE = "`" * 3
 
-pytestmark = pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or "")
+pytestmark = [pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or ""),
+              pytest.mark.usefixtures("raised_cpu_priority")]  # its sessions measure throughput: see tests/conftest.py
 
 
 @dataclass

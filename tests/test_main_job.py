@@ -18,6 +18,8 @@ import yaml
 
 from tests.test_repro import expected_patched, make_site, patch_site
 
+pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+
 
 def _run(pytester: pytest.Pytester, repo_root: Path, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(

@@ -222,6 +222,22 @@ def test_step_clock_rejects_a_bad_scale() -> None:
         StepClock(0.0)
 
 
+def test_raised_cpu_priority_reaches_the_processes_a_test_starts(raised_cpu_priority: None) -> None:
+    """The timing tests' engines and nested sessions inherit the raised priority (tests/conftest.py)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import RAISED_NICE
+
+    if os.geteuid() != 0:
+        pytest.skip("raising CPU priority needs root (CAP_SYS_NICE); the timing tests then run at the default")
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                           capture_output=True, text=True, check=True, timeout=60)
+    assert int(child.stdout) == RAISED_NICE
+
+
+@pytest.mark.usefixtures("raised_cpu_priority")
 def test_engine_publishes_at_deadlines_and_keeps_the_rate(models) -> None:  # type: ignore[no-untyped-def]
     """In-process engine at clock scale 20: tokens never show before the simulated time has
     passed, and the busy period lasts the simulated time (not sim + overhead per step)."""

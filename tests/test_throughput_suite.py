@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+
 MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
