@@ -81,15 +81,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from pytest_ddtree.scheduling import ConfigScheduling
 
     session = _session(config)
-    instances = 0  # no profile (another project's run) or a broken one: schedule as xdist would
+    # Only ssh hosts can be found dead (scheduling.py): other runs keep xdist's own pacing, as
+    # does another project's run or a broken profile (the tests that need it report it).
+    instances = 0
     if _ddtree_in_use(session, config):
         from pytest_ddtree.configs import ConfigError
         from pytest_ddtree.service.profile import ProfileError
 
         try:
-            instances = session.profile.pool_size
+            profile = session.profile
+            instances = profile.pool_size if profile.host or profile.fleet.hosts else 0
         except (ConfigError, ProfileError, OSError):
-            pass  # the tests that need the profile report it
+            pass
     scheduler = config.stash[SCHEDULER_KEY] = ConfigScheduling(config, log, progress=session.progress, instances=instances)
     return scheduler
 

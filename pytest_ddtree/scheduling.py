@@ -13,12 +13,13 @@ otherwise go on taking configs and failing each with the ssh error, although the
 could measure them. The plugin tells :meth:`ConfigScheduling.mark_dead` which worker's host is
 gone (from the failed test's report); from then on that worker gets no new config, the configs
 already queued on it but not started are taken back (xdist's ``steal`` command) for the live
-workers, and it shuts down after the config it was running. When every worker owns its service
-instance (no more workers than instances), live workers are therefore not shut down as soon as
-the queue is empty (xdist's default): work may still come back to them; they stop with everyone
-else when the last test is done. Workers that share an instance take turns on its lock, so an
-idle one must let go (shut down) at once, and the configs of a host that dies late in such a
-run stay with it (there is nobody left to take them). When every worker's host is dead, the
+workers, and it shuts down after the config it was running. When every worker owns its ssh
+host (no more workers than hosts), live workers are therefore not shut down as soon as the queue
+is empty (xdist's default): work may still come back to them; they stop with everyone else when
+the last test is done. Elsewhere xdist's pacing stays: local instances do not die this way, and
+workers that share an instance take turns on its lock, so an idle one must let go at once. The
+configs of a host that dies when nobody is left to take them (also when xdist's first
+distribution handed out every config) stay with it. When every worker's host is dead, the
 scheduler keeps handing out configs, so the run ends with every config failed fast instead of
 waiting for a worker that will never come.
 """
@@ -47,7 +48,8 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
     ) -> None:
         super().__init__(config, log)
         self.hold_idle_workers = 0 < self.numnodes <= instances
-        """Each worker owns its instance: an idle worker may wait for work given back."""
+        """Each worker owns its host (``instances``: the pool's ssh hosts, 0 for local
+        services): an idle worker may wait for work given back."""
         self.dead: dict[Any, str] = {}
         """Workers whose host stopped answering -> that host."""
         self._steals_in_flight: dict[Any, int] = {}
