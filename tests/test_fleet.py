@@ -263,6 +263,7 @@ def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None, *extra: st
     argv = [sys.executable, "-m", "pytest", "suites/test_health.py", f"--ddtree-config={SWEEP}", "-n", "3",
             f"--ddtree-service={profile_path}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["COLUMNS"] = "400"  # the short summary's failure reasons whole, not cut at 80 columns
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watcher = threading.Thread(target=on_start, daemon=True) if on_start else None
     if watcher:
@@ -327,8 +328,9 @@ def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_pat
             ssh_fleet.start_sshd(1)
     assert result.returncode != 0, result.stdout[-4000:]
     out = result.stdout
-    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if line.startswith(("FAILED", "ERROR")) and "[" in line}
-    assert f"ssh to {victim.target} failed" in out, out[-4000:]
+    failures = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR")) and "[" in line]
+    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in failures}
+    assert all(f"ssh to {victim.target} failed" in line for line in failures), "\n".join(failures)
     assert f"host {victim.target} does not answer: worker gw1 takes no more configs" in out, out[-4000:]
     # The dead host failed exactly the config(s) it had begun (launched before its sshd died);
     # it was handed none after that (before the fix it went on taking and failing configs).
