@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pytest_ddtree import gate
+
 pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
 
 MATRIX = """\
@@ -122,6 +124,47 @@ def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.
     result.assert_outcomes(failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*no baseline for this cell*create it with: pytest suites --ddtree-update-baselines*"
                                  "(--ddtree-require-baselines)*"])
+
+
+WHAT_TO_DO = "*rerun on a quieter machine (fewer -n workers, nothing else running) or raise --ddtree-repeats*"
+
+
+def test_a_cell_that_stays_inconclusive_is_reported_and_fails_only_under_require_baselines(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    # A baseline of three blessed sessions, as the bless flow writes it (blessing here would
+    # itself be refused whenever the loaded test machine makes the measurement inconclusive).
+    entry = None
+    for session in ("s1", "s2", "s3"):
+        entry = gate.baseline_cell_entry(
+            {"concurrency": 1, "context_tokens": 48, "output_tokens": 32, "requests": 2,
+             "prompts": "documents via /tokenize"},
+            {"output_throughput": [400.0, 404.0, 398.0], "accept_length": [4.5, 4.5, 4.5],
+             "median_ttft_ms": [14.0, 14.2, 13.9]}, entry, session=session)
+    (pytester.path / "baselines" / "refserver").mkdir(parents=True)
+    (pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").write_text(
+        yaml.safe_dump({"config": "bs8_b8_k4", "metrics": {"c1_tiny": entry}}))
+    # The same engine with a clock 5000x faster than real time: each forward pass is due within
+    # microseconds, less than the host needs to run it, so the engine cannot keep its clock
+    # (busy a few % of the measured time) and its repeats disagree even after the extra
+    # repeats: the numbers describe the machine, and the cell stays inconclusive for either reason.
+    racing, matrix = _setup(pytester, repo_root, "--clock-scale 5000")
+    for args in ((), ("--ddtree-require-baselines",)):
+        shutil.rmtree(pytester.path / "results", ignore_errors=True)
+        result = _run(pytester, repo_root, racing, matrix, "--ddtree-workload=c1_tiny", *args)
+        (rec,) = _records(pytester)
+        assert rec["status"] == "inconclusive" and rec["measurement_status"] == "inconclusive", rec
+        if not args:  # reported with its reason, not a pass and not a failure
+            result.assert_outcomes(skipped=1)
+            assert result.ret == 0
+            result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*bs8_b8_k4*c1_tiny*inconclusive*",
+                                         "*SKIPPED*bs8_b8_k4 c1_tiny: INCONCLUSIVE*" + WHAT_TO_DO])
+        else:  # the CI mode: a cell it could not judge fails the run, saying why and what to do
+            result.assert_outcomes(failed=1)
+            assert result.ret == 1
+            result.stdout.fnmatch_lines(["*bs8_b8_k4 c1_tiny: INCONCLUSIVE*",
+                                         WHAT_TO_DO,
+                                         "*inconclusive fails under --ddtree-require-baselines: a CI run must not pass "
+                                         "a cell it could not judge*"])
 
 
 def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_root: Path,
