@@ -11,9 +11,12 @@ confirmation of flagged cells, verdicts) and count as failed when any cell fails
 inconclusive (both fail CI), and ``--slowed`` sessions run the first config 10% slower
 (``slowdown`` x 1.1) and count as caught when one of its cells is a regression.
 
-Expensive on a shared 2-core box: keep it small and run it once, in the background.
+Sessions are independent (each its own seed, engines and day shift), so they run in parallel:
+``--jobs`` worker processes, each pinned with its engines to its own ``--cpus-per-job`` CPUs
+(so two sessions never share a core and slow each other's clock). Expensive on a shared 2-core
+box: keep it small there (``--unchanged 1 --slowed 1 --jobs 1``) and run it once, in the background.
 
-Usage: python benchmarks/bench_gate_e2e.py [--unchanged 20] [--slowed 20] [--day-shift 0.02] [--jitter 0.2]
+Usage: python benchmarks/bench_gate_e2e.py [--unchanged 20] [--slowed 20] [--day-shift 0.02] [--jitter 0.2] [--jobs N]
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
+import os
 import random
 import sys
 import time
@@ -50,21 +55,57 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
                   "--fault", f"clock-jitter={args.jitter}", "--fault", f"slowdown={factor:.6f}",
                   "--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
                   "--speculative-eagle-topk", str(topk)]
-        with refserver(*engine) as url:
-            out[name] = throughput.measure_config(url, CELLS, 3, baseline=None if baselines is None else baselines[name])
+        for attempt in range(3):  # a free port taken by a parallel session in between: try another
+            try:
+                with refserver(*engine) as url:
+                    out[name] = throughput.measure_config(url, CELLS, 3,
+                                                          baseline=None if baselines is None else baselines[name])
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
     return out
 
 
-def bless(args: argparse.Namespace, rng: random.Random) -> dict[str, dict[str, Any]]:
+def _pin(cpu_sets: Any) -> None:
+    """Pool initializer: this worker (and the engines it starts) runs on its own CPUs."""
+    cpus = cpu_sets.get()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    args, seed = job
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for name, campaign in session(args, random.Random(seed), False, None).items():
+        out[name] = {}
+        for cell in CELLS:
+            inp = throughput.cell_input(campaign, cell, None)
+            if inp.status != "valid":
+                raise RuntimeError(f"bless session (seed {seed}): {name} {cell.name} is {inp.status}: {inp.problems}")
+            out[name][cell.name] = {k: list(v) for k, v in inp.current.items()}
+    return out
+
+
+def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    args, seed, slow, baselines = job
+    verdicts = {name: c.verdicts for name, c in session(args, random.Random(seed), slow, baselines).items()}
+    bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
+                 if v.failed or v.status == gate.INCONCLUSIVE)
+    caught = any(v.status == gate.REGRESSION for v in verdicts[next(iter(CONFIGS))].values())
+    return {"bad": bad, "caught": caught}
+
+
+def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
+    """K blessed sessions (in parallel), appended oldest first through the bless flow's function."""
     section: dict[str, dict[str, Any]] = {name: {} for name in CONFIGS}
-    for s in range(gate.DEFAULT_SESSIONS_KEPT):
-        for name, campaign in session(args, rng, False, None).items():
+    blessed = pool.map(_bless_session, [(args, args.seed * 1000 + s) for s in range(gate.DEFAULT_SESSIONS_KEPT)])
+    for s, measured in enumerate(blessed):
+        for name in CONFIGS:
             for cell in CELLS:
-                inp = throughput.cell_input(campaign, cell, None)
-                if inp.status != "valid":
-                    raise SystemExit(f"bless session {s}: {name} {cell.name} is {inp.status}: {inp.problems}")
                 section[name][cell.name] = gate.baseline_cell_entry(
-                    load.workload_dict(cell), inp.current, section[name].get(cell.name), session=f"bless{s}")
+                    load.workload_dict(cell), measured[name][cell.name], section[name].get(cell.name),
+                    session=f"bless{s}")
     return section
 
 
@@ -76,23 +117,33 @@ def main() -> int:
     ap.add_argument("--jitter", type=float, default=0.2)
     ap.add_argument("--clock-scale", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="sessions in parallel (default: one per --cpus-per-job CPUs)")
+    ap.add_argument("--cpus-per-job", type=int, default=2, help="CPUs pinned to each parallel session")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    rng = random.Random(args.seed)
     t0 = time.monotonic()
-    baselines = bless(args, rng)
-    print(f"e2e gate: {len(CONFIGS)} configs x {len(CELLS)} cells, 3 blessed sessions, clock-jitter {args.jitter}, "
-          f"day shift {args.day_shift:.0%} ({time.monotonic() - t0:.0f} s to bless)", flush=True)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    ctx = multiprocessing.get_context("spawn")  # no threads or sockets inherited from this process
+    cpu_sets = ctx.Queue()
+    for j in range(args.jobs):
+        chunk = set(cpus[j * args.cpus_per_job:(j + 1) * args.cpus_per_job])
+        cpu_sets.put(chunk if len(chunk) == args.cpus_per_job else None)
     figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "unchanged": [], "slowed": []}
-    for kind, n, slow in (("unchanged", args.unchanged, False), ("slowed", args.slowed, True)):
-        for i in range(n):
-            verdicts = {name: c.verdicts for name, c in session(args, rng, slow, baselines).items()}
-            bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
-                         if v.failed or v.status == gate.INCONCLUSIVE)
-            caught = any(v.status == gate.REGRESSION for v in verdicts[next(iter(CONFIGS))].values())
-            figures[kind].append({"bad": bad, "caught": caught})
-            print(f"  {kind} session {i + 1}/{n}: {'caught' if caught else 'not caught' if slow else 'ok'}"
-                  f"{'; ' + ', '.join(bad) if bad else ''}", flush=True)
+    with ctx.Pool(args.jobs, initializer=_pin, initargs=(cpu_sets,), maxtasksperchild=None) as pool:
+        baselines = bless(args, pool)
+        print(f"e2e gate: {len(CONFIGS)} configs x {len(CELLS)} cells, 3 blessed sessions, clock-jitter {args.jitter}, "
+              f"day shift {args.day_shift:.0%}, {args.jobs} sessions in parallel ({time.monotonic() - t0:.0f} s to bless)",
+              flush=True)
+        jobs = [(kind, i, (args, args.seed * 1000 + 100 + 1000 * slow + i, slow, baselines))
+                for kind, n, slow in (("unchanged", args.unchanged, False), ("slowed", args.slowed, True))
+                for i in range(n)]
+        results = pool.map(_judged_session, [job for _, _, job in jobs])
+    for (kind, i, (_, _, slow, _)), result in zip(jobs, results):
+        figures[kind].append(result)
+        n = args.slowed if slow else args.unchanged
+        print(f"  {kind} session {i + 1}/{n}: {'caught' if result['caught'] else 'not caught' if slow else 'ok'}"
+              f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}", flush=True)
     failed = sum(1 for s in figures["unchanged"] if s["bad"])
     caught = sum(1 for s in figures["slowed"] if s["caught"])
     print(f"unchanged sessions failing: {failed} of {args.unchanged} (target 0); "
