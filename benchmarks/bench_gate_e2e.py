@@ -138,12 +138,13 @@ def main() -> int:
         jobs = [(kind, i, (args, args.seed * 1000 + 100 + 1000 * slow + i, slow, baselines))
                 for kind, n, slow in (("unchanged", args.unchanged, False), ("slowed", args.slowed, True))
                 for i in range(n)]
-        results = pool.map(_judged_session, [job for _, _, job in jobs])
-    for (kind, i, (_, _, slow, _)), result in zip(jobs, results):
-        figures[kind].append(result)
-        n = args.slowed if slow else args.unchanged
-        print(f"  {kind} session {i + 1}/{n}: {'caught' if result['caught'] else 'not caught' if slow else 'ok'}"
-              f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}", flush=True)
+        jobs.sort(key=lambda job: job[1])  # unchanged and slowed sessions alternate
+        # printed as they finish (in order), so a run cut short still shows what it measured
+        for (kind, i, (_, _, slow, _)), result in zip(jobs, pool.imap(_judged_session, [job for _, _, job in jobs])):
+            figures[kind].append(result)
+            n = args.slowed if slow else args.unchanged
+            print(f"  {kind} session {i + 1}/{n}: {'caught' if result['caught'] else 'not caught' if slow else 'ok'}"
+                  f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}", flush=True)
     failed = sum(1 for s in figures["unchanged"] if s["bad"])
     caught = sum(1 for s in figures["slowed"] if s["caught"])
     print(f"unchanged sessions failing: {failed} of {args.unchanged} (target 0); "
