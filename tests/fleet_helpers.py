@@ -97,6 +97,14 @@ class FakeHost:
         marker = f"fake-systemd: Starting {UNIT}: "
         return [line.split(marker, 1)[1] for line in journal.read_text().splitlines() if marker in line]
 
+    def delay_starts(self, seconds: float | None) -> None:
+        """Make this host's next unit starts slow (the fake systemd sleeps before ExecStart), or not."""
+        path = self.state / "start-delay"
+        if seconds is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{seconds:g}")
+
     def unit_status(self) -> dict[str, Any]:
         path = self.state / f"{UNIT}.status.json"
         return dict(json.loads(path.read_text())) if path.exists() else {}

@@ -21,7 +21,7 @@ from pytest_ddtree.service.base import ServiceError
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import HostLock, SSHError, SSHHost, SSHTarget
-from tests.fleet_helpers import FakeHost, SshFleet, sshd_binary
+from tests.fleet_helpers import UNIT, FakeHost, SshFleet, sshd_binary
 from tests.polling import wait_until
 from tests.suite_helpers import wait_healthy
 
@@ -312,18 +312,35 @@ def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp
 
 
 def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_path: Path) -> None:
-    victim = ssh_fleet.hosts[1]
+    """The victim's sshd dies once its first sweep config is up and checked. The live hosts start
+    slowly at first, so the victim passes its first test first and xdist queues the fourth config
+    on it too: that config must come back to a live host, not fail with the victim."""
+    victim, live = ssh_fleet.hosts[1], [ssh_fleet.hosts[0], ssh_fleet.hosts[2]]
     before = [len(h.starts()) for h in ssh_fleet.hosts]
+    journal = victim.state / f"{UNIT}.journal"
+    offset = journal.stat().st_size
 
-    def kill_after_first_start() -> None:
+    def up_and_checked() -> bool:
+        """The harness read /server_info of the victim's new engine: its start is over, the
+        first test needs no ssh, the second one's liveness check does."""
+        since = journal.read_bytes()[offset:].decode(errors="replace").split(f"fake-systemd: Starting {UNIT}", 1)
+        return len(since) == 2 and "server_info HTTP" in since[1]
+
+    def kill_once_its_service_is_up() -> None:
         try:
-            wait_until(lambda: len(victim.starts()) > before[1], 120, "the victim host's first sweep start", interval=0.1)
+            wait_until(up_and_checked, 120, "the victim's sweep config to be up and checked", interval=0.05)
         finally:
             ssh_fleet.stop_sshd(1)
+            for host in live:
+                host.delay_starts(None)
 
+    for host in live:
+        host.delay_starts(4)
     try:
-        result, profile = _run_sweep(ssh_fleet, tmp_path, kill_after_first_start)
+        result, profile = _run_sweep(ssh_fleet, tmp_path, kill_once_its_service_is_up)
     finally:
+        for host in live:
+            host.delay_starts(None)
         if victim.sshd is None:
             ssh_fleet.start_sshd(1)
     assert result.returncode != 0, result.stdout[-4000:]
@@ -331,7 +348,8 @@ def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_pat
     failures = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR")) and "[" in line]
     failed = {line.split("[", 1)[1].split("]", 1)[0] for line in failures}
     assert all(f"ssh to {victim.target} failed" in line for line in failures), "\n".join(failures)
-    assert f"host {victim.target} does not answer: worker gw1 takes no more configs" in out, out[-4000:]
+    moved = f"host {victim.target} does not answer: worker gw1 takes no more configs; "
+    assert moved in out and "go to the other hosts" in out, out[-4000:]  # the queued config came back
     # The dead host failed exactly the config(s) it had begun (launched before its sshd died);
     # it was handed none after that (before the fix it went on taking and failing configs).
     held = {_config_of(command, profile.for_instance(1)) for command in victim.starts()[before[1]:]}
