@@ -9,7 +9,7 @@ requests; measurements get 1.5% multiplicative noise. The advisor then measures 
 and predicts the rest; we print the Done-when figures per N over several noise seeds.
 
 Run: .venv/bin/python benchmarks/bench_advisor.py [--engine-truth]
-     .venv/bin/python benchmarks/bench_advisor.py --end-to-end [N ...]   (default N = 6)
+     .venv/bin/python benchmarks/bench_advisor.py --end-to-end [N ...] [--truth FULL_SWEEP_DIR]   (default N = 6)
 (``--end-to-end``: the real plugin, no simulation: a full 18-config sweep of the shipped matrix
 on the reference engine, then ``--ddtree-max-restarts N`` sessions, compared; tens of minutes.)
 (``--engine-truth``, about a minute: every cell's truth and accept length from the engine's own
@@ -173,8 +173,13 @@ def end_to_end(ns: list[int]) -> int:
     import yaml
 
     work = Path(tempfile.mkdtemp(prefix="bench-advisor-e2e-"))
-    print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
-    full = _session(work / "full")
+    if "--truth" in sys.argv:  # an earlier run's full sweep (its folder), to compare other N with
+        import json
+
+        full = json.loads((Path(sys.argv[sys.argv.index("--truth") + 1]) / "results.json").read_text())
+    else:
+        print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
+        full = _session(work / "full")
     truth = {(r["config"], r["cell"]): float(r["output_throughput"]) for r in full["throughput"]  # type: ignore[attr-defined]
              if r.get("output_throughput")}
 

@@ -248,7 +248,8 @@ class Recommendation:
 class Planner:
     """Chooses the configs to measure one by one and recommends measured configs per cell.
 
-    Order: the two corners (smallest and largest budget at the default block size and topk),
+    Order: the two corners (smallest and largest budget at the default block size and topk) and
+    the matrix default (the incumbent every pick must beat),
     then the config with the highest chance of being some cell's best, until the restarts are
     spent or every cell's best measured value clears every unmeasured config's upper bound.
     Configs that differ only by window count as one shape: once one is measured its twins are
@@ -313,7 +314,7 @@ class Planner:
             return []
         low = min(same, key=lambda c: (c.budget, c.name != ref.name, len(c.name), c.name))
         high = min(same, key=lambda c: (-c.budget, c.name != ref.name, len(c.name), c.name))
-        picks = [low.name, high.name]
+        picks = [low.name, high.name, ref.name]  # the incumbent too: the config to beat
         return list(dict.fromkeys(picks))
 
     def candidates(self) -> list[ConfigPoint]:

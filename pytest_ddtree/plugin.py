@@ -337,11 +337,14 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return next((items[0] for name, items in by_config.items() if name not in sweep.tried), None)
 
     _run_items(session, plain, first_untried())
-    error = None
+    error, last = None, None
     while True:
-        try:
+        try:  # the advisor's fit may fail (a degenerate prior, say): that ends the sweep, results stay
+            if last is not None:
+                got = sweep.record_config(last, ddtree.recorder.records, ddtree.recorder.hardware_profile)
+                ddtree.progress(f"adaptive sweep: {last} measured {got} cell(s)")
             name = sweep.next_config()
-        except Exception as exc:  # noqa: BLE001 - a fit that fails ends the sweep; the measured results stay
+        except Exception as exc:  # noqa: BLE001 - said in the summary, not an internal error
             error = f"adaptive sweep stopped: the advisor failed: {type(exc).__name__}: {exc}"
             ddtree.progress(error)
             break
@@ -349,8 +352,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             break
         ddtree.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {limit})")
         _run_items(session, by_config[name], first_untried())
-        got = sweep.record_config(name, ddtree.recorder.records, ddtree.recorder.hardware_profile)
-        ddtree.progress(f"adaptive sweep: {name} measured {got} cell(s)")
+        last = name
     skipped = [item for name, items in by_config.items() if name not in sweep.tried for item in items]
     if skipped:
         ddtree.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
