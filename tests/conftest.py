@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests import machine_share
+from tests.machine_share import register_run
+
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
-#: nice value of timing-sensitive tests (see raised_cpu_priority); 0 is the default, -20 the highest
-RAISED_NICE = -10
 
 
 @pytest.fixture(scope="session")
@@ -26,25 +26,14 @@ def python() -> str:
     return sys.executable
 
 
-@pytest.fixture(scope="module")
-def raised_cpu_priority() -> Iterator[None]:
-    """Timing-sensitive tests measure an engine that stands for an accelerator, and a real
-    service does not share its accelerator with the next test run on the box. So these tests
-    (and the engines and nested sessions they start, which inherit it) run at a raised CPU
-    priority: another ``pytest tests`` beside this one then slows the rest of the suite, not the
-    measurement. Needs CAP_SYS_NICE (root in CI); without it nothing changes and the gate's own
-    inconclusive verdict is what stands between an overloaded box and a false alarm.
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        register_run()
 
-    Linux keeps the nice value per thread: this raises the calling thread's (the worker's main
-    thread, which runs the tests and starts every engine thread and process).
-    """
-    try:
-        before = os.getpriority(os.PRIO_PROCESS, 0)
-        os.setpriority(os.PRIO_PROCESS, 0, RAISED_NICE)
-    except OSError:
+
+@pytest.fixture(scope="module")
+def measurement_turn() -> Iterator[None]:
+    """For timing-sensitive modules: raised CPU priority, and turns with other test runs on this
+    machine while there are any (tests/machine_share.py says why)."""
+    with machine_share.measurement_turn():
         yield
-        return
-    try:
-        yield
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)

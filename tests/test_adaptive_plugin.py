@@ -21,7 +21,7 @@ from pytest_ddtree.configs import load_matrix, select_configs
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from suite_helpers import MATRIX, REFERENCE_PROFILE, run_suite
 
-pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:

@@ -49,7 +49,7 @@ workloads:
 FENCE = "`" * 3
 
 pytestmark = [pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or ""),
-              pytest.mark.usefixtures("raised_cpu_priority")]  # its sessions measure throughput: see tests/conftest.py
+              pytest.mark.usefixtures("measurement_turn")]  # its sessions measure throughput: see tests/machine_share.py
 
 
 @dataclass

@@ -18,7 +18,7 @@ import yaml
 
 from tests.test_repro import expected_patched, make_site, patch_site
 
-pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 
 def _run(pytester: pytest.Pytester, repo_root: Path, *args: str) -> pytest.RunResult:

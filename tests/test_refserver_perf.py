@@ -18,7 +18,7 @@ from refserver_helpers import RefServer, config_args, start_many
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_refserver  # noqa: E402  (the benchmark's closed loop, not a copy of it)
 
-pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 SCALE = 4.0
 PROMPTS = ["Write a Python function that reverses a string.", "What is speculative decoding?", "Tell me a short story.", "Hello"]

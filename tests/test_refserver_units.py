@@ -222,13 +222,13 @@ def test_step_clock_rejects_a_bad_scale() -> None:
         StepClock(0.0)
 
 
-def test_raised_cpu_priority_reaches_the_processes_a_test_starts(raised_cpu_priority: None) -> None:
-    """The timing tests' engines and nested sessions inherit the raised priority (tests/conftest.py)."""
+def test_measurement_turn_reaches_the_processes_a_test_starts(measurement_turn: None) -> None:
+    """The timing tests' engines and nested sessions inherit the raised priority (tests/machine_share.py)."""
     import os
     import subprocess
     import sys
 
-    from tests.conftest import RAISED_NICE
+    from tests.machine_share import RAISED_NICE
 
     if os.geteuid() != 0:
         pytest.skip("raising CPU priority needs root (CAP_SYS_NICE); the timing tests then run at the default")
@@ -237,7 +237,7 @@ def test_raised_cpu_priority_reaches_the_processes_a_test_starts(raised_cpu_prio
     assert int(child.stdout) == RAISED_NICE
 
 
-@pytest.mark.usefixtures("raised_cpu_priority")
+@pytest.mark.usefixtures("measurement_turn")
 def test_engine_publishes_at_deadlines_and_keeps_the_rate(models) -> None:  # type: ignore[no-untyped-def]
     """In-process engine at clock scale 20: tokens never show before the simulated time has
     passed, and the busy period lasts the simulated time (not sim + overhead per step)."""

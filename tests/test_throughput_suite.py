@@ -16,7 +16,7 @@ import yaml
 
 from pytest_ddtree import gate
 
-pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 MATRIX = """\
 default: bs8_b8_k4

@@ -23,7 +23,7 @@ FAKES = Path(__file__).parent / "fakes"
 sys.path.insert(0, str(FAKES))
 from standin_server import verify_steps  # noqa: E402  (the stand-in's own rule, for the expected ratio)
 
-pytestmark = pytest.mark.usefixtures("raised_cpu_priority")  # measures throughput: see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 
 def standin_profile(directory: Path, extra: str = "") -> Path:
