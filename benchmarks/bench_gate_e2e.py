@@ -74,26 +74,33 @@ def _pin(cpu_sets: Any) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, dict[str, list[float]]]]:
+def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, dict[str, Any]]]:
+    """One bless session: per config and cell, the measured workload (with the prompts as
+    measured, as the suite's bless flow stores it) and the gated samples."""
     args, seed = job
-    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, campaign in session(args, random.Random(seed), False, None).items():
         out[name] = {}
         for cell in CELLS:
             inp = throughput.cell_input(campaign, cell, None)
             if inp.status != "valid":
                 raise RuntimeError(f"bless session (seed {seed}): {name} {cell.name} is {inp.status}: {inp.problems}")
-            out[name][cell.name] = {k: list(v) for k, v in inp.current.items()}
+            out[name][cell.name] = {"workload": dict(inp.workload or {}),
+                                    "samples": {k: list(v) for k, v in inp.current.items()}}
     return out
 
 
 def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     args, seed, slow, baselines = job
     verdicts = {name: c.verdicts for name, c in session(args, random.Random(seed), slow, baselines).items()}
+    # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
     bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
-                 if v.failed or v.status == gate.INCONCLUSIVE)
+                 if v.failed or v.status in (gate.INCONCLUSIVE, gate.MISSING, gate.THIN))
     caught = any(v.status == gate.REGRESSION for v in verdicts[next(iter(CONFIGS))].values())
-    return {"bad": bad, "caught": caught}
+    # each config's common change of output tok/s against its baseline (what a slowdown moves)
+    shifts = {name: next((m.shift for v in vs.values() if (m := v.metric("output_throughput")) and m.shift is not None),
+                         None) for name, vs in verdicts.items()}
+    return {"bad": bad, "caught": caught, "shifts": shifts}
 
 
 def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
@@ -103,9 +110,9 @@ def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
     for s, measured in enumerate(blessed):
         for name in CONFIGS:
             for cell in CELLS:
+                got = measured[name][cell.name]
                 section[name][cell.name] = gate.baseline_cell_entry(
-                    load.workload_dict(cell), measured[name][cell.name], section[name].get(cell.name),
-                    session=f"bless{s}")
+                    got["workload"], got["samples"], section[name].get(cell.name), session=f"bless{s}")
     return section
 
 
@@ -144,7 +151,8 @@ def main() -> int:
             figures[kind].append(result)
             n = args.slowed if slow else args.unchanged
             print(f"  {kind} session {i + 1}/{n}: {'caught' if result['caught'] else 'not caught' if slow else 'ok'}"
-                  f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}", flush=True)
+                  f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}; output tok/s common change "
+                  + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None), flush=True)
     failed = sum(1 for s in figures["unchanged"] if s["bad"])
     caught = sum(1 for s in figures["slowed"] if s["caught"])
     print(f"unchanged sessions failing: {failed} of {args.unchanged} (target 0); "
