@@ -51,7 +51,8 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
     out = {}
     for i, (name, (bs, budget, topk)) in enumerate(CONFIGS.items()):
         factor = day * (1.1 if slow_first and i == 0 else 1.0)
-        engine = ["--clock-scale", str(args.clock_scale), "--seed", str(rng.randrange(1 << 30)),
+        seed = rng.randrange(1 << 30) if args.engine_seed == "per-launch" else int(args.engine_seed)
+        engine = ["--clock-scale", str(args.clock_scale), "--seed", str(seed),
                   "--fault", f"clock-jitter={args.jitter}", "--fault", f"slowdown={factor:.6f}",
                   "--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
                   "--speculative-eagle-topk", str(topk)]
@@ -127,6 +128,11 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="sessions in parallel (default: one per --cpus-per-job CPUs)")
     ap.add_argument("--cpus-per-job", type=int, default=2, help="CPUs pinned to each parallel session")
+    ap.add_argument("--engine-seed", default="0",
+                    help="the engines' --seed (drafter noise: which drafts it accepts): one number for every "
+                         "launch (default: the same weights under greedy decoding accept the same drafts), or "
+                         "'per-launch' (a new drafter behaviour each launch: acceptance, and with it tok/s, "
+                         "moves by several %% per cell between launches)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -140,7 +146,7 @@ def main() -> int:
     with ctx.Pool(args.jobs, initializer=_pin, initargs=(cpu_sets,), maxtasksperchild=None) as pool:
         baselines = bless(args, pool)
         print(f"e2e gate: {len(CONFIGS)} configs x {len(CELLS)} cells, 3 blessed sessions, clock-jitter {args.jitter}, "
-              f"day shift {args.day_shift:.0%}, {args.jobs} sessions in parallel ({time.monotonic() - t0:.0f} s to bless)",
+              f"day shift {args.day_shift:.0%}, engine seed {args.engine_seed}, {args.jobs} sessions in parallel ({time.monotonic() - t0:.0f} s to bless)",
               flush=True)
         jobs = [(kind, i, (args, args.seed * 1000 + 100 + 1000 * slow + i, slow, baselines))
                 for kind, n, slow in (("unchanged", args.unchanged, False), ("slowed", args.slowed, True))
@@ -150,7 +156,8 @@ def main() -> int:
         for (kind, i, (_, _, slow, _)), result in zip(jobs, pool.imap(_judged_session, [job for _, _, job in jobs])):
             figures[kind].append(result)
             n = args.slowed if slow else args.unchanged
-            print(f"  {kind} session {i + 1}/{n}: {'caught' if result['caught'] else 'not caught' if slow else 'ok'}"
+            verdict = ("caught" if result["caught"] else "not caught") if slow else ("FAILED" if result["bad"] else "ok")
+            print(f"  {kind} session {i + 1}/{n}: {verdict}"
                   f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}; output tok/s common change "
                   + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None), flush=True)
     failed = sum(1 for s in figures["unchanged"] if s["bad"])
