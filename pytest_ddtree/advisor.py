@@ -105,6 +105,8 @@ PRIOR_CENTER = (math.log(2.5), math.log(6.0), 0.0, 0.0, math.log(0.04), math.log
 #: that varies them is measured; the rest are effectively free (wide priors).
 PRIOR_SIGMA = (3.0, 3.0, 0.15, 0.3, 6.0, 6.0, 1.5, 6.0, 6.0, 6.0)
 TOPK_REF = 4
+#: Measurements this close to a cell's best are a tie the fit decides (about a repeat's spread).
+PICK_TIE = 0.02
 BLOCK_REF = 8
 
 
@@ -383,15 +385,17 @@ class Planner:
         return self.model().predict(unmeasured, self.cells) if unmeasured else {}
 
     def _pick_measured(self, cell: str) -> tuple[str | None, float]:
-        """The measured config to recommend in ``cell``: ranked by the geometric mean of its
-        measurement and the model's fit there, so one noisy sample does not flip a near tie
-        (the fit pools all cells of the config); the value reported is the measurement."""
-        np, _ = _np_scipy()
+        """The measured config to recommend in ``cell``: the best measurement, except that
+        among the measurements within ``PICK_TIE`` of it the model's fit breaks the tie (it pools
+        all cells of a config, so one noisy sample does not flip a near tie; a misfit model
+        cannot override a clear measured difference). The value reported is the measurement."""
         names = [n for n in self.order if (n, cell) in self.measured]
         if not names:
             return None, 0.0
-        fitted = self.model().predict([self.by_name[n] for n in names], [self.cell_by_name[cell]])
-        best = max(names, key=lambda n: float(np.sqrt(self.measured[(n, cell)].tok_s * fitted[(n, cell)].tok_s)))
+        top = max(self.measured[(n, cell)].tok_s for n in names)
+        close = [n for n in names if self.measured[(n, cell)].tok_s >= (1 - PICK_TIE) * top]
+        fitted = self.model().predict([self.by_name[n] for n in close], [self.cell_by_name[cell]])
+        best = max(close, key=lambda n: fitted[(n, cell)].tok_s)
         return best, self.measured[(best, cell)].tok_s
 
     def recommendations(self) -> list[Recommendation]:
