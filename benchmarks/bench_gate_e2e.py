@@ -3,7 +3,8 @@
 
 Why: the simulation (``bench_gate.py``) checks the rule under a model of the noise; this checks
 it against the noise a real engine and this machine produce. Every session launches fresh
-engines (one per config, a new ``--seed`` each, ``--fault clock-jitter``) and draws a day-to-day
+engines (one per config, ``--fault clock-jitter``; the same ``--seed``, i.e. the same drafter
+behaviour, unless ``--engine-seed per-launch``) and draws a day-to-day
 shift shared by all its configs (``--fault slowdown=exp(N(0, d))``). Three blessed sessions make
 the baseline through the bless flow's function (``gate.baseline_cell_entry``); then
 ``--unchanged`` sessions are judged by the suite's own ``throughput.measure_config`` (first pass,
