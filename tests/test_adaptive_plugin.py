@@ -89,20 +89,22 @@ def _records(results: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def _check_sweep(result: pytest.RunResult, results: Path, limit: int, cells: int) -> dict[str, Any]:
-    """What every adaptive session must show: launches == limit == the printed count, predicted
-    rows with intervals in results.json, recommendations among the measured configs."""
+    """What every adaptive session must show: launches == the printed count (at most the limit:
+    the advisor stops early once every cell's best is decided), predicted rows with intervals in
+    results.json, recommendations among the measured configs."""
     text = result.stdout.str()
     printed = LIMIT_LINE.search(text)
     assert printed, text[-3000:]
     launches = [r for r in _records(results, "launch") if r.get("config") != REFERENCE_LABEL]
-    assert len(launches) == int(printed.group(1)) == limit, (len(launches), printed.group(0))
+    restarts = len(launches)
+    assert restarts == int(printed.group(1)) and 3 <= restarts <= limit, (restarts, printed.group(0))
     assert int(printed.group(2)) == 18
     payload = json.loads((results / "results.json").read_text())
     sweep = payload["adaptive_sweep"]
-    assert sweep["restarts"] == limit and len(sweep["measured"]) == limit
+    assert sweep["restarts"] == restarts == len(sweep["measured"])
     assert sorted(sweep["measured"]) == sorted({r["config"] for r in launches})
     predicted = payload["predicted"]
-    assert len(predicted) == (18 - limit) * cells
+    assert len(predicted) == (18 - restarts) * cells
     for row in predicted:
         low, high = row["output_throughput_interval"]
         assert row["predicted"] is True and row["status"] == "predicted"
@@ -111,7 +113,7 @@ def _check_sweep(result: pytest.RunResult, results: Path, limit: int, cells: int
     assert {r["config"] for r in payload["throughput"]} == set(sweep["measured"])  # predicted rows are apart
     assert len(sweep["recommendations"]) == cells
     assert all(rec["config"] in sweep["measured"] for rec in sweep["recommendations"])
-    assert f"{(18 - limit) * cells} deselected" in text
+    assert f"{(18 - restarts) * cells} deselected" in text
     assert text.count(" predicted\n") >= len(predicted)  # the sweep table's rows
     return payload
 
@@ -133,6 +135,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
     assert result.ret == 0 or failed, text[-3000:]
     assert all(f"{config} {cell}: not blessing an inconclusive measurement" in text for cell, config in failed), text[-3000:]
     payload = _check_sweep(result, results, limit=6, cells=len(cells))
+    assert payload["adaptive_sweep"]["restarts"] == 6  # two cells, 18 configs: not decided before the limit
     measured = set(payload["adaptive_sweep"]["measured"])
     blessed = {p.stem for p in (baselines / "refserver").glob("*.yaml")}
     assert blessed and blessed <= measured, (blessed, measured)
