@@ -9,9 +9,10 @@ requests; measurements get 1.5% multiplicative noise. The advisor then measures 
 and predicts the rest; we print the Done-when figures per N over several noise seeds.
 
 Run: .venv/bin/python benchmarks/bench_advisor.py [--engine-truth]
-     .venv/bin/python benchmarks/bench_advisor.py --end-to-end [N ...] [--truth FULL_SWEEP_DIR]   (default N = 6)
+     .venv/bin/python benchmarks/bench_advisor.py --end-to-end [N ...] [--truth FULL_SWEEP_DIR | --parallel]   (default N = 6)
 (``--end-to-end``: the real plugin, no simulation: a full 18-config sweep of the shipped matrix
-on the reference engine, then ``--ddtree-max-restarts N`` sessions, compared; tens of minutes.)
+on the reference engine, then ``--ddtree-max-restarts N`` sessions, compared; tens of minutes;
+``--parallel`` runs them all at once, for a machine with a core or two per session.)
 (``--engine-truth``, about a minute: every cell's truth and accept length from the engine's own
 scheduler driven as a closed loop on a fake clock, instead of the closed form.)
 """
@@ -173,10 +174,19 @@ def end_to_end(ns: list[int]) -> int:
     import yaml
 
     work = Path(tempfile.mkdtemp(prefix="bench-advisor-e2e-"))
+    sessions: dict[int, dict[str, object]] = {}
     if "--truth" in sys.argv:  # an earlier run's full sweep (its folder), to compare other N with
         import json
 
         full = json.loads((Path(sys.argv[sys.argv.index("--truth") + 1]) / "results.json").read_text())
+    elif "--parallel" in sys.argv:  # a machine with cores to spare: the full sweep beside every N
+        from concurrent.futures import ThreadPoolExecutor
+
+        print(f"end to end on the reference engine (sessions under {work}), all sessions at once:", flush=True)
+        pool = ThreadPoolExecutor(max_workers=len(ns) + 1)
+        running = {n: pool.submit(_session, work / f"n{n}", "--ddtree-max-restarts", str(n)) for n in ns}
+        full = _session(work / "full")
+        sessions = {n: future.result() for n, future in running.items()}
     else:
         print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
         full = _session(work / "full")
@@ -193,7 +203,7 @@ def end_to_end(ns: list[int]) -> int:
     configs = sorted({config for config, _ in truth})
     rows = []
     for n in ns:
-        payload = _session(work / f"n{n}", "--ddtree-max-restarts", str(n))
+        payload = sessions.get(n) or _session(work / f"n{n}", "--ddtree-max-restarts", str(n))
         sweep: dict = payload["adaptive_sweep"]  # type: ignore[assignment,type-arg]
         predicted: list = payload["predicted"]  # type: ignore[assignment,type-arg]
         for name, source in (("same-machine full sweep", truth.get),

@@ -147,6 +147,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _is_xdist_worker(config):
         _validate_adaptive(session, config)
         _validate_early(session, config)
+        _give_workers_time_to_restore(session, config)
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
         config.pluginmanager.register(_DeadHostWatcher(config), "ddtree-dead-host-watcher")
 
@@ -161,6 +162,28 @@ def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
     the plugin installed must neither fail nor read files because no suites/ folder is near."""
     settings = session.settings
     return _explicitly_configured(config) or (settings.matrix.exists() and settings.service.exists())
+
+
+#: Seconds a worker gets, beyond the profile's stop timeout, to put its service back after Ctrl-C
+#: (drop-in removal, daemon-reload and restart over ssh on a loaded box).
+RESTORE_MARGIN_S = 30.0
+
+
+def _give_workers_time_to_restore(session: DDTreeSession, config: pytest.Config) -> None:
+    """On Ctrl-C xdist gives its workers 10 s (``NodeManager.EXIT_TIMEOUT``) to finish, then
+    kills them; a worker still restoring its systemd unit over ssh is killed mid-way and leaves
+    its host on the sweep's config (seen on a loaded box). Wait as long as a restore may take."""
+    if not getattr(config.option, "numprocesses", None) or not _ddtree_in_use(session, config):
+        return
+    try:
+        profile = session.profile
+    except Exception:  # noqa: BLE001 - a broken profile is reported by the tests that need it
+        return
+    if profile.controller == "external":
+        return
+    from xdist.workermanage import NodeManager
+
+    NodeManager.EXIT_TIMEOUT = max(NodeManager.EXIT_TIMEOUT, profile.stop_timeout_s + RESTORE_MARGIN_S)
 
 
 def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:

@@ -52,7 +52,8 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         services): an idle worker may wait for work given back."""
         self.dead: dict[Any, str] = {}
         """Workers whose host stopped answering -> that host."""
-        self._steals_in_flight: dict[Any, int] = {}
+        self._steals_in_flight: dict[Any, list[str]] = {}
+        """Workers -> the configs asked back from them, in the order xdist answers."""
         self._progress = progress
 
     def _split_scope(self, nodeid: str) -> str:
@@ -82,9 +83,9 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
             if scope == current or any(unit.values()):
                 continue  # started: its tests stay with this worker
             node.send_steal([collection.index(test) for test in unit])
-            self._steals_in_flight[node] = self._steals_in_flight.get(node, 0) + 1
+            self._steals_in_flight.setdefault(node, []).append(scope.removeprefix("ddtree-config:"))
             returned.append(scope.removeprefix("ddtree-config:"))
-        moved = f"; {', '.join(returned)} go to the other hosts" if returned else ""
+        moved = f"; asking back {', '.join(returned)} (queued there, not begun)" if returned else ""
         self._say(f"host {host} does not answer: worker {node.gateway.id} takes no more configs{moved}")
         node.shutdown()
 
@@ -96,7 +97,12 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """
         if node not in self.assigned_work:
             return
-        self._steals_in_flight[node] -= 1
+        asked = self._steals_in_flight[node].pop(0)
+        if not indices:
+            self._say(f"{asked} had already begun on worker {node.gateway.id} (xdist hands a worker its next test "
+                      "before the current one ends): it fails there with its host")
+            return
+        self._say(f"{asked} came back from worker {node.gateway.id}: it goes to the other hosts")
         collection = self.registered_collections[node]
         returned: OrderedDict[str, dict[str, bool]] = OrderedDict()
         for index in indices:

@@ -100,7 +100,8 @@ def test_dead_host_keeps_its_current_config_and_gives_back_the_queued_ones(pytes
     live = gw0.configs(gw0.ran) + gw2.configs(gw2.ran)
     assert sorted(live) == sorted(set(CONFIGS) - {"bs8_b8_k4"})
     assert sorted(gw0.ran + gw1.ran + gw2.ran) == list(range(len(COLLECTION)))
-    assert lines == ["host ops@gpu-1 does not answer: worker gw1 takes no more configs; bs8_b16_k4 go to the other hosts"]
+    assert lines == ["host ops@gpu-1 does not answer: worker gw1 takes no more configs; asking back bs8_b16_k4 (queued there, not begun)",
+                     "bs8_b16_k4 came back from worker gw1: it goes to the other hosts"]
     assert sched.remove_node(gw1) is None  # it finishes with nothing pending
 
 
@@ -120,7 +121,8 @@ def test_every_host_dead_still_runs_every_config(pytester: pytest.Pytester) -> N
 def test_a_steal_that_comes_too_late_leaves_the_config_where_it_began(pytester: pytest.Pytester) -> None:
     """xdist's worker already holds the next config's first test (it needs the next item to run
     the current one): the steal answers empty and that config stays with the dead worker."""
-    sched, (gw0, gw1, gw2) = _start(pytester, [])
+    lines: list[str] = []
+    sched, (gw0, gw1, gw2) = _start(pytester, lines)
     _run_next(sched, gw1)
     _run_next(sched, gw1)  # now running bs8_b8_k4's last test, holding bs8_b16_k4's first
     sched.mark_dead(gw1, COLLECTION[gw1.queue[0]], "ops@gpu-1")
@@ -130,6 +132,7 @@ def test_a_steal_that_comes_too_late_leaves_the_config_where_it_began(pytester: 
     _drain(sched, [gw0, gw1, gw2])
     assert gw1.configs(gw1.ran) == ["bs8_b8_k4", "bs8_b16_k4"]
     assert "bs8_b16_k4" not in gw0.configs(gw0.ran) + gw2.configs(gw2.ran)
+    assert any(line.startswith("bs8_b16_k4 had already begun on worker gw1") for line in lines), lines
     assert sorted(gw0.ran + gw1.ran + gw2.ran) == list(range(len(COLLECTION)))
 
 
