@@ -76,3 +76,13 @@ def wait_healthy(url: str, timeout: float = 15.0, what: str = "the service") -> 
 
     wait_until(healthy, timeout, f"{what} to answer /health_generate", interval=0.1)
     return client
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that a test will send SIGINT: give it SIGINT's default
+    disposition. A test run started in the background by a non-interactive shell (``cmd &``, as a
+    CI wrapper or ``nohup`` loop does) has SIGINT ignored, every child inherits that, and Python
+    then never raises KeyboardInterrupt: the test would measure how it was launched."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -23,6 +23,7 @@ from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import HostLock, SSHError, SSHHost, SSHTarget
 from tests.fleet_helpers import UNIT, FakeHost, SshFleet, sshd_binary
+from tests.suite_helpers import default_sigint
 from tests.polling import wait_until
 from tests.suite_helpers import wait_healthy
 
@@ -386,7 +387,7 @@ def test_ctrl_c_mid_sweep_restores_every_host(ssh_fleet: SshFleet, tmp_path: Pat
             f"--ddtree-service={profile_path}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     try:
         wait_until(lambda: all(h.dropin.exists() for h in ssh_fleet.hosts), 180, "every host to run a sweep config")
         os.killpg(proc.pid, signal.SIGINT)

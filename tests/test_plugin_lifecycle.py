@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.suite_helpers import default_sigint
 import yaml
 
 from tests.polling import wait_until
@@ -188,7 +190,7 @@ def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -
         [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", f"--ddtree-service={profile}",
          f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}", f"--ddtree-results={pytester.path / 'results'}",
          "--ddtree-config=bs8_b4_k4", "test_slow.py"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout is not None

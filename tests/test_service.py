@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.suite_helpers import default_sigint
+
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import (
@@ -223,7 +225,7 @@ def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
         time.sleep(60)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    proc = subprocess.Popen([sys.executable, "-c", script], preexec_fn=default_sigint)
     wait_until(pidfile.exists, 15, "the harness to start its server")
     server_pid = int(pidfile.read_text())
     log = next((tmp_path / "logs").glob("*.log")).read_text()
