@@ -79,12 +79,18 @@ def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | Non
 
 
 def pid_alive(pid: int) -> bool:
-    """True while /proc has a non-zombie process with this pid."""
+    """True while /proc has a process with this pid that has not finished exiting.
+
+    The leader of a process whose other threads are still running shows as a zombie before
+    the process is done (a server that calls os._exit from a handler thread): only when no
+    thread is left can its parent reap it, so that is when it counts as gone.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" or threads > 1
 
 
 @pytest.fixture
