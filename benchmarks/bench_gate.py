@@ -133,15 +133,18 @@ def false_alarms(noise: float, args: argparse.Namespace, seed: int, sweeps: int)
     """Unchanged sweeps: counts (summed over chunks by ``_merge``)."""
     rng = random.Random(seed)
     counts: dict[str, Any] = {"sweeps": sweeps, "failed_sweeps": 0, "inconclusive_sweeps": 0, "cells": 0,
-                              "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0, "failing_metrics": {}}
+                              "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0, "session_failures": 0,
+                              "failing_metrics": {}}
     by_metric: dict[str, int] = counts["failing_metrics"]
     for _ in range(sweeps):
         model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
         baseline = bless(model)
         day = model.session()
         sweep_failed = sweep_inconclusive = False
+        records = []
         for cfg in range(CONFIGS):
             verdicts = judge(model, cfg, baseline[cfg], day, {})
+            records.extend({"config": f"cfg{cfg}", "verdict": v.as_dict()} for v in verdicts.values())
             for v in verdicts.values():
                 counts["cells"] += 1
                 counts["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
@@ -154,36 +157,61 @@ def false_alarms(noise: float, args: argparse.Namespace, seed: int, sweeps: int)
                 elif v.status == gate.INCONCLUSIVE:
                     counts["inconclusive_cells"] += 1
                     sweep_inconclusive = True
+        against_session = [f for f in gate.judge_session(gate.config_moves(records)) if f.failed]
+        counts["session_failures"] += len(against_session)
+        for f in against_session:
+            by_metric[f"{f.metric} (config against its session)"] = by_metric.get(
+                f"{f.metric} (config against its session)", 0) + 1
+        sweep_failed |= bool(against_session)
         counts["failed_sweeps"] += sweep_failed
         counts["inconclusive_sweeps"] += sweep_inconclusive and not sweep_failed
     return counts
 
 
-def detection(noise: float, args: argparse.Namespace, seed: int, dropped: list[int], trials: int) -> dict[str, Any]:
-    """Trials where every dropped cell's output tok/s is a regression, and where any is (counts)."""
+def detection(noise: float, args: argparse.Namespace, seed: int, dropped: list[int], trials: int,
+              others: int) -> dict[str, Any]:
+    """Trials where every dropped cell's output tok/s is a regression, where any is, and where the
+    drop is caught at all: by a cell, or by the session-end check against ``others`` unchanged
+    configs measured in the same sessions (counts)."""
     rng = random.Random(seed)
-    caught = caught_any = 0
+    caught = caught_any = caught_at_all = 0
+    configs = list(range(1 + others))
     for _ in range(trials):
         model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
-        entries: list[dict[str, Any] | None] = [None] * CELLS
+        entries: list[list[dict[str, Any] | None]] = [[None] * CELLS for _ in configs]
         for s in range(gate.DEFAULT_SESSIONS_KEPT):
-            runs = _measure(model, 0, list(range(CELLS)), model.session(), model.launch_factor(), 3, {})
-            for cell, run in runs.items():
-                entries[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cell], session=f"s{s}")
-        verdicts = judge(model, 0, [e for e in entries if e is not None], model.session(),
-                         {c: 1.0 - args.drop for c in dropped})
+            day = model.session()
+            for cfg in configs:
+                runs = _measure(model, cfg, list(range(CELLS)), day, model.launch_factor(), 3, {})
+                for cell, run in runs.items():
+                    entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
+                                                                  session=f"s{s}")
+        day = model.session()
+        records = []
+        verdicts: dict[str, gate.CellVerdict] = {}
+        for cfg in configs:
+            judged = judge(model, cfg, [e for e in entries[cfg] if e is not None], day,
+                           {c: 1.0 - args.drop for c in dropped} if cfg == 0 else {})
+            records.extend({"config": f"cfg{cfg}", "verdict": v.as_dict()} for v in judged.values())
+            verdicts = verdicts or judged
         found = [(m := verdicts[f"c{c}"].metric("output_throughput")) is not None and m.status == gate.REGRESSION
                  for c in dropped]
+        by_session = any(f.failed and f.config == "cfg0" and f.metric == "output_throughput"
+                         for f in gate.judge_session(gate.config_moves(records)))
         caught += all(found)
         caught_any += any(found)
-    return {"trials": trials, "caught": caught, "caught_any": caught_any}
+        caught_at_all += any(found) or by_session
+    return {"trials": trials, "caught": caught, "caught_any": caught_any, "caught_at_all": caught_at_all}
 
 
 def _task(job: tuple[str, float, argparse.Namespace, int, int, list[int]]) -> tuple[str, float, dict[str, Any]]:
     kind, noise, args, seed, n, dropped = job
     if kind == "false_alarms":
         return kind, noise, false_alarms(noise, args, seed, n)
-    return kind, noise, detection(noise, args, seed, dropped, n)
+    # a whole or half config slower is what the session-end check is for: it needs the session's
+    # other configs (--session-configs in all); one cell is judged by its config alone
+    others = 0 if kind == "one_cell" else max(0, min(CONFIGS, args.session_configs) - 1)
+    return kind, noise, detection(noise, args, seed, dropped, n, others)
 
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -209,6 +237,9 @@ def main() -> int:
     ap.add_argument("--sweeps", type=int, default=1000, help="simulated unchanged sweeps per noise level")
     ap.add_argument("--trials", type=int, default=1000, help="simulated drops of one cell per noise level")
     ap.add_argument("--trials-config", type=int, default=300, help="simulated drops of a whole / half config")
+    ap.add_argument("--session-configs", type=int, default=CONFIGS,
+                    help="configs measured in the same session in the whole / half config trials (the dropped one "
+                         "and unchanged others, for the session-end check; default: the campaign's 18)")
     ap.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.05], help="repeat noise sigma(s)")
     ap.add_argument("--day-shift", type=float, default=0.02, help="day-to-day sigma, per session")
     ap.add_argument("--launch-shift", type=float, default=0.0, help="extra sigma per config launch")
@@ -248,12 +279,13 @@ def main() -> int:
               "sweep_inconclusive": c["inconclusive_sweeps"] / c["sweeps"],
               "cell_false_alarm": c["failed_cells"] / c["cells"],
               "cell_inconclusive": c["inconclusive_cells"] / c["cells"],
-              "cell_confirmation_runs": c["flagged_cells"] / c["cells"], "failing_metrics": c["failing_metrics"]}
+              "cell_confirmation_runs": c["flagged_cells"] / c["cells"], "failing_metrics": c["failing_metrics"],
+              "config_against_session_failures": c["session_failures"]}
         rates = {}
         for kind in ("one_cell", "whole_config", "half_config"):
             d = _merge(parts[(kind, noise)])
             rates[kind] = {"trials": d["trials"], "caught": d["caught"], "rate": d["caught"] / d["trials"],
-                           "rate_any_cell": d["caught_any"] / d["trials"]}
+                           "rate_any_cell": d["caught_any"] / d["trials"], "rate_caught": d["caught_at_all"] / d["trials"]}
         one, whole, half = rates["one_cell"], rates["whole_config"], rates["half_config"]
         figures[f"{noise}"] = {"false_alarms": fa, **rates}
         target = abs(noise - 0.03) < 1e-9
@@ -269,9 +301,11 @@ def main() -> int:
               f"fail, {fa['cell_inconclusive']:.3%} inconclusive, {fa['cell_confirmation_runs']:.1%} confirmation runs; "
               f"failing metrics {fa['failing_metrics']}")
         print(f"  {args.drop:.0%} drop of one cell's output tok/s caught {one['rate']:.1%} of {one['trials']} "
-              f"{mark(det_ok)} (>= 95%); of the whole config {whole['rate']:.1%} (any of its cells "
-              f"{whole['rate_any_cell']:.1%}), of half its cells {half['rate']:.1%} (any {half['rate_any_cell']:.1%}) "
-              f"({whole['trials']} trials each)")
+              f"{mark(det_ok)} (>= 95%)")
+        print(f"  {args.drop:.0%} drop of a whole config caught {whole['rate_caught']:.1%} (every cell a regression "
+              f"{whole['rate']:.1%}, any {whole['rate_any_cell']:.1%}, else by the check against the session's other "
+              f"{args.session_configs - 1} configs); of half its cells caught {half['rate_caught']:.1%} (every dropped "
+              f"cell {half['rate']:.1%}, any {half['rate_any_cell']:.1%}) ({whole['trials']} trials each)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0 if ok else 1

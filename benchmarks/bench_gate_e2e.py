@@ -95,14 +95,23 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
 def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     args, seed, slow, baselines = job
     verdicts = {name: c.verdicts for name, c in session(args, random.Random(seed), slow, baselines).items()}
+    # the session-end check of the plugin (finish.py): each config against the others of the session
+    records = [{"config": name, "verdict": v.as_dict()} for name, vs in verdicts.items() for v in vs.values()]
+    findings = [f for f in gate.judge_session(gate.config_moves(records)) if f.failed]
     # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
     bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
                  if v.failed or v.status in (gate.INCONCLUSIVE, gate.MISSING, gate.THIN))
-    caught = any(v.status == gate.REGRESSION for v in verdicts[next(iter(CONFIGS))].values())
+    bad += [f"{f.config} {f.metric} against the session: {f.relative:+.1%} (tolerance {f.tolerance:.1%})"
+            for f in findings]
+    first = next(iter(CONFIGS))
+    by_cells = any(v.status == gate.REGRESSION for v in verdicts[first].values())
+    by_session = any(f.config == first for f in findings)
+    caught = by_cells or by_session
     # each config's common change of output tok/s against its baseline (what a slowdown moves)
     shifts = {name: next((m.shift for v in vs.values() if (m := v.metric("output_throughput")) and m.shift is not None),
                          None) for name, vs in verdicts.items()}
-    return {"bad": bad, "caught": caught, "shifts": shifts}
+    return {"bad": bad, "caught": caught, "caught_by": [w for w, yes in (("cells", by_cells), ("session", by_session)) if yes],
+            "shifts": shifts}
 
 
 def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
@@ -157,7 +166,8 @@ def main() -> int:
         for (kind, i, (_, _, slow, _)), result in zip(jobs, pool.imap(_judged_session, [job for _, _, job in jobs])):
             figures[kind].append(result)
             n = args.slowed if slow else args.unchanged
-            verdict = ("caught" if result["caught"] else "not caught") if slow else ("FAILED" if result["bad"] else "ok")
+            verdict = (f"caught ({' and '.join(result['caught_by'])})" if result["caught"] else "not caught") if slow \
+                else ("FAILED" if result["bad"] else "ok")
             print(f"  {kind} session {i + 1}/{n}: {verdict}"
                   f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}; output tok/s common change "
                   + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None), flush=True)

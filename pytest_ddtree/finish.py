@@ -86,7 +86,10 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     if session.settings.update_baselines:
         _apply_baseline_updates(session, outcome)
 
-    # 2. Results JSON and Markdown (bench_serving key names), and the sweep table.
+    # 2. Each config against the other configs of this session (a config slower as a whole).
+    session_check = [] if session.settings.update_baselines else _judge_configs_against_session(records, outcome)
+
+    # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     try:
         from pytest_ddtree import report
 
@@ -95,6 +98,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         if live is not None:
             summary.json["environment"] = live.environment
         summary.json["session_id"] = session.settings.session_id
+        summary.json["configs_against_session"] = session_check
         _report_field_mapping(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
@@ -108,12 +112,26 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         outcome.sections.append(("ddtree results error", traceback.format_exc()))
     outcome.sections.append(("ddtree results", f"results: {results_dir}"))
 
-    # 3. The reproduction package, verified before it is reported.
+    # 4. The reproduction package, verified before it is reported.
     if session.settings.package is not None:
         _write_package(session, outcome, records, exitstatus)
     if outcome.errors:
         outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
     return outcome
+
+
+def _judge_configs_against_session(records: list[dict[str, Any]], outcome: FinishOutcome) -> list[dict[str, Any]]:
+    """gate.judge_session over this session's throughput verdicts: a config that regressed as a
+    whole, beyond what the other configs of the session moved, fails the run here (its cells passed)."""
+    from pytest_ddtree import gate
+    from pytest_ddtree.report import normalize
+
+    findings = gate.judge_session(gate.config_moves(normalize(records)))
+    failed = [f for f in findings if f.failed]
+    if failed:
+        outcome.exit_failure = True
+        outcome.sections.append(("ddtree configs against their session", "\n".join(f.message for f in failed)))
+    return [f.as_dict() for f in findings]
 
 
 def _write_html_report(session: _Session, payload: dict[str, Any], outcome: FinishOutcome) -> None:

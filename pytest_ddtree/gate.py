@@ -186,6 +186,9 @@ class MetricVerdict:
     first_change: float | None = None  # the first pass, when a confirmation decided
     baseline_samples: int = 0
     baseline_sessions: int = 0
+    shift_se: float | None = None  # of the config's common change, log units (None: < 3 cells)
+    blessed_shifts: tuple[tuple[str, float], ...] = ()  # the config's common change per blessed session (log)
+    floor: float | None = None  # the baseline's tolerance floor for this metric
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +200,9 @@ class MetricVerdict:
             "current_median": self.current_median,
             "change": self.change,
             "config_shift": self.shift,
+            "tolerance_floor": self.floor,
+            "config_shift_se": self.shift_se,
+            "config_blessed_shifts": dict(self.blessed_shifts) if self.blessed_shifts else None,
             "first_pass_change": self.first_change,
             "change_ci": [self.ci_low, self.ci_high] if self.ci_low is not None else None,
             "change_ci_label": self.ci_label or None,
@@ -330,6 +336,8 @@ class _Metric:
     sigma: float = 0.0
     between: float = 0.0
     shift_variance: float = 0.0  # of the config's common change that is subtracted
+    shift_se: float | None = None  # standard error of that common change (log), with >= 3 cells
+    blessed_shifts: tuple[tuple[str, float], ...] = ()  # each blessed session's common change (log)
     typical_sigma: float = 0.0  # the config's median noise of this metric (with >= 3 cells)
 
     @property
@@ -460,6 +468,8 @@ def judge_config(
                                     + m.between**2 for m in metrics.values()])
             for m in metrics.values():
                 m.shift_variance = typical * 1.2 / len(metrics)
+                m.shift_se = math.sqrt(m.shift_variance)
+                m.blessed_shifts = tuple(sorted(session_shift.items()))
         if len(metrics) >= MIN_CELLS_FOR_SHIFT:
             tolerance = _config_tolerance(key, metrics, session_shift)
             direction = next(iter(metrics.values())).base.direction
@@ -621,7 +631,8 @@ def _judge_metric(
         key, status, direction, tolerance, base_median, cur_median, math.expm1(m.change_log), None,
         (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
         shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
-        baseline_samples=len(base.samples), baseline_sessions=len(base.sessions))
+        baseline_samples=len(base.samples), baseline_sessions=len(base.sessions), shift_se=m.shift_se,
+        blessed_shifts=m.blessed_shifts, floor=base.tolerance)
 
 
 def compare_metric(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
@@ -771,3 +782,140 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
                 raise BaselineFormatError(
                     f"{w}.sessions must be a list of {{session: ID, samples: [positive numbers]}} (oldest first)")
     return dict(section)
+
+
+# --- A config against the rest of its session -------------------------------------------------
+#
+# A config that is uniformly slower moves its common change, which step 5 can only judge against
+# the day-to-day spread (a 10% drop of one config competes with a 2% day shift). Every config of
+# a session shares that day's machine, though: the other configs' common changes measure it.
+# At session end each config's common change is compared with the median of the others' (same
+# hardware profile and host), and judged against the noise of both plus the config-specific
+# spread between the blessed sessions (each blessed session's change of this config against the
+# others' in that session). There is no confirmation run (the service has moved on), so the
+# rule is stricter than a cell's: Z_SESSION standard errors, at least the metric's floor, and the
+# config's own change must be in the bad direction beyond half the floor, so with two configs an
+# improvement of one is not read as a regression of the other.
+
+#: z of a config's common change against its session's other configs.
+Z_SESSION = 3.5
+
+
+@dataclass(frozen=True)
+class ConfigMove:
+    """One config's common change of one metric this session (log units), from its verdicts."""
+
+    config: str
+    metric: str
+    direction: Direction
+    floor: float
+    shift: float
+    shift_se: float
+    blessed: Mapping[str, float]  # blessed session id -> that session's common change
+    group: str = ""  # hardware profile / host: configs are compared only within one group
+
+
+@dataclass(frozen=True)
+class SessionFinding:
+    config: str
+    metric: str
+    status: str  # REGRESSION or PASS
+    shift: float  # the config's common change (relative, not log)
+    others: float  # the median common change of the other configs
+    relative: float
+    tolerance: float
+    compared_with: tuple[str, ...]
+    message: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == REGRESSION
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def config_moves(records: Sequence[Mapping[str, Any]]) -> list[ConfigMove]:
+    """Each config's common change per metric, from its throughput records (``verdict.metrics``).
+
+    Only configs judged with a common change (>= 3 cells with baselines) take part."""
+    found: dict[tuple[str, str], ConfigMove] = {}
+    for rec in records:
+        metrics = ((rec.get("verdict") or {}).get("metrics")) or {}
+        config = str(rec.get("config") or "")
+        group = f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
+        for key, m in metrics.items():
+            if not isinstance(m, Mapping) or m.get("config_shift_se") is None or m.get("config_shift") is None:
+                continue
+            if (config, key) in found:
+                continue
+            found[(config, key)] = ConfigMove(
+                config, key, m.get("direction", "higher"), float(m.get("tolerance_floor") or 0.0),
+                math.log1p(float(m["config_shift"])), float(m["config_shift_se"]),
+                {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()}, group)
+    return list(found.values())
+
+
+def _median_se(ses: Sequence[float]) -> float:
+    """Standard error of the median of values with these standard errors."""
+    n = len(ses)
+    if n <= 2:
+        return math.sqrt(sum(s * s for s in ses)) / n
+    return stats.median(ses) * math.sqrt(_MEDIAN_VARIANCE / n)
+
+
+def _config_wobble(moves: Sequence[ConfigMove]) -> float:
+    """The config-specific spread between blessed sessions (log): per config, the sample standard
+    deviation of its blessed sessions' common change against the others' median in the same
+    session; the median over the configs (three sessions say little about one config)."""
+    variances = []
+    for c in moves:
+        diffs = []
+        for sid, value in c.blessed.items():
+            others = [o.blessed[sid] for o in moves if o is not c and sid in o.blessed]
+            if others:
+                diffs.append(value - stats.median(others))
+        if len(diffs) >= 2:
+            m = sum(diffs) / len(diffs)
+            variances.append(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
+    return math.sqrt(stats.median(variances)) if variances else 0.0
+
+
+def judge_session(moves: Sequence[ConfigMove]) -> list[SessionFinding]:
+    """Each config's common change against the other configs of its session (see above)."""
+    groups: dict[tuple[str, str], list[ConfigMove]] = {}
+    for move in moves:
+        groups.setdefault((move.group, move.metric), []).append(move)
+    findings: list[SessionFinding] = []
+    for (_, key), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        wobble = _config_wobble(members)
+        for c in sorted(members, key=lambda m: m.config):
+            others = [o for o in members if o is not c]
+            ref = stats.median([o.shift for o in others])
+            ref_se = _median_se([o.shift_se for o in others])
+            k = max(1, len(c.blessed))
+            se = math.sqrt(c.shift_se**2 + ref_se**2 + wobble**2 * (1.0 + 1.0 / k))
+            tolerance = max(c.floor, Z_SESSION * se)
+            relative = c.shift - ref
+            regressed = (_worse(c.direction, relative) > tolerance
+                         and _worse(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
+            names = tuple(o.config for o in others)
+            what = (f"{c.config}: {key} moved {_fmt_pct(math.expm1(c.shift))} against its baseline (all its cells "
+                    f"together) while the session's other {len(others)} config(s) moved "
+                    f"{_fmt_pct(math.expm1(ref))} (median): {_fmt_pct(math.expm1(relative))} relative")
+            made_of = (f"tolerance {tolerance:.1%} = max(floor {c.floor:.1%}, {Z_SESSION} x standard error; this "
+                       f"config's change ±{c.shift_se:.1%}, the others' ±{ref_se:.1%}, config-specific spread "
+                       f"between blessed sessions {wobble:.1%})")
+            if regressed:
+                message = (f"{what}, beyond the {made_of}: a REGRESSION of this config against the rest of the "
+                           "session (a config slower as a whole can pass cell by cell: each cell is judged against "
+                           f"the config's own common change). Compared with: "
+                           f"{', '.join(names)}. Re-run them together to see it again; if the change is intended, "
+                           "re-bless the config with --ddtree-update-baselines")
+            else:
+                message = f"{what}, within the {made_of}"
+            findings.append(SessionFinding(c.config, key, REGRESSION if regressed else PASS, math.expm1(c.shift),
+                                           math.expm1(ref), math.expm1(relative), tolerance, names, message))
+    return findings

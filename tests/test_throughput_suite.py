@@ -186,3 +186,43 @@ def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_roo
     # without pytest-benchmark the gate still runs
     result = _run(pytester, repo_root, profile, matrix, "-p", "no:benchmark", "--ddtree-workload=c4_*")
     result.assert_outcomes(passed=1, warnings=1)
+
+
+THREE_CELLS = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4, bs8_b4_k4]
+workload_defaults: {output_tokens: 32}
+workloads:
+  - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 2, warmup_requests: 1}
+  - {name: c2_tiny, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 2}
+  - {name: c4_tiny, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}
+"""
+
+
+def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """The session-end check of finish.py, through the plugin under xdist: bless two configs,
+    then make one config's baseline 25% faster than the engine is (as if that config had
+    regressed as a whole since); the run fails naming that config against the other one."""
+    profile, matrix = _setup(pytester, repo_root)
+    matrix.write_text(THREE_CELLS)
+    both = "bs8_b8_k4,bs8_b4_k4"
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", "-n", "2", config=both)
+    result.assert_outcomes(passed=6)
+    path = pytester.path / "baselines" / "refserver" / "bs8_b4_k4.yaml"
+    data = yaml.safe_load(path.read_text())
+    for cell in data["metrics"].values():
+        for session in cell["gates"]["output_throughput"]["sessions"]:
+            session["samples"] = [v * 1.25 for v in session["samples"]]
+    path.write_text(yaml.safe_dump(data))
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix, "-n", "2", config=both)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*ddtree configs against their session*",
+                                 "bs8_b4_k4: output_throughput moved -*% against its baseline (all its cells together) "
+                                 "while the session's other 1 config(s) moved *: -*% relative, beyond the tolerance *"
+                                 "a REGRESSION of this config against the rest of the session*Compared with: bs8_b8_k4*"])
+    found = json.loads((pytester.path / "results" / "results.json").read_text())["configs_against_session"]
+    by_config = {f["config"]: f for f in found if f["metric"] == "output_throughput"}
+    assert by_config["bs8_b4_k4"]["status"] == "regression" and by_config["bs8_b4_k4"]["relative"] < -0.1
+    assert by_config["bs8_b8_k4"]["status"] == "pass"

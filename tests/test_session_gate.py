@@ -1,0 +1,105 @@
+"""A config against the other configs of its session (gate.judge_session, run at session end).
+
+The per-config rule can judge a config's common change only against the day-to-day spread, so a
+config 8-10% slower as a whole passes cell by cell on a day the machine wobbles 2%. The other
+configs measured in the same session share that day: these tests drive the real gate functions
+(bless flow, judge_config, the verdict records the plugin writes) and then the session check.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pytest_ddtree import gate
+
+WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
+CELLS = {"c1": 120.0, "c2": 400.0, "c3": 900.0}
+
+
+def _noisy(rng: random.Random, value: float, n: int = 3, noise: float = 0.01) -> list[float]:
+    return [value * (1.0 + rng.gauss(0.0, noise)) for _ in range(n)]
+
+
+def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1.0,
+                     host: str = "") -> list[dict[str, Any]]:
+    """Bless every config in three sessions (each with its own day factor, shared by its
+    configs), then measure today's session (``day`` x the config's own factor) and return the
+    throughput records as the suite writes them (config, verdict as a dict, host)."""
+    rng = random.Random(seed)
+    baselines: dict[str, dict[str, Any]] = {c: {} for c in configs}
+    for s, blessed_day in enumerate((1.0, 1.02, 0.985)):
+        for config in configs:
+            for cell, value in CELLS.items():
+                baselines[config][cell] = gate.baseline_cell_entry(
+                    WORKLOAD, {"output_throughput": _noisy(rng, value * blessed_day)}, baselines[config].get(cell),
+                    session=f"s{s}")
+    records = []
+    for config, factor in configs.items():
+        inputs = {cell: gate.CellInput(baselines[config][cell], {"output_throughput": _noisy(rng, value * day * factor)},
+                                       workload=WORKLOAD)
+                  for cell, value in CELLS.items()}
+        verdicts = gate.judge_config(inputs, {cell: {"output_throughput": _noisy(rng, value * day * factor, 12)}
+                                              for cell, value in CELLS.items()})
+        records += [{"config": config, "cell": cell, "host": host, "hardware_profile": "refserver",
+                     "verdict": v.as_dict()} for cell, v in verdicts.items()]
+    return records
+
+
+def test_a_config_slower_as_a_whole_fails_against_its_session_though_every_cell_passed() -> None:
+    records = _session_records({"bs8_b4_k4": 0.92, "bs8_b8_k4": 1.0, "bs8_b12_k4": 1.0}, day=1.02)
+    # each cell alone is within the per-config rule: an 8% drop on a 2% faster day moves the
+    # config by -6%, within the day-to-day allowance of the config's common change
+    assert {r["verdict"]["status"] for r in records} == {gate.PASS}
+    findings = {f.config: f for f in gate.judge_session(gate.config_moves(records))}
+    assert sorted(findings) == ["bs8_b12_k4", "bs8_b4_k4", "bs8_b8_k4"]
+    slow = findings["bs8_b4_k4"]
+    assert slow.failed and slow.status == gate.REGRESSION and slow.metric == "output_throughput"
+    assert -0.10 < slow.relative < -0.06 and set(slow.compared_with) == {"bs8_b12_k4", "bs8_b8_k4"}
+    assert "bs8_b4_k4: output_throughput moved -" in slow.message and "a REGRESSION of this config against the rest of the session" in slow.message
+    assert "--ddtree-update-baselines" in slow.message and "tolerance 5.0% = max(floor 5.0%" in slow.message
+    assert not findings["bs8_b8_k4"].failed and not findings["bs8_b12_k4"].failed
+
+
+def test_a_slower_day_for_every_config_is_not_a_regression_of_any() -> None:
+    records = _session_records({"bs8_b4_k4": 1.0, "bs8_b8_k4": 1.0, "bs8_b12_k4": 1.0}, day=0.94, seed=2)
+    findings = gate.judge_session(gate.config_moves(records))
+    assert len(findings) == 3 and not any(f.failed for f in findings)
+    assert all(-0.07 < f.shift < -0.05 and abs(f.relative) < 0.02 for f in findings)
+
+
+def test_with_two_configs_an_improvement_of_one_is_not_a_regression_of_the_other() -> None:
+    findings = {f.config: f for f in gate.judge_session(gate.config_moves(
+        _session_records({"bs8_b4_k4": 1.0, "bs8_b8_k4": 1.12}, seed=3)))}
+    # relative to the improved one, bs8_b4_k4 looks 11% slower; its own change says it did not move
+    assert findings["bs8_b4_k4"].relative < -0.08 and not findings["bs8_b4_k4"].failed
+    assert not findings["bs8_b8_k4"].failed
+    slower = {f.config: f for f in gate.judge_session(gate.config_moves(
+        _session_records({"bs8_b4_k4": 0.9, "bs8_b8_k4": 1.0}, seed=3)))}
+    assert slower["bs8_b4_k4"].failed and not slower["bs8_b8_k4"].failed
+
+
+def test_configs_on_different_hosts_are_not_compared_and_thin_configs_do_not_take_part() -> None:
+    one_host = _session_records({"bs8_b4_k4": 0.9}, host="gpu-a", seed=4)
+    other_host = _session_records({"bs8_b8_k4": 1.0}, host="gpu-b", seed=4)
+    assert gate.judge_session(gate.config_moves(one_host + other_host)) == []
+    # a config with fewer than 3 judged cells has no common change to compare
+    two_cells = [r for r in _session_records({"bs8_b4_k4": 0.9, "bs8_b8_k4": 1.0}, seed=5)
+                 if not (r["config"] == "bs8_b4_k4" and r["cell"] == "c3")]
+    for r in two_cells:
+        if r["config"] == "bs8_b4_k4":
+            for m in r["verdict"]["metrics"].values():
+                m["config_shift_se"] = None
+    assert gate.judge_session(gate.config_moves(two_cells)) == []
+
+
+def test_a_config_that_wobbles_between_blessed_sessions_gets_a_wider_tolerance() -> None:
+    steady = _session_records({"a": 1.0, "b": 1.0, "c": 1.0}, seed=6)
+    moves = gate.config_moves(steady)
+    tight = {f.config: f.tolerance for f in gate.judge_session(moves)}
+    # the blessed sessions disagree about config a against the others by several percent
+    wobbly = [gate.ConfigMove(m.config, m.metric, m.direction, m.floor, m.shift, m.shift_se,
+                              {"s0": 0.06, "s1": -0.06, "s2": 0.0} if m.config == "a" else m.blessed, m.group)
+              for m in moves]
+    wide = {f.config: f.tolerance for f in gate.judge_session(wobbly)}
+    assert wide["a"] > tight["a"] and wide["a"] > 0.05
