@@ -32,6 +32,9 @@ The rule, per gated metric of a cell (all arithmetic on log values: the noise is
 5. **Config-wide moves.** The config's shift is judged against ``max(floor, Z_CONFIG * the
    day-to-day spread)``: the spread between the baseline's sessions, at least the metric's
    assumed day shift (2%). Beyond it every cell of the config is flagged (and confirmed).
+6. **A config against its session** (``judge_session``, at session end): the config's common
+   change against the median of the other configs' in the same session, which share that
+   day's machine; a config slower as a whole fails here even when each of its cells passed.
 
 Each message gives the change, a labelled 95% t-interval of the ratio (log values) and the
 tolerance with what it was made of. Statuses besides pass/regression: *improved*
@@ -552,8 +555,12 @@ def _judge_cell(
     if cell.status == stats.INCONCLUSIVE:
         # Compared for the record, but a measurement that could not be trusted is neither a
         # regression nor a pass, and is not worth a confirmation run.
-        verdicts = [dataclasses.replace(v, status=INCONCLUSIVE) if v.status in (FLAGGED, REGRESSION) else v
+        verdicts = [dataclasses.replace(v, status=INCONCLUSIVE) if v.status in (FLAGGED, REGRESSION, IMPROVED) else v
                     for v in verdicts]
+        # an untrusted measurement is not worth blessing either: no "bless it" advice here
+        verdicts = [dataclasses.replace(v, message=v.message.replace(
+            "; bless it with --ddtree-update-baselines", " (not to be blessed: the measurement is inconclusive)"))
+            for v in verdicts]
         return CellVerdict(name, INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
     found = {v.status for v in verdicts}
     status = next((s for s in (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED) if s in found), PASS)

@@ -143,6 +143,12 @@ def test_unstable_cell_never_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0]}
     only = _entry({"output_throughput": BASE["output_throughput"]})
     assert gate.compare_cell("c", only, now, status="inconclusive").status == gate.INCONCLUSIVE
+    # far better, but untrusted: reported as inconclusive, and nothing tells the reader to bless it
+    better = gate.compare_cell("c", _three_sessions({"output_throughput": BASE["output_throughput"]}),
+                               {"output_throughput": [1500.0, 1400.0, 1600.0]}, status="inconclusive",
+                               problems=["repeats disagree"])
+    assert better.status == gate.INCONCLUSIVE and {m.status for m in better.metrics} == {gate.INCONCLUSIVE}
+    assert "bless it" not in better.message() and "not to be blessed: the measurement is inconclusive" in better.message()
 
 
 def test_missing_and_changed_workload() -> None:
