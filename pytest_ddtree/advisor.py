@@ -108,6 +108,10 @@ TOPK_REF = 4
 #: Measurements this close to a cell's best are a tie the fit decides (about a repeat's spread).
 PICK_TIE = 0.02
 BLOCK_REF = 8
+#: A candidate counts only when it may beat a cell's best measurement by more than this.
+CHANGE_MARGIN = 0.01
+#: Choices the planner keeps after measuring the whole default budget axis (else: its ends only).
+AXIS_SPARE_CHOICES = 2
 
 
 def _accept(theta: Any, np: Any, bs: Any, b: Any, k: Any) -> Any:
@@ -251,9 +255,10 @@ class Planner:
     """Chooses the configs to measure one by one and recommends measured configs per cell.
 
     Order: the two corners (smallest and largest budget at the default block size and topk) and
-    the matrix default (the incumbent every pick must beat),
-    then the config with the highest chance of being some cell's best, until the restarts are
-    spent or every cell's best measured value clears every unmeasured config's upper bound.
+    the matrix default (the incumbent every pick must beat), and the rest of that budget axis
+    when at least two choices remain after it; then the config with the highest chance of
+    changing some cell's recommendation, until the restarts are spent or every cell's best
+    measured value clears every unmeasured config's upper bound.
     Configs that differ only by window count as one shape: once one is measured its twins are
     not worth a restart (the model cannot tell them apart).
     """
@@ -310,6 +315,12 @@ class Planner:
 
     # -- choice ------------------------------------------------------------------------
     def _corners(self) -> list[str]:
+        """The design points measured before any choice: the budget axis at the default block
+        size and topk. Its two ends and the incumbent (the config every pick must beat); and,
+        when the restarts leave at least two choices after it, every budget of that axis: on the
+        served engine acceptance is not monotone in the budget (a bigger tree can accept less
+        per step over a whole request), so a saturating curve through three points can miss an
+        interior peak that only a measurement finds."""
         ref = self.by_name.get(self.default or "") or self.configs[0]
         same = [c for c in self.configs if c.block_size == ref.block_size and c.topk == ref.topk]
         if not same:
@@ -317,6 +328,11 @@ class Planner:
         low = min(same, key=lambda c: (c.budget, c.name != ref.name, len(c.name), c.name))
         high = min(same, key=lambda c: (-c.budget, c.name != ref.name, len(c.name), c.name))
         picks = [low.name, high.name, ref.name]  # the incumbent too: the config to beat
+        axis: dict[int, ConfigPoint] = {}
+        for c in sorted(same, key=lambda c: (c.name != ref.name, len(c.name), c.name)):
+            axis.setdefault(c.budget, c)
+        if len(axis) <= self.max_restarts - AXIS_SPARE_CHOICES:
+            picks += [c.name for _, c in sorted(axis.items())]
         return list(dict.fromkeys(picks))
 
     def candidates(self) -> list[ConfigPoint]:
@@ -329,7 +345,13 @@ class Planner:
         return list(seen.values())
 
     def chances(self) -> dict[str, float]:
-        """Per unmeasured candidate: its highest probability over cells of being that cell's best."""
+        """Per unmeasured candidate: its highest chance over cells of beating that cell's best
+        measurement by more than ``CHANGE_MARGIN``, i.e. of changing a recommendation.
+
+        Not "the chance of being the best candidate": that splits a crowded region's chance
+        among its look-alikes (topk 4 and 6 at one budget), so a cell with many near twins lost
+        to a lone candidate elsewhere; and a margin of about a repeat's spread keeps a config
+        that can only tie the measured best from costing a restart."""
         np, _ = _np_scipy()
         cands = self.candidates()
         if not cands:
@@ -339,10 +361,8 @@ class Planner:
         noise = np.random.default_rng(self.seed + 7).normal(0.0, model.sigma, draws.shape)
         draws = draws + noise
         best_measured = np.array([self._best_measured(w.name)[1] for w in self.cells])
-        floor = np.log(np.maximum(best_measured, 1e-12))
-        top = draws.max(axis=1)  # (draws, cells)
-        wins = (draws == top[:, None, :]) & (top[:, None, :] > floor[None, None, :])
-        p = wins.mean(axis=0)  # (cands, cells)
+        floor = np.log(np.maximum(best_measured, 1e-12)) + math.log1p(CHANGE_MARGIN)
+        p = (draws > floor[None, None, :]).mean(axis=0)  # (cands, cells)
         return {c.name: float(p[i].max()) for i, c in enumerate(cands)}
 
     def _best_measured(self, cell: str) -> tuple[str | None, float]:
