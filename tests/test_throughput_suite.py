@@ -202,8 +202,13 @@ workloads:
 def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     """The session-end check of finish.py, through the plugin under xdist: bless two configs,
-    then make one config's baseline 25% faster than the engine is (as if that config had
-    regressed as a whole since); the run fails naming that config against the other one."""
+    then make one config's baseline three times as fast as the engine is (as if that config had
+    regressed as a whole since); the run fails naming that config against the other one.
+
+    Three times, not 10-25%: this is the wiring (records -> controller -> summary, exit status,
+    results.json); how small a move the check catches is benchmarks/bench_gate_e2e.py's job.
+    On a loaded 2-core box a blessed cell can be 20-30% off (seen: a bless beside another
+    test run), which a 25% move does not clear and a threefold one does."""
     profile, matrix = _setup(pytester, repo_root)
     matrix.write_text(THREE_CELLS)
     both = "bs8_b8_k4,bs8_b4_k4"
@@ -213,7 +218,7 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
     data = yaml.safe_load(path.read_text())
     for cell in data["metrics"].values():
         for session in cell["gates"]["output_throughput"]["sessions"]:
-            session["samples"] = [v * 1.25 for v in session["samples"]]
+            session["samples"] = [v * 3.0 for v in session["samples"]]
     path.write_text(yaml.safe_dump(data))
     shutil.rmtree(pytester.path / "results")
     result = _run(pytester, repo_root, profile, matrix, "-n", "2", config=both)
@@ -224,5 +229,5 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
                                  "a REGRESSION of this config against the rest of the session*Compared with: bs8_b8_k4*"])
     found = json.loads((pytester.path / "results" / "results.json").read_text())["configs_against_session"]
     by_config = {f["config"]: f for f in found if f["metric"] == "output_throughput"}
-    assert by_config["bs8_b4_k4"]["status"] == "regression" and by_config["bs8_b4_k4"]["relative"] < -0.1
+    assert by_config["bs8_b4_k4"]["status"] == "regression" and by_config["bs8_b4_k4"]["relative"] < -0.4
     assert by_config["bs8_b8_k4"]["status"] == "pass"
