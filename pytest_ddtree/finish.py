@@ -122,7 +122,8 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
 
 def _judge_configs_against_session(records: list[dict[str, Any]], outcome: FinishOutcome) -> list[dict[str, Any]]:
     """gate.judge_session over this session's throughput verdicts: a config that regressed as a
-    whole, beyond what the other configs of the session moved, fails the run here (its cells passed)."""
+    whole, beyond what the other configs of the session moved, fails the run here, also when each
+    of its cells passed."""
     from pytest_ddtree import gate
     from pytest_ddtree.report import normalize
 

@@ -521,6 +521,9 @@ def _judge_cell(
 ) -> CellVerdict:
     gates = (cell.baseline or {}).get("gates") or {}
     verdicts: list[MetricVerdict] = []
+    # what to do with a better or a new number: bless it, unless the measurement is not trusted
+    advice = ("; bless it with --ddtree-update-baselines" if cell.status != stats.INCONCLUSIVE
+              else " (not to be blessed: the measurement is inconclusive)")
     for key, entry in sorted(gates.items()):
         base = MetricBaseline.from_entry(key, entry)
         current = [float(v) for v in cell.current.get(key) or [] if v is not None]
@@ -543,24 +546,20 @@ def _judge_cell(
         confirmation = None
         if confirmations is not None:
             confirmation = [float(v) for v in (confirmations.get(name) or {}).get(key) or [] if v is not None]
-        verdicts.append(_judge_metric(key, m, shifts.get(key, 0.0), config_flags.get(key), confirmation))
+        verdicts.append(_judge_metric(key, m, shifts.get(key, 0.0), config_flags.get(key), confirmation, advice))
     for key in sorted(set(cell.current) - set(gates)):
         values = [float(v) for v in cell.current.get(key) or [] if v is not None]
         if values and key in SPECS:
             spec = SPECS[key]
             verdicts.append(MetricVerdict(
                 key, NEW, spec.direction, spec.tolerance, None, stats.median(values), None, unit=spec.unit,
-                message=f"{key}: new (measured {_fmt(stats.median(values))} {spec.unit}, not in the baseline); "
-                        "bless it with --ddtree-update-baselines"))
+                message=f"{key}: new (measured {_fmt(stats.median(values))} {spec.unit}, not in the baseline)"
+                        + advice))
     if cell.status == stats.INCONCLUSIVE:
         # Compared for the record, but a measurement that could not be trusted is neither a
         # regression nor a pass, and is not worth a confirmation run.
         verdicts = [dataclasses.replace(v, status=INCONCLUSIVE) if v.status in (FLAGGED, REGRESSION, IMPROVED) else v
                     for v in verdicts]
-        # an untrusted measurement is not worth blessing either: no "bless it" advice here
-        verdicts = [dataclasses.replace(v, message=v.message.replace(
-            "; bless it with --ddtree-update-baselines", " (not to be blessed: the measurement is inconclusive)"))
-            for v in verdicts]
         return CellVerdict(name, INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
     found = {v.status for v in verdicts}
     status = next((s for s in (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED) if s in found), PASS)
@@ -573,6 +572,7 @@ def _judge_metric(
     shift: float,
     config_flag: tuple[float, float] | None,
     confirmation: list[float] | None,
+    advice: str,
 ) -> MetricVerdict:
     base = m.base
     direction = base.direction
@@ -631,7 +631,7 @@ def _judge_metric(
                    f"within its {tolerance:.1%} tolerance: pass")
     elif -worse > tolerance:
         status = IMPROVED
-        msg = f"{what}: improved beyond the {tolerance:.1%} tolerance; bless it with --ddtree-update-baselines"
+        msg = f"{what}: improved beyond the {tolerance:.1%} tolerance{advice}"
     else:
         status, msg = PASS, ""
     return MetricVerdict(
