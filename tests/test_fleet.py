@@ -23,9 +23,8 @@ from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import HostLock, SSHError, SSHHost, SSHTarget
 from tests.fleet_helpers import UNIT, FakeHost, SshFleet, sshd_binary
-from tests.suite_helpers import default_sigint
 from tests.polling import wait_until
-from tests.suite_helpers import wait_healthy
+from tests.suite_helpers import default_sigint, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = "bs8_b*_k4"

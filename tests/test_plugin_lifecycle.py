@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.suite_helpers import default_sigint
 import yaml
 
 from tests.polling import wait_until
+from tests.suite_helpers import default_sigint
 from tests.suite_helpers import reference_profile, wait_healthy
 
 GATE = '''

@@ -13,8 +13,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.suite_helpers import default_sigint
-
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import (
@@ -32,7 +30,7 @@ from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 from pytest_ddtree.service.readiness import applied_diff
 from pytest_ddtree.service.systemd import parse_show, render_dropin
 from tests.polling import wait_until
-from tests.suite_helpers import wait_healthy
+from tests.suite_helpers import default_sigint, wait_healthy
 
 FAKES = Path(__file__).parent / "fakes"
 STANDIN = FAKES / "standin_server.py"
