@@ -160,8 +160,8 @@ def false_alarms(noise: float, args: argparse.Namespace, seed: int, sweeps: int)
         against_session = [f for f in gate.judge_session(gate.config_moves(records)) if f.failed]
         counts["session_failures"] += len(against_session)
         for f in against_session:
-            by_metric[f"{f.metric} (config against its session)"] = by_metric.get(
-                f"{f.metric} (config against its session)", 0) + 1
+            label = f"{f.metric} (config against its session)"
+            by_metric[label] = by_metric.get(label, 0) + 1
         sweep_failed |= bool(against_session)
         counts["failed_sweeps"] += sweep_failed
         counts["inconclusive_sweeps"] += sweep_inconclusive and not sweep_failed
@@ -188,12 +188,13 @@ def detection(noise: float, args: argparse.Namespace, seed: int, dropped: list[i
                                                                   session=f"s{s}")
         day = model.session()
         records = []
-        verdicts: dict[str, gate.CellVerdict] = {}
+        verdicts: dict[str, gate.CellVerdict] = {}  # of config 0, the dropped one
         for cfg in configs:
             judged = judge(model, cfg, [e for e in entries[cfg] if e is not None], day,
                            {c: 1.0 - args.drop for c in dropped} if cfg == 0 else {})
             records.extend({"config": f"cfg{cfg}", "verdict": v.as_dict()} for v in judged.values())
-            verdicts = verdicts or judged
+            if cfg == 0:
+                verdicts = judged
         found = [(m := verdicts[f"c{c}"].metric("output_throughput")) is not None and m.status == gate.REGRESSION
                  for c in dropped]
         by_session = any(f.failed and f.config == "cfg0" and f.metric == "output_throughput"
