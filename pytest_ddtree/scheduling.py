@@ -3,7 +3,7 @@
 Restarting a service is the expensive step (about ten minutes on the campaign's GPUs), so the
 tests of one config must run on one worker, back to back. xdist's ``loadgroup`` does that by
 appending ``@group`` to node ids on the workers, which pytest 9.2 no longer honours (node ids
-are derived from a structured id there), and node ids must never be keyed on anyway (FACTS.md).
+are derived from a structured id there), and node ids must never be keyed on anyway (pytest-xdist's own advice).
 This scheduler groups by the config name found in the test's parameter id instead: it is the
 same name on every worker, whatever pytest does to node ids. Tests without a config are each
 their own scope, so they spread like ``--dist load``.

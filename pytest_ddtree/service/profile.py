@@ -1,6 +1,6 @@
 """Service profiles: how to launch, reach and check one deployment of the service.
 
-A profile is a small YAML file (see DESIGN.md and the README). It is validated strictly because
+A profile is a small YAML file (the README's "Service profiles" lists every key). It is validated strictly because
 its mistakes are expensive: a typo in a key would otherwise silently fall back to a default and a
 ten-minute GPU restart would test the wrong thing. Every error names the file, the key and the
 problem.
