@@ -183,7 +183,7 @@ class Matrix:
         return [c.name for c in self.configs]
 
 
-def _expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
+def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
     """A matrix entry is a name, or a product spec ``{block_size: [..], budget: [..], topk: [..], window: [..]}``."""
     if isinstance(entry, str):
         return [parse_config_name(entry)]
@@ -259,7 +259,7 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
     configs: list[DDTreeConfig] = []
     for index, entry in enumerate(raw.get("matrix") or []):
-        for config in _expand_matrix_entry(entry, f"{path}: matrix[{index}]"):
+        for config in expand_matrix_entry(entry, f"{path}: matrix[{index}]"):
             if config not in configs:
                 configs.append(config)
     try:

@@ -41,6 +41,9 @@ class _Session(Protocol):
     @property
     def selected_configs(self) -> Any: ...
 
+    @property
+    def selection(self) -> Any: ...
+
     def collected_records(self) -> list[dict[str, Any]]: ...
 
     def collected_updates(self) -> list[Any]: ...
@@ -75,6 +78,22 @@ def _report_field_mapping(session: _Session, outcome: FinishOutcome, results: di
                                  "\n".join(f"{name}: {how}" for name, how in unproven.items())))
 
 
+def _report_selection(session: _Session, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+    """What the selection left out of configs.yaml's matrix on this build, and why (results.json
+    ``selection``; the summary's "ddtree selection" section when anything was left out)."""
+    try:
+        selection = session.selection
+    except Exception:  # noqa: BLE001 - a broken profile or matrix is reported where it is used
+        return
+    results["selection"] = selection.as_dict()
+    lines = selection.summary_lines()
+    if lines:
+        outcome.sections.append((
+            "ddtree selection",
+            f"ran {', '.join(c.name for c in selection.configs)} on this build ({selection.build.origin}); "
+            f"left out {len(lines)} matrix config(s) it cannot run as named:\n" + "\n".join(lines)))
+
+
 def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     outcome = FinishOutcome()
     results_dir = session.results_dir
@@ -100,6 +119,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         summary.json["session_id"] = session.settings.session_id
         summary.json["configs_against_session"] = session_check
         _report_field_mapping(session, outcome, summary.json)
+        _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
         _write_html_report(session, summary.json, outcome)

@@ -264,10 +264,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         names = ", ".join(c.name for c in session.selected_configs)
     except (ConfigError, ProfileError, OSError):
         return []
+    left_out = session.selection.summary_lines()
     return [
         f"ddtree: service profile {profile.name} ({settings.service}), controller {profile.controller}",
         *(f"ddtree:   {field}: {how}" for field, how in profile.how_fields_reach_the_service().items()),
         f"ddtree: configs {names}",
+        *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
+          + [f"ddtree:   {line}" for line in left_out] if left_out else []),
         f"ddtree: results {settings.results}",
     ]
 
@@ -354,7 +357,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     max_context = ddtree.profile.max_context
     workloads = [w for w in select_workloads(settings.workloads, matrix) if max_context is None or w.context_tokens <= max_context]
     sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in by_config], workloads, limit,
-                          default=matrix.default.name, priors=settings.priors, progress=ddtree.progress)
+                          default=ddtree.selection.build.default.name, priors=settings.priors, progress=ddtree.progress)
 
     def first_untried() -> pytest.Item | None:
         return next((items[0] for name, items in by_config.items() if name not in sweep.tried), None)

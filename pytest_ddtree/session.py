@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported where first used: a session is built in every pyte
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig, Matrix
     from pytest_ddtree.results import BaselineUpdate, SessionRecorder
+    from pytest_ddtree.selection import Selection
     from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.sessionfiles import SessionCollector
@@ -61,10 +62,15 @@ class DDTreeSession:
         return load_profile(self.settings.service)
 
     @functools.cached_property
-    def selected_configs(self) -> list[DDTreeConfig]:
-        from pytest_ddtree.configs import select_configs
+    def selection(self) -> Selection:
+        """``--ddtree-config`` resolved within what the profile's build can run (selection.py)."""
+        from pytest_ddtree.selection import select
 
-        return select_configs(self.settings.configs, self.matrix)
+        return select(self.settings.configs, self.matrix, self.profile)
+
+    @property
+    def selected_configs(self) -> list[DDTreeConfig]:
+        return list(self.selection.configs)
 
     @functools.cached_property
     def recorder(self) -> SessionRecorder:

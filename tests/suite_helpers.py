@@ -46,10 +46,11 @@ def run_suite(
     profile: Path,
     *args: str,
     suite: str | None = None,
-    config: str = "bs8_b8_k4",
+    config: str | None = "bs8_b8_k4",
     timeout: float = 180,
 ) -> pytest.RunResult:
-    """Run one suite file (or a test file in pytester.path when suite is None) against ``profile``."""
+    """Run one suite file (or a test file in pytester.path when suite is None) against ``profile``;
+    ``config=None`` gives no --ddtree-config (the build's default config)."""
     target = [str(REPO / "suites" / suite)] if suite else []
     return pytester.runpytest_subprocess(
         *target,
@@ -57,7 +58,7 @@ def run_suite(
         f"--ddtree-matrix={MATRIX}",
         f"--ddtree-results={pytester.path / 'results'}",
         f"--ddtree-baselines={pytester.path / 'baselines'}",
-        f"--ddtree-config={config}",
+        *([f"--ddtree-config={config}"] if config is not None else []),
         "-p", "no:cacheprovider", "-rA",
         *args,
         timeout=timeout,

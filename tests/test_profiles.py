@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import yaml
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.profile import ProfileError, SelectionError, ServiceProfile, load_profile, parse_profile, render_value
 
-SHIPPED = ["reference.yaml", "sglang-upstream-dflash.yaml", "sglang-ddtree-pr27509.yaml", "sglang-subsir-tree-verify.yaml"]
+SHIPPED = ["reference.yaml", "sglang-upstream-dflash.yaml", "sglang-ddtree-pr27509.yaml", "sglang-subsir-tree-verify.yaml",
+           "sglang-subsir-tree-verify-flags.yaml", "sglang-dflash-tree-pr31069.yaml"]
 
 
 def shipped(repo_root: Path, name: str) -> ServiceProfile:
@@ -28,7 +30,21 @@ def test_shipped_profiles_load_and_warn_about_flags(repo_root: Path, name: str) 
     if name != "reference.yaml":
         text = path.read_text()
         assert "CHECK THE FLAG MAPPING" in text and profile.ready_timeout_s == 3600
-        assert "python/sglang/srt/" in text, "a shipped profile cites the source file it follows"
+        assert "sglang/srt/" in text and profile.sources, "a shipped profile cites the source files it follows"
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "reference.yaml"])
+def test_shipped_real_build_profiles_cite_a_source_for_every_flag_variable_and_key(repo_root: Path, name: str) -> None:
+    """Each flag, environment variable and applied key says where in the build's source it was read
+    (repository, commit, path:line) or that it is unverified."""
+    profile = shipped(repo_root, name)
+    flags = {render_value(t, 1).split()[0] for t in profile.config_args.values()}
+    variables = {v for mapping in profile.config_env.values() for v in mapping} | set(profile.env)
+    for item in sorted(flags | variables | set(profile.applied)):
+        assert item in profile.sources, f"{name}: no source for {item}"
+        where = profile.sources[item]
+        assert "unverified" in where or re.search(r"[\w./-]+\.(py|md)(:\d+)?", where), f"{name}: {item}: {where}"
+    assert "start-up log" in profile.sources, f"{name}: say which start-up line tells this build apart"
 
 
 def test_upstream_dflash_sets_the_block_size_only(repo_root: Path) -> None:
@@ -42,7 +58,7 @@ def test_upstream_dflash_sets_the_block_size_only(repo_root: Path) -> None:
         profile.check_selection([parse_config_name("bs8_b8_k4")])
     message = str(info.value)
     assert "bs8_b8_k4 asks topk=4, but this build cannot set topk: it is always 1" in message
-    assert "bs8_b8_k4 asks budget=8, but this build cannot set budget: it is = block_size - 1 (7 here)" in message
+    assert "bs8_b8_k4 asks budget=8, but this build cannot set budget: it is = block_size - 1 (7 here; DFLASH verifies a chain" in message
 
 
 def test_ddtree_pr27509_takes_its_own_flags_and_topk_follows_the_budget(repo_root: Path) -> None:
@@ -61,7 +77,7 @@ def test_subsir_fork_sets_budget_and_topk_through_the_environment(repo_root: Pat
     assert profile.render_env(config) == {
         "SGLANG_DFLASH_TREE_VERIFY": "1", "SGLANG_DFLASH_BLOCK_VERIFY": "1",
         "SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS": "13", "SGLANG_DFLASH_TREE_VERIFY_TOPK": "6"}
-    assert profile.render_config_args(config) == ["--speculative-num-draft-tokens", "8"]
+    assert profile.render_config_args(config) == ["--speculative-num-draft-tokens", "8"]  # no window: not an axis
     assert set(profile.unverifiable) == {"budget", "topk"}
     how = profile.how_fields_reach_the_service()
     assert "unverifiable: set by SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS" in how["budget"]

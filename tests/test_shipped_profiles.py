@@ -11,6 +11,7 @@ the build would override, or a field the build would not read fails here.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -18,23 +19,26 @@ import pytest
 import yaml
 
 from pytest_ddtree.configs import load_matrix, parse_config_name
+from pytest_ddtree.selection import Selection, select
 from pytest_ddtree.service.profile import load_profile
 from tests.suite_helpers import MATRIX, REPO, run_suite
 
 LAUNCHER = "python -m sglang.launch_server"
 SERVICES = REPO / "suites" / "services"
 
-# shipped profile -> (dialect, configs outside the matrix that the build can express)
+# shipped profile -> its build's dialect in the engine
 BUILDS = {
-    "sglang-upstream-dflash.yaml": ("upstream", ["bs8_b7_k1", "bs8_b7_k1_wnone", "bs16_b15_k1"]),
-    "sglang-ddtree-pr27509.yaml": ("ddtree", ["bs8_b8_k8", "bs16_b16_k16_wnone"]),
-    "sglang-subsir-tree-verify.yaml": ("subsir", []),
+    "sglang-upstream-dflash.yaml": "upstream",
+    "sglang-ddtree-pr27509.yaml": "ddtree",
+    "sglang-subsir-tree-verify.yaml": "subsir",
+    "sglang-subsir-tree-verify-flags.yaml": "subsir-flags",
+    "sglang-dflash-tree-pr31069.yaml": "pr31069",
 }
 
 
 def as_refserver(name: str, directory: Path) -> Path:
     """The shipped profile with the reference engine in place of the SGLang launcher."""
-    dialect = BUILDS[name][0]
+    dialect = BUILDS[name]
     raw = yaml.safe_load((SERVICES / name).read_text())
     command = " ".join(raw["command"].split())
     assert command.startswith(LAUNCHER), f"{name}: the command must start with {LAUNCHER!r} (tests substitute it)"
@@ -45,31 +49,22 @@ def as_refserver(name: str, directory: Path) -> Path:
     return path
 
 
-def ci_configs(name: str) -> list[str]:
-    """Every matrix config the profile can express (one per launch), then the build's own extras."""
-    profile = load_profile(SERVICES / name)
-    matrix = load_matrix(MATRIX)
-    extras = [parse_config_name(n) for n in BUILDS[name][1]]
-    return [c.name for c in profile.expressible([*matrix.configs, *extras])]
+def build_selection(name: str, requested: list[str] | None) -> Selection:
+    return select(requested, load_matrix(MATRIX), load_profile(SERVICES / name))
 
 
-@pytest.mark.parametrize("name", sorted(BUILDS))
-def test_shipped_profile_passes_the_health_suite_in_its_dialect(pytester: pytest.Pytester, name: str) -> None:
-    configs = ci_configs(name)
-    assert configs, f"{name} can express no config at all"
-    profile = as_refserver(name, pytester.path)
-    result = run_suite(pytester, profile, suite="test_health.py", config=",".join(configs), timeout=300)
+def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name: str, configs: list[str]) -> None:
+    """The health suite passed for every config, and the engine ran what each name says, also for
+    the fields /server_info cannot show (the fork's environment variables)."""
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("passed") == 3 * len(configs), result.stdout.str()[-3000:]
-    # The report names every field the harness could not read back, with the profile's reason.
+    profile = load_profile(SERVICES / name)
     out = result.stdout.str()
-    unproven = [f for f in ("budget", "topk") if f not in load_profile(SERVICES / name).settable_fields()
-                or f in load_profile(SERVICES / name).unverifiable]
-    if unproven:
+    unproven = [f for f in ("budget", "topk") if f not in profile.settable_fields() or f in profile.unverifiable]
+    if unproven:  # the report names every field the harness could not read back, with the reason
         assert "ddtree config fields not read back" in out
         for field_name in unproven:
             assert re.search(rf"^{field_name}: (not settable|env .*unverifiable: )", out, re.M), out[-3000:]
-    # The engine ran what each name says, also for fields /server_info cannot show (the fork's env).
     logs = {p.name: p.read_text() for p in (pytester.path / "results" / "logs").glob("*.log")}
     for config_name in configs:
         config = parse_config_name(config_name)
@@ -79,9 +74,31 @@ def test_shipped_profile_passes_the_health_suite_in_its_dialect(pytester: pytest
         assert tuple(map(int, line.groups())) == (config.block_size, config.budget, config.topk), config_name
 
 
-def test_subsir_profile_covers_the_whole_matrix() -> None:
-    matrix = load_matrix(MATRIX)
-    assert ci_configs("sglang-subsir-tree-verify.yaml") == [c.name for c in matrix.configs]
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_shipped_profile_runs_its_default_in_its_dialect(pytester: pytest.Pytester, name: str) -> None:
+    default = build_selection(name, None).configs[0].name
+    result = run_suite(pytester, as_refserver(name, pytester.path), suite="test_health.py", config=None, timeout=300)
+    check_ran_as_named(pytester, result, name, [default])
+    assert f"ddtree: configs {default}" in result.stdout.str()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_shipped_profile_runs_all_in_its_dialect(pytester: pytest.Pytester, name: str) -> None:
+    """``--ddtree-config=all`` runs the build's matrix and says what it left out, and why."""
+    selection = build_selection(name, ["all"])
+    configs = [c.name for c in selection.configs]
+    result = run_suite(pytester, as_refserver(name, pytester.path), suite="test_health.py", config="all", timeout=400)
+    check_ran_as_named(pytester, result, name, configs)
+    out = result.stdout.str()
+    results = json.loads((pytester.path / "results").joinpath("results.json").read_text()) if (
+        pytester.path / "results" / "results.json").exists() else None
+    if selection.left_out:
+        assert "ddtree selection" in out, out[-3000:]
+        for left in selection.left_out:
+            assert left.line() in out, left.line()
+        if results is not None:
+            assert [lo["config"] for lo in results["selection"]["left_out"]] == [lo.config for lo in selection.left_out]
 
 
 @pytest.mark.parametrize(
@@ -100,4 +117,19 @@ def test_configs_differing_in_topk_exit_4_before_any_restart(pytester: pytest.Py
     assert result.ret == 4, result.stdout.str()[-2000:]
     errors = result.stderr.str()
     assert "cannot set topk" in errors and "bs8_b8_k6" in errors, errors
+    assert not (pytester.path / "results" / "logs").exists(), "a service was started before the usage error"
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "expected"),
+    [
+        ("sglang-dflash-tree-pr31069.yaml", "bs8_b8_k6", "topk=6, but this build accepts topk 4, 8, 16 only"),
+        ("sglang-upstream-dflash.yaml", "bs8_b8_k4", "budget=8, but this build cannot set budget: it is = block_size - 1 (7 here"),
+    ],
+)
+def test_a_named_config_the_build_cannot_run_is_a_usage_error(pytester: pytest.Pytester, name: str, config: str,
+                                                               expected: str) -> None:
+    result = run_suite(pytester, as_refserver(name, pytester.path), suite="test_health.py", config=config)
+    assert result.ret == 4, result.stdout.str()[-2000:]
+    assert f"{config} asks {expected}" in result.stderr.str(), result.stderr.str()
     assert not (pytester.path / "results" / "logs").exists(), "a service was started before the usage error"

@@ -20,12 +20,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DIALECTS = ("reference", "upstream", "ddtree", "subsir")
+DIALECTS = ("reference", "upstream", "ddtree", "subsir", "subsir-flags", "pr31069")
 DIALECT_HELP = {
     "reference": "the engine's own flags: block size, budget (--speculative-num-draft-tokens), topk, window",
     "upstream": "upstream SGLang DFLASH (sgl-project/sglang main): a chain; topk forced to 1, block size = num draft tokens",
     "ddtree": "PR 27509 (Rancy-Wang/sglang ddtree-v2): --speculative-algorithm DDTREE, --speculative-ddtree-block-size/-budget",
-    "subsir": "SubSir/sglang fork: DFLASH with tree verify from SGLANG_DFLASH_TREE_VERIFY* environment variables",
+    "subsir": "SubSir/sglang fork, v1 worker: DFLASH with tree verify sized by SGLANG_DFLASH_TREE_VERIFY* environment variables",
+    "subsir-flags": "SubSir/sglang fork, v2 port: SGLANG_DFLASH_TREE_VERIFY=1 with --speculative-dflash-block-size, "
+                    "--speculative-num-draft-tokens (tree nodes with the root) and --speculative-eagle-topk",
+    "pr31069": "sgl-project/sglang PR 31069: --speculative-dflash-tree-verify, topk from --speculative-eagle-topk (4, 8 or 16)",
 }
 
 
@@ -103,6 +106,9 @@ def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None
     else:
         s.add_argument("--speculative-draft-window-size", dest="speculative_draft_window_size", type=_positive,
                        default=None, help="drafter window (compact cache); absent = no window")
+    if dialect == "pr31069":
+        s.add_argument("--speculative-dflash-tree-verify", action="store_true",
+                       help="DFLASH: verify a top-k draft tree instead of the chain (default off)")
     if dialect == "ddtree":
         s.add_argument("--speculative-ddtree-block-size", type=_positive, default=None,
                        help="DDTREE: draft block size; wins over --speculative-num-draft-tokens (a warning)")
@@ -125,6 +131,14 @@ def resolve(dialect: str, ns: argparse.Namespace, env: Mapping[str, str], *, dra
         return _ddtree(ns, drafter_block_size)
     if dialect == "subsir":
         return _subsir(ns, env, drafter_block_size, tp_size)
+    if dialect == "subsir-flags":
+        if not _env_int(env, "SGLANG_DFLASH_TREE_VERIFY", 0):
+            return _upstream_dflash(ns, drafter_block_size)
+        return _dflash_tree_from_flags(ns, drafter_block_size, topk_choices=None)
+    if dialect == "pr31069":
+        if not ns.speculative_dflash_tree_verify:
+            return _upstream_dflash(ns, drafter_block_size)
+        return _dflash_tree_from_flags(ns, drafter_block_size, topk_choices=(4, 8, 16))
     raise DialectError(f"unknown dialect {dialect!r} (choose from {', '.join(DIALECTS)})")
 
 
@@ -252,13 +266,60 @@ def _subsir(ns: argparse.Namespace, env: Mapping[str, str], drafter_block_size: 
         raise DialectError("Invalid DFlash config: SGLANG_DFLASH_TREE_VERIFY=1 requires block verify (set SGLANG_DFLASH_BLOCK_VERIFY=1).")
     if tree and tp_size > 1:
         raise DialectError(f"DFLASH tree-verify mode currently requires tp_size==1; disabling tree-verify for tp_size={tp_size}.")
-    window = args["speculative_dflash_draft_window_size"]
+    # The flag is accepted and echoed in /server_info, but this worker has no window code (its
+    # DFlashWorker.__init__ never reads it): the drafter sees the whole context whatever it says.
+    window = None
     warnings.append(f"DFLASH verify mode: block_verify={block_verify}, tree_verify={tree}")
     if not tree or block <= 1:
         return Resolved("DFLASH", block, block - 1, 1, window, args, tuple(warnings))
     if topk < 1 or num_tokens < 2:
         raise DialectError(f"DFLASH tree verify needs SGLANG_DFLASH_TREE_VERIFY_TOPK >= 1 and _NUM_TOKENS >= 2, got {topk} and {num_tokens}")
     return Resolved("DFLASH", block, num_tokens - 1, topk, window, args, tuple(warnings))
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise DialectError(f"invalid literal for int() with base 10: {text!r} (environment variable {name})") from None
+
+
+def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, topk_choices: tuple[int, ...] | None) -> Resolved:
+    """DFLASH tree verify sized by server args: SubSir/sglang's v2 port (its DFLASH_TREE_FINDINGS.md,
+    "Per-model server recipe (v2)": SGLANG_DFLASH_TREE_VERIFY=1, --speculative-eagle-topk 4,
+    --speculative-num-draft-tokens <budget>, --speculative-dflash-block-size 16, which "decouple[s] draft
+    block_size ... from the verify budget") and its upstreaming, PR 31069 (--speculative-dflash-tree-verify;
+    the fused expand-top-k kernel takes topk 4, 8 or 16, and a stored version raises ValueError for
+    others). The block size is --speculative-dflash-block-size (else the drafter's); the verify width is
+    --speculative-num-draft-tokens, counting the root as DFLASH's chain does (num_draft_tokens =
+    block_size = root + block_size - 1 drafts), so the DDTree budget is num_draft_tokens - 1 (default
+    block_size - 1: the chain's width); topk is --speculative-eagle-topk, not forced to 1 in tree mode.
+    How either build counts the root and reports topk in /server_info is not confirmed in its source."""
+    args = _spec_args(ns)
+    if args.get("speculative_num_steps") not in (None, 1):
+        raise DialectError(f"DFLASH only supports speculative_num_steps == 1, got {args['speculative_num_steps']}.")
+    args["speculative_num_steps"] = 1
+    block = args.get("speculative_dflash_block_size") or drafter_block_size
+    width = args.get("speculative_num_draft_tokens") or block
+    topk = args.get("speculative_eagle_topk") or 1
+    if block < 2 or width < 2:
+        raise DialectError(f"DFLASH tree verify needs a block size and --speculative-num-draft-tokens >= 2, got {block} and {width}.")
+    if topk_choices is not None and topk not in topk_choices:
+        raise DialectError(f"DFLASH tree verify supports --speculative-eagle-topk in {set(topk_choices)}, got {topk}.")
+    window = args.get("speculative_draft_window_size")
+    if window is not None and window < block:
+        raise DialectError(
+            "--speculative-draft-window-size must be >= the DFLASH block size. "
+            f"window_size={window}, block_size={block}."
+        )
+    args.update(speculative_dflash_block_size=block, speculative_num_draft_tokens=width, speculative_eagle_topk=topk)
+    if topk_choices is not None:
+        args["speculative_dflash_tree_verify"] = True
+    return Resolved("DFLASH", block, width - 1, topk, window, args,
+                    (f"DFLASH tree verify: block_size={block}, num_draft_tokens={width}, topk={topk}",))
 
 
 def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:

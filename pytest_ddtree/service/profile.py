@@ -101,6 +101,19 @@ class ServiceProfile:
     config_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     fixed: Mapping[str, FixedValue] = field(default_factory=dict)
     unverifiable: Mapping[str, str] = field(default_factory=dict)
+    #: field -> the values this build accepts for it (e.g. topk in (4, 8, 16)); others are refused.
+    allowed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: field -> why the build cannot set it (printed where a config is left out for that field).
+    fixed_because: Mapping[str, str] = field(default_factory=dict)
+    #: /server_info key -> what it shows beyond the field's value (``budget + 1``: it counts the root).
+    applied_offset: Mapping[str, int] = field(default_factory=dict)
+    #: The build's own sweep and default (``matrix:`` / ``default:``), replacing the projection of
+    #: configs.yaml's (see pytest_ddtree.selection).
+    own_matrix: tuple[DDTreeConfig, ...] | None = None
+    own_default: DDTreeConfig | None = None
+    #: flag / environment variable / /server_info key -> where in the build's source it was read
+    #: (repository, commit or branch, path:line), or "unverified: ..." (the report and package cite it).
+    sources: Mapping[str, str] = field(default_factory=dict)
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
     gpu_release_timeout_s: float = 120.0
@@ -220,6 +233,46 @@ class ServiceProfile:
                 kept.append(config)
         return kept
 
+    def why_not(self, config: DDTreeConfig) -> list[tuple[str, str]]:
+        """(field, reason) for each field this build cannot run as ``config`` names it: a fixed field
+        the build decides otherwise, or a value outside the field's ``allowed`` list. Empty: the
+        build can run the config (it may still share its launch with another config)."""
+        values = config.field_values(self.default_window)
+        out: list[tuple[str, str]] = []
+        for name in CONFIG_FIELDS:
+            fixed = self.fixed_field(name)
+            if fixed is None:
+                allowed = self.allowed.get(name)
+                if allowed is not None and values[name] not in allowed:
+                    out.append((name, f"{name}={values[name]}, but this build accepts {name} "
+                                      f"{', '.join(map(str, allowed))} only (allowed.{name} in the profile)"))
+                continue
+            expected = fixed.value_for(values)
+            if expected is not None and values[name] != expected:
+                because = f"; {self.fixed_because[name]}" if name in self.fixed_because else ""
+                out.append((name, f"{name}={values[name]}, but this build cannot set {name}: "
+                                  f"it is {fixed.describe()} ({expected} here{because})"))
+        return out
+
+    def projection(self, config: DDTreeConfig) -> DDTreeConfig | None:
+        """The config this build runs for ``config``: each fixed field replaced by the value the
+        build uses (``bs8_b8_k4`` -> ``bs8_b7_k1`` on a chain build); None where no such config
+        exists (a settable field's value is not allowed, or a derived value cannot be known)."""
+        values = config.field_values(self.default_window)
+        changed: dict[str, int] = {}
+        for name in ("block_size", "budget", "topk"):
+            fixed = self.fixed_field(name)
+            if fixed is None:
+                continue
+            expected = fixed.value_for({**values, **changed})
+            if expected is not None:
+                changed[name] = expected
+        try:
+            projected = dataclasses.replace(config, **changed) if changed else config
+        except ValueError:  # e.g. a budget of 0 on a block size of 1
+            return None
+        return None if self.why_not(projected) else projected
+
     def check_selection(self, configs: Iterable[DDTreeConfig]) -> None:
         """Refuse, before anything starts, configs this build would mislabel.
 
@@ -231,17 +284,7 @@ class ServiceProfile:
         configs = list(configs)
         problems: list[str] = []
         for config in configs:
-            values = config.field_values(self.default_window)
-            for name in CONFIG_FIELDS:
-                fixed = self.fixed_field(name)
-                if fixed is None:
-                    continue
-                expected = fixed.value_for(values)
-                if expected is not None and values[name] != expected:
-                    problems.append(
-                        f"{config.name} asks {name}={values[name]}, but this build cannot set {name}: "
-                        f"it is {fixed.describe()} ({expected} here)"
-                    )
+            problems.extend(f"{config.name} asks {reason}" for _, reason in self.why_not(config))
         by_launch: dict[tuple[str, tuple[tuple[str, str], ...]], list[DDTreeConfig]] = {}
         for config in configs:
             by_launch.setdefault(self.launch_identity(config), []).append(config)
@@ -328,7 +371,11 @@ class ServiceProfile:
     def expected_applied(self, config: DDTreeConfig) -> dict[str, object]:
         """server_info key -> the value the config must show there after a restart."""
         values = config.field_values(self.default_window)
-        return {key: values[field_name] for key, field_name in self.applied.items()}
+        out: dict[str, object] = {}
+        for key, field_name in self.applied.items():
+            value = values[field_name]
+            out[key] = value if value is None else value + self.applied_offset.get(key, 0)
+        return out
 
     @property
     def pool_size(self) -> int:
@@ -371,6 +418,11 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "fixed": ((dict, type(None)), False),
     "applied": (dict, False),
     "unverifiable": ((dict, type(None)), False),
+    "allowed": ((dict, type(None)), False),
+    "fixed_because": ((dict, type(None)), False),
+    "matrix": ((list, type(None)), False),
+    "default": ((str, type(None)), False),
+    "sources": ((dict, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
@@ -498,10 +550,40 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         else:
             raise fail(f"fixed.{key}", f"must be the value the build always uses (an integer), another field "
                                        f"with an offset (e.g. 'block_size - 1'), or null (derived by the build), got {value!r}")
-    applied = raw.get("applied") or {}
-    for key, field_name in applied.items():
-        if field_name not in CONFIG_FIELDS:
-            raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), got {field_name!r}")
+    applied: dict[str, str] = {}
+    applied_offset: dict[str, int] = {}
+    for key, field_name in (raw.get("applied") or {}).items():
+        match = _FIXED_EXPRESSION.match(field_name) if isinstance(field_name, str) else None
+        if field_name in CONFIG_FIELDS:
+            applied[str(key)] = field_name
+        elif match is not None:  # "budget + 1": the key counts differently (e.g. the root node too)
+            applied[str(key)] = match.group(1)
+            amount = int(match.group(3) or 0)
+            if amount:
+                applied_offset[str(key)] = -amount if match.group(2) == "-" else amount
+        else:
+            raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), optionally with an "
+                                         f"offset such as 'budget + 1', got {field_name!r}")
+    allowed: dict[str, tuple[int, ...]] = {}
+    for key, values in (raw.get("allowed") or {}).items():
+        if key not in settable:
+            raise fail(f"allowed.{key}", "only a field the profile sets (config_args / config_env) has allowed values")
+        if (not isinstance(values, list) or not values
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
+            raise fail(f"allowed.{key}", f"must list the positive integers the build accepts, e.g. [4, 8, 16], got {values!r}")
+        allowed[str(key)] = tuple(values)
+    fixed_because: dict[str, str] = {}
+    for key, reason in (raw.get("fixed_because") or {}).items():
+        if key not in CONFIG_FIELDS or key in settable:
+            raise fail(f"fixed_because.{key}", "must name a config field the profile does not set")
+        if not isinstance(reason, str) or not reason.strip():
+            raise fail(f"fixed_because.{key}", "must say why the build cannot set this field")
+        fixed_because[str(key)] = reason.strip()
+    own_matrix, own_default = _own_matrix(raw, fail)
+    sources = raw.get("sources") or {}
+    for key, where in sources.items():
+        if not isinstance(where, str) or not where.strip():
+            raise fail(f"sources.{key}", "must say where the build's source defines it (repository, commit, path:line) or 'unverified: why'")
     unverifiable = {str(k): v for k, v in (raw.get("unverifiable") or {}).items()}
     for key, reason in unverifiable.items():
         if key not in CONFIG_FIELDS:
@@ -544,6 +626,12 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         config_env=config_env,
         fixed=fixed,
         unverifiable=unverifiable,
+        allowed=allowed,
+        fixed_because=fixed_because,
+        applied_offset=applied_offset,
+        own_matrix=own_matrix,
+        own_default=own_default,
+        sources={str(k): str(v).strip() for k, v in sources.items()},
         health_path=health_path,
         ready_timeout_s=float(raw.get("ready_timeout_s", 900)),
         gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", 120)),
@@ -568,6 +656,27 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         source=source,
         text=text,
     )
+
+
+def _own_matrix(raw: Mapping[str, Any], fail: Any) -> tuple[tuple[DDTreeConfig, ...] | None, DDTreeConfig | None]:
+    """``matrix:`` (entries as in configs.yaml) and ``default:`` of a profile, validated."""
+    from pytest_ddtree.configs import ConfigError, expand_matrix_entry, parse_config_name
+
+    configs: list[DDTreeConfig] = []
+    entries = raw.get("matrix")
+    try:
+        for index, entry in enumerate(entries or []):
+            for config in expand_matrix_entry(entry, f"matrix[{index}]"):
+                if config not in configs:
+                    configs.append(config)
+        default = parse_config_name(raw["default"]) if raw.get("default") else None
+    except ConfigError as exc:
+        raise fail("matrix" if "matrix[" in str(exc) else "default", str(exc)) from None
+    if entries is not None and not configs:
+        raise fail("matrix", "lists no config; leave the key out to use the projection of configs.yaml's matrix")
+    if default is not None and configs and default not in configs:
+        configs.insert(0, default)
+    return (tuple(configs) if entries is not None else None), default
 
 
 def load_profile(path: Path) -> ServiceProfile:
