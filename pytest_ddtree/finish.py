@@ -109,6 +109,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     session_check = [] if session.settings.update_baselines else _judge_configs_against_session(records, outcome)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
+    summary_json: dict[str, Any] | None = None
     try:
         from pytest_ddtree import report
 
@@ -121,6 +122,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         _report_field_mapping(session, outcome, summary.json)
         _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
+        summary_json = summary.json
         write_atomic(results_dir / RESULTS_MD, summary.markdown)
         _write_html_report(session, summary.json, outcome)
         for title, text in summary.sections:
@@ -132,7 +134,11 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
         outcome.sections.append(("ddtree results error", traceback.format_exc()))
     outcome.sections.append(("ddtree results", f"results: {results_dir}"))
 
-    # 4. The reproduction package, verified before it is reported.
+    # 4. The history (after report.html, so the history links to it); its failure keeps the results.
+    if session.settings.history is not None and summary_json is not None:
+        _append_history(session, summary_json, records, outcome, exitstatus)
+
+    # 5. The reproduction package, verified before it is reported.
     if session.settings.package is not None:
         _write_package(session, outcome, records, exitstatus)
     if outcome.errors:
@@ -153,6 +159,53 @@ def _judge_configs_against_session(records: list[dict[str, Any]], outcome: Finis
         outcome.exit_failure = True
         outcome.sections.append(("ddtree configs against their session", "\n".join(f.message for f in failed)))
     return [f.as_dict() for f in findings]
+
+
+def _append_history(session: _Session, payload: dict[str, Any], records: list[dict[str, Any]], outcome: FinishOutcome,
+                    exitstatus: int) -> None:
+    """Append this session to --ddtree-history; with --ddtree-history-check, fail it when its
+    measurements start a regression change point of the history (naming the build)."""
+    import pytest_ddtree
+    from pytest_ddtree import history
+
+    settings = session.settings
+    url = settings.history
+    assert url is not None
+    times = [float(r["time"]) for r in records if isinstance(r.get("time"), (int, float))]
+    try:
+        profile = session.profile
+        local = profile.controller == "process" and not profile.host
+        python = profile.service_python if local else None
+    except (ProfileError, OSError):
+        python = None
+    build = history.Build(engine_version=history.engine_version_of(payload), engine_build=history.engine_build(python),
+                          project_commit=history.git_commit(settings.rootdir), package_version=pytest_ddtree.__version__)
+    entry = history.session_from_payload(payload, session_id=settings.session_id, started_at=min(times) if times else 0.0,
+                                         results_dir=session.results_dir, build=build, exit_status=exitstatus)
+    cells = history.cells_from_payload(payload)
+    try:
+        with history.HistoryStore(url) as store:
+            store.append(entry, cells)
+            stored = store.cells() if settings.history_check else []
+    except history.HistoryError as exc:
+        outcome.fail(f"history not written: {exc}")
+        return
+    lines = [f"appended session {entry.session_id} ({len(cells)} cells, build {build.label()}) to {history.redact(url)}"]
+    if settings.history_check:
+        from pytest_ddtree import changepoints
+
+        try:
+            analysed = changepoints.analyse(stored)
+        except changepoints.ChangePointsUnavailable as exc:
+            outcome.fail(f"--ddtree-history-check: {exc}")
+            return
+        lines.append(changepoints.summary_text(analysed, limit=5))
+        regressions = changepoints.check_session(analysed, entry.session_id)
+        if regressions:
+            outcome.exit_failure = True
+            outcome.sections.append(("ddtree history check", "this session's measurements start a regression of the "
+                                     "history:\n" + "\n".join(f"- {cp.describe()}" for cp in regressions)))
+    outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 
 def _write_html_report(session: _Session, payload: dict[str, Any], outcome: FinishOutcome) -> None:

@@ -93,6 +93,14 @@ def add_options(parser: _Parser) -> None:
         help="adaptive sweep: fit the model's shape from an earlier session's results folder on the "
              "same hardware profile (repeatable)")
 
+    add("--ddtree-history", dest="ddtree_history", default=None, metavar="URL",
+        help="append this session's cells (samples, verdicts, build) to a history database: a file path or "
+             "sqlite:///path.db (SQLite), or postgresql://user@host:port/db (the 'postgres' extra); "
+             "see it with ddtree-report --history URL")
+    add("--ddtree-history-check", dest="ddtree_history_check", action="store_true", default=False,
+        help="with --ddtree-history: fail the session when its measurements start a regression change point "
+             "of the history (needs the 'history' extra)")
+
     parser.addini("ddtree_service", "default service profile path (like --ddtree-service)", default=None)
     parser.addini("ddtree_config", "default config selection (like --ddtree-config)", type="args", default=[])
     parser.addini("ddtree_baselines", "baseline store path (like --ddtree-baselines)", default=None)
@@ -101,6 +109,7 @@ def add_options(parser: _Parser) -> None:
     parser.addini("ddtree_coding_set", "coding set (like --ddtree-coding-set)", default=None)
     parser.addini("ddtree_sandbox", "sandbox tier the coding gate may use (like --ddtree-sandbox)", default=None)
     parser.addini("ddtree_repeats", "throughput repeats per cell (like --ddtree-repeats)", default=None)
+    parser.addini("ddtree_history", "history database URL or path (like --ddtree-history)", default=None)
 
 
 #: --ddtree-sandbox values: "strong" requires a namespace tier with a uid drop (fail closed).
@@ -137,11 +146,27 @@ class Settings:
     max_restarts: int | None = None
     """--ddtree-max-restarts: the adaptive sweep's restart budget (None: measure every config)."""
     priors: tuple[Path, ...] = ()
+    history: str | None = None
+    """--ddtree-history: the history database (an absolute SQLite path, or a PostgreSQL URL)."""
+    history_check: bool = False
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
     path = Path(os.path.expanduser(os.fspath(value)))
     return path if path.is_absolute() else root / path
+
+
+def _history_url(value: str, base: Path) -> str:
+    """A relative SQLite path is made absolute against ``base`` (xdist workers and the session end
+    may run elsewhere); a PostgreSQL URL is kept as it is; any other scheme is refused."""
+    if value.startswith(("postgresql://", "postgres://")):
+        return value
+    path_text = value.removeprefix("sqlite:///")
+    if not path_text.strip() or "://" in path_text or path_text.startswith("sqlite:"):
+        shown = value.rsplit("@", 1)[-1]  # never the password of a URL
+        raise OptionError(f"--ddtree-history: {shown!r} is not a history database: give a file path, "
+                          "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql://user@host:port/db")
+    return str(_path(base, path_text))
 
 
 def session_stamp(now: datetime | None = None) -> str:
@@ -218,6 +243,12 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
                               "--ddtree-results folder, the one holding its results.json)")
     if priors and max_restarts is None:
         raise OptionError("--ddtree-prior only informs the adaptive sweep: add --ddtree-max-restarts N")
+    history_value, history_base = pick("ddtree_history", "ddtree_history")
+    history = _history_url(str(history_value), history_base) if history_value else None
+    history_check = bool(config.getoption("ddtree_history_check"))
+    if history_check and history is None:
+        raise OptionError("--ddtree-history-check needs the history to check against: add --ddtree-history URL "
+                          "(or the ini key ddtree_history)")
     name = config.getoption("ddtree_package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -246,4 +277,6 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         dataset=dataset,
         max_restarts=max_restarts,
         priors=priors,
+        history=history,
+        history_check=history_check,
     )

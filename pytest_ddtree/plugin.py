@@ -146,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_adaptive(session, config)
+        _validate_history(session)
         _validate_early(session, config)
         _give_workers_time_to_restore(session, config)
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
@@ -200,6 +201,20 @@ def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:
         adaptive.check_prior_dirs(session.settings.priors)
     except (AdvisorUnavailable, adaptive.PriorError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _validate_history(session: DDTreeSession) -> None:
+    """--ddtree-history: the URL's driver and, with --ddtree-history-check, the change-point
+    library are usage errors now, not a surprise after hours of measuring."""
+    settings = session.settings
+    if settings.history is None:
+        return
+    from pytest_ddtree.history import HistoryError, check_usable
+
+    try:
+        check_usable(settings.history, change_points=settings.history_check)
+    except HistoryError as exc:
+        raise pytest.UsageError(f"--ddtree-history: {exc}") from None
 
 
 def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:

@@ -1,0 +1,59 @@
+"""A synthetic history: sessions of known builds with known changes, for the history tests and
+the history page's screenshot (benchmarks/history_screenshot.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from pytest_ddtree.history import Build, CellEntry, HistoryStore, SessionEntry
+
+SESSIONS = 60
+STEP_AT = 40
+STEP = -0.04
+CREEP_PER_SESSION = -0.001  # 1% per 10 sessions
+NOISE = 0.01  # of each repeat (log sd)
+REPEATS = 3
+#: config -> what happens to its output tok/s over the sessions
+CONFIGS = {"bs8_b8_k4": "step", "bs8_b16_k4": "creep", "bs4_b8_k2": "flat"}
+CELLS = {"c1_short": 900.0, "c8_4k": 2400.0}
+
+
+def level(kind: str, session: int) -> float:
+    if kind == "step":
+        return 1.0 + (STEP if session >= STEP_AT else 0.0)
+    if kind == "creep":
+        return 1.0 + CREEP_PER_SESSION * session
+    return 1.0
+
+
+def synthetic_session(index: int, seed: int = 7, results_root: Path | None = None) -> tuple[SessionEntry, list[CellEntry]]:
+    """Session ``index`` (0-based) of the synthetic history; the cell c8_4k changes, c1_short stays level."""
+    rng = random.Random(seed * 1000 + index)
+    cells = []
+    for config, kind in CONFIGS.items():
+        for cell, base in CELLS.items():
+            factor = level(kind, index) if cell == "c8_4k" else 1.0
+            samples = [base * factor * math.exp(rng.gauss(0.0, NOISE)) for _ in range(REPEATS)]
+            accept = [4.2 * math.exp(rng.gauss(0.0, NOISE / 3)) for _ in range(REPEATS)]
+            cells.append(CellEntry(config=config, cell=cell, hardware_profile="refserver", host="ci-1", status="pass",
+                                   measurement_status="valid",
+                                   samples={"output_throughput": samples, "accept_length": accept},
+                                   verdicts={"output_throughput": {"status": "pass", "change": 0.0, "message": ""}}))
+    sid = f"20261001T{index:04d}00Z-s{index:02d}"
+    results_dir = results_root / sid if results_root is not None else None
+    report = None
+    if results_dir is not None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        (results_dir / "report.html").write_text(f"<html><body>session {sid}</body></html>")
+        report = str(results_dir / "report.html")
+    build = Build(engine_version="0.5.3", engine_build=f"commit {index:04x}{'ab' * 18}", project_commit=f"{index:02x}{'c0ffee' * 6}")
+    return SessionEntry(session_id=sid, started_at=1.79e9 + index * 86400.0, host="ci-1", build=build,
+                        results_dir=str(results_dir) if results_dir else None, report_path=report, exit_status=0), cells
+
+
+def write_synthetic_history(url: str, sessions: int = SESSIONS, results_root: Path | None = None) -> None:
+    with HistoryStore(url) as store:
+        for index in range(sessions):
+            store.append(*synthetic_session(index, results_root=results_root))

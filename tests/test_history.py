@@ -1,0 +1,178 @@
+"""The history store (SQLite and a real PostgreSQL server), its migrations, and change points.
+
+The PostgreSQL tests start a throwaway server from Debian's ``postgresql`` package on a loopback
+port (tests/postgres_helpers.py); where none can start they skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_ddtree import changepoints
+from pytest_ddtree.history import MIGRATIONS, Build, CellEntry, HistoryError, HistoryStore, SessionEntry
+from tests import history_helpers as synthetic
+from tests.postgres_helpers import postgres_server
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra; the test extra installs it) is not installed")
+    try:
+        with postgres_server() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server for the history tests: {exc}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty history database of each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.db'}"
+    import psycopg
+
+    base: str = request.getfixturevalue("postgres_url")
+    name = f"h{abs(hash(request.node.nodeid)) % 10**8}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    return base.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _raw_connect(url: str) -> object:
+    """A plain DB-API connection (autocommit) to build an old schema by hand."""
+    if url.startswith("sqlite:///"):
+        return sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _session(sid: str, started_at: float, value: float = 1000.0) -> tuple[SessionEntry, list[CellEntry]]:
+    cell = CellEntry(config="bs8_b8_k4", cell="c1_short", hardware_profile="refserver", status="pass",
+                     samples={"output_throughput": [value, value * 1.01, value * 0.99]},
+                     verdicts={"output_throughput": {"status": "pass", "change": 0.01, "message": "ok"}})
+    return SessionEntry(sid, started_at, host="h", build=Build(engine_version="0.5.3")), [cell]
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from tests.history_helpers import synthetic_session
+    from pytest_ddtree.history import HistoryStore
+    url, parity = sys.argv[1], int(sys.argv[2])
+    with HistoryStore(url) as store:
+        for index in range(parity, 16, 2):
+            store.append(*synthetic_session(index))
+            store.append(*synthetic_session(99))  # the same session from both writers: one copy stays
+""")
+
+
+def test_two_writers_at_once_both_land_and_a_session_appended_twice_is_kept_once(history_url: str, repo_root: Path) -> None:
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, history_url, str(parity)], cwd=repo_root,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for parity in (0, 1)]
+    for w in writers:
+        _, err = w.communicate(timeout=180)
+        assert w.returncode == 0, err
+    with HistoryStore(history_url) as store:
+        ids = store.session_ids()
+        cells = store.cells()
+    assert len(ids) == 17 and len(set(ids)) == 17, ids
+    per_session = {sid: [c for c in cells if c.session.session_id == sid] for sid in ids}
+    expected_cells = len(synthetic.CONFIGS) * len(synthetic.CELLS)
+    assert all(len(v) == expected_cells for v in per_session.values()), {k: len(v) for k, v in per_session.items()}
+    shared = per_session["20261001T009900Z-s99"]
+    assert all(len(c.samples["output_throughput"]) == synthetic.REPEATS for c in shared)
+    assert shared[0].session.build.engine_version == "0.5.3" and shared[0].verdicts["output_throughput"] == "pass"
+
+
+def test_an_older_schema_is_migrated_keeping_its_sessions(history_url: str) -> None:
+    conn = _raw_connect(history_url)
+    mark = "?" if history_url.startswith("sqlite") else "%s"
+    for statement in MIGRATIONS[0][1]:  # the first layout, as an older pytest-ddtree wrote it
+        conn.execute(statement)  # type: ignore[attr-defined]
+    conn.execute("CREATE TABLE ddtree_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION)")  # type: ignore[attr-defined]
+    conn.execute("INSERT INTO ddtree_schema VALUES (1, 0)")  # type: ignore[attr-defined]
+    conn.execute(f"INSERT INTO ddtree_sessions VALUES ({', '.join([mark] * 6)})",  # type: ignore[attr-defined]
+                 ("old-session", 100.0, "h", "0.5.2", "abc123", "/results/old"))
+    conn.execute(f"INSERT INTO ddtree_cells VALUES ({', '.join([mark] * 5)})", ("old-session", "bs8_b8_k4", "c1_short", "refserver", "pass"))  # type: ignore[attr-defined]
+    conn.execute(f"INSERT INTO ddtree_samples VALUES ({', '.join([mark] * 6)})",  # type: ignore[attr-defined]
+                 ("old-session", "bs8_b8_k4", "c1_short", "output_throughput", 0, 950.0))
+    conn.close()  # type: ignore[attr-defined]
+
+    with HistoryStore(history_url) as store:
+        assert store.schema_version() == MIGRATIONS[-1][0]
+        store.append(*_session("new-session", 200.0))
+        cells = store.cells()
+    old, new = cells
+    assert old.session.session_id == "old-session" and old.samples == {"output_throughput": [950.0]}
+    assert old.session.build.engine_version == "0.5.2" and old.session.build.project_commit == "abc123"
+    assert old.session.build.engine_build is None and old.verdicts == {}
+    assert new.session.session_id == "new-session" and new.verdicts == {"output_throughput": "pass"}
+
+
+def test_a_schema_newer_than_this_version_is_refused_and_left_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    with HistoryStore(url) as store:
+        store.append(*_session("s1", 1.0))
+    conn = sqlite3.connect(tmp_path / "h.db", isolation_level=None)
+    conn.execute("INSERT INTO ddtree_schema VALUES (99, 0)")
+    conn.close()
+    with pytest.raises(HistoryError, match="newer pytest-ddtree"):
+        HistoryStore(url)
+    conn = sqlite3.connect(tmp_path / "h.db")
+    assert conn.execute("SELECT COUNT(*) FROM ddtree_sessions").fetchone() == (1,)
+
+
+def test_bad_history_urls_say_what_to_give() -> None:
+    with pytest.raises(HistoryError, match="unknown scheme"):
+        HistoryStore("mysql://u:secret@db/x")
+    with pytest.raises(HistoryError, match="does not exist"):
+        HistoryStore("/no/such/folder/h.db")
+    with pytest.raises(HistoryError, match="cannot connect") as info:
+        HistoryStore("postgresql://u:secret@127.0.0.1:1/x")
+    assert "secret" not in str(info.value)
+
+
+def test_synthetic_history_finds_the_step_and_the_creep_and_nothing_else(tmp_path: Path) -> None:
+    url = str(tmp_path / "history.db")
+    synthetic.write_synthetic_history(url)
+    with HistoryStore(url) as store:
+        cells = store.cells()
+    analysed = {(s.key.config, s.key.cell, s.key.metric): s for s in changepoints.analyse(cells)}
+    assert len(analysed) == len(synthetic.CONFIGS) * len(synthetic.CELLS) * 2
+
+    step = analysed[("bs8_b8_k4", "c8_4k", "output_throughput")].change_points
+    assert len(step) == 1, [cp.describe() for cp in step]
+    (cp,) = step
+    assert abs(cp.index - synthetic.STEP_AT) <= 2 and cp.regression
+    assert -0.05 < cp.size < -0.03 and cp.interval[0] < cp.size < cp.interval[1] < 0
+    assert cp.after.session_id.endswith(f"s{cp.index:02d}") and cp.after.build != cp.before.build
+
+    creep = analysed[("bs8_b16_k4", "c8_4k", "output_throughput")].change_points
+    assert creep and all(c.regression and -0.035 < c.size < 0 for c in creep), [c.describe() for c in creep]
+    total = 1.0
+    for c in creep:
+        total *= 1 + c.size
+    assert 0.93 < total < 0.985  # the creep is 6% end to end; segment means see less of it
+
+    elsewhere = [cp.describe() for key, s in analysed.items() for cp in s.change_points
+                 if key not in (("bs8_b8_k4", "c8_4k", "output_throughput"), ("bs8_b16_k4", "c8_4k", "output_throughput"))]
+    assert not elsewhere, elsewhere
+
+    summary = changepoints.summary_text(list(analysed.values()))
+    assert summary.splitlines()[2].startswith("  - bs8_b8_k4 c8_4k output_throughput (refserver): regression of -")
+
+    # --ddtree-history-check: the sessions just after the step fail, naming its build; much later ones pass.
+    early = changepoints.analyse([c for c in cells if c.session.started_at < cells[0].session.started_at + 42 * 86400])
+    (flagged,) = changepoints.check_session(early, "20261001T004100Z-s41")
+    assert flagged.key.config == "bs8_b8_k4" and abs(flagged.index - synthetic.STEP_AT) <= 2
+    assert flagged.after.build in flagged.describe()
+    assert not changepoints.check_session(list(analysed.values()), "20261001T005900Z-s59")
