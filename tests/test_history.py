@@ -176,3 +176,21 @@ def test_synthetic_history_finds_the_step_and_the_creep_and_nothing_else(tmp_pat
     assert flagged.key.config == "bs8_b8_k4" and abs(flagged.index - synthetic.STEP_AT) <= 2
     assert flagged.after.build in flagged.describe()
     assert not changepoints.check_session(list(analysed.values()), "20261001T005900Z-s59")
+
+
+@pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
+def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pytester: pytest.Pytester, repo_root: Path,
+                                                                              postgres_url: str) -> None:
+    results = pytester.path / "results"
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={results}",
+        f"--ddtree-history={postgres_url}", "--ddtree-history-check", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*ddtree history*", "appended session * (1 cells, build refserver-* project *) to postgresql://*"])
+    session_id = json.loads((results / "results.json").read_text())["session_id"]
+    with HistoryStore(postgres_url) as store:
+        (cell,) = [c for c in store.cells() if c.session.session_id == session_id]
+    assert (cell.config, cell.cell, cell.hardware_profile) == ("bs8_b8_k4", "c1_short", "refserver")
+    assert len(cell.samples["output_throughput"]) >= 3 and cell.verdicts["output_throughput"]
+    assert cell.session.report_path == str(results / "report.html") and cell.session.build.engine_version

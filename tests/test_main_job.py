@@ -42,11 +42,12 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     profile.write_text(yaml.safe_dump(raw))
     results = pytester.path / "results"
     packages = pytester.path / "packages"
+    history = pytester.path / "history.db"
 
     result = _run(
         pytester, repo_root, "--ddtree-config=bs8_b8_k4", f"--ddtree-service={profile}",
         f"--ddtree-results={results}", f"--ddtree-package={packages}", "--ddtree-package-name=main-job",
-        "--ddtree-require-baselines",
+        "--ddtree-require-baselines", f"--ddtree-history=sqlite:///{history}",
         # c32_short is left out here: at clock scale 10 its engine needs a whole core to keep its
         # clock, and beside the other xdist worker of a 2-core CI box it could not, so the gate
         # (rightly) refused to judge it ("engine busy only 83%"). The cell is gated in every
@@ -64,6 +65,17 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     raw_kinds = {json.loads(line)["kind"] for line in (results / "records-main.jsonl").read_text().splitlines()}
     assert {"throughput", "coding", "lossless", "health", "launch"} <= raw_kinds | kinds
     assert (results / "results.md").read_text().strip()
+
+    # the session's cells landed in the history, with their samples and the build
+    from pytest_ddtree.history import HistoryStore
+
+    with HistoryStore(str(history)) as store:
+        stored = store.cells()
+    assert {c.cell for c in stored} == {"c1_short", "c8_short", "c1_4k", "c8_4k", "c32_4k", "c1_long"}
+    assert {c.session.session_id for c in stored} == {summary["session_id"]}
+    assert all(len(c.samples["output_throughput"]) >= 3 for c in stored)
+    build = stored[0].session.build
+    assert build.engine_version and build.package_version and stored[0].session.report_path == str(results / "report.html")
 
     # the package verifies here, and in a copy elsewhere, and deploys the patched files
     package = packages / "main-job"
