@@ -337,9 +337,19 @@ def build_messages(problem: Problem) -> list[dict[str, str]]:
 
 # --------------------------------------------------------------------------- extraction
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE_OPEN = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*?)[ \t]*$")
+_THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)  # a literal: one try per position, linear
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 _PY_INFOS = {"python", "py", "python3", "py3"}
+
+#: Longest answer the gate extracts code from.  The service is asked for at most
+#: ``--ddtree-coding-max-tokens`` tokens (a few KB); an answer far beyond that is not an
+#: answer to judge, and the extraction (linear, but still a pass over the text) must not
+#: be handed megabytes of hostile text.
+MAX_ANSWER_CHARS = 1_000_000
+
+
+class AnswerTooLarge(ValueError):
+    """The answer is longer than :data:`MAX_ANSWER_CHARS`; the message says by how much."""
 
 
 @dataclass(frozen=True)
@@ -350,33 +360,72 @@ class Fence:
 
 
 def strip_think(text: str) -> str:
-    """Remove reasoning blocks (see the module docstring for the rules)."""
-    text = _THINK_BLOCK.sub("", text)
-    lowered = text.lower()
-    close = lowered.rfind("</think>")
-    if close != -1:
-        text = text[close + len("</think>"):]
+    """Remove reasoning blocks (see the module docstring for the rules).
+
+    Linear in the length of ``text``: the tags are found by one scan of a literal pattern
+    (a lazy ``<think>.*?</think>`` rescans the rest of the text from every unclosed
+    ``<think>``, quadratic in a reply of repeated tags).
+    """
+    kept: list[str] = []
+    pos = 0
+    opened: int | None = None
+    for tag in _THINK_TAG.finditer(text):
+        closing = tag.group(0)[1] == "/"
+        if opened is None and not closing:
+            opened = tag.start()
+        elif opened is not None and closing:
+            kept.append(text[pos:opened])  # the block <think>...</think> goes
+            pos, opened = tag.end(), None
+    kept.append(text[pos:])
+    text = "".join(kept)
+    last_close = None
+    for last_close in _THINK_CLOSE.finditer(text):
+        pass
+    if last_close is not None:  # a lone </think>: the template opened the block, drop up to it
+        text = text[last_close.end():]
     return re.sub(r"<think>", "", text, flags=re.IGNORECASE)
 
 
+def _fence_open(line: str) -> tuple[str, str] | None:
+    """(fence, info) when ``line`` opens a fence, else None.  Plain string operations: the
+    regex this replaces backtracked cubically on a line of three backticks, spaces and a
+    backtick."""
+    indent = len(line) - len(line.lstrip(" "))
+    if indent > 3:
+        return None
+    rest = line[indent:]
+    char = rest[:1]
+    if char not in ("`", "~"):
+        return None
+    run = len(rest) - len(rest.lstrip(char))
+    if run < 3:
+        return None
+    info = rest[run:]
+    if "`" in info:  # CommonMark: a backtick fence's info has no backtick (kept for tildes too)
+        return None
+    return rest[:run], info.strip(" \t")
+
+
 def find_fences(text: str) -> list[Fence]:
-    """Fenced blocks in document order (CommonMark-like: ``` or ~~~, closing at least as long)."""
+    """Fenced blocks in document order (CommonMark-like: ``` or ~~~, closing at least as long).
+    One pass over the lines: linear in the length of ``text``."""
     fences: list[Fence] = []
     lines = text.splitlines()
     i = 0
     while i < len(lines):
-        m = _FENCE_OPEN.match(lines[i])
-        if not m:
+        opening = _fence_open(lines[i])
+        if opening is None:
             i += 1
             continue
-        fence = m.group("fence")
-        info = m.group("info").strip().split()[0].lower() if m.group("info").strip() else ""
+        fence, raw_info = opening
+        words = raw_info.split()
+        info = words[0].lower() if words else ""
         body: list[str] = []
         j = i + 1
         closed = False
         while j < len(lines):
             stripped = lines[j].strip()
-            if stripped and stripped[0] == fence[0] and set(stripped) == {fence[0]} and len(stripped) >= len(fence) and len(lines[j]) - len(lines[j].lstrip(" ")) <= 3:
+            if stripped and stripped[0] == fence[0] and len(stripped) >= len(fence) and not stripped.strip(fence[0]) and len(lines[j]) - len(lines[j].lstrip(" ")) <= 3:
                 closed = True
                 break
             body.append(lines[j])
@@ -386,8 +435,19 @@ def find_fences(text: str) -> list[Fence]:
     return fences
 
 
+def check_answer_size(answer: str) -> None:
+    """Raise :class:`AnswerTooLarge` for an answer the gate will not extract code from."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise AnswerTooLarge(
+            f"the answer has {len(answer):,} characters, more than the {MAX_ANSWER_CHARS:,} the gate extracts code from "
+            "(far more than max_tokens allows: the service ignored the limit or sent junk); no code was run"
+        )
+
+
 def extract_code(answer: str) -> str:
-    """The code in a chat answer: last python fence, else last fence, else the raw text."""
+    """The code in a chat answer: last python fence, else last fence, else the raw text.
+    Raises :class:`AnswerTooLarge` beyond :data:`MAX_ANSWER_CHARS`; linear below it."""
+    check_answer_size(answer or "")
     text = strip_think(answer or "")
     fences = find_fences(text)
     python = [f for f in fences if f.info in _PY_INFOS]
