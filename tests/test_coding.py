@@ -358,3 +358,16 @@ def test_real_humaneval_canonical_solutions_pass_in_the_sandbox() -> None:
     assert failed == []
     weak = [j.key for j, r in zip(jobs, results) if j.key.startswith("wrong:") and r.verdict is sandbox.Verdict.PASSED]
     assert weak == [], f"converted tests too weak: these wrong answers passed: {weak}"
+
+
+def test_extraction_is_linear_and_capped() -> None:
+    """The inputs that took minutes (a backtracking fence regex: 4,000 characters, 86 s; a lazy
+    <think> pattern: 280 KB, 53 s) give their answer at once; beyond the cap, a clear refusal."""
+    fence_bomb = "```" + " " * 4000 + "`"
+    assert extract_code(fence_bomb) == fence_bomb.strip() + "\n"  # not a fence: the raw text
+    assert extract_code((fence_bomb + "\n") * 100 + "```python\ndef f():\n    return 1\n```\n") == "def f():\n    return 1\n"
+    think_bomb = "<think>" * 40_000 + "\n```python\nx = 1\n```"
+    assert extract_code(think_bomb) == "x = 1\n"
+    assert extract_code("<think>a</think>" * 20_000 + "```py\ny = 2\n```") == "y = 2\n"
+    with pytest.raises(coding.AnswerTooLarge, match="more than the 1,000,000"):
+        extract_code("x" * (coding.MAX_ANSWER_CHARS + 1))

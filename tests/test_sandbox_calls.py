@@ -88,3 +88,45 @@ def test_judgement_of_outcomes() -> None:
     assert judge_outcome(plan, {"verdict": "passed"}).verdict == "error"  # the old forged form
     assert judge_outcome(plan, {"steps": [{"v": [["I", "nope"]]}, *ok["steps"][1:]]}).verdict == "error"
     assert judge_outcome(plan, {"load_error": "SyntaxError"}).verdict == "error"
+
+
+def test_decode_refuses_shared_deep_hashed_and_colliding_values() -> None:
+    """Bounds proven before anything is hashed: a shared node (the 1 KB document whose set
+    hashed 2**64 tuples), a tuple nested deeper than MAX_HASHED_DEPTH inside a set (hashing
+    it recursed in C), ints that share one hash (a quadratic set), unreferenced nodes."""
+    from pytest_ddtree.sandbox import values
+
+    hash_bomb = [["E", [1]]] + [["T", [k + 1, k + 1]] for k in range(1, 64)] + [["N"]]
+    dict_key_bomb = [["D", [1, 2]], ["T", [3, 3]], ["N"]] + [["T", [k + 1, k + 1]] for k in range(3, 64)] + [["N"]]
+    repr_bomb = [["L", [k + 1, k + 1]] for k in range(0, 26)] + [["N"]]
+    deep_in_set = [["E", [1]]] + [["T", [k + 1]] for k in range(1, 5000)] + [["T", []]]
+    p = 2**61 - 1
+    colliding = [["G", list(range(1, 2001))]] + [["I", hex(k * p)] for k in range(1, 2001)]
+    orphan = [["L", [1]], ["N"], ["N"]]
+    for nodes, why in [(hash_bomb, "shared"), (dict_key_bomb, "shared"), (repr_bomb, "shared"), (deep_in_set, "nested 5000 levels"),
+                       (colliding, "share one hash value"), (orphan, "not part of the value")]:
+        with pytest.raises(ValueError, match=why):
+            decode(nodes)
+    # honest values on the edges still decode: a deep list, a tuple key within the depth cap, a few equal hashes
+    deep: list[object] = [1]
+    for _ in range(5000):
+        deep = [deep]
+    assert difference(deep, decode(encode(deep))) is None
+    key = functools.reduce(lambda acc, _: (acc,), range(values.MAX_HASHED_DEPTH - 1), ())
+    assert decode(encode({key: 1, -1: 2, -2: 3})) == {key: 1, -1: 2, -2: 3}
+
+
+def test_short_prints_any_value_within_its_budget() -> None:
+    from pytest_ddtree.sandbox.values import short
+
+    huge = list(range(2_000_000))
+    assert short(huge, 40) == repr(huge)[:40] + "..."
+    deep: list[object] = []
+    for _ in range(50_000):
+        deep = [deep]
+    assert short(deep, 20) == "[" * 20 + "..."
+    assert short("x" * 10**7, 10).startswith("'xxxxxxxxx") and len(short("x" * 10**7, 10)) <= 13
+    assert short(10**5000, 80) == f"<int of {(10**5000).bit_length()} bits>"
+    value = {(1, "a"): frozenset({b"x"}), "s": set(), "t": (1,), "f": [1.5, None, True, 2j]}
+    assert short(value, 10_000) == repr(value)
+    assert difference(1.5, 10**400) is not None  # an int too large for a float is not close, and does not raise

@@ -618,7 +618,7 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
         return RunResult(Verdict.TIMEOUT, f"CPU time limit of {limits.cpu_s:.1f} s exceeded", **common)
     if isinstance(document, dict):
         try:
-            judged = judge_outcome(plan, document)
+            judged = judge_outcome(plan, document, check_s=limits.wall_s)
         except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # results built to break the comparison
             return RunResult(Verdict.ERROR, f"the run's results could not be compared: {type(exc).__name__}: {str(exc)[:200]}", **common)
         return RunResult(Verdict(judged.verdict), judged.message, **common)

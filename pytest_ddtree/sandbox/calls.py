@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import ast
 import builtins
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ddtree.sandbox import predicate
 from pytest_ddtree.sandbox.values import Opaque, decode, difference, encode, short
 
 __all__ = ["Arg", "Call", "StepError", "TestPlan", "Judgement", "judge_outcome", "parse_tests"]
@@ -285,8 +285,12 @@ def _describe_call(call: Call, index: int) -> str:
     return f"step {index + 1}: {call.source}"
 
 
-def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any]) -> Judgement:
+def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any], check_s: float = 10.0) -> Judgement:
     """Compare the sandbox's outcome (plain JSON from the run) with the plan's expectations.
+
+    Decoding, comparing and printing are bounded here (:mod:`.values`); a ``satisfies``
+    predicate, whose cost on a hostile result no bound covers, runs in a worker process
+    that is killed after ``check_s`` seconds (:mod:`.predicate`).
 
     Anything malformed (a result the candidate forged or cut short) is an ``error``; a value
     that differs, a missing or wrong exception is ``failed``; an unexpected exception is an
@@ -296,7 +300,7 @@ def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any]) -> Judgement:
         return Judgement("error", "the run's result is not a JSON object")
     load_error = outcome.get("load_error")
     if load_error is not None:
-        return Judgement("error", str(load_error)[-2000:])
+        return Judgement("error", load_error[-2000:] if isinstance(load_error, str) else "the run's load error report is malformed")
     steps = outcome.get("steps")
     if not isinstance(steps, list):
         return Judgement("error", "the run's result has no step outcomes")
@@ -309,15 +313,16 @@ def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any]) -> Judgement:
         if raised is not None:
             if not isinstance(raised, Mapping):
                 return Judgement("error", f"{where}: malformed exception report")
-            names = [str(n) for n in raised.get("mro", [])] if isinstance(raised.get("mro"), list) else []
-            exc_name = str(raised.get("type", "?"))
+            names = [n for n in raised.get("mro", []) if isinstance(n, str)] if isinstance(raised.get("mro"), list) else []
+            exc_name = _text(raised.get("type", "?"), 200)
             if call.raises is not None and call.raises in names:
                 continue
             if exc_name == "SystemExit":
                 return Judgement("error", f"{where}: the solution called exit()")
-            detail = str(raised.get("trace", "") or f"{exc_name}: {raised.get('message', '')}")[-2000:]
+            exc_message = _text(raised.get("message", ""), 300)
+            detail = _text(raised.get("trace", ""), 2000, tail=True) or f"{exc_name}: {exc_message}"
             if call.raises is not None:
-                return Judgement("failed", f"{where}: expected {call.raises}, got {exc_name}: {str(raised.get('message', ''))[:300]}")
+                return Judgement("failed", f"{where}: expected {call.raises}, got {exc_name}: {exc_message}")
             return Judgement("error", f"{where}: raised {exc_name}\n{detail}")
         if call.raises is not None:
             return Judgement("failed", f"{where}: expected {call.raises} to be raised, but the call returned")
@@ -333,20 +338,25 @@ def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any]) -> Judgement:
                 note = f" ({call.message})" if call.message else ""
                 return Judgement("failed", f"{where}{note}\n{diff}\nexpected: {short(call.expect)}\ngot:      {short(actual)}")
         if call.satisfies is not None:
-            why = _check_predicate(call, plan.inputs, actual)
+            why = _check_predicate(call, plan.inputs, actual, step.get("v"), check_s)
             if why is not None:
                 return Judgement("failed", f"{where}\n{why}\ngot: {short(actual)}")
     return Judgement("passed", "")
 
 
-def _check_predicate(call: Call, inputs: Mapping[str, Any], actual: Any) -> str | None:
+def _text(value: Any, width: int, tail: bool = False) -> str:
+    """A string field of the run's report, cut to ``width``; anything else is shown bounded."""
+    if not isinstance(value, str):
+        return short(value, width)
+    if len(value) <= width:
+        return value
+    return "..." + value[-width:] if tail else value[:width] + "..."
+
+
+def _check_predicate(call: Call, inputs: Mapping[str, Any], actual: Any, nodes: Any, check_s: float) -> str | None:
     if isinstance(actual, Opaque):
         return f"the result is {actual!r}, not plain data"
-    env: dict[str, Any] = {"__builtins__": builtins, "math": math, **inputs, "result": actual}
+    env: dict[str, Any] = dict(inputs)
     for arg_index, a in enumerate(call.args):
         env[f"arg{arg_index}"] = inputs.get(a.ref) if a.ref is not None else a.value
-    try:
-        ok = eval(compile(call.satisfies or "True", "<predicate>", "eval"), env)  # noqa: S307 - trusted author code on plain data
-    except Exception as exc:  # noqa: BLE001 - a result of the wrong shape
-        return f"the check {call.satisfies!r} raised {type(exc).__name__}: {exc}"
-    return None if ok is True else f"the result does not satisfy {call.satisfies}"
+    return predicate.evaluate(call.satisfies or "True", env, nodes, check_s)
