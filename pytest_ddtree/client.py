@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable
+from pytest_ddtree.http import InvalidResponse, ServiceHTTP, ServiceHTTPError, ServiceUnreachable
 
-__all__ = ["SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
+__all__ = ["CHAT_BODY_LIMIT", "InvalidResponse", "SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
+
+#: Largest chat completion body read (an answer of ``max_tokens`` tokens is a few KB; the
+#: coding gate refuses answers over 1,000,000 characters, which JSON escapes can inflate).
+CHAT_BODY_LIMIT = 16 * 1024 * 1024
 
 
 class SGLangClient:
@@ -131,7 +135,7 @@ class SGLangClient:
         }
         if return_meta_info:
             payload["return_meta_info"] = True
-        result = self.http.post_json("/v1/chat/completions", payload, timeout)
+        result = self.http.post_json("/v1/chat/completions", payload, timeout, max_bytes=CHAT_BODY_LIMIT)
         if not isinstance(result, dict):
-            raise ServiceHTTPError("POST", self.http.url("/v1/chat/completions"), 200, f"expected a JSON object, got {str(result)[:200]}")
+            raise InvalidResponse("POST", self.http.url("/v1/chat/completions"), 200, f"the body is a JSON {type(result).__name__}, not an object")
         return result

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from pytest_ddtree import sandbox
 from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.http import InvalidResponse
 from pytest_ddtree.sandbox import Job, Limits, Verdict
 from pytest_ddtree.sandbox.calls import Arg, Call, StepError, TestPlan, parse_tests
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
@@ -64,12 +65,15 @@ from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 __all__ = [
     "BUNDLED_SETS",
     "CODING_SETS",
+    "AnswerTooLarge",
     "CodingSetUnavailable",
+    "InvalidAnswer",
     "GateOutcome",
     "Problem",
     "ProblemError",
     "ProblemResult",
     "SYSTEM_PROMPT",
+    "answer_of",
     "build_messages",
     "check_corpus",
     "compare",
@@ -497,14 +501,63 @@ class ProblemResult:
         }
 
 
-def _answer_text(response: Mapping[str, Any]) -> tuple[str, int | None, str | None]:
-    choices = response.get("choices") or []
-    first = choices[0] if choices and isinstance(choices[0], Mapping) else {}
-    message = first.get("message") or {}
-    text = str(message.get("content") or "")
-    usage = response.get("usage") or {}
-    tokens = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-    return text, tokens if isinstance(tokens, int) else None, first.get("finish_reason")
+class InvalidAnswer(ValueError):
+    """A chat completion that is not the OpenAI shape; the message names the field."""
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def answer_of(response: Any) -> tuple[str, int | None, str | None]:
+    """(text, completion tokens, finish reason) of a chat completion (SGLang follows OpenAI:
+    ``python/sglang/srt/entrypoints/openai/protocol.py``, ``ChatCompletionResponse``).
+
+    Everything is checked before use, since the body is the service's: a 200 carrying an
+    error object, a missing or empty ``choices``, a ``choices[0].message`` that is not an
+    object, a ``content`` that is not a string, ``usage`` or ``finish_reason`` of the wrong
+    type raise :class:`InvalidAnswer` naming the field; an answer over
+    :data:`MAX_ANSWER_CHARS` does too.  ``content: null`` is an empty answer (``no_code``).
+    """
+    if not isinstance(response, Mapping):
+        raise InvalidAnswer(f"the body is a JSON {_kind(response)}, not an object")
+    if response.get("object") == "error" or "error" in response:
+        error = response.get("error")
+        detail = response.get("message") if response.get("object") == "error" else (error.get("message") if isinstance(error, Mapping) else error)
+        raise InvalidAnswer(f"a success status with an error body: {str(detail)[:300] if detail is not None else 'no message'}")
+    choices = response.get("choices")
+    if not isinstance(choices, list):
+        raise InvalidAnswer("'choices' is missing" if choices is None else f"'choices' is a {_kind(choices)}, not a list")
+    if not choices:
+        raise InvalidAnswer("'choices' is empty")
+    first = choices[0]
+    if not isinstance(first, Mapping):
+        raise InvalidAnswer(f"'choices[0]' is a {_kind(first)}, not an object")
+    message = first.get("message")
+    if not isinstance(message, Mapping):
+        raise InvalidAnswer("'choices[0].message' is missing" if message is None else f"'choices[0].message' is a {_kind(message)}, not an object")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise InvalidAnswer(f"'choices[0].message.content' is a {_kind(content)}, not a string")
+    text = content or ""
+    try:
+        check_answer_size(text)
+    except AnswerTooLarge as exc:
+        raise InvalidAnswer(f"'choices[0].message.content': {exc}") from None
+    finish = first.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise InvalidAnswer(f"'choices[0].finish_reason' is a {_kind(finish)}, not a string")
+    usage = response.get("usage")
+    if usage is not None and not isinstance(usage, Mapping):
+        raise InvalidAnswer(f"'usage' is a {_kind(usage)}, not an object")
+    tokens = usage.get("completion_tokens") if usage is not None else None
+    if tokens is not None and (type(tokens) is not int or tokens < 0):
+        raise InvalidAnswer(f"'usage.completion_tokens' is {_short_repr(tokens)}, not a count")
+    return text, tokens, finish
+
+
+def _short_repr(value: Any) -> str:
+    return f"a {_kind(value)}" if not isinstance(value, (int, float, str)) else repr(value)[:40]
 
 
 def solve(
@@ -520,16 +573,22 @@ def solve(
     """Ask the service for every problem (bounded concurrency), then judge all in the sandbox.
 
     A failed request is an ``error`` verdict naming the failure (the gate then fails: a
-    service that cannot answer is not correct), never an exception out of here.
+    service that cannot answer is not correct), and a malformed answer an ``error``
+    "invalid response: ..." naming the field (:func:`answer_of`); never an exception out of
+    here, and the other problems go on.
     """
 
     def ask(problem: Problem) -> ProblemResult:
         t0 = time.monotonic()
         try:
             response = client.chat(build_messages(problem), max_tokens=max_tokens, temperature=0.0, timeout=request_timeout)
+            text, tokens, finish = answer_of(response)
+        except InvalidResponse as exc:
+            return ProblemResult(problem.id, Verdict.ERROR, f"invalid response: {exc.problem}", request_s=time.monotonic() - t0)
+        except InvalidAnswer as exc:
+            return ProblemResult(problem.id, Verdict.ERROR, f"invalid response: {exc}", request_s=time.monotonic() - t0)
         except Exception as exc:  # noqa: BLE001 - turned into a verdict
-            return ProblemResult(problem.id, Verdict.ERROR, f"the chat request failed: {type(exc).__name__}: {exc}", request_s=time.monotonic() - t0)
-        text, tokens, finish = _answer_text(response)
+            return ProblemResult(problem.id, Verdict.ERROR, f"the chat request failed: {type(exc).__name__}: {str(exc)[:1000]}", request_s=time.monotonic() - t0)
         return ProblemResult(problem.id, Verdict.NO_CODE, answer=text, code=extract_code(text), request_s=time.monotonic() - t0, completion_tokens=tokens, finish_reason=finish)
 
     with ThreadPoolExecutor(max_workers=max(1, request_workers)) as pool:

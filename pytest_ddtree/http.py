@@ -54,6 +54,15 @@ class ServiceHTTPError(RuntimeError):
         super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
 
 
+class InvalidResponse(ServiceHTTPError):
+    """The service answered with a success status but a body the harness cannot use (too
+    large, not UTF-8, not JSON, not the expected shape); ``problem`` says what is wrong."""
+
+    def __init__(self, method: str, url: str, status: int, problem: str) -> None:
+        self.problem = problem
+        super().__init__(method, url, status, f"invalid response: {problem}")
+
+
 class ServiceUnreachable(ConnectionError):
     """No HTTP answer at all: refused, reset, timed out, or not HTTP. ``reason`` is short
     ("connection refused", "timed out", ...) for progress lines."""
@@ -93,8 +102,12 @@ class Response:
     def json(self) -> Any:
         try:
             return json.loads(self.body)
+        except UnicodeDecodeError as exc:
+            raise InvalidResponse(self.method, self.url, self.status, f"the body is not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
         except ValueError as exc:
-            raise ServiceHTTPError(self.method, self.url, self.status, f"not JSON ({exc}): {self.text[:200]}") from None
+            raise InvalidResponse(self.method, self.url, self.status, f"the body is not JSON ({exc}): {self.text[:200]}") from None
+        except RecursionError:
+            raise InvalidResponse(self.method, self.url, self.status, "the body is JSON nested too deeply to read") from None
 
     def raise_for_status(self) -> Response:
         if self.status >= 400:
@@ -191,9 +204,11 @@ class ServiceHTTP:
         path: str,
         payload: Any = None,
         timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Response:
         """Send one request (``payload`` as JSON), read the whole answer, return it; transport
-        failures raise :class:`ServiceUnreachable`, HTTP error statuses are returned."""
+        failures raise :class:`ServiceUnreachable`, HTTP error statuses are returned.  With
+        ``max_bytes``, a longer body is not read on: :class:`InvalidResponse`."""
         url = self.url(path)
         conn, _ = self._take(self.timeout if timeout is None else timeout)
         try:
@@ -201,24 +216,27 @@ class ServiceHTTP:
             headers = {"Content-Type": "application/json"} if data is not None else {}
             conn.request(method, self.path(path), body=data, headers=headers)
             resp = conn.getresponse()
-            body = resp.read()
+            body = resp.read() if max_bytes is None else resp.read(max_bytes + 1)
             reusable = not resp.will_close
         except TRANSPORT_ERRORS as exc:
             conn.close()
             raise ServiceUnreachable(method, url, exc) from None
+        if max_bytes is not None and len(body) > max_bytes:
+            conn.close()
+            raise InvalidResponse(method, url, resp.status, f"the body is larger than {max_bytes:,} bytes; not read on")
         if reusable:
             self._give_back(conn)
         else:
             conn.close()
         return Response(resp.status, body, url, method)
 
-    def call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Response:
+    def call(self, method: str, path: str, payload: Any = None, timeout: float | None = None, max_bytes: int | None = None) -> Response:
         """:meth:`request` with SGLang's endpoint renames: a 404 tries the next name in
         :data:`FALLBACKS`; the last answer is returned whatever its status."""
         names = FALLBACKS.get(path, (path,))
         response: Response | None = None
         for name in names:
-            response = self.request(method, name, payload, timeout)
+            response = self.request(method, name, payload, timeout, max_bytes)
             if response.status != 404:
                 return response
         assert response is not None
@@ -227,8 +245,8 @@ class ServiceHTTP:
     def get_json(self, path: str, timeout: float | None = None) -> Any:
         return self.call("GET", path, timeout=timeout).raise_for_status().json()
 
-    def post_json(self, path: str, payload: Any = None, timeout: float | None = None) -> Any:
-        return self.call("POST", path, payload, timeout).raise_for_status().json()
+    def post_json(self, path: str, payload: Any = None, timeout: float | None = None, max_bytes: int | None = None) -> Any:
+        return self.call("POST", path, payload, timeout, max_bytes).raise_for_status().json()
 
     def get_object(self, path: str, timeout: float | None = None) -> dict[str, Any]:
         """GET ``path`` (with fallbacks), which must answer a JSON object."""

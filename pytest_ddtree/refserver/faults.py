@@ -11,6 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: Bodies the ``chat-body`` fault sends instead of a chat completion (status 200 each).
+CHAT_BODY_KINDS = {
+    "message-not-object": "choices[0].message is a string",
+    "no-choices": "no 'choices' key",
+    "content-not-string": "choices[0].message.content is a list",
+    "usage-not-object": "'usage' is a string",
+    "error-body": "an SGLang ErrorResponse object with status 200",
+    "invalid-utf8": "the JSON body with two bytes that are not UTF-8",
+    "truncated-json": "the first half of the JSON body",
+    "huge-body": "a 17 MiB body",
+    "huge-answer": "a 2,000,000-character answer",
+    "think-bomb": "an answer of 40,000 '<think>' tags, then a fence",
+    "fence-bomb": "an answer of 50 lines of three backticks, 4,000 spaces and a backtick",
+}
+
 FAULT_HELP = {
     "crash-on-start": "log a traceback and exit with status 1 before opening the port",
     "exit-after=N": "exit (status 1) right after the N-th completed generation request",
@@ -21,6 +36,7 @@ FAULT_HELP = {
     "lossy-verify=P": "accept a wrong draft token with probability P (breaks losslessness)",
     "slowdown=F": "multiply every simulated step cost by F",
     "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
+    "chat-body=K[+K...]": "answer the n-th chat completion with the malformed or hostile body K[(n-1) % len]: " + ", ".join(sorted(CHAT_BODY_KINDS)),
 }
 
 
@@ -39,6 +55,7 @@ class Faults:
     lossy_verify: float = 0.0
     slowdown: float = 1.0
     clock_jitter: float = 0.0
+    chat_body: list[str] = field(default_factory=list)
     specs: list[str] = field(default_factory=list)
 
     def add(self, spec: str) -> None:
@@ -86,6 +103,12 @@ class Faults:
                 raise FaultError("fault 'slowdown': F must be > 0")
         elif name == "clock-jitter":
             self.clock_jitter = number(float, 0.0, 1.0)
+        elif name == "chat-body":
+            kinds = [k.strip() for k in value.split("+") if k.strip()]
+            bad = [k for k in kinds if k not in CHAT_BODY_KINDS]
+            if not kinds or bad:
+                raise FaultError(f"fault 'chat-body' takes kinds joined by '+' from: {', '.join(sorted(CHAT_BODY_KINDS))}")
+            self.chat_body = kinds
         else:
             known = ", ".join(FAULT_HELP)
             raise FaultError(f"unknown fault {name!r}; known: {known}")

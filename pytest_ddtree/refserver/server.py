@@ -80,6 +80,7 @@ class ServerState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     gen_requests_seen: int = 0
     gen_requests_done: int = 0
+    chat_requests: int = 0
     started: float = field(default_factory=time.time)
 
     @property
@@ -690,6 +691,9 @@ class Handler(BaseHTTPRequestHandler):
         eng = self._begin_generation()
         if eng is None:
             return
+        if self.state.faults.chat_body:
+            self._send_chat_fault()
+            return
         params = self._openai_common(body, default_max=1024)
         models = self.state.models
         assert models is not None
@@ -719,6 +723,44 @@ class Handler(BaseHTTPRequestHandler):
             params.max_new_tokens = max(1, min(1024, self.state.context_length - len(prompt)))
         self._check_length(prompt, params)
         self._openai_run(eng, body, prompt, params, chat=True)
+
+    def _send_chat_fault(self) -> None:
+        """The ``chat-body`` fault: a 200 whose body is malformed or hostile (not SGLang's
+        behaviour: it proves the harness's handling of a service that misbehaves)."""
+        st = self.state
+        with st.lock:
+            st.chat_requests += 1
+            kind = st.faults.chat_body[(st.chat_requests - 1) % len(st.faults.chat_body)]
+        code = "```python\ndef f():\n    return 1\n```"
+        message: Any = {"role": "assistant", "content": code}
+        resp: dict[str, Any] = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()), "model": "fault",
+                                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+        if kind == "message-not-object":
+            resp["choices"][0]["message"] = code
+        elif kind == "no-choices":
+            del resp["choices"]
+        elif kind == "content-not-string":
+            message["content"] = [code]
+        elif kind == "usage-not-object":
+            resp["usage"] = "many"
+        elif kind == "error-body":
+            resp = {"object": "error", "message": "injected fault chat-body=error-body", "type": "InternalServerError", "param": None, "code": 500}
+        elif kind == "huge-body":
+            message["content"] = "x" * (17 * 1024 * 1024)
+        elif kind == "huge-answer":
+            message["content"] = "```python\n" + "#" * 2_000_000 + "\n```"
+        elif kind == "think-bomb":
+            message["content"] = "<think>" * 40_000 + "\n" + code
+        elif kind == "fence-bomb":
+            message["content"] = ("```" + " " * 4000 + "`\n") * 50
+        data = json.dumps(resp).encode()
+        if kind == "invalid-utf8":
+            data = data.replace(b"def f", b"def \xff\xfe", 1)
+        elif kind == "truncated-json":
+            data = data[: len(data) // 2]
+        self._count_completion()
+        self._send(200, data, "application/json")
 
     def _openai_run(self, eng: Engine, body: dict[str, Any], prompt: list[int], params: SamplingParams, chat: bool) -> None:
         stream = _bool(body, "stream")

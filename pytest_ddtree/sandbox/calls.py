@@ -338,7 +338,10 @@ def judge_outcome(plan: TestPlan, outcome: Mapping[str, Any], check_s: float = 1
                 note = f" ({call.message})" if call.message else ""
                 return Judgement("failed", f"{where}{note}\n{diff}\nexpected: {short(call.expect)}\ngot:      {short(actual)}")
         if call.satisfies is not None:
-            why = _check_predicate(call, plan.inputs, actual, step.get("v"), check_s)
+            try:
+                why = _check_predicate(call, plan.inputs, actual, step.get("v"), check_s)
+            except predicate.PredicateError as exc:
+                return Judgement("error", f"{where}\n{exc}")
             if why is not None:
                 return Judgement("failed", f"{where}\n{why}\ngot: {short(actual)}")
     return Judgement("passed", "")

@@ -32,7 +32,7 @@ from typing import Any
 
 from pytest_ddtree.sandbox.values import encode
 
-__all__ = ["evaluate", "names_in", "shutdown"]
+__all__ = ["PredicateError", "evaluate", "names_in", "shutdown"]
 
 #: Address-space limit of a worker: room for honest results (the pipe caps them at 16 MiB).
 WORKER_MEMORY_BYTES = 2 * 1024**3
@@ -74,6 +74,10 @@ def _worker_source() -> str:
 
 class _Timeout(Exception):
     pass
+
+
+class PredicateError(RuntimeError):
+    """The predicate could not be decided: its process passed the deadline or failed."""
 
 
 class _Worker:
@@ -178,7 +182,7 @@ def names_in(predicate: str) -> frozenset[str]:
 def evaluate(predicate: str, env: Mapping[str, Any], result_nodes: Any, deadline_s: float) -> str | None:
     """None when ``predicate`` is true of the result (``result_nodes``, the run's node list),
     else why not.  ``env`` holds the trusted values the predicate may name (inputs, args).
-    Never raises: a worker that fails or passes the deadline is killed and reported."""
+    A worker that fails or passes the deadline is killed: :class:`PredicateError`."""
     used = names_in(predicate)
     try:
         request = json.dumps({
@@ -187,15 +191,15 @@ def evaluate(predicate: str, env: Mapping[str, Any], result_nodes: Any, deadline
             "result": result_nodes,
         }).encode() + b"\n"
     except (TypeError, ValueError) as exc:
-        return f"the check {predicate!r} could not be sent to its process: {exc}"
+        raise PredicateError(f"the check {predicate!r} could not be sent to its process: {exc}") from None
     worker = _take()
     try:
         why = worker.ask(request, deadline_s)
     except _Timeout:
         worker.kill()
-        return f"the check {predicate!r} did not finish within {deadline_s:.1f} s (a result built to be slow to check?); its process was killed"
+        raise PredicateError(f"the check {predicate!r} did not finish within {deadline_s:.1f} s (a result built to be slow to check?); its process was killed") from None
     except (OSError, ValueError) as exc:
         worker.kill()
-        return f"the check {predicate!r} failed in its process: {exc}"
+        raise PredicateError(f"the check {predicate!r} failed in its process: {exc}") from None
     _give_back(worker)
     return why
