@@ -109,14 +109,15 @@ class DDTreeSession:
         """The service manager of this process, created on first use (starts nothing by itself)."""
         if self._manager is None:
             from pytest_ddtree.service.manager import ServiceManager
-            from pytest_ddtree.service.pool import instance_for_worker
+            from pytest_ddtree.service.pool import instance_for_worker, worker_index
             from pytest_ddtree.service.process import install_signal_handlers
 
             # SIGTERM/SIGHUP (a cancelled CI job) skip atexit: kill the engines we start first.
             install_signal_handlers()
 
             profile = self.profile
-            instance = instance_for_worker(self.worker_id, profile.pool_size)
+            # A slurm profile has no pool: each worker submits its own jobs (pytest -n N: N jobs at once).
+            instance = worker_index(self.worker_id) if profile.controller == "slurm" else instance_for_worker(self.worker_id, profile.pool_size)
             self.recorder.host = profile.for_instance(instance).host
             self._manager = ServiceManager(
                 profile,
@@ -173,18 +174,24 @@ class DDTreeSession:
         Taken over ssh before the session lets go of the host; a failure is recorded, not raised
         (the package then says the host's snapshot is missing, the results are unaffected).
         """
-        from pytest_ddtree.service.ssh import SSHHost
-
-        if self.settings.package is None or not isinstance(manager.host, SSHHost) or not manager.launches:
+        if self.settings.package is None or not manager.launches:
+            return
+        runner = manager.snapshot_runner()  # an ssh host, or a step in the running slurm job (its node)
+        if runner is None:
+            if manager.profile.controller == "slurm":
+                self.recorder.record("host-env", None, {
+                    "host": f"slurm-worker-{manager.instance}",
+                    "error": "no job of this worker was running at session end (its last config failed), so "
+                             "nothing ran on a node to take the snapshot there"})
             return
         from pytest_ddtree.repro.envsnap import snapshot_env_on
 
         try:
             python = manager.profile.service_python or "python3"  # the service's interpreter there
-            snapshot: dict[str, Any] = {"snapshot": snapshot_env_on(manager.host, python)}
+            snapshot: dict[str, Any] = {"snapshot": snapshot_env_on(runner, python)}
         except Exception as exc:  # noqa: BLE001 - ssh down, no python3 there: say so in the package
             snapshot = {"error": f"{type(exc).__name__}: {exc}"}
-        self.recorder.record("host-env", None, {"host": manager.host.name, "systemd_unit": manager.systemd_unit_text, **snapshot})
+        self.recorder.record("host-env", None, {"host": runner.name, "systemd_unit": manager.systemd_unit_text, **snapshot})
 
     def close(self) -> None:
         """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""

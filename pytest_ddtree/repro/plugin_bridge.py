@@ -32,12 +32,15 @@ def launches_from_records(records: Iterable[Mapping[str, Any]]) -> list[LaunchRe
         command = launch.get("command")
         env = {str(k): str(v) for k, v in (launch.get("env") or {}).items()}
         dropin = launch.get("dropin")
+        job = launch.get("slurm") or {}
         key = (config, command, tuple(sorted(env.items())), dropin)
         if key in seen:
             continue
         seen.add(key)
         out.append(LaunchRecord(config, command if command is None else str(command), env,
-                                dropin if dropin is None else str(dropin)))
+                                dropin if dropin is None else str(dropin),
+                                job_script=str(job["script"]) if job.get("script") else None,
+                                slurm_version=str(job["version"]) if job.get("version") else None))
     return out
 
 

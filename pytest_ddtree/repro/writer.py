@@ -58,6 +58,8 @@ class LaunchRecord:
     command: str | None
     env: Mapping[str, str] = field(default_factory=dict)
     dropin: str | None = None  # the systemd drop-in text the harness wrote for this config
+    job_script: str | None = None  # the slurm batch script the harness submitted for this config
+    slurm_version: str | None = None  # `sbatch --version` where it was submitted
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,24 @@ def _write_services(tree: _Tree, req: PackageRequest, prof: Mapping[str, Any]) -
             if rel not in written:
                 written[rel] = r.dropin
                 tree.put(rel, r.dropin)
+    if prof.get("controller") == "slurm":
+        _write_job_scripts(tree, launches)
     return warnings
+
+
+def _write_job_scripts(tree: _Tree, launches: Sequence[LaunchRecord]) -> None:
+    """services/slurm/: each config's batch script as submitted (secret-looking exports
+    redacted) and the Slurm version it was submitted to."""
+    versions = sorted({r.slurm_version for r in launches if r.slurm_version})
+    if versions:
+        tree.put("services/slurm/slurm-version.txt", "".join(f"{v}\n" for v in versions))
+    for r in launches:
+        if r.job_script is None:
+            continue
+        text = re.sub(r"^(export ([A-Za-z_][A-Za-z0-9_]*)=).*$",
+                      lambda m: m.group(1) + "'<redacted>'" if is_secret_name(m.group(2)) else m.group(0),
+                      r.job_script, flags=re.M)
+        tree.put(f"services/slurm/{r.config}.sbatch", text, mode=0o755)
 
 
 def _jsonable(obj: Any) -> Any:

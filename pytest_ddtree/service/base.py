@@ -200,6 +200,15 @@ class Controller(abc.ABC):
     def start(self, launch: Launch) -> None:
         """Launch the service described by ``launch``; return once launched, not once ready."""
 
+    def await_placement(self, launch: Launch, progress: ProgressFn | None, *, ready_timeout_s: float,
+                        progress_interval: float = 10.0) -> Launch:
+        """Wait until the launch has a place to run and return it with its final URL and port.
+
+        Nothing to wait for where the place is known beforehand (the default); a batch job is
+        placed by its scheduler (slurm.py), and its URL follows the node it got.
+        """
+        return launch
+
     @abc.abstractmethod
     def failure(self) -> ExitInfo | None:
         """Non-None once the launched service has exited or its unit has failed."""

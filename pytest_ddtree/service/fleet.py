@@ -139,9 +139,12 @@ def parse_fleet_keys(raw: Mapping[str, Any], controller: str, fail: FailFn) -> F
     if host is not None and hosts:
         raise fail("host", "give either host (one host) or pool (a list of hosts), not both")
     remote = bool(host or hosts)
-    if remote and controller not in ("systemd", "command"):
-        raise fail("host" if host else "pool", f"remote hosts need controller systemd or command, not {controller}")
-    if remote and raw.get("port", "auto") == "auto" and not (hosts and all("port" in e.overrides or "url" in e.overrides for e in hosts)):
+    if remote and controller not in ("systemd", "command", "slurm"):
+        raise fail("host" if host else "pool", f"remote hosts need controller systemd or command (or slurm: its login node), not {controller}")
+    if hosts and controller == "slurm":
+        raise fail("pool", "a slurm profile has no pool: give the login node as host; Slurm chooses the nodes")
+    # A slurm job picks its port on its node: auto is fine behind a login host.
+    if remote and controller != "slurm" and raw.get("port", "auto") == "auto" and not (hosts and all("port" in e.overrides or "url" in e.overrides for e in hosts)):
         raise fail("port", "a remote service listens on a fixed port: set port (a free port here says nothing about the host)")
     commands = {name: raw[name] for name in COMMAND_TEMPLATES if raw.get(name)}
     if controller == "command":

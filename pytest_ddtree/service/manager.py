@@ -9,6 +9,7 @@ noticed on the next ``ensure`` and fails the rest of its config; the next config
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import socket
@@ -35,6 +36,7 @@ from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, wait_ready
+from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
 
@@ -169,7 +171,11 @@ class ServiceManager:
             profile.host, fleet.ssh_options, connect_timeout_s=fleet.connect_timeout_s,
             command_timeout_s=fleet.command_timeout_s, sudo=fleet.sudo,
         )
-        if isinstance(self.host, SSHHost):
+        if profile.controller == "slurm":
+            # The GPUs are the job's, on a node Slurm picks: a new job only gets GPUs nobody holds,
+            # and the GPUs of this machine (or of the login node) say nothing about them.
+            gpu_memory = gpu_release = None
+        elif isinstance(self.host, SSHHost):
             # The GPUs that matter are the host's: nvidia-smi there, not NVML here.
             from pytest_ddtree.service.gpu import HostGpus
 
@@ -183,7 +189,7 @@ class ServiceManager:
         self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{instance_index}") if lock_dir is not None else None
         self._host_lock = (
             HostLock(self.host, fleet.lock_path or f"/tmp/pytest-ddtree-{profile.unit or profile.name}.lock")
-            if isinstance(self.host, SSHHost) else None
+            if isinstance(self.host, SSHHost) and profile.controller != "slurm" else None
         )
         self._controller: Controller | None = None
         self._current: _Slot | None = None
@@ -214,6 +220,13 @@ class ServiceManager:
         other controllers, or before the first start)."""
         controller = self._controller
         return controller.unit_text if isinstance(controller, SystemdController) else None
+
+    def snapshot_runner(self) -> LocalHost | SSHHost | JobStep | None:
+        """Where the package's environment snapshot is taken: the ssh host that ran the service,
+        the node of the running slurm job (a step in its allocation), or None (this machine)."""
+        if isinstance(self._controller, SlurmController):
+            return self._controller.job_step()
+        return self.host if isinstance(self.host, SSHHost) else None
 
     def ensure(self, config: DDTreeConfig) -> RunningService:
         """A ready service running ``config``; restart only when the config changes.
@@ -332,6 +345,15 @@ class ServiceManager:
                     command_timeout_s=p.fleet.command_timeout_s,
                     host=self.host,
                 )
+            elif p.controller == "slurm":
+                assert p.slurm is not None, "profile validation guarantees the slurm keys"
+                # Without an output path the job log goes beside the process logs (a cluster's shared
+                # filesystem); behind a login host, to sbatch's own default place there (the home).
+                log_dir = str(self.log_dir.resolve()) if isinstance(self.host, LocalHost) else "."
+                self._controller = SlurmController(
+                    p.slurm, self.host, log_dir=log_dir, url_template=p.url, port=p.port,
+                    command_timeout_s=p.fleet.command_timeout_s, stop_timeout_s=p.stop_timeout_s,
+                )
             elif p.controller == "command":
                 self._controller = CommandController(p.fleet.commands, self.host, command_timeout_s=p.fleet.command_timeout_s)
             else:
@@ -435,6 +457,8 @@ class ServiceManager:
             self._lock.acquire(self.progress)
         controller = self._controller_for_profile()
         instance_slot = resolve_instance(self.profile, self.instance)
+        if isinstance(controller, SlurmController):  # the job's node (and with port auto, its port) comes later
+            instance_slot = dataclasses.replace(instance_slot, port=self.profile.port if isinstance(self.profile.port, int) else None, url="")
         extra_args = self.profile.lossless_args if config is None else None
         launch = Launch(
             name=name,
@@ -479,7 +503,7 @@ class ServiceManager:
         launch, controller = slot.launch, slot.controller
         external = isinstance(controller, ExternalController)
         if not external:
-            self._say(f"starting {label} on {launch.url}: {launch.command}")
+            self._say(f"starting {label} on {launch.url or 'a node the scheduler picks'}: {launch.command}")
         record: dict[str, Any] = {
             "config": label,
             "host": self.profile.host,
@@ -498,6 +522,11 @@ class ServiceManager:
         begin = time.monotonic()
         controller.start(launch)
         record.update(controller.launch_record())
+        placed = controller.await_placement(launch, self.progress, ready_timeout_s=self.ready_timeout_s,
+                                            progress_interval=self.progress_interval)
+        if placed is not launch:  # a batch job: the URL follows the node it got
+            slot.launch = launch = placed
+            record.update(controller.launch_record(), url=launch.url, port=launch.port)
         ready_s = 0.0
         # One client per launch: it polls health, then serves the tests; _Slot.stop closes it.
         client = slot.client = self.client_factory(launch.url, self.client_timeout_s)

@@ -21,10 +21,11 @@ from typing import Any, Iterable, Mapping
 
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, FleetKeys, is_host_pool, parse_fleet_keys
+from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
 from pytest_ddtree.service.ssh import SSHTarget
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
-CONTROLLERS = ("process", "systemd", "external", "command")
+CONTROLLERS = ("process", "systemd", "external", "command", "slurm")
 CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
 LOSSLESS_MODES = ("instance", "golden")
 
@@ -138,6 +139,7 @@ class ServiceProfile:
     python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
     description: str = ""
     fleet: FleetKeys = field(default_factory=FleetKeys)
+    slurm: SlurmKeys | None = None  # controller: slurm only (service/slurm.py)
     source: Path | None = None
     text: str = ""
 
@@ -318,11 +320,15 @@ class ServiceProfile:
             config_args = ""
         if extra_args:
             config_args = f"{config_args} {extra_args}".strip()
+        port_text: object = "" if port is None else port
+        host_text = self.node
+        if self.controller == "slurm":  # the job's own node and port, known only once it runs (slurm.py)
+            port_text, host_text = "${DDTREE_PORT}", "${DDTREE_HOST}"
         return self.command.format(
-            port="" if port is None else port,
+            port=port_text,
             config_args=config_args,
             python=shlex.quote(self.launch_python),
-            host=self.node,
+            host=host_text,
         ).strip()
 
     @property
@@ -441,8 +447,13 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "patches": ((dict, type(None)), False),
     "python": ((str, type(None)), False),
     "description": (str, False),
+    "slurm": ((dict, type(None)), False),
     **FLEET_KEY_TYPES,
 }
+
+
+def url_fields_of(url: object) -> set[str]:
+    return _template_fields(url) if isinstance(url, str) else set()
 
 
 def _template_fields(template: str) -> set[str]:
@@ -493,7 +504,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
             raise fail("pool", f"must be at least 1, got {pool_raw}")
         pool = pool_raw
 
-    if controller in ("process", "systemd"):
+    if controller in ("process", "systemd", "slurm"):
         if not command:
             raise fail("command", f"the {controller} controller needs a launch command")
         fields = _template_fields(command)
@@ -504,6 +515,15 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
             raise fail("command", "must contain {config_args}: otherwise no config reaches the service")
         if "port" not in fields and not (isinstance(port, int) and pool == 1):
             raise fail("command", "must contain {port} (needed for port: auto and for pools of several instances)")
+    slurm: SlurmKeys | None = None
+    if controller == "slurm":
+        slurm = parse_slurm_keys(raw.get("slurm"), fail)
+        if "pool" in raw:
+            raise fail("pool", "a slurm profile has no pool: every xdist worker submits its own job (pytest -n N: N jobs)")
+        if "host" not in url_fields_of(raw["url"]):
+            raise fail("url", "must contain {host}: Slurm chooses the job's node (its NodeAddr fills {host})")
+    elif raw.get("slurm") is not None:
+        raise fail("slurm", f"job options belong to controller: slurm (this profile's controller is {controller})")
     if controller == "systemd" and not raw.get("unit"):
         raise fail("unit", "the systemd controller needs the unit name, e.g. sglang-k26.service")
     url = raw["url"]
@@ -638,7 +658,8 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         stop_timeout_s=float(raw.get("stop_timeout_s", 30)),
         env=env,
         pool=pool,
-        instance_lock=bool(raw.get("instance_lock", True)),
+        # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
+        instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
         coding_min_pass=raw.get("coding_min_pass"),
         unit=raw.get("unit"),
         dropin_dir=raw.get("dropin_dir"),
@@ -653,6 +674,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         python=raw.get("python"),
         description=raw.get("description", ""),
         fleet=fleet,
+        slurm=slurm,
         source=source,
         text=text,
     )

@@ -1,0 +1,274 @@
+"""The slurm controller against a real Slurm: munged, slurmctld and two slurmd on this machine
+(tests/slurm_helpers.py), each config a batch job running the reference engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.base import ServiceDiedError, ServiceStartError
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.profile import ProfileError, parse_profile
+from pytest_ddtree.service.slurm import (
+    exit_code_number,
+    parse_sacct,
+    parse_slurm_keys,
+    parse_squeue_line,
+    render_job_script,
+)
+from tests.polling import wait_until
+from tests.slurm_helpers import SlurmCluster, missing_slurm
+from tests.suite_helpers import default_sigint
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "suites" / "services" / "slurm-reference.yaml"
+
+
+def _profile_raw(**slurm: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load(SHIPPED.read_text())
+    raw["slurm"] = {**raw["slurm"], "poll_interval_s": 0.3, **slurm}
+    raw.update(ready_timeout_s=60, stop_timeout_s=20)
+    return raw
+
+
+def _manager(tmp_path: Path, lines: list[str] | None = None, **slurm: Any) -> ServiceManager:
+    return ServiceManager(parse_profile(_profile_raw(**slurm)), 0, tmp_path / "logs", (lines.append if lines is not None else None),
+                          None, poll_interval=0.2, progress_interval=0.5,
+                          client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+
+
+# -- without a cluster ------------------------------------------------------------------------------
+def test_profile_keys_are_validated_with_the_key_named() -> None:
+    fail = lambda key, problem: ProfileError(f"{key}: {problem}")  # noqa: E731
+    with pytest.raises(ProfileError, match=r"slurm.gress: unknown key"):
+        parse_slurm_keys({"gress": "gpu:8"}, fail)
+    with pytest.raises(ProfileError, match=r"slurm.time_limit: not a Slurm time"):
+        parse_slurm_keys({"time_limit": "2h"}, fail)
+    with pytest.raises(ProfileError, match=r"slurm.output: only %j"):
+        parse_slurm_keys({"output": "/scratch/%u-%j.out"}, fail)
+    with pytest.raises(ProfileError, match=r"slurm.sbatch_options: each entry is one sbatch option"):
+        parse_slurm_keys({"sbatch_options": ["exclusive"]}, fail)
+    raw = _profile_raw()
+    with pytest.raises(ProfileError, match=r"url: must contain \{host\}"):
+        parse_profile({**raw, "url": "http://127.0.0.1:{port}"})
+    with pytest.raises(ProfileError, match="pool: a slurm profile has no pool"):
+        parse_profile({**raw, "pool": 2})
+    with pytest.raises(ProfileError, match="slurm: job options belong to controller: slurm"):
+        parse_profile({**raw, "controller": "process"})
+    # Behind a login node over ssh, port auto is fine: the job picks its port on its node.
+    assert parse_profile({**raw, "host": "ops@login-1"}).host == "ops@login-1"
+
+
+def test_job_script_carries_the_profile_and_publishes_the_endpoint() -> None:
+    keys = parse_slurm_keys({"partition": "gpu", "account": "llm", "gres": "gpu:8", "time_limit": "02:00:00",
+                             "sbatch_options": "--exclusive --qos=high", "setup": "module load cuda/12.4\nsource /opt/venv/bin/activate",
+                             "container": "apptainer exec --nv /images/sglang.sif"}, lambda k, p: ProfileError(p))
+    script = render_job_script(keys, job_name="ddtree-bs8_b8_k4-abc", output="/scratch/slurm-%j.out",
+                               command="python -m sglang.launch_server --port ${DDTREE_PORT}", env={"HF_TOKEN": "x y"}, port=30000)
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for option in ("--partition=gpu", "--account=llm", "--gres=gpu:8", "--time=02:00:00", "--exclusive", "--qos=high",
+                   "--no-requeue", "--nodes=1", "--output=/scratch/slurm-%j.out"):
+        assert f"#SBATCH {option}" in lines, option
+    assert lines.index("module load cuda/12.4") < lines.index("export HF_TOKEN='x y'") < lines.index("DDTREE_PORT=30000")
+    assert lines[-1] == "exec apptainer exec --nv /images/sglang.sif python -m sglang.launch_server --port ${DDTREE_PORT}"
+    # What squeue and sacct say, as the controller reads it.
+    status = parse_squeue_line("RUNNING|None|node2|ddtree-endpoint=10.0.0.7:31234\n")
+    assert status is not None and (status.state, status.node, status.endpoint) == ("RUNNING", "node2", ("10.0.0.7", 31234))
+    pending = parse_squeue_line("PENDING|Priority|(null)|\n")
+    assert pending is not None and pending.waiting and pending.reason == "Priority" and pending.node == ""
+    assert parse_sacct("4242|PREEMPTED|0:15|None\n") == ("PREEMPTED", "0:15", "None")
+    assert (exit_code_number("0:15"), exit_code_number("3:0")) == (-15, 3)
+
+
+# -- against a local cluster -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """munged, slurmctld and two slurmd in a temporary folder, for this module's tests."""
+    problem = missing_slurm()
+    if problem:
+        pytest.skip(f"no local Slurm: {problem}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2)
+    try:
+        cluster.start()
+    except Exception as exc:  # noqa: BLE001 - a machine where slurmd cannot run: say why
+        logs = "\n".join(f"{p.name}: {p.read_text()[-400:]}" for p in sorted((cluster.root / "log").glob("*")) if p.is_file())
+        cluster.close()
+        pytest.skip(f"local Slurm did not start here: {exc}\n{logs}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
+    """The cluster, this process's Slurm commands pointed at it, and nothing of ours left queued after."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    yield slurm_cluster
+    leftover = slurm_cluster.queue()
+    slurm_cluster.run("scancel", "--user", "root")
+    slurm_cluster.wait_queue_empty()
+    assert not [job for job in leftover if job.split()[2] != "blocker"], leftover
+
+
+def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    try:
+        service = manager.ensure(parse_config_name("bs8_b12_k6"))
+        assert service.server_info["speculative_num_draft_tokens"] == 12 and service.url.startswith("http://127.0.0.1:")
+        record = manager.launches[0]
+        job = record["slurm"]
+        assert record["url"] == service.url and f":{job['port']}" in service.url and job["node"] in slurm.node_names
+        assert job["version"].startswith("slurm") and "#SBATCH --no-requeue" in job["script"]
+        assert "--speculative-num-draft-tokens 12" in job["script"]
+        assert slurm.job(job["job_id"])["JobState"] == "RUNNING"
+        # The package's environment snapshot is taken on the job's node, as a step of the job.
+        runner = manager.snapshot_runner()
+        assert runner is not None and runner.name == job["node"]
+        out = runner.run(["sh", "-c", 'echo "$SLURM_JOB_ID $SLURMD_NODENAME"'], timeout_s=30).stdout.split()
+        assert out == [job["job_id"], job["node"]]
+        # The next config is the next job; the first one is cancelled and gone.
+        second = manager.ensure(parse_config_name("bs8_b4_k4"))
+        assert second.server_info["speculative_num_draft_tokens"] == 4
+        assert [line.split()[0] for line in slurm.queue()] == [manager.launches[1]["slurm"]["job_id"]]
+        assert "serves on 127.0.0.1" in manager._controller.log_tail()  # type: ignore[union-attr]
+    finally:
+        assert manager.close() == []
+    slurm.wait_queue_empty()
+    assert slurm.job(manager.launches[0]["slurm"]["job_id"])["JobState"] == "CANCELLED"
+
+
+def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Both nodes are busy: the job pends with the reason squeue gives. Its own queue timeout fails
+    it with that reason (and cancels it); with a longer one it starts once a node frees up."""
+    blockers = [slurm.submit_blocker(node) for node in slurm.node_names]
+    lines: list[str] = []
+    manager = _manager(tmp_path, lines, queue_timeout_s=6)
+    try:
+        with pytest.raises(ServiceStartError) as info:
+            manager.ensure(parse_config_name("bs8_b8_k4"))
+        message = str(info.value)
+        assert "still PENDING after 6 s (queue_timeout_s); Slurm's reason: Resources (cancelled)" in message, message
+        assert any("pending, reason: Resources" in line for line in lines), lines
+        assert sorted(line.split()[0] for line in slurm.queue()) == sorted(blockers)
+    finally:
+        manager.close()
+
+    lines.clear()
+    manager = _manager(tmp_path / "2", lines, queue_timeout_s=60)
+
+    def free_a_node_once_it_waits() -> None:
+        wait_until(lambda: any("pending, reason: Resources" in line for line in lines), 30, "the pending progress line", interval=0.1)
+        slurm.run("scancel", blockers[1])
+
+    freer = threading.Thread(target=free_a_node_once_it_waits, daemon=True)
+    freer.start()
+    try:
+        service = manager.ensure(parse_config_name("bs8_b8_k4"))
+        freer.join(timeout=30)
+        assert manager.launches[0]["slurm"]["node"] == slurm.node_names[1] and service.server_info["speculative_num_draft_tokens"] == 8
+        assert manager.launches[0]["slurm"]["queued_s"] > 0
+    finally:
+        assert manager.close() == []
+        slurm.run("scancel", blockers[0])
+
+
+@pytest.mark.slow
+def test_a_job_killed_at_its_time_limit_fails_its_config_and_the_sweep_goes_on(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The running job's limit is cut to zero (as an admin may; Slurm's limit check then ends it
+    within its 30 s period): the config fails with Slurm's state, exit code and log line; the next
+    config gets a new job."""
+    manager = _manager(tmp_path)
+    config = parse_config_name("bs8_b8_k4")
+    try:
+        manager.ensure(config)
+        job_id = manager.launches[0]["slurm"]["job_id"]
+        assert slurm.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=0").returncode == 0
+
+        def died() -> str | None:
+            try:
+                manager.ensure(config)
+            except ServiceDiedError as exc:
+                return str(exc)
+            return None
+
+        message = wait_until(died, 90, "the job to be killed at its time limit", interval=0.5)
+        assert f"slurm job {job_id} on " in message and "is TIMEOUT (reason TimeLimit, exit code 0:" in message, message  # 0:0 when the engine exits cleanly on SIGTERM
+        assert "DUE TO TIME LIMIT" in message, message  # slurmstepd's line in the job log
+        with pytest.raises(ServiceDiedError):  # the config's other tests fail at once, with the same words
+            manager.ensure(config)
+        assert manager.launches[0]["outcome"].startswith("died: slurm job")
+        assert manager.ensure(parse_config_name("bs8_b4_k4")).server_info["speculative_num_draft_tokens"] == 4
+    finally:
+        assert manager.close() == []
+
+
+def _sweep(tmp_path: Path, *extra: str, configs: str = "bs8_b*_k4") -> list[str]:
+    return [sys.executable, "-m", "pytest", "suites/test_health.py", f"--ddtree-config={configs}", "-n", "2",
+            f"--ddtree-service={SHIPPED}", f"--ddtree-results={tmp_path / 'results'}", "-p", "no:cacheprovider", "-q", *extra]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["COLUMNS"] = "400"
+    return env
+
+
+@pytest.mark.slow
+def test_sweep_with_two_workers_runs_two_jobs_at_once(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = subprocess.run(_sweep(tmp_path, f"--ddtree-package={tmp_path / 'pkg'}", "--ddtree-package-name=slurm"),
+                            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert not slurm.queue(), slurm.queue()
+    records = [yaml.safe_load(line) for f in (tmp_path / "results").glob("records-*.jsonl") for line in f.read_text().splitlines()]
+    launches = [r["launch"] for r in records if r.get("kind") == "launch"]
+    jobs = {launch["config"]: launch["slurm"] for launch in launches}
+    assert sorted(jobs) == [f"bs8_b{b}_k4" for b in (12, 16, 4, 8)], sorted(jobs)
+    assert len({job["job_id"] for job in jobs.values()}) == 4 and {job["node"] for job in jobs.values()} == set(slurm.node_names)
+    # Every job of the sweep ended cancelled by the harness, none by a failure of its own.
+    assert {slurm.job(job["job_id"]).get("JobState") for job in jobs.values()} == {"CANCELLED"}
+    package = tmp_path / "pkg" / "slurm"
+    assert (package / "services" / "slurm" / "slurm-version.txt").read_text().startswith("slurm")
+    for config, job in jobs.items():
+        assert (package / "services" / "slurm" / f"{config}.sbatch").read_text() == job["script"]
+    hosts = sorted(p.name for p in (package / "env" / "hosts").iterdir())
+    assert hosts == slurm.node_names, hosts  # each worker's last job's node, snapshot taken there
+    snapshot = yaml.safe_load((package / "env" / "hosts" / hosts[0] / "environment.json").read_text())
+    assert snapshot["env_vars"].get("SLURMD_NODENAME") == hosts[0], snapshot["env_vars"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_running_and_queued_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """One node is taken by another user's job: one worker's job runs, the other's waits in the
+    queue. SIGINT to the sweep's process group (a terminal's Ctrl-C) cancels both."""
+    blocker = slurm.submit_blocker(slurm.node_names[1])
+    proc = subprocess.Popen(_sweep(tmp_path), cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, preexec_fn=default_sigint)
+    try:
+        def ours(state: str) -> list[str]:
+            return [line for line in slurm.queue() if line.split()[1] == state and "blocker" not in line]
+
+        wait_until(lambda: ours("RUNNING") and ours("PENDING"), 120, "one job of the sweep running and one pending", interval=0.2)
+        queued = [line.split()[0] for line in ours("RUNNING") + ours("PENDING")]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2, out[-3000:]  # pytest's "interrupted"
+    assert [line.split()[0] for line in slurm.queue()] == [blocker], (slurm.queue(), out[-3000:])
+    assert {slurm.job(job_id).get("JobState") for job_id in queued} == {"CANCELLED"}
+    slurm.run("scancel", blocker)
