@@ -31,6 +31,7 @@ NO_GPU = "no NVIDIA GPU"
 _ENV_PREFIXES = (
     "CUDA_", "NCCL_", "NVIDIA_", "SGLANG_", "TORCH_", "PYTORCH_", "TRITON_", "FLASHINFER_", "HF_",
     "HUGGINGFACE_", "TRANSFORMERS_", "OMP_", "MKL_", "NVTE_", "CUBLAS_", "CUDNN_", "DDTREE_", "VLLM_",
+    "SLURM_", "SLURMD_",  # a Slurm job's allocation (node, GPUs bound by gres, CPUs), where it ran
 )
 _ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
               "LANG", "LC_ALL", "TZ")
