@@ -2,7 +2,8 @@
 
 Why bubblewrap: it is the well-kept tool for exactly this (Flatpak's sandbox).  Run as the
 run's unprivileged uid inside a user namespace it builds a new root holding, read-only,
-``/usr`` (with the ``/bin`` and ``/lib*`` links), the interpreter's prefix, a fresh
+``/usr`` (with the ``/bin`` and ``/lib*`` links), the interpreter's prefix (with every
+site- and dist-packages directory and the project's data covered by an empty tmpfs), a fresh
 ``/proc`` and a minimal ``/dev``; the work dir and ``/tmp`` are size-capped tmpfs mounts
 that die with the namespace.  There is no ``/run``, ``/var``, ``/etc``, home or project
 tree, no network (a new network namespace), new PID/IPC/UTS/cgroup namespaces,
@@ -21,26 +22,30 @@ from __future__ import annotations
 import os
 import shutil
 
-__all__ = ["command", "find"]
+__all__ = ["SYSTEM_DIRS", "command", "find"]
 
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 def find() -> str | None:
     return shutil.which("bwrap")
 
 
-def command(bwrap: str, *, workdir: str, expose: list[str], tmp_bytes: int, seccomp_fd: int | None, run: list[str]) -> list[str]:
-    """The bwrap argv for one run (the environment is the caller's, already scrubbed)."""
+def command(bwrap: str, *, workdir: str, expose: list[str], hide: list[str], tmp_bytes: int, seccomp_fd: int | None, run: list[str]) -> list[str]:
+    """The bwrap argv for one run (the environment is the caller's, already scrubbed).
+    Each directory of ``hide`` (installed packages, the project's data) is covered by an
+    empty read-only tmpfs."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
-    for path in _SYSTEM_DIRS:
+    for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     for path in expose:
-        if not any(path == d or path.startswith(d + os.sep) for d in _SYSTEM_DIRS):
+        if not any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
             argv += ["--ro-bind", path, path]
+    for path in hide:
+        argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--size", str(tmp_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(tmp_bytes), "--perms", "0700", "--tmpfs", workdir, "--chdir", workdir]

@@ -3,7 +3,8 @@
 Mode ``unshare``: started as ``unshare --net --pid --ipc --uts --mount --fork --kill-child
 --mount-proc -- python -I stage.py CONFIG_JSON``, it is PID 1 of new PID, network, IPC, UTS
 and mount namespaces, still root.  It joins the run's cgroup, builds the run's whole view
-on a fresh tmpfs (read-only ``/usr`` and the interpreter's prefix, a new ``/proc``, a few
+on a fresh tmpfs (read-only ``/usr`` and the interpreter's prefix, with installed packages
+and the project's data covered by empty read-only tmpfs mounts, a new ``/proc``, a few
 device nodes, size-capped tmpfs ``/tmp``, ``/dev/shm`` and work dir) and ``pivot_root``s
 into it, so nothing else of the host exists for the run.  A child then drops to the per-run
 uid, sets ``no_new_privs``, loads the seccomp filter and ``exec``s the runner; the stage
@@ -122,7 +123,7 @@ def _ro_bind(source: str, target: str) -> None:
     _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
-def _minimal_root(workdir: str, expose: list[str], tmp_size: str, uid: int | None, gid: int | None) -> None:
+def _minimal_root(workdir: str, expose: list[str], hide: list[str], tmp_size: str, uid: int | None, gid: int | None) -> None:
     """Build the run's whole view on a fresh tmpfs and ``pivot_root`` into it, as bubblewrap
     does: read-only ``/usr`` (and the ``/bin``, ``/lib*`` links), the interpreter's prefix,
     a new ``/proc``, a few device nodes, and size-capped tmpfs ``/tmp`` and work dir.
@@ -144,6 +145,9 @@ def _minimal_root(workdir: str, expose: list[str], tmp_size: str, uid: int | Non
             continue
         os.makedirs(inside(path), exist_ok=True)
         _ro_bind(path, inside(path))
+    for path in hide:  # installed packages and the project's data: an empty read-only tmpfs
+        if os.path.isdir(inside(path)):
+            _mount("tmpfs", inside(path), "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0755,size=4k")
     os.makedirs(inside("/proc"))
     _mount("proc", inside("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     os.makedirs(inside("/dev"))
@@ -204,7 +208,7 @@ def main(argv: list[str]) -> int:
         os.execv(cfg["exec"][0], cfg["exec"])
 
     _join_cgroups(cfg.get("cgroup_procs", []))  # before the host's /sys goes out of view
-    _minimal_root(workdir, expose, tmp_size, uid, gid)
+    _minimal_root(workdir, expose, cfg.get("hide", []), tmp_size, uid, gid)
 
     argv_next: list[str] = cfg["exec"]
     sys.stdout.flush()
