@@ -239,12 +239,14 @@ def test_seccomp_no_new_privs_and_no_keyring() -> None:
         "        call(165, 0, 0, 0, 0, 0),\n"  # mount
         "        clone(0x10000000 | 17),\n"  # clone(CLONE_NEWUSER | SIGCHLD)
         "        call(435, 0, 0),\n"  # clone3: ENOSYS, so libc falls back to clone
+        "        call(41, 40, 1, 0),\n"  # socket(AF_VSOCK, SOCK_STREAM): vsock is not network-namespaced
+        "        call(41, 1, 1, 0) == 0,\n"  # socket(AF_UNIX) still works (it returns an fd, not -1)
         "        nnp,\n"
         "        os.getuid() != 0,\n"
         "    ]\n"
     )
-    (res,) = run_all([Job(code, "f() == [1, 1, 1, 1, 1, 1, 38, '1', True]", "f", key="kernel")])
-    assert res.verdict is Verdict.PASSED, res.message  # EPERM (1) everywhere, clone3 ENOSYS, no_new_privs set, not root
+    (res,) = run_all([Job(code, "f() == [1, 1, 1, 1, 1, 1, 38, 1, True, '1', True]", "f", key="kernel")])
+    assert res.verdict is Verdict.PASSED, res.message  # EPERM (1) everywhere, clone3 ENOSYS, vsock EPERM, no_new_privs set, not root
 
 
 # --------------------------------------------------------------------------- the userns tier
@@ -260,7 +262,7 @@ def test_userns_tier_as_an_unprivileged_user() -> None:
     script = (
         "import json\nfrom pytest_ddtree import sandbox\niso = sandbox.isolation()\n"
         "r = sandbox.run_code('import os\\ndef f():\\n    return sorted(os.listdir(\"/\"))', 'f() == 1', 'f')\n"
-        "print(json.dumps({'tier': iso.tier, 'seccomp': iso.seccomp, 'message': r.message, 'refusal': sandbox.refusal(iso, False)}))\n"
+        "print(json.dumps({'tier': iso.tier, 'seccomp': iso.seccomp, 'message': r.message, 'refusal': sandbox.refusal(iso, False), 'describe': iso.describe()}))\n"
     )
     done = subprocess.run(
         [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script],
@@ -275,3 +277,5 @@ def test_userns_tier_as_an_unprivileged_user() -> None:
     listing = out["message"]  # the failed step shows what / holds in the run
     assert "'usr'" in listing and not any(f"'{d}'" in listing for d in ("etc", "run", "var", "home", "root", "work")), listing
     assert out["seccomp"] is True and "--ddtree-sandbox=plain" in out["refusal"]
+    # memory: charged to a delegated cgroup where one is writable, else said to be unbounded
+    assert "by cgroup" in out["describe"] or "shared memory: memfd, tmpfs, NOT bounded" in out["describe"], out["describe"]

@@ -212,3 +212,21 @@ def test_steal_the_corpus_answer_fails_the_gate_under_a_non_editable_prefix_inst
     (rec,) = [r for r in records if r.get("kind") == "coding"]
     assert done.returncode == 1 and rec["passed"] == 0, out[-3000:]
     assert all(p["verdict"] == "error" and "No such file or directory" in p["message"] for p in rec["problems"]), rec["problems"]
+
+
+def test_interpreter_under_tmp_is_named_in_the_fix(tmp_path: Path) -> None:
+    """Every namespace tier puts a private tmpfs on /tmp, so an interpreter there cannot run:
+    the refusal says so and what to do, instead of "install bubblewrap" (which is installed)."""
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip(f"the test's tmp dir {tmp_path} is not under /tmp")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)], check=True, capture_output=True)
+    _install_copy(_site(venv, version))
+    script = "from pytest_ddtree import sandbox\nprint(sandbox.refusal(sandbox.isolation(), False))\n"
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=180, cwd="/",
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    why = done.stdout
+    assert f"the interpreter {venv}/bin/python" in why and "outside /tmp" in why and "set the tier explicitly" in why, why
+    assert "install bubblewrap" not in why.split("Fix:", 1)[1], why

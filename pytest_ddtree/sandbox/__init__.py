@@ -178,7 +178,7 @@ class Isolation:
             parts.append("minimal read-only view (/usr + interpreter, no site-packages)" if self.tier == "bwrap" else "minimal read-only view (/usr + interpreter, no site-packages, pivot_root)")
         else:
             parts.append("the whole host visible")
-        parts.append(f"memory+pids by cgroup {self.cgroup}" if self.cgroup else "memory by RLIMIT_AS only (shared memory not counted)")
+        parts.append(f"memory+pids by cgroup {self.cgroup}" if self.cgroup else "memory by RLIMIT_AS only (shared memory: memfd, tmpfs, NOT bounded)")
         parts.append("seccomp + no_new_privs" if self.seccomp else "no seccomp")
         return ", ".join(parts)
 
@@ -613,7 +613,7 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
         os.close(filter_w)
         child_fds += (filter_r,)
     group = None
-    if tier in ("bwrap", "unshare") and uid is not None:
+    if (tier in ("bwrap", "unshare") and uid is not None) or tier == "userns":  # userns: where a delegated cgroup is writable
         group = cgroup.create(f"ddtree-sbx-{uid}-{secrets.token_hex(3)}", limits.memory_bytes + _size_bytes(limits.tmp_size), limits.processes + 4)
     argv, popen_user = _build_command(tier, workdir, uid, limits, child_fds, group.procs_files() if group else [])
     job = {**plan.to_job(), "code": code, "limits": _job_limits(limits, tier, uid)}
@@ -775,7 +775,7 @@ def isolation() -> Isolation:
         start = TIERS.index(forced) if forced in TIERS else 0
         is_root = hasattr(os, "getuid") and os.getuid() == 0
         linux = sys.platform.startswith("linux")
-        group = cgroup.available() if is_root else None
+        group = cgroup.available()  # not root: only a delegated (writable) v2 subtree
         has_seccomp = seccomp.program() is not None
         candidates = []
         if linux and is_root:
@@ -797,6 +797,8 @@ def isolation() -> Isolation:
                 _iso_cache = Isolation(tier, is_root, True, True, True, tuple(notes), cgroup=group, seccomp=has_seccomp, minimal_view=True)
                 return _iso_cache
             notes.append(f"{tier} tier unavailable ({why})")
+            if _under_tmp() and not any("under /tmp" in n for n in notes):
+                notes.append(f"the interpreter {_under_tmp()} lies under /tmp, hidden in the run by its private /tmp")
         if is_root:
             why = _probe("plain", want_uid=True)
             if why is None:
@@ -807,25 +809,50 @@ def isolation() -> Isolation:
         return _iso_cache
 
 
+def _under_tmp() -> str | None:
+    """The interpreter's path when it (or a directory it needs) lies under /tmp: every
+    namespace tier puts a private tmpfs on /tmp, which hides it from the run."""
+    exe, expose = _interpreter()
+    for path in (exe, *expose):
+        if path == "/tmp" or path.startswith("/tmp/"):
+            return exe
+    return None
+
+
+def _fix(iso: Isolation) -> str:
+    """What to do about a weak tier, from what actually failed (not always "install")."""
+    exe = _under_tmp()
+    if exe is not None:
+        return (f"the interpreter {exe} lies under /tmp, which the sandbox covers with a private tmpfs, so no run can "
+                "start it: use an interpreter (or create the venv) outside /tmp, or set the tier explicitly")
+    if os.environ.get("DDTREE_SANDBOX_TIER", "") in TIERS[1:]:
+        return f"DDTREE_SANDBOX_TIER={os.environ['DDTREE_SANDBOX_TIER']} skipped the stronger tiers: unset it"
+    if not (hasattr(os, "getuid") and os.getuid() == 0):
+        return "run as root (the namespace tiers drop to a per-run uid), with bubblewrap (apt-get install bubblewrap) or util-linux unshare"
+    if not bwrap.find() and not unshare.find():
+        return "install bubblewrap (apt-get install bubblewrap) or util-linux"
+    return "the probe runs of the namespace tiers failed as noted; fix that cause (CAP_SYS_ADMIN and CAP_SETUID are needed)"
+
+
 def refusal(iso: Isolation, allow_plain: bool) -> str | None:
     """Why the coding gate must not run generated code here (None: it may).
 
     Fail closed: without a namespace tier with a uid drop the gate runs only when the user
-    opted in (``--ddtree-sandbox=plain``), and never as root without a uid drop.
+    opted in (``--ddtree-sandbox=plain``), and never as root without a uid drop.  The fix
+    named is the one for what failed (:func:`_fix`).
     """
     is_root = hasattr(os, "getuid") and os.getuid() == 0
     if is_root and not iso.uid_drop:
         return (
             f"the sandbox would run generated code as root ({iso.describe()}; {'; '.join(iso.notes) or 'no uid drop'}). "
-            "Fix: install bubblewrap (apt-get install bubblewrap) or util-linux, or run with CAP_SYS_ADMIN and CAP_SETUID"
+            f"Fix: {_fix(iso)}"
         )
     if iso.strong or allow_plain:
         return None
     why = "; ".join(iso.notes) or ("not root: no uid drop, no cgroup" if iso.tier == "userns" else "no namespaces")
     return (
         f"the strongest sandbox tier is unavailable: {iso.describe()} ({why}). "
-        "Fix: install bubblewrap (apt-get install bubblewrap) or util-linux unshare and run as root, "
-        "or accept the weaker isolation explicitly with --ddtree-sandbox=plain (ini: ddtree_sandbox = plain)"
+        f"Fix: {_fix(iso)}; or accept the weaker isolation explicitly with --ddtree-sandbox=plain (ini: ddtree_sandbox = plain)"
     )
 
 

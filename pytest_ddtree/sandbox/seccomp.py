@@ -3,7 +3,8 @@
 Why: namespaces and a uid drop leave kernel interfaces open that generated code has no use
 for and that are the usual first step of an escape: new user namespaces (a private root
 with mount rights, tmpfs memory outside ``RLIMIT_AS``), the kernel keyring, ``io_uring``,
-``ptrace``, mounts, ``bpf``.  The filter makes them fail with ``EPERM`` and kills a process
+``ptrace``, mounts, ``bpf``, and ``socket(AF_VSOCK)`` (vsock is not network-namespaced, so a
+new network namespace does not cut it off).  The filter makes them fail with ``EPERM`` and kills a process
 that uses another syscall ABI (i386 or x32) to get round the table.  bubblewrap loads it with
 ``--seccomp FD``; the ``unshare`` stage loads it itself with ``prctl`` after
 ``PR_SET_NO_NEW_PRIVS``.  Only x86_64 has a table here: elsewhere :func:`program` returns
@@ -47,6 +48,8 @@ DENIED = {
     "mount_setattr": 442,
 }
 _CLONE = 56
+_SOCKET = 41
+_AF_VSOCK = 40  # vsock is not network-namespaced: it reaches the host and VMs past --unshare-net
 _CLONE3 = 435  # its flags live in memory BPF cannot read: ENOSYS makes libc fall back to clone
 
 # BPF opcodes
@@ -84,13 +87,16 @@ def program() -> bytes | None:
     for i, nr in enumerate(deny):
         ins.append(_ins(_JEQ_K, tail_after - i + 4, 0, nr))
     ins += [
-        _ins(_JEQ_K, 0, 1, _CLONE3),
-        _ins(_RET_K, 0, 0, _RET_ERRNO | _ENOSYS),
-        _ins(_JEQ_K, 0, 3, _CLONE),
-        _ins(_LD_W_ABS, 0, 0, 16),  # seccomp_data.args[0], low 32 bits: the clone flags
-        _ins(_JSET_K, 1, 0, _NAMESPACE_FLAGS),
-        _ins(_RET_K, 0, 0, _RET_ALLOW),
-        _ins(_RET_K, 0, 0, _RET_ALLOW),
+        _ins(_JEQ_K, 0, 1, _CLONE3),  # t0
+        _ins(_RET_K, 0, 0, _RET_ERRNO | _ENOSYS),  # t1
+        _ins(_JEQ_K, 0, 2, _SOCKET),  # t2: socket -> t3, else t5
+        _ins(_LD_W_ABS, 0, 0, 16),  # t3: seccomp_data.args[0], low 32 bits: the address family
+        _ins(_JEQ_K, 0, 3, _AF_VSOCK),  # t4: AF_VSOCK -> EPERM (fixed up below), else allow (t8)
+        _ins(_JEQ_K, 0, 3, _CLONE),  # t5: clone -> t6, else allow (t9)
+        _ins(_LD_W_ABS, 0, 0, 16),  # t6: seccomp_data.args[0], low 32 bits: the clone flags
+        _ins(_JSET_K, 1, 0, _NAMESPACE_FLAGS),  # t7: namespace flags -> EPERM (fixed up below)
+        _ins(_RET_K, 0, 0, _RET_ALLOW),  # t8
+        _ins(_RET_K, 0, 0, _RET_ALLOW),  # t9
     ]
     # fix-up: the jeq targets above must land on the EPERM return appended here
     eperm_index = len(ins)
@@ -99,8 +105,8 @@ def program() -> bytes | None:
     for i, nr in enumerate(deny):
         pos = base + i
         ins[pos] = _ins(_JEQ_K, eperm_index - pos - 1, 0, nr)
-    # the JSET (namespace flags set) jumps to EPERM too
-    jset_pos = base + len(deny) + 4
+    vsock_pos = base + len(deny) + 4
+    ins[vsock_pos] = _ins(_JEQ_K, eperm_index - vsock_pos - 1, 3, _AF_VSOCK)
+    jset_pos = base + len(deny) + 7
     ins[jset_pos] = _ins(_JSET_K, eperm_index - jset_pos - 1, 0, _NAMESPACE_FLAGS)
-    # after JSET false: allow (next instruction); the clone-mismatch jump lands on an allow as well
     return b"".join(ins)
