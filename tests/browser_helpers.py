@@ -66,7 +66,7 @@ def open_page(path: Path, profile_dir: Path, viewport: tuple[int, int] = (1400, 
             context.route("**/*", route)
             opened.page.on("console", lambda m: opened.console_errors.append(m.text) if m.type == "error" else None)
             opened.page.on("pageerror", lambda e: opened.console_errors.append(f"page error: {e}"))
-            # Generous: on a loaded 2-core CI box parsing 4.7 MB of plotly.js can take many seconds.
+            # Generous: on a loaded 2-core CI box parsing 1.2 MB of plotly.js can take many seconds.
             opened.page.set_default_timeout(180_000)
             opened.page.goto(own, wait_until="load")
             yield opened

@@ -194,3 +194,30 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     assert (cell.config, cell.cell, cell.hardware_profile) == ("bs8_b8_k4", "c1_short", "refserver")
     assert len(cell.samples["output_throughput"]) >= 3 and cell.verdicts["output_throughput"]
     assert cell.session.report_path == str(results / "report.html") and cell.session.build.engine_version
+
+
+@pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
+def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_its_build(pytester: pytest.Pytester,
+                                                                                         repo_root: Path) -> None:
+    import yaml
+
+    baseline = yaml.safe_load((repo_root / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())
+    median = float(baseline["metrics"]["c1_short"]["gates"]["output_throughput"]["median"])
+    db = pytester.path / "history.db"
+    with HistoryStore(str(db)) as store:  # ten earlier sessions of the same cell, 30% faster than today's engine
+        for n in range(10):
+            faster = [median * 1.3 * (1 + 0.01 * ((n + k) % 3 - 1)) for k in range(3)]
+            cell = CellEntry(config="bs8_b8_k4", cell="c1_short", hardware_profile="refserver", status="pass",
+                             samples={"output_throughput": faster})
+            store.append(SessionEntry(f"earlier-{n}", 1.0e9 + n, build=Build(engine_version="refserver-fast", project_commit=f"{n:040x}")), [cell])
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-history={db}", "--ddtree-history-check", timeout=300)
+    session_id = json.loads((pytester.path / "results" / "results.json").read_text())["session_id"]
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "*ddtree history check*",
+        f"- bs8_b8_k4 c1_short output_throughput (refserver): regression of -* began at session {session_id} (build refserver-*);"
+        " the last session before it was earlier-9 (build refserver-fast project 0000000000)*",
+    ])

@@ -84,21 +84,40 @@ def test_missing_sections_render_as_not_measured() -> None:
             assert what in text
 
 
-def test_without_the_charts_extra_every_table_stays_and_the_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_chart_runtime_every_table_stays_and_the_missing_file_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(charts, "plotly_runtime", lambda: None)
     page = build_html(_payload())
-    assert "Plotly.newPlot" not in page and "pip install 'pytest-ddtree[report]'" in page
+    assert "Plotly.newPlot" not in page and charts.RUNTIME_FILE in page and "reinstall" in page
     assert page.count('<tr data-config="bs8_b8_k4" data-cell=') >= 2 and 'id="coding-grid"' in page
 
 
-def test_with_the_charts_extra_one_panel_per_context_and_the_runtime_inline() -> None:
-    if charts.plotly_runtime() is None:
-        pytest.skip("plotly (the report extra) is not installed; the test extra installs it")
+def test_one_panel_per_context_and_the_runtime_inline() -> None:
     payload = _payload()
     payload["throughput"].append({**payload["throughput"][0], "cell": "c1_l", "context_tokens": 512})
     page = build_html(payload)
     assert len(re.findall(r'id="chart-output_throughput-ctx-\d+"', page)) == 2
     assert "Plotly.newPlot" in page and not re.search(r"<(script|link|img)[^>]*(src|href)=", page)
+
+
+def test_a_context_measured_at_one_concurrency_is_shown_as_such() -> None:
+    payload = _payload()
+    payload["throughput"].append({**payload["throughput"][0], "cell": "c1_l", "context_tokens": 512})
+    panels = {p["context"]: p for p in charts.sweep_panels(model.cells(payload), "output_throughput", "tok/s")}
+    one = panels[512]
+    assert one["caption"] == "context 512: measured at concurrency 1 only"
+    assert one["figure"]["layout"]["xaxis"]["type"] == "category" and one["figure"]["layout"]["xaxis"]["tickvals"] == [1]
+    several = panels[48]
+    assert several["caption"] == "context 48" and several["figure"]["layout"]["xaxis"]["type"] == "log"
+    page = build_html(payload)
+    assert "<figcaption>context 512: measured at concurrency 1 only</figcaption>" in page
+    assert '"title": {"text": "context' not in page  # captions, not Plotly titles (the toolbar covered those)
+
+
+def test_the_page_stays_small_with_its_charts() -> None:
+    """The vendored basic bundle, not the full plotly.js: the page of a session stays far below 1.5 MB."""
+    page = build_html(_payload())
+    assert "Plotly.newPlot" in page and len(page.encode()) < 1_400_000
+    assert "plotly.js (basic - minified)" in page
 
 
 def test_live_progress_counts_each_configs_tests_and_estimates_the_end(tmp_path: Path) -> None:

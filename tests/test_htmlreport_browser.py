@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import coding
+from pytest_ddtree import coding, report
 from pytest_ddtree.htmlreport import model
 from tests.browser_helpers import browser_missing_reason, cell_figures, open_page
 from tests.suite_helpers import REPO, reference_profile
@@ -188,8 +188,17 @@ def test_every_cell_in_the_dom_equals_results_json_and_one_chart_per_context(ses
             "#panels-output .js-plotly-plot",
             "ds => ds.map(d => ({ctx: +d.dataset.context, traces: d.data.map(t => ({name: t.name, x: t.x, y: t.y}))}))")
         request_panels = opened.page.eval_on_selector_all("#panels-per-request .js-plotly-plot", "ds => ds.length")
+        # Each chart's caption sits above it, clear of Plotly's toolbar (which covered titles drawn in the plot).
+        captions = opened.page.evaluate("""() => [...document.querySelectorAll('figure.chart-box')].map(f => {
+            const c = f.querySelector('figcaption').getBoundingClientRect(), m = f.querySelector('.modebar-container');
+            const r = m ? m.getBoundingClientRect() : null;
+            return {text: f.querySelector('figcaption').textContent, clear: !r || c.bottom <= r.top || c.top >= r.bottom};
+        })""")
         assert opened.console_errors == [] and opened.foreign_requests == []
     assert sorted(p["ctx"] for p in panels) == contexts and request_panels == len(contexts)
+    assert captions and all(c["clear"] for c in captions), captions
+    assert {c["text"] for c in captions} >= {f"context {report._ctx(ctx)}" for ctx in contexts}
+    assert (sessions.regressed / "report.html").stat().st_size <= 1_500_000
     checked = 0
     for cell in results["throughput"]:
         shown = dom[(cell["config"], cell["cell"])]

@@ -3,8 +3,8 @@
 Why one file with everything inline: it is opened from disk, attached to a CI run or copied off
 a GPU box that has no network, so it may not fetch anything. It is rendered from the same
 payload as ``results.json`` (plus a live status while the session runs) by a Jinja2 template;
-the charts are Plotly figures (see charts.py) and appear only where the ``report`` extra is
-installed; every figure is in a table too, so the page without the extra still says it all.
+the charts are Plotly figures drawn by the vendored plotly.js basic bundle (see charts.py);
+every figure is in a table too, so a page without charts would still say it all.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class LiveStatus:
         }
 
 
-def _template() -> Any:
+def template(name: str = "report.html.j2") -> Any:
+    """One of the package's Jinja2 templates (autoescaped; an undefined name is an error)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -60,7 +61,7 @@ def _template() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    return env.get_template("report.html.j2")
+    return env.get_template(name)
 
 
 def environment_rows(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -154,13 +155,13 @@ def build_html(
         if fig:
             figure_id = f"repeats-{config}"
             figures[figure_id] = fig
-            repeat_charts.append({"id": figure_id})
+            repeat_charts.append({"id": figure_id, "caption": f"{config}: output tok/s repeats / baseline median"})
     accept = report._config_accept([{"config": c.config, "metrics": {"accept_length": c.values.get("accept_length")}}
                                     for c in cells if not c.predicted and c.measurement_status != "invalid"])
     environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
     environment.update(_engine_facts(payload))
     lossless = model.records(payload, "lossless")
-    return str(_template().render(
+    return str(template().render(
         live=live.view(),
         refresh_s=REFRESH_S,
         overall=model.overall(gate_rows),
@@ -169,7 +170,7 @@ def build_html(
         gates=gate_rows,
         recommendations=[str(r) for r in payload.get("recommendations") or []],
         charts_available=runtime is not None,
-        charts_extra=charts.CHARTS_EXTRA,
+        runtime_file=charts.RUNTIME_FILE,
         plotly_js=(runtime or "").replace("</script", "<\\/script"),
         figures_json=charts.figure_json(figures if runtime else {}),
         output_panels=output_panels,

@@ -1,10 +1,14 @@
 """Chart specifications (Plotly figure dicts) and the inlined Plotly runtime.
 
-Why Plotly (see the README's "HTML report" section for the comparison): its Python package
-ships ``plotly.min.js`` inside the wheel, so a page can inline the runtime with no download;
-it needs only ``narwhals`` and ``packaging`` (no numpy, pandas or pillow); its charts zoom,
-pan, hover and toggle series out of the box. The figures here are plain JSON-ready dicts,
-so building them needs nothing from plotly at all; only the runtime text comes from it.
+Why Plotly's "basic" partial bundle, vendored (see the README's "HTML report" section): the
+pages draw only scatter and bar traces, and plotly.js's basic bundle (scatter, bar, pie; 1.2 MB
+minified) is a quarter of the full one the plotly wheel ships (4.7 MB, with maps and 3-D), so a
+report stays near 1.3 MB instead of 5 MB. Vendored (MIT, with its licence file, in ``vendor/``),
+it needs no Python package at all and no download when a page is opened. Its charts zoom, pan,
+hover and toggle series out of the box. The figures here are plain JSON-ready dicts.
+
+Titles are the page's own captions above each chart, not Plotly titles: Plotly's toolbar sits
+in the top-right corner of the plot and covered them.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 from pytest_ddtree import report
 from pytest_ddtree.configs import config_or_none, name_sort_key
 from pytest_ddtree.htmlreport.model import Cell, is_number
 
-#: The extra that adds the charts (the page names it when the runtime is missing).
-CHARTS_EXTRA = "pytest-ddtree[report]"
+#: The vendored runtime (package data of pytest_ddtree.htmlreport).
+RUNTIME_FILE = "vendor/plotly-basic.min.js"
 
 _STATUS_COLOR = {"pass": "#2e7d32", "improved": "#1565c0", "updated": "#2e7d32", "regression": "#c62828",
                  "invalid": "#6a1b9a", "inconclusive": "#ef6c00", "missing": "#757575", "new": "#757575"}
@@ -27,28 +32,33 @@ _STATUS_COLOR = {"pass": "#2e7d32", "improved": "#1565c0", "updated": "#2e7d32",
 
 @functools.lru_cache(maxsize=1)
 def plotly_runtime() -> str | None:
-    """The plotly.js source shipped in the plotly wheel, or None when plotly is not installed."""
+    """The vendored plotly.js basic bundle, or None when the file is missing (a broken install)."""
     try:
-        from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
-    except ImportError:
+        return resources.files("pytest_ddtree.htmlreport").joinpath(RUNTIME_FILE).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
         return None
-    return str(get_plotlyjs())
 
 
 def _ctx_label(tokens: int | None) -> str:
     return report._ctx(tokens) if tokens is not None else "?"
 
 
-def _layout(title: str, x_title: str, y_title: str, log_x: bool = False) -> dict[str, Any]:
+def _layout(x_title: str, y_title: str, log_x: bool = False) -> dict[str, Any]:
+    """A chart's layout; its title is the page's caption (see the module docstring)."""
     return {
-        "title": {"text": title, "font": {"size": 14}},
         "xaxis": {"title": {"text": x_title}, **({"type": "log", "dtick": 0.30102999566} if log_x else {})},
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
-        "margin": {"l": 60, "r": 10, "t": 40, "b": 50},
-        "height": 340,
+        "margin": {"l": 60, "r": 10, "t": 30, "b": 50},  # the top margin is the toolbar's row
+        "height": 320,
         "legend": {"font": {"size": 10}},
         "hovermode": "closest",
     }
+
+
+def single_x(layout: dict[str, Any], x: Any) -> None:
+    """A chart whose points all share one x: a category axis with that one tick, not a log
+    axis spanning 0.125..8 around it (what Plotly draws for one point)."""
+    layout["xaxis"] = {"title": layout["xaxis"]["title"], "type": "category", "tickvals": [x], "range": [-0.5, 0.5]}
 
 
 def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[str, Any]]:
@@ -62,6 +72,7 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
     panels = []
     for ctx in sorted(by_ctx, key=lambda t: t or 0):
         traces = []
+        concurrencies = {p[0] for points in by_ctx[ctx].values() for p in points}
         for name in sorted(by_ctx[ctx], key=lambda n: name_sort_key(n.split(" ")[0])):
             points = sorted(by_ctx[ctx][name])
             traces.append({
@@ -70,10 +81,14 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
                 "hovertemplate": f"{name}<br>%{{text}}: %{{y:.1f}}<extra></extra>",
                 **({"line": {"dash": "dot"}} if name.endswith("(predicted)") else {}),
             })
-        panels.append({
-            "id": f"{metric}-ctx-{ctx}", "context": ctx,
-            "figure": {"data": traces, "layout": _layout(f"context {_ctx_label(ctx)}", "concurrency", y_title, log_x=True)},
-        })
+        layout = _layout("concurrency", y_title, log_x=True)
+        caption = f"context {_ctx_label(ctx)}"
+        if len(concurrencies) == 1:
+            (only,) = concurrencies
+            single_x(layout, only)
+            caption += f": measured at concurrency {only} only"
+        panels.append({"id": f"{metric}-ctx-{ctx}", "context": ctx, "caption": caption,
+                       "figure": {"data": traces, "layout": layout}})
     return panels
 
 
@@ -113,9 +128,10 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
                        f"{report.DRAFTER_BOUND_GAIN:.0%} gain)", "x": flat_x, "y": flat_y, "text": flat_text,
                        "marker": {"symbol": "x-thin-open", "size": 16, "color": "#c62828", "line": {"width": 3}},
                        "hovertemplate": "%{text}<extra></extra>"})
-    layout = _layout("Acceptance against budget", "budget (tree nodes per verify step)", "accepted tokens per step")
-    layout["xaxis"]["type"] = "log"
-    layout["xaxis"]["dtick"] = 0.30102999566
+    layout = _layout("budget (tree nodes per verify step)", "accepted tokens per step", log_x=True)
+    budgets = {x for t in traces for x in t["x"]}
+    if len(budgets) == 1:
+        single_x(layout, next(iter(budgets)))
     return {"data": traces, "layout": layout}
 
 
@@ -167,7 +183,7 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_thr
         traces.append({"type": "scatter", "mode": "markers", "name": f"this session ({status})", "x": x, "y": y,
                        "text": text, "marker": {"color": _STATUS_COLOR.get(status, "#000"), "size": 9},
                        "hovertemplate": "%{text} (%{y:.3f} of the baseline median)<extra></extra>"})
-    layout = _layout(f"{config}: output tok/s repeats / baseline median", "cell", "relative to the baseline median")
+    layout = _layout("cell", "relative to the baseline median")
     layout["yaxis"].pop("rangemode")
     layout["barmode"] = "overlay"
     return {"data": traces, "layout": layout}

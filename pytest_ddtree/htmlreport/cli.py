@@ -1,8 +1,10 @@
-"""``ddtree-report RESULTS_DIR [--against OTHER_RESULTS_DIR] [-o report.html]``.
+"""``ddtree-report RESULTS_DIR [--against OTHER_RESULTS_DIR] [-o report.html]`` or ``ddtree-report --history URL``.
 
 Rebuilds the page of a results folder (after an upgrade of the report, or from a session that
 was killed before it finished: the records are enough), and with ``--against`` puts another
-session's figures beside each cell with the change, judged by the throughput gate itself.
+session's figures beside each cell with the change, judged by the throughput gate itself. With
+``--history`` it draws the history database's trends and change points instead, and prints the
+newest change points as text for a CI log.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_ddtree.htmlreport import REPORT_HTML, build_html, load_payload
+from pytest_ddtree.htmlreport.history import HISTORY_HTML
 from pytest_ddtree.atomicfile import write_atomic
 
 #: Exit status of a usage error (as pytest's): a folder that is not a results folder.
@@ -22,13 +25,23 @@ USAGE_ERROR = 4
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddtree-report", description=__doc__.split("\n\n")[1] if __doc__ else None)
-    parser.add_argument("results", type=Path, help="a session's results folder (results.json or records-*.jsonl)")
+    parser.add_argument("results", type=Path, nargs="?", default=None,
+                        help="a session's results folder (results.json or records-*.jsonl)")
+    parser.add_argument("--history", default=None, metavar="URL",
+                        help="a history database (path, sqlite:///path.db or postgresql://...): write its trend page "
+                             f"(default ./{HISTORY_HTML}) and print its newest change points")
     parser.add_argument("--against", type=Path, default=None, metavar="OTHER_RESULTS_DIR",
                         help="another session's results folder: its figures and the change per config and cell")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help=f"where to write the page (default: RESULTS_DIR/{REPORT_HTML}, or "
                              f"RESULTS_DIR/report-against-<other>.html with --against)")
     args = parser.parse_args(argv)
+    if (args.history is None) == (args.results is None):
+        parser.print_usage(sys.stderr)
+        print("ddtree-report: give either a results folder or --history URL", file=sys.stderr)
+        return USAGE_ERROR
+    if args.history is not None:
+        return _history_page(args.history, args.output or Path(HISTORY_HTML))
     try:
         payload = load_payload(args.results)
         other = load_payload(args.against) if args.against is not None else None
@@ -40,6 +53,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = args.results / (REPORT_HTML if args.against is None else f"report-against-{args.against.resolve().name}.html")
     page = build_html(payload, other=other, other_label=str(args.against) if args.against else "", source=str(args.results))
     write_atomic(output, page)
+    print(f"wrote {output}")
+    return 0
+
+
+def _history_page(url: str, output: Path) -> int:
+    from pytest_ddtree import changepoints
+    from pytest_ddtree.history import HistoryError, HistoryStore, redact
+    from pytest_ddtree.htmlreport.history import build_history_html
+
+    try:
+        with HistoryStore(url) as store:
+            cells = store.cells()
+        analysed = changepoints.analyse(cells)
+    except (HistoryError, changepoints.ChangePointsUnavailable) as exc:
+        print(f"ddtree-report: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    summary = changepoints.summary_text(analysed)
+    output_dir = output.resolve().parent
+    write_atomic(output, build_history_html(analysed, source=redact(url), output_dir=output_dir, summary=summary))
+    print(summary)
     print(f"wrote {output}")
     return 0
 

@@ -1,0 +1,124 @@
+"""The history page (``ddtree-report --history URL``): a trend chart per config x cell x metric.
+
+One self-contained file like report.html (data, styles and the vendored chart runtime inline),
+so it opens offline from a CI artifact. Each chart plots one value per session (the geometric
+mean of its repeats, the number the change points are found on), the level of each segment
+between change points, and a dashed line at each change point labelled with its size. A point
+links to its session's report.html when the history knows that folder. Filters (config, cell,
+metric, hardware profile) only hide charts; a chart is drawn the first time it is shown, so a
+campaign's hundreds of series do not all render at load.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_ddtree import gate
+from pytest_ddtree.changepoints import MAX_PVALUE, ChangePoint, Series, newest_change_points
+from pytest_ddtree.htmlreport import charts
+from pytest_ddtree.htmlreport.model import fmt_time
+from pytest_ddtree.history import redact
+
+HISTORY_HTML = "ddtree-history.html"
+_REGRESSION_COLOR, _IMPROVEMENT_COLOR = "#c62828", "#2e7d32"
+
+
+def _link(report_path: str | None, output_dir: Path) -> str:
+    """A link to a session's report that works from where the page is written (relative when it can be)."""
+    if not report_path:
+        return ""
+    target = Path(report_path)
+    try:
+        return os.path.relpath(target, output_dir)
+    except ValueError:  # another drive (Windows): an absolute URI
+        return target.as_uri()
+
+
+def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[str, Any]:
+    points = series.points
+    xs = [ordinal[p.session_id] for p in points]
+    unit = gate.SPECS[series.key.metric].unit if series.key.metric in gate.SPECS else ""
+    hover = [f"{p.session_id}<br>{fmt_time(p.started_at)}<br>build {p.build}<br>{p.status or ''}: "
+             f"{', '.join(f'{v:.4g}' for v in p.samples)}" for p in points]
+    traces: list[dict[str, Any]] = [{
+        "type": "scatter", "mode": "lines+markers", "name": "session (geometric mean of repeats)", "x": xs,
+        "y": [p.value for p in points], "text": hover, "customdata": [_link(p.report_path, output_dir) for p in points],
+        "hovertemplate": "%{text}<br>%{y:.4g} " + unit + "<extra></extra>", "marker": {"size": 6, "color": "#1565c0"},
+        "line": {"width": 1, "color": "#90caf9"},
+    }]
+    bounds = [0, *(cp.index for cp in series.change_points), len(points)]
+    level_x: list[float | None] = []
+    level_y: list[float | None] = []
+    for start, stop in zip(bounds, bounds[1:]):
+        values = [p.value for p in points[start:stop]]
+        mean = _geometric_mean(values)
+        level_x += [xs[start], xs[stop - 1], None]
+        level_y += [mean, mean, None]
+    traces.append({"type": "scatter", "mode": "lines", "name": "level between change points", "x": level_x, "y": level_y,
+                   "line": {"color": "#424242", "width": 2}, "hoverinfo": "skip"})
+    shapes, annotations = [], []
+    for cp in series.change_points:
+        x = (ordinal[cp.before.session_id] + ordinal[cp.after.session_id]) / 2
+        color = _REGRESSION_COLOR if cp.regression else _IMPROVEMENT_COLOR
+        shapes.append({"type": "line", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1,
+                       "line": {"color": color, "dash": "dash", "width": 2}})
+        annotations.append({"x": x, "yref": "paper", "y": 0.98, "yanchor": "top", "xanchor": "left", "showarrow": False,
+                            "text": f"{cp.size:+.1%}", "font": {"color": color, "size": 12}, "bgcolor": "rgba(255,255,255,0.8)"})
+    layout: dict[str, Any] = {
+        "xaxis": {"title": {"text": "session (oldest first)"}}, "yaxis": {"title": {"text": unit or series.key.metric}},
+        "margin": {"l": 60, "r": 10, "t": 30, "b": 45}, "height": 300, "showlegend": False, "hovermode": "closest",
+        "shapes": shapes, "annotations": annotations,
+    }
+    if len(points) == 1:
+        charts.single_x(layout, xs[0])
+    return {"data": traces, "layout": layout}
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _change_row(cp: ChangePoint, output_dir: Path) -> dict[str, Any]:
+    return {"cp": cp, "after_link": _link(cp.after.report_path, output_dir), "before_link": _link(cp.before.report_path, output_dir)}
+
+
+def build_history_html(all_series: Sequence[Series], *, source: str, output_dir: Path, summary: str) -> str:
+    """The page for ``all_series`` (with their change points); ``source`` is the history URL."""
+    from pytest_ddtree.htmlreport import template
+
+    sessions: dict[str, Any] = {}
+    for s in all_series:
+        for p in s.points:
+            sessions.setdefault(p.session_id, p)
+    ordered = sorted(sessions.values(), key=lambda p: (p.started_at, p.session_id))
+    ordinal = {p.session_id: n for n, p in enumerate(ordered, start=1)}
+    figures: dict[str, Any] = {}
+    trends = []
+    # Series that changed first, the newest change first: what a team looks at; then the level ones.
+    newest = {id(s): max(cp.after.started_at for cp in s.change_points) for s in all_series if s.change_points}
+    ordered_series = sorted(all_series, key=lambda s: -newest.get(id(s), float("-inf")))
+    for n, s in enumerate(ordered_series):
+        figure_id = f"trend-{n}"
+        figures[figure_id] = _figure(s, ordinal, output_dir)
+        caption = f"{s.key.config} {s.key.cell}: {s.key.metric} ({s.key.hardware_profile})"
+        if len(s.points) == 1:
+            caption += ": one session so far"
+        trends.append({"id": figure_id, "key": s.key, "caption": caption, "change_points": len(s.change_points)})
+    runtime = charts.plotly_runtime()
+    return str(template("history.html.j2").render(
+        source=redact(source), generated=fmt_time(time.time()), summary=summary, max_pvalue=f"{MAX_PVALUE:g}",
+        sessions=[{"n": ordinal[p.session_id], "point": p, "link": _link(p.report_path, output_dir)} for p in ordered],
+        changes=[_change_row(cp, output_dir) for cp in newest_change_points(all_series, limit=50)],
+        trends=trends,
+        configs=sorted({s.key.config for s in all_series}), cells=sorted({s.key.cell for s in all_series}),
+        metrics=sorted({s.key.metric for s in all_series}), profiles=sorted({s.key.hardware_profile for s in all_series}),
+        charts_available=runtime is not None, runtime_file=charts.RUNTIME_FILE,
+        plotly_js=(runtime or "").replace("</script", "<\\/script"), figures_json=charts.figure_json(figures if runtime else {}),
+        fmt_time=fmt_time,
+    ))

@@ -1,0 +1,98 @@
+"""The history page of a synthetic history (60 sessions, a 4% step, a creep), in headless Chromium.
+
+``ddtree-report --history`` writes it; the browser checks that the change points are marked where
+the detector put them, that the filters work, that a click on a point opens its session's report,
+and that the page reaches for nothing outside its file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddtree.htmlreport.history import build_history_html
+from pytest_ddtree import changepoints
+from pytest_ddtree.history import HistoryStore
+from tests import history_helpers as synthetic
+from tests.browser_helpers import browser_missing_reason, open_page
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def history_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("history")
+    db = root / "history.db"
+    synthetic.write_synthetic_history(str(db), results_root=root / "results")
+    out = root / "history.html"
+    proc = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", f"sqlite:///{db}", "-o", str(out)],
+                          capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def test_the_summary_for_ci_names_the_newest_change_points_with_their_builds(history_page: tuple[Path, str]) -> None:
+    _, stdout = history_page
+    lines = stdout.splitlines()
+    assert lines[0].startswith("history: 60 sessions, 12 series") and "change points" in lines[0]
+    assert lines[2].startswith("  - bs8_b8_k4 c8_4k output_throughput (refserver): regression of -")
+    assert "began at session 20261001T00" in lines[2] and "(build 0.5.3 " in lines[2]
+    assert lines[-1] == f"wrote {history_page[0]}"
+
+
+@pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or "")
+def test_the_page_marks_the_change_points_filters_and_links_each_point_to_its_report(history_page: tuple[Path, str], tmp_path: Path) -> None:
+    page_path, _ = history_page
+    assert page_path.stat().st_size < 1_500_000
+    with open_page(page_path, tmp_path / "profile") as opened:
+        page = opened.page
+        changes = page.eval_on_selector_all("#change-table tr[data-index]", "rs => rs.map(r => [r.dataset.config, +r.dataset.index, +r.dataset.size])")
+        shown = page.eval_on_selector_all("figure.trend", "fs => fs.filter(f => f.style.display !== 'none').map(f => f.dataset.config + ' ' + f.dataset.cell + ' ' + f.dataset.metric)")
+        marks: dict[str, Any] = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('figure.trend')]
+            .filter(f => f.style.display !== 'none')
+            .map(f => [f.dataset.config + ' ' + f.dataset.cell, (f.querySelector('.js-plotly-plot').layout.shapes || []).map(s => s.x0)]))""")
+        # Filters: one config shows its two cells.
+        page.select_option("#filter-config", "bs8_b8_k4")
+        filtered = page.eval_on_selector_all("figure.trend", "fs => fs.filter(f => f.style.display !== 'none').length")
+        # A click on the step's first regressed point opens that session's report.
+        page.evaluate("() => { window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; }; }")
+        target = page.evaluate("""() => {
+            const f = [...document.querySelectorAll('figure.trend')].find(f => f.style.display !== 'none' && f.dataset.cell === 'c8_4k');
+            const div = f.querySelector('.js-plotly-plot'); const trace = div.data[0]; const i = 40;
+            const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.querySelector('.nsewdrag').getBoundingClientRect();
+            return {x: box.left + xa.l2p(trace.x[i]), y: box.top + ya.l2p(trace.y[i]), link: trace.customdata[i]};
+        }""")
+        page.mouse.move(target["x"], target["y"])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("() => window.__opened.length > 0", timeout=30_000)
+        opened_links = page.evaluate("() => window.__opened")
+        # Captions sit above the chart, clear of Plotly's toolbar.
+        overlap = page.evaluate("""() => [...document.querySelectorAll('figure.trend')].filter(f => f.style.display !== 'none').some(f => {
+            const c = f.querySelector('figcaption').getBoundingClientRect(), m = f.querySelector('.modebar-container');
+            if (!m) return false; const r = m.getBoundingClientRect(); return c.bottom > r.top && c.top < r.bottom; })""")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert [c[0] for c in changes] == ["bs8_b8_k4", "bs8_b16_k4", "bs8_b16_k4"]
+    assert abs(changes[0][1] - synthetic.STEP_AT) <= 2 and -0.05 < changes[0][2] < -0.03
+    assert len(shown) == len(synthetic.CONFIGS) * len(synthetic.CELLS) and all(s.endswith("output_throughput") for s in shown)
+    # The dashed line sits between the last session before the step and the first after it (1-based ordinals).
+    assert marks["bs8_b8_k4 c8_4k"] == [changes[0][1] + 0.5]
+    assert len(marks["bs8_b16_k4 c8_4k"]) == 2 and marks["bs4_b8_k2 c8_4k"] == [] and marks["bs8_b8_k4 c1_short"] == []
+    assert filtered == 2
+    assert opened_links == [target["link"]] and target["link"].endswith("s40/report.html")
+    assert (page_path.parent / target["link"]).is_file()
+    assert not overlap
+
+
+def test_a_series_of_one_session_is_shown_as_one_point(tmp_path: Path) -> None:
+    with HistoryStore(str(tmp_path / "h.db")) as store:
+        store.append(*synthetic.synthetic_session(0))
+        cells = store.cells()
+    analysed = changepoints.analyse(cells)
+    page = build_history_html(analysed, source="h.db", output_dir=tmp_path, summary=changepoints.summary_text(analysed))
+    assert "bs8_b8_k4 c8_4k: output_throughput (refserver): one session so far" in page
+    assert '"xaxis": {"title": {"text": "session (oldest first)"}, "type": "category", "tickvals": [1]' in page
+    assert "No change point" in page
