@@ -21,6 +21,8 @@ import itertools
 import queue
 import threading
 import time
+import zlib
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from typing import Any
 
 from .ddtree import build_tree, verify
 from .faults import Faults
-from .model import Drafter, MatchState, Models, uniform
+from .model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
 
 VERSION = "refserver-0.1.0"
 
@@ -44,16 +46,24 @@ class ClockModel:
                   + per_verify_token  * sum over the batch of (budget + 1)   [1 without speculation]
                   + per_draft_token   * sum over the batch of block_size     [0 without speculation]
                   + per_context_token * sum over the batch of context length
+                  + per_draft_context_token * sum over the batch of min(context length, window)
+                                                                             [0 without speculation]
     prefill step = prefill_fixed + prefill_per_token * sum of prompt tokens admitted
 
     The defaults put a bs8_b8_k4 step at concurrency 1 near 42 ms (~110 tok/s per
-    request) and make the budget crossover appear between concurrency 1 and 32.
+    request) and make the budget crossover appear between concurrency 1 and 32. The draft
+    block attends to the draft's own KV of the last ``min(seq_len, window)`` tokens (SGLang
+    dflash_worker.py ``_compute_compact_draft_seq_lens``; the whole sequence without a
+    window): a few draft layers against the target's many, so a context token costs the
+    draft 0.3 of what it costs the target's verify, and a window makes long-context steps
+    cheaper.
     """
 
     decode_fixed: float = 0.040
     per_verify_token: float = 0.00025
     per_draft_token: float = 0.00005
     per_context_token: float = 0.0000005
+    per_draft_context_token: float = 0.00000015
     prefill_fixed: float = 0.020
     prefill_per_token: float = 0.00005
 
@@ -189,6 +199,13 @@ class Request:
     aborted: bool = False
     target: MatchState = field(default_factory=MatchState)
     draft: MatchState = field(default_factory=MatchState)
+    #: the sequence as the models have consumed it (prompt, then accepted tokens)
+    ctx: Context = field(default_factory=Context)
+    #: the sequence's repeat of its own text, shared by the target and the drafter (the
+    #: drafter's window decides how well it sees it: model.Drafter)
+    copy: CopyState = field(default_factory=CopyState)
+    drafted_upto: int = 0  # tokens of ctx the drafter has followed
+    salt: int = 0  # decorrelates the drafter noise of different prompts (set at prefill)
     events: queue.Queue[StepEvent] = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
     serial: int = field(default_factory=lambda: next(_ids))
@@ -395,12 +412,46 @@ class Engine:
         return cost
 
 
-    def _target_next(self, r: Request, state: int, position: int) -> int:
+    def _target_next(self, r: Request) -> int:
+        """The target's next token after everything ``r.ctx`` holds (greedy or sampled)."""
         p = r.params
+        target = self.models.target
+        copied = target.copied(r.target, r.copy, r.ctx, p.ignore_eos)
+        if copied >= 0:
+            return copied
         if p.temperature <= 0:
-            return self.models.target.greedy(state, p.ignore_eos)
-        u = uniform(self.seed, p.seed, position)
-        return self.models.target.sample(state, p.temperature, u, p.ignore_eos)
+            return target.greedy(r.target.state, p.ignore_eos)
+        u = uniform(self.seed, p.seed, len(r.ctx))
+        return target.sample(r.target.state, p.temperature, u, p.ignore_eos)
+
+    def _target_push(self, r: Request, tok: int) -> None:
+        """Append ``tok`` to the sequence and advance the target's view of it."""
+        ctx = r.ctx
+        ctx.append(tok)
+        self.models.target.feed(r.target, tok)
+        follow_copy(r.copy, ctx, len(ctx) - 1)
+
+    def _prefill_models(self, r: Request) -> None:
+        """Consume the prompt: the target's corpus match follows every token; the copy state
+        is chosen once, at the prompt's end, so a long prompt costs one lookup rather than one
+        per token; the drafter's capped corpus match needs only the prompt's last tokens."""
+        ctx, target = r.ctx, self.models.target
+        ctx.extend(r.prompt_ids)
+        for tok in r.prompt_ids:
+            target.feed(r.target, tok)
+        r.copy.src, r.copy.length = ctx.source([], len(ctx))
+        if self.spec.speculative:
+            drafter = self.drafter
+            for tok in r.prompt_ids[-drafter.cap :]:
+                drafter.feed(r.draft, tok)
+        r.drafted_upto = len(ctx)
+
+    def _drafter_catch_up(self, r: Request) -> None:
+        """Let the drafter's corpus match follow the tokens appended since it last looked."""
+        drafter, seq, draft = self.drafter, r.ctx.seq, r.draft
+        for i in range(r.drafted_upto, len(seq)):
+            drafter.feed(draft, seq[i])
+        r.drafted_upto = len(seq)
 
     def _stop_ids(self, r: Request) -> set[int]:
         ids = set(r.params.stop_token_ids)
@@ -409,21 +460,17 @@ class Engine:
         return ids
 
     def _prefill(self, batch: list[Request]) -> None:
-        target, drafter = self.models.target, self.drafter
         n_prompt = 0
         for r in batch:
             n_prompt += len(r.prompt_ids)
-            for tok in r.prompt_ids:
-                target.feed(r.target, tok)
-            if self.spec.speculative:
-                for tok in r.prompt_ids[-drafter.cap :]:
-                    drafter.feed(r.draft, tok)
+            r.salt = zlib.crc32(array("q", r.prompt_ids).tobytes())
+            self._prefill_models(r)
             if r.params.max_new_tokens > 0:
-                tok = self._target_next(r, r.target.state, r.context_len)
-                target.feed(r.target, tok)
-                if self.spec.speculative:
-                    drafter.feed(r.draft, tok)
+                tok = self._target_next(r)
+                self._target_push(r, tok)
                 self._append(r, [tok])
+                if self.spec.speculative:
+                    self._drafter_catch_up(r)
             self._check_finish(r)
         sim = self._step_seconds(self.clock.prefill_fixed + self.clock.prefill_per_token * n_prompt)
         self.step_index += 1
@@ -443,18 +490,20 @@ class Engine:
 
     def _decode(self, batch: list[Request]) -> None:
         spec, clock = self.spec, self.clock
-        target = self.models.target
+        window = spec.window
         produced: list[int] = []
         ctx_total = 0
+        draft_ctx_total = 0  # what the draft attends to: the last min(seq_len, window) tokens
         for r in batch:
             ctx_total += r.context_len
+            draft_ctx_total += r.context_len if window is None else min(r.context_len, window)
             before = len(r.output_ids)
             remaining = r.params.max_new_tokens - before
             if spec.speculative:
                 self._spec_step(r, remaining)
             else:
-                tok = self._target_next(r, r.target.state, r.context_len)
-                target.feed(r.target, tok)
+                tok = self._target_next(r)
+                self._target_push(r, tok)
                 self._append(r, [tok])
             r.verify_ct += 1
             produced.append(len(r.output_ids) - before)
@@ -466,6 +515,7 @@ class Engine:
                 + clock.per_verify_token * n * (spec.budget + 1)
                 + clock.per_draft_token * n * spec.block_size
                 + clock.per_context_token * ctx_total
+                + clock.per_draft_context_token * draft_ctx_total
             )
         else:
             cost = clock.decode_fixed + clock.per_verify_token * n + clock.per_context_token * ctx_total
@@ -510,19 +560,16 @@ class Engine:
     def _spec_step(self, r: Request, remaining: int) -> None:
         """Draft, build the tree, verify; append the accepted tokens (bonus included)."""
         spec = self.spec
-        target, drafter = self.models.target, self.drafter
         depth = spec.block_size - 1
-        last = r.output_ids[-1] if r.output_ids else (r.prompt_ids[-1] if r.prompt_ids else 0)
         position = r.context_len
-        dists = drafter.propose(r.draft, position, last, depth, spec.topk)
+        dists = self.drafter.propose(r.draft, r.copy, r.ctx, r.salt, depth, spec.topk)
         tree = build_tree(dists, spec.budget, spec.topk)
-        tstate = r.target
 
         def target_next(i: int) -> int:
-            return self._target_next(r, tstate.state, position + i)
+            return self._target_next(r)
 
         def advance(tok: int) -> None:
-            target.feed(tstate, tok)
+            self._target_push(r, tok)
 
         lossy: Callable[[int], bool] | None = None
         if self.faults.lossy_verify > 0:
@@ -534,8 +581,7 @@ class Engine:
             lossy = lossy_at
 
         result = verify(tree, target_next, advance, remaining, self._stop_ids(r), lossy)
-        for tok in result.tokens:
-            drafter.feed(r.draft, tok)
+        self._drafter_catch_up(r)
         self._append(r, result.tokens)
 
     def _append(self, r: Request, tokens: list[int]) -> None:

@@ -7,12 +7,21 @@ coding gate), and that costs O(1) amortized per token (so the simulated clock, n
 the CPU, sets the pace). A suffix automaton (SAM) over the corpus token stream gives
 all three: feeding a token moves the longest-suffix-match state in O(1) amortized,
 and the next-token counts of a state are the occurrence counts of its transitions.
+Like a real LLM the target also copies from its own context: when the sequence's
+latest suffix repeats an earlier passage for longer than its corpus match, the
+continuation of that passage wins (:class:`Context`, :func:`follow_copy`).
 
-The drafter is a weaker view of the same automaton (its match length is capped and
-it only sees the draft window), rolled forward internally to give one distribution
-per depth, then perturbed with seeded "training noise" that grows with depth and
-jumps past the trained block size. That makes acceptance realistic: high for the
-first few positions, decaying with depth, and drafter-bound past the trained depth.
+The drafter is a weaker view of the same two sources: its corpus match is capped (its
+weights' capacity) and it copies only from the draft window, the last W tokens of the
+sequence (all of them with no window), as SGLang's DFLASH draft attends only to the
+window's KV (``dflash_worker.py``). It is rolled forward internally to give one
+distribution per depth, then perturbed with seeded "training noise" that grows with
+depth and jumps past the trained block size. That makes acceptance realistic: high for
+the first few positions, decaying with depth, and drafter-bound past the trained depth.
+The noise of a drafted token is keyed by the token's absolute position in the sequence,
+not by where the drafting step started: a token is hard or easy for every config alike
+(deeper only makes it harder), so a bigger tree never loses acceptance to a different
+draw of the noise.
 """
 
 from __future__ import annotations
@@ -42,6 +51,27 @@ def uniform(*key: int) -> float:
     for k in key:
         x = (x ^ (k & MASK64)) * 0xBF58476D1CE4E5B9 & MASK64
         x ^= x >> 29
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    x ^= x >> 31
+    return x / 18446744073709551616.0
+
+
+def uniform_prefix(*key: int) -> int:
+    """The state of :func:`uniform` after ``key``: ``uniform_from(uniform_prefix(*a), b)``
+    equals ``uniform(*a, b)``, for many draws that share a key prefix at the cost of one."""
+    x = 0x9E3779B97F4A7C15
+    for k in key:
+        x = (x ^ (k & MASK64)) * 0xBF58476D1CE4E5B9 & MASK64
+        x ^= x >> 29
+    return x
+
+
+def uniform_from(x: int, k: int) -> float:
+    """``uniform(*prefix, k)`` from the prefix's state ``x`` (see :func:`uniform_prefix`)."""
+    x = (x ^ (k & MASK64)) * 0xBF58476D1CE4E5B9 & MASK64
+    x ^= x >> 29
     x = (x + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
@@ -212,6 +242,128 @@ class MatchState:
     length: int = 0
 
 
+#: Shortest repeat of the sequence's own text that the models copy from (tokens).
+COPY_NGRAM = 4
+#: Earlier occurrences of an n-gram compared when a copy starts (the latest ones).
+COPY_CANDIDATES = 16
+#: Longest backward match measured when choosing among them (tokens).
+COPY_MATCH_CAP = 32
+
+
+class Context:
+    """One request's token sequence, with the end indices of every ``COPY_NGRAM``-gram.
+
+    Why: in-context copying (what induction heads do in a real model) needs "where did the
+    last tokens occur before, and which occurrence shares the longest context?" cheaply:
+    appending is O(1) and choosing a source compares at most ``COPY_CANDIDATES`` earlier
+    occurrences over at most ``COPY_MATCH_CAP`` tokens.
+    """
+
+    __slots__ = ("seq", "ends")
+
+    def __init__(self) -> None:
+        self.seq: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def append(self, tok: int) -> None:
+        seq = self.seq
+        seq.append(tok)
+        n = len(seq)
+        if n >= COPY_NGRAM:
+            key = tuple(seq[n - COPY_NGRAM :])
+            got = self.ends.get(key)
+            if got is None:
+                self.ends[key] = [n - 1]
+            else:
+                got.append(n - 1)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append many tokens (a prompt): the same index as appending them one by one."""
+        seq = self.seq
+        start = len(seq)
+        seq.extend(tokens)
+        first = max(start, COPY_NGRAM - 1)  # end index of the first new n-gram
+        if first >= len(seq):
+            return
+        add = self.ends.setdefault
+        # n-grams ending at first, first + 1, ...: four staggered views of the sequence
+        views = [seq[first - COPY_NGRAM + 1 + k :] for k in range(COPY_NGRAM)]
+        for i, key in enumerate(zip(*views), first):
+            add(key, []).append(i)
+
+    def source(self, tail: list[int], end: int) -> tuple[int, int]:
+        """Best earlier occurrence of the sequence ``seq[:end] + tail``'s last ``COPY_NGRAM``
+        tokens: ``(index of its last token, shared context length)``, or ``(-1, 0)``.
+
+        Of the latest ``COPY_CANDIDATES`` occurrences (ending before the sequence's last token),
+        the one sharing the longest context (up to ``COPY_MATCH_CAP`` tokens) wins, ties to
+        the latest. ``tail`` holds tokens past ``end`` that are not in the sequence (a
+        drafter's own guesses).
+        """
+        seq = self.seq
+        n_tail = len(tail)
+        total = end + n_tail
+        if total < COPY_NGRAM:
+            return -1, 0
+        if not n_tail:
+            key = tuple(seq[end - COPY_NGRAM : end])
+        elif n_tail >= COPY_NGRAM:
+            key = tuple(tail[n_tail - COPY_NGRAM :])
+        else:
+            key = tuple(seq[end - COPY_NGRAM + n_tail : end] + tail)
+        ends = self.ends.get(key)
+        if ends is None:
+            return -1, 0
+        # the sequence's last tokens, newest last: what an earlier occurrence is compared with
+        recent = seq[max(0, end - COPY_MATCH_CAP) : end] + tail if n_tail else seq[max(0, end - COPY_MATCH_CAP) : end]
+        newest = len(recent) - 1
+        last = total - 1
+        best, best_len = -1, 0
+        seen = 0
+        for j in reversed(ends):
+            if j >= last:
+                continue  # the n-gram itself, or a position the target appended past ``end``
+            length = COPY_NGRAM
+            limit = min(COPY_MATCH_CAP, j + 1, newest + 1)
+            while length < limit and seq[j - length] == recent[newest - length]:
+                length += 1
+            if length > best_len:
+                best, best_len = j, length
+            seen += 1
+            if seen >= COPY_CANDIDATES:
+                break
+        return best, best_len
+
+
+@dataclass
+class CopyState:
+    """Where a model copies from: ``src`` is the index of the earlier token aligned with the
+    sequence's last token (its candidate next token is ``seq[src + 1]``), ``length`` how many
+    tokens the repeat spans (at least ``COPY_NGRAM``); ``src == -1``: no repeat."""
+
+    src: int = -1
+    length: int = 0
+
+
+def follow_copy(c: CopyState, ctx: Context, i: int) -> None:
+    """Update ``c`` for token ``i`` of ``ctx`` (appended already).
+
+    A repeat that still matches is followed (a copy continues, its source moving with the
+    end, so its distance ``i - src`` stays fixed); otherwise the earlier occurrence of the
+    last ``COPY_NGRAM`` tokens that shares the longest context starts a new one
+    (:meth:`Context.source`).
+    """
+    seq = ctx.seq
+    if c.src >= 0 and seq[c.src + 1] == seq[i]:
+        c.src += 1
+        c.length += 1
+        return
+    c.src, c.length = ctx.source([], i + 1)
+
+
 class TargetModel:
     """Deterministic longest-match next-token model.
 
@@ -219,6 +371,8 @@ class TargetModel:
     when the match has no next token, back off to shorter suffixes; at the root this is
     the corpus's most frequent token, so the model is total. With ``ignore_eos`` EOS is
     skipped and the next-best token (backing off if EOS is the only one) is chosen.
+    When the sequence's end repeats an earlier passage of the sequence itself for longer
+    than the corpus match (:meth:`copied`), the passage's next token wins instead.
     """
 
     def __init__(self, sam: SuffixAutomaton, eos_id: int) -> None:
@@ -229,6 +383,20 @@ class TargetModel:
 
     def feed(self, m: MatchState, tok: int) -> None:
         m.state, m.length = self.sam.advance(m.state, m.length, tok)
+
+    def copied(self, m: MatchState, copy: CopyState, ctx: Context, ignore_eos: bool = False) -> int:
+        """The token the context's own repeat dictates, or -1: a repeat longer than the
+        corpus match wins (the model continues the passage it is repeating)."""
+        if copy.length > m.length:
+            tok = ctx.seq[copy.src + 1]
+            if not (ignore_eos and tok == self.eos_id):
+                return tok
+        return -1
+
+    def next_greedy(self, m: MatchState, copy: CopyState, ctx: Context, ignore_eos: bool = False) -> int:
+        """Greedy next token of the sequence: its own repeat, else the corpus continuation."""
+        tok = self.copied(m, copy, ctx, ignore_eos)
+        return tok if tok >= 0 else self.greedy(m.state, ignore_eos)
 
     def greedy(self, s: int, ignore_eos: bool = False) -> int:
         cache = self._greedy_no_eos if ignore_eos else self._greedy
@@ -296,17 +464,29 @@ class DrafterNoise:
     decoy: float = 0.05
     decoy_untrained: float = 0.5
     n_decoys: int = 3
+    far_miss: float = 0.10
 
 
 Dist = list[tuple[int, float]]
 
 
 class Drafter:
-    """Block drafter emulation: per-depth top-k distributions for depths 1..L from the
-    last ``window`` tokens, computed in one call (not verified one by one).
+    """Block drafter emulation: per-depth top-k distributions for depths 1..L, computed in
+    one call (not verified one by one), from what the drafter sees of the sequence.
 
-    Internally it rolls a capped-context longest-match model forward on its own best
-    guesses (what a block drafter does implicitly), then adds seeded noise.
+    What it sees follows SGLang's DFLASH worker (sgl-project/sglang
+    python/sglang/srt/speculative/dflash_worker.py, ``_compute_compact_draft_seq_lens`` and
+    ``_append_target_hidden_to_draft_kv``): with ``--speculative-draft-window-size W`` the
+    draft's own KV table holds only the last ``min(seq_len, W)`` tokens of the sequence
+    ("compact cache"), so the draft block attends to those alone; without a window it
+    attends to the whole sequence. Here the window bounds the drafter's in-context copying
+    (a repeat is usable only if it lies inside the last W tokens), and the simulated clock
+    prices the draft's attention over ``min(seq_len, W)`` tokens (engine.ClockModel). Its
+    corpus knowledge (its weights) is a longest match capped at ``context_cap`` tokens.
+
+    Internally it rolls both views forward on its own best guesses (what a block drafter
+    does implicitly), then adds seeded noise keyed by each drafted token's absolute
+    position in the sequence (see the module docstring).
     """
 
     def __init__(
@@ -321,6 +501,7 @@ class Drafter:
         self.sam = sam
         self.trained_depth = trained_depth
         self.cap = context_cap if window is None else max(1, min(context_cap, window))
+        self.window = window
         self.noise = noise or DrafterNoise()
         self.seed = seed
         # decoys: the most frequent tokens, i.e. plausible-looking wrong guesses
@@ -330,16 +511,29 @@ class Drafter:
         m.state, m.length = self.sam.advance(m.state, m.length, tok, self.cap)
 
     def propose(
-        self, m: MatchState, position: int, salt: int, depth: int, topk: int
+        self,
+        m: MatchState,
+        copy: CopyState,
+        ctx: Context,
+        salt: int,
+        depth: int,
+        topk: int,
     ) -> list[Dist]:
         """Distributions (best first, at most ``topk`` entries each) for depths
-        1..``depth`` after a context of ``position`` tokens whose drafter state is ``m``;
-        ``salt`` (e.g. the last token) decorrelates the noise of different requests."""
+        1..``depth`` after the sequence ``ctx`` whose drafter states are ``m`` (corpus) and
+        ``copy`` (in-context); ``salt`` (a request constant, e.g. a hash of its prompt)
+        decorrelates the noise of different requests."""
         sam = self.sam
         noise = self.noise
         seed = self.seed
         decoys = self.decoys
         nd = len(decoys)
+        far_from = None if self.window is None else self.window - COPY_NGRAM
+        seq = ctx.seq
+        base = len(seq)
+        guesses: list[int] = []
+        src, clen = copy.src, copy.length
+        ctok = -1
         s, n = m.state, m.length
         out: list[Dist] = []
         for d in range(1, depth + 1):
@@ -349,34 +543,54 @@ class Drafter:
             trained = d <= self.trained_depth
             weights: dict[int, float] = {t: c / total for t, c in cands}
             best = cands[0][0] if cands else decoys[0]
+            far = False
+            if src >= 0:
+                k = src + 1
+                ctok = seq[k] if k < base else guesses[k - base]
+                if clen > n:  # the repeat is longer than the corpus evidence: copy
+                    best = ctok
+                    weights[ctok] = max(weights.get(ctok, 0.0), 1.0)
+                    # the repeated passage starts outside the draft window: seen only through
+                    # the window's target hidden states
+                    far = far_from is not None and base + d - 1 - src > far_from
+                else:  # a shorter repeat is still a plausible alternative
+                    weights[ctok] = max(weights.get(ctok, 0.0), 0.25)
             if trained:
                 i = min(d, len(noise.hit)) - 1
                 hit, soft, dw = noise.hit[i], noise.soft[i], noise.decoy
             else:
                 hit, soft, dw = noise.hit_untrained, noise.soft_untrained, noise.decoy_untrained
-            key = ((position * 1_000_003 + salt) << 6) + d
+            # keyed by the drafted token's absolute position, not by the depth: see the module docstring
+            h = uniform_prefix(seed, ((base + d) * 1_000_003 + salt) << 6)
             for j in range(noise.n_decoys):
-                t = decoys[int(uniform(seed, key, 11 + j) * nd)]
-                w = dw * uniform(seed, key, 31 + j)
+                t = decoys[int(uniform_from(h, 11 + j) * nd)]
+                w = dw * uniform_from(h, 31 + j)
                 weights[t] = max(weights.get(t, 0.0), w)
-            u = uniform(seed, key, 7)
-            if u >= hit:
+            u = uniform_from(h, 7)
+            far_missed = far and uniform_from(h, 41) < noise.far_miss
+            if u >= hit or far_missed:
                 best_w = weights.get(best, 0.0)
-                if u >= hit + soft:
+                if u >= hit + soft or far_missed:
                     # a hard miss: the drafter never learned this continuation
                     weights.pop(best, None)
                     best_w = 0.5 * dw + 0.1
-                n_lead = 1 + (uniform(seed, key, 8) < 0.4)
+                n_lead = 1 + (uniform_from(h, 8) < 0.4)
                 for j in range(n_lead):
-                    lead = decoys[int(uniform(seed, key, 9 + 10 * j) * nd)]
+                    lead = decoys[int(uniform_from(h, 9 + 10 * j) * nd)]
                     if lead != best:
-                        weights[lead] = max(weights.get(lead, 0.0), best_w * (1.2 + uniform(seed, key, 10 + 10 * j)))
+                        weights[lead] = max(weights.get(lead, 0.0), best_w * (1.2 + uniform_from(h, 10 + 10 * j)))
             ranked = sorted(weights.items(), key=lambda tw: (-tw[1], tw[0]))[:topk]
             z = sum(w for _, w in weights.items()) or 1.0
             out.append([(t, w / z) for t, w in ranked])
             # roll forward on the model's own best guess (trained) or the noisy one
             nxt = best if trained else ranked[0][0]
             s, n = sam.advance(s, n, nxt, self.cap)
+            guesses.append(nxt)
+            if src >= 0 and ctok == nxt:
+                src += 1
+                clen += 1
+            else:  # where did the last tokens (guesses included) occur before?
+                src, clen = ctx.source(guesses, base)
         return out
 
 
