@@ -42,7 +42,7 @@ def test_acceptance_does_not_fall_with_the_budget(models: Models, cell: str, win
     workload = CELLS[cell]
     prompts = fidelity.cell_prompts(models, workload, MAX_REQUESTS)
     accepts = [fidelity.run(models, SpecConfig(block_size=8, budget=b, topk=4, window=window), prompts,
-                            workload.output_tokens).accept_length for b in fidelity.BUDGETS]
+                            workload.output_tokens, workload.concurrency).accept_length for b in fidelity.BUDGETS]
     assert accepts == sorted(accepts), f"{cell}: accept length by budget {fidelity.BUDGETS}: {accepts}"
     assert accepts[-1] > accepts[0] * 1.15, f"{cell}: the budget barely matters: {accepts}"
 
@@ -51,7 +51,7 @@ def window_pair(models: Models, cell: str) -> tuple[fidelity.Run, fidelity.Run]:
     workload = CELLS[cell]
     prompts = fidelity.cell_prompts(models, workload, MAX_REQUESTS)
     windowed, full = (fidelity.run(models, SpecConfig(block_size=8, budget=8, topk=4, window=w), prompts,
-                                   workload.output_tokens) for w in (2048, None))
+                                   workload.output_tokens, workload.concurrency) for w in (2048, None))
     return windowed, full
 
 
@@ -96,5 +96,15 @@ def test_target_continues_a_passage_the_sequence_repeats(models: Models) -> None
     passage = models.tokenizer.encode(" zq9 frobnicate the quux; wibble(7) -> wobble[3] ~ zork % plugh!")
     prompt = passage + [models.tokenizer.eos_id] + passage[:6]
     for spec in (SpecConfig(algorithm="NONE"), SpecConfig(block_size=8, budget=8, topk=4)):
-        out = fidelity.run(models, spec, [prompt], len(passage) - 6).output_ids[0]
+        out = fidelity.run(models, spec, [prompt], len(passage) - 6, 1).output_ids[0]
         assert list(out) == passage[6:]
+
+
+def test_tree_benchmark_engine_side_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/bench_tree.py (the comparison with PR 27509's builder, run where torch is)
+    keeps working here on its engine side: well-formed, nested trees."""
+    pytest.importorskip("numpy")
+    import bench_tree
+
+    assert bench_tree.main(["--trees", "3", "--min-seconds", "0"]) == 0
+    assert "engine trees well formed and nested: yes" in capsys.readouterr().out
