@@ -126,6 +126,8 @@ class DDTreeSession:
                 progress=self.progress,
                 lock_dir=self.settings.rootdir / ".ddtree" / "locks" if profile.instance_lock else None,
                 ready_timeout_s=self.settings.ready_timeout,
+                # A slurm job's node is known once it runs: the records of its config name it.
+                on_ready=lambda node: setattr(self.recorder, "host", node),
             )
         return self._manager
 
@@ -169,10 +171,12 @@ class DDTreeSession:
 
     def _record_host_env(self, manager: Any) -> None:
         """For the package: the environment of the remote host that ran this worker's service,
-        and its systemd unit as the controller found it there.
+        and its systemd unit as the controller found it there; for a slurm profile, of the node
+        of the worker's running job (a step in its allocation).
 
-        Taken over ssh before the session lets go of the host; a failure is recorded, not raised
-        (the package then says the host's snapshot is missing, the results are unaffected).
+        Taken over ssh (or srun) before the session lets go of the host (or cancels the job); a
+        failure is recorded, not raised (the package then says the snapshot is missing, the
+        results are unaffected).
         """
         if self.settings.package is None or not manager.launches:
             return

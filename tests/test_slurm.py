@@ -247,6 +247,8 @@ def test_sweep_with_two_workers_runs_two_jobs_at_once(slurm: SlurmCluster, tmp_p
     assert references and all("--speculative-algorithm NONE" in job["script"] for job in references)
     assert len({job["job_id"] for job in [*jobs.values(), *references]}) == len(jobs) + len(references)
     assert {job["node"] for job in jobs.values()} == set(slurm.node_names)
+    health = {r["config"]: r.get("host") for r in records if r.get("kind") == "health"}
+    assert health == {config: job["node"] for config, job in jobs.items()}, health  # each result names its node
     # Every job of the sweep ended cancelled by the harness, none by a failure of its own.
     assert {slurm.job(job["job_id"]).get("JobState") for job in jobs.values()} == {"CANCELLED"}
     package = tmp_path / "pkg" / "slurm"

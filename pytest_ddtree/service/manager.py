@@ -153,6 +153,7 @@ class ServiceManager:
         journalctl: tuple[str, ...] = ("journalctl",),
         gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
         gpu_release: Callable[[int | None, float, ProgressFn | None], bool] | None = _default_gpu_release,
+        on_ready: Callable[[str | None], None] | None = None,
     ) -> None:
         # A host pool's entry (host, url, unit...) applied: one ordinary profile from here on.
         self.profile = profile = profile.for_instance(instance_index)
@@ -186,6 +187,8 @@ class ServiceManager:
                 gpu_release = host_gpus.wait_release
         self._gpu_memory = gpu_memory
         self._gpu_release = gpu_release
+        self._on_ready = on_ready
+        """Told where each ready launch runs (a slurm job's node), so results say which node measured."""
         self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{instance_index}") if lock_dir is not None else None
         self._host_lock = (
             HostLock(self.host, fleet.lock_path or f"/tmp/pytest-ddtree-{profile.unit or profile.name}.lock")
@@ -562,6 +565,9 @@ class ServiceManager:
         record["ready_s"] = round(ready_s, 3)
         record["engine_version"] = server_info.get("version")  # the report's environment section
         self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
+        node = record.get("slurm", {}).get("node") if isinstance(record.get("slurm"), dict) else None
+        if self._on_ready is not None and node:
+            self._on_ready(str(node))
         return RunningService(
             url=launch.url,
             client=client,
