@@ -49,6 +49,8 @@ LOG_BYTES = 64 * 1024
 ENDPOINT_MARK = "ddtree-endpoint="
 WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 """States of a job that has not started yet (CONFIGURING: its nodes are booting)."""
+SQUEUE_ERRORS_TOLERATED = 5
+"""squeue failures in a row (a busy or restarting slurmctld) before the job counts as lost."""
 LIVE_STATES = WAITING_STATES | {"RUNNING", "SUSPENDED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
 """States in which a job still holds or waits for resources: ``squeue`` lists it."""
 
@@ -280,6 +282,7 @@ class _Job:
     ended: ExitInfo | None = None
     last: JobStatus | None = None
     last_poll: float = float("-inf")
+    squeue_errors: int = 0
     record: dict[str, Any] = field(default_factory=dict)
 
 
@@ -321,6 +324,15 @@ class SlurmController(Controller):
         if job.last is not None and not force and now - job.last_poll < self.keys.poll_interval_s:
             return job.last
         code, out = self._run(["squeue", "-h", "-t", "all", "-j", job.job_id, "-o", "%T|%r|%N|%k"])
+        if code != 0 and "invalid job id" not in out.lower():
+            # slurmctld busy or restarting: keep the last answer; only a lasting silence is a failure.
+            job.squeue_errors += 1
+            job.last_poll = now
+            if job.squeue_errors >= SQUEUE_ERRORS_TOLERATED:
+                raise ServiceError(f"squeue failed {job.squeue_errors} times in a row for slurm job {job.job_id}: "
+                                   f"{output_tail(out, 2)}")
+            return job.last or JobStatus(state="PENDING", reason=f"squeue did not answer: {output_tail(out, 1)}")
+        job.squeue_errors = 0
         status = parse_squeue_line(out) if code == 0 else None
         if status is None or not status.live:
             status = self._final_status(job, status)
@@ -365,8 +377,10 @@ class SlurmController(Controller):
                                    port=self.port, note=f"config {launch.name}")
         job = self._job = _Job(launch, name, script, output)
         job.record = {"job_name": name, "script": script, "version": self.slurm_version()}
-        if self.keys.output is None and self.host.name == "local":
-            self.host.run(["mkdir", "-p", self.log_dir])
+        # Slurm does not create the log's folder, and a job that cannot open its log dies silently.
+        folder = output.rsplit("/", 1)[0] if "/" in output else ""
+        if folder and "%" not in folder:
+            self.host.run(["mkdir", "-p", folder])
         code, out = self._run(["sbatch", "--parsable"], input_text=script)
         job_id = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
         if code != 0 or not job_id.isdigit():
