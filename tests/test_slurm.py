@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -283,4 +284,6 @@ def test_ctrl_c_cancels_running_and_queued_jobs(slurm: SlurmCluster, tmp_path: P
     assert proc.returncode == 2, out[-3000:]  # pytest's "interrupted"
     assert [line.split()[0] for line in slurm.queue()] == [blocker], (slurm.queue(), out[-3000:])
     assert {slurm.job(job_id).get("JobState") for job_id in queued} == {"CANCELLED"}
+    for job_id in queued:  # each worker said what Slurm reports of its job once it was cancelled
+        assert re.search(rf"slurm job {job_id}( on node\d)? stopped: squeue says CANCELLED", out), out[-3000:]
     slurm.run("scancel", blocker)

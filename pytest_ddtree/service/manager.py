@@ -355,7 +355,7 @@ class ServiceManager:
                 log_dir = str(self.log_dir.resolve()) if isinstance(self.host, LocalHost) else "."
                 self._controller = SlurmController(
                     p.slurm, self.host, log_dir=log_dir, url_template=p.url, port=p.port,
-                    command_timeout_s=p.fleet.command_timeout_s, stop_timeout_s=p.stop_timeout_s,
+                    command_timeout_s=p.fleet.command_timeout_s, stop_timeout_s=p.stop_timeout_s, progress=self.progress,
                 )
             elif p.controller == "command":
                 self._controller = CommandController(p.fleet.commands, self.host, command_timeout_s=p.fleet.command_timeout_s)

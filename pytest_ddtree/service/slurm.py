@@ -292,7 +292,7 @@ class SlurmController(Controller):
     kind = "slurm"
 
     def __init__(self, keys: SlurmKeys, host: Host, *, log_dir: str, url_template: str, port: int | str,
-                 command_timeout_s: float = 60.0, stop_timeout_s: float = 30.0) -> None:
+                 command_timeout_s: float = 60.0, stop_timeout_s: float = 30.0, progress: ProgressFn | None = None) -> None:
         self.keys = keys
         self.host = host
         self.log_dir = log_dir
@@ -300,6 +300,7 @@ class SlurmController(Controller):
         self.port = port if isinstance(port, int) else None
         self.command_timeout_s = command_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.progress = progress
         self._job: _Job | None = None
         self._version: str | None = None
 
@@ -496,10 +497,14 @@ class SlurmController(Controller):
         if code != 0 and "already completing or completed" not in out and "Invalid job id" not in out:
             raise ServiceError(f"scancel {job.job_id} exited {code}: {output_tail(out)}")
         deadline = time.monotonic() + self.stop_timeout_s
+        where = f" on {job.node}" if job.node else ""
         while True:
-            code, out = self._run(["squeue", "-h", "-j", job.job_id, "-o", "%T"])
+            code, out = self._run(["squeue", "-h", "-t", "all", "-j", job.job_id, "-o", "%T"])
             state = out.strip().split()[0] if code == 0 and out.strip() else ""
             if state not in LIVE_STATES:
+                job.record["state"] = job.record.get("state") or state or "gone"
+                if self.progress is not None:  # what Slurm says now, so a Ctrl-C shows nothing is left behind
+                    self.progress(f"slurm job {job.job_id}{where} stopped: squeue says {state or 'gone (no longer listed)'}")
                 return
             if time.monotonic() >= deadline:
                 if state in ("COMPLETING", "SIGNALING"):
