@@ -147,20 +147,20 @@ class DDTreeSession:
         return self._baselines
 
     def _remote_hardware_profile(self, server_info: dict[str, Any]) -> str | None:
-        """A fleet host's fingerprint: its GPUs come from nvidia-smi there, not NVML here.
+        """A fleet host's fingerprint: its GPUs come from nvidia-smi there, not NVML here (for a
+        slurm profile, nvidia-smi on the node of the running job, as a step in its allocation).
 
         None where the local rule applies (no remote host, a ``hardware_profile`` override, the
         reference engine), so hosts of one hardware profile share one baseline folder.
         """
         from pytest_ddtree.fingerprint import fingerprint, is_reference_engine
-        from pytest_ddtree.service.ssh import SSHHost
 
-        host = getattr(self._manager, "host", None)
-        if not isinstance(host, SSHHost) or self.profile.hardware_profile or is_reference_engine(server_info):
+        runner = self._manager.snapshot_runner() if self._manager is not None else None
+        if runner is None or self.profile.hardware_profile or is_reference_engine(server_info):
             return None
         from pytest_ddtree.service.gpu import HostGpus
 
-        return fingerprint(server_info, None, HostGpus(host).inventory()).name
+        return fingerprint(server_info, None, HostGpus(runner).inventory()).name
 
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""

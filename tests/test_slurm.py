@@ -123,7 +123,15 @@ def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Itera
     assert not [job for job in leftover if job.split()[2] != "blocker"], leftover
 
 
-def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_ddtree.service.gpu import HostGpus
+    from tests.fleet_helpers import FAKES
+
+    tools = tmp_path / "bin"  # a node "with a GPU": the fake nvidia-smi first on the PATH its steps get
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKES / "nvidia-smi"} "$@"\n')
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
     manager = _manager(tmp_path)
     try:
         service = manager.ensure(parse_config_name("bs8_b12_k6"))
@@ -139,6 +147,8 @@ def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tm
         assert runner is not None and runner.name == job["node"]
         out = runner.run(["sh", "-c", 'echo "$SLURM_JOB_ID $SLURMD_NODENAME"'], timeout_s=30).stdout.split()
         assert out == [job["job_id"], job["node"]]
+        # The GPUs of the hardware profile are the node's, asked there (nvidia-smi in the job's allocation).
+        assert [g.name for g in HostGpus(runner).inventory().gpus] == ["NVIDIA H200"]
         # The next config is the next job; the first one is cancelled and gone.
         second = manager.ensure(parse_config_name("bs8_b4_k4"))
         assert second.server_info["speculative_num_draft_tokens"] == 4
