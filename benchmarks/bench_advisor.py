@@ -67,14 +67,17 @@ def accept_lengths(configs: list[ConfigPoint], windows: dict[str, int | None], p
     return out
 
 
-def true_tok_s(c: ConfigPoint, w: CellPoint, acc: float, clock: ClockModel, per_request_s: float = 0.0) -> float:
+def true_tok_s(c: ConfigPoint, w: CellPoint, acc: float, clock: ClockModel, per_request_s: float = 0.0,
+               window: int | None = None) -> float:
     n = w.concurrency
+    context = w.context_tokens + w.output_tokens / 2
     step = (
         clock.decode_fixed
         + per_request_s * n
         + clock.per_verify_token * n * (c.budget + 1)
         + clock.per_draft_token * n * c.block_size
-        + clock.per_context_token * n * (w.context_tokens + w.output_tokens / 2)
+        + clock.per_context_token * n * context
+        + clock.per_draft_context_token * n * (context if window is None else min(context, window))
     )
     wave = clock.prefill_fixed + clock.prefill_per_token * n * w.context_tokens + (w.output_tokens / acc) * step
     return n * w.output_tokens / wave
@@ -233,19 +236,20 @@ def main() -> int:
     cells = [CellPoint.of(w) for w in matrix.workloads]
     acc = accept_lengths(configs, windows)
     clock = ClockModel()
-    truth = {(c.name, w.name): true_tok_s(c, w, acc[c.name], clock) for c in configs for w in cells}
+    truth = {(c.name, w.name): true_tok_s(c, w, acc[c.name], clock, window=windows[c.name]) for c in configs for w in cells}
     cell_acc = {(c.name, w.name): acc[c.name] for c in configs for w in cells}
     if "--engine-truth" in sys.argv:
-        # every cell from the engine's own scheduler (minutes): window twins share a run, since
-        # the drafter's context cap (12) is below every window in the matrix
+        # every cell from the engine's own scheduler (minutes); window twins are runs of their own
+        # (the drafter sees the window, and the draft's attention is priced over it)
         models = build_models()
-        by_shape: dict[tuple[int, int, int], dict[str, tuple[float, float]]] = {}
+        by_run: dict[tuple[tuple[int, int, int], int | None], dict[str, tuple[float, float]]] = {}
         for c in configs:
-            if c.shape not in by_shape:
-                by_shape[c.shape] = {w.name: engine_tok_s(models, c, w, windows[c.name], max(4, 2 * w.concurrency)) for w in cells}
+            key = (c.shape, windows[c.name])
+            if key not in by_run:
+                by_run[key] = {w.name: engine_tok_s(models, c, w, windows[c.name], max(4, 2 * w.concurrency)) for w in cells}
                 print(f"  engine truth: {c.name} done", flush=True)
             for w in cells:
-                truth[(c.name, w.name)], cell_acc[(c.name, w.name)] = by_shape[c.shape][w.name]
+                truth[(c.name, w.name)], cell_acc[(c.name, w.name)] = by_run[key][w.name]
         print("truth: every cell measured by the engine's own scheduler (fake clock)")
         if "--dump" in sys.argv:
             import json
@@ -277,7 +281,8 @@ def main() -> int:
     # A different cost shape, outside the model's family: topk 6 acceptance peaks at budget 8
     # then falls (a wider tree of worse candidates), and every request adds 3 ms to a step.
     odd_acc = {c.name: acc[c.name] * (1 - 0.04 * max(0, c.budget - 8) if c.topk == 6 else 1.0) for c in configs}
-    odd = {(c.name, w.name): true_tok_s(c, w, odd_acc[c.name], clock, per_request_s=0.003) for c in configs for w in cells}
+    odd = {(c.name, w.name): true_tok_s(c, w, odd_acc[c.name], clock, per_request_s=0.003, window=windows[c.name])
+           for c in configs for w in cells}
     print("\nDifferent cost shape (topk-6 acceptance peaks then falls, 3 ms per-request step overhead), within 5%:")
     print("| N | restarts used | cells within 5% of best | median abs error (predicted) | true value inside interval |")
     print("|---|---|---|---|---|")
