@@ -23,13 +23,22 @@ def models():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "text",
-    ["", "def f(x):\n    return x + 1\n", "héllo  wörld\t\r\n  x  ", "日本語 ok", "a" * 100, " \n\n  \t", "<|eos|> literal"],
+    ["", "def f(x):\n    return x + 1\n", "héllo  wörld\t\r\n  x  ", "日本語 ok", "a" * 100, " \n\n  \t", "<|eos literal"],
 )
 def test_tokenizer_round_trips_any_text(models, text: str) -> None:  # type: ignore[no-untyped-def]
     tok = models.tokenizer
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert all(0 <= i < tok.vocab_size and not tok.is_special(i) for i in ids)
+
+
+def test_special_tokens_in_text_are_matched_as_a_hugging_face_tokenizer_matches_them(models) -> None:  # type: ignore[no-untyped-def]
+    """Added special tokens are matched in text (tokenizers' AddedVocabulary) and skipped by decode."""
+    tok = models.tokenizer
+    ids = tok.encode("a<|eos|> literal<|user|>")
+    assert ids.count(tok.eos_id) == 1 and tok.is_special(ids[-1])
+    assert tok.decode(ids, skip_special_tokens=False) == "a<|eos|> literal<|user|>"
+    assert tok.decode(ids) == "a literal"
 
 
 def test_tokenizer_round_trips_random_text(models) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ from typing import Any
 from .dialects import DIALECT_HELP, DIALECTS, DialectError, Resolved, add_speculative_flags, resolve
 from .engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
 from .faults import FAULT_HELP, FaultError, Faults
+from .hf_export import export_dir
 from .model import CORPUS_DIR, build_models
 from .server import ServerState, make_server
 
@@ -93,7 +94,8 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     g.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     g.add_argument("--port", type=_port, default=30000, help="port (default: %(default)s; 0 picks a free one)")
     g.add_argument("--model-path", "--model", dest="model_path", default=DEFAULT_MODEL_PATH, help="model name reported in /model_info (default: %(default)s)")
-    g.add_argument("--tokenizer-path", default=None, help="reported tokenizer path (default: the model path)")
+    g.add_argument("--tokenizer-path", default=None,
+                   help="reported tokenizer path (default: the engine's own tokenizer, exported as a Hugging Face tokenizer directory)")
     g.add_argument("--served-model-name", default=None, help="model name in OpenAI responses (default: the model path)")
     g.add_argument("--context-length", type=_positive_int, default=32768, help="max prompt + output tokens (default: %(default)s)")
     g.add_argument("--max-running-requests", type=_positive_int, default=48, help="continuous-batching batch limit (default: %(default)s)")
@@ -148,12 +150,15 @@ def log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved, spec: SpecConfig, port: int) -> dict[str, Any]:
+def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved, spec: SpecConfig, port: int,
+                     tokenizer_dir: str | None = None) -> dict[str, Any]:
     """Every server arg as a top-level key, as SGLang's /server_info (http_server.py ``server_info``:
-    ``dataclasses.asdict(server_args)``), with the speculative keys named and valued as the dialect's build."""
+    ``dataclasses.asdict(server_args)``), with the speculative keys named and valued as the dialect's build.
+    ``tokenizer_path`` is ``--tokenizer-path`` if given, else the directory the engine exported its own
+    tokenizer to (SGLang's default is the model path, which holds the model's tokenizer)."""
     return {
         "model_path": ns.model_path,
-        "tokenizer_path": ns.tokenizer_path or ns.model_path,
+        "tokenizer_path": ns.tokenizer_path or tokenizer_dir or ns.model_path,
         "served_model_name": ns.served_model_name or ns.model_path,
         "host": ns.host,
         "port": port,
@@ -237,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         log("ERROR:    " + traceback.format_exc().rstrip())
         log("ERROR:    Initialization failed. exiting")
         return 1
+    tokenizer_dir: str | None = None
+    try:
+        tokenizer_dir = str(export_dir(models.tokenizer, models.corpus.digest))
+    except OSError as exc:
+        log(f"WARNING:  the tokenizer could not be exported for Hugging Face loaders ({exc}); "
+            "/model_info's tokenizer_path names the model path instead")
     if ns.load_seconds > 0:
         log(f"Emulated weight loading: {ns.load_seconds:.1f} s")
         time.sleep(ns.load_seconds)
@@ -254,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR:    could not bind {ns.host}:{ns.port}: {exc}")
         return 1
     port = int(httpd.server_address[1])
-    state.server_args = server_args_dict(ns, faults, resolved, spec, port)
+    state.server_args = server_args_dict(ns, faults, resolved, spec, port, tokenizer_dir)
     state.models = models
     args_text = ", ".join(f"{k}={v!r}" for k, v in state.server_args.items())
     log(f"server_args=ServerArgs({args_text})")

@@ -31,11 +31,16 @@ from typing import Any
 from .ddtree import build_tree, verify
 from .faults import Faults
 from .model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
+from .prefix_cache import RadixCache
 
 VERSION = "refserver-0.1.0"
 
 #: Most wall-clock lateness the scheduler carries over to later steps (see StepClock).
 MAX_CLOCK_DEBT_S = 0.050
+#: Slack on a flush_cache wait beyond its timeout before the scheduler counts as stuck.
+STEP_WAIT_S = 60.0
+#: Tokens the prefix cache holds before it evicts (SGLang's --max-total-tokens: the KV pool size).
+DEFAULT_MAX_TOTAL_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class ClockModel:
                   + per_draft_context_token * sum over the batch of min(context length, window)
                                                                              [0 without speculation]
     prefill step = prefill_fixed + prefill_per_token * sum of prompt tokens admitted
+
+    Prompt tokens found in the prefix cache (``cached_tokens``) are not prefilled again, so
+    they cost nothing (radix_cache.py: the KV of a cached prefix is reused).
 
     The defaults put a bs8_b8_k4 step at concurrency 1 near 42 ms (~110 tok/s per
     request) and make the budget crossover appear between concurrency 1 and 32. The draft
@@ -193,6 +201,8 @@ class Request:
     text_limit: int | None = None  # output text is cut here (a matched stop string)
     finish_reason: dict[str, Any] | None = None
     verify_ct: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at prefill
+    logprob_start_len: int = -1  # >= 0: input logprobs from there on (caps the prefix match)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -245,6 +255,17 @@ class Histogram:
 
 
 @dataclass
+class FlushJob:
+    """A /flush_cache request waiting for the scheduler (scheduler_components/flush_wrapper.py)."""
+
+    deadline: float  # monotonic
+    timed: bool  # timeout > 0: wait for idle until the deadline; else flush only if idle right now
+    done: threading.Event = field(default_factory=threading.Event)
+    success: bool = False
+    message: str = ""
+
+
+@dataclass
 class Accounting:
     """Exact counters, plus SGLang's lagging accept-length counters.
 
@@ -289,6 +310,7 @@ class Engine:
         log: Callable[[str], None] | None = None,
         decode_log_interval: int = 40,
         step_clock: StepClock | None = None,
+        max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
     ) -> None:
         self.models = models
         self.spec = spec
@@ -307,6 +329,10 @@ class Engine:
             seed=seed,
         )
         self.acct = Accounting()
+        self.prefix_cache = RadixCache(max_total_tokens)
+        self.cached_tokens_total = 0
+        self._flush_requests: list[FlushJob] = []
+        self._flush_pending: FlushJob | None = None
         self.ttft = Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
         self.e2e = Histogram((0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0))
         self.lock = threading.Lock()
@@ -342,16 +368,66 @@ class Engine:
         with self.lock:
             return bool(self.waiting or self.running)
 
-    def flush_cache(self) -> bool:
-        """Reset the accept-length averaging; refused (False) while requests run."""
+    def flush_cache(self, timeout_s: float = 0.0) -> tuple[bool, str]:
+        """Empty the prefix cache and reset the accept-length averaging, as SGLang's scheduler does
+        it (scheduler_components/flush_wrapper.py ``SchedulerFlushWrapper``): the scheduler thread
+        takes the request between steps; while a timed flush is pending any other is refused; with
+        ``timeout_s`` <= 0 it flushes only if idle right then, else it waits up to ``timeout_s``
+        for the first idle moment. Returns (success, message), SGLang's messages ("" for a plain
+        refusal). Blocks the caller until the scheduler decided."""
+        job = FlushJob(deadline=time.monotonic() + max(0.0, timeout_s), timed=timeout_s > 0)
         with self.cond:
-            if self.waiting or self.running:
-                return False
-            a = self.acct
-            a.verify_steps_since_flush = a.decode_tokens_since_flush = 0
-            a.forward_ct_decode = a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
-            a.spec_total_num_accept_tokens = a.spec_total_num_forward_ct = 0
-            return True
+            self._flush_requests.append(job)
+            self.cond.notify_all()
+        if not job.done.wait(max(0.0, timeout_s) + STEP_WAIT_S):
+            with self.cond:  # the scheduler is stuck: give up, as a dead scheduler would never answer
+                if job in self._flush_requests:
+                    self._flush_requests.remove(job)
+                if self._flush_pending is job:
+                    self._flush_pending = None
+            return False, "Timed out waiting for idle state."
+        return job.success, job.message
+
+    def _flush_now(self) -> None:
+        """scheduler.py ``flush_cache`` (idle only): the tree cache and the metrics are reset."""
+        self.prefix_cache.reset()
+        a = self.acct
+        a.verify_steps_since_flush = a.decode_tokens_since_flush = 0
+        a.forward_ct_decode = a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
+        a.spec_total_num_accept_tokens = a.spec_total_num_forward_ct = 0
+        self.log("Cache flushed successfully!")
+
+    def _serve_flush(self) -> None:
+        """The scheduler's side of flush_cache (``handle`` for new requests, then ``check_pending``);
+        called under the lock between steps."""
+        idle = not self.waiting and not self.running
+        while self._flush_requests:
+            job = self._flush_requests.pop(0)
+            if self._flush_pending is not None:
+                job.message = "Another flush_cache is already in progress."
+            elif idle:
+                self._flush_now()
+                job.success = True
+            elif job.timed:
+                self._flush_pending = job
+                continue
+            else:
+                self.log(f"WARNING:  Cache not flushed because there are pending requests. "
+                         f"#queue-req: {len(self.waiting)}, #running-req: {len(self.running)}")
+            job.done.set()
+        pending = self._flush_pending
+        if pending is None:
+            return
+        if idle:
+            self._flush_now()
+            pending.success = True
+        elif time.monotonic() >= pending.deadline:
+            pending.message = "Timed out waiting for idle state."
+            self.log("WARNING:  Deferred flush_cache timed out while waiting for idle state.")
+        else:
+            return
+        self._flush_pending = None
+        pending.done.set()
 
     def avg_spec_accept_length(self) -> float:
         """Decode tokens per verify step since the last flush, live (the engine's exact figure)."""
@@ -373,9 +449,11 @@ class Engine:
         while True:
             with self.cond:
                 while not self.waiting and not self.running:
+                    self._serve_flush()
                     self.step_clock.idle()
                     self.heartbeat = time.monotonic()
                     self.cond.wait(timeout=1.0)
+                self._serve_flush()
                 self.running = [r for r in self.running if not self._drop_if_aborted(r)]
                 admit: list[Request] = []
                 while self.waiting and len(self.running) + len(admit) < self.max_running:
@@ -460,9 +538,16 @@ class Engine:
         return ids
 
     def _prefill(self, batch: list[Request]) -> None:
+        cache = self.prefix_cache
         n_prompt = 0
         for r in batch:
-            n_prompt += len(r.prompt_ids)
+            # schedule_batch.py _compute_max_prefix_len: one token is always computed (the
+            # next-token logits), and input logprobs need their positions computed
+            limit = len(r.prompt_ids) - 1
+            if r.logprob_start_len >= 0:
+                limit = min(limit, r.logprob_start_len)
+            r.cached_tokens = cache.match_prefix(r.prompt_ids, limit)
+            n_prompt += len(r.prompt_ids) - r.cached_tokens
             r.salt = zlib.crc32(array("q", r.prompt_ids).tobytes())
             self._prefill_models(r)
             if r.params.max_new_tokens > 0:
@@ -483,8 +568,10 @@ class Engine:
                 if not r.internal:
                     a.total_prompt_tokens += len(r.prompt_ids)
                     a.total_output_tokens += len(r.output_ids)
+                    self.cached_tokens_total += r.cached_tokens
                 if r.finish_reason is None:
                     self.running.append(r)
+                    cache.insert(r.prompt_ids)  # checkpoint_kv_cache after the prefill
             self._publish(batch)
             self.step_clock.step_ended(deadline)
 
@@ -620,6 +707,8 @@ class Engine:
                     self.ttft.observe(now - r.arrival)
             finished = r.finish_reason is not None
             if finished:
+                # release_kv_cache: the tokens with KV (all but the last output token) stay cached
+                self.prefix_cache.insert(r.prompt_ids + r.output_ids[:-1])
                 r.finished_at = now
                 if not r.internal:
                     self.acct.requests_completed += 1
@@ -652,6 +741,8 @@ class Engine:
                 "num_waiting_reqs": len(self.waiting),
                 "last_gen_throughput": round(self.last_gen_throughput, 3),
                 "engine_cpu_seconds": round(self.cpu_seconds, 6),
+                "prefix_cache_tokens": self.prefix_cache.size,
+                "cached_tokens_total": self.cached_tokens_total,
                 "clock_overruns": self.step_clock.overruns,
                 "clock_overrun_seconds": round(self.step_clock.overrun_seconds, 6),
             }

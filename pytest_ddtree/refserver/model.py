@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tokenizer import Tokenizer
+from .tokenizer import VOCAB_SIZE, Tokenizer
 
 CORPUS_DIR = Path(__file__).with_name("corpus")
 MASK64 = (1 << 64) - 1
@@ -615,6 +615,6 @@ class Models:
 def build_models(directory: Path = CORPUS_DIR) -> Models:
     """Tokenizer + automaton + target, from the corpus (about a second, cold)."""
     corpus = Corpus.load(directory)
-    tok = Tokenizer.from_texts(corpus.all_text())
+    tok = Tokenizer.from_texts(corpus.all_text(), VOCAB_SIZE)
     sam = SuffixAutomaton(corpus.token_stream(tok))
     return Models(tok, sam, TargetModel(sam, tok.eos_id), corpus)

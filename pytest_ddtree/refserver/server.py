@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -439,17 +440,34 @@ class Handler(BaseHTTPRequestHandler):
         texts = [tok.decode(ids, skip_special_tokens=skip) for ids in lists]
         self.send_json(200, {"text": texts if nested else texts[0]})
 
+    def _query(self) -> dict[str, list[str]]:
+        return urllib.parse.parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
+
     def h_flush_cache(self) -> None:
-        """http_server.py ``flush_cache`` / scheduler.py ``flush_cache``: refused (400) unless idle."""
+        """http_server.py ``flush_cache(timeout: float = Query(0.0, ge=0.0))`` -> the scheduler's
+        flush (scheduler_components/flush_wrapper.py, see Engine.flush_cache): 200 "Cache flushed..."
+        once flushed; else 400 with the scheduler's message, "Flush cache failed." when it has none
+        (busy with no timeout), "Timed out waiting for idle state." (busy for the whole timeout),
+        "Another flush_cache is already in progress."."""
         eng = self._engine_or_503()
         if eng is None:
             return
         if self.command == "POST":
             self._drain_body()
-        if eng.flush_cache():
+        values = self._query().get("timeout", [])
+        timeout = 0.0
+        if values:
+            try:
+                timeout = float(values[-1])
+            except ValueError:
+                raise BadRequest("timeout: Input should be a valid number, unable to parse string as a number") from None
+            if not timeout >= 0.0 or timeout == float("inf"):
+                raise BadRequest("timeout: Input should be greater than or equal to 0")
+        ok, message = eng.flush_cache(timeout)
+        if ok:
             self.send_text(200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
         else:
-            self.send_text(400, "Cache not flushed: there are running or waiting requests.\n")
+            self.send_text(400, message or "Flush cache failed.\n")
 
     def _drain_body(self) -> None:
         try:
@@ -614,7 +632,7 @@ class Handler(BaseHTTPRequestHandler):
             "id": req.rid,
             "prompt_tokens": len(req.prompt_ids),
             "completion_tokens": n,
-            "cached_tokens": 0,
+            "cached_tokens": req.cached_tokens,
             "finish_reason": req.finish_reason if final else None,
         }
         if not final:

@@ -1,0 +1,185 @@
+"""What SGLang's own clients (bench_serving, SDKs) need from the reference engine, checked against
+SGLang's source (sgl-project/sglang, v0.5.23 where a line is cited):
+
+* the tokenizer ``/model_info`` names opens in a Hugging Face loader and tokenizes exactly as the
+  engine (benchmark/serving.py ``run_benchmark`` reads ``tokenizer_path``; benchmark/utils.py
+  ``get_tokenizer`` opens it with ``AutoTokenizer.from_pretrained``);
+* ``/flush_cache?timeout=`` (entrypoints/http_server.py ``flush_cache``;
+  managers/scheduler_components/flush_wrapper.py ``SchedulerFlushWrapper.handle`` /
+  ``check_pending``);
+* the prefix cache behind ``meta_info.cached_tokens`` (mem_cache/radix_cache.py; the match cap of
+  managers/schedule_batch.py ``Req._compute_max_prefix_len``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import tokenizers
+
+from pytest_ddtree.refserver.engine import ClockModel
+from refserver_helpers import RefServer
+from tests.polling import wait_until
+
+TEXTS = [
+    "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n",
+    "Zebra quokka xylophone — naïve café ≤ 3 µs 😀 日本語\t\r\n  end",
+    "<|user|>\nHello there<|end|><|assistant|>\n",
+]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
+    s = RefServer(["--clock-scale", "50", "--model-path", "test/tiny"], tmp_path_factory.mktemp("sglang-client")).wait_ready()
+    yield s
+    s.stop()
+
+
+def hf(srv: RefServer) -> tokenizers.Tokenizer:
+    path = Path(srv.get("/model_info").json()["tokenizer_path"])
+    assert (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file()
+    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+def state(srv: RefServer) -> dict[str, Any]:
+    internal: dict[str, Any] = srv.info()["internal_states"][0]  # type: ignore[index]
+    return internal
+
+
+# -- the tokenizer ---------------------------------------------------------------------------------
+
+
+def test_model_info_tokenizer_path_opens_in_hugging_face_and_tokenizes_as_the_engine(srv: RefServer) -> None:
+    tok = hf(srv)
+    assert tok.get_vocab_size(with_added_tokens=False) == 163840  # Kimi K2's vocabulary size
+    for text in TEXTS:
+        served = srv.post("/tokenize", json={"prompt": text, "add_special_tokens": True}).json()["tokens"]
+        assert tok.encode(text).ids == served, text
+        assert tok.decode(served, skip_special_tokens=False) == text
+        assert srv.post("/detokenize", json={"tokens": served}).json()["text"] == tok.decode(served)
+
+
+def test_ids_a_real_tokenizer_sends_are_valid_and_random_ids_survive_a_text_round_trip(srv: RefServer) -> None:
+    """bench_serving's random-ids data set sends consecutive ids from a random offset below the
+    tokenizer's vocab_size (benchmark/datasets/random.py ``sample_random_requests``), as ids with
+    --tokenize-prompt, else as their decoded text."""
+    tok = hf(srv)
+    ids = list(range(150000, 150040))  # a Llama-3- / Qwen-sized id is a valid (reserved) token
+    r = srv.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == len(ids)
+    text = tok.decode(ids)
+    assert srv.post("/tokenize", json={"prompt": text}).json()["tokens"] == ids
+    # tokenizer_manager.py _validate_input_ids_in_vocab: past the vocabulary, SGLang's own message
+    r = srv.post("/generate", json={"input_ids": [5, 163840], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400
+    assert "contains values greater than the vocab size (163840)" in r.json()["error"]["message"]
+
+
+# -- /flush_cache?timeout= ---------------------------------------------------------------------------
+
+
+def long_request(srv: RefServer, tokens: int) -> tuple[threading.Thread, threading.Event]:
+    """A request that keeps the engine busy (``tokens`` greedy tokens) in a thread; returns when it runs."""
+    done = threading.Event()
+    before = state(srv)["num_running_reqs"] + state(srv)["requests_completed"]
+
+    def run() -> None:
+        srv.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}})
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    wait_until(lambda: state(srv)["num_running_reqs"] + state(srv)["requests_completed"] > before, 30, "the request to run")
+    return t, done
+
+
+@contextmanager
+def busy(srv: RefServer) -> Iterator[None]:
+    """A streamed request of 20000 tokens runs meanwhile; closing the stream aborts it."""
+    r = srv.post("/generate", stream=True, json={"text": "x", "stream": True, "sampling_params": {
+        "max_new_tokens": 20000, "ignore_eos": True, "temperature": 0}})
+    try:
+        lines = r.iter_lines()  # kept: a dropped line iterator closes the connection (an abort)
+        next(lines)  # the first chunk: it runs
+        yield
+    finally:
+        r.close()
+        wait_until(lambda: state(srv)["num_running_reqs"] == 0, 30, "the aborted request to leave")
+
+
+def test_flush_cache_without_timeout_is_refused_while_busy_with_sglangs_text(srv: RefServer) -> None:
+    with busy(srv):
+        r = srv.get("/flush_cache")
+        assert (r.status_code, r.text) == (400, "Flush cache failed.\n")
+    r = srv.post("/flush_cache")
+    assert r.status_code == 200 and r.text.startswith("Cache flushed.\n")
+
+
+def test_flush_cache_timeout_waits_for_idle_then_flushes(srv: RefServer) -> None:
+    """flush_wrapper.py: a busy scheduler keeps the flush pending and flushes at the first idle moment."""
+    t, done = long_request(srv, 300)
+    r = srv.post("/flush_cache", params={"timeout": 60})
+    assert r.status_code == 200, r.text
+    assert state(srv)["num_running_reqs"] == 0 and state(srv)["prefix_cache_tokens"] == 0
+    t.join(60)
+    assert done.is_set()
+
+
+def test_flush_cache_timeout_expires_while_busy_and_a_second_flush_is_refused(srv: RefServer) -> None:
+    with busy(srv):
+        answers: list[requests.Response] = []
+        first = threading.Thread(target=lambda: answers.append(srv.post("/flush_cache", params={"timeout": 1.0})))
+        t0 = time.monotonic()
+        first.start()
+        second = wait_until(lambda: "Another" in (text := srv.post("/flush_cache").text) and text,
+                            30, "the pending flush to refuse a second one")
+        assert second == "Another flush_cache is already in progress."
+        first.join(60)
+        assert (answers[0].status_code, answers[0].text) == (400, "Timed out waiting for idle state.")
+        assert time.monotonic() - t0 >= 1.0
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon", "nan"])
+def test_flush_cache_bad_timeout_is_a_400(srv: RefServer, bad: str) -> None:
+    """http_server.py: ``timeout: float = Query(0.0, ge=0.0)``; validation errors answer 400."""
+    assert srv.post("/flush_cache", params={"timeout": bad}).status_code == 400
+
+
+# -- the prefix cache ------------------------------------------------------------------------------
+
+
+def generate(srv: RefServer, ids: list[int], max_new_tokens: int = 1) -> dict[str, Any]:
+    r = srv.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens,
+                                                                          "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def test_cached_tokens_and_prefill_time_follow_the_radix_cache(srv: RefServer) -> None:
+    assert srv.post("/flush_cache", params={"timeout": 30}).status_code == 200
+    clock = ClockModel()
+    prompt = list(range(20000, 22000))
+    busy0 = state(srv)["simulated_busy_seconds"]
+    first = generate(srv, prompt)
+    busy1 = state(srv)["simulated_busy_seconds"]
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert busy1 - busy0 == pytest.approx(clock.prefill_fixed + clock.prefill_per_token * len(prompt))
+    again = generate(srv, prompt)
+    busy2 = state(srv)["simulated_busy_seconds"]
+    # schedule_batch.py _compute_max_prefix_len: at most len(prompt) - 1 tokens come from the cache
+    assert again["meta_info"]["cached_tokens"] == len(prompt) - 1
+    assert busy2 - busy1 == pytest.approx(clock.prefill_fixed + clock.prefill_per_token * 1)
+    # a finished request leaves prompt + output (minus its last token) in the tree
+    out = generate(srv, prompt[:1000] + [30000], max_new_tokens=6)["output_ids"]
+    follow = generate(srv, prompt[:1000] + [30000] + out[:3] + [30001])
+    assert follow["meta_info"]["cached_tokens"] == 1000 + 1 + 3
+    assert srv.post("/flush_cache").status_code == 200
+    assert generate(srv, prompt)["meta_info"]["cached_tokens"] == 0
