@@ -221,3 +221,19 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
         f"- bs8_b8_k4 c1_short output_throughput (refserver): regression of -* began at session {session_id} (build refserver-*);"
         " the last session before it was earlier-9 (build refserver-fast project 0000000000)*",
     ])
+
+
+def test_a_bad_history_option_is_a_usage_error_before_anything_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
+    for args, said in ((["--ddtree-history=mysql://ci:secret@db/perf"], "is not a history database"),
+                       (["--ddtree-history-check"], "needs the history to check against")):
+        result = pytester.runpytest_subprocess(str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider",
+                                               "--ddtree-config=bs8_b8_k4", *args, timeout=120)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR and said in result.stderr.str(), result.stderr.str()
+        assert "secret" not in result.stderr.str() and "starting bs8_b8_k4" not in result.stdout.str()
+
+
+def test_ddtree_report_needs_a_results_folder_or_a_history(tmp_path: Path) -> None:
+    from pytest_ddtree.htmlreport.cli import USAGE_ERROR, main
+
+    assert main([]) == USAGE_ERROR
+    assert main(["--history", f"sqlite:///{tmp_path / 'missing' / 'h.db'}"]) == USAGE_ERROR
