@@ -202,7 +202,9 @@ class HistoryStore:
                 raise HistoryError(f"a PostgreSQL history ({redact(self.url)}) needs the psycopg driver: "
                                    f"pip install '{POSTGRES_EXTRA}'") from None
             try:
-                return psycopg.connect(self.url, connect_timeout=int(LOCK_TIMEOUT_S))
+                # autocommit: a read outside ``_transaction`` must not leave an implicit transaction
+                # open, in which a later ``_transaction`` would only be a savepoint, never committed.
+                return psycopg.connect(self.url, connect_timeout=int(LOCK_TIMEOUT_S), autocommit=True)
             except psycopg.Error as exc:
                 raise HistoryError(f"cannot connect to {redact(self.url)}: {str(exc).strip()}") from None
         path = _sqlite_path(self.url)

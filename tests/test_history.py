@@ -110,6 +110,7 @@ def test_an_older_schema_is_migrated_keeping_its_sessions(history_url: str) -> N
     with HistoryStore(history_url) as store:
         assert store.schema_version() == MIGRATIONS[-1][0]
         store.append(*_session("new-session", 200.0))
+    with HistoryStore(history_url) as store:  # committed: another connection sees both
         cells = store.cells()
     old, new = cells
     assert old.session.session_id == "old-session" and old.samples == {"output_throughput": [950.0]}
