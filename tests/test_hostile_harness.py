@@ -61,7 +61,6 @@ HOSTILE_RESULTS = {
 }
 
 
-@pytest.mark.slow
 def test_hash_repr_and_collision_bombs_end_in_verdicts(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     uid_base = sandbox.UID_BASE + 200_000_000  # a uid range of its own for the leftover check
     monkeypatch.setenv("DDTREE_SANDBOX_UID_BASE", str(uid_base))
@@ -85,8 +84,7 @@ def test_hash_repr_and_collision_bombs_end_in_verdicts(pytester: pytest.Pytester
     assert problems["int_to_roman"]["verdict"] == "error" and "hash-collision bomb" in problems["int_to_roman"]["message"]
     wrong = problems["lru_cache"]
     assert wrong["verdict"] == "failed" and "xxxx..." in wrong["message"] and len(wrong["message"]) < 3000, wrong["message"][:500]
-    wait_until(lambda: not [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000],
-               timeout=15, what="sandbox processes to be gone")
+    wait_until(lambda: not leftovers(uid_base), timeout=15, what="sandbox processes to be gone")
 
 
 #: Each malformed body, and the words its "invalid response" verdict must contain.
@@ -105,8 +103,9 @@ MALFORMED = {
 HOSTILE_ANSWERS = ("think-bomb", "fence-bomb")
 
 
-@pytest.mark.slow
-def test_malformed_and_hostile_chat_bodies_get_a_verdict_each(pytester: pytest.Pytester) -> None:
+def test_malformed_and_hostile_chat_bodies_get_a_verdict_each(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    uid_base = sandbox.UID_BASE + 300_000_000  # a uid range of its own for the leftover check
+    monkeypatch.setenv("DDTREE_SANDBOX_UID_BASE", str(uid_base))
     kinds = [*MALFORMED, *HOSTILE_ANSWERS]
     profile = reference_profile(pytester.path, f"--fault chat-body={'+'.join(kinds)}", clock_scale=100, hardware_profile="testhw", pool=1)
 
@@ -125,6 +124,11 @@ def test_malformed_and_hostile_chat_bodies_get_a_verdict_each(pytester: pytest.P
     # the two bomb answers were extracted and judged: no pass, a verdict of the sandbox's
     others = [p for p in problems if not p["message"].startswith("invalid response: ")]
     assert len(others) == len(HOSTILE_ANSWERS) and all(p["verdict"] in ("error", "no_code", "failed") for p in others), others
+    wait_until(lambda: not leftovers(uid_base), timeout=15, what="sandbox processes to be gone")
+
+
+def leftovers(uid_base: int) -> list[int]:
+    return [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
 
 
 def test_hostile_predicate_work_is_cut_at_the_deadline() -> None:

@@ -177,7 +177,6 @@ def test_installed_layouts_show_no_packages_or_data(layouts: dict[str, dict[str,
         assert verdict == "passed", f"{layout}/{tier}: {message}\nhidden: {out['hidden']}"
 
 
-@pytest.mark.slow
 def test_steal_the_corpus_answer_fails_the_gate_under_a_non_editable_prefix_install(layouts: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     """The exploit end to end: the package installed non-editable under a prefix the sandbox
     shows, an engine whose every answer execs the reference solutions shipped in the
