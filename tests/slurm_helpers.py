@@ -107,7 +107,10 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
             "SlurmctldDebug=info\nSlurmdDebug=info\n"
             + node_lines
-            + f"PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP\n"
+            # A higher tier whose jobs cancel the default partition's (what preemption looks like).
+            + "PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n"
+            + f"PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n"
+            + f"PartitionName=urgent Nodes={','.join(self.node_names)} MaxTime=INFINITE State=UP PriorityTier=2\n"
         )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
@@ -139,10 +142,11 @@ class SlurmCluster:
 
         return parse_scontrol_job(self.run("scontrol", "show", "job", "-o", job_id).stdout)
 
-    def submit_blocker(self, node: str) -> str:
-        """A job that holds ``node``'s only CPU until cancelled (what makes ours wait in the queue)."""
-        result = self.run("sbatch", "--parsable", f"--nodelist={node}", "--job-name=blocker", "--output=/dev/null",
-                          "--wrap=sleep 600")
+    def submit_blocker(self, node: str, partition: str = "debug") -> str:
+        """A job that holds ``node``'s only CPU until cancelled (what makes ours wait in the queue;
+        in partition ``urgent``, what preempts ours)."""
+        result = self.run("sbatch", "--parsable", f"--nodelist={node}", f"--partition={partition}", "--job-name=blocker",
+                          "--output=/dev/null", "--wrap=sleep 600")
         assert result.returncode == 0, result.stderr
         job_id = result.stdout.strip()
         wait_until(lambda: self.job(job_id).get("JobState") == "RUNNING", 30, f"blocker job {job_id} to run", interval=0.2)

@@ -1,5 +1,7 @@
 """The slurm controller against a real Slurm: munged, slurmctld and two slurmd on this machine
-(tests/slurm_helpers.py), each config a batch job running the reference engine."""
+(tests/slurm_helpers.py), each config a batch job running the reference engine. Every fault case
+(queue wait, time limit, preemption, Ctrl-C) ends with Slurm's own words and nothing of ours
+left in the queue (the ``slurm`` fixture checks the queue after each test)."""
 
 from __future__ import annotations
 
@@ -223,6 +225,33 @@ def test_a_job_killed_at_its_time_limit_fails_its_config_and_the_sweep_goes_on(s
         assert manager.ensure(parse_config_name("bs8_b4_k4")).server_info["speculative_num_draft_tokens"] == 4
     finally:
         assert manager.close() == []
+
+
+def test_a_preempted_job_fails_its_config_with_slurms_words(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job of a higher-tier partition takes the node (PreemptMode=CANCEL): the running config
+    fails with PREEMPTED and slurmstepd's line; the next config's job runs on the other node."""
+    manager = _manager(tmp_path)
+    config = parse_config_name("bs8_b8_k4")
+    try:
+        manager.ensure(config)
+        job = manager.launches[0]["slurm"]
+        urgent = slurm.submit_blocker(job["node"], partition="urgent")
+
+        def died() -> str | None:
+            try:
+                manager.ensure(config)
+            except ServiceDiedError as exc:
+                return str(exc)
+            return None
+
+        message = wait_until(died, 60, "the job to be preempted", interval=0.3)
+        assert f"slurm job {job['job_id']} on {job['node']} is PREEMPTED (exit code 0:" in message, message
+        assert "DUE TO PREEMPTION" in message, message
+        assert manager.ensure(parse_config_name("bs8_b4_k4")).server_info["speculative_num_draft_tokens"] == 4
+        assert manager.launches[1]["slurm"]["node"] != job["node"]
+    finally:
+        assert manager.close() == []
+        slurm.run("scancel", urgent)
 
 
 def _sweep(tmp_path: Path, *extra: str, suites: tuple[str, ...] = ("suites/test_health.py",), configs: str = "bs8_b*_k4") -> list[str]:
