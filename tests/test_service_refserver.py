@@ -86,7 +86,7 @@ def test_refserver_ignore_config_topk(tmp_path: Path, managers: list[ServiceMana
 
 
 def test_refserver_exit_after_n_then_next_config(tmp_path: Path, managers: list[ServiceManager]) -> None:
-    m = manager(ref_profile("--fault exit-after=1"), tmp_path, managers)
+    m = manager(ref_profile("--fault exit-after=1", copy_probe=False), tmp_path, managers)  # it counts requests
     svc = m.ensure(BS8_B8_K4)
     svc.client.generate("def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
     deadline = time.monotonic() + 5

@@ -101,7 +101,7 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     g.add_argument("--max-running-requests", type=_positive_int, default=48, help="continuous-batching batch limit (default: %(default)s)")
     g.add_argument("--decode-log-interval", type=_positive_int, default=40,
                    help="decode batches per log line and per refresh of avg_spec_accept_length (default: %(default)s)")
-    g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
+    g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus text on /metrics (without it /metrics is 404, as in SGLang)")
     g.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR, help="corpus to build the models from (default: the bundled one)")
     # SGLang launch flags the shipped profiles pass: accepted and reported in /server_info, as SGLang
     # reports every server arg; they change nothing in the emulation.
@@ -165,7 +165,7 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved,
         "context_length": ns.context_length,
         "max_running_requests": ns.max_running_requests,
         "decode_log_interval": ns.decode_log_interval,
-        "enable_metrics": True,
+        "enable_metrics": bool(ns.enable_metrics),
         "random_seed": ns.seed,
         "seed": ns.seed,
         "tp_size": ns.tp_size,
@@ -177,7 +177,7 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved,
         "disable_overlap_schedule": ns.disable_overlap_schedule,
         "disable_cuda_graph": ns.disable_cuda_graph,
         **resolved.server_args,
-        "compact_cache": bool(spec.speculative and spec.window is not None),
+        "compact_cache": bool(spec.speculative and resolved.window is not None),
         "dialect": ns.dialect,
         "trained_block_size": ns.trained_block_size,
         "load_seconds": ns.load_seconds,
@@ -185,6 +185,53 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved,
         "fault": list(faults.specs),
         "corpus_dir": str(ns.corpus_dir),
     }
+
+
+def served_config(resolved: Resolved, topk: int, faults: Faults, trained_block_size: int) -> SpecConfig:
+    """What the engine really runs: the resolved config, unless a fault makes it serve another
+    block size or budget (serve-*) or drop topk or the window (unused-config) while reporting the
+    resolved values in /server_info: a build that accepts a config and serves another."""
+    speculative = resolved.algorithm != "NONE"
+    block = faults.serve_block_size if speculative and faults.serve_block_size else resolved.block_size
+    budget = faults.serve_budget if speculative and faults.serve_budget else resolved.budget
+    if speculative and "topk" in faults.unused_config:
+        topk = 1
+    window = None if "window" in faults.unused_config else resolved.window
+    return SpecConfig(algorithm=resolved.algorithm, block_size=block, budget=budget, topk=topk, window=window,
+                      trained_block_size=trained_block_size)
+
+
+def startup_lines(dialect: str, resolved: Resolved, spec: SpecConfig, faults: Faults, attention_backend: str | None) -> list[str]:
+    """The start-up lines in which each build's speculative worker prints the values it runs with.
+
+    A worker prints what it really uses, so the block size and budget are the served ones (a
+    serve-* fault shows here, not in /server_info); the window and topk are printed as given,
+    because the builds print them even where the worker never uses them (an unused-config fault
+    is invisible here, as on those builds).
+
+    - upstream DFLASH (sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py
+      ``DFlashWorker.__init__``): ``Initialized DFLASH draft runner. attention_backend=%s, model=%s,
+      block_size=%s, draft_window_size=%s, compact_cache=%s``; the SubSir fork's worker prints the
+      same line (and its window even though one worker version never uses it);
+    - PR 27509 v2 (Rancy-Wang/sglang ddtree-v2, the DDTREE v2 worker): ``Initialized DDTREE v2 worker.
+      block_size=%s, tree_budget=%s, ...``;
+    - the reference dialect: the DFLASH runner line and PR 27509 v1's ``Initialized DDTree worker.
+      block_size=%s, tree_budget=%s`` (it has a budget and a topk of its own: ``topk=%s`` is added).
+    """
+    if not spec.speculative:
+        return []
+    window = resolved.window
+    compact = window is not None
+    backend = attention_backend or "triton"
+    dflash = (f"Initialized DFLASH draft runner. attention_backend={backend}, model=DFlashDraftModel, "
+              f"block_size={spec.block_size}, draft_window_size={window}, compact_cache={compact}")
+    if dialect == "ddtree":
+        return [f"Initialized DDTREE v2 worker. block_size={spec.block_size}, tree_budget={spec.budget}, "
+                f"draft_window_size={window}, compact_cache={compact}"]
+    if dialect == "reference":
+        topk = resolved.topk if "topk" in faults.unused_config else spec.topk
+        return [dflash, f"Initialized DDTree worker. block_size={spec.block_size}, tree_budget={spec.budget}, topk={topk}"]
+    return [dflash]
 
 
 def _refuse(message: str) -> int:
@@ -210,14 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         topk = 1  # what upstream SGLang silently does to DFLASH
         server_args["speculative_eagle_topk"] = 1
     resolved = dataclasses.replace(resolved, server_args=server_args)
-    spec = SpecConfig(
-        algorithm=resolved.algorithm,
-        block_size=resolved.block_size,
-        budget=resolved.budget,
-        topk=topk,
-        window=resolved.window,
-        trained_block_size=ns.trained_block_size,
-    )
+    spec = served_config(resolved, topk, faults, ns.trained_block_size)
     if faults.crash_on_start:
         log("ERROR:    Traceback (most recent call last):\n"
             '  File "pytest_ddtree/refserver/cli.py", line 1, in load_model\n'
@@ -257,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if ns.dialect == "ddtree" and spec.speculative:  # ddtree_utils.py: topk = min(tree_budget, V)
         spec = dataclasses.replace(spec, topk=min(spec.budget, models.tokenizer.vocab_size))
+    for line in startup_lines(ns.dialect, resolved, spec, faults, ns.attention_backend):
+        log(line)
 
     state = ServerState(server_args={}, faults=faults, seed=ns.seed, context_length=ns.context_length, log=log)
     try:

@@ -203,6 +203,10 @@ class Request:
     verify_ct: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at prefill
     logprob_start_len: int = -1  # >= 0: input logprobs from there on (caps the prefix match)
+    #: verifies by drafts accepted: ``accept_histogram[k]`` verifies accepted exactly k drafted tokens
+    #: (the bonus token not counted), grown on demand, as SGLang's ``Req.spec_correct_drafts_histogram``
+    #: (python/sglang/srt/managers/schedule_batch.py ``update_spec_correct_drafts_histogram``).
+    accept_histogram: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -587,7 +591,11 @@ class Engine:
             before = len(r.output_ids)
             remaining = r.params.max_new_tokens - before
             if spec.speculative:
-                self._spec_step(r, remaining)
+                accepted = self._spec_step(r, remaining)
+                hist = r.accept_histogram
+                if len(hist) <= accepted:
+                    hist.extend([0] * (accepted + 1 - len(hist)))
+                hist[accepted] += 1
             else:
                 tok = self._target_next(r)
                 self._target_push(r, tok)
@@ -644,8 +652,9 @@ class Engine:
                 f"gen throughput (token/s): {self.last_gen_throughput:.2f}"
             )
 
-    def _spec_step(self, r: Request, remaining: int) -> None:
-        """Draft, build the tree, verify; append the accepted tokens (bonus included)."""
+    def _spec_step(self, r: Request, remaining: int) -> int:
+        """Draft, build the tree, verify; append the accepted tokens (bonus included); return
+        how many drafted tokens the verify accepted (its matched depth)."""
         spec = self.spec
         depth = spec.block_size - 1
         position = r.context_len
@@ -670,6 +679,7 @@ class Engine:
         result = verify(tree, target_next, advance, remaining, self._stop_ids(r), lossy)
         self._drafter_catch_up(r)
         self._append(r, result.tokens)
+        return result.matched_depth
 
     def _append(self, r: Request, tokens: list[int]) -> None:
         r.output_ids.extend(tokens)

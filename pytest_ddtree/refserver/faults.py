@@ -1,7 +1,7 @@
 """Fault injection: the ways a real deployment breaks, on demand.
 
 Why: the harness claims to catch crashed starts, dying servers, flaky HTTP, hangs,
-slow starts, silently ignored configs, broken (lossy) verification kernels and
+slow starts, silently ignored configs (reported as asked, served otherwise), broken (lossy) verification kernels and
 noisy/slow hardware. Each claim needs a server that misbehaves in exactly that way,
 so every fault is a flag of the reference engine, they combine freely, and each one
 is used by a test.
@@ -33,6 +33,10 @@ FAULT_HELP = {
     "hang-after=N": "after N completed generation requests stop answering anything (health too)",
     "slow-start=S": "stay in the loading state (health 503) S seconds longer",
     "ignore-config=topk": "silently run DFLASH with topk 1 and report speculative_eagle_topk=1",
+    "serve-block-size=N": "report the configured block size (/server_info) but serve block size N (start-up lines print N)",
+    "serve-budget=N": "report the configured budget (/server_info) but serve budget N (start-up lines print N)",
+    "unused-config=topk": "accept, report and log the configured topk but run topk 1, without the override warning",
+    "unused-config=window": "accept, report and log the configured draft window but let the drafter see the whole context",
     "lossy-verify=P": "accept a wrong draft token with probability P (breaks losslessness)",
     "slowdown=F": "multiply every simulated step cost by F",
     "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
@@ -52,6 +56,9 @@ class Faults:
     hang_after: int | None = None
     slow_start: float = 0.0
     ignore_config: set[str] = field(default_factory=set)
+    serve_block_size: int | None = None
+    serve_budget: int | None = None
+    unused_config: set[str] = field(default_factory=set)
     lossy_verify: float = 0.0
     slowdown: float = 1.0
     clock_jitter: float = 0.0
@@ -95,6 +102,14 @@ class Faults:
             if value not in ("topk",):
                 raise FaultError("fault 'ignore-config' supports only: ignore-config=topk")
             self.ignore_config.add(value)
+        elif name == "serve-block-size":
+            self.serve_block_size = int(number(int, 2))
+        elif name == "serve-budget":
+            self.serve_budget = int(number(int, 1))
+        elif name == "unused-config":
+            if value not in ("topk", "window"):
+                raise FaultError("fault 'unused-config' supports only: unused-config=topk, unused-config=window")
+            self.unused_config.add(value)
         elif name == "lossy-verify":
             self.lossy_verify = number(float, 0.0, 1.0)
         elif name == "slowdown":

@@ -478,7 +478,14 @@ class Handler(BaseHTTPRequestHandler):
             self.rfile.read(n)
 
     def h_metrics(self) -> None:
+        """Prometheus text, only with ``--enable-metrics`` (SGLang mounts /metrics only then:
+        entrypoints/http_server.py ``add_prometheus_middleware``). ``sglang:spec_num_draft_tokens``
+        (the worker's block size) appears once the first decode-log interval has been folded, as the
+        scheduler's metrics reporter sets it (managers/scheduler_components/metrics_reporter.py)."""
         st = self.state
+        if not st.server_args.get("enable_metrics"):
+            self.send_error_json(404, "not found: /metrics (start the server with --enable-metrics)")
+            return
         eng = st.engine
         name = st.model_path
         lab = f'{{model_name="{name}"}}'
@@ -491,7 +498,11 @@ class Handler(BaseHTTPRequestHandler):
             acc = eng.accounting()
             metric("sglang:num_running_reqs", "gauge", "The number of running requests.", acc["num_running_reqs"])
             metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", acc["num_waiting_reqs"])
-            metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.", acc["avg_spec_accept_length"])
+            metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+                   acc.get("avg_spec_accept_length", 0.0))
+            if eng.spec.speculative and eng.acct.spec_total_num_forward_ct:
+                metric("sglang:spec_num_draft_tokens", "gauge", "The number of draft tokens per verify (the block size).",
+                       eng.spec.block_size)
             metric("sglang:spec_verify_calls_total", "counter", "Speculative verify calls (forward passes x requests).", acc["total_verify_steps"])
             metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", acc["total_prompt_tokens"])
             metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", acc["total_output_tokens"])
@@ -642,6 +653,11 @@ class Handler(BaseHTTPRequestHandler):
         if engine is not None and engine.spec.speculative and req.verify_ct > 0:
             meta["spec_verify_ct"] = req.verify_ct
             meta["spec_accept_length"] = round(n / req.verify_ct, 6)
+            if req.accept_histogram:
+                # tokenizer_manager.py's spec-decoding meta: the per-request histogram under its
+                # 2026-05 name and, kept by upstream as a backward-compatible alias, the old one.
+                meta["spec_correct_drafts_histogram"] = list(req.accept_histogram)
+                meta["spec_accept_histogram"] = list(req.accept_histogram)
         return meta
 
     def h_generate(self) -> None:

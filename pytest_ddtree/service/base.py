@@ -100,6 +100,24 @@ class AppliedConfigMismatch(ServiceError):
         super().__init__("\n".join(lines))
 
 
+class ConfigNotServed(ServiceError):
+    """/server_info shows the config, but the service's behaviour shows another one: a verify
+    accepted more drafts than the config allows, a copy probe piled up below its bound, a
+    start-up line or /metrics printed other values, or the build logged that it overrode topk.
+    The message carries the evidence (``pytest_ddtree.proof``)."""
+
+    def __init__(self, config_name: str, failures: Sequence[str], log_tail: str = "") -> None:
+        self.config_name = config_name
+        self.failures = list(failures)
+        self.log_tail = log_tail
+        lines = [f"service reports config {config_name} in /server_info but does not serve it "
+                 f"({len(self.failures)} piece(s) of evidence):"]
+        lines += [f"  - {failure}" for failure in self.failures]
+        lines.append("what to do: check which flags and environment variables this build really reads (its source, "
+                     "its start-up log), and map the config's fields to those in the service profile")
+        super().__init__("\n".join(lines))
+
+
 class ExternalConfigMismatch(AppliedConfigMismatch):
     """An external service runs another config than the one asked for.
 
@@ -186,6 +204,23 @@ def tail_file(path: Path | None, n: int = 40, max_bytes: int = 64 * 1024) -> str
     return "\n".join(lines[-n:])
 
 
+STARTUP_LOG_LINES = 5000
+"""Log lines read for the start-up lines (a journal or a remote log: its last lines)."""
+STARTUP_LOG_BYTES = 4 * 1024 * 1024
+"""Bytes read from the start of a process log for the start-up lines."""
+
+
+def head_file(path: Path | None, max_bytes: int = STARTUP_LOG_BYTES) -> str | None:
+    """The first ``max_bytes`` of a log file (None when it cannot be read)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 class Controller(abc.ABC):
     """Launches and stops one service instance; knows when it has died.
 
@@ -220,6 +255,12 @@ class Controller(abc.ABC):
     @abc.abstractmethod
     def log_tail(self, n: int = 40) -> str:
         """The last ``n`` lines of the current launch's log."""
+
+    def startup_log(self) -> str | None:
+        """The current launch's log from its start, as far as the controller can read it (bounded),
+        for the start-up lines that print the effective speculative values; None: no log here."""
+        text = self.log_tail(STARTUP_LOG_LINES)
+        return None if text.startswith("<") else text
 
     def restore_default(self) -> None:
         """Put the service back on the profile's default config (systemd); nothing for others."""

@@ -61,5 +61,8 @@ class ExternalController(Controller):
     def log_tail(self, n: int = 40) -> str:
         return "<external service: no log available>"
 
+    def startup_log(self) -> str | None:
+        return None
+
     def describe(self) -> str:
         return f"external service {self._launch.url if self._launch else ''}".rstrip()

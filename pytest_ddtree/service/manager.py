@@ -16,12 +16,15 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
+from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.proof import Proof
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     ConfigNotAvailable,
+    ConfigNotServed,
     Controller,
     ExternalConfigMismatch,
     Launch,
@@ -46,6 +49,9 @@ REFERENCE_LABEL = "lossless-reference"
 READY_HEALTH_TIMEOUT_S = 5.0
 """Per-request timeout of health polls: short, so a dead service is noticed quickly."""
 
+
+PROBE_TIMEOUT_S = 120.0
+"""Per-request timeout of the copy probe's short requests."""
 
 PORT_RACE_RETRIES = 2
 """How often a start that lost its auto-chosen port (EADDRINUSE in the log) is retried."""
@@ -97,6 +103,8 @@ class RunningService:
     ready_s: float = 0.0
     log_path: Path | None = None
     name: str = ""
+    proof: Proof | None = None
+    """What the service's behaviour proved about each config field (None: the reference)."""
 
 
 @dataclass
@@ -561,6 +569,12 @@ class ServiceManager:
             diffs = applied_diff(self.profile.expected_applied(config), server_info)
             if diffs:
                 raise AppliedConfigMismatch(config.name, diffs)
+        # An external service is not ours to probe before its config is checked (_start_once).
+        proof = self._prove(controller, client, config, server_info) if config is not None and not external else None
+        if proof is not None:
+            record["applied_evidence"] = proof.as_dict()
+            if proof.failures:
+                raise ConfigNotServed(config.name if config is not None else label, proof.failures, controller.log_tail())
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
         record["engine_version"] = server_info.get("version")  # the report's environment section
@@ -579,7 +593,41 @@ class ServiceManager:
             ready_s=ready_s,
             log_path=launch.log_path,
             name=label,
+            proof=proof,
         )
+
+    def proof_values(self, config: DDTreeConfig) -> dict[str, int | None]:
+        """The config's field values the service must show: a field the build derives in a way
+        the profile cannot predict (``fixed: null``) is unknown (None), never the config's name."""
+        values = config.field_values(self.profile.default_window)
+        out: dict[str, int | None] = {}
+        for name, value in values.items():
+            fixed = self.profile.fixed_field(name)
+            out[name] = value if fixed is None or fixed.value_for(values) is not None else None
+        return out
+
+    def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, Any]) -> Proof:
+        """After readiness: the copy probe, the start-up lines (where the controller reads the
+        log) and ``sglang:spec_num_draft_tokens`` (where /metrics is on), weighed per field."""
+        values = self.proof_values(config)
+        bound = proof_mod.accept_bound(values)
+
+        def generate(text: str, sampling: Mapping[str, Any]) -> Any:
+            return client.generate(text=text, sampling_params=sampling, timeout=PROBE_TIMEOUT_S)
+
+        probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
+        startup_text = controller.startup_log()
+        startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
+        metrics_text: str | None = None
+        if server_info.get("enable_metrics") is True:
+            try:
+                metrics_text = client.metrics(timeout=READY_HEALTH_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - no /metrics: no signal from it
+                metrics_text = None
+        result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
+                                 probe=probe, startup=startup, metrics_text=metrics_text)
+        self._say(f"{config.name}: {result.summary()}")
+        return result
 
     def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
         diffs = applied_diff(self.profile.expected_applied(config), service.server_info)

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Mapping
 
-from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, tail_file
+from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, head_file, tail_file
 
 # -- global registry: every live process group we started, for emergency cleanup -----------------
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
@@ -317,6 +317,11 @@ class ProcessController(Controller):
 
     def log_tail(self, n: int = 40) -> str:
         return tail_file(self._log_path, n)
+
+    def startup_log(self) -> str | None:
+        """The log from its start: the worker's start-up lines come early, before megabytes of
+        warm-up and request lines."""
+        return head_file(self._log_path)
 
     def describe(self) -> str:
         if self._proc is None:

@@ -126,6 +126,10 @@ class ServiceProfile:
     #: per session on a free port of the CPU); a GPU service shares its GPUs even with port auto.
     instance_lock: bool = True
     coding_min_pass: int | None = None
+    #: After readiness, a few short greedy requests whose continuation the drafter can copy prove the
+    #: block size (or budget) by the acceptance histogram (pytest_ddtree.proof); false for a service
+    #: that must get no requests but the tests' own (one that counts or bills them).
+    copy_probe: bool = True
     unit: str | None = None
     dropin_dir: str | None = None
     lossless: str = "golden"
@@ -437,6 +441,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "pool": ((int, list), False),
     "instance_lock": (bool, False),
     "coding_min_pass": ((int, type(None)), False),
+    "copy_probe": (bool, False),
     "lossless": (str, False),
     "lossless_args": ((str, type(None)), False),
     "hardware_profile": ((str, type(None)), False),
@@ -661,6 +666,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
         instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
         coding_min_pass=raw.get("coding_min_pass"),
+        copy_probe=bool(raw.get("copy_probe", True)),
         unit=raw.get("unit"),
         dropin_dir=raw.get("dropin_dir"),
         lossless=lossless,
