@@ -28,7 +28,7 @@ PAIR = ("Write a Python function that reverses a string.", "```python\ndef rever
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
     s = RefServer(
         ["--speculative-algorithm", "dflash", "--clock-scale", "50", "--speculative-draft-window-size", "2048",
-         "--model-path", "test/tiny", "--decode-log-interval", "5"],
+         "--model-path", "test/tiny", "--decode-log-interval", "5", "--enable-metrics"],
         tmp_path_factory.mktemp("refserver"),
     ).wait_ready()
     yield s
@@ -230,6 +230,32 @@ def test_metrics_prometheus_text(srv: RefServer) -> None:
                  "sglang:generation_tokens_total"):
         assert name in text
     assert "# TYPE sglang:time_to_first_token_seconds histogram" in text
+    # the worker's block size, once a decode-log interval (5 batches here) has been folded
+    srv.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}})
+    assert 'sglang:spec_num_draft_tokens{model_name="test/tiny"} 8' in srv.get("/metrics").text
+
+
+def test_acceptance_histogram_on_the_finished_response(srv: RefServer) -> None:
+    """tokenizer_manager.py: both names, on the finished chunk only (streamed or not); index =
+    drafts accepted in one verify, the counts sum to spec_verify_ct, no index above block_size - 1."""
+    body = {"text": "def merge_sort(items):", "sampling_params": {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}
+    meta = srv.post("/generate", json=body).json()["meta_info"]
+    hist = meta["spec_correct_drafts_histogram"]
+    assert hist == meta["spec_accept_histogram"] and sum(hist) == meta["spec_verify_ct"]
+    assert 2 <= len(hist) <= 8 and hist[-1] > 0
+    # 47 decode tokens: each verify gives its accepted drafts plus the bonus (the last one may be cut short)
+    assert 47 <= sum(k * n for k, n in enumerate(hist)) + meta["spec_verify_ct"] <= 48
+    lines = [line for line in srv.post("/generate", json={**body, "stream": True}).text.splitlines() if line.startswith("data: {")]
+    metas = [json.loads(line[6:])["meta_info"] for line in lines]
+    assert all("spec_accept_histogram" not in m for m in metas[:-1])
+    assert metas[-1]["spec_correct_drafts_histogram"] == hist
+
+
+def test_startup_lines_print_the_effective_values(srv: RefServer) -> None:
+    log = srv.log()
+    assert ("Initialized DFLASH draft runner. attention_backend=triton, model=DFlashDraftModel, block_size=8, "
+            "draft_window_size=2048, compact_cache=True") in log
+    assert "Initialized DDTree worker. block_size=8, tree_budget=8, topk=4" in log
 
 
 def test_flush_cache_resets_average_and_refuses_while_busy(srv: RefServer) -> None:

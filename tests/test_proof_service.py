@@ -1,0 +1,88 @@
+"""A service that reports one config and serves another fails with the behaviour's evidence:
+real reference-engine processes with the serve-* faults, driven by the service manager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from pytest_ddtree import proof
+from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.base import ConfigNotServed
+from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.profile import ServiceProfile, parse_profile
+
+REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
+
+
+def ref_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
+    raw = yaml.safe_load(REFERENCE.read_text())
+    raw["command"] = raw["command"].replace("--clock-scale 10", "--clock-scale 100") + (" " + extra if extra else "")
+    raw.update(overrides)
+    return parse_profile(raw)
+
+
+@pytest.fixture
+def managers() -> Iterator[list[ServiceManager]]:
+    made: list[ServiceManager] = []
+    yield made
+    for m in made:
+        m.close()
+
+
+def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager]) -> ServiceManager:
+    m = ServiceManager(profile, 0, tmp_path / "logs", None, tmp_path / "locks", poll_interval=0.1,
+                       client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    made.append(m)
+    return m
+
+
+def test_a_healthy_engine_proves_block_size_and_budget_by_behaviour(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--enable-metrics"), tmp_path, managers)
+    svc = m.ensure(parse_config_name("bs8_b4_k4"))
+    assert svc.proof is not None and not svc.proof.failures
+    fields = svc.proof.fields
+    assert fields["budget"].status == proof.PROVEN and "copy probe reached the bound of 4" in fields["budget"].detail
+    assert fields["block_size"].status == proof.PROVEN and "start-up line says block_size=8" in fields["block_size"].detail
+    assert fields["topk"].status == proof.REPORTED and fields["window"].status == proof.REPORTED
+    assert m.launches[-1]["applied_evidence"]["fields"]["budget"]["status"] == proof.PROVEN
+
+
+@pytest.mark.parametrize("config, fault, evidence", [
+    # serves a larger tree than it reports: verifies accept more drafts than the config allows
+    ("bs8_b4_k4", "serve-budget=8", "accepted more than 4 drafts"),
+    # serves a smaller block: the copy probe's verifies pile up below the bound
+    ("bs8_b8_k4", "serve-block-size=4", "pile up at 3 accepted drafts"),
+])
+def test_a_service_serving_another_tree_fails_with_the_histogram(tmp_path: Path, managers: list[ServiceManager],
+                                                                 config: str, fault: str, evidence: str) -> None:
+    m = manager(ref_profile(f"--fault {fault}"), tmp_path, managers)
+    with pytest.raises(ConfigNotServed) as info:
+        m.ensure(parse_config_name(config))
+    text = str(info.value)
+    assert evidence in text and "histogram [" in text, text
+    assert "reports config" in text and m.launches[-1]["outcome"].startswith("failed")
+    with pytest.raises(ConfigNotServed):  # remembered: no second start of a config that lied
+        m.ensure(parse_config_name(config))
+
+
+def test_without_the_log_the_histogram_alone_catches_it(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    """The command controller without a logs command reads no start-up lines: the histogram
+    evidence is all there is, and it is enough."""
+    m = manager(ref_profile("--fault serve-budget=8"), tmp_path, managers)
+    m._controller_for_profile().startup_log = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(ConfigNotServed) as info:
+        m.ensure(parse_config_name("bs8_b4_k4"))
+    assert len(info.value.failures) == 1 and "accepted more than 4 drafts" in info.value.failures[0]
+
+
+def test_startup_lines_catch_a_smaller_block_without_the_probe(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--enable-metrics --decode-log-interval 2 --fault serve-block-size=4", copy_probe=False),
+                tmp_path, managers)
+    with pytest.raises(ConfigNotServed) as info:
+        m.ensure(parse_config_name("bs8_b8_k4"))
+    assert any("start-up line says block_size=4" in f for f in info.value.failures), info.value.failures
