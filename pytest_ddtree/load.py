@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_ddtree import proof
 from pytest_ddtree import prompts as prompts_mod
 from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
@@ -118,6 +119,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     spec_verify_ct: int | None = None
+    #: verifies by drafts accepted (meta_info.spec_correct_drafts_histogram); None: not sent
+    accept_histogram: list[int] | None = None
     start: float = 0.0
     end: float = 0.0
     ttft_s: float | None = None
@@ -253,6 +256,10 @@ def stream_request(
                              f"{result.completion_tokens}")
         result.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
         result.spec_verify_ct = _int_or_none(meta.get("spec_verify_ct"))
+        try:
+            result.accept_histogram = proof.histogram_of(meta, result.spec_verify_ct)
+        except proof.HistogramError as exc:
+            raise ValueError(f"invalid response: {exc}") from None
         if result.ttft_s is None:
             raise ValueError("stream produced no tokens")
         result.ok = True
@@ -326,6 +333,9 @@ class CellResult:
     notes: list[str] = field(default_factory=list)
     prompt_source: str = ""  # e.g. "documents via /tokenize": which text, tokenized how
     speculative: bool = False  # the config speculates: every response must carry spec_verify_ct
+    #: min(block_size - 1, budget) of the config: a request whose histogram goes above it proves
+    #: the service serves another tree than it reports (None: not checked)
+    accept_bound: int | None = None
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -342,6 +352,11 @@ class CellResult:
             out.extend(r.problems())
         if not self.requests:
             out.append("no requests were sent")
+        for r in self.ok_requests:
+            if r.accept_histogram is not None:
+                violation = proof.bound_violation(r.accept_histogram, self.accept_bound, f"request {r.index}")
+                if violation is not None:
+                    out.append(f"the config did not apply: {violation}")
         ok = self.ok_requests
         silent = sum(1 for r in ok if not r.spec_verify_ct)
         if self.speculative and silent:
@@ -355,6 +370,17 @@ class CellResult:
     @property
     def valid(self) -> bool:
         return not self.problems()
+
+    def accept_histogram(self) -> list[int] | None:
+        """The measured requests' histograms summed (None unless every one sent one: a sum
+        over a subset would not describe the cell)."""
+        ok = self.ok_requests
+        if not ok or any(r.accept_histogram is None for r in ok):
+            return None
+        total: list[int] = []
+        for r in ok:
+            total = proof.add_histograms(total, r.accept_histogram or [])
+        return total
 
     def engine_accounting(self) -> dict[str, float] | None:
         """The engine's own view of the measured phase, where it reports one (refserver).
@@ -577,6 +603,7 @@ def run_cell(
     flush_deadline_s: float = 10.0,
     extra_sampling_params: Mapping[str, Any] | None = None,
     speculative: bool = False,
+    accept_bound: int | None = None,
 ) -> CellResult:
     """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
 
@@ -592,12 +619,14 @@ def run_cell(
     call, closed at the end; a client is the caller's to close. ``timeout_s`` bounds each
     streamed request's socket waits. ``speculative``: the service runs a speculative config,
     so a response without ``spec_verify_ct`` makes the cell invalid (speculation looks off).
+    ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
+    histogram goes above it makes the cell invalid with the histogram as evidence.
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=timeout_s) as own:
             return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
                             flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
-                            speculative=speculative)
+                            speculative=speculative, accept_bound=accept_bound)
     client = service
     maker = prompts if prompts is not None else prompt_maker(client)
     try:
@@ -636,4 +665,5 @@ def run_cell(
         notes=notes,
         prompt_source=measured.label,
         speculative=speculative,
+        accept_bound=accept_bound,
     )

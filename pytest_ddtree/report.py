@@ -227,8 +227,41 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
     if accept:
         name, value = max(accept.items(), key=lambda kv: kv[1])
         out.append(f"Best acceptance: {name} with {value:.2f} accepted tokens per verify step (median over its cells).")
-    out.extend(drafter_bound(accept))
+    out.extend(drafter_bound(accept, by_depth=_config_depth(recs)))
     return out
+
+
+def _config_depth(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Per config, the share of verifies that accepted at least d drafts (d = 1, 2, ...), from the
+    server's acceptance histograms summed over the config's cells (configs without them left out)."""
+    from pytest_ddtree import proof
+
+    hists: dict[str, list[int]] = {}
+    for r in recs:
+        hist = r.get("accept_histogram")
+        if isinstance(hist, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in hist):
+            hists[str(r["config"])] = proof.add_histograms(hists.get(str(r["config"]), []), hist)
+    return {name: proof.acceptance_by_depth(h) for name, h in hists.items() if sum(h)}
+
+
+def _share(shares: Sequence[float], depth: int) -> float:
+    return shares[depth - 1] if 0 < depth <= len(shares) else 0.0
+
+
+def _depth_evidence(name: str, by_depth: Mapping[str, Sequence[float]], from_depth: int | None = None) -> str | None:
+    """Where the drafter stops being right in ``name``, from the server's histograms."""
+    shares = by_depth.get(name)
+    config = config_or_none(name)
+    if not shares or config is None:
+        return None
+    bound = min(config.block_size - 1, config.budget)
+    if from_depth is not None:
+        return (f"the server's acceptance histograms show why: in {name} {_share(shares, from_depth):.0%} of verifies "
+                f"accepted {from_depth} or more drafts, though its tree allows {bound}")
+    half = next((d for d, share in enumerate(shares, 1) if share < 0.5), None)
+    where = f"half of its verifies stop before depth {half}" if half is not None else "most verifies go deep"
+    return (f"the server's acceptance histograms show why: in {name} {where}, and {_share(shares, bound):.0%} reach "
+            f"its bound of {bound} drafts")
 
 
 def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -240,14 +273,18 @@ def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {k: stats.median(v) for k, v in per.items() if v}
 
 
-def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_GAIN) -> list[str]:
+def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_GAIN,
+                  by_depth: Mapping[str, Sequence[float]] | None = None) -> list[str]:
     """The "acceptance is drafter-bound" diagnosis.
 
     For configs that differ only in budget (same block size, topk, window), and for configs
     that differ in block size at the largest budget, look at the last step up: when it
     raises acceptance by less than ``min_gain``, more tree (or a longer block) buys no
-    acceptance; the drafter's predictions are the limit.
+    acceptance; the drafter's predictions are the limit. ``by_depth`` (per config, the share
+    of verifies that accepted at least d drafts, from the server's histograms) adds where the
+    drafter stops being right: the server's own data for the finding.
     """
+    by_depth = by_depth or {}
     parsed = {n: c for n in accept if (c := config_or_none(n))}
     out: list[str] = []
     groups: dict[tuple[int, int, int], list[tuple[int, str]]] = defaultdict(list)
@@ -268,6 +305,8 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
         others = f" (and {len(flat_steps) - 1} more config families)" if len(flat_steps) > 1 else ""
         findings.append(f"the last budget step raised acceptance by at most {gain:+.0%}, e.g. budget {b1} -> {b2} "
                         f"({n1} -> {n2}) only {a1:.2f} -> {a2:.2f}{others}")
+        if (why := _depth_evidence(n2, by_depth)) is not None:
+            findings.append(why)
     by_bs: dict[int, list[tuple[float, str]]] = defaultdict(list)
     for name, c in parsed.items():
         by_bs[c.block_size].append((accept[name], name))
@@ -278,6 +317,8 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
         if lo_best[0] > 0 and (hi_best[0] - lo_best[0]) / lo_best[0] < min_gain:
             findings.append(f"block size {sizes[0]} -> {sizes[-1]} raised the best acceptance only "
                             f"{lo_best[0]:.2f} ({lo_best[1]}) -> {hi_best[0]:.2f} ({hi_best[1]})")
+            if (why := _depth_evidence(hi_best[1], by_depth, from_depth=sizes[0])) is not None:
+                findings.append(why)
     if findings:
         out.append("Acceptance is drafter-bound: " + "; ".join(findings)
                    + ". A bigger tree or block costs verify compute without accepting more; "
@@ -323,7 +364,7 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         entry["samples"] = r.get("samples") or {}
         entry["problems"] = r.get("problems") or []
         # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
-        for key in ("verdict", "workload", "baseline", "hardware_profile", "host"):
+        for key in ("verdict", "workload", "baseline", "hardware_profile", "host", "accept_histogram", "acceptance_by_depth"):
             if r.get(key) is not None:
                 entry[key] = r.get(key)
         cells.append(entry)

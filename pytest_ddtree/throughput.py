@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from pytest_ddtree import gate, load, report, stats
+from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.client import SGLangClient
 
@@ -63,6 +63,7 @@ def measure_config(
     tokenizer_path: str | None = None,
     vocab_size: int | None = None,
     dataset: str | None = None,
+    accept_bound: int | None = None,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -74,19 +75,21 @@ def measure_config(
     section) the cells are judged together, and flagged cells get their confirmation run now,
     while this config's service is still up (``on_confirm`` records those repeats).
     ``tokenizer_path`` and ``vocab_size`` are the profile's, ``dataset`` is ``--ddtree-dataset``
-    (see ``prompts.py``).
+    (see ``prompts.py``). ``accept_bound`` is min(block_size - 1, budget) of the config: a
+    measured request whose acceptance histogram goes above it makes its repeat invalid.
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
-                                  vocab_size=vocab_size, dataset=dataset)
+                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound)
     client = service
     policy = repeat_policy(repeats)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=True)
+        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=True,
+                             accept_bound=accept_bound)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -163,7 +166,19 @@ def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, 
         "problems": result.problems()[:20],
         "notes": result.notes,
         "prompts": result.prompt_source,
+        "accept_histogram": result.accept_histogram(),
     }
+
+
+def cell_histogram(samples: Sequence[load.CellResult]) -> list[int] | None:
+    """The valid repeats' acceptance histograms summed (None unless each has one)."""
+    hists = [s.accept_histogram() for s in samples if s.valid]
+    if not hists or any(h is None for h in hists):
+        return None
+    total: list[int] = []
+    for h in hists:
+        total = proof.add_histograms(total, h or [])
+    return total
 
 
 @dataclass
@@ -232,6 +247,10 @@ def evaluate_cell(
         hardware_profile=hardware_profile,
         baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
     )
+    hist = cell_histogram(run.samples)
+    if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
+        record["accept_histogram"] = hist
+        record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
     return CellEvaluation(
         status=status,
         verdict=verdict,

@@ -115,6 +115,7 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 tokenizer_path=service.profile.tokenizer_path(),
                 vocab_size=service.profile.vocab_size,
                 dataset=str(settings.dataset) if settings.dataset else None,
+                accept_bound=service.accept_bound(),
             )
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)

@@ -29,6 +29,7 @@ class StandInConfig:
     flush_status: int = 200
     no_meta: bool = False
     no_spec: bool = False  # no spec_verify_ct (speculation off)
+    histogram: Any = None  # sent as meta_info.spec_accept_histogram on the last chunk (hostile values too)
     tokenize: bool = True  # answer POST /tokenize (one token per UTF-8 byte); False: 404 like an old build
     text_prompt_scale: float = 1.0  # a text prompt counts this many tokens per byte (text fallback tests)
     generate_calls: int = 0
@@ -112,6 +113,8 @@ class _Handler(BaseHTTPRequestHandler):
                         "finish_reason": None}
                 if not cfg.no_spec:
                     meta["spec_verify_ct"] = steps
+                if cfg.histogram is not None and done >= want:
+                    meta["spec_accept_histogram"] = cfg.histogram
                 chunk = {"text": "x" * done} if cfg.no_meta else {"text": "x" * done, "meta_info": meta}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()

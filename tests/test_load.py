@@ -125,3 +125,22 @@ def test_fast_token_count_is_not_fooled_by_the_text() -> None:
     assert load._fast_completion_tokens(b'{"error": {"message": "x"}}') is None
     with pytest.raises(ValueError, match="server error"):
         load._chunk_meta(b'{"error": {"message": "x"}}')
+
+
+def test_a_malformed_acceptance_histogram_is_an_invalid_response() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=4, requests=2, warmup_requests=0)
+    with standin_server(StandInConfig(histogram=[1, "lots"])) as (url, _):
+        res = load.run_cell(url, cell, speculative=True)
+    assert not res.valid and res.failed == 2
+    assert all("invalid response" in p and "not a count" in p for p in res.problems())
+
+
+def test_a_histogram_above_the_config_bound_makes_the_cell_invalid_with_the_evidence() -> None:
+    cell = load.Cell("c1", concurrency=1, context_tokens=8, output_tokens=7, requests=2, warmup_requests=0)
+    # the stand-in counts 3 verifies for 7 tokens (chunks of 1, 3, 3): they accepted 0, 2 and 5 drafts
+    with standin_server(StandInConfig(histogram=[1, 0, 1, 0, 0, 1])) as (url, _):
+        fine = load.run_cell(url, cell, speculative=True, accept_bound=7)
+        wrong = load.run_cell(url, cell, speculative=True, accept_bound=3)
+    assert fine.valid and fine.accept_histogram() == [2, 0, 2, 0, 0, 2]
+    assert not wrong.valid
+    assert any("did not apply" in p and "more than 3 drafts" in p and "[1, 0, 1, 0, 0, 1]" in p for p in wrong.problems())

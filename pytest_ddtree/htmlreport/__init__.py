@@ -149,6 +149,9 @@ def build_html(
     acceptance = charts.acceptance_figure(cells)
     if acceptance:
         figures["acceptance"] = acceptance
+    depth = charts.depth_figure(cells)
+    if depth:
+        figures["acceptance-by-depth"] = depth
     repeat_charts = []
     for config in dict.fromkeys(c.config for c in cells):
         fig = charts.repeats_figure(config, cells)
@@ -177,7 +180,10 @@ def build_html(
         request_panels=request_panels,
         acceptance=acceptance,
         repeat_charts=repeat_charts,
-        drafter_bound=report.drafter_bound(accept),
+        depth=depth,
+        depth_cells=[c for c in cells if c.acceptance_by_depth and not c.predicted],
+        drafter_bound=report.drafter_bound(accept, by_depth=report._config_depth(
+            [r for r in payload.get("throughput") or [] if isinstance(r, Mapping) and "config" in r])),
         cells=cells,
         columns=model.CELL_COLUMNS,
         coding=model.coding_grid(payload),

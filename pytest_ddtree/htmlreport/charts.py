@@ -135,6 +135,25 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     return {"data": traces, "layout": layout}
 
 
+def depth_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
+    """Acceptance by depth: per config and cell, the share of verifies that accepted at least d
+    drafts, from the server's acceptance histograms. Where a line falls to zero is where the
+    drafter stops being right, whatever the tree allows: the drafter-bound finding, drawn."""
+    traces: list[dict[str, Any]] = []
+    for c in cells:
+        if c.predicted or not c.acceptance_by_depth:
+            continue
+        depths = list(range(1, len(c.acceptance_by_depth) + 1))
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{c.config} {c.cell}",
+                       "legendgroup": c.config, "x": depths, "y": c.acceptance_by_depth,
+                       "hovertemplate": f"{c.config} {c.cell}<br>>= %{{x}} drafts: %{{y:.1%}}<extra></extra>"})
+    if not traces:
+        return None
+    layout = _layout("Acceptance by depth", "drafts accepted in one verify (at least)", "share of verifies")
+    layout["yaxis"]["tickformat"] = ".0%"
+    return {"data": traces, "layout": layout}
+
+
 def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_throughput") -> dict[str, Any] | None:
     """Each cell's repeats and its baseline's samples, relative to the baseline median, with the band.
 

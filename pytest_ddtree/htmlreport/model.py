@@ -78,6 +78,16 @@ class Cell:
     baseline: dict[str, Any]  # metric -> {median, samples, tolerance, direction}
     messages: list[str]
     predicted: bool = False
+    #: share of verifies that accepted at least d drafts, d = 1, 2, ... (the server's histograms)
+    acceptance_by_depth: list[float] = field(default_factory=list)
+
+
+def _shares(value: Any, limit: int = 1024) -> list[float]:
+    """A list of shares in [0, 1] (anything else, or a longer list, gives none)."""
+    items = _as_list(value)
+    if len(items) > limit or not all(is_number(v) and 0.0 <= float(v) <= 1.0 for v in items):
+        return []
+    return [float(v) for v in items]
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -145,6 +155,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             baseline=baseline,
             messages=messages,
             predicted=bool(raw.get("predicted")) or raw.get("status") == "predicted",
+            acceptance_by_depth=_shares(raw.get("acceptance_by_depth")),
         ))
     out.sort(key=lambda c: (name_sort_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
     return out

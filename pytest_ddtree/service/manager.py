@@ -85,6 +85,17 @@ def _default_gpu_release(baseline: int | None, timeout_s: float, progress: Progr
     return gpu.wait_for_gpu_memory_release(baseline, timeout_s, progress)
 
 
+def proof_values(profile: ServiceProfile, config: DDTreeConfig) -> dict[str, int | None]:
+    """The config's field values the service must show: a field the build derives in a way the
+    profile cannot predict (``fixed: null``) is unknown (None), never the config's name."""
+    values = config.field_values(profile.default_window)
+    out: dict[str, int | None] = {}
+    for name, value in values.items():
+        fixed = profile.fixed_field(name)
+        out[name] = value if fixed is None or fixed.value_for(values) is not None else None
+    return out
+
+
 @dataclass
 class RunningService:
     """A ready, verified service instance, as the ``ddtree_service`` fixture hands it out.
@@ -105,6 +116,10 @@ class RunningService:
     name: str = ""
     proof: Proof | None = None
     """What the service's behaviour proved about each config field (None: the reference)."""
+
+    def accept_bound(self) -> int | None:
+        """min(block_size - 1, budget) of the running config: no verify may accept more drafts."""
+        return proof_mod.accept_bound(proof_values(self.profile, self.config)) if self.config is not None else None
 
 
 @dataclass
@@ -596,20 +611,10 @@ class ServiceManager:
             proof=proof,
         )
 
-    def proof_values(self, config: DDTreeConfig) -> dict[str, int | None]:
-        """The config's field values the service must show: a field the build derives in a way
-        the profile cannot predict (``fixed: null``) is unknown (None), never the config's name."""
-        values = config.field_values(self.profile.default_window)
-        out: dict[str, int | None] = {}
-        for name, value in values.items():
-            fixed = self.profile.fixed_field(name)
-            out[name] = value if fixed is None or fixed.value_for(values) is not None else None
-        return out
-
     def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, Any]) -> Proof:
         """After readiness: the copy probe, the start-up lines (where the controller reads the
         log) and ``sglang:spec_num_draft_tokens`` (where /metrics is on), weighed per field."""
-        values = self.proof_values(config)
+        values = proof_values(self.profile, config)
         bound = proof_mod.accept_bound(values)
 
         def generate(text: str, sampling: Mapping[str, Any]) -> Any:
