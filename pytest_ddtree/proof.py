@@ -428,3 +428,101 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
 
 def _first(lines: Sequence[str]) -> str:
     return lines[-1] if lines else ""
+
+
+# --------------------------------------------------------------------------------------
+# Fields no signal shows: an A/B over the session's configs
+
+
+#: Fields no build shows by behaviour (no histogram bound, no start-up value that a worker
+#: must honour): only configs that differ in them alone can say whether they had any effect.
+A_B_FIELDS = ("topk", "window")
+
+
+def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """What greedy acceptance a cell measured: its histogram where the server sent one, else its
+    accept length (rounded to 9 digits); None when it measured none."""
+    hist = record.get("accept_histogram")
+    if isinstance(hist, list) and hist:
+        return ("histogram", tuple(hist))
+    metrics = record.get("metrics") or {}
+    value = metrics.get("accept_length") if isinstance(metrics, Mapping) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ("accept_length", round(float(value), 9))
+    return None
+
+
+def _could_matter(name: str, a: Mapping[str, int | None], b: Mapping[str, int | None], context: int | None) -> bool:
+    """Whether the two values of ``name`` could change a greedy result at all: topk only binds
+    below the budget (a depth holds at most budget nodes); a window only past its length."""
+    if name == "topk":
+        budget = a.get("budget")
+        ta, tb = a.get("topk"), b.get("topk")
+        if budget is None or ta is None or tb is None:
+            return False
+        return min(ta, budget) != min(tb, budget)
+    if name == "window":
+        if context is None:
+            return False
+        windows = [w for w in (a.get("window"), b.get("window")) if w is not None]
+        return bool(windows) and context > min(windows)
+    return False
+
+
+def no_effect(records: Iterable[Mapping[str, Any]], default_window: int | None) -> list[dict[str, Any]]:
+    """Fields that showed no effect: configs differing only in topk (or only in the window) whose
+    cells measured identical greedy acceptance on the same prompts, in every cell where the field
+    could matter. Each finding names the field, the configs, the cells and the evidence; it is a
+    report ("topk shows no effect on this build"), never proof that the field applied, and not a
+    failure: a build may ignore a knob on purpose (upstream DFLASH forces topk to 1).
+    ``default_window`` resolves config names without a window suffix (None: such configs are not
+    compared on the window)."""
+    from pytest_ddtree.configs import DEFAULT_WINDOW, config_or_none
+
+    cells: dict[str, dict[str, Mapping[str, Any]]] = {}
+    values: dict[str, dict[str, int | None]] = {}
+    for r in records:
+        name = str(r.get("config"))
+        config = config_or_none(name)
+        if config is None or r.get("measurement_status") == "invalid" or _acceptance_key(r) is None:
+            continue
+        if config.window is DEFAULT_WINDOW and default_window is None:
+            values[name] = {**config.field_values(None), "window": -1}  # unknown: never compared on it
+        else:
+            values[name] = config.field_values(default_window)
+        cells.setdefault(name, {})[str(r.get("cell"))] = r
+    findings: list[dict[str, Any]] = []
+    names = sorted(values)
+    for field_name in A_B_FIELDS:
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                va, vb = values[a], values[b]
+                if va[field_name] == vb[field_name] or any(va[f] != vb[f] for f in va if f != field_name):
+                    continue
+                if field_name == "window" and -1 in (va["window"], vb["window"]):
+                    continue
+                compared: list[str] = []
+                identical = True
+                for cell in sorted(set(cells[a]) & set(cells[b])):
+                    ra, rb = cells[a][cell], cells[b][cell]
+                    if ra.get("workload", {}).get("prompts") != rb.get("workload", {}).get("prompts"):
+                        continue  # not the same prompts: nothing to compare
+                    workload = ra.get("workload") or {}
+                    context = workload.get("context_tokens")
+                    context = int(context) if isinstance(context, int) and not isinstance(context, bool) else None
+                    if not _could_matter(field_name, va, vb, context):
+                        continue
+                    compared.append(cell)
+                    if _acceptance_key(ra) != _acceptance_key(rb):
+                        identical = False
+                        break
+                if compared and identical:
+                    shown = "/".join(str(v[field_name]) if v[field_name] is not None else "none" for v in (va, vb))
+                    findings.append({
+                        "field": field_name,
+                        "configs": [a, b],
+                        "cells": compared,
+                        "message": (f"{field_name} shows no effect on this build: {a} and {b} ({field_name} {shown}) "
+                                    f"measured identical greedy acceptance on the same prompts in {', '.join(compared)}"),
+                    })
+    return findings

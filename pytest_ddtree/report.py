@@ -513,6 +513,17 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
         if advice:
             text += "\n\nRecommendations:\n" + "\n".join(f"  - {a}" for a in advice)
         sections.append(("ddtree throughput sweep", text))
+    from pytest_ddtree import proof
+
+    try:
+        default_window = session.profile.default_window if session is not None else None
+    except Exception:  # a broken profile is reported where it is loaded; here it only hides the window
+        default_window = None
+    payload["no_effect"] = proof.no_effect(throughput, default_window if isinstance(default_window, int) else None)
+    if payload["no_effect"]:
+        lines = [str(f["message"]) for f in payload["no_effect"]]
+        sections.append(("ddtree config fields without effect", "\n".join(lines)))
+        md_parts += ["## Config fields without effect", "", *(f"- {line}" for line in lines), ""]
     summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
     results_dir = getattr(session, "results_dir", None)
     if throughput and isinstance(results_dir, Path):

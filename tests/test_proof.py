@@ -131,3 +131,25 @@ def test_startup_and_metric_evidence_confirm_or_contradict() -> None:
     fixed = proof.judge({"block_size": 8, "budget": 7, "topk": 1, "window": None}, settable=("block_size",),
                         reported=("block_size",), probe=None, startup=None, metrics_text=None)
     assert fixed.fields["topk"].status == proof.NOT_SETTABLE
+
+
+def cell_record(config: str, cell: str, hist: list[int], context: int = 48) -> dict[str, Any]:
+    return {"config": config, "cell": cell, "measurement_status": "valid", "accept_histogram": hist,
+            "workload": {"context_tokens": context, "prompts": "documents via /tokenize"}}
+
+
+def test_no_effect_needs_identical_acceptance_where_the_field_could_matter() -> None:
+    same, other = [3, 2, 5], [4, 2, 1, 3]
+    records = [
+        cell_record("bs8_b4_k1", "c1", same), cell_record("bs8_b4_k4", "c1", same),     # topk 1 vs 4 binds: no effect
+        cell_record("bs8_b4_k6", "c1", same),                                              # k4 vs k6 at budget 4: cannot matter
+        cell_record("bs8_b8_k1_w8", "c1", same), cell_record("bs8_b8_k1_wnone", "c1", other),  # the window worked
+        cell_record("bs8_b8_k4_w4096", "c1", same), cell_record("bs8_b8_k4_wnone", "c1", same),  # 48 tokens < 4096: cannot matter
+    ]
+    findings = proof.no_effect(records, default_window=2048)
+    assert [(f["field"], f["configs"]) for f in findings] == [("topk", ["bs8_b4_k1", "bs8_b4_k4"]), ("topk", ["bs8_b4_k1", "bs8_b4_k6"])]
+    assert findings[0]["message"].startswith("topk shows no effect on this build: bs8_b4_k1 and bs8_b4_k4 (topk 1/4)")
+    # a cell where they differ clears the field; configs named without a window need the profile's default
+    records.append(cell_record("bs8_b4_k1", "c2", same))
+    records.append(cell_record("bs8_b4_k4", "c2", other))
+    assert not [f for f in proof.no_effect(records, None) if f["configs"] == ["bs8_b4_k1", "bs8_b4_k4"]]

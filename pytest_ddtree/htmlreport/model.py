@@ -193,6 +193,12 @@ def config_names(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> lis
     return sorted(unique, key=name_sort_key)
 
 
+def _evidence_summary(evidence: Any) -> str:
+    """``block_size proven by behaviour, budget reported, ...`` from a launch's applied evidence."""
+    fields = _as_dict(_as_dict(evidence).get("fields"))
+    return ", ".join(f"{name} {_as_dict(ev).get('status')}" for name, ev in fields.items() if _as_dict(ev).get("status"))
+
+
 def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, dict[str, GateResult]]:
     """Each config's five gates: pass / fail / inconclusive / invalid / not measured / pending."""
     names = config_names(payload, planned)
@@ -206,11 +212,24 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         if (row := out.get(str(r.get("config")))) is None:
             continue
         outcome = str(launch.get("outcome", ""))
+        evidence = _evidence_summary(launch.get("applied_evidence"))
         if outcome == "ready":
             if row["applied"].status != FAIL:
-                row["applied"] = GateResult(PASS, f"ready after {fmt(launch.get('ready_s'))} s; /server_info matches")
+                row["applied"] = GateResult(PASS, f"ready after {fmt(launch.get('ready_s'))} s; /server_info matches"
+                                            + (f"; {evidence}" if evidence else ""))
         elif outcome:
-            row["applied"] = GateResult(FAIL, outcome, [outcome])
+            failures = [str(f) for f in _as_list(_as_dict(launch.get("applied_evidence")).get("failures"))]
+            row["applied"] = GateResult(FAIL, outcome, [outcome, *failures])
+    for finding in _as_list(payload.get("no_effect")):
+        if not isinstance(finding, Mapping):
+            continue
+        for name in _as_list(finding.get("configs")):
+            if (row := out.get(str(name))) is not None and (message := str(finding.get("message", ""))):
+                field_name = str(finding.get("field"))
+                row["applied"].summary = (row["applied"].summary + "; " if row["applied"].summary else "") + \
+                    f"{field_name} shows no effect on this build"
+                if message not in row["applied"].messages:
+                    row["applied"].messages.append(message)
     for r in records(payload, "coding"):
         if (row := out.get(str(r.get("config")))) is None:
             continue

@@ -1,0 +1,71 @@
+"""End to end: suites/test_throughput.py against real reference engines whose topk or window is
+accepted, reported and ignored. No signal shows those fields, so only configs that differ in them
+alone can: identical greedy acceptance is reported as "shows no effect on this build" (summary,
+results.json, report.html), never as applied; the fields that behaviour does prove say so.
+Acceptance only, no timing: these tests need no measurement turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+MATRIX = """\
+default: bs8_b4_k4_wnone
+matrix: [bs8_b4_k1_wnone, bs8_b4_k4_wnone, bs8_b4_k4_w8]
+workload_defaults: {output_tokens: 24}
+workloads:
+  - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 1, warmup_requests: 0}
+"""
+CONFIGS = "bs8_b4_k1_wnone,bs8_b4_k4_wnone,bs8_b4_k4_w8"
+
+
+def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> dict[str, object]:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["command"] = raw["command"].replace("--clock-scale 10", f"--clock-scale 50 {engine_args}")
+    raw["pool"] = 1
+    (pytester.path / "profile.yaml").write_text(yaml.safe_dump(raw))
+    (pytester.path / "configs.yaml").write_text(MATRIX)
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={pytester.path / 'profile.yaml'}",
+        f"--ddtree-matrix={pytester.path / 'configs.yaml'}", f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}", f"--ddtree-config={CONFIGS}", "--ddtree-repeats=3",
+        "-p", "no:cacheprovider", "-p", "no:randomly", timeout=240,
+    )
+    result.assert_outcomes(passed=3, warnings=3)
+    payload = json.loads((pytester.path / "results" / "results.json").read_text())
+    payload["stdout"] = result.stdout.str()
+    payload["html"] = (pytester.path / "results" / "report.html").read_text()
+    return payload
+
+
+@pytest.mark.slow
+def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest.Pytester, repo_root: Path) -> None:
+    payload = run_sweep(pytester, repo_root, "--fault unused-config=topk,unused-config=window")
+    found = {(f["field"], tuple(f["configs"])) for f in payload["no_effect"]}  # type: ignore[union-attr]
+    assert found == {("topk", ("bs8_b4_k1_wnone", "bs8_b4_k4_wnone")), ("window", ("bs8_b4_k4_w8", "bs8_b4_k4_wnone"))}
+    assert "ddtree config fields without effect" in payload["stdout"]  # type: ignore[operator]
+    assert "topk shows no effect on this build: bs8_b4_k1_wnone and bs8_b4_k4_wnone" in payload["stdout"]  # type: ignore[operator]
+    assert "window shows no effect on this build" in payload["html"]  # type: ignore[operator]
+    # what behaviour did prove is in the applied column; topk and window are never "proven"
+    launches = [r["launch"] for r in payload["records"] if r.get("kind") == "launch"]  # type: ignore[union-attr]
+    for launch in launches:
+        fields = launch["applied_evidence"]["fields"]
+        assert fields["budget"]["status"] == "proven by behaviour"
+        assert fields["topk"]["status"] == fields["window"]["status"] == "reported"
+    assert "budget proven by behaviour" in payload["html"]  # type: ignore[operator]
+    # acceptance by depth, per config and cell, in results.json and in the report
+    cell = payload["throughput"][0]  # type: ignore[index]
+    shares = cell["acceptance_by_depth"]
+    assert 1 <= len(shares) <= 4 and all(0 < s <= 1 for s in shares) and shares == sorted(shares, reverse=True)
+    assert sum(cell["accept_histogram"]) == cell["ddtree_spec_verify_ct"] * cell["repeats"]  # summed over the repeats
+    assert 'id="acceptance-by-depth"' in payload["html"]  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_a_working_topk_and_window_are_not_reported(pytester: pytest.Pytester, repo_root: Path) -> None:
+    payload = run_sweep(pytester, repo_root, "")
+    assert payload["no_effect"] == []
+    assert "fields without effect" not in payload["stdout"]  # type: ignore[operator]
