@@ -55,7 +55,7 @@ def test_a_healthy_engine_proves_block_size_and_budget_by_behaviour(tmp_path: Pa
 @pytest.mark.parametrize("config, fault, evidence", [
     # serves a larger tree than it reports: verifies accept more drafts than the config allows
     ("bs8_b4_k4", "serve-budget=8", "accepted more than 4 drafts"),
-    # serves a smaller block: the copy probe's verifies pile up below the bound
+    # serves a smaller block: the start-up line fails it, the probe's pile-up below the bound is shown beside
     ("bs8_b8_k4", "serve-block-size=4", "pile up at 3 accepted drafts"),
 ])
 def test_a_service_serving_another_tree_fails_with_the_histogram(tmp_path: Path, managers: list[ServiceManager],

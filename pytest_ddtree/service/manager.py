@@ -589,7 +589,8 @@ class ServiceManager:
         if proof is not None:
             record["applied_evidence"] = proof.as_dict()
             if proof.failures:
-                raise ConfigNotServed(config.name if config is not None else label, proof.failures, controller.log_tail())
+                raise ConfigNotServed(config.name if config is not None else label, [*proof.failures, *proof.notes],
+                                      controller.log_tail())
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
         record["engine_version"] = server_info.get("version")  # the report's environment section
