@@ -17,7 +17,7 @@ default: bs8_b4_k4_wnone
 matrix: [bs8_b4_k1_wnone, bs8_b4_k4_wnone, bs8_b4_k4_w8]
 workload_defaults: {output_tokens: 24}
 workloads:
-  - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 1, warmup_requests: 0}
+  - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 3, warmup_requests: 0}
 """
 CONFIGS = "bs8_b4_k1_wnone,bs8_b4_k4_wnone,bs8_b4_k4_w8"
 

@@ -149,7 +149,7 @@ def depth_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
                        "hovertemplate": f"{c.config} {c.cell}<br>>= %{{x}} drafts: %{{y:.1%}}<extra></extra>"})
     if not traces:
         return None
-    layout = _layout("Acceptance by depth", "drafts accepted in one verify (at least)", "share of verifies")
+    layout = _layout("drafts accepted in one verify (at least)", "share of verifies")
     layout["yaxis"]["tickformat"] = ".0%"
     return {"data": traces, "layout": layout}
 
