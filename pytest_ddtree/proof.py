@@ -449,11 +449,12 @@ A_B_FIELDS = ("topk", "window")
 
 
 def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """What greedy acceptance a cell measured: its histogram where the server sent one, else its
+    """What greedy acceptance a cell measured: its repeats' distinct histograms where the server
+    sent them (a cell's repeat count varies with its noise, so sums would not compare), else its
     accept length (rounded to 9 digits); None when it measured none."""
-    hist = record.get("accept_histogram")
-    if isinstance(hist, list) and hist:
-        return ("histogram", tuple(hist))
+    repeats = record.get("repeat_histograms")
+    if isinstance(repeats, list) and repeats and all(isinstance(h, list) for h in repeats):
+        return ("histograms", tuple(sorted({tuple(h) for h in repeats})))
     metrics = record.get("metrics") or {}
     value = metrics.get("accept_length") if isinstance(metrics, Mapping) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -251,6 +251,8 @@ def evaluate_cell(
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
         record["accept_histogram"] = hist
         record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
+        # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
+        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
     return CellEvaluation(
         status=status,
         verdict=verdict,

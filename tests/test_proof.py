@@ -139,7 +139,7 @@ def test_startup_and_metric_evidence_confirm_or_contradict() -> None:
 
 
 def cell_record(config: str, cell: str, hist: list[int], context: int = 48) -> dict[str, Any]:
-    return {"config": config, "cell": cell, "measurement_status": "valid", "accept_histogram": hist,
+    return {"config": config, "cell": cell, "measurement_status": "valid", "repeat_histograms": [hist] * (2 + len(config) % 3),
             "workload": {"context_tokens": context, "prompts": "documents via /tokenize"}}
 
 

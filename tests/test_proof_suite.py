@@ -14,12 +14,12 @@ import yaml
 
 MATRIX = """\
 default: bs8_b4_k4_wnone
-matrix: [bs8_b4_k1_wnone, bs8_b4_k4_wnone, bs8_b4_k4_w8]
+matrix: [bs8_b4_k1_wnone, bs8_b4_k4_wnone, bs8_b4_k4_w4]
 workload_defaults: {output_tokens: 24}
 workloads:
   - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 3, warmup_requests: 0}
 """
-CONFIGS = "bs8_b4_k1_wnone,bs8_b4_k4_wnone,bs8_b4_k4_w8"
+CONFIGS = "bs8_b4_k1_wnone,bs8_b4_k4_wnone,bs8_b4_k4_w4"
 
 
 def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> dict[str, object]:
@@ -45,7 +45,7 @@ def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> d
 def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest.Pytester, repo_root: Path) -> None:
     payload = run_sweep(pytester, repo_root, "--fault unused-config=topk,unused-config=window")
     found = {(f["field"], tuple(f["configs"])) for f in payload["no_effect"]}  # type: ignore[union-attr]
-    assert found == {("topk", ("bs8_b4_k1_wnone", "bs8_b4_k4_wnone")), ("window", ("bs8_b4_k4_w8", "bs8_b4_k4_wnone"))}
+    assert found == {("topk", ("bs8_b4_k1_wnone", "bs8_b4_k4_wnone")), ("window", ("bs8_b4_k4_w4", "bs8_b4_k4_wnone"))}
     assert "ddtree config fields without effect" in payload["stdout"]  # type: ignore[operator]
     assert "topk shows no effect on this build: bs8_b4_k1_wnone and bs8_b4_k4_wnone" in payload["stdout"]  # type: ignore[operator]
     assert "window shows no effect on this build" in payload["html"]  # type: ignore[operator]
