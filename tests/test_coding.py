@@ -371,3 +371,25 @@ def test_extraction_is_linear_and_capped() -> None:
     assert extract_code("<think>a</think>" * 20_000 + "```py\ny = 2\n```") == "y = 2\n"
     with pytest.raises(coding.AnswerTooLarge, match="more than the 1,000,000"):
         extract_code("x" * (coding.MAX_ANSWER_CHARS + 1))
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ([], "the body is a JSON list, not an object"),
+    ({"error": {"message": "overloaded"}}, "a success status with an error body: overloaded"),
+    ({"choices": "x"}, "'choices' is a str, not a list"),
+    ({"choices": []}, "'choices' is empty"),
+    ({"choices": [7]}, "'choices[0]' is a int, not an object"),
+    ({"choices": [{}]}, "'choices[0].message' is missing"),
+    ({"choices": [{"message": {"content": 3}}]}, "'choices[0].message.content' is a int, not a string"),
+    ({"choices": [{"message": {"content": "x"}, "finish_reason": ["stop"]}]}, "'choices[0].finish_reason' is a list, not a string"),
+    ({"choices": [{"message": {"content": "x"}}], "usage": {"completion_tokens": True}}, "'usage.completion_tokens' is True, not a count"),
+])
+def test_answer_of_names_the_malformed_field(body: object, words: str) -> None:
+    with pytest.raises(coding.InvalidAnswer) as info:
+        coding.answer_of(body)
+    assert words in str(info.value)
+
+
+def test_answer_of_reads_the_openai_shape() -> None:
+    body = {"choices": [{"message": {"content": None}, "finish_reason": "length"}], "usage": {"completion_tokens": 1024}}
+    assert coding.answer_of(body) == ("", 1024, "length")  # content null: an empty answer (no_code), not an error

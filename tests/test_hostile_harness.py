@@ -139,3 +139,10 @@ def test_hostile_predicate_work_is_cut_at_the_deadline() -> None:
     assert res.verdict is sandbox.Verdict.ERROR and "did not finish within 3.0 s" in res.message, res.message
     honest = sandbox.run_code("def f(x):\n    return [x] * 3\n", "f(1) satisfies len(set(result)) == 1", "f", sandbox.Limits(wall_s=10.0, cpu_s=5.0))
     assert honest.verdict is sandbox.Verdict.PASSED, honest.message
+
+
+def test_a_document_of_millions_of_empty_arrays_is_not_parsed() -> None:
+    """16 MiB of "[]," parses into ~400 MB of lists: counted in the bytes first, refused."""
+    code = forged("None").replace("json.dumps({'steps': [{'v': NODES}]}).encode()", "b'[' + b'[],' * 5_000_000 + b'[]]'")
+    res = sandbox.run_code(code, "f(1) == 1", "f", sandbox.Limits(wall_s=10.0, cpu_s=5.0))
+    assert res.verdict is sandbox.Verdict.ERROR and "5,000,002 JSON arrays and objects" in res.message, res.message

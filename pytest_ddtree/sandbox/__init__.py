@@ -59,6 +59,7 @@ from typing import Any
 
 from pytest_ddtree.sandbox import bwrap, cgroup, plain, seccomp, unshare
 from pytest_ddtree.sandbox.calls import StepError, TestPlan, judge_outcome, parse_tests
+from pytest_ddtree.sandbox.values import MAX_NODES
 
 __all__ = [
     "Isolation",
@@ -81,6 +82,8 @@ __all__ = [
 ]
 
 _PKG_DIR = Path(__file__).resolve().parent
+#: Most JSON arrays and objects a run's result document may hold (see :func:`_execute`).
+MAX_RESULT_CONTAINERS = 2 * MAX_NODES + 100_000
 _STAGE = _PKG_DIR / "stage.py"
 
 #: First uid of the per-run uid range used when running as root.  Far above any real
@@ -708,6 +711,11 @@ def _execute(tier: str, code: str, plan: TestPlan, limits: Limits, want_uid: boo
         return RunResult(Verdict.TIMEOUT, f"wall-clock limit of {limits.wall_s:.1f} s exceeded; all its processes were killed", **common)
     document: Any = None
     if sink.data:
+        # Each JSON array or object costs the parser ~60 bytes for 1 byte of text: 16 MiB of
+        # "[]," would be ~400 MB in the harness.  An honest document needs at most two per node.
+        containers = sink.data.count(b"[") + sink.data.count(b"{")
+        if containers > MAX_RESULT_CONTAINERS:
+            return RunResult(Verdict.ERROR, f"result flood: the run's results hold {containers:,} JSON arrays and objects, more than {MAX_RESULT_CONTAINERS:,}; not parsed", **common)
         try:
             document = json.loads(bytes(sink.data).decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):  # forged or cut short: no results
