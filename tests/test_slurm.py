@@ -162,6 +162,16 @@ def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tm
     assert slurm.job(manager.launches[0]["slurm"]["job_id"])["JobState"] == "CANCELLED"
 
 
+def test_a_refused_submission_fails_its_config_with_sbatchs_words(slurm: SlurmCluster, tmp_path: Path) -> None:
+    manager = _manager(tmp_path, partition="nosuch")
+    try:
+        with pytest.raises(ServiceStartError, match="sbatch refused the job .exit 1.: .*Invalid partition name specified") as info:
+            manager.ensure(parse_config_name("bs8_b8_k4"))
+        assert "#SBATCH --partition=nosuch" in str(info.value) and "check the profile's slurm: keys" in str(info.value)
+    finally:
+        assert manager.close() == []
+
+
 def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Both nodes are busy: the job pends with the reason squeue gives. Its own queue timeout fails
     it with that reason (and cancels it); with a longer one it starts once a node frees up."""

@@ -42,7 +42,7 @@ from pytest_ddtree.service.base import (
     ServiceStartError,
     describe_exit_code,
 )
-from pytest_ddtree.service.ssh import Host, output_tail
+from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, output_tail
 
 LOG_LINES = 40
 LOG_BYTES = 64 * 1024
@@ -382,16 +382,22 @@ class SlurmController(Controller):
         folder = output.rsplit("/", 1)[0] if "/" in output else ""
         if folder and "%" not in folder:
             self.host.run(["mkdir", "-p", folder])
-        code, out = self._run(["sbatch", "--parsable"], input_text=script)
-        job_id = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
+        result = self.host.run(["sbatch", "--parsable"], input_text=script, timeout_s=self.command_timeout_s)
+        code, out = result.returncode, (result.stdout + "\n" + result.stderr).strip()
+        # --parsable prints "ID" or "ID;cluster" on stdout; warnings go to stderr.
+        words = result.stdout.strip().splitlines()
+        job_id = words[-1].split(";")[0].strip() if code == 0 and words else ""
         if code != 0 or not job_id.isdigit():
             self._job = None  # nothing was queued (sbatch refuses a job as a whole)
+            missing = code == COMMAND_NOT_FOUND_EXIT
             raise ServiceStartError(
                 f"sbatch refused the job (exit {code}): {output_tail(out, 3)}",
                 log_tail=f"$ sbatch --parsable < job script\n{out}\n--- job script ---\n{script}",
                 config_name=launch.name,
-                hint="check the profile's slurm: keys (partition, account, gres, time_limit) against `sinfo` and "
-                     "`sacctmgr show assoc user=$USER`",
+                hint=("Slurm's commands (sbatch, squeue, scancel, scontrol, srun) must be on PATH where the harness "
+                      "runs them: here, or on the login node named by host:") if missing else
+                     ("check the profile's slurm: keys (partition, account, gres, time_limit) against `sinfo` and "
+                      "`sacctmgr show assoc user=$USER`"),
             )
         job.job_id = job_id
         job.output = self.job_output(job_id, name)
