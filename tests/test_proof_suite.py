@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 MATRIX = """\
-default: bs8_b4_k4_wnone
-matrix: [bs8_b4_k1_wnone, bs8_b4_k4_wnone, bs8_b4_k4_w4]
-workload_defaults: {output_tokens: 24}
+default: bs8_b12_k4_wnone
+matrix: [bs8_b12_k1_wnone, bs8_b12_k4_wnone, bs8_b12_k4_w4]
+workload_defaults: {output_tokens: 32}
 workloads:
   - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 3, warmup_requests: 0}
 """
-CONFIGS = "bs8_b4_k1_wnone,bs8_b4_k4_wnone,bs8_b4_k4_w4"
+CONFIGS = "bs8_b12_k1_wnone,bs8_b12_k4_wnone,bs8_b12_k4_w4"
 
 
 def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> dict[str, object]:
@@ -45,9 +45,9 @@ def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> d
 def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest.Pytester, repo_root: Path) -> None:
     payload = run_sweep(pytester, repo_root, "--fault unused-config=topk,unused-config=window")
     found = {(f["field"], tuple(f["configs"])) for f in payload["no_effect"]}  # type: ignore[union-attr]
-    assert found == {("topk", ("bs8_b4_k1_wnone", "bs8_b4_k4_wnone")), ("window", ("bs8_b4_k4_w4", "bs8_b4_k4_wnone"))}
+    assert found == {("topk", ("bs8_b12_k1_wnone", "bs8_b12_k4_wnone")), ("window", ("bs8_b12_k4_w4", "bs8_b12_k4_wnone"))}
     assert "ddtree config fields without effect" in payload["stdout"]  # type: ignore[operator]
-    assert "topk shows no effect on this build: bs8_b4_k1_wnone and bs8_b4_k4_wnone" in payload["stdout"]  # type: ignore[operator]
+    assert "topk shows no effect on this build: bs8_b12_k1_wnone and bs8_b12_k4_wnone" in payload["stdout"]  # type: ignore[operator]
     assert "window shows no effect on this build" in payload["html"]  # type: ignore[operator]
     # what behaviour did prove is in the applied column; topk and window are never "proven"
     launches = [r["launch"] for r in payload["records"] if r.get("kind") == "launch"]  # type: ignore[union-attr]
@@ -59,7 +59,7 @@ def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest
     # acceptance by depth, per config and cell, in results.json and in the report
     cell = payload["throughput"][0]  # type: ignore[index]
     shares = cell["acceptance_by_depth"]
-    assert 1 <= len(shares) <= 4 and all(0 < s <= 1 for s in shares) and shares == sorted(shares, reverse=True)
+    assert 1 <= len(shares) <= 7 and all(0 < s <= 1 for s in shares) and shares == sorted(shares, reverse=True)
     assert sum(cell["accept_histogram"]) == cell["ddtree_spec_verify_ct"] * cell["repeats"]  # summed over the repeats
     assert 'id="acceptance-by-depth"' in payload["html"]  # type: ignore[operator]
 
