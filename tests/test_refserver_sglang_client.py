@@ -8,11 +8,17 @@ SGLang's source (sgl-project/sglang, v0.5.23 where a line is cited):
   managers/scheduler_components/flush_wrapper.py ``SchedulerFlushWrapper.handle`` /
   ``check_pending``);
 * the prefix cache behind ``meta_info.cached_tokens`` (mem_cache/radix_cache.py; the match cap of
-  managers/schedule_batch.py ``Req._compute_max_prefix_len``).
+  managers/schedule_batch.py ``Req._compute_max_prefix_len``);
+* ``/start_profile`` / ``/stop_profile`` (entrypoints/http_server.py; managers/
+  scheduler_components/profiler_manager.py);
+* ``return_logprob`` / ``top_logprobs_num`` (managers/tokenizer_manager.py
+  ``add_logprob_to_meta_info``).
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -183,3 +189,63 @@ def test_cached_tokens_and_prefill_time_follow_the_radix_cache(srv: RefServer) -
     assert follow["meta_info"]["cached_tokens"] == 1000 + 1 + 3
     assert srv.post("/flush_cache").status_code == 200
     assert generate(srv, prompt)["meta_info"]["cached_tokens"] == 0
+
+
+# -- /start_profile, /stop_profile -------------------------------------------------------------------
+
+
+def test_profile_endpoints_answer_as_sglang_and_write_a_chrome_trace(srv: RefServer, tmp_path: Path) -> None:
+    """http_server.py start_profile_async / stop_profile_async; profiler_manager.py refusals are a
+    RuntimeError in tokenizer_control_mixin.py _execute_profile, i.e. a plain 500."""
+    r = srv.get("/stop_profile")
+    assert (r.status_code, r.text) == (500, "Internal Server Error")
+    r = srv.post("/start_profile", json={"output_dir": str(tmp_path), "profile_id": "p1", "activities": ["CPU", "GPU"]})
+    assert (r.status_code, r.text) == (200, "Start profiling.\n")
+    assert srv.post("/start_profile").status_code == 500  # already in progress
+    generate(srv, [7, 8, 9], max_new_tokens=12)
+    r = srv.post("/stop_profile")
+    assert (r.status_code, r.text) == (200, "Stop profiling. This will take some time.\n")
+    trace = json.loads(gzip.decompress((tmp_path / "p1-TP-0.trace.json.gz").read_bytes()))
+    names = [e["name"] for e in trace["traceEvents"]]
+    assert names[0] == "prefill" and "decode" in names and all(e["ph"] == "X" and e["dur"] >= 0 for e in trace["traceEvents"])
+    # num_steps (bench_serving sends it as a string): stops by itself after that many forward passes
+    r = srv.post("/start_profile", json={"output_dir": str(tmp_path), "profile_id": "p2", "num_steps": "2"})
+    assert r.status_code == 200
+    generate(srv, [7, 8, 9], max_new_tokens=40)
+    trace = json.loads(gzip.decompress(wait_until(lambda: (tmp_path / "p2-TP-0.trace.json.gz").is_file()
+                                                  and (tmp_path / "p2-TP-0.trace.json.gz").read_bytes(), 30, "the trace")))
+    assert len(trace["traceEvents"]) == 2 + 1  # target forward count = now + num_steps + 1
+    assert srv.post("/stop_profile").status_code == 500  # it stopped by itself
+    assert srv.post("/start_profile", json={"num_steps": "many"}).status_code == 400
+
+
+# -- return_logprob, top_logprobs_num ----------------------------------------------------------------
+
+
+def test_logprobs_have_sglangs_meta_info_shapes(srv: RefServer) -> None:
+    """tokenizer_manager.py add_logprob_to_meta_info / detokenize_logprob_tokens: [logprob, id, text]
+    entries; logprob_result_processor.py: the first input entry's logprob is None."""
+    body = {"input_ids": [300, 301, 302, 303], "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 1,
+            "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    out = srv.post("/generate", json=body).json()
+    meta = out["meta_info"]
+    assert [e[1] for e in meta["input_token_logprobs"]] == [301, 302, 303]
+    assert meta["input_token_logprobs"][0][0] is None and all(isinstance(e[0], float) and e[0] <= 0 for e in meta["input_token_logprobs"][1:])
+    assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"] and meta["output_token_logprobs_length"] == 6
+    assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
+    assert meta["input_top_logprobs"][0] is None and all(len(row) == 3 for row in meta["input_top_logprobs"][1:])
+    for chosen, row in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert len(row) == 3 and row[0][0] >= row[1][0] >= row[2][0]
+        assert chosen[1] == row[0][1] and chosen[0] == pytest.approx(row[0][0])  # greedy = the most probable
+    # the default logprob_start_len (-1) reports output tokens only; no top lists without top_logprobs_num
+    plain = srv.post("/generate", json={"input_ids": [300, 301], "return_logprob": True,
+                                        "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()["meta_info"]
+    assert plain["input_token_logprobs"] == [] and len(plain["output_token_logprobs"]) == plain["completion_tokens"]
+    assert plain["output_token_logprobs"][0][2] is None and "output_top_logprobs" not in plain
+    # streamed: every chunk carries the logprobs so far
+    events = [line for line in srv.post("/generate", stream=True, json={**body, "stream": True}).iter_lines() if line]
+    chunks = [json.loads(e[len(b"data: "):]) for e in events if e != b"data: [DONE]"]
+    assert all(len(c["meta_info"]["output_token_logprobs"]) == len(c["output_ids"]) for c in chunks)
+    assert chunks[-1]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+    assert srv.post("/generate", json={**body, "logprob_start_len": 9}).status_code == 400
+    assert srv.post("/generate", json={**body, "token_ids_logprob": [163840]}).status_code == 400

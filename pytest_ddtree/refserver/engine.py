@@ -32,6 +32,7 @@ from .ddtree import build_tree, verify
 from .faults import Faults
 from .model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
 from .prefix_cache import RadixCache
+from .profiler import Profiler
 
 VERSION = "refserver-0.1.0"
 
@@ -334,6 +335,7 @@ class Engine:
         )
         self.acct = Accounting()
         self.prefix_cache = RadixCache(max_total_tokens)
+        self.profiler = Profiler(self.log)
         self.cached_tokens_total = 0
         self._flush_requests: list[FlushJob] = []
         self._flush_pending: FlushJob | None = None
@@ -466,13 +468,18 @@ class Engine:
                         admit.append(r)
             self.heartbeat = time.monotonic()
             cpu0 = time.thread_time()
+            wall0, sim0 = time.time(), self.acct.simulated_busy_seconds
             if admit:
                 self._prefill(admit)
+                name, size = "prefill", len(admit)
             elif self.running:
-                self._decode(list(self.running))
+                batch = list(self.running)
+                self._decode(batch)
+                name, size = "decode", len(batch)
             else:
                 continue
             self.cpu_seconds += time.thread_time() - cpu0
+            self.profiler.on_step(name, wall0, time.time(), size, self.acct.simulated_busy_seconds - sim0)
 
     def _drop_if_aborted(self, r: Request) -> bool:
         if r.aborted and r.finish_reason is None:

@@ -27,6 +27,8 @@ from typing import Any
 
 from .engine import VERSION, Engine, Request, SamplingParams, StepEvent
 from .faults import Faults
+from .logprobs import LogprobRequest, LogprobTracker
+from .profiler import ProfileRefused, ProfileRequestError, ProfileSettings
 from .model import Models, uniform
 
 MAX_BODY = 32 * 1024 * 1024
@@ -297,6 +299,10 @@ class Handler(BaseHTTPRequestHandler):
             ("GET", "/flush_cache"): self.h_flush_cache,
             ("POST", "/flush_cache"): self.h_flush_cache,
             ("GET", "/metrics"): self.h_metrics,
+            ("GET", "/start_profile"): self.h_start_profile,
+            ("POST", "/start_profile"): self.h_start_profile,
+            ("GET", "/stop_profile"): self.h_stop_profile,
+            ("POST", "/stop_profile"): self.h_stop_profile,
             ("GET", "/v1/models"): self.h_models,
             ("POST", "/generate"): self.h_generate,
             ("POST", "/v1/completions"): self.h_completions,
@@ -468,6 +474,57 @@ class Handler(BaseHTTPRequestHandler):
             self.send_text(200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
         else:
             self.send_text(400, message or "Flush cache failed.\n")
+
+    def h_start_profile(self) -> None:
+        """http_server.py ``start_profile_async`` (see profiler.py): 200 ``Start profiling.``; a
+        malformed ProfileReq is a 400; a profile already running is SGLang's 500."""
+        eng = self._engine_or_503()
+        if eng is None:
+            return
+        body = self._optional_json()
+        try:
+            eng.profiler.start(ProfileSettings.parse(body))
+        except ProfileRequestError as exc:
+            raise BadRequest(str(exc)) from None
+        except ProfileRefused as exc:
+            self._internal_error(exc)
+            return
+        self.send_text(200, "Start profiling.\n")
+
+    def h_stop_profile(self) -> None:
+        """http_server.py ``stop_profile_async``: writes the trace; 200 ``Stop profiling. This will take
+        some time.``; no profile running is SGLang's 500."""
+        eng = self._engine_or_503()
+        if eng is None:
+            return
+        self._optional_json()
+        try:
+            eng.profiler.stop()
+        except ProfileRefused as exc:
+            self._internal_error(exc)
+            return
+        except OSError as exc:
+            self._internal_error(exc)
+            return
+        self.send_text(200, "Stop profiling. This will take some time.\n")
+
+    def _internal_error(self, exc: Exception) -> None:
+        """An exception SGLang's handlers do not catch: Starlette's plain 500 (the cause is in the log)."""
+        self.state.log(f"ERROR:    Exception in ASGI application: {type(exc).__name__}: {exc}")
+        self.send_text(500, "Internal Server Error")
+
+    def _optional_json(self) -> dict[str, Any] | None:
+        """A POST body that may be absent or empty (FastAPI's ``Body()`` with a None default)."""
+        if self.command != "POST":
+            return None
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length") from None
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked" and n == 0:
+            return None
+        body = self.read_json()
+        return body if body else None
 
     def _drain_body(self) -> None:
         try:
@@ -660,6 +717,37 @@ class Handler(BaseHTTPRequestHandler):
                 meta["spec_accept_histogram"] = list(req.accept_histogram)
         return meta
 
+    def _logprob_request(self, body: dict[str, Any], prompt: list[int]) -> LogprobRequest | None:
+        """The logprob fields of a /generate body (io_struct.py ``GenerateReqInput``), validated as
+        SGLang does (scheduler.py ``_create_generation_req``; tokenizer_manager.py
+        ``_validate_token_ids_logprob``); None unless ``return_logprob``."""
+        if not _bool(body, "return_logprob"):
+            return None
+        start = _num(body, "logprob_start_len", -1, int)
+        if start == -1:  # scheduler.py: the default reports output tokens only
+            start = len(prompt)
+        if start < 0:
+            raise BadRequest(f"logprob_start_len must be >= -1, got {start}")
+        if start > len(prompt):
+            raise BadRequest(f"req.logprob_start_len={start} is higher than the number of input tokens "
+                             f"len(req.origin_input_ids)={len(prompt)}. Please use a smaller logprob_start_len.")
+        top_k = _num(body, "top_logprobs_num", 0, int, 0)
+        ids_raw = body.get("token_ids_logprob")
+        token_ids: tuple[int, ...] | None = None
+        if ids_raw is not None:
+            if not isinstance(ids_raw, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids_raw):
+                raise BadRequest("token_ids_logprob must be a flat list of integers.")
+            assert self.state.models is not None
+            vocab = self.state.models.tokenizer.vocab_size
+            for t in ids_raw:
+                if not 0 <= t < vocab:
+                    raise BadRequest(f"token_ids_logprob contains out-of-vocabulary token id {t}; valid range is [0, {vocab}).")
+            token_ids = tuple(ids_raw)
+        if top_k > 1024 or (token_ids is not None and len(token_ids) > 1024):
+            raise BadRequest("top_logprobs_num and token_ids_logprob are limited to 1024 entries here")
+        return LogprobRequest(start=start, top_k=top_k, token_ids=token_ids,
+                              with_text=_bool(body, "return_text_in_logprobs"))
+
     def h_generate(self) -> None:
         """http_server.py ``generate_request``: {text | input_ids, sampling_params, stream}; a stream is
         ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there)."""
@@ -672,17 +760,32 @@ class Handler(BaseHTTPRequestHandler):
         self._check_length(prompt, params)
         stream = _bool(body, "stream")
         rid = body.get("rid")
+        wanted = self._logprob_request(body, prompt)
         req = Request(prompt, params, rid=str(rid) if isinstance(rid, str) else "")
+        tracker: LogprobTracker | None = None
+        if wanted is not None:
+            req.logprob_start_len = wanted.start
+            assert self.state.models is not None
+            tracker = LogprobTracker(self.state.models, prompt, wanted, params.temperature, params.ignore_eos)
         eng.submit(req)
+
+        def meta(n: int, final: bool) -> dict[str, Any]:
+            out = self._meta(req, n, final)
+            if tracker is not None:
+                tracker.extend(req.output_ids[:n])
+                out.update(tracker.meta())
+            return out
+
         if not stream:
             self._wait(eng, req)
-            self.send_generation({"text": self._text(req, len(req.output_ids)), "output_ids": list(req.output_ids), "meta_info": self._meta(req)})
+            n_out = len(req.output_ids)
+            self.send_generation({"text": self._text(req, n_out), "output_ids": list(req.output_ids), "meta_info": meta(n_out, True)})
             return
         self.start_stream()
         try:
             for ev in self._events(eng, req):
                 n = ev.n_visible
-                self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": self._meta(req, n, ev.finished)})
+                self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": meta(n, ev.finished)})
             exit_now = self._count_completion()
             self.end_stream()
         except (BrokenPipeError, ConnectionResetError):
