@@ -21,9 +21,11 @@ Why it is written this way (see "Measuring serving performance without fooling y
   regression or a pass.
 
 Requests go through the one HTTP layer (``pytest_ddtree.http``): each closed-loop client
-streams on a kept-alive connection of its own (as bench_serving's session does), on bare
-``http.client`` so the client's own CPU cost per token stays low;
-``benchmarks/bench_harness.py`` measures that cost.
+streams on a kept-alive connection of its own, on bare ``http.client`` so the client's own CPU
+cost per token stays low. SGLang's bench_serving does not keep connections: in 0.5.23
+(python/sglang/benchmark/serving.py) every request function opens its own ``aiohttp``
+session (``async with _create_bench_client_session()``), so each request pays a TCP connect and
+the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost.
 """
 
 from __future__ import annotations
@@ -200,10 +202,10 @@ def stream_request(
 ) -> RequestResult:
     """Send one streaming /generate and time it; never raises (errors land in the result).
 
-    ``conn`` is a kept-alive connection to reuse (a closed-loop client keeps one, as
-    bench_serving's HTTP session does): a fresh connection per request adds a TCP connect
-    and an accept to every request's TTFT and, on short requests, percents to throughput.
-    Without one, the request opens and closes its own.
+    ``conn`` is a kept-alive connection to reuse (a closed-loop client keeps one; bench_serving
+    0.5.23 does not: it opens a session per request): a fresh connection per request adds a TCP
+    connect and an accept to every request's TTFT and, on short requests, percents to
+    throughput. Without one, the request opens and closes its own.
     """
     result = RequestResult(index=index, expected_prompt_tokens=prompt.target_tokens, expected_output_tokens=output_tokens,
                            prompt_tolerance=tolerance, sent_prompt_tokens=prompt.sent_tokens)
