@@ -14,11 +14,12 @@ from typing import Any, Mapping, Sequence
 
 from pytest_ddtree.http import InvalidResponse, ServiceHTTP, ServiceHTTPError, ServiceUnreachable
 
-__all__ = ["CHAT_BODY_LIMIT", "InvalidResponse", "SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
+__all__ = ["RESPONSE_BODY_LIMIT", "InvalidResponse", "SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
 
-#: Largest chat completion body read (an answer of ``max_tokens`` tokens is a few KB; the
-#: coding gate refuses answers over 1,000,000 characters, which JSON escapes can inflate).
-CHAT_BODY_LIMIT = 16 * 1024 * 1024
+#: Largest generation body read (``/generate``, chat completions): an answer of
+#: ``max_tokens`` tokens is a few KB; the coding gate refuses answers over 1,000,000
+#: characters, which JSON escapes can inflate.  A longer body is an InvalidResponse.
+RESPONSE_BODY_LIMIT = 16 * 1024 * 1024
 
 
 class SGLangClient:
@@ -107,7 +108,7 @@ class SGLangClient:
             payload["text"] = text
         else:
             payload["input_ids"] = list(input_ids or [])
-        result = self.http.post_json("/generate", payload, timeout)
+        result = self.http.post_json("/generate", payload, timeout, max_bytes=RESPONSE_BODY_LIMIT)
         if isinstance(result, list):  # batch form; we only ever send one prompt
             result = result[0] if result else None
         if not isinstance(result, dict):
@@ -135,7 +136,7 @@ class SGLangClient:
         }
         if return_meta_info:
             payload["return_meta_info"] = True
-        result = self.http.post_json("/v1/chat/completions", payload, timeout, max_bytes=CHAT_BODY_LIMIT)
+        result = self.http.post_json("/v1/chat/completions", payload, timeout, max_bytes=RESPONSE_BODY_LIMIT)
         if not isinstance(result, dict):
             raise InvalidResponse("POST", self.http.url("/v1/chat/completions"), 200, f"the body is a JSON {type(result).__name__}, not an object")
         return result

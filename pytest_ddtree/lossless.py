@@ -142,9 +142,30 @@ def load_prompts(directory: Path | None = None) -> list[Prompt]:
 # --------------------------------------------------------------------------- collecting
 
 
-def _transcript(prompt: Prompt, result: Mapping[str, Any], max_new_tokens: int) -> Transcript:
+def _invalid(result: Any) -> str | None:
+    """What is malformed in a ``/generate`` answer (SGLang's ``GenerateReqInput`` reply:
+    ``text``, ``output_ids``, ``meta_info``), or None.  The body is the service's: a wrong
+    type is that prompt's failure, never an exception out of the gate."""
+    if not isinstance(result, Mapping):
+        return f"the body is a {type(result).__name__}, not an object"
+    text = result.get("text")
+    if text is not None and not isinstance(text, str):
+        return f"'text' is a {type(text).__name__}, not a string"
     ids = result.get("output_ids")
-    output_ids = tuple(int(t) for t in ids) if isinstance(ids, list) else None
+    if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):
+        return "'output_ids' is not a list of token ids"
+    meta = result.get("meta_info")
+    if meta is not None and not isinstance(meta, Mapping):
+        return f"'meta_info' is a {type(meta).__name__}, not an object"
+    return None
+
+
+def _transcript(prompt: Prompt, result: Mapping[str, Any], max_new_tokens: int) -> Transcript:
+    why = _invalid(result)
+    if why is not None:
+        return Transcript(prompt.id, "", None, None, prompt.sha256, max_new_tokens, f"invalid response: {why}")
+    ids = result.get("output_ids")
+    output_ids = tuple(ids) if isinstance(ids, list) else None
     meta = result.get("meta_info") or {}
     return Transcript(prompt.id, str(result.get("text") or ""), output_ids, meta.get("finish_reason"), prompt.sha256, max_new_tokens)
 

@@ -146,3 +146,18 @@ def test_a_document_of_millions_of_empty_arrays_is_not_parsed() -> None:
     code = forged("None").replace("json.dumps({'steps': [{'v': NODES}]}).encode()", "b'[' + b'[],' * 5_000_000 + b'[]]'")
     res = sandbox.run_code(code, "f(1) == 1", "f", sandbox.Limits(wall_s=10.0, cpu_s=5.0))
     assert res.verdict is sandbox.Verdict.ERROR and "5,000,002 JSON arrays and objects" in res.message, res.message
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"text": "x", "meta_info": "oops"}, "'meta_info' is a str, not an object"),
+    ({"text": ["x"]}, "'text' is a list, not a string"),
+    ({"text": "x", "output_ids": [1, "2"]}, "'output_ids' is not a list of token ids"),
+])
+def test_generate_answers_of_the_wrong_shape_fail_their_prompt(body: dict[str, Any], words: str) -> None:
+    """The lossless gate's /generate answers: a wrong type is that prompt's 'invalid response'
+    (the gate fails it and goes on), not an AttributeError out of the gate."""
+    from pytest_ddtree import lossless
+
+    prompt = lossless.Prompt("p", "hello", "text")
+    transcript = lossless._transcript(prompt, body, 8)
+    assert transcript.error == f"invalid response: {words}" and transcript.output_ids is None
