@@ -476,6 +476,39 @@ def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mappi
 GATE_HEADERS = ["config", "health", "coding passed", "lossless", "failed tests"]
 
 
+proof_fields = ("block_size", "budget", "topk", "window")
+
+
+def applied_by_evidence(records: Sequence[Mapping[str, Any]], no_effect: Sequence[Mapping[str, Any]] = ()
+                        ) -> dict[str, dict[str, dict[str, str]]]:
+    """Per launched config, each field's evidence (the last ready launch's ``applied_evidence``):
+    reported, proven by behaviour, not proven or not settable; a field that showed no effect in an
+    A/B says so beside its status, never as proof that it applied."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for r in records:
+        if r.get("kind") != "launch":
+            continue
+        data = r.get("data") if isinstance(r.get("data"), Mapping) else r
+        launch = data.get("launch") if isinstance(data, Mapping) else None
+        if not isinstance(launch, Mapping) or launch.get("outcome") != "ready":
+            continue
+        evidence = launch.get("applied_evidence")
+        fields = evidence.get("fields") if isinstance(evidence, Mapping) else None
+        if not isinstance(fields, Mapping):
+            continue
+        out[str(launch.get("config"))] = {
+            str(name): {"status": str(ev.get("status")), "detail": str(ev.get("detail", ""))}
+            for name, ev in fields.items() if isinstance(ev, Mapping)
+        }
+    for finding in no_effect:
+        for config in finding.get("configs") or []:
+            entry = out.get(str(config), {}).get(str(finding.get("field")))
+            if entry is not None and "shows no effect" not in entry["status"]:
+                entry["status"] += "; shows no effect on this build"
+                entry["detail"] += "; " + str(finding.get("message"))
+    return dict(sorted(out.items(), key=lambda kv: name_sort_key(kv[0])))
+
+
 def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -> SessionSummary:
     """Render the session's records: results.json, results.md and the terminal sections.
 
@@ -524,6 +557,14 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
         lines = [str(f["message"]) for f in payload["no_effect"]]
         sections.append(("ddtree config fields without effect", "\n".join(lines)))
         md_parts += ["## Config fields without effect", "", *(f"- {line}" for line in lines), ""]
+    payload["applied"] = applied_by_evidence(records, payload["no_effect"])
+    if payload["applied"]:
+        rows = [[config, *(str(fields.get(f, {}).get("status", "-")) for f in proof_fields)]
+                for config, fields in payload["applied"].items()]
+        table = tabulate(rows, headers=["config", *proof_fields], disable_numparse=True)
+        sections.append(("ddtree applied, by evidence", table))
+        md_parts += ["## Applied, by evidence", "",
+                     tabulate(rows, headers=["config", *proof_fields], tablefmt="github", disable_numparse=True), ""]
     summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
     results_dir = getattr(session, "results_dir", None)
     if throughput and isinstance(results_dir, Path):

@@ -49,6 +49,10 @@ def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest
     assert "ddtree config fields without effect" in payload["stdout"]  # type: ignore[operator]
     assert "topk shows no effect on this build: bs8_b12_k1_wnone and bs8_b12_k4_wnone" in payload["stdout"]  # type: ignore[operator]
     assert "window shows no effect on this build" in payload["html"]  # type: ignore[operator]
+    applied = payload["applied"]["bs8_b12_k4_wnone"]  # type: ignore[index]
+    assert applied["topk"]["status"] == "reported; shows no effect on this build"
+    assert applied["window"]["status"] == "reported; shows no effect on this build"
+    assert "ddtree applied, by evidence" in payload["stdout"]  # type: ignore[operator]
     # what behaviour did prove is in the applied column; topk and window are never "proven"
     launches = [r["launch"] for r in payload["records"] if r.get("kind") == "launch"]  # type: ignore[union-attr]
     for launch in launches:
