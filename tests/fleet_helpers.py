@@ -144,6 +144,8 @@ class SshFleet:
     root: Path
     n: int = 3
     load_seconds: float = 0.0
+    session_env: dict[str, str] = field(default_factory=dict)
+    """More variables for every ssh session (e.g. SLURM_CONF: a login node of a test cluster)."""
     hosts: list[FakeHost] = field(default_factory=list)
 
     @property
@@ -210,7 +212,8 @@ class SshFleet:
             "UsePAM no\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PermitRootLogin prohibit-password\nMaxSessions 50\nMaxStartups 50\nLogLevel ERROR\n"
             # SHLVL=1: bash then skips ~/.bashrc for the command (it only reads it at level 1).
-            f"SetEnv PATH={path} DDTREE_FAKE_SYSTEMD={host.state} SHLVL=1\n"
+            f"SetEnv PATH={path} DDTREE_FAKE_SYSTEMD={host.state} SHLVL=1"
+            + "".join(f" {name}={value}" for name, value in sorted(self.session_env.items())) + "\n"
         )
 
     def start_sshd(self, index: int) -> None:

@@ -172,6 +172,30 @@ def test_a_refused_submission_fails_its_config_with_sbatchs_words(slurm: SlurmCl
         assert manager.close() == []
 
 
+def test_behind_a_login_node_every_slurm_command_runs_there_over_ssh(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """``host:`` a login node: sbatch, squeue, scancel and the job log's tail go through ssh (a
+    throwaway sshd whose sessions see the test cluster's SLURM_CONF); the URL is still the node's."""
+    from tests.fleet_helpers import SshFleet, sshd_binary
+
+    if sshd_binary() is None:
+        pytest.skip("sshd is not installed: apt-get install -y openssh-server openssh-client (.ci/run does this)")
+    fleet = SshFleet(tmp_path / "login", n=1, session_env={"SLURM_CONF": str(slurm.conf)}).start()
+    raw = _profile_raw(output=str(tmp_path / "jobs" / "%x-%j.out"))
+    raw.update(host=fleet.hosts[0].target, ssh_options=fleet.ssh_options())
+    manager = ServiceManager(parse_profile(raw), 0, tmp_path / "logs", None, None, poll_interval=0.2,
+                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    try:
+        service = manager.ensure(parse_config_name("bs8_b12_k6"))
+        record = manager.launches[0]
+        assert service.server_info["speculative_num_draft_tokens"] == 12 and service.url.startswith("http://127.0.0.1:")
+        assert record["login_host"] == fleet.hosts[0].target and record["slurm"]["node"] in slurm.node_names
+        assert "serves on 127.0.0.1" in manager._controller.log_tail()  # type: ignore[union-attr]
+    finally:
+        assert manager.close() == []
+        fleet.close()
+    assert not slurm.queue()
+
+
 def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Both nodes are busy: the job pends with the reason squeue gives. Its own queue timeout fails
     it with that reason (and cancels it); with a longer one it starts once a node frees up."""
