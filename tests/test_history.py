@@ -64,19 +64,26 @@ def _session(sid: str, started_at: float, value: float = 1000.0) -> tuple[Sessio
 
 
 _WRITER = textwrap.dedent("""
-    import sys
+    import sys, time
+    from pathlib import Path
     from tests.history_helpers import synthetic_session
     from pytest_ddtree.history import HistoryStore
-    url, parity = sys.argv[1], int(sys.argv[2])
+    url, parity, meet = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     with HistoryStore(url) as store:
+        (meet / f"ready-{parity}").touch()  # both writers connected: start together
+        deadline = time.monotonic() + 60
+        while not (meet / f"ready-{1 - parity}").exists():
+            assert time.monotonic() < deadline, "the other writer never started"
+            time.sleep(0.01)
         for index in range(parity, 16, 2):
             store.append(*synthetic_session(index))
             store.append(*synthetic_session(99))  # the same session from both writers: one copy stays
 """)
 
 
-def test_two_writers_at_once_both_land_and_a_session_appended_twice_is_kept_once(history_url: str, repo_root: Path) -> None:
-    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, history_url, str(parity)], cwd=repo_root,
+def test_two_writers_at_once_both_land_and_a_session_appended_twice_is_kept_once(history_url: str, repo_root: Path,
+                                                                                  tmp_path: Path) -> None:
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, history_url, str(parity), str(tmp_path)], cwd=repo_root,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for parity in (0, 1)]
     for w in writers:
         _, err = w.communicate(timeout=180)
