@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_ddtree import stats
 from pytest_ddtree.history import StoredCell
@@ -95,16 +93,6 @@ class ChangePoint:
     sessions_before: int
     sessions_after: int
     regression: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "hardware_profile": self.key.hardware_profile, "config": self.key.config, "cell": self.key.cell,
-            "metric": self.key.metric, "index": self.index, "size": self.size, "interval": list(self.interval),
-            "pvalue": self.pvalue, "regression": self.regression,
-            "before": {"session": self.before.session_id, "build": self.before.build},
-            "after": {"session": self.after.session_id, "build": self.after.build},
-            "sessions_before": self.sessions_before, "sessions_after": self.sessions_after,
-        }
 
     def describe(self) -> str:
         kind = "regression" if self.regression else "improvement"
@@ -240,10 +228,3 @@ def check_session(all_series: Sequence[Series], session_id: str, recent: int = C
             out.append(newest)
     return out
 
-
-def series_by_cell(all_series: Sequence[Series]) -> Mapping[tuple[str, str, str], list[Series]]:
-    """Series grouped by (hardware profile, config, cell): one chart group each on the page."""
-    grouped: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
-    for s in all_series:
-        grouped[(s.key.hardware_profile, s.key.config, s.key.cell)].append(s)
-    return grouped
