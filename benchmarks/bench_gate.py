@@ -5,29 +5,43 @@ Why: a gate that fails most unchanged sweeps teaches people to ignore it, and on
 10% slowdown through is worse. This benchmark answers both questions by simulation, through the
 gate's own functions (``throughput.repeat_policy`` and ``stats.run_interleaved`` for the
 repeats, ``gate.baseline_cell_entry`` for blessing, ``gate.measurement_status`` and
-``gate.judge_config`` with its confirmation run for the verdicts), under a documented noise
-model:
+``gate.judge_config`` with its confirmation run for the verdicts, ``gate.judge_session`` for a
+config against its session, ``control.judge`` for the control and the uniform shift), under
+named noise shapes (``--shapes``; all of them by default):
 
-* repeat noise: each repeat of a cell is the true value times exp(N(0, s)), with s = the
-  noise level for output tok/s, 2 s for TTFT p50 (a median over few requests) and s / 3 for the
-  accept length (greedy decoding barely varies);
-* outlier repeats: with probability ``--outlier-rate`` a repeat is ``--outlier-size`` worse
-  (a GC pause, a noisy neighbour);
-* day-to-day shift: every session (the K = 3 blessed ones and today's) has its own factor
-  exp(N(0, d)), common to all its configs and cells (the machine is a bit faster or slower
-  that day); d / 2 for the accept length. ``--launch-shift`` adds a per-config-launch factor;
-* a sweep is the campaign matrix: 18 configs x 6 cells x 3 gated metrics, 3 repeats a cell
-  in the first pass, flagged cells re-measured with ``throughput.CONFIRM_REPEATS`` fresh ones.
+* ``repeat1`` / ``repeat3`` / ``repeat5``: each repeat of a cell is the true value times
+  exp(N(0, s)), s = 1/3/5% for output tok/s, 2 s for TTFT p50 (a median over few requests), s / 3
+  for the accept length (greedy decoding barely varies); 2% of repeats 15% worse (a GC pause, a
+  noisy neighbour); a day-to-day shift exp(N(0, 2%)) per session (the K = 3 blessed ones and
+  today's) common to all its launches, 1% for the accept length;
+* ``restart1`` / ``restart3``: the same plus a per-launch shift: every launch of a config (and of
+  the control) lands exp(N(0, 2%)) faster or slower (KV-cache size, CUDA-graph capture, memory
+  layout), held for the launch's first pass and its confirmation run;
+* ``percell``: per-cell repeat noise by concurrency, c1 1%, c8 3%, c32 5% (cells: two of each);
+* ``heavy``: 3% repeat noise drawn from Student's t with 3 degrees of freedom (scaled to 3% sd);
+* ``outliers``: 3% noise, 3% of repeats 15% slow;
+* ``drift``: 3% noise, and the machine drifts 3% (sign per session) from the session's first
+  launch to its last (the control is measured first, the configs in order).
 
-Printed per noise level: per-cell and whole-sweep false alarms of an unchanged service
-(a sweep "fails" when any cell fails; inconclusive cells count separately, since they fail
-under --ddtree-require-baselines), and detection of a 10% drop of one cell's output tok/s, of
-the whole config, and of half its cells.
+Every session is the campaign: 18 configs x 6 cells x 3 gated metrics, 3 repeats a cell in the
+first pass, flagged cells re-measured with ``throughput.CONFIRM_REPEATS`` fresh ones, and a
+non-speculative control launch measured once on the 6 cells (gated on its output tok/s).
+Scenarios, each judged as a whole session:
 
-Usage: python benchmarks/bench_gate.py [--sweeps 1000] [--noise 0.01 0.03 0.05] [--day-shift 0.02] [--jobs N]
+* ``unchanged``: fails when any cell fails or stays inconclusive, a config fails against its
+  session, or the control check fails (a control cell, or the uniform shift);
+* ``one_cell_10``: one cell of one config 10% slower (output tok/s): caught when that cell is a
+  regression;
+* ``whole_config_5`` / ``whole_config_10``: every cell of one config 5% / 10% slower: caught by
+  its cells, by the check against its session, or by the uniform shift;
+* ``every_config_3`` / ``every_config_5``: every config 3% / 5% slower, the control unchanged:
+  caught when the uniform shift fails ("only speculative configs moved", the summary's kind), or
+  any other failure of the session (counted apart).
+
+Usage: python benchmarks/bench_gate.py [--sweeps 1000] [--trials 400] [--shapes ...] [--jobs N] [--json F]
 
 The sweeps and trials run in independent chunks of their own seeds over ``--jobs`` processes
-(default: every CPU), so 1000 sweeps per noise level take minutes on a many-core machine.
+(default: every CPU); each figure is printed with its trial count and a 95% Wilson interval.
 """
 
 from __future__ import annotations
@@ -40,179 +54,244 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import gate, stats, throughput  # noqa: E402
+from pytest_ddtree import control, gate, stats, throughput  # noqa: E402
 
 CONFIGS = 18
 CELLS = 6
+CELL_CONCURRENCY = (1, 8, 32, 1, 8, 32)
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
+CONTROL = -1  # the control's index among the launches
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A noise shape (see the module docstring)."""
+
+    name: str
+    noise: tuple[float, ...]  # repeat noise of output tok/s per cell
+    day: float = 0.02
+    launch: float = 0.0
+    outlier_rate: float = 0.02
+    outlier_size: float = 0.15
+    tails: float = 0.0  # Student-t degrees of freedom (0: normal)
+    drift: float = 0.0
+
+
+def _flat(s: float) -> tuple[float, ...]:
+    return (s,) * CELLS
+
+
+SHAPES = {
+    "repeat1": Shape("repeat1", _flat(0.01)),
+    "repeat3": Shape("repeat3", _flat(0.03)),
+    "repeat5": Shape("repeat5", _flat(0.05)),
+    "restart1": Shape("restart1", _flat(0.01), launch=0.02),
+    "restart3": Shape("restart3", _flat(0.03), launch=0.02),
+    "percell": Shape("percell", tuple({1: 0.01, 8: 0.03, 32: 0.05}[c] for c in CELL_CONCURRENCY)),
+    "heavy": Shape("heavy", _flat(0.03), tails=3.0),
+    "outliers": Shape("outliers", _flat(0.03), outlier_rate=0.03),
+    "drift": Shape("drift", _flat(0.03), drift=0.03),
+}
+
+#: scenario -> (which configs are slower: "one" / "all", which cells: "one" / "all", the drop)
+SCENARIOS = {
+    "unchanged": ("none", "none", 0.0),
+    "one_cell_10": ("one", "one", 0.10),
+    "whole_config_5": ("one", "all", 0.05),
+    "whole_config_10": ("one", "all", 0.10),
+    "every_config_3": ("all", "all", 0.03),
+    "every_config_5": ("all", "all", 0.05),
+}
 
 
 class Model:
-    """The documented noise model (see the module docstring)."""
+    """True values and the noise of one simulated world (a shape and a random state)."""
 
-    def __init__(self, noise: float, day_shift: float, launch_shift: float, outlier_rate: float,
-                 outlier_size: float, rng: random.Random) -> None:
-        self.noise, self.day, self.launch = noise, day_shift, launch_shift
-        self.outlier_rate, self.outlier_size, self.rng = outlier_rate, outlier_size, rng
-        # true values per (config, cell): throughput, TTFT, accept length
+    def __init__(self, shape: Shape, rng: random.Random) -> None:
+        self.shape, self.rng = shape, rng
+        # true values per (config, cell): throughput, TTFT, accept length; the control's below
         self.truth = [[(rng.uniform(80, 1200), rng.uniform(4, 400), rng.uniform(3, 5.5)) for _ in range(CELLS)]
                       for _ in range(CONFIGS)]
+        self.control_truth = [(rng.uniform(40, 600), rng.uniform(4, 400)) for _ in range(CELLS)]
 
-    def session(self) -> list[float]:
-        """A session's day factor per metric (throughput, TTFT, accept)."""
-        z = self.rng.gauss(0, self.day)
-        return [math.exp(z), math.exp(-z), math.exp(z / 2)]
+    def session(self) -> dict[str, float]:
+        """A session's day factor (log) and its drift direction."""
+        return {"day": self.rng.gauss(0, self.shape.day), "drift": self.rng.choice((-1.0, 1.0)) * self.shape.drift}
 
-    def launch_factor(self) -> float:
-        return math.exp(self.rng.gauss(0, self.launch)) if self.launch else 1.0
+    def launch(self, day: dict[str, float], position: float) -> float:
+        """One launch's log speed factor: the day, the launch's own shift, the drift so far."""
+        shift = self.rng.gauss(0, self.shape.launch) if self.shape.launch else 0.0
+        return day["day"] + shift + day["drift"] * position
 
-    def repeat(self, config: int, cell: int, day: list[float], launch: float, drop: float = 1.0) -> dict[str, float]:
+    def _noise(self, cell: int) -> float:
+        s = self.shape.noise[cell]
+        if self.shape.tails:
+            df = self.shape.tails
+            t = self.rng.gauss(0, 1) / math.sqrt(self.rng.gammavariate(df / 2.0, 2.0) / df)
+            return s * t / math.sqrt(df / (df - 2.0))
+        return self.rng.gauss(0, s)
+
+    def repeat(self, config: int, cell: int, speed: float, drop: float = 0.0) -> dict[str, float]:
+        out = 1.0 - self.shape.outlier_size if self.rng.random() < self.shape.outlier_rate else 1.0
+        z = self._noise(cell)
+        factor = math.exp(speed) * out * math.exp(z) * (1.0 - drop)
+        s = self.shape.noise[cell]
+        if config == CONTROL:
+            tps, ttft = self.control_truth[cell]
+            return {"output_throughput": tps * factor}  # the control gates its output tok/s only
         tps, ttft, acc = self.truth[config][cell]
-        g = self.rng.gauss
-        out = 1.0 - self.outlier_size if self.rng.random() < self.outlier_rate else 1.0
         return {
-            "output_throughput": tps * day[0] * launch * drop * out * math.exp(g(0, self.noise)),
-            "median_ttft_ms": ttft * day[1] / launch / out * math.exp(g(0, 2 * self.noise)),
-            "accept_length": acc * day[2] * math.exp(g(0, self.noise / 3)),
+            "output_throughput": tps * factor,
+            "median_ttft_ms": ttft / math.exp(speed) / out * math.exp(self.rng.gauss(0, 2 * s)),
+            "accept_length": acc * math.exp(self.rng.gauss(0, s / 3)),
         }
 
 
 def _samples(runs: list[dict[str, float]]) -> dict[str, list[float]]:
-    return {s.key: [r[s.key] for r in runs] for s in gate.GATED_METRICS}
+    keys = runs[0].keys() if runs else ()
+    return {k: [r[k] for r in runs] for k in keys}
 
 
-def _measure(model: Model, config: int, cells: list[int], day: list[float], launch: float, repeats: int,
+def _measure(model: Model, config: int, cells: list[int], speed: float, repeats: int,
              drops: dict[int, float]) -> dict[int, stats.CellRun[dict[str, float]]]:
     """The suite's interleaved repeats (same policy, same early stop / extra repeats)."""
     policy = throughput.repeat_policy(repeats)
     return stats.run_interleaved(
-        cells, lambda c, r: model.repeat(config, c, day, launch, drops.get(c, 1.0)),
+        cells, lambda c, r: model.repeat(config, c, speed, drops.get(c, 0.0)),
         lambda s: s["output_throughput"], policy)
 
 
-def bless(model: Model, sessions: int = gate.DEFAULT_SESSIONS_KEPT) -> list[list[dict[str, Any]]]:
-    """K blessed sessions through the bless flow's own function; returns entries[config][cell]."""
-    entries: list[list[dict[str, Any] | None]] = [[None] * CELLS for _ in range(CONFIGS)]
-    for s in range(sessions):
+def _launches(configs: int) -> list[tuple[int, float]]:
+    """The session's launches in order with their position (0 .. 1): the control first."""
+    order = [CONTROL, *range(configs)]
+    return [(c, i / max(1, len(order) - 1)) for i, c in enumerate(order)]
+
+
+def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
+    """K blessed sessions through the bless flow's own function: entries[launch][cell]."""
+    entries: dict[int, list[dict[str, Any] | None]] = {c: [None] * CELLS for c in [CONTROL, *range(configs)]}
+    for s in range(gate.DEFAULT_SESSIONS_KEPT):
         day = model.session()
-        for cfg in range(CONFIGS):
-            launch = model.launch_factor()
-            runs = _measure(model, cfg, list(range(CELLS)), day, launch, 3, {})
+        for cfg, position in _launches(configs):
+            runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {})
             for cell, run in runs.items():
                 entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
                                                               session=f"s{s}")
-    return [[e for e in row if e is not None] for row in entries]
+    return {c: [e for e in row if e is not None] for c, row in entries.items()}
 
 
-def judge(model: Model, cfg: int, entries: list[dict[str, Any]], day: list[float],
-          drops: dict[int, float]) -> dict[str, gate.CellVerdict]:
-    """One config of today's session: first pass, confirmation of flagged cells, final verdicts."""
-    launch = model.launch_factor()
+def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
+          drops: dict[int, float], spread: dict[str, float] | None = None) -> dict[str, gate.CellVerdict]:
+    """One launch of today's session: first pass, confirmation of flagged cells, final verdicts."""
     policy = throughput.repeat_policy(3)
-    runs = _measure(model, cfg, list(range(CELLS)), day, launch, 3, drops)
+    runs = _measure(model, cfg, list(range(CELLS)), speed, 3, drops)
     inputs = {}
     for cell, run in runs.items():
         status, why = gate.measurement_status(policy, run.primary, run.invalid, [])
         inputs[f"c{cell}"] = gate.CellInput(entries[cell], _samples(run.samples), status, why, WORKLOAD)
-    first = gate.judge_config(inputs)
+    first = gate.judge_config(inputs, launch_spread=spread)
     flagged = [int(name[1:]) for name, v in first.items() if v.flagged]
     if not flagged:
         return first
-    conf_runs = _measure(model, cfg, flagged, day, launch, throughput.CONFIRM_REPEATS, drops)
+    conf_runs = _measure(model, cfg, flagged, speed, throughput.CONFIRM_REPEATS, drops)
     confirmations = {f"c{c}": _samples(run.samples) for c, run in conf_runs.items()}
-    return gate.judge_config(inputs, confirmations)
+    return gate.judge_config(inputs, confirmations, launch_spread=spread)
 
 
-def false_alarms(noise: float, args: argparse.Namespace, seed: int, sweeps: int) -> dict[str, Any]:
-    """Unchanged sweeps: counts (summed over chunks by ``_merge``)."""
+def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
+    m = v.metric("output_throughput")
+    median = m.current_median if m is not None else None
+    return {"config": name, "cell": cell, "verdict": v.as_dict(), "metrics": {"output_throughput": median},
+            "hardware_profile": "sim", "host": ""}
+
+
+def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
+    """One blessed world and today's session under ``scenario``: what failed and what caught it."""
+    who, where, drop = SCENARIOS[scenario]
+    baseline = bless(model, configs)
+    # what the suite passes: the launch-to-launch spread pooled over every config's baseline file
+    spread = gate.launch_spread([{f"c{i}": e for i, e in enumerate(baseline[c])} for c in range(configs)])
+    day = model.session()
+    records: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"cells": 0, "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0,
+                           "failing_metrics": {}}
+    dropped_cell_caught = False
+    dropped_config_cells = False
+    for cfg, position in _launches(configs):
+        slowed = drop and cfg != CONTROL and (who == "all" or cfg == 0)
+        drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
+        verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread)
+        name = control.CONTROL if cfg == CONTROL else f"cfg{cfg}"
+        for cell, v in verdicts.items():
+            rec = _record(name, cell, v)
+            if cfg == CONTROL:
+                rec["kind"] = control.CONTROL_RECORD
+            records.append(rec)
+            out["cells"] += 1
+            out["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
+            if v.failed:
+                out["failed_cells"] += 1
+                out.setdefault("example", f"{name}: {v.message()}"[:700])
+                for m in v.metrics:
+                    if m.status in gate.FAILING:
+                        key = f"{m.metric}{' (control)' if cfg == CONTROL else ''}"
+                        out["failing_metrics"][key] = out["failing_metrics"].get(key, 0) + 1
+            elif v.status == gate.INCONCLUSIVE:
+                out["inconclusive_cells"] += 1
+            if cfg == 0 and (m := v.metric("output_throughput")) is not None and m.status == gate.REGRESSION:
+                dropped_config_cells = True
+                dropped_cell_caught |= cell == "c0"
+    configs_records = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
+    findings = [f for f in gate.judge_session(gate.config_moves(configs_records)) if f.failed]
+    for f in findings:
+        out.setdefault("example", f.message[:700])
+        key = f"{f.metric} (config against its session)"
+        out["failing_metrics"][key] = out["failing_metrics"].get(key, 0) + 1
+    judgement = control.judge(records, configs_records)
+    group = judgement.groups[0] if judgement.groups else None
+    uniform_failed = bool(group and group.failed and not group.control_failures)
+    if uniform_failed:
+        out["failing_metrics"]["uniform shift"] = out["failing_metrics"].get("uniform shift", 0) + 1
+    any_failure = bool(out["failed_cells"] or findings or (judgement.failed))
+    out["failed"] = any_failure
+    out["inconclusive"] = bool(out["inconclusive_cells"]) and not any_failure
+    out["kind"] = group.kind if group else ""
+    out["uniform_failed"] = uniform_failed
+    if scenario == "one_cell_10":
+        out["caught"] = dropped_cell_caught
+    elif who == "one":
+        out["caught"] = dropped_config_cells or any(f.config == "cfg0" for f in findings) or uniform_failed
+    elif who == "all":
+        out["caught"] = uniform_failed
+    out["caught_any"] = any_failure
+    return out
+
+
+def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]]:
+    shape_name, scenario, seed, n, configs = job
     rng = random.Random(seed)
-    counts: dict[str, Any] = {"sweeps": sweeps, "failed_sweeps": 0, "inconclusive_sweeps": 0, "cells": 0,
-                              "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0, "session_failures": 0,
-                              "failing_metrics": {}}
-    by_metric: dict[str, int] = counts["failing_metrics"]
-    for _ in range(sweeps):
-        model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
-        baseline = bless(model)
-        day = model.session()
-        sweep_failed = sweep_inconclusive = False
-        records = []
-        for cfg in range(CONFIGS):
-            verdicts = judge(model, cfg, baseline[cfg], day, {})
-            records.extend({"config": f"cfg{cfg}", "verdict": v.as_dict()} for v in verdicts.values())
-            for v in verdicts.values():
-                counts["cells"] += 1
-                counts["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
-                if v.failed:
-                    counts["failed_cells"] += 1
-                    sweep_failed = True
-                    for m in v.metrics:
-                        if m.status in gate.FAILING:
-                            by_metric[m.metric] = by_metric.get(m.metric, 0) + 1
-                elif v.status == gate.INCONCLUSIVE:
-                    counts["inconclusive_cells"] += 1
-                    sweep_inconclusive = True
-        against_session = [f for f in gate.judge_session(gate.config_moves(records)) if f.failed]
-        counts["session_failures"] += len(against_session)
-        for f in against_session:
-            label = f"{f.metric} (config against its session)"
-            by_metric[label] = by_metric.get(label, 0) + 1
-        sweep_failed |= bool(against_session)
-        counts["failed_sweeps"] += sweep_failed
-        counts["inconclusive_sweeps"] += sweep_inconclusive and not sweep_failed
-    return counts
-
-
-def detection(noise: float, args: argparse.Namespace, seed: int, dropped: list[int], trials: int,
-              others: int) -> dict[str, Any]:
-    """Trials where every dropped cell's output tok/s is a regression, where any is, and where the
-    drop is caught at all: by a cell, or by the session-end check against ``others`` unchanged
-    configs measured in the same sessions (counts)."""
-    rng = random.Random(seed)
-    caught = caught_any = caught_at_all = 0
-    configs = list(range(1 + others))
-    for _ in range(trials):
-        model = Model(noise, args.day_shift, args.launch_shift, args.outlier_rate, args.outlier_size, rng)
-        entries: list[list[dict[str, Any] | None]] = [[None] * CELLS for _ in configs]
-        for s in range(gate.DEFAULT_SESSIONS_KEPT):
-            day = model.session()
-            for cfg in configs:
-                runs = _measure(model, cfg, list(range(CELLS)), day, model.launch_factor(), 3, {})
-                for cell, run in runs.items():
-                    entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
-                                                                  session=f"s{s}")
-        day = model.session()
-        records = []
-        verdicts: dict[str, gate.CellVerdict] = {}  # of config 0, the dropped one
-        for cfg in configs:
-            judged = judge(model, cfg, [e for e in entries[cfg] if e is not None], day,
-                           {c: 1.0 - args.drop for c in dropped} if cfg == 0 else {})
-            records.extend({"config": f"cfg{cfg}", "verdict": v.as_dict()} for v in judged.values())
-            if cfg == 0:
-                verdicts = judged
-        found = [(m := verdicts[f"c{c}"].metric("output_throughput")) is not None and m.status == gate.REGRESSION
-                 for c in dropped]
-        by_session = any(f.failed and f.config == "cfg0" and f.metric == "output_throughput"
-                         for f in gate.judge_session(gate.config_moves(records)))
-        caught += all(found)
-        caught_any += any(found)
-        caught_at_all += any(found) or by_session
-    return {"trials": trials, "caught": caught, "caught_any": caught_any, "caught_at_all": caught_at_all}
-
-
-def _task(job: tuple[str, float, argparse.Namespace, int, int, list[int]]) -> tuple[str, float, dict[str, Any]]:
-    kind, noise, args, seed, n, dropped = job
-    if kind == "false_alarms":
-        return kind, noise, false_alarms(noise, args, seed, n)
-    # a whole or half config slower is what the session-end check is for: it needs the session's
-    # other configs (--session-configs in all); one cell is judged by its config alone
-    others = 0 if kind == "one_cell" else max(0, min(CONFIGS, args.session_configs) - 1)
-    return kind, noise, detection(noise, args, seed, dropped, n, others)
+    totals: dict[str, Any] = {"trials": 0, "failed": 0, "inconclusive": 0, "caught": 0, "caught_any": 0,
+                              "uniform_failed": 0, "cells": 0, "failed_cells": 0, "inconclusive_cells": 0,
+                              "flagged_cells": 0, "failing_metrics": {}, "kinds": {}}
+    for _ in range(n):
+        got = session(Model(SHAPES[shape_name], rng), configs, scenario)
+        totals["trials"] += 1
+        for key in ("failed", "inconclusive", "caught", "caught_any", "uniform_failed", "cells", "failed_cells",
+                    "inconclusive_cells", "flagged_cells"):
+            totals[key] += int(got.get(key) or 0)
+        for key, count in got["failing_metrics"].items():
+            totals["failing_metrics"][key] = totals["failing_metrics"].get(key, 0) + count
+        totals["kinds"][got["kind"]] = totals["kinds"].get(got["kind"], 0) + 1
+        if got.get("example") and scenario == "unchanged":
+            totals.setdefault("examples", {})[got["example"]] = 1
+    return shape_name, scenario, totals
 
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -229,84 +308,90 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95% Wilson interval of a proportion k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    z = 1.96
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _fig(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k / n:.1%} of {n} [{lo:.1%}, {hi:.1%}]"
+
+
 def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - i) for i in range(0, total, size)]
 
 
+#: Targets of the Done-when (a scenario's catch rate, or the unchanged sweeps' failure rate).
+TARGETS = {"unchanged": 0.02, "one_cell_10": 0.95, "whole_config_10": 0.95, "every_config_5": 0.95}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sweeps", type=int, default=1000, help="simulated unchanged sweeps per noise level")
-    ap.add_argument("--trials", type=int, default=1000, help="simulated drops of one cell per noise level")
-    ap.add_argument("--trials-config", type=int, default=300, help="simulated drops of a whole / half config")
-    ap.add_argument("--session-configs", type=int, default=CONFIGS,
-                    help="configs measured in the same session in the whole / half config trials (the dropped one "
-                         "and unchanged others, for the session-end check; default: the campaign's 18)")
-    ap.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.05], help="repeat noise sigma(s)")
-    ap.add_argument("--day-shift", type=float, default=0.02, help="day-to-day sigma, per session")
-    ap.add_argument("--launch-shift", type=float, default=0.0, help="extra sigma per config launch")
-    ap.add_argument("--outlier-rate", type=float, default=0.02)
-    ap.add_argument("--outlier-size", type=float, default=0.15)
-    ap.add_argument("--drop", type=float, default=0.10, help="the regression to catch (0.10 = 10%% slower)")
+    ap.add_argument("--sweeps", type=int, default=1000, help="simulated unchanged sessions per shape")
+    ap.add_argument("--trials", type=int, default=400, help="simulated sessions per drop scenario and shape")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--configs", type=int, default=CONFIGS, help="configs per session (the campaign's 18)")
+    ap.add_argument("--launch-shift", type=float, default=None, help="override every shape's per-launch shift")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: all CPUs)")
+    ap.add_argument("--examples", type=int, default=2, help="failures of unchanged sessions to print per shape")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    figures: dict[str, Any] = {"model": {k: v for k, v in vars(args).items() if k != "json"}}
-    print(f"gate simulation: {CONFIGS} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics, "
-          f"K={gate.DEFAULT_SESSIONS_KEPT} blessed sessions, 3 repeats + {throughput.CONFIRM_REPEATS} confirmation, "
-          f"day shift {args.day_shift:.0%}, launch shift {args.launch_shift:.0%}, "
-          f"outliers {args.outlier_rate:.0%} x {args.outlier_size:.0%}, drop {args.drop:.0%}")
-    # Independent chunks, each with its own seed (seed, kind, noise, chunk), spread over --jobs
-    # processes: the figures do not depend on the number of processes.
-    kinds = {"false_alarms": (args.sweeps, 10, []), "one_cell": (args.trials, 50, [0]),
-             "whole_config": (args.trials_config, 50, list(range(CELLS))),
-             "half_config": (args.trials_config, 50, list(range(CELLS // 2)))}
+    if args.launch_shift is not None:
+        for name in list(SHAPES):
+            SHAPES[name] = replace(SHAPES[name], launch=args.launch_shift)
+    print(f"gate simulation: {args.configs} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics + a control, "
+          f"K={gate.DEFAULT_SESSIONS_KEPT} blessed sessions, 3 repeats + {throughput.CONFIRM_REPEATS} confirmation",
+          flush=True)
     jobs = []
-    for ni, noise in enumerate(args.noise):
-        for ki, (kind, (total, size, dropped)) in enumerate(kinds.items()):
-            for ci, n in enumerate(_chunks(total, size)):
-                seed = args.seed * 1_000_003 + ni * 10_007 + ki * 1_009 + ci
-                jobs.append(("false_alarms" if kind == "false_alarms" else kind, noise, args, seed, n, dropped))
+    for si, shape in enumerate(args.shapes):
+        for ki, scenario in enumerate(args.scenarios):
+            total = args.sweeps if scenario == "unchanged" else args.trials
+            for ci, n in enumerate(_chunks(total, 10)):
+                jobs.append((shape, scenario, args.seed * 1_000_003 + si * 10_007 + ki * 1_009 + ci, n, args.configs))
     t0 = time.monotonic()
-    parts: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    parts: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with multiprocessing.Pool(max(1, args.jobs)) as pool:
-        for kind, noise, part in pool.imap_unordered(_task, jobs):
-            parts.setdefault((kind, noise), []).append(part)
+        for shape, scenario, part in pool.imap_unordered(_task, jobs):
+            parts.setdefault((shape, scenario), []).append(part)
     print(f"{len(jobs)} chunks on {args.jobs} processes in {time.monotonic() - t0:.0f} s")
+    figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "shapes": {}}
     ok = True
-    for noise in args.noise:
-        c = _merge(parts[("false_alarms", noise)])
-        fa = {"sweeps": c["sweeps"], "cells": c["cells"], "sweep_false_alarm": c["failed_sweeps"] / c["sweeps"],
-              "sweep_inconclusive": c["inconclusive_sweeps"] / c["sweeps"],
-              "cell_false_alarm": c["failed_cells"] / c["cells"],
-              "cell_inconclusive": c["inconclusive_cells"] / c["cells"],
-              "cell_confirmation_runs": c["flagged_cells"] / c["cells"], "failing_metrics": c["failing_metrics"],
-              "config_against_session_failures": c["session_failures"]}
-        rates = {}
-        for kind in ("one_cell", "whole_config", "half_config"):
-            d = _merge(parts[(kind, noise)])
-            rates[kind] = {"trials": d["trials"], "caught": d["caught"], "rate": d["caught"] / d["trials"],
-                           "rate_any_cell": d["caught_any"] / d["trials"], "rate_caught": d["caught_at_all"] / d["trials"]}
-        one, whole, half = rates["one_cell"], rates["whole_config"], rates["half_config"]
-        figures[f"{noise}"] = {"false_alarms": fa, **rates}
-        target = abs(noise - 0.03) < 1e-9
-        fa_ok, det_ok = fa["sweep_false_alarm"] + fa["sweep_inconclusive"] <= 0.02, one["rate"] >= 0.95
-        if target:
-            ok &= fa_ok and det_ok
-
-        def mark(good: bool, target: bool = target) -> str:
-            return ("OK" if good else "FAIL") if target else "info"
-        print(f"noise {noise:.0%}:")
-        print(f"  unchanged, {fa['sweeps']} sweeps: sweep fails {fa['sweep_false_alarm']:.1%}, sweep inconclusive "
-              f"{fa['sweep_inconclusive']:.1%} {mark(fa_ok)} (<= 2% together); per cell {fa['cell_false_alarm']:.3%} "
-              f"fail, {fa['cell_inconclusive']:.3%} inconclusive, {fa['cell_confirmation_runs']:.1%} confirmation runs; "
-              f"failing metrics {fa['failing_metrics']}")
-        print(f"  {args.drop:.0%} drop of one cell's output tok/s caught {one['rate']:.1%} of {one['trials']} "
-              f"{mark(det_ok)} (>= 95%)")
-        print(f"  {args.drop:.0%} drop of a whole config caught {whole['rate_caught']:.1%} (every cell a regression "
-              f"{whole['rate']:.1%}, any {whole['rate_any_cell']:.1%}, else by the check against the session's other "
-              f"{args.session_configs - 1} configs); of half its cells caught {half['rate_caught']:.1%} (every dropped "
-              f"cell {half['rate']:.1%}, any {half['rate_any_cell']:.1%}) ({whole['trials']} trials each)")
+    for shape in args.shapes:
+        s = SHAPES[shape]
+        print(f"{shape}: repeat noise {'/'.join(f'{x:.0%}' for x in sorted(set(s.noise)))}, day {s.day:.0%}, "
+              f"per-launch {s.launch:.0%}, outliers {s.outlier_rate:.0%} x {s.outlier_size:.0%}"
+              f"{f', Student-t {s.tails:.0f} dof' if s.tails else ''}{f', drift {s.drift:.0%}' if s.drift else ''}")
+        figures["shapes"][shape] = {}
+        for scenario in args.scenarios:
+            c = _merge(parts[(shape, scenario)])
+            figures["shapes"][shape][scenario] = c
+            n = c["trials"]
+            if scenario == "unchanged":
+                bad = c["failed"] + c["inconclusive"]
+                good = bad / n <= TARGETS["unchanged"]
+                ok &= good
+                print(f"  unchanged: sessions failing {_fig(c['failed'], n)}, inconclusive {c['inconclusive'] / n:.1%} "
+                      f"{'OK' if good else 'MISSED'} (<= 2% together); cells failing {c['failed_cells']} of {c['cells']}, "
+                      f"confirmation runs {c['flagged_cells'] / max(1, c['cells']):.1%}; failing {c['failing_metrics']}")
+                for example in list(c.get("examples") or {})[:args.examples]:
+                    print("    e.g. " + example.replace("\n", "\n      "))
+            else:
+                target = TARGETS.get(scenario)
+                good = target is None or c["caught"] / n >= target
+                ok &= good
+                mark = "info" if target is None else ("OK" if good else "MISSED")
+                print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}"
+                      f"{f' (>= {target:.0%})' if target else ''}; any failure of the session {c['caught_any'] / n:.1%}; "
+                      f"kinds {c['kinds']}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0 if ok else 1

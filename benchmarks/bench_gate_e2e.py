@@ -12,12 +12,20 @@ confirmation of flagged cells, verdicts) and count as failed when any cell fails
 inconclusive (both fail CI), and ``--slowed`` sessions run the first config 10% slower
 (``slowdown`` x 1.1) and count as caught when one of its cells is a regression.
 
+Every session also launches the control first (a non-speculative engine, ``--speculative-algorithm
+NONE``, blessed and judged like a config, as the plugin's ``control.measure`` does) and judges it
+with ``control.judge`` (the uniform shift of the configs over the control); ``--no-control`` leaves
+it out. ``--launch-shift S`` gives every launch (the control's, the blessed sessions' too) its own
+speed factor exp(N(0, S)), what a relaunched GPU server shows; ``--slow-all 0.05`` makes the slowed
+sessions slow every config by 5% and not the control (caught by the uniform shift).
+
 Sessions are independent (each its own seed, engines and day shift), so they run in parallel:
 ``--jobs`` worker processes, each pinned with its engines to its own ``--cpus-per-job`` CPUs
 (so two sessions never share a core and slow each other's clock). Expensive on a shared 2-core
 box: keep it small there (``--unchanged 1 --slowed 1 --jobs 1``) and run it once, in the background.
 
-Usage: python benchmarks/bench_gate_e2e.py [--unchanged 20] [--slowed 20] [--day-shift 0.02] [--jitter 0.2] [--jobs N]
+Usage: python benchmarks/bench_gate_e2e.py [--unchanged 20] [--slowed 20] [--day-shift 0.02] [--jitter 0.2]
+       [--launch-shift 0.02] [--slow-all 0.05] [--no-control] [--jobs N]
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
-from pytest_ddtree import gate, load, throughput  # noqa: E402
+from pytest_ddtree import control, gate, load, throughput  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
 CELLS = [load.Cell("c1_tiny", 1, 48, 32, 2, 1), load.Cell("c4_tiny", 4, 48, 32, 8, 4),
@@ -46,22 +54,37 @@ CELLS = [load.Cell("c1_tiny", 1, 48, 32, 2, 1), load.Cell("c4_tiny", 4, 48, 32, 
 
 
 def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
-            baselines: dict[str, dict[str, Any]] | None) -> dict[str, throughput.Campaign]:
-    """One independent session: fresh engines for every config, one day shift for all of them."""
+            baselines: dict[str, dict[str, Any]] | None, slow_all: float = 0.0) -> dict[str, throughput.Campaign]:
+    """One independent session: the control's launch first, then fresh engines for every config; one
+    day shift for all of them and, with ``--launch-shift``, a speed shift of each launch's own."""
     day = math.exp(rng.gauss(0.0, args.day_shift))
     out = {}
-    for i, (name, (bs, budget, topk)) in enumerate(CONFIGS.items()):
-        factor = day * (1.1 if slow_first and i == 0 else 1.0)
+    launches: list[tuple[str, list[str], bool]] = []
+    if args.control:
+        launches.append((control.CONTROL, ["--speculative-algorithm", "NONE"], False))
+    for name, (bs, budget, topk) in CONFIGS.items():
+        launches.append((name, ["--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens",
+                                str(budget), "--speculative-eagle-topk", str(topk)], True))
+    first = next(iter(CONFIGS))
+    spread = None
+    if baselines is not None:
+        spread = gate.launch_spread([baselines[n] for n in CONFIGS])
+    for name, flags, speculative in launches:
+        launch = math.exp(rng.gauss(0.0, args.launch_shift)) if args.launch_shift else 1.0
+        slower = 1.1 if slow_first and name == first else 1.0
+        if slow_all and speculative:
+            slower = 1.0 / (1.0 - slow_all)
+        factor = day * launch * slower
         seed = rng.randrange(1 << 30) if args.engine_seed == "per-launch" else int(args.engine_seed)
         engine = ["--clock-scale", str(args.clock_scale), "--seed", str(seed),
-                  "--fault", f"clock-jitter={args.jitter}", "--fault", f"slowdown={factor:.6f}",
-                  "--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
-                  "--speculative-eagle-topk", str(topk)]
+                  "--fault", f"clock-jitter={args.jitter}", "--fault", f"slowdown={factor:.6f}", *flags]
         for attempt in range(3):  # a free port taken by a parallel session in between: try another
             try:
                 with refserver(*engine) as url:
                     out[name] = throughput.measure_config(url, CELLS, 3,
-                                                          baseline=None if baselines is None else baselines[name])
+                                                          baseline=None if baselines is None else baselines[name],
+                                                          speculative=speculative, launch_spread=spread,
+                                                          gated=None if speculative else control.GATED)
                 break
             except RuntimeError:
                 if attempt == 2:
@@ -82,6 +105,8 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
     args, seed = job
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, campaign in session(args, random.Random(seed), False, None).items():
+        if name == control.CONTROL and not args.control:
+            continue
         out[name] = {}
         for cell in CELLS:
             inp = throughput.cell_input(campaign, cell, None)
@@ -94,32 +119,49 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
 
 def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     args, seed, slow, baselines = job
-    verdicts = {name: c.verdicts for name, c in session(args, random.Random(seed), slow, baselines).items()}
-    # the session-end check of the plugin (finish.py): each config against the others of the session
-    records = [{"config": name, "verdict": v.as_dict()} for name, vs in verdicts.items() for v in vs.values()]
-    findings = [f for f in gate.judge_session(gate.config_moves(records)) if f.failed]
+    slow_all = args.slow_all if slow else 0.0
+    campaigns = session(args, random.Random(seed), slow and not slow_all, baselines, slow_all)
+    verdicts = {name: c.verdicts for name, c in campaigns.items()}
+    # the session-end checks of the plugin (finish.py): each config against the others of the
+    # session, and the control (its own cells, the uniform shift of the configs over it)
+    records = [{"config": name, "cell": cell, "verdict": v.as_dict(), "hardware_profile": "refserver",
+                "metrics": {"output_throughput": (m.current_median if (m := v.metric("output_throughput")) else None)},
+                **({"kind": control.CONTROL_RECORD} if name == control.CONTROL else {})}
+               for name, vs in verdicts.items() for cell, v in vs.items()]
+    configs = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
+    findings = [f for f in gate.judge_session(gate.config_moves(configs)) if f.failed]
+    judged = control.judge(records, configs, require_baselines=True) if args.control else None
+    group = judged.groups[0] if judged and judged.groups else None
     # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
     bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
                  if v.failed or v.status in (gate.INCONCLUSIVE, gate.MISSING, gate.THIN))
     bad += [f"{f.config} {f.metric} against the session: {f.relative:+.1%} (tolerance {f.tolerance:.1%})"
             for f in findings]
+    by_uniform = bool(group and group.failed and not group.control_failures)
+    if by_uniform and group is not None:
+        bad.append(f"uniform shift {group.uniform_shift:+.1%} (tolerance {group.uniform_tolerance:.1%}), control held")
     first = next(iter(CONFIGS))
-    by_cells = any(v.status == gate.REGRESSION for v in verdicts[first].values())
-    by_session = any(f.config == first for f in findings)
-    caught = by_cells or by_session
-    # each config's common change of output tok/s against its baseline (what a slowdown moves)
+    by_cells = any(v.status == gate.REGRESSION for name, vs in verdicts.items() if slow_all or name == first
+                   for v in vs.values())
+    by_session = any(f.config == first for f in findings) and not slow_all
+    caught = by_cells or by_session or by_uniform
+    # each launch's common change of output tok/s against its baseline (what a slowdown moves)
     shifts = {name: next((m.shift for v in vs.values() if (m := v.metric("output_throughput")) and m.shift is not None),
                          None) for name, vs in verdicts.items()}
-    return {"bad": bad, "caught": caught, "caught_by": [w for w, yes in (("cells", by_cells), ("session", by_session)) if yes],
-            "shifts": shifts}
+    return {"bad": bad, "caught": caught,
+            "caught_by": [w for w, yes in (("cells", by_cells), ("session", by_session), ("uniform", by_uniform)) if yes],
+            "shifts": shifts, "kind": group.kind if group else None,
+            "uniform_shift": group.uniform_shift if group else None,
+            "control_change": group.control_change if group else None}
 
 
 def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
     """K blessed sessions (in parallel), appended oldest first through the bless flow's function."""
-    section: dict[str, dict[str, Any]] = {name: {} for name in CONFIGS}
+    names = [*([control.CONTROL] if args.control else []), *CONFIGS]
+    section: dict[str, dict[str, Any]] = {name: {} for name in names}
     blessed = pool.map(_bless_session, [(args, args.seed * 1000 + s) for s in range(gate.DEFAULT_SESSIONS_KEPT)])
     for s, measured in enumerate(blessed):
-        for name in CONFIGS:
+        for name in names:
             for cell in CELLS:
                 got = measured[name][cell.name]
                 section[name][cell.name] = gate.baseline_cell_entry(
@@ -143,6 +185,14 @@ def main() -> int:
                          "launch (default: the same weights under greedy decoding accept the same drafts), or "
                          "'per-launch' (a new drafter behaviour each launch: acceptance, and with it tok/s, "
                          "moves by several %% per cell between launches)")
+    ap.add_argument("--launch-shift", type=float, default=0.0,
+                    help="sd of each launch's own speed shift (--fault slowdown), also the control's and the "
+                         "blessed sessions' launches: what a relaunched GPU server shows")
+    ap.add_argument("--no-control", dest="control", action="store_false",
+                    help="no control launch per session (the per-config rule alone)")
+    ap.add_argument("--slow-all", type=float, default=0.0,
+                    help="slowed sessions slow every config by this share (0.05 = 5%%) and not the control, "
+                         "instead of the first config by 10%%")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -155,9 +205,10 @@ def main() -> int:
     figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "unchanged": [], "slowed": []}
     with ctx.Pool(args.jobs, initializer=_pin, initargs=(cpu_sets,), maxtasksperchild=None) as pool:
         baselines = bless(args, pool)
-        print(f"e2e gate: {len(CONFIGS)} configs x {len(CELLS)} cells, 3 blessed sessions, clock-jitter {args.jitter}, "
-              f"day shift {args.day_shift:.0%}, engine seed {args.engine_seed}, {args.jobs} sessions in parallel ({time.monotonic() - t0:.0f} s to bless)",
-              flush=True)
+        print(f"e2e gate: {len(CONFIGS)} configs x {len(CELLS)} cells{' + a control' if args.control else ''}, "
+              f"3 blessed sessions, clock-jitter {args.jitter}, day shift {args.day_shift:.0%}, per-launch shift "
+              f"{args.launch_shift:.0%}, engine seed {args.engine_seed}, {args.jobs} sessions in parallel "
+              f"({time.monotonic() - t0:.0f} s to bless)", flush=True)
         jobs = [(kind, i, (args, args.seed * 1000 + 100 + 1000 * slow + i, slow, baselines))
                 for kind, n, slow in (("unchanged", args.unchanged, False), ("slowed", args.slowed, True))
                 for i in range(n)]
@@ -168,13 +219,19 @@ def main() -> int:
             n = args.slowed if slow else args.unchanged
             verdict = (f"caught ({' and '.join(result['caught_by'])})" if result["caught"] else "not caught") if slow \
                 else ("FAILED" if result["bad"] else "ok")
+            extra = ""
+            if result["uniform_shift"] is not None:
+                extra = f"; uniform shift {result['uniform_shift']:+.1%} ({result['kind']})"
+            if result["control_change"] is not None:
+                extra += f", control {result['control_change']:+.1%}"
             print(f"  {kind} session {i + 1}/{n}: {verdict}"
                   f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}; output tok/s common change "
-                  + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None), flush=True)
+                  + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None) + extra, flush=True)
     failed = sum(1 for s in figures["unchanged"] if s["bad"])
     caught = sum(1 for s in figures["slowed"] if s["caught"])
     print(f"unchanged sessions failing: {failed} of {args.unchanged} (target 0); "
-          f"10% slowdown of one config caught: {caught} of {args.slowed} (target >= 95%); "
+          f"{f'{args.slow_all:.0%} slowdown of every config' if args.slow_all else '10% slowdown of one config'} "
+          f"caught: {caught} of {args.slowed} (target >= 95%); "
           f"{time.monotonic() - t0:.0f} s in all")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -105,8 +105,10 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     if session.settings.update_baselines:
         _apply_baseline_updates(session, outcome)
 
-    # 2. Each config against the other configs of this session (a config slower as a whole).
+    # 2. Each config against the other configs of this session (a config slower as a whole), and
+    #    every config against the session's control (a build slower as a whole).
     session_check = [] if session.settings.update_baselines else _judge_configs_against_session(records, outcome)
+    control_check = _judge_control(session, records, outcome)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     summary_json: dict[str, Any] | None = None
@@ -119,6 +121,7 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
             summary.json["environment"] = live.environment
         summary.json["session_id"] = session.settings.session_id
         summary.json["configs_against_session"] = session_check
+        summary.json["control"] = control_check
         _report_field_mapping(session, outcome, summary.json)
         _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
@@ -206,6 +209,26 @@ def _append_history(session: _Session, payload: dict[str, Any], records: list[di
             outcome.sections.append(("ddtree history check", "this session's measurements start a regression of the "
                                      "history:\n" + "\n".join(f"- {cp.describe()}" for cp in regressions)))
     outcome.sections.append(("ddtree history", "\n".join(lines)))
+
+
+def _judge_control(session: _Session, records: list[dict[str, Any]], outcome: FinishOutcome) -> dict[str, Any] | None:
+    """control.judge over this session's records: the control's own verdict, the session's uniform
+    shift with its interval and kind, each config's speedup over the control; a failing control cell
+    or a uniform slowdown while the control held fails the run. Always stated in the summary when
+    throughput was measured (with the reason when there is no control)."""
+    from pytest_ddtree import control
+    from pytest_ddtree.report import normalize
+
+    configs = normalize(records)
+    if not configs and not any(str(r.get("kind", "")).startswith(control.CONTROL_RECORD) for r in records):
+        return None
+    settings = session.settings
+    judgement = control.judge(records, configs, require_baselines=bool(getattr(settings, "require_baselines", False)),
+                              update_mode=bool(settings.update_baselines))
+    if judgement.failed:
+        outcome.exit_failure = True
+    outcome.sections.append(("ddtree control and uniform shift", judgement.text()))
+    return judgement.as_dict()
 
 
 def _write_html_report(session: _Session, payload: dict[str, Any], outcome: FinishOutcome) -> None:

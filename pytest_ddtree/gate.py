@@ -15,8 +15,9 @@ The rule, per gated metric of a cell (all arithmetic on log values: the noise is
    five farthest from their median; the median of 3-4) is that shift; each cell is judged on
    its change *relative to it*. The shift itself is judged once per config (step 5), so a
    uniform regression of the whole config is not hidden by it.
-3. **Tolerance from measured noise.** sigma = pooled within-session standard deviation of the
-   log samples (baseline sessions and today's repeats); the spread between the baseline's
+3. **Tolerance from measured noise.** sigma = the cell's own within-session standard deviation of
+   the log samples (baseline sessions and today's repeats, robust; between half and three times the
+   config's median: high concurrency is noisier than a single request); the spread between the baseline's
    sessions beyond what that noise explains is added (the cell's own day-to-day wobble). The
    tolerance is ``max(floor, Z_CELL * standard error of the change)``; the floor is the
    ``tolerance`` in the YAML (5% output tok/s, 3% accept length, 25% TTFT p50, no absolute ms
@@ -30,11 +31,19 @@ The rule, per gated metric of a cell (all arithmetic on log values: the noise is
    standard error being the confirmation's own spread. Not reproduced = pass, with both
    numbers in the record.
 5. **Config-wide moves.** The config's shift is judged against ``max(floor, Z_CONFIG * the
-   day-to-day spread)``: the spread between the baseline's sessions, at least the metric's
-   assumed day shift (2%). Beyond it every cell of the config is flagged (and confirmed).
+   day-to-day spread)``: how much a config's common change moves between blessed sessions (day and
+   launch), pooled over every config of the hardware profile (``launch_spread``; else this config's
+   own sessions), at least the metric's assumed day shift (2%). Beyond it every cell of the config
+   is flagged (and confirmed).
 6. **A config against its session** (``judge_session``, at session end): the config's common
    change against the median of the other configs' in the same session, which share that
    day's machine; a config slower as a whole fails here even when each of its cells passed.
+7. **The session's control** (``pytest_ddtree/control.py``, at session end): a non-speculative
+   launch judged against its own baseline, each config's speedup over it, and the session's
+   uniform shift; every config slower against a control that held fails there.
+
+A cell is *inconclusive* also when the client kept too few requests in flight
+(``concurrency_shortfall``); a bless refuses what it cannot trust (``bless_refusal``).
 
 Each message gives the change, a labelled 95% t-interval of the ratio (log values) and the
 tolerance with what it was made of. Statuses besides pass/regression: *improved*
@@ -108,7 +117,7 @@ Z_CELL = 3.0
 #: reaches (about 3 of its real standard errors) and a 10% drop's almost always does.
 Z_CONFIRM = 2.7
 CONFIRM_FLOOR_SHARE = 1.25
-Z_CONFIG = 3.2
+Z_CONFIG = 4.0
 #: Variance factor of a median against a mean under normal noise (pi / 2).
 _MEDIAN_VARIANCE = math.pi / 2.0
 
@@ -391,16 +400,17 @@ def _session_shifts(metrics: Mapping[str, _Metric]) -> dict[str, float]:
 
 def _confirmation_sigma(m: _Metric, confirmation: Sequence[float]) -> float:
     """The cell's repeat noise now: the confirmation's own spread (scaled MAD of its logs: one
-    wild repeat does not move it), between 1x and 3x the config's typical noise, which the first
-    pass's three repeats a group estimate only roughly."""
+    wild repeat does not move it), at least the cell's own noise from its blessed sessions and
+    the config's typical noise, at most 3x the latter."""
     own = stats.scaled_mad([math.log(v) for v in confirmation if v > 0]) if len(confirmation) >= 3 else 0.0
     typical = m.typical_sigma or m.sigma
-    return min(max(typical, own), 3.0 * typical) if typical > 0 else own
+    return min(max(typical, m.sigma, own), 3.0 * typical) if typical > 0 else own
 
 
 def judge_config(
     cells: Mapping[str, CellInput],
     confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    launch_spread: Mapping[str, float] | None = None,
 ) -> dict[str, CellVerdict]:
     """Verdicts for every measured cell of one config (see the module docstring for the rule).
 
@@ -408,6 +418,9 @@ def judge_config(
     ``flagged``. With them (cell -> metric -> fresh repeat samples) flagged metrics are
     decided: regression when the confirmation alone is beyond the tolerance too, pass when
     not; a flagged cell without confirmation samples stays a regression, saying so.
+    ``launch_spread`` (metric -> log spread, ``launch_spread``): how much a config's common change
+    moves between launches, pooled over every config blessed on this hardware; step 5 judges the
+    config's common change against it instead of this config's own three sessions.
     """
     verdicts: dict[str, CellVerdict] = {}
     judged: dict[str, CellInput] = {}
@@ -458,7 +471,9 @@ def judge_config(
             typical_between = stats.median([m.between for m in metrics.values()])
             for m in metrics.values():
                 m.typical_sigma = typical_sigma
-                m.sigma = typical_sigma if m.sigma < 2.0 * typical_sigma else min(m.sigma, 3.0 * typical_sigma)
+                # each cell's own noise (high concurrency is noisier than a single request), within
+                # half and three times the config's median: four groups of repeats estimate it roughly
+                m.sigma = min(max(m.sigma, 0.5 * typical_sigma), 3.0 * typical_sigma)
                 m.between = typical_between
         # Each cell's change for the shift uses the plain mean of today's logs (less noisy than
         # a median of three; a cell with a wild repeat is trimmed away as a whole).
@@ -474,7 +489,7 @@ def judge_config(
                 m.shift_se = math.sqrt(m.shift_variance)
                 m.blessed_shifts = tuple(sorted(session_shift.items()))
         if len(metrics) >= MIN_CELLS_FOR_SHIFT:
-            tolerance = _config_tolerance(key, metrics, session_shift)
+            tolerance = _config_tolerance(key, metrics, session_shift, (launch_spread or {}).get(key))
             direction = next(iter(metrics.values())).base.direction
             if _worse(direction, shift) > tolerance:
                 config_flags[key] = (shift, tolerance)
@@ -483,16 +498,65 @@ def judge_config(
     return {name: verdicts[name] for name in cells}
 
 
-def _config_tolerance(key: str, metrics: Mapping[str, _Metric], session_shift: Mapping[str, float]) -> float:
+def _config_tolerance(key: str, metrics: Mapping[str, _Metric], session_shift: Mapping[str, float],
+                      pooled: float | None = None) -> float:
     spec = SPECS.get(key)
     floor = min(m.base.tolerance for m in metrics.values())
     values = list(session_shift.values())
     measured = stats.stdev(values) * math.sqrt(len(values) / (len(values) - 1)) if len(values) >= 2 else 0.0
-    day = max(spec.day_shift if spec else 0.02, measured)
+    # three blessed sessions say little about one config's launch-to-launch spread (2 degrees of
+    # freedom): the spread pooled over every config blessed on this hardware says it, where known
+    day = max(spec.day_shift if spec else 0.02, pooled if pooled is not None else measured)
     k = max(1, len(values))
     ses = [m.std_error(len(m.current)) for m in metrics.values()]
     shift_se = stats.median(ses) * math.sqrt(_MEDIAN_VARIANCE / len(ses))
     return max(floor, Z_CONFIG * math.sqrt(day**2 * (1.0 + 1.0 / k) + shift_se**2))
+
+
+def median_chi2_share(dof: int) -> float:
+    """Median of chi^2(dof) / dof (Wilson-Hilferty): a sample variance's median share of the true one."""
+    return (1.0 - 2.0 / (9.0 * dof)) ** 3 if dof > 0 else 1.0
+
+
+def launch_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """How much a config's common change moves between blessed sessions (launches), per metric (log).
+
+    Each blessed session of a config was one launch of it on one day, so the spread of the config's
+    common change between its sessions is the day-to-day plus the launch-to-launch variance. One
+    config's three sessions give 2 degrees of freedom (its sample spread is below half the true one
+    a quarter of the time); pooled over every config blessed on the hardware profile
+    (``sections``: their ``metrics`` sections) it is a stable figure. Robust to a config with one odd
+    session: the median of the configs' sample variances, over its expected share of the true one.
+    """
+    variances: dict[str, list[tuple[float, int]]] = {}
+    for section in sections:
+        by_metric: dict[str, dict[str, _Metric]] = {}
+        for name, entry in (section or {}).items():
+            if not isinstance(entry, Mapping):
+                continue
+            for key, gate_entry in (entry.get("gates") or {}).items():
+                try:
+                    base = MetricBaseline.from_entry(key, gate_entry)
+                except (KeyError, TypeError, ValueError):
+                    continue
+                centre = _log_centre(base.samples)
+                if centre is None or len(base.sessions) < 2:
+                    continue
+                by_metric.setdefault(key, {})[name] = _Metric(base, [], centre, centre)
+        for key, metrics in by_metric.items():
+            if len(metrics) < MIN_CELLS_FOR_SHIFT:
+                continue
+            shifts = list(_session_shifts(metrics).values())
+            if len(shifts) >= 2:
+                m = sum(shifts) / len(shifts)
+                variances.setdefault(key, []).append(
+                    (sum((v - m) ** 2 for v in shifts) / (len(shifts) - 1), len(shifts) - 1))
+    out = {}
+    for key, found in variances.items():
+        if len(found) >= 3:
+            dof = int(stats.median([d for _, d in found]))
+            out[key] = math.sqrt(stats.median([v for v, _ in found]) / median_chi2_share(dof))
+    return out
 
 
 def _early_verdict(name: str, cell: CellInput) -> CellVerdict | None:
@@ -669,6 +733,40 @@ def compare_cell(
 #: Below this median engine busy fraction (engines that report their simulated clock: the
 #: reference engine) the host, not the config, set the pace: the cell is inconclusive.
 MIN_ENGINE_BUSY_FRACTION = 0.85
+#: A client that kept fewer requests in flight than this share of the configured concurrency
+#: measured a lighter load than the cell names (a starved or overloaded load generator): the
+#: engine then looks busy and its own figures cannot tell; the cell is inconclusive.
+MIN_CONCURRENCY_SHARE = 0.90
+#: A bless asks more of a cell than a judged run: the 95% t-interval of its output tok/s (mean of
+#: log values, not robust: two slow repeats of three widen it) within +-5%, after up to
+#: ``throughput.MAX_EXTRA_REPEATS`` extra repeats; a judged run tolerates a robust spread of 12%.
+BLESS_MAX_HALF_WIDTH = 0.05
+
+
+def concurrency_shortfall(repeats: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the client's load was lighter than the cell's concurrency, or None.
+
+    The figure is the requests in flight while requests were still waiting to be sent
+    (``ddtree_loaded_concurrency``), bench_serving's ``concurrency`` where a repeat has none:
+    bench_serving's figure also counts the drain at the end of a finite closed loop, which a
+    healthy engine shows too (16 requests at concurrency 8: 6.4-7.2)."""
+    shares, shown = [], []
+    for m in repeats:
+        configured = m.get("max_concurrency")
+        achieved = m.get("ddtree_loaded_concurrency")
+        if not stats.is_number(achieved):
+            achieved = m.get("concurrency")
+        if stats.is_number(configured) and configured > 0 and stats.is_number(achieved):
+            shares.append(float(achieved) / float(configured))
+            shown.append(round(float(achieved), 1))
+    if not shares or stats.median(shares) >= MIN_CONCURRENCY_SHARE:
+        return None
+    configured = next(m.get("max_concurrency") for m in repeats if stats.is_number(m.get("max_concurrency")))
+    served = [round(float(c), 1) for m in repeats if stats.is_number(c := m.get("concurrency"))]
+    return (f"the client kept only {shown} requests in flight per repeat of the configured {configured} "
+            f"({1 - stats.median(shares):.0%} short, more than {1 - MIN_CONCURRENCY_SHARE:.0%}; bench_serving's "
+            f"concurrency {served}): the engine saw a lighter load than the cell names (a starved or overloaded "
+            "load generator), whatever it reports")
 
 
 def measurement_status(
@@ -705,7 +803,28 @@ def measurement_status(
         return stats.INCONCLUSIVE, [
             f"the service fell behind its own clock in most repeats (clock_overruns per repeat {overruns}): "
             f"the numbers describe the machine, not the config; {what_to_do}"]
+    short = concurrency_shortfall(repeats)
+    if short is not None:
+        return stats.INCONCLUSIVE, [f"{short}; {what_to_do}"]
     return status, []
+
+
+def bless_refusal(status: str, reasons: Sequence[str], primary: Sequence[float]) -> str | None:
+    """Why a measured cell must not become part of a baseline, or None when it may.
+
+    A baseline is what every later run is judged against, so a bless asks more than a judged
+    run: a valid measurement (not invalid, not inconclusive: repeats that agree, an engine that
+    kept its clock, a client that kept the cell's concurrency) whose output tok/s interval is
+    within ``BLESS_MAX_HALF_WIDTH``."""
+    if status != stats.VALID:
+        return "; ".join(reasons) or f"the measurement is {status}"
+    half = stats.log_mean_half_width(primary)
+    if half > BLESS_MAX_HALF_WIDTH:
+        shown = "unbounded" if math.isinf(half) else f"+-{half:.1%}"
+        return (f"output tok/s {[round(p, 1) for p in primary]}: 95% t-interval {shown}, wider than the "
+                f"+-{BLESS_MAX_HALF_WIDTH:.0%} a bless needs after {len(primary)} repeats (a loaded machine or a "
+                "noisy service); rerun on a quieter machine or with more --ddtree-repeats")
+    return None
 
 
 def _round(x: float) -> float:
@@ -871,7 +990,7 @@ def _median_se(ses: Sequence[float]) -> float:
     return stats.median(ses) * math.sqrt(_MEDIAN_VARIANCE / n)
 
 
-def _config_wobble(moves: Sequence[ConfigMove]) -> float:
+def config_wobble(moves: Sequence[ConfigMove]) -> float:
     """The config-specific spread between blessed sessions (log): per config, the sample standard
     deviation of its blessed sessions' common change against the others' median in the same
     session; the median over the configs (three sessions say little about one config)."""
@@ -884,8 +1003,14 @@ def _config_wobble(moves: Sequence[ConfigMove]) -> float:
                 diffs.append(value - stats.median(others))
         if len(diffs) >= 2:
             m = sum(diffs) / len(diffs)
-            variances.append(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
-    return math.sqrt(stats.median(variances)) if variances else 0.0
+            variances.append((sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1), len(diffs) - 1))
+    if not variances:
+        return 0.0
+    # the median of sample variances with few degrees of freedom sits below the true variance (at
+    # 2 degrees of freedom, at 0.70 of it): divided by that share, launch-to-launch shifts are not
+    # underestimated
+    dof = int(stats.median([d for _, d in variances]))
+    return math.sqrt(stats.median([v for v, _ in variances]) / median_chi2_share(dof))
 
 
 def judge_session(moves: Sequence[ConfigMove]) -> list[SessionFinding]:
@@ -897,7 +1022,7 @@ def judge_session(moves: Sequence[ConfigMove]) -> list[SessionFinding]:
     for (_, key), members in sorted(groups.items()):
         if len(members) < 2:
             continue
-        wobble = _config_wobble(members)
+        wobble = config_wobble(members)
         for c in sorted(members, key=lambda m: m.config):
             others = [o for o in members if o is not c]
             ref = stats.median([o.shift for o in others])

@@ -316,6 +316,27 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def loaded_concurrency(requests: Sequence[RequestResult]) -> float | None:
+    """Requests in flight while requests were still waiting to be sent (first start to last start).
+
+    bench_serving's ``concurrency`` (sum of latencies / duration) includes the drain at the end
+    of a finite closed loop, where fewer requests remain than clients: 16 requests at
+    concurrency 8 end with a tail in which a healthy engine shows 6.4-7.2. Before the last
+    request is sent, a closed loop that keeps up has every client's request in flight, so a
+    figure well below the configured concurrency there means the client (a starved or
+    overloaded load generator) did not, and the engine saw a lighter load than the cell says.
+    None with fewer than two requests or no time between the first and the last start.
+    """
+    if len(requests) < 2:
+        return None
+    first = min(r.start for r in requests)
+    last = max(r.start for r in requests)
+    if last <= first:
+        return None
+    busy = sum(max(0.0, min(r.end, last) - max(r.start, first)) for r in requests)
+    return busy / (last - first)
+
+
 # --------------------------------------------------------------------------------------
 # A cell
 
@@ -451,6 +472,7 @@ class CellResult:
                 out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
         out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
+        out["ddtree_loaded_concurrency"] = loaded_concurrency(ok)
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)
         # Only when every measured response says how many verify steps it took: a partial sum

@@ -515,6 +515,17 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     pytest.fail(failure, pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> str:
+    """The throughput gate's control, measured once per process before the first config: the
+    profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
+    session, recorded and judged at session end (pytest_ddtree/control.py). Returns what was done:
+    ``measured``, ``unavailable`` (recorded with the reason) or ``off``."""
+    from pytest_ddtree import control
+
+    return control.measure(ddtree_session, control.cells_of(request.session.items))
+
+
 @pytest.fixture
 def ddtree_baselines(ddtree_service: RunningService, ddtree_session: DDTreeSession) -> BaselineStore:
     """The baseline store of this hardware profile (baselines/<hardware-profile>/<config>.yaml)."""

@@ -375,6 +375,25 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2.0
 
 
+def log_mean_half_width(samples: Sequence[float], confidence: float = 0.95) -> float:
+    """Relative half-width of the t-interval of the mean of log samples (0.05 = "+-5%").
+
+    Not robust on purpose: it is what a bless asks of a cell, where two slow repeats of three
+    must widen the interval (the robust spread of [1330, 870, 870] is 0). From five samples on,
+    the lowest and the highest are left out, as the gate's centre leaves them out: one wild
+    repeat of nine does not refuse a cell. inf with fewer than two samples or a value that is
+    not positive.
+    """
+    if len(samples) < 2 or min(samples) <= 0:
+        return math.inf
+    logs = sorted(math.log(v) for v in samples)
+    if len(logs) >= 5:
+        logs = logs[1:-1]
+    m = mean(logs)
+    sd = math.sqrt(sum((v - m) ** 2 for v in logs) / (len(logs) - 1))
+    return math.expm1(t_quantile(0.5 + confidence / 2.0, len(logs) - 1) * sd / math.sqrt(len(logs)))
+
+
 def log_ratio_interval(baseline: Sequence[float], current: Sequence[float], confidence: float = 0.95) -> Interval | None:
     """Welch t-interval of mean(log current) - mean(log baseline), returned as a ratio interval.
 
@@ -457,6 +476,9 @@ class RepeatPolicy:
     target_rel_ci: float = 0.02
     inconclusive_rel_ci: float = 0.10
     confidence: float = 0.95
+    #: When set (a bless), a cell is tight only when the t-interval of its mean (log values) is
+    #: also within this relative half-width: unlike the robust spread it sees two slow repeats of three.
+    target_half_width: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_repeats < 1:
@@ -470,6 +492,8 @@ class RepeatPolicy:
 
     def is_tight(self, samples: Sequence[float]) -> bool:
         if len(samples) < self.min_repeats:
+            return False
+        if self.target_half_width is not None and log_mean_half_width(samples, self.confidence) > self.target_half_width:
             return False
         return self.spread(samples) <= self.target_rel_ci
 

@@ -40,15 +40,19 @@ class Campaign:
     policy: stats.RepeatPolicy
     verdicts: dict[str, gate.CellVerdict] = dataclasses.field(default_factory=dict)
     confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
+    gated: tuple[str, ...] | None = None  # the gated metrics judged (None: all of gate.GATED_METRICS)
 
 
-def repeat_policy(repeats: int) -> stats.RepeatPolicy:
-    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats disagree."""
+def repeat_policy(repeats: int, bless: bool = False) -> stats.RepeatPolicy:
+    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats disagree, and
+    for a bless (``bless``) also while the interval is wider than a baseline needs
+    (``gate.BLESS_MAX_HALF_WIDTH``)."""
     return stats.RepeatPolicy(
         min_repeats=repeats,
         max_repeats=repeats + MAX_EXTRA_REPEATS,
         target_rel_ci=INCONCLUSIVE_REL_CI,
         inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
+        target_half_width=gate.BLESS_MAX_HALF_WIDTH if bless else None,
     )
 
 
@@ -64,6 +68,10 @@ def measure_config(
     vocab_size: int | None = None,
     dataset: str | None = None,
     accept_bound: int | None = None,
+    speculative: bool = True,
+    bless: bool = False,
+    launch_spread: Mapping[str, float] | None = None,
+    gated: Sequence[str] | None = None,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -77,39 +85,64 @@ def measure_config(
     ``tokenizer_path`` and ``vocab_size`` are the profile's, ``dataset`` is ``--ddtree-dataset``
     (see ``prompts.py``). ``accept_bound`` is min(block_size - 1, budget) of the config: a
     measured request whose acceptance histogram goes above it makes its repeat invalid.
+    ``speculative=False`` measures a non-speculative launch (the session's
+    control: its responses carry no verify counts); ``bless`` asks the repeats for the interval a
+    baseline needs (``repeat_policy``); ``launch_spread`` is ``blessed_launch_spread`` of the
+    baseline store (how much a config's common change moves between launches).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
-                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound)
+                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
+                                  speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated)
     client = service
-    policy = repeat_policy(repeats)
+    policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=True,
+        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
                              accept_bound=accept_bound)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
 
     runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop)
-    campaign = Campaign(runs=runs, policy=policy)
+    campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None)
     if baseline is None:
         return campaign
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
-    first = gate.judge_config(inputs)
+    first = gate.judge_config(inputs, launch_spread=launch_spread)
     flagged = [name for name, v in first.items() if v.flagged]
     if not flagged:
         campaign.verdicts = first
         return campaign
     confirm_policy = stats.RepeatPolicy(min_repeats=CONFIRM_REPEATS, max_repeats=CONFIRM_REPEATS)
     campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop)
-    confirmations = {name: gate_samples([s.metrics() for s in run.samples if s.valid])
+    confirmations = {name: gate_samples([s.metrics() for s in run.samples if s.valid], campaign.gated)
                      for name, run in campaign.confirmations.items()}
-    campaign.verdicts = gate.judge_config(inputs, confirmations)
+    campaign.verdicts = gate.judge_config(inputs, confirmations, launch_spread=launch_spread)
     return campaign
+
+
+def blessed_launch_spread(store: Any) -> dict[str, float]:
+    """``gate.launch_spread`` over every config's baseline file of this hardware profile (``store``:
+    a ``BaselineStore``); files that cannot be read are left out (their own cells report them)."""
+    from pytest_ddtree.control import CONTROL
+
+    sections = []
+    directory = getattr(store, "directory", None)
+    if directory is None or not directory.is_dir():
+        return {}
+    for path in sorted(directory.glob("*.yaml")):
+        if path.stem == CONTROL:
+            continue
+        try:
+            data = store.load(path.stem)
+            sections.append(gate.validate_section((data or {}).get("metrics"), str(path)))
+        except (BaselineError, gate.BaselineFormatError, OSError):
+            continue
+    return gate.launch_spread(sections)
 
 
 def _primary(result: load.CellResult) -> float | None:
@@ -117,11 +150,12 @@ def _primary(result: load.CellResult) -> float | None:
     return float(value) if result.valid and isinstance(value, (int, float)) else None
 
 
-def gate_samples(repeats: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
-    """Each gated metric's repeat samples (a metric a repeat did not report is left out)."""
+def gate_samples(repeats: Sequence[Mapping[str, Any]], gated: Sequence[str] | None = None) -> dict[str, list[float]]:
+    """Each gated metric's repeat samples (a metric a repeat did not report is left out); ``gated``
+    narrows the metrics (the control gates its output tok/s only)."""
     samples = {
         spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
-        for spec in gate.GATED_METRICS
+        for spec in gate.GATED_METRICS if gated is None or spec.key in gated
     }
     return {k: v for k, v in samples.items() if v}
 
@@ -145,7 +179,8 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
     run = campaign.runs[workload.name]
     repeats, problems = _repeat_facts(run)
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
-    return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None, gate_samples(repeats),
+    return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None,
+                          gate_samples(repeats, campaign.gated),
                           status, why, measured_workload(run, workload))
 
 
@@ -194,6 +229,11 @@ class CellEvaluation:
     primary: list[float]
     baseline_cell: Any
     baseline_problem: str | None
+    status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
+
+    def bless_refusal(self) -> str | None:
+        """Why this cell must not be blessed (``gate.bless_refusal``), or None."""
+        return gate.bless_refusal(self.status, self.status_reasons, self.primary)
 
 
 def evaluate_cell(
@@ -216,7 +256,7 @@ def evaluate_cell(
     repeats, problems = _repeat_facts(run)
     notes = sorted({n for s in run.samples for n in s.notes})
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
-    samples = gate_samples(repeats)
+    samples = gate_samples(repeats, campaign.gated)
     workload_info = measured_workload(run, workload)
     section: dict[str, Any] = {}
     problem = baseline_error
@@ -228,7 +268,7 @@ def evaluate_cell(
     cell_base = section.get(workload.name)
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
         workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
-    if update_mode and status == stats.VALID:
+    if update_mode and gate.bless_refusal(status, why, run.primary) is None:
         verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
     if confirmation is not None:
@@ -263,4 +303,5 @@ def evaluate_cell(
         primary=list(run.primary),
         baseline_cell=cell_base,
         baseline_problem=problem,
+        status_reasons=list(why),
     )

@@ -16,6 +16,9 @@ How a config is measured (README, "Throughput gate"):
   could not keep its clock) are skipped with the reason; a cell without a baseline, or with
   one too thin to trust, passes with a ``MissingBaselineWarning`` naming the command that
   creates it. ``--ddtree-require-baselines`` (CI) makes all three failures.
+* Before the first config, the session's control (``ddtree_control``: the non-speculative launch,
+  measured once per process on every cell; ``pytest_ddtree/control.py``) is measured; the session end
+  judges it, each config's speedup over it and the session's uniform shift.
 * ``--ddtree-update-baselines`` proposes the measured samples as this session's part of the
   baseline (the last three blessed sessions are kept); the controller writes them at session
   end (atomic, sorted YAML).
@@ -38,7 +41,7 @@ from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_wo
 from pytest_ddtree.fingerprint import local_fingerprint
 from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.throughput import Campaign, evaluate_cell, measure_config, sample_record
+from pytest_ddtree.throughput import Campaign, blessed_launch_spread, evaluate_cell, measure_config, sample_record
 
 
 class MissingBaselineWarning(UserWarning):
@@ -90,6 +93,18 @@ def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> li
     return cells or [request.getfixturevalue("workload")]
 
 
+_LAUNCH_SPREAD = pytest.StashKey[dict[str, float]]()
+
+
+def _launch_spread(request: pytest.FixtureRequest, baselines: Any) -> dict[str, float]:
+    """How much a config's common change moves between launches, from every blessed config of this
+    hardware profile (read once per process)."""
+    stash = request.config.stash
+    if _LAUNCH_SPREAD not in stash:
+        stash[_LAUNCH_SPREAD] = blessed_launch_spread(baselines)
+    return stash[_LAUNCH_SPREAD]
+
+
 def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int,
               baselines: Any) -> Campaign:
     """Measure and judge all of ``config``'s cells once per process (the first cell test does it)."""
@@ -116,6 +131,8 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 vocab_size=service.profile.vocab_size,
                 dataset=str(settings.dataset) if settings.dataset else None,
                 accept_bound=service.accept_bound(),
+                bless=baselines.update_mode,
+                launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
             )
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)
@@ -155,6 +172,7 @@ def _benchmark(request: pytest.FixtureRequest, timer: _ReplayTimer) -> Iterator[
 
 def test_throughput(
     request: pytest.FixtureRequest,
+    ddtree_control: str,
     ddtree_config: DDTreeConfig,
     ddtree_service: Any,
     ddtree_settings: Any,
@@ -190,9 +208,11 @@ def test_throughput(
     if status == stats.INVALID:
         pytest.fail(verdict.message(config), pytrace=False)
     if ddtree_baselines.update_mode:
-        if status != stats.VALID:
-            pytest.fail(f"{config} {workload.name}: not blessing an inconclusive measurement (repeats disagree: "
-                        f"{cell.primary}); rerun with more --ddtree-repeats on a quieter machine", pytrace=False)
+        refusal = cell.bless_refusal()
+        if refusal is not None:
+            retry = f"{ddtree_baselines.create_command(config)} --ddtree-workload={workload.name}"
+            pytest.fail(f"{config} {workload.name}: not blessed, the measurement cannot be trusted: {refusal}\n"
+                        f"  retry this cell with: {retry}", pytrace=False)
         fp = local_fingerprint(ddtree_service.profile, ddtree_service.server_info)
         entry = gate.baseline_cell_entry(record["workload"], cell.samples, existing=cell.baseline_cell,
                                          session=ddtree_settings.session_stamp)

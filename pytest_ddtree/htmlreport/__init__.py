@@ -172,6 +172,7 @@ def build_html(
         gate_names=model.GATES,
         gates=gate_rows,
         recommendations=[str(r) for r in payload.get("recommendations") or []],
+        control=payload.get("control") if isinstance(payload.get("control"), Mapping) else None,
         charts_available=runtime is not None,
         runtime_file=charts.RUNTIME_FILE,
         plotly_js=(runtime or "").replace("</script", "<\\/script"),

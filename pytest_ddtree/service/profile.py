@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, FleetKeys, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
 from pytest_ddtree.service.ssh import SSHTarget
@@ -134,6 +134,9 @@ class ServiceProfile:
     dropin_dir: str | None = None
     lossless: str = "golden"
     lossless_args: str | None = None
+    #: The throughput gate's control (pytest_ddtree/control.py): None = the lossless_args launch,
+    #: "none" = no control, else the name of a config to measure as the control.
+    control: str | None = None
     hardware_profile: str | None = None
     max_context: int | None = None
     tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
@@ -444,6 +447,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "copy_probe": (bool, False),
     "lossless": (str, False),
     "lossless_args": ((str, type(None)), False),
+    "control": ((str, type(None)), False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
     "tokenizer": ((str, type(None)), False),
@@ -627,6 +631,12 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
     if lossless == "instance" and not raw.get("lossless_args"):
         raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, e.g. '--speculative-algorithm NONE'")
+    control = raw.get("control")
+    if control is not None and control != "none":
+        try:
+            parse_config_name(control)
+        except ConfigError as exc:
+            raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
     health_path = raw.get("health_path", "/health_generate")
     if not health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {health_path!r}")
@@ -671,6 +681,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         dropin_dir=raw.get("dropin_dir"),
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
+        control=control,
         hardware_profile=raw.get("hardware_profile"),
         max_context=raw.get("max_context"),
         tokenizer=raw.get("tokenizer"),

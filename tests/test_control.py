@@ -1,0 +1,155 @@
+"""The session's control (pytest_ddtree/control.py) and the gate's trust checks, through the gate's
+own functions: baselines blessed by ``gate.baseline_cell_entry``, verdicts by ``gate.judge_config``,
+the session-end judgement by ``control.judge`` over records shaped as the suite records them."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from pytest_ddtree import control, gate, load, stats
+
+CELLS = ("c1", "c2", "c3", "c4")
+WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
+
+
+def _samples(rng: random.Random, value: float, factor: float, n: int = 3) -> dict[str, list[float]]:
+    return {"output_throughput": [value * factor * math.exp(rng.gauss(0, 0.01)) for _ in range(n)],
+            "median_ttft_ms": [20.0 / factor * math.exp(rng.gauss(0, 0.02)) for _ in range(n)]}
+
+
+def _launch(rng: random.Random, name: str, value: float, entries: dict[str, Any], factor: float,
+            kind: str = "throughput") -> list[dict[str, Any]]:
+    """One launch judged against its blessed entries: the records the suite writes."""
+    inputs = {cell: gate.CellInput(entries[cell], _samples(rng, value * (1 + i / 10), factor), workload=WORKLOAD)
+              for i, cell in enumerate(CELLS)}
+    verdicts = gate.judge_config(inputs, {c: inp.current for c, inp in inputs.items()})
+    return [{"kind": kind, "config": name, "cell": cell, "hardware_profile": "hw", "host": "node1",
+             "metrics": {"output_throughput": stats.median(list(inputs[cell].current["output_throughput"]))},
+             "verdict": v.as_dict(), "control_source": "non-speculative launch"}
+            for cell, v in verdicts.items()]
+
+
+def _session(control_factor: float, config_factor: float, seed: int = 1, control_blessed: str = "s") -> control.ControlJudgement:
+    """Three blessed sessions of a control (100 tok/s) and two configs (300, 400 tok/s), then a
+    session where the control runs ``control_factor`` and every config ``config_factor`` as fast."""
+    rng = random.Random(seed)
+    values = {control.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
+    entries: dict[str, dict[str, Any]] = {name: {} for name in values}
+    for s in range(3):
+        day = math.exp(rng.gauss(0, 0.01))
+        for name, value in values.items():
+            for i, cell in enumerate(CELLS):
+                entries[name][cell] = gate.baseline_cell_entry(
+                    WORKLOAD, _samples(rng, value * (1 + i / 10), day), entries[name].get(cell),
+                    session=f"{control_blessed if name == control.CONTROL else 's'}{s}")
+    records = _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], control_factor, control.CONTROL_RECORD)
+    configs = [r for name in ("bs8_b4_k4", "bs8_b8_k4") for r in _launch(rng, name, values[name], entries[name],
+                                                                        config_factor)]
+    return control.judge(records + configs, configs)
+
+
+def test_every_config_slower_while_the_control_holds_fails_as_only_speculative_configs_moved() -> None:
+    judged = _session(1.0, 0.92)
+    (group,) = judged.groups
+    assert group.failed and group.kind == control.KIND_SPECULATIVE
+    assert group.control_status == "held" and abs(group.control_change or 0) < 0.03
+    assert group.uniform_shift is not None and -0.11 < group.uniform_shift < -0.05
+    low, high = group.uniform_interval or (0, 0)
+    assert low < group.uniform_shift < high < 0
+    text = judged.text()
+    assert "REGRESSION: every speculative config is" in text and "only speculative configs moved" in text
+    # each config's speedup over the control, per cell and for all its cells
+    for name in ("bs8_b4_k4", "bs8_b8_k4"):
+        assert -0.11 < group.configs[name]["speedup_change"] < -0.05
+        assert set(group.configs[name]["cells"]) == set(CELLS)
+    assert 2.5 < group.configs["bs8_b4_k4"]["cells"]["c1"]["speedup"] < 3.5
+    assert judged.as_dict()["groups"][0]["kind"] == control.KIND_SPECULATIVE
+
+
+def test_a_whole_machine_slower_moves_the_control_not_the_speedups() -> None:
+    judged = _session(0.85, 0.85)
+    (group,) = judged.groups
+    assert group.kind == control.KIND_CONTROL and group.control_status in ("moved", "failed")
+    assert group.uniform_shift is not None and abs(group.uniform_shift) < 0.03
+    assert "control moved" in judged.text()
+
+
+def test_an_unchanged_session_says_nothing_moved_and_passes() -> None:
+    judged = _session(1.0, 1.0)
+    (group,) = judged.groups
+    assert not judged.failed and group.kind == control.KIND_NONE
+    assert "uniform shift of the 2 speculative config(s) over the control" in judged.text()
+
+
+def test_without_a_control_the_summary_says_the_per_config_rule_applies() -> None:
+    judged = control.judge([{"kind": control.CONTROL_UNAVAILABLE, "reason": "profile x cannot launch it"}], [])
+    assert not judged.available and not judged.failed
+    assert "no control in this session: profile x cannot launch it" in judged.text()
+    assert "per-config rule" in judged.text()
+
+
+def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None:
+    rec = {"kind": control.CONTROL_RECORD, "config": control.CONTROL, "cell": "c1", "hardware_profile": "hw",
+           "verdict": {"status": gate.MISSING, "reasons": ["no baseline for this cell"], "metrics": {}}}
+    assert not control.judge([rec], []).failed
+    judged = control.judge([rec], [], require_baselines=True)
+    assert judged.failed and "c1: MISSING" in judged.text()
+
+
+def test_a_client_that_kept_too_few_requests_in_flight_is_inconclusive() -> None:
+    policy = gate.stats.RepeatPolicy()
+    short = [{"max_concurrency": 32, "concurrency": 20.0, "ddtree_loaded_concurrency": 24.0}] * 3
+    status, why = gate.measurement_status(policy, [870.0, 880.0, 875.0], False, short)
+    assert status == stats.INCONCLUSIVE and "25% short" in why[0] and "of the configured 32" in why[0]
+    # the drain at the end of a finite closed loop does not count: the loaded figure decides
+    drained = [{"max_concurrency": 8, "concurrency": 6.4, "ddtree_loaded_concurrency": 7.9}] * 3
+    assert gate.measurement_status(policy, [870.0, 880.0, 875.0], False, drained)[0] == stats.VALID
+
+
+def test_loaded_concurrency_counts_requests_in_flight_until_the_last_one_is_sent() -> None:
+    def req(start: float, end: float) -> load.RequestResult:
+        return load.RequestResult(index=0, expected_prompt_tokens=8, expected_output_tokens=8, start=start, end=end)
+
+    # two clients that keep a request in flight each, then a drain
+    full = [req(0, 1), req(0, 1), req(1, 2), req(1, 2), req(2, 3), req(2, 4)]
+    assert abs((load.loaded_concurrency(full) or 0) - 2.0) < 1e-9
+    # a starved client: the second request of each pair starts late
+    starved = [req(0, 1), req(0.5, 1), req(1, 2), req(1.5, 2), req(2, 3)]
+    assert (load.loaded_concurrency(starved) or 0) < 1.6
+    assert load.loaded_concurrency([req(0, 1)]) is None
+
+
+def test_a_bless_refuses_two_slow_repeats_of_three_that_the_robust_spread_misses() -> None:
+    primary = [1330.0, 870.0, 870.0]
+    assert stats.RepeatPolicy().status(primary) == stats.VALID  # the judged run's rule lets it through
+    refusal = gate.bless_refusal(stats.VALID, [], primary)
+    assert refusal is not None and "wider than the +-5% a bless needs" in refusal
+    assert gate.bless_refusal(stats.VALID, [], [1000.0, 1010.0, 995.0]) is None
+    assert gate.bless_refusal(stats.INCONCLUSIVE, ["engine busy 70%"], [1000.0] * 3) == "engine busy 70%"
+    # a bless asks the repeat policy for the tighter interval: more repeats until then
+    assert not stats.RepeatPolicy(target_rel_ci=0.12, target_half_width=0.05).is_tight(primary)
+
+
+def test_launch_spread_pools_the_configs_blessed_sessions() -> None:
+    rng = random.Random(3)
+    sections = []
+    for _ in range(12):
+        section: dict[str, Any] = {}
+        for s in range(3):
+            launch = math.exp(rng.gauss(0, 0.03))
+            for i, cell in enumerate(CELLS):
+                section[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), launch),
+                                                         section.get(cell), session=f"s{s}")
+        sections.append(section)
+    spread = gate.launch_spread(sections)["output_throughput"]
+    assert 0.015 < spread < 0.05, spread
+    assert gate.launch_spread(sections[:2]) == {}  # too few configs to pool
+
+
+def test_a_control_blessed_apart_from_the_configs_states_the_shift_but_does_not_judge_it() -> None:
+    judged = _session(1.0, 0.90, control_blessed="other")
+    (group,) = judged.groups
+    assert not judged.failed and group.uniform_shift is not None and group.uniform_shift < -0.05
+    assert "share no blessed session" in judged.text()
