@@ -491,7 +491,7 @@ class ProblemResult:
             "id": self.id,
             "verdict": self.verdict.value,
             "message": self.message,
-            "code": self.code,
+            "code": _cut_code(self.code, 100_000),
             "answer": self.answer[:20000],
             "request_s": round(self.request_s, 4),
             "run_s": round(self.run_s, 4),
@@ -686,13 +686,18 @@ def _last_meaningful_line(text: str) -> str:
     return _first_line(pick)
 
 
+def _cut_code(code: str, width: int) -> str:
+    """Extracted code for a message or a record: an answer can be up to a million characters."""
+    return code if len(code) <= width else code[:width] + f"\n... ({len(code) - width:,} more characters not shown)\n"
+
+
 def failure_details(results: Sequence[ProblemResult], ids: Collection[str]) -> str:
     """Extracted code and error of the given problems, for the failure message."""
     parts = []
     for r in results:
         if r.id not in ids:
             continue
-        code = r.code if r.code.strip() else "(no code extracted)\n" + ("answer:\n" + r.answer[:1500] if r.answer else "")
+        code = _cut_code(r.code, 20_000) if r.code.strip() else "(no code extracted)\n" + ("answer:\n" + r.answer[:1500] if r.answer else "")
         parts.append(f"--- {r.id}: {r.verdict.value}\n{r.message.strip()}\n--- extracted code:\n{code.rstrip()}\n")
     return "\n".join(parts)
 
