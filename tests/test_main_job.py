@@ -65,6 +65,7 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     raw_kinds = {json.loads(line)["kind"] for line in (results / "records-main.jsonl").read_text().splitlines()}
     assert {"throughput", "coding", "lossless", "health", "launch"} <= raw_kinds | kinds
     assert (results / "results.md").read_text().strip()
+    assert (results / "report.html").stat().st_size <= 1_500_000  # charts included (the vendored basic bundle)
 
     # the session's cells landed in the history, with their samples and the build
     from pytest_ddtree.history import HistoryStore
