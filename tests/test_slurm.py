@@ -138,6 +138,8 @@ def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tm
     try:
         service = manager.ensure(parse_config_name("bs8_b12_k6"))
         assert service.server_info["speculative_num_draft_tokens"] == 12 and service.url.startswith("http://127.0.0.1:")
+        # The engine's start-up lines are read from the job log (evidence the config applied).
+        assert service.proof is not None and service.proof.startup is not None and service.proof.startup.lines
         record = manager.launches[0]
         job = record["slurm"]
         assert record["url"] == service.url and f":{job['port']}" in service.url and job["node"] in slurm.node_names

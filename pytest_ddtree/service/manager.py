@@ -176,7 +176,7 @@ class ServiceManager:
         journalctl: tuple[str, ...] = ("journalctl",),
         gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
         gpu_release: Callable[[int | None, float, ProgressFn | None], bool] | None = _default_gpu_release,
-        on_ready: Callable[[str | None], None] | None = None,
+        on_ready: Callable[[str], None] | None = None,
     ) -> None:
         # A host pool's entry (host, url, unit...) applied: one ordinary profile from here on.
         self.profile = profile = profile.for_instance(instance_index)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from pytest_ddtree.service.base import (
+    STARTUP_LOG_BYTES,
     Controller,
     ExitInfo,
     Launch,
@@ -531,6 +532,16 @@ class SlurmController(Controller):
         result = self.host.run_shell(f"test -e {path} || {{ echo '<no job log {job.output} (yet)>'; exit 0; }}; "
                                      f"tail -c {LOG_BYTES} {path} | tail -n {n}", timeout_s=self.command_timeout_s)
         return result.stdout.rstrip() or f"<job log {job.output} is empty>"
+
+    def startup_log(self) -> str | None:
+        """The job log from its start (bounded): the engine's start-up lines come early, before
+        megabytes of request lines."""
+        job = self._job
+        if job is None or job.job_id is None:
+            return None
+        path = shlex.quote(job.output)
+        result = self.host.run_shell(f"test -e {path} || exit 66; head -c {STARTUP_LOG_BYTES} {path}", timeout_s=self.command_timeout_s)
+        return result.stdout if result.returncode == 0 and result.stdout.strip() else None
 
     def describe(self) -> str:
         job = self._job
