@@ -555,9 +555,10 @@ class Drafter:
                 if clen > n:  # the repeat is longer than the corpus evidence: copy
                     best = ctok
                     weights[ctok] = max(weights.get(ctok, 0.0), 1.0)
-                    # the repeated passage starts outside the draft window: seen only through
-                    # the window's target hidden states
-                    far = far_from is not None and base + d - 1 - src > far_from
+                    # the repeated n-gram (src - COPY_NGRAM + 1 .. src) is not inside the last W
+                    # tokens before the drafted one (the last is base + d - 2): seen only
+                    # through the window's target hidden states
+                    far = far_from is not None and base + d - 2 - src > far_from
                 else:  # a shorter repeat is still a plausible alternative
                     weights[ctok] = max(weights.get(ctok, 0.0), 0.25)
             if trained:
