@@ -86,3 +86,21 @@ def test_startup_lines_catch_a_smaller_block_without_the_probe(tmp_path: Path, m
     with pytest.raises(ConfigNotServed) as info:
         m.ensure(parse_config_name("bs8_b8_k4"))
     assert any("start-up line says block_size=4" in f for f in info.value.failures), info.value.failures
+
+
+def test_an_external_service_is_probed_once_its_server_info_matches(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    """No log to read there: the copy probe's histogram alone fails the config."""
+    from tests.refserver_helpers import RefServer, config_args
+
+    server = RefServer([*config_args("bs8_b4_k4_w2048"), "--clock-scale", "100", "--fault", "serve-budget=8"], tmp_path).wait_ready()
+    try:
+        raw = yaml.safe_load(REFERENCE.read_text())
+        profile = parse_profile({"name": "shared", "controller": "external", "url": server.url, "port": server.port,
+                                 "default_window": raw["default_window"], "config_args": raw["config_args"],
+                                 "applied": raw["applied"], "health_path": "/health", "lossless": "golden"})
+        m = manager(profile, tmp_path, managers)
+        with pytest.raises(ConfigNotServed) as info:
+            m.ensure(parse_config_name("bs8_b4_k4"))
+        assert info.value.failures and "accepted more than 4 drafts" in info.value.failures[0]
+    finally:
+        server.stop()

@@ -506,6 +506,7 @@ class ServiceManager:
             service = self._launch_and_wait(slot, config, label=name)
             if self.profile.controller == "external" and config is not None:
                 self._check_external_config(service, config)
+                self._prove_external(slot, service, config)
         except ExternalConfigMismatch as err:
             self._failed[name] = err
             self._current = slot  # the external service is still usable for other configs
@@ -650,11 +651,22 @@ class ServiceManager:
             raise err from None
         try:
             self._check_external_config(slot.service, config)
-        except ExternalConfigMismatch as err:
+            self._prove_external(slot, slot.service, config)
+        except (ExternalConfigMismatch, ConfigNotServed) as err:
             self._failed[config.name] = err
             raise
         slot.service.config = config
         return slot.service
+
+    def _prove_external(self, slot: _Slot, service: RunningService, config: DDTreeConfig) -> None:
+        """What an external service's behaviour proves, once its /server_info matched ``config``
+        (no log to read: the copy probe and /metrics only)."""
+        proof = self._prove(slot.controller, service.client, config, service.server_info)
+        service.proof = proof
+        if slot.record:
+            slot.record["applied_evidence"] = proof.as_dict()
+        if proof.failures:
+            raise ConfigNotServed(config.name, [*proof.failures, *proof.notes], "<external service: no log available>")
 
     def _same_launch(self, slot: _Slot, config: DDTreeConfig) -> bool:
         """Whether ``config`` is what is running under another name (``bs8_b8_k4`` and
