@@ -130,7 +130,10 @@ def test_fault_parsing() -> None:
     f = Faults.parse(["exit-after=3,http500-rate=0.25", "slowdown=2", "ignore-config=topk", "crash-on-start"])
     assert (f.exit_after, f.http500_rate, f.slowdown, f.crash_on_start) == (3, 0.25, 2.0, True)
     assert f.ignore_config == {"topk"}
-    for bad in ["bogus", "exit-after", "exit-after=x", "http500-rate=2", "ignore-config=budget", "slowdown=0"]:
+    g = Faults.parse(["serve-block-size=4,serve-budget=8", "unused-config=topk", "unused-config=window"])
+    assert (g.serve_block_size, g.serve_budget, g.unused_config) == (4, 8, {"topk", "window"})
+    for bad in ["bogus", "exit-after", "exit-after=x", "http500-rate=2", "ignore-config=budget", "slowdown=0",
+                "serve-block-size=1", "serve-budget=0", "unused-config=budget"]:
         with pytest.raises(FaultError):
             Faults.parse([bad])
 
