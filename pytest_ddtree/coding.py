@@ -29,6 +29,12 @@ Extraction (:func:`extract_code`)
        ``python3``; else the last fence of any kind; else the whole (think-stripped) text.
     Empty code gives the ``no_code`` verdict.  Chat models scoring 0 has usually been an
     extraction bug elsewhere, hence the tests on messy shapes in ``tests/test_coding.py``.
+    Every step is linear in the answer (no backtracking pattern runs over model output), and
+    an answer over :data:`MAX_ANSWER_CHARS` is refused before it (:class:`AnswerTooLarge`).
+
+Invalid responses (:func:`answer_of`)
+    A chat completion is the service's, so hostile: each field is checked before use, and a
+    malformed one is that problem's ``error`` "invalid response: ..." naming the field.
 
 Gate rule (:func:`compare`)
     With a baseline (``coding: {<set>: [passed ids]}`` in the config's baseline file) the
