@@ -104,3 +104,18 @@ def test_an_external_service_is_probed_once_its_server_info_matches(tmp_path: Pa
         assert info.value.failures and "accepted more than 4 drafts" in info.value.failures[0]
     finally:
         server.stop()
+
+
+def test_measured_requests_above_the_bound_make_the_cell_invalid(tmp_path: Path) -> None:
+    """With the probe off, the throughput cell's own requests carry the histogram evidence."""
+    from pytest_ddtree import load
+    from tests.refserver_helpers import RefServer, config_args
+
+    server = RefServer([*config_args("bs8_b4_k4"), "--clock-scale", "100", "--fault", "serve-budget=8"], tmp_path).wait_ready()
+    try:
+        cell = load.Cell("c2_tiny", concurrency=2, context_tokens=48, output_tokens=32, requests=4, warmup_requests=0)
+        result = load.run_cell(server.url, cell, speculative=True, accept_bound=4)
+    finally:
+        server.stop()
+    assert not result.valid
+    assert any("the config did not apply" in p and "more than 4 drafts" in p for p in result.problems()), result.problems()
