@@ -42,12 +42,14 @@ def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager])
 
 
 def test_a_healthy_engine_proves_block_size_and_budget_by_behaviour(tmp_path: Path, managers: list[ServiceManager]) -> None:
-    m = manager(ref_profile("--enable-metrics"), tmp_path, managers)
+    m = manager(ref_profile("--enable-metrics --decode-log-interval 2"), tmp_path, managers)
     svc = m.ensure(parse_config_name("bs8_b4_k4"))
     assert svc.proof is not None and not svc.proof.failures
     fields = svc.proof.fields
     assert fields["budget"].status == proof.PROVEN and "copy probe reached the bound of 4" in fields["budget"].detail
     assert fields["block_size"].status == proof.PROVEN and "start-up line says block_size=8" in fields["block_size"].detail
+    # the probe's decode batches fold a decode-log interval: the worker's block size is on /metrics
+    assert "/metrics sglang:spec_num_draft_tokens is 8" in fields["block_size"].detail
     assert fields["topk"].status == proof.REPORTED and fields["window"].status == proof.REPORTED
     assert m.launches[-1]["applied_evidence"]["fields"]["budget"]["status"] == proof.PROVEN
 
@@ -78,6 +80,14 @@ def test_without_the_log_the_histogram_alone_catches_it(tmp_path: Path, managers
     with pytest.raises(ConfigNotServed) as info:
         m.ensure(parse_config_name("bs8_b4_k4"))
     assert len(info.value.failures) == 1 and "accepted more than 4 drafts" in info.value.failures[0]
+
+
+def test_metrics_catch_a_smaller_block(tmp_path: Path, managers: list[ServiceManager]) -> None:
+    m = manager(ref_profile("--enable-metrics --decode-log-interval 2 --fault serve-block-size=4"), tmp_path, managers)
+    m._controller_for_profile().startup_log = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(ConfigNotServed) as info:
+        m.ensure(parse_config_name("bs8_b8_k4"))
+    assert any("/metrics sglang:spec_num_draft_tokens is 4, the config's block size is 8" in f for f in info.value.failures)
 
 
 def test_startup_lines_catch_a_smaller_block_without_the_probe(tmp_path: Path, managers: list[ServiceManager]) -> None:

@@ -619,8 +619,13 @@ class ServiceManager:
         values = proof_values(self.profile, config)
         bound = proof_mod.accept_bound(values)
 
+        http = getattr(client, "http", None)
+
         def generate(text: str, sampling: Mapping[str, Any]) -> Any:
-            return client.generate(text=text, sampling_params=sampling, timeout=PROBE_TIMEOUT_S)
+            if http is None:  # a client without the bounded HTTP layer (a stand-in)
+                return client.generate(text=text, sampling_params=sampling, timeout=PROBE_TIMEOUT_S)
+            payload = {"text": text, "sampling_params": dict(sampling), "stream": False}
+            return http.post_json("/generate", payload, PROBE_TIMEOUT_S, max_bytes=proof_mod.MAX_TEXT_BYTES)
 
         probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
         startup_text = controller.startup_log()
@@ -628,7 +633,11 @@ class ServiceManager:
         metrics_text: str | None = None
         if server_info.get("enable_metrics") is True:
             try:
-                metrics_text = client.metrics(timeout=READY_HEALTH_TIMEOUT_S)
+                if http is None:
+                    metrics_text = client.metrics(timeout=READY_HEALTH_TIMEOUT_S)
+                else:  # bounded: a /metrics body past the limit is an invalid response, no signal
+                    metrics_text = http.call("GET", "/metrics", None, READY_HEALTH_TIMEOUT_S,
+                                             max_bytes=proof_mod.MAX_TEXT_BYTES).raise_for_status().text
             except Exception:  # noqa: BLE001 - no /metrics: no signal from it
                 metrics_text = None
         result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
