@@ -182,9 +182,12 @@ def check_usable(url: str, change_points: bool = False) -> None:
 class HistoryStore:
     """An open history database (use as a context manager, or call ``close``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        """``create=False`` (a reader such as ddtree-report): a SQLite file that is not there is an
+        error, not a new empty history."""
         check_url(url)
         self.url = url
+        self.create = create
         self.postgres = is_postgres(url)
         self._conn: Any = self._connect()
         try:
@@ -211,6 +214,8 @@ class HistoryStore:
         assert path is not None
         if path.parent and not path.parent.is_dir():
             raise HistoryError(f"history database {path}: the folder {path.parent} does not exist")
+        if not self.create and not path.is_file():
+            raise HistoryError(f"no history database at {path} (sessions write it with --ddtree-history {path})")
         try:
             conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S, isolation_level=None)
         except sqlite3.Error as exc:

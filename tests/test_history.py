@@ -245,3 +245,4 @@ def test_ddtree_report_needs_a_results_folder_or_a_history(tmp_path: Path) -> No
 
     assert main([]) == USAGE_ERROR
     assert main(["--history", f"sqlite:///{tmp_path / 'missing' / 'h.db'}"]) == USAGE_ERROR
+    assert main(["--history", str(tmp_path / "h.db")]) == USAGE_ERROR and not (tmp_path / "h.db").exists()

@@ -63,7 +63,7 @@ def _history_page(url: str, output: Path) -> int:
     from pytest_ddtree.htmlreport.history import build_history_html
 
     try:
-        with HistoryStore(url) as store:
+        with HistoryStore(url, create=False) as store:
             cells = store.cells()
         analysed = changepoints.analyse(cells)
     except (HistoryError, changepoints.ChangePointsUnavailable) as exc:
