@@ -25,7 +25,8 @@ streams on a kept-alive connection of its own, on bare ``http.client`` so the cl
 cost per token stays low. SGLang's bench_serving does not keep connections: in 0.5.23
 (python/sglang/benchmark/serving.py) every request function opens its own ``aiohttp``
 session (``async with _create_bench_client_session()``), so each request pays a TCP connect and
-the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost.
+the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost;
+``benchmarks/bench_client.py`` measures both clients against the truth.
 """
 
 from __future__ import annotations
