@@ -1,18 +1,22 @@
 """What SGLang's own clients (bench_serving, SDKs) need from the reference engine, checked against
-SGLang's source (sgl-project/sglang, v0.5.23 where a line is cited):
+SGLang's source (sgl-project/sglang at v0.5.23, python/sglang/...; file:line):
 
 * the tokenizer ``/model_info`` names opens in a Hugging Face loader and tokenizes exactly as the
-  engine (benchmark/serving.py ``run_benchmark`` reads ``tokenizer_path``; benchmark/utils.py
-  ``get_tokenizer`` opens it with ``AutoTokenizer.from_pretrained``);
-* ``/flush_cache?timeout=`` (entrypoints/http_server.py ``flush_cache``;
-  managers/scheduler_components/flush_wrapper.py ``SchedulerFlushWrapper.handle`` /
-  ``check_pending``);
-* the prefix cache behind ``meta_info.cached_tokens`` (mem_cache/radix_cache.py; the match cap of
-  managers/schedule_batch.py ``Req._compute_max_prefix_len``);
-* ``/start_profile`` / ``/stop_profile`` (entrypoints/http_server.py; managers/
-  scheduler_components/profiler_manager.py);
-* ``return_logprob`` / ``top_logprobs_num`` (managers/tokenizer_manager.py
-  ``add_logprob_to_meta_info``).
+  engine (benchmark/serving.py:2180 ``run_benchmark`` reads ``tokenizer_path``;
+  benchmark/utils.py:44 ``get_tokenizer`` opens it with ``AutoTokenizer.from_pretrained``;
+  benchmark/datasets/random.py:57 ``sample_random_requests`` draws ids below its vocab_size);
+* ``/flush_cache?timeout=`` (srt/entrypoints/http_server.py:1027 ``flush_cache``;
+  srt/managers/scheduler_components/flush_wrapper.py:22 ``handle``, :39 ``check_pending``);
+* the prefix cache behind ``meta_info.cached_tokens`` (srt/mem_cache/radix_cache.py:343 ``reset``,
+  :364 ``match_prefix``, :428 ``insert``, :552 ``evict``; the match cap of
+  srt/managers/schedule_batch.py:1766 ``Req._compute_max_prefix_len``);
+* ``/start_profile`` / ``/stop_profile`` (srt/entrypoints/http_server.py:1223, :1234;
+  srt/managers/tokenizer_control_mixin.py:424 ``_execute_profile`` raises on a refusal;
+  srt/managers/scheduler_components/profiler_manager.py:121-125, :325-329 the refusals);
+* ``return_logprob`` / ``top_logprobs_num`` (srt/managers/tokenizer_manager.py:2840
+  ``add_logprob_to_meta_info``, :3098 ``detokenize_logprob_tokens``;
+  srt/managers/scheduler_components/logprob_result_processor.py:38 the None first input entry;
+  srt/managers/scheduler.py:3260-3272 the default start).
 """
 
 from __future__ import annotations
@@ -249,3 +253,17 @@ def test_logprobs_have_sglangs_meta_info_shapes(srv: RefServer) -> None:
     assert chunks[-1]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
     assert srv.post("/generate", json={**body, "logprob_start_len": 9}).status_code == 400
     assert srv.post("/generate", json={**body, "token_ids_logprob": [163840]}).status_code == 400
+
+
+def test_cache_report_puts_cached_tokens_in_openai_usage(tmp_path: Path) -> None:
+    """srt/entrypoints/openai/usage_processor.py: prompt_tokens_details.cached_tokens only with
+    --enable-cache-report (bench_serving --cache-report reads it)."""
+    s = RefServer(["--clock-scale", "50", "--enable-cache-report"], tmp_path).wait_ready()
+    try:
+        body = {"model": "m", "prompt": list(range(20000, 20300)), "max_tokens": 2, "temperature": 0}
+        first = s.post("/v1/completions", json=body).json()["usage"]
+        again = s.post("/v1/completions", json=body).json()["usage"]
+        assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert again["prompt_tokens_details"] == {"cached_tokens": 299}
+    finally:
+        s.stop()

@@ -101,6 +101,8 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     g.add_argument("--max-running-requests", type=_positive_int, default=48, help="continuous-batching batch limit (default: %(default)s)")
     g.add_argument("--decode-log-interval", type=_positive_int, default=40,
                    help="decode batches per log line and per refresh of avg_spec_accept_length (default: %(default)s)")
+    g.add_argument("--enable-cache-report", action="store_true",
+                   help="report the prefix cache's cached_tokens in OpenAI usage.prompt_tokens_details (as SGLang)")
     g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus text on /metrics (without it /metrics is 404, as in SGLang)")
     g.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR, help="corpus to build the models from (default: the bundled one)")
     # SGLang launch flags the shipped profiles pass: accepted and reported in /server_info, as SGLang
@@ -166,6 +168,7 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved,
         "max_running_requests": ns.max_running_requests,
         "decode_log_interval": ns.decode_log_interval,
         "enable_metrics": bool(ns.enable_metrics),
+        "enable_cache_report": ns.enable_cache_report,
         "random_seed": ns.seed,
         "seed": ns.seed,
         "tp_size": ns.tp_size,

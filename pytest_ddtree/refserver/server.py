@@ -803,8 +803,11 @@ class Handler(BaseHTTPRequestHandler):
         return params
 
     def _usage(self, req: Request) -> dict[str, Any]:
+        """entrypoints/openai/usage_processor.py: ``prompt_tokens_details.cached_tokens`` only with
+        ``--enable-cache-report``, else null."""
         p, c = len(req.prompt_ids), len(req.output_ids)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": None}
+        details = {"cached_tokens": req.cached_tokens} if self.state.server_args.get("enable_cache_report") else None
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
 
     def h_completions(self) -> None:
         body = self.read_json()
