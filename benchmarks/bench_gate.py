@@ -61,7 +61,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import control, gate, stats, throughput  # noqa: E402
+from pytest_ddtree import control, gate, report, stats, throughput  # noqa: E402
 
 CONFIGS = 18
 CELLS = 6
@@ -150,7 +150,7 @@ class Model:
         return {
             "output_throughput": tps * factor,
             "median_ttft_ms": ttft / math.exp(speed) / out * math.exp(self.rng.gauss(0, 2 * s)),
-            "accept_length": acc * math.exp(self.rng.gauss(0, s / 3)),
+            report.TOKENS_PER_VERIFY: acc * math.exp(self.rng.gauss(0, s / 3)),
         }
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_ddtree.report import tokens_per_verify
+
 #: The record kind that carries the adaptive sweep's outcome (restarts, predictions, picks).
 RECORD_KIND = "adaptive-sweep"
 #: ``status`` of a predicted row: never gated, never a baseline.
@@ -105,7 +107,7 @@ def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], di
         cell = CellPoint(str(row.get("cell")), int(workload["concurrency"]), int(workload["context_tokens"]),
                          int(workload.get("output_tokens") or 0))
         cells[cell.name] = cell
-        accept = metrics.get("accept_length")
+        accept = tokens_per_verify(metrics)
         out.append(Measurement(parsed.name, cell.name, float(tok_s),
                                float(accept) if isinstance(accept, (int, float)) and accept > 0 else None))
     return configs, cells, out

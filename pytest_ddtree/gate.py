@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_ddtree import stats
+from pytest_ddtree.report import TOKENS_PER_VERIFY
 
 Direction = Literal["higher", "lower"]
 
@@ -142,10 +143,13 @@ class MetricSpec:
 #: change even when the clock hides it; TTFT p50 catches prefill/scheduling regressions.
 GATED_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("output_throughput", "higher", 0.05, "tok/s", "output tok/s"),
-    MetricSpec("accept_length", "higher", 0.03, "tok/step", "accept length", day_shift=0.01),
+    MetricSpec(TOKENS_PER_VERIFY, "higher", 0.03, "tok/step", "tokens per verify step", day_shift=0.01),
     MetricSpec("median_ttft_ms", "lower", 0.25, "ms", "TTFT p50"),
 )
 SPECS: dict[str, MetricSpec] = {s.key: s for s in GATED_METRICS}
+#: Gate keys renamed since baselines were first written: old name -> current. A baseline file
+#: with the old key is read as the current one (and rewritten with it at the next bless).
+RENAMED_GATES = {"accept_length": TOKENS_PER_VERIFY}
 
 #: Statuses that fail a cell's test.
 FAILING = (REGRESSION, INVALID, METRIC_MISSING)
@@ -878,12 +882,27 @@ def baseline_cell_entry(
     return {"workload": dict(workload), "gates": gates}
 
 
+def _renamed_gates(entry: Any, where: str) -> Any:
+    """``entry`` with gate keys of RENAMED_GATES under their current names."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("gates"), Mapping):
+        return entry
+    gates = dict(entry["gates"])
+    for old, new in RENAMED_GATES.items():
+        if old in gates:
+            if new in gates:
+                raise BaselineFormatError(f"{where}.gates has both {old!r} (the old name) and {new!r}: "
+                                          f"delete the {old!r} entry (it is the same metric)")
+            gates[new] = gates.pop(old)
+    return {**entry, "gates": gates}
+
+
 def validate_section(section: Any, where: str) -> dict[str, Any]:
     """Check a loaded ``metrics`` section; raise BaselineFormatError saying what to fix."""
     if section is None:
         return {}
     if not isinstance(section, Mapping):
         raise BaselineFormatError(f"{where}: 'metrics' must be a mapping of cell -> entry, got {type(section).__name__}")
+    section = {cell: _renamed_gates(entry, f"{where}: metrics.{cell}") for cell, entry in section.items()}
     for cell, entry in section.items():
         if not isinstance(entry, Mapping) or not isinstance(entry.get("gates", {}), Mapping):
             raise BaselineFormatError(f"{where}: metrics.{cell} must be a mapping with 'workload' and 'gates'")

@@ -45,13 +45,12 @@ from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
 from pytest_ddtree.prompts import Prompt, PromptMaker, PromptSet, stable_seed
+from pytest_ddtree.report import TOKENS_PER_VERIFY
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 #: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
 DIST_PERCENTILES = (90, 95, 99)
-
-
 class LoadError(RuntimeError):
     """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
 
@@ -352,6 +351,7 @@ class CellResult:
     duration_s: float
     warmup_failed: int = 0
     server_accept_length: float | None = None
+    server_info: dict[str, Any] = field(default_factory=dict)  # /server_info after the measured loop (bench_serving's)
     server_state: dict[str, Any] = field(default_factory=dict)
     server_state_before: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -437,12 +437,17 @@ class CellResult:
         bench_serving's: ``total_input_tokens`` is the tokens sent (the server's count for text
         prompts); ``total_throughput`` is (input + output) tokens / duration; mean, median,
         std, p90, p95, p99 of every distribution; ``concurrency`` is the *achieved*
-        concurrency (sum of latencies / duration), ``max_concurrency`` the configured one.
-        ``accept_length`` is the gated figure: sum(completion_tokens) / sum(spec_verify_ct)
-        over the measured requests' finished chunks (what SGLang's own tests compute). The
-        server's ``avg_spec_accept_length`` is ``ddtree_server_accept_length``, information
-        only: SGLang zeroes it on /flush_cache, omits it until decode batches ran and refreshes
-        it every 40 batches, so it is never gated and never stands in for the requests' ratio.
+        concurrency (sum of latencies / duration), ``max_concurrency`` the configured one;
+        ``max_output_tokens_per_s`` and ``max_concurrent_requests`` the peaks over one-second
+        buckets, computed as bench_serving's ``calculate_metrics`` does. Counts are integers.
+        ``total_output_tokens_retokenized`` is the server's exact count: bench_serving re-encodes
+        the generated text because it has nothing better; this harness counts from meta_info.
+        ``accept_length`` means what bench_serving means: the server's ``avg_spec_accept_length``
+        (``internal_states[0]`` of /server_info after the measured loop), or None when absent;
+        information only, never gated: SGLang zeroes it on /flush_cache, omits it until decode
+        batches ran and refreshes it every 40 batches. The gated figure is
+        ``ddtree_tokens_per_verify`` (:data:`TOKENS_PER_VERIFY`): sum(completion_tokens) /
+        sum(spec_verify_ct) over the measured requests' finished chunks.
         """
         ok = self.ok_requests
         dur = self.duration_s if self.duration_s > 0 else float("nan")
@@ -451,9 +456,12 @@ class CellResult:
             "duration": self.duration_s,
             "completed": len(ok),
             "max_concurrency": self.workload.get("concurrency"),
-            "total_input_tokens": sum(sent),
-            "total_output_tokens": sum(r.completion_tokens for r in ok),
+            "total_input_tokens": int(sum(sent)),
+            "total_input_text_tokens": int(sum(sent)),
+            "total_input_vision_tokens": 0,
+            "total_output_tokens": int(sum(r.completion_tokens for r in ok)),
         }
+        out["total_output_tokens_retokenized"] = out["total_output_tokens"]
         out["request_throughput"] = len(ok) / dur
         out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
         out["output_throughput"] = float(out["total_output_tokens"] or 0) / dur
@@ -474,25 +482,50 @@ class CellResult:
         out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
         out["ddtree_loaded_concurrency"] = loaded_concurrency(ok)
+        out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)
         # Only when every measured response says how many verify steps it took: a partial sum
         # would be a ratio over a subset (and such a cell is invalid, see problems()).
         complete = bool(ok) and len(verify) == len(ok)
-        out["accept_length"] = sum(r.completion_tokens for r in ok) / total_verify if complete and total_verify else None
+        out[TOKENS_PER_VERIFY] = sum(r.completion_tokens for r in ok) / total_verify if complete and total_verify else None
+        out["accept_length"] = self.server_accept_length
         # ours
         out["ddtree_failed"] = self.failed
         out["ddtree_server_input_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
         out["ddtree_spec_verify_ct"] = total_verify if verify else None
         ratios = [a for r in verify if (a := r.accept_length) is not None]
         out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
-        out["ddtree_server_accept_length"] = self.server_accept_length
         per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
         out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
         engine = self.engine_accounting()
         if engine is not None:
             out.update(engine)
         return out
+
+
+def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
+    """Peak output tokens per second and peak concurrent requests over one-second buckets from
+    the first request's start, as bench_serving's ``calculate_metrics`` computes
+    ``max_output_tokens_per_s`` / ``max_concurrent_requests`` (token times: start + TTFT, then the
+    ITLs; a request counts in every second from its start to its end)."""
+    if not requests:
+        return 0.0, 0
+    t0 = min(r.start for r in requests)
+    seconds = int(max(r.end for r in requests) - t0) + 2
+    tokens = [0] * seconds
+    running = [0] * seconds
+    for r in requests:
+        if r.ttft_s is not None:
+            t = r.start + r.ttft_s
+            for gap in [0.0, *r.itl_s]:
+                t += gap
+                bucket = int(t - t0)
+                if 0 <= bucket < seconds:
+                    tokens[bucket] += 1
+        for second in range(int(r.start - t0), min(int(r.end - t0) + 1, seconds)):
+            running[second] += 1
+    return float(max(tokens)), int(max(running))
 
 
 def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
@@ -508,13 +541,16 @@ def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _internal_state(client: SGLangClient, notes: list[str]) -> dict[str, Any]:
-    """``internal_states[0]`` of /server_info (empty, with a note, when unavailable)."""
+def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``internal_states[0]`` of /server_info (empty, with a note, when unavailable); ``keep``
+    receives the whole answer (bench_serving's ``server_info`` key)."""
     try:
         info = client.server_info()
     except (OSError, ServiceHTTPError) as exc:
         notes.append(f"/server_info unavailable: {exc}")
         return {}
+    if keep is not None:
+        keep.update(info)
     out: dict[str, Any] = {}
     states = info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
@@ -676,7 +712,8 @@ def run_cell(
     requests, duration = _run_closed_loop(
         client.http, workload.concurrency, measured, workload.output_tokens, extra_sampling_params, timeout_s
     )
-    server_state = _internal_state(client, notes)
+    server_info: dict[str, Any] = {}
+    server_state = _internal_state(client, notes, keep=server_info)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(
         cell=workload.name,
@@ -685,6 +722,7 @@ def run_cell(
         duration_s=duration,
         warmup_failed=warmup_failed,
         server_accept_length=accept,
+        server_info=server_info,
         server_state=server_state,
         server_state_before=before,
         notes=notes,

@@ -32,17 +32,41 @@ from pytest_ddtree.configs import config_or_none, name_sort_key
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
 DRAFTER_BOUND_GAIN = 0.08
 
-#: Metrics copied into the JSON results per cell: SGLang bench_serving's names, then ours
-#: (``ddtree_``; the server's avg_spec_accept_length is ``ddtree_server_accept_length``, information).
+#: The gated acceptance: sum(completion_tokens) / sum(spec_verify_ct) over the measured requests
+#: (tokens per verify step, the prefill token counted, what SGLang's own tests compute). Not
+#: bench_serving's ``accept_length``, which is the server's lagging ``avg_spec_accept_length``.
+TOKENS_PER_VERIFY = "ddtree_tokens_per_verify"
+
+
+def tokens_per_verify(metrics: Mapping[str, Any]) -> Any:
+    """The gated acceptance of a metrics dict; results written before the key was renamed
+    carried it as ``accept_length`` (and had no ``ddtree_tokens_per_verify``)."""
+    return metrics[TOKENS_PER_VERIFY] if TOKENS_PER_VERIFY in metrics else metrics.get("accept_length")
+
+
+#: Metrics copied into the JSON results per cell: every result key of SGLang's bench_serving
+#: (sglang/benchmark/serving.py ``benchmark()``'s ``result``), then ours (``ddtree_``).
+#: ``accept_length`` is bench_serving's: the server's avg_spec_accept_length, information only.
 JSON_KEYS = (
-    "duration", "completed", "total_input_tokens", "total_output_tokens",
+    "duration", "completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
+    "total_output_tokens", "total_output_tokens_retokenized",
     "request_throughput", "input_throughput", "output_throughput", "total_throughput",
     *(f"{stat}_{dist}_ms" for dist in ("ttft", "tpot", "itl", "e2e_latency")
       for stat in ("mean", "median", "std", "p90", "p95", "p99")),
-    "max_itl_ms", "concurrency", "max_concurrency", "accept_length",
-    "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct", "ddtree_mean_request_accept_length",
-    "ddtree_server_accept_length", "ddtree_median_request_output_throughput",
+    "max_itl_ms", "concurrency", "max_concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+    TOKENS_PER_VERIFY, "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct",
+    "ddtree_mean_request_accept_length", "ddtree_median_request_output_throughput",
 )
+#: Counts: integers in results.json, as bench_serving's BenchmarkMetrics types them (a cell's
+#: value is the median repeat's, rounded).
+COUNT_KEYS = ("completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
+              "total_output_tokens", "total_output_tokens_retokenized", "max_concurrent_requests",
+              "max_concurrency", "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct")
+#: bench_serving's per-result arguments for a closed-loop cell of this harness: every request
+#: is sent as soon as a slot of the cell's concurrency frees (bench_serving's request_rate inf
+#: with max_concurrency C), prompts cut to exactly context_tokens and outputs forced to
+#: output_tokens (its random dataset with range ratio 0).
+BENCH_BACKEND = "sglang"
 
 
 def aggregate_repeats(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -70,6 +94,7 @@ def throughput_record(
     notes: Sequence[str] = (),
     hardware_profile: str | None = None,
     baseline: Mapping[str, Any] | None = None,
+    server_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of one cell: medians over repeats, samples, spread, verdict.
 
@@ -98,6 +123,7 @@ def throughput_record(
         "notes": list(notes),
         "hardware_profile": hardware_profile,
         "baseline": dict(baseline or {}),
+        "server_info": dict(server_info) if server_info else None,
     }
 
 
@@ -151,7 +177,7 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
         change = (rec.get("change") or {}).get("output_throughput")
         rows.append([
             str(rec.get("config")), str(rec.get("cell")), str(w.get("concurrency", "-")), _ctx(w.get("context_tokens")),
-            str(w.get("prompts") or "-"), tps, _f(m.get("accept_length"), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
+            str(w.get("prompts") or "-"), tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
         ])
     return rows
 
@@ -267,7 +293,7 @@ def _depth_evidence(name: str, by_depth: Mapping[str, Sequence[float]], from_dep
 def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     per: dict[str, list[float]] = defaultdict(list)
     for r in recs:
-        v = (r.get("metrics") or {}).get("accept_length")
+        v = tokens_per_verify(r.get("metrics") or {})
         if stats.is_number(v):
             per[str(r["config"])].append(float(v))
     return {k: stats.median(v) for k, v in per.items() if v}
@@ -359,7 +385,11 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "measurement_status": r.get("measurement_status"),
             "repeats": r.get("repeats"),
         }
+        entry.update(bench_serving_arguments(r))
         entry.update({k: m.get(k) for k in JSON_KEYS if k in m})
+        for key in COUNT_KEYS:
+            if stats.is_number(entry.get(key)):
+                entry[key] = int(round(float(entry[key])))
         entry["change_vs_baseline"] = r.get("change") or {}
         entry["samples"] = r.get("samples") or {}
         entry["problems"] = r.get("problems") or []
@@ -369,6 +399,24 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 entry[key] = r.get(key)
         cells.append(entry)
     return {"throughput": cells, "recommendations": recommendations(recs)}
+
+
+def bench_serving_arguments(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The argument and information keys bench_serving writes into each result, for one cell."""
+    workload = record.get("workload") or {}
+    source = str(workload.get("prompts") or "").split(" via ", 1)[0]
+    return {
+        "tag": None,
+        "backend": BENCH_BACKEND,
+        "dataset_name": "sharegpt" if source.endswith(".json") else source or None,
+        "request_rate": float("inf"),
+        "max_concurrency": workload.get("concurrency"),
+        "sharegpt_output_len": None,
+        "random_input_len": workload.get("context_tokens"),
+        "random_output_len": workload.get("output_tokens"),
+        "random_range_ratio": 0.0,
+        "server_info": record.get("server_info"),
+    }
 
 
 def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:

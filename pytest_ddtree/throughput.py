@@ -286,6 +286,7 @@ def evaluate_cell(
         notes=notes,
         hardware_profile=hardware_profile,
         baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
+        server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     hist = cell_histogram(run.samples)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts

@@ -14,7 +14,7 @@ from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.results import BaselineUpdate
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
-BASE = {"output_throughput": [1000.0, 1004.0, 996.0], "accept_length": [4.0, 4.0, 4.0],
+BASE = {"output_throughput": [1000.0, 1004.0, 996.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
         "median_ttft_ms": [20.0, 21.0, 19.5]}
 
 
@@ -50,7 +50,7 @@ def test_entry_shape_is_reviewable_and_keeps_the_last_three_sessions() -> None:
     moved = gate.baseline_cell_entry(dict(WORKLOAD, requests=32), {"output_throughput": [9.0] * 3}, existing=e, session="s4")
     assert [s["session"] for s in moved["gates"]["output_throughput"]["sessions"]] == ["s4"]
     assert moved["gates"]["output_throughput"]["tolerance"] == 0.2
-    assert "accept_length" not in gate.baseline_cell_entry(WORKLOAD, {"output_throughput": [1.0]})["gates"]
+    assert "ddtree_tokens_per_verify" not in gate.baseline_cell_entry(WORKLOAD, {"output_throughput": [1.0]})["gates"]
 
 
 def test_old_single_session_entries_are_read_and_migrated_by_bless() -> None:
@@ -67,7 +67,7 @@ def test_old_single_session_entries_are_read_and_migrated_by_bless() -> None:
 
 
 def test_unchanged_engine_passes() -> None:
-    now = {"output_throughput": [1002.0, 998.0, 1001.0], "accept_length": [4.0, 4.0, 4.0],
+    now = {"output_throughput": [1002.0, 998.0, 1001.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.5, 19.8, 20.1]}
     v = gate.compare_cell("c8_short", _three_sessions(BASE), now, workload=WORKLOAD)
     assert v.status == gate.PASS and not v.failed
@@ -75,7 +75,7 @@ def test_unchanged_engine_passes() -> None:
 
 def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_agrees() -> None:
     base = _three_sessions(BASE)
-    now = {"output_throughput": [905.0, 910.0, 900.0], "accept_length": [4.0, 4.0, 4.0],
+    now = {"output_throughput": [905.0, 910.0, 900.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.0, 20.0, 20.0]}
     first = gate.compare_cell("c8_short", base, now, workload=WORKLOAD)
     assert first.status == gate.FLAGGED and first.flagged and not first.failed
@@ -162,14 +162,14 @@ def test_a_gated_metric_missing_from_the_run_fails_naming_it() -> None:
     now = {"output_throughput": [1001.0] * 3, "median_ttft_ms": [20.0] * 3}  # speculation silently stopped
     v = gate.compare_cell("c8_short", _three_sessions(BASE), now)
     assert v.status == gate.METRIC_MISSING and v.failed
-    assert "accept_length: gated in the baseline but not produced by this run" in v.message()
+    assert "ddtree_tokens_per_verify: gated in the baseline but not produced by this run" in v.message()
 
 
 def test_a_metric_the_baseline_lacks_is_reported_as_new() -> None:
     base = _three_sessions({"output_throughput": BASE["output_throughput"]})
-    v = gate.compare_cell("c8_short", base, {"output_throughput": [1001.0] * 3, "accept_length": [4.0] * 3})
+    v = gate.compare_cell("c8_short", base, {"output_throughput": [1001.0] * 3, "ddtree_tokens_per_verify": [4.0] * 3})
     assert v.status == gate.PASS
-    new = v.metric("accept_length")
+    new = v.metric("ddtree_tokens_per_verify")
     assert new is not None and new.status == gate.NEW and "new (measured 4 tok/step, not in the baseline)" in new.message
 
 
@@ -254,3 +254,18 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
     v = gate.compare_cell("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
                           status="inconclusive", problems=why)
     assert v.status == gate.INCONCLUSIVE and not v.failed
+
+
+def test_a_baseline_written_before_the_rename_is_read_under_the_current_key() -> None:
+    """Baselines blessed when the gated acceptance was called ``accept_length`` stay readable: the
+    gate reads that entry as ``ddtree_tokens_per_verify`` (the same number), and a file with both
+    names is an error saying which to delete."""
+    entry = _three_sessions(BASE)
+    old = {"c8_short": {**entry, "gates": {("accept_length" if k == "ddtree_tokens_per_verify" else k): v
+                                           for k, v in entry["gates"].items()}}}
+    section = gate.validate_section(old, "bs8_b8_k4.yaml")
+    assert set(section["c8_short"]["gates"]) == {"output_throughput", "ddtree_tokens_per_verify", "median_ttft_ms"}
+    assert gate.compare_cell("c8_short", section["c8_short"], BASE).status == gate.PASS
+    both = {"c8_short": {**entry, "gates": {**entry["gates"], "accept_length": entry["gates"]["ddtree_tokens_per_verify"]}}}
+    with pytest.raises(gate.BaselineFormatError, match="has both 'accept_length' .* delete the 'accept_length' entry"):
+        gate.validate_section(both, "bs8_b8_k4.yaml")

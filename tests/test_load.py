@@ -34,8 +34,12 @@ def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
     assert m["total_input_tokens"] == 12 * 64
     assert all(r.chunks == 1 + 5 for r in res.requests)  # 1 + ceil(15 / 3) chunks, 16 tokens
     assert all(len(r.itl_s) == 15 for r in res.requests)
-    assert m["accept_length"] == pytest.approx(16 / 6)  # the requests' own ratio ...
-    assert m["ddtree_server_accept_length"] == pytest.approx(3.0)  # ... never the server's figure
+    assert m["ddtree_tokens_per_verify"] == pytest.approx(16 / 6)  # the gated figure: the requests' own ratio ...
+    assert m["accept_length"] == pytest.approx(3.0)  # ... bench_serving's accept_length: the server's figure
+    assert isinstance(m["completed"], int) and isinstance(m["total_output_tokens"], int)
+    assert m["total_output_tokens_retokenized"] == m["total_output_tokens"] and m["total_input_vision_tokens"] == 0
+    # bench_serving's peaks count per one-second bucket: a request is in every second it touches
+    assert 4 <= m["max_concurrent_requests"] <= 12 and 0 < float(m["max_output_tokens_per_s"] or 0) <= m["total_output_tokens"]
     assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["duration"])
     assert m["max_concurrency"] == 4 and 2.5 < float(m["concurrency"] or 0) <= 4.01
     for dist in ("ttft", "tpot", "itl", "e2e_latency"):  # bench_serving's names, p95 included
@@ -44,7 +48,7 @@ def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
     assert m["total_throughput"] == pytest.approx((m["total_input_tokens"] + m["total_output_tokens"]) / m["duration"])
     assert m["ddtree_server_input_tokens"] == m["total_input_tokens"]  # sent == counted by the server
     ours = {k for k in m if k.startswith("ddtree_")}
-    assert ours >= {"ddtree_failed", "ddtree_spec_verify_ct", "ddtree_server_accept_length"}
+    assert ours >= {"ddtree_failed", "ddtree_spec_verify_ct", "ddtree_tokens_per_verify"}
     # warm-up ran at the measured concurrency and was excluded; then one flush
     assert cfg.generate_calls == 12 + 4
     assert cfg.flushes == 1
@@ -56,7 +60,7 @@ def test_a_speculative_cell_without_spec_verify_ct_is_invalid() -> None:
     with standin_server(StandInConfig(no_spec=True)) as (url, _):
         plain = load.run_cell(url, cell)  # a non-speculative measurement: fine, no accept length
         spec = load.run_cell(url, cell, speculative=True)
-    assert plain.valid and plain.metrics()["accept_length"] is None
+    assert plain.valid and plain.metrics()["ddtree_tokens_per_verify"] is None
     assert not spec.valid
     assert any("4 of 4 responses carry no spec_verify_ct" in p and "speculation looks off" in p for p in spec.problems())
 

@@ -11,7 +11,7 @@ from pytest_ddtree import report
 def _rec(config: str, conc: int, ctx: int, tps: float, accept: float, status: str = "pass",
          change: float | None = 0.01, per_req: float | None = None) -> dict[str, Any]:
     cell = f"c{conc}_{'short' if ctx < 1024 else f'{ctx // 1024}k'}"
-    repeat = {"output_throughput": tps, "accept_length": accept, "median_ttft_ms": 12.0,
+    repeat = {"output_throughput": tps, report.TOKENS_PER_VERIFY: accept, "median_ttft_ms": 12.0,
               "ddtree_median_request_output_throughput": per_req or tps / conc, "completed": 4}
     verdict = {"status": status, "metrics": {"output_throughput": {"change": change, "message": "m"}}}
     data = report.throughput_record(
@@ -73,7 +73,7 @@ def test_markdown_and_json(tmp_path: Path) -> None:
     assert "**bs16_b16_k4 c32_short**: invalid: request 1 failed: HTTP 500" in md
     js = report.results_json(RECORDS)
     cell = next(c for c in js["throughput"] if c["config"] == "bs8_b4_k4" and c["cell"] == "c32_short")
-    assert cell["output_throughput"] == 900.0 and cell["accept_length"] == 3.9
+    assert cell["output_throughput"] == 900.0 and cell[report.TOKENS_PER_VERIFY] == 3.9
     assert cell["status"] == "pass" and cell["samples"]["output_throughput"] == [900.0] * 3
 
     class _S:

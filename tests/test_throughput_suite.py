@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pytest_ddtree import gate
+from tests.bench_serving_contract import check_result
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -88,7 +89,14 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*bs8_b8_k4*c4_tiny*4*pass*", "*Best aggregate throughput*"])
     results = json.loads((pytester.path / "results" / "results.json").read_text())
     cell = next(c for c in results["throughput"] if c["cell"] == "c4_tiny")
-    assert cell["output_throughput"] > 0 and cell["completed"] == 8 and cell["accept_length"] > 1
+    assert cell["output_throughput"] > 0 and cell["completed"] == 8 and cell["ddtree_tokens_per_verify"] > 1
+    # every key SGLang's bench_serving writes per result, with its type (tests/bench_serving_contract.py)
+    assert check_result(cell) == [], check_result(cell)
+    assert cell["server_info"]["speculative_algorithm"] == "DFLASH" and cell["request_rate"] == float("inf")
+    # bench_serving's accept_length is the server's avg_spec_accept_length, None while the server omits it
+    # (fewer decode batches than --decode-log-interval, as in this tiny cell)
+    state = cell["server_info"]["internal_states"][0]
+    assert cell["accept_length"] == state.get("avg_spec_accept_length") or cell["accept_length"] > 1
     # 4. a slower engine fails the gate, saying by how much and how sure
     slow, _ = _setup(pytester, repo_root, "--fault slowdown=1.3")
     shutil.rmtree(pytester.path / "results")
@@ -138,7 +146,7 @@ def test_a_cell_that_stays_inconclusive_is_reported_and_fails_only_under_require
         entry = gate.baseline_cell_entry(
             {"concurrency": 1, "context_tokens": 48, "output_tokens": 32, "requests": 2,
              "prompts": "documents via /tokenize"},
-            {"output_throughput": [400.0, 404.0, 398.0], "accept_length": [4.5, 4.5, 4.5],
+            {"output_throughput": [400.0, 404.0, 398.0], "ddtree_tokens_per_verify": [4.5, 4.5, 4.5],
              "median_ttft_ms": [14.0, 14.2, 13.9]}, entry, session=session)
     (pytester.path / "baselines" / "refserver").mkdir(parents=True)
     (pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").write_text(

@@ -159,7 +159,7 @@ def build_html(
             figure_id = f"repeats-{config}"
             figures[figure_id] = fig
             repeat_charts.append({"id": figure_id, "caption": f"{config}: output tok/s repeats / baseline median"})
-    accept = report._config_accept([{"config": c.config, "metrics": {"accept_length": c.values.get("accept_length")}}
+    accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
                                     for c in cells if not c.predicted and c.measurement_status != "invalid"])
     environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
     environment.update(_engine_facts(payload))

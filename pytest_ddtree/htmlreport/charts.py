@@ -98,7 +98,7 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     The mark uses the same threshold as the text diagnosis (report.DRAFTER_BOUND_GAIN): a
     marked point is where a bigger tree stopped buying acceptance.
     """
-    accept = report._config_accept([{"config": c.config, "metrics": {"accept_length": c.values.get("accept_length")}}
+    accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
                                     for c in cells if not c.predicted and c.measurement_status != "invalid"])
     groups: dict[tuple[int, int, str], list[tuple[int, float, str]]] = defaultdict(list)
     for name, value in accept.items():

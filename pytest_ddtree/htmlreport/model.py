@@ -33,7 +33,7 @@ _GATE_OF_TEST = {"test_health": "health", "test_coding": "coding", "test_lossles
 CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("output_throughput", "out tok/s", 1),
     ("ddtree_median_request_output_throughput", "tok/s per request", 1),
-    ("accept_length", "accept length", 2),
+    (report.TOKENS_PER_VERIFY, "tokens per verify", 2),
     ("median_ttft_ms", "TTFT p50 ms", 1),
     ("median_itl_ms", "ITL p50 ms", 2),
     ("median_e2e_latency_ms", "E2E p50 ms", 1),
@@ -149,7 +149,8 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             context_tokens=_int(raw.get("context_tokens")) or _int(workload.get("context_tokens")),
             status=str(raw.get("status") or NOT_MEASURED),
             measurement_status=str(raw.get("measurement_status") or ""),
-            values={key: raw.get(key) for key, _, _ in CELL_COLUMNS},
+            values={key: report.tokens_per_verify(raw) if key == report.TOKENS_PER_VERIFY else raw.get(key)
+                    for key, _, _ in CELL_COLUMNS},
             change=_as_dict(raw.get("change_vs_baseline")),
             samples={k: _floats(v) for k, v in _as_dict(raw.get("samples")).items()},
             baseline=baseline,
