@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from pytest_ddtree import stats
 from pytest_ddtree.history import StoredCell
+from pytest_ddtree.report import TOKENS_PER_VERIFY
 
 #: The extra that brings the change-point library.
 HISTORY_EXTRA = "pytest-ddtree[history]"
@@ -43,7 +44,9 @@ WINDOW_SESSIONS = 30
 CHECK_RECENT_SESSIONS = 5
 
 #: Which way is better, per metric (the gate's gated metrics).
-DIRECTIONS: dict[str, str] = {"output_throughput": "higher", "accept_length": "higher", "median_ttft_ms": "lower"}
+DIRECTIONS: dict[str, str] = {"output_throughput": "higher", TOKENS_PER_VERIFY: "higher", "median_ttft_ms": "lower"}
+#: Sample keys stored by sessions before a gate was renamed: old name -> current series name.
+OLD_METRIC_NAMES: dict[str, str] = {"accept_length": TOKENS_PER_VERIFY}
 
 
 class ChangePointsUnavailable(RuntimeError):
@@ -125,15 +128,21 @@ def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIR
     for c in cells:
         if c.status == "invalid":
             continue
+        stored = dict(c.samples)
+        for old, new in OLD_METRIC_NAMES.items():  # one series across the rename
+            if old in stored and new not in stored:
+                stored[new] = stored.pop(old)
         for metric in metrics:
-            samples = [v for v in c.samples.get(metric) or [] if stats.is_number(v) and v > 0]
+            samples = [v for v in stored.get(metric) or [] if stats.is_number(v) and v > 0]
             centre = _log_centre(samples)
             if centre is None:
                 continue
             key = SeriesKey(c.hardware_profile or "unknown", c.config, c.cell, metric)
             series = by_key.setdefault(key, Series(key))
+            verdict = c.verdicts.get(metric) or next((c.verdicts[o] for o, n in OLD_METRIC_NAMES.items()
+                                                       if n == metric and o in c.verdicts), None)
             series.points.append(Point(c.session.session_id, c.session.started_at, c.session.build.label(),
-                                       math.exp(centre), tuple(samples), c.verdicts.get(metric) or c.status,
+                                       math.exp(centre), tuple(samples), verdict or c.status,
                                        c.session.report_path))
     return sorted(by_key.values(), key=lambda s: (s.key.hardware_profile, s.key.config, s.key.cell, s.key.metric))
 

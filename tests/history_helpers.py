@@ -39,7 +39,7 @@ def synthetic_session(index: int, seed: int = 7, results_root: Path | None = Non
             accept = [4.2 * math.exp(rng.gauss(0.0, NOISE / 3)) for _ in range(REPEATS)]
             cells.append(CellEntry(config=config, cell=cell, hardware_profile="refserver", host="ci-1", status="pass",
                                    measurement_status="valid",
-                                   samples={"output_throughput": samples, "accept_length": accept},
+                                   samples={"output_throughput": samples, "ddtree_tokens_per_verify": accept},
                                    verdicts={"output_throughput": {"status": "pass", "change": 0.0, "message": ""}}))
     sid = f"20261001T{index:04d}00Z-s{index:02d}"
     results_dir = results_root / sid if results_root is not None else None
