@@ -451,14 +451,16 @@ A_B_FIELDS = ("topk", "window")
 def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
     """What greedy acceptance a cell measured: its repeats' distinct histograms where the server
     sent them (a cell's repeat count varies with its noise, so sums would not compare), else its
-    accept length (rounded to 9 digits); None when it measured none."""
+    tokens per verify step (rounded to 9 digits); None when it measured none."""
     repeats = record.get("repeat_histograms")
     if isinstance(repeats, list) and repeats and all(isinstance(h, list) for h in repeats):
         return ("histograms", tuple(sorted({tuple(h) for h in repeats})))
+    from pytest_ddtree.report import TOKENS_PER_VERIFY, tokens_per_verify
+
     metrics = record.get("metrics") or {}
-    value = metrics.get("accept_length") if isinstance(metrics, Mapping) else None
+    value = tokens_per_verify(metrics) if isinstance(metrics, Mapping) else None  # the requests' own ratio
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return ("accept_length", round(float(value), 9))
+        return (TOKENS_PER_VERIFY, round(float(value), 9))
     return None
 
 

@@ -28,6 +28,7 @@ SERVICES = REPO / "suites" / "services"
 
 # shipped profile -> its build's dialect in the engine
 BUILDS = {
+    "reference.yaml": "subsir-flags",  # the embedded engine's profile speaks the fork's v2 dialect
     "sglang-upstream-dflash.yaml": "upstream",
     "sglang-ddtree-pr27509.yaml": "ddtree",
     "sglang-subsir-tree-verify.yaml": "subsir",
@@ -41,8 +42,12 @@ def as_refserver(name: str, directory: Path) -> Path:
     dialect = BUILDS[name]
     raw = yaml.safe_load((SERVICES / name).read_text())
     command = " ".join(raw["command"].split())
-    assert command.startswith(LAUNCHER), f"{name}: the command must start with {LAUNCHER!r} (tests substitute it)"
-    raw["command"] = f"{{python}} -m pytest_ddtree.refserver --dialect {dialect} --clock-scale 50" + command[len(LAUNCHER):]
+    engine = "{python} -m pytest_ddtree.refserver"
+    if command.startswith(engine):  # the engine's own profile: the same flags, parsed in the build's dialect
+        raw["command"] = f"{engine} --dialect {dialect}" + command[len(engine):].replace("--clock-scale 10", "--clock-scale 50")
+    else:
+        assert command.startswith(LAUNCHER), f"{name}: the command must start with {LAUNCHER!r} (tests substitute it)"
+        raw["command"] = f"{engine} --dialect {dialect} --clock-scale 50" + command[len(LAUNCHER):]
     raw.update(port="auto", ready_timeout_s=60, stop_timeout_s=5, gpu_release_timeout_s=5)
     path = directory / f"refserver-{name}"
     path.write_text(yaml.safe_dump(raw))

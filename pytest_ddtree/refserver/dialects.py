@@ -27,7 +27,7 @@ DIALECT_HELP = {
     "ddtree": "PR 27509 (Rancy-Wang/sglang ddtree-v2): --speculative-algorithm DDTREE, --speculative-ddtree-block-size/-budget",
     "subsir": "SubSir/sglang fork, v1 worker: DFLASH with tree verify sized by SGLANG_DFLASH_TREE_VERIFY* environment variables",
     "subsir-flags": "SubSir/sglang fork, v2 port: SGLANG_DFLASH_TREE_VERIFY=1 with --speculative-dflash-block-size, "
-                    "--speculative-num-draft-tokens (tree nodes with the root) and --speculative-eagle-topk",
+                    "--speculative-num-draft-tokens (the tree budget) and --speculative-eagle-topk",
     "pr31069": "sgl-project/sglang PR 31069: --speculative-dflash-tree-verify, topk from --speculative-eagle-topk (4, 8 or 16)",
 }
 
@@ -293,20 +293,20 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
     --speculative-num-draft-tokens <budget>, --speculative-dflash-block-size 16, which "decouple[s] draft
     block_size ... from the verify budget") and its upstreaming, PR 31069 (--speculative-dflash-tree-verify;
     the fused expand-top-k kernel takes topk 4, 8 or 16, and a stored version raises ValueError for
-    others). The block size is --speculative-dflash-block-size (else the drafter's); the verify width is
-    --speculative-num-draft-tokens, counting the root as DFLASH's chain does (num_draft_tokens =
-    block_size = root + block_size - 1 drafts), so the DDTree budget is num_draft_tokens - 1 (default
-    block_size - 1: the chain's width); topk is --speculative-eagle-topk, not forced to 1 in tree mode.
-    How either build counts the root and reports topk in /server_info is not confirmed in its source."""
+    others). The block size is --speculative-dflash-block-size (else the drafter's); the tree budget is
+    --speculative-num-draft-tokens, as the recipe writes it (``<budget>``; default block_size - 1, the
+    chain's drafts); topk is --speculative-eagle-topk, not forced to 1 in tree mode. Whether either
+    build counts the root in --speculative-num-draft-tokens, and how it reports topk in /server_info,
+    is not confirmed in its source (the acceptance histogram's bound would show a root counted)."""
     args = _spec_args(ns)
     if args.get("speculative_num_steps") not in (None, 1):
         raise DialectError(f"DFLASH only supports speculative_num_steps == 1, got {args['speculative_num_steps']}.")
     args["speculative_num_steps"] = 1
     block = args.get("speculative_dflash_block_size") or drafter_block_size
-    width = args.get("speculative_num_draft_tokens") or block
+    budget = args.get("speculative_num_draft_tokens") or block - 1
     topk = args.get("speculative_eagle_topk") or 1
-    if block < 2 or width < 2:
-        raise DialectError(f"DFLASH tree verify needs a block size and --speculative-num-draft-tokens >= 2, got {block} and {width}.")
+    if block < 2 or budget < 1:
+        raise DialectError(f"DFLASH tree verify needs a block size >= 2 and --speculative-num-draft-tokens >= 1, got {block} and {budget}.")
     if topk_choices is not None and topk not in topk_choices:
         raise DialectError(f"DFLASH tree verify supports --speculative-eagle-topk in {set(topk_choices)}, got {topk}.")
     window = args.get("speculative_draft_window_size")
@@ -315,11 +315,11 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
             "--speculative-draft-window-size must be >= the DFLASH block size. "
             f"window_size={window}, block_size={block}."
         )
-    args.update(speculative_dflash_block_size=block, speculative_num_draft_tokens=width, speculative_eagle_topk=topk)
+    args.update(speculative_dflash_block_size=block, speculative_num_draft_tokens=budget, speculative_eagle_topk=topk)
     if topk_choices is not None:
         args["speculative_dflash_tree_verify"] = True
-    return Resolved("DFLASH", block, width - 1, topk, window, args,
-                    (f"DFLASH tree verify: block_size={block}, num_draft_tokens={width}, topk={topk}",))
+    return Resolved("DFLASH", block, budget, topk, window, args,
+                    (f"DFLASH tree verify: block_size={block}, num_draft_tokens={budget}, topk={topk}",))
 
 
 def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:
