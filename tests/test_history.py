@@ -246,3 +246,18 @@ def test_ddtree_report_needs_a_results_folder_or_a_history(tmp_path: Path) -> No
     assert main([]) == USAGE_ERROR
     assert main(["--history", f"sqlite:///{tmp_path / 'missing' / 'h.db'}"]) == USAGE_ERROR
     assert main(["--history", str(tmp_path / "h.db")]) == USAGE_ERROR and not (tmp_path / "h.db").exists()
+
+
+def test_a_series_continues_across_the_gated_acceptance_rename() -> None:
+    """Sessions stored before the gated acceptance was named ddtree_tokens_per_verify stored it as
+    accept_length: one series holds both, with the old session's verdict."""
+    from pytest_ddtree.changepoints import build_series
+    from pytest_ddtree.history import SessionEntry, StoredCell
+
+    old = StoredCell(SessionEntry("s1", 1.0), "bs8_b8_k4", "c8_4k", "refserver", "pass",
+                     samples={"accept_length": [4.0, 4.1]}, verdicts={"accept_length": "pass"})
+    new = StoredCell(SessionEntry("s2", 2.0), "bs8_b8_k4", "c8_4k", "refserver", "pass",
+                     samples={"ddtree_tokens_per_verify": [4.2]})
+    series = [s for s in build_series([old, new]) if s.key.metric == "ddtree_tokens_per_verify"]
+    assert len(series) == 1 and [p.session_id for p in series[0].points] == ["s1", "s2"]
+    assert not [s for s in build_series([old, new]) if s.key.metric == "accept_length"]

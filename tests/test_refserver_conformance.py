@@ -297,6 +297,19 @@ def _subsir(engines: Engines) -> None:
     assert "SGLANG_DFLASH_TREE_VERIFY=1 requires block verify (set SGLANG_DFLASH_BLOCK_VERIFY=1)" in err
 
 
+@behaviour("PR 31069's tree verify takes topk from --speculative-eagle-topk and only 4, 8 or 16 (its fused expand-top-k "
+           "kernel; a stored version raises ValueError for others); without --speculative-dflash-tree-verify it is the chain",
+           "sgl-project/sglang PR 31069 python/sglang/srt/speculative/dflash_utils.py build_tree_verify_tokens "
+           "(per the PR's description; its diff unread)")
+def _pr31069(engines: Engines) -> None:
+    err = _refused("--dialect", "pr31069", "--speculative-algorithm", "DFLASH", "--speculative-dflash-tree-verify",
+                   "--speculative-dflash-block-size", "8", "--speculative-num-draft-tokens", "8", "--speculative-eagle-topk", "6")
+    assert "DFLASH tree verify supports --speculative-eagle-topk in" in err and "got 6" in err, err
+    chain = _refused("--dialect", "pr31069", "--speculative-algorithm", "DFLASH", "--speculative-dflash-block-size", "8",
+                     "--speculative-num-draft-tokens", "12")  # no tree: upstream's rule, the two must match
+    assert "For DFLASH they must match" in chain
+
+
 @pytest.mark.parametrize("item", BEHAVIOURS, ids=[b.check.__name__.strip("_") for b in BEHAVIOURS])
 def test_engine_behaves_like_sglang(engines: Engines, item: Behaviour) -> None:
     item.check(engines)

@@ -308,7 +308,8 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
     if block < 2 or budget < 1:
         raise DialectError(f"DFLASH tree verify needs a block size >= 2 and --speculative-num-draft-tokens >= 1, got {block} and {budget}.")
     if topk_choices is not None and topk not in topk_choices:
-        raise DialectError(f"DFLASH tree verify supports --speculative-eagle-topk in {set(topk_choices)}, got {topk}.")
+        raise DialectError(f"DFLASH tree verify supports --speculative-eagle-topk in "
+                           f"{{{', '.join(map(str, topk_choices))}}}, got {topk}.")
     window = args.get("speculative_draft_window_size")
     if window is not None and window < block:
         raise DialectError(
