@@ -158,6 +158,7 @@ def fake_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.delitem(sys.modules, "transformers", raising=False)
     yield folder
+    sys.modules.pop("transformers", None)  # the stand-in the test imported must not outlive it
 
 
 def test_a_profile_tokenizer_gives_exact_ids_when_the_service_has_no_tokenize(fake_transformers: Path) -> None:
