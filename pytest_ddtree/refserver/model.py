@@ -248,6 +248,8 @@ COPY_NGRAM = 4
 COPY_CANDIDATES = 16
 #: Longest backward match measured when choosing among them (tokens).
 COPY_MATCH_CAP = 32
+#: Weight of the corpus continuations, against 1 for the copied token, when the drafter copies.
+COPY_BACKOFF = 0.25
 
 
 class Context:
@@ -467,7 +469,7 @@ class DrafterNoise:
     decoy: float = 0.05
     decoy_untrained: float = 0.5
     n_decoys: int = 3
-    far_miss: float = 0.05
+    far_miss: float = 0.10
 
 
 Dist = list[tuple[int, float]]
@@ -554,7 +556,10 @@ class Drafter:
                 ctok = seq[k] if k < base else guesses[k - base]
                 if clen > n:  # the repeat is longer than the corpus evidence: copy
                     best = ctok
-                    weights[ctok] = max(weights.get(ctok, 0.0), 1.0)
+                    # the corpus continuations become the back-off: most of the mass is the copy's
+                    # (equal weights would leave the choice to token ids)
+                    weights = {t: COPY_BACKOFF * w for t, w in weights.items()}
+                    weights[ctok] = 1.0
                     # the repeated n-gram (src - COPY_NGRAM + 1 .. src) is not inside the last W
                     # tokens before the drafted one (the last is base + d - 2): seen only
                     # through the window's target hidden states
