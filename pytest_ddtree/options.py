@@ -46,8 +46,8 @@ def add_options(parser: _Parser) -> None:
     group = parser.getgroup("ddtree", "DDTree speculative-decoding gates (pytest-ddtree)")
     add = group.addoption
     add("--ddtree-config", action="append", dest="ddtree_config", default=None, metavar="NAME",
-        help="config(s) to gate: a name like bs8_b8_k4 (repeatable, comma lists, globs against "
-             "suites/configs.yaml, or 'all'); default: the matrix default")
+        help="config(s) to gate: a name like bs8_b8_k4 (repeatable, comma lists, globs, or 'all': "
+             "suites/configs.yaml's matrix as the profile's build runs it); default: the build's default")
     add("--ddtree-service", dest="ddtree_service", default=None, metavar="PATH",
         help="service profile YAML; default: the embedded reference engine (suites/services/reference.yaml)")
     add("--ddtree-matrix", dest="ddtree_matrix", default=None, metavar="PATH",
