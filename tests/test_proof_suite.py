@@ -54,9 +54,10 @@ def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest
     assert applied["window"]["status"] == "reported; shows no effect on this build"
     assert "ddtree applied, by evidence" in payload["stdout"]  # type: ignore[operator]
     # what behaviour did prove is in the applied column; topk and window are never "proven"
+    # the ready launches of the configs (not a start that lost its port, not the non-speculative control)
     launches = [r["launch"] for r in payload["records"]  # type: ignore[union-attr]
-                if r.get("kind") == "launch" and r["launch"].get("outcome") == "ready"]  # not a start that lost its port
-    assert len(launches) == 3
+                if r.get("kind") == "launch" and r["launch"].get("outcome") == "ready" and r["launch"]["config"] in CONFIGS]
+    assert {launch["config"] for launch in launches} == set(CONFIGS.split(","))
     for launch in launches:
         fields = launch["applied_evidence"]["fields"]
         assert fields["budget"]["status"] == "proven by behaviour"
