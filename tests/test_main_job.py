@@ -54,6 +54,17 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
         # real main job and in the throughput-suite tests; here the other six cells carry it.
         *(f"--ddtree-workload={cell}" for cell in ("c1_short", "c8_short", "c1_4k", "c8_4k", "c32_4k", "c1_long")),
     )
+    # the session's cells landed in the history, with their samples and the build (whatever its verdicts)
+    from pytest_ddtree.history import HistoryStore
+
+    with HistoryStore(str(history)) as store:
+        stored = store.cells()
+    assert {c.cell for c in stored} == {"c1_short", "c8_short", "c1_4k", "c8_4k", "c32_4k", "c1_long"}, result.stdout.str()[-4000:]
+    assert {c.session.session_id for c in stored} == {json.loads((results / "results.json").read_text())["session_id"]}
+    assert all(len(c.samples["output_throughput"]) >= 3 for c in stored)
+    build = stored[0].session.build
+    assert build.engine_version and build.package_version and stored[0].session.report_path == str(results / "report.html")
+
     assert result.ret == 0, result.stdout.str()[-4000:]
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 10 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
@@ -67,16 +78,6 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     assert (results / "results.md").read_text().strip()
     assert (results / "report.html").stat().st_size <= 1_500_000  # charts included (the vendored basic bundle)
 
-    # the session's cells landed in the history, with their samples and the build
-    from pytest_ddtree.history import HistoryStore
-
-    with HistoryStore(str(history)) as store:
-        stored = store.cells()
-    assert {c.cell for c in stored} == {"c1_short", "c8_short", "c1_4k", "c8_4k", "c32_4k", "c1_long"}
-    assert {c.session.session_id for c in stored} == {summary["session_id"]}
-    assert all(len(c.samples["output_throughput"]) >= 3 for c in stored)
-    build = stored[0].session.build
-    assert build.engine_version and build.package_version and stored[0].session.report_path == str(results / "report.html")
 
     # the package verifies here, and in a copy elsewhere, and deploys the patched files
     package = packages / "main-job"
