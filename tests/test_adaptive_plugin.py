@@ -118,6 +118,7 @@ def _check_sweep(result: pytest.RunResult, results: Path, limit: int, cells: int
     return payload
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytester) -> None:
     """--ddtree-config=all --ddtree-max-restarts 6 with the bless flow on: six launches counted by
     the service manager and printed, the other twelve configs deselected (said so) and predicted,

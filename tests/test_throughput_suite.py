@@ -60,6 +60,7 @@ def _records(pytester: pytest.Pytester, kind: str = "throughput") -> list[dict[s
     return out
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile, matrix = _setup(pytester, repo_root)
     # 1. no baseline: a warning with the command that creates it
@@ -207,6 +208,7 @@ workloads:
 """
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box
 def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     """The session-end check of finish.py, through the plugin under xdist: bless two configs,
