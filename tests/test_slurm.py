@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.configs import DDTreeConfig, parse_config_name
 from pytest_ddtree.service.base import ServiceDiedError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
@@ -233,6 +233,15 @@ def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_pa
         slurm.run("scancel", blockers[0])
 
 
+def _death_of(manager: ServiceManager, config: DDTreeConfig) -> str | None:
+    """The manager's words once the config's job has died, else None (for wait_until)."""
+    try:
+        manager.ensure(config)
+    except ServiceDiedError as exc:
+        return str(exc)
+    return None
+
+
 @pytest.mark.slow
 def test_a_job_killed_at_its_time_limit_fails_its_config_and_the_sweep_goes_on(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The running job's limit is cut to zero (as an admin may; Slurm's limit check then ends it
@@ -245,14 +254,7 @@ def test_a_job_killed_at_its_time_limit_fails_its_config_and_the_sweep_goes_on(s
         job_id = manager.launches[0]["slurm"]["job_id"]
         assert slurm.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=0").returncode == 0
 
-        def died() -> str | None:
-            try:
-                manager.ensure(config)
-            except ServiceDiedError as exc:
-                return str(exc)
-            return None
-
-        message = wait_until(died, 90, "the job to be killed at its time limit", interval=0.5)
+        message = wait_until(lambda: _death_of(manager, config), 90, "the job to be killed at its time limit", interval=0.5)
         assert f"slurm job {job_id} on " in message and "is TIMEOUT (reason TimeLimit, exit code 0:" in message, message  # 0:0 when the engine exits cleanly on SIGTERM
         assert "DUE TO TIME LIMIT" in message, message  # slurmstepd's line in the job log
         with pytest.raises(ServiceDiedError):  # the config's other tests fail at once, with the same words
@@ -273,14 +275,7 @@ def test_a_preempted_job_fails_its_config_with_slurms_words(slurm: SlurmCluster,
         job = manager.launches[0]["slurm"]
         urgent = slurm.submit_blocker(job["node"], partition="urgent")
 
-        def died() -> str | None:
-            try:
-                manager.ensure(config)
-            except ServiceDiedError as exc:
-                return str(exc)
-            return None
-
-        message = wait_until(died, 60, "the job to be preempted", interval=0.3)
+        message = wait_until(lambda: _death_of(manager, config), 60, "the job to be preempted", interval=0.3)
         assert f"slurm job {job['job_id']} on {job['node']} is PREEMPTED (exit code 0:" in message, message
         assert "DUE TO PREEMPTION" in message, message
         assert manager.ensure(parse_config_name("bs8_b4_k4")).server_info["speculative_num_draft_tokens"] == 4

@@ -249,19 +249,10 @@ def _subsir(ns: argparse.Namespace, env: Mapping[str, str], drafter_block_size: 
     warnings: list[str] = []
     block = _handle_dflash(args, drafter_block_size, "speculative_dflash_draft_window_size", warnings, check_window=False)
 
-    def env_int(name: str, default: int) -> int:
-        text = env.get(name)
-        if text is None:
-            return default
-        try:
-            return int(text)
-        except ValueError:
-            raise DialectError(f"invalid literal for int() with base 10: {text!r} (environment variable {name})") from None
-
-    tree = bool(env_int("SGLANG_DFLASH_TREE_VERIFY", 0))
-    block_verify = bool(env_int("SGLANG_DFLASH_BLOCK_VERIFY", 1))
-    topk = env_int("SGLANG_DFLASH_TREE_VERIFY_TOPK", 1)
-    num_tokens = env_int("SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS", block)
+    tree = bool(_env_int(env, "SGLANG_DFLASH_TREE_VERIFY", 0))
+    block_verify = bool(_env_int(env, "SGLANG_DFLASH_BLOCK_VERIFY", 1))
+    topk = _env_int(env, "SGLANG_DFLASH_TREE_VERIFY_TOPK", 1)
+    num_tokens = _env_int(env, "SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS", block)
     if tree and not block_verify:
         raise DialectError("Invalid DFlash config: SGLANG_DFLASH_TREE_VERIFY=1 requires block verify (set SGLANG_DFLASH_BLOCK_VERIFY=1).")
     if tree and tp_size > 1:

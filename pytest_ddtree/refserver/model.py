@@ -47,10 +47,11 @@ def uniform(*key: int) -> float:
     of request order and batch composition: two configs see the same noise at the
     same position, and temperature sampling is identical under any config.
     """
-    x = 0x9E3779B97F4A7C15
-    for k in key:
-        x = (x ^ (k & MASK64)) * 0xBF58476D1CE4E5B9 & MASK64
-        x ^= x >> 29
+    return _finish(uniform_prefix(*key))
+
+
+def _finish(x: int) -> float:
+    """The final mix of a key's state into [0, 1) (SplitMix64's finaliser)."""
     x = (x + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
@@ -71,12 +72,7 @@ def uniform_prefix(*key: int) -> int:
 def uniform_from(x: int, k: int) -> float:
     """``uniform(*prefix, k)`` from the prefix's state ``x`` (see :func:`uniform_prefix`)."""
     x = (x ^ (k & MASK64)) * 0xBF58476D1CE4E5B9 & MASK64
-    x ^= x >> 29
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    x ^= x >> 31
-    return x / 18446744073709551616.0
+    return _finish(x ^ (x >> 29))
 
 
 # ----------------------------------------------------------------------------------

@@ -77,26 +77,11 @@ class RadixCache:
         """Length of the longest cached prefix of ``key[:limit]``."""
         if limit is not None and limit < len(key):
             key = key[: max(0, limit)]
-        stamp = self._tick()
-        node = self.root
-        node.last_access = stamp
-        matched = 0
-        while matched < len(key):
-            child = node.children.get(key[matched])
-            if child is None:
-                break
-            child.last_access = stamp
-            n = _common_prefix(child.key, key, matched)
-            matched += n
-            if n < len(child.key):
-                self._split(child, n)
-                break
-            node = child
-        return matched
+        return self._walk(key, self._tick())[1]
 
-    def insert(self, key: Sequence[int]) -> int:
-        """Cache ``key``; returns how many of its leading tokens were cached already."""
-        stamp = self._tick()
+    def _walk(self, key: Sequence[int], stamp: int) -> tuple[_Node, int]:
+        """Follow ``key`` down the tree, stamping what it touches; a match that ends inside a node
+        splits it there (``_match_prefix_helper``). Returns the deepest node and the matched length."""
         node = self.root
         node.last_access = stamp
         matched = 0
@@ -111,6 +96,12 @@ class RadixCache:
                 node = self._split(child, n)
                 break
             node = child
+        return node, matched
+
+    def insert(self, key: Sequence[int]) -> int:
+        """Cache ``key``; returns how many of its leading tokens were cached already."""
+        stamp = self._tick()
+        node, matched = self._walk(key, stamp)
         if matched < len(key):
             rest = list(key[matched:])
             node.children[rest[0]] = _Node(rest, node, stamp)
