@@ -104,7 +104,9 @@ def _run(root: Path, profile: Path, results: Path, *extra: str, watch: bool = Fa
 def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     root = tmp_path_factory.mktemp("report-sessions")
     (root / "configs.yaml").write_text(MATRIX)
-    normal = reference_profile(root, clock_scale=2, filename="normal.yaml", max_context=4096, pool=1)
+    # control: none - this module is about the page; the control has its own tests (test_control.py),
+    # and measuring it at clock scale 2 on every cell of both sessions doubled this fixture's time.
+    normal = reference_profile(root, clock_scale=2, filename="normal.yaml", max_context=4096, pool=1, control="none")
     code, output, states, torn = _run(root, normal, root / "blessed", "--ddtree-update-baselines", watch=True)
     # A loaded host can make a cell's repeats disagree; the gate then refuses to bless that cell
     # (and fails its test). That is the gate working; what this test needs is a blessed cell per config.
@@ -126,7 +128,7 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
              for line in (corpus / "coding.jsonl").read_text().splitlines()]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
     faulty = reference_profile(root, f"--fault slowdown=2 --corpus-dir {corpus}", clock_scale=2, filename="faulty.yaml",
-                               max_context=4096, pool=1)
+                               max_context=4096, pool=1, control="none")
     code2, output2, _, _ = _run(root, faulty, root / "regressed")
     return Sessions(root, root / "blessed", root / "regressed", code2, output2, problem.id, states, torn)
 
