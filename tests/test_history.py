@@ -64,17 +64,15 @@ def _session(sid: str, started_at: float, value: float = 1000.0) -> tuple[Sessio
 
 
 _WRITER = textwrap.dedent("""
-    import sys, time
+    import sys
     from pathlib import Path
     from tests.history_helpers import synthetic_session
+    from tests.polling import wait_until
     from pytest_ddtree.history import HistoryStore
     url, parity, meet = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     with HistoryStore(url) as store:
         (meet / f"ready-{parity}").touch()  # both writers connected: start together
-        deadline = time.monotonic() + 60
-        while not (meet / f"ready-{1 - parity}").exists():
-            assert time.monotonic() < deadline, "the other writer never started"
-            time.sleep(0.01)
+        wait_until((meet / f"ready-{1 - parity}").exists, 60, "the other writer to connect", interval=0.01)
         for index in range(parity, 16, 2):
             store.append(*synthetic_session(index))
             store.append(*synthetic_session(99))  # the same session from both writers: one copy stays
