@@ -39,6 +39,12 @@ FALLBACKS: Mapping[str, tuple[str, ...]] = {
 #: Idle connections kept per service for JSON calls; more concurrent callers just open more.
 POOL_SIZE = 8
 
+#: Largest body read from any endpoint unless the caller asks for less: a service's answers are
+#: hostile input, and a ``/server_info`` or ``/tokenize`` that never ends must cost the harness an
+#: error, not its memory. The largest honest answers are far below it: ``/tokenize`` of 32 prompts of
+#: 16k tokens is ~3 MB of JSON, a busy server's ``/metrics`` a few MB.
+BODY_LIMIT = 64 * 1024 * 1024
+
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 """What a request can raise below HTTP (refused, reset, timed out, malformed answer); the
 JSON calls here wrap them in :class:`ServiceUnreachable` (an OSError)."""
@@ -204,11 +210,11 @@ class ServiceHTTP:
         path: str,
         payload: Any = None,
         timeout: float | None = None,
-        max_bytes: int | None = None,
+        max_bytes: int = BODY_LIMIT,
     ) -> Response:
         """Send one request (``payload`` as JSON), read the whole answer, return it; transport
-        failures raise :class:`ServiceUnreachable`, HTTP error statuses are returned.  With
-        ``max_bytes``, a longer body is not read on: :class:`InvalidResponse`."""
+        failures raise :class:`ServiceUnreachable`, HTTP error statuses are returned.  A body
+        longer than ``max_bytes`` is not read on: :class:`InvalidResponse`."""
         url = self.url(path)
         conn, _ = self._take(self.timeout if timeout is None else timeout)
         try:
@@ -216,12 +222,12 @@ class ServiceHTTP:
             headers = {"Content-Type": "application/json"} if data is not None else {}
             conn.request(method, self.path(path), body=data, headers=headers)
             resp = conn.getresponse()
-            body = resp.read() if max_bytes is None else resp.read(max_bytes + 1)
+            body = resp.read(max_bytes + 1)
             reusable = not resp.will_close
         except TRANSPORT_ERRORS as exc:
             conn.close()
             raise ServiceUnreachable(method, url, exc) from None
-        if max_bytes is not None and len(body) > max_bytes:
+        if len(body) > max_bytes:
             conn.close()
             raise InvalidResponse(method, url, resp.status, f"the body is larger than {max_bytes:,} bytes; not read on")
         if reusable:
@@ -230,7 +236,8 @@ class ServiceHTTP:
             conn.close()
         return Response(resp.status, body, url, method)
 
-    def call(self, method: str, path: str, payload: Any = None, timeout: float | None = None, max_bytes: int | None = None) -> Response:
+    def call(self, method: str, path: str, payload: Any = None, timeout: float | None = None,
+             max_bytes: int = BODY_LIMIT) -> Response:
         """:meth:`request` with SGLang's endpoint renames: a 404 tries the next name in
         :data:`FALLBACKS`; the last answer is returned whatever its status."""
         names = FALLBACKS.get(path, (path,))
@@ -245,7 +252,7 @@ class ServiceHTTP:
     def get_json(self, path: str, timeout: float | None = None) -> Any:
         return self.call("GET", path, timeout=timeout).raise_for_status().json()
 
-    def post_json(self, path: str, payload: Any = None, timeout: float | None = None, max_bytes: int | None = None) -> Any:
+    def post_json(self, path: str, payload: Any = None, timeout: float | None = None, max_bytes: int = BODY_LIMIT) -> Any:
         return self.call("POST", path, payload, timeout, max_bytes).raise_for_status().json()
 
     def get_object(self, path: str, timeout: float | None = None) -> dict[str, Any]:

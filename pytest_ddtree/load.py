@@ -48,6 +48,16 @@ from pytest_ddtree.prompts import Prompt, PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.report import TOKENS_PER_VERIFY
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
+#: Bounds on what one streamed /generate may send. SGLang's chunks carry the text (and ids) so far,
+#: so a stream grows with the square of its length: ~10 bytes per token per chunk, ~5 * n**2 bytes
+#: for n tokens (10 MB at 1,024). Past these the stream is hostile or broken, and reading on would
+#: cost the harness its memory: one line over STREAM_LINE_LIMIT, or a stream over
+#: STREAM_BODY_LIMIT + STREAM_BYTES_PER_TOKEN_SQUARED * n**2 for n = max_new_tokens.
+STREAM_LINE_LIMIT = 16 * 1024 * 1024
+STREAM_BODY_LIMIT = 256 * 1024 * 1024
+STREAM_BYTES_PER_TOKEN_SQUARED = 16
+STREAM_TAIL_LIMIT = 64 * 1024
+
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 #: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
 DIST_PERCENTILES = (90, 95, 99)
@@ -213,6 +223,8 @@ def stream_request(
     if extra_sampling_params:
         sampling.update(extra_sampling_params)
     body = json.dumps({**prompt.payload(), "sampling_params": sampling, "stream": True}).encode()
+    asked = sampling["max_new_tokens"] if isinstance(sampling["max_new_tokens"], int) else output_tokens
+    body_limit = STREAM_BODY_LIMIT + STREAM_BYTES_PER_TOKEN_SQUARED * asked * asked
     own_conn = conn is None
     conn = service.connect() if conn is None else conn
     last: float | None = None
@@ -228,24 +240,32 @@ def stream_request(
             result.error = f"HTTP {resp.status}: {detail}"
             return result
         done = False
+        streamed = 0
         while True:
-            line = resp.readline()
+            line = resp.readline(STREAM_LINE_LIMIT + 1)
             t = clock()
             if not line:
                 break
+            streamed += len(line)
+            if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
+                raise ValueError(f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} bytes "
+                                 f"for {asked} tokens: not read on (the stream is hostile or broken)")
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 result.end = t
                 done = True
-                resp.read()  # the chunked stream's terminator: the connection is reusable after it
+                if len(resp.read(STREAM_TAIL_LIMIT)) >= STREAM_TAIL_LIMIT:  # the chunked stream's terminator
+                    own_conn = True  # more than a terminator after [DONE]: not a connection to reuse
                 break
             count = _fast_completion_tokens(payload)
             if count is None:  # unusual chunk (error, no meta_info): parse it fully
                 count = _chunk_meta(payload).get("completion_tokens")
                 if not isinstance(count, int):
                     raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
+            if count > asked:  # a server never exceeds max_new_tokens; a hostile count would size the ITL list
+                raise ValueError(f"stream chunk claims {count} tokens, more than the {asked} asked for (max_new_tokens)")
             last_payload = payload
             result.chunks += 1
             last = apply_chunk(result, t, count, last)
@@ -296,9 +316,9 @@ def _fast_completion_tokens(payload: bytes) -> int | None:
     while j < n and payload[j] in b" \t":
         j += 1
     k = j
-    while k < n and 48 <= payload[k] <= 57:
+    while k < n and 48 <= payload[k] <= 57 and k - j <= 18:
         k += 1
-    return int(payload[j:k]) if k > j else None
+    return int(payload[j:k]) if 0 < k - j <= 18 else None
 
 
 def _chunk_meta(payload: bytes) -> Mapping[str, Any]:
