@@ -45,6 +45,7 @@ from typing import Any
 
 from pytest_ddtree import coding, sandbox
 from pytest_ddtree.sandbox import Limits, RunResult, TestPlan, Verdict, parse_tests
+from pytest_ddtree.sandbox.execute import execute_in_tier
 
 TRIVIAL = ("def f(x):\n    return x + 1\n", parse_tests("f(1) == 2", "f"))
 PAYLOADS = {
@@ -66,7 +67,7 @@ PAYLOADS = {
 
 
 def one(tier: str, code: str, plan: TestPlan, limits: Limits | None = None) -> RunResult:
-    return sandbox._execute(tier, code, plan, limits or Limits(wall_s=20.0, cpu_s=10.0), want_uid=os.getuid() == 0)
+    return execute_in_tier(tier, code, plan, limits or Limits(wall_s=20.0, cpu_s=10.0), want_uid=os.getuid() == 0)
 
 
 def measure(tier: str, runs: int, humaneval: bool) -> tuple[list[str], bool]:

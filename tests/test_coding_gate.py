@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from pytest_ddtree import coding, sandbox
+from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
 from tests.suite_helpers import reference_profile
 from tests.suite_helpers import run_suite as run_helper
@@ -128,7 +129,7 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
         uids = {p["sandbox_uid"] for p in rec["problems"]}
         assert all(uid is not None and uid_base <= uid < uid_base + 64 * 100_000 for uid in uids), uids
         def leftovers() -> list[int]:
-            return [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
+            return [pid for pid, (_pp, uid, _cwd) in proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
 
         # The kernel may still be tearing down the last killed process when the gate returns (seen
         # under -n 4 on a loaded 2-core box); a survivor is one still there after the deadline.

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree import coding, sandbox
+from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
 from tests.suite_helpers import reference_profile, run_suite
 
@@ -128,7 +129,7 @@ def test_malformed_and_hostile_chat_bodies_get_a_verdict_each(pytester: pytest.P
 
 
 def leftovers(uid_base: int) -> list[int]:
-    return [pid for pid, (_pp, uid, _cwd) in sandbox._proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
+    return [pid for pid, (_pp, uid, _cwd) in proc_table().items() if uid_base <= uid < uid_base + 64 * 100_000]
 
 
 def test_hostile_predicate_work_is_cut_at_the_deadline() -> None:

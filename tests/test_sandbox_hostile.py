@@ -22,6 +22,7 @@ import pytest
 
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Isolation, Job, Limits, RunResult, Verdict
+from pytest_ddtree.sandbox.execute import execute_in_tier
 
 LIMITS = Limits(wall_s=6.0, cpu_s=4.0)
 REPO = Path(__file__).resolve().parent.parent
@@ -145,7 +146,7 @@ def test_plain_tier_cleanup_survives_a_deep_tree() -> None:
     a 1,050-deep tree and still give a verdict.
     Run without a uid drop (the interpreter here may sit under /root): the payload is ours."""
     code = "import os\ndef f(x):\n    for i in range(1050):\n        os.mkdir('d')\n        os.chdir('d')\n    return x * x\n"
-    res = sandbox._execute("plain", code, sandbox.parse_tests(SQUARE_TESTS, "f"), LIMITS, want_uid=False)
+    res = execute_in_tier("plain", code, sandbox.parse_tests(SQUARE_TESTS, "f"), LIMITS, want_uid=False)
     assert res.verdict is Verdict.PASSED, res.message
     assert res.cleanup_error is None and not os.path.lexists(res.workdir)
     assert sandbox.find_leftovers(workdir=res.workdir) == []

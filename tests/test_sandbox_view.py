@@ -34,6 +34,7 @@ import pytest
 
 from pytest_ddtree import coding, sandbox
 from pytest_ddtree.sandbox import Limits, Verdict
+from pytest_ddtree.sandbox.execute import execute_in_tier
 from tests.suite_helpers import MATRIX, reference_profile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,12 +138,13 @@ import json, sys
 import pytest_ddtree
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Limits, parse_tests
+from pytest_ddtree.sandbox.execute import execute_in_tier
 targets = json.loads(sys.argv[1])
 code = f"TARGETS = {targets!r}\\n" + sys.argv[2]
 iso = sandbox.isolation()
 out = {"package": pytest_ddtree.__file__, "tier": iso.tier, "hidden": sandbox.hidden_paths(), "runs": {}}
 for tier in ("bwrap", "unshare"):
-    r = sandbox._execute(tier, code, parse_tests("f() == []", "f"), Limits(wall_s=20.0, cpu_s=10.0), True)
+    r = execute_in_tier(tier, code, parse_tests("f() == []", "f"), Limits(wall_s=20.0, cpu_s=10.0), True)
     out["runs"][tier] = [r.verdict.value, r.message[-600:]]
 print(json.dumps(out))
 """
@@ -158,7 +160,7 @@ def test_editable_checkout_venv_shows_no_packages_or_project_data() -> None:
         targets.append(str(he / "data" / "HumanEval.jsonl.gz"))
     code = f"TARGETS = {targets!r}\n" + STEAL
     for tier in ("bwrap", "unshare"):
-        res = sandbox._execute(tier, code, sandbox.parse_tests("f() == []", "f"), Limits(wall_s=20.0, cpu_s=10.0), True)
+        res = execute_in_tier(tier, code, sandbox.parse_tests("f() == []", "f"), Limits(wall_s=20.0, cpu_s=10.0), True)
         assert res.verdict is Verdict.PASSED, f"{tier}: {res.message}"
 
 
