@@ -71,6 +71,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
+#: Sessions a reader takes by default (the session end's change-point check, ``ddtree-report
+#: --history``): a year of nightly sweeps, ~2.5 million sample rows at most in memory.
+DEFAULT_WINDOW = 365
 _SESSION_TABLES = ("ddtree_verdicts", "ddtree_samples", "ddtree_cells", "ddtree_sessions")
 
 
@@ -323,12 +326,20 @@ class HistoryStore:
     def session_ids(self) -> list[str]:
         return [str(r[0]) for r in self._execute("SELECT session_id FROM ddtree_sessions ORDER BY started_at, session_id").fetchall()]
 
-    def cells(self) -> list[StoredCell]:
-        """Every stored cell with its samples, oldest session first."""
+    def cells(self, last_sessions: int | None = DEFAULT_WINDOW) -> list[StoredCell]:
+        """The stored cells of the last ``last_sessions`` sessions (None or 0: all), with their
+        samples, oldest session first. The window keeps a reader's memory bounded however long
+        the history grows: a nightly sweep adds ~5,000 sample rows a night."""
+        window = ""
+        params: tuple[Any, ...] = ()
+        if last_sessions:
+            window = (" WHERE session_id IN (SELECT session_id FROM ddtree_sessions"
+                      " ORDER BY started_at DESC, session_id DESC LIMIT ?)")
+            params = (int(last_sessions),)
         sessions: dict[str, SessionEntry] = {}
         for row in self._execute(
             "SELECT session_id, started_at, host, engine_version, engine_build, project_commit, package_version,"
-            " results_dir, report_path, exit_status FROM ddtree_sessions"
+            " results_dir, report_path, exit_status FROM ddtree_sessions" + window, params
         ).fetchall():
             sessions[row[0]] = SessionEntry(
                 session_id=row[0], started_at=float(row[1] or 0.0), host=row[2],
@@ -336,17 +347,18 @@ class HistoryStore:
                 results_dir=row[7], report_path=row[8], exit_status=row[9])
         out: dict[tuple[str, str, str], StoredCell] = {}
         for sid, config, cell, profile, status in self._execute(
-            "SELECT session_id, config, cell, hardware_profile, status FROM ddtree_cells"
+            "SELECT session_id, config, cell, hardware_profile, status FROM ddtree_cells" + window, params
         ).fetchall():
             if sid in sessions:
                 out[(sid, config, cell)] = StoredCell(sessions[sid], config, cell, profile, status)
         for sid, config, cell, metric, _, value in self._execute(
-            "SELECT session_id, config, cell, metric, repeat_index, value FROM ddtree_samples ORDER BY repeat_index"
+            "SELECT session_id, config, cell, metric, repeat_index, value FROM ddtree_samples" + window
+            + " ORDER BY repeat_index", params
         ).fetchall():
             if (stored := out.get((sid, config, cell))) is not None:
                 stored.samples.setdefault(metric, []).append(float(value))
         for sid, config, cell, metric, status in self._execute(
-            "SELECT session_id, config, cell, metric, status FROM ddtree_verdicts"
+            "SELECT session_id, config, cell, metric, status FROM ddtree_verdicts" + window, params
         ).fetchall():
             if (stored := out.get((sid, config, cell))) is not None:
                 stored.verdicts[metric] = status

@@ -98,6 +98,33 @@ def test_two_writers_at_once_both_land_and_a_session_appended_twice_is_kept_once
     assert shared[0].session.build.engine_version == "0.5.3" and shared[0].verdicts["output_throughput"] == "pass"
 
 
+def test_a_reader_takes_the_last_sessions_of_a_long_history(history_url: str) -> None:
+    """The window bounds what a reader holds; the newest sessions are the ones kept, on both backends."""
+    with HistoryStore(history_url) as store:
+        for k in range(7):
+            store.append(*_session(f"s{k}", 1000.0 + k, value=1000.0 + k))
+        assert [c.session.session_id for c in store.cells(last_sessions=3)] == ["s4", "s5", "s6"]
+        assert [c.samples["output_throughput"][0] for c in store.cells(last_sessions=3)] == [1004.0, 1005.0, 1006.0]
+        assert [c.verdicts for c in store.cells(last_sessions=2)] == [{"output_throughput": "pass"}] * 2
+        assert len(store.cells(last_sessions=0)) == len(store.cells(last_sessions=None)) == 7
+
+
+def test_ddtree_report_history_sessions_draws_only_the_last_ones(tmp_path: Path) -> None:
+    url = str(tmp_path / "history.db")
+    with HistoryStore(url) as store:
+        for k in range(6):
+            store.append(*_session(f"nightly-run-{k}", 1000.0 + k))
+    out = tmp_path / "history.html"
+    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "--history-sessions", "2",
+                          "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    page = out.read_text()
+    assert "nightly-run-5" in page and "nightly-run-4" in page and "nightly-run-3" not in page
+    bad = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "--history-sessions", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--history-sessions" in bad.stderr
+
+
 def test_an_older_schema_is_migrated_keeping_its_sessions(history_url: str) -> None:
     conn = _raw_connect(history_url)
     mark = "?" if history_url.startswith("sqlite") else "%s"

@@ -1,4 +1,4 @@
-"""``ddtree-report RESULTS_DIR [--against OTHER_RESULTS_DIR] [-o report.html]`` or ``ddtree-report --history URL``.
+"""``ddtree-report RESULTS_DIR [--against OTHER_RESULTS_DIR] [-o report.html]`` or ``ddtree-report --history URL [--history-sessions N]``.
 
 Rebuilds the page of a results folder (after an upgrade of the report, or from a session that
 was killed before it finished: the records are enough), and with ``--against`` puts another
@@ -18,6 +18,7 @@ from pathlib import Path
 from pytest_ddtree.htmlreport import REPORT_HTML, build_html, load_payload
 from pytest_ddtree.htmlreport.history import HISTORY_HTML
 from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.history import DEFAULT_WINDOW
 
 #: Exit status of a usage error (as pytest's): a folder that is not a results folder.
 USAGE_ERROR = 4
@@ -30,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history", default=None, metavar="URL",
                         help="a history database (path, sqlite:///path.db or postgresql://...): write its trend page "
                              f"(default ./{HISTORY_HTML}) and print its newest change points")
+    parser.add_argument("--history-sessions", type=_sessions, default=DEFAULT_WINDOW, metavar="N",
+                        help=f"with --history: the last N sessions only (default {DEFAULT_WINDOW}; 0: all of them)")
     parser.add_argument("--against", type=Path, default=None, metavar="OTHER_RESULTS_DIR",
                         help="another session's results folder: its figures and the change per config and cell")
     parser.add_argument("-o", "--output", type=Path, default=None,
@@ -41,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ddtree-report: give either a results folder or --history URL", file=sys.stderr)
         return USAGE_ERROR
     if args.history is not None:
-        return _history_page(args.history, args.output or Path(HISTORY_HTML))
+        return _history_page(args.history, args.output or Path(HISTORY_HTML), args.history_sessions)
     try:
         payload = load_payload(args.results)
         other = load_payload(args.against) if args.against is not None else None
@@ -57,14 +60,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _history_page(url: str, output: Path) -> int:
+def _sessions(text: str) -> int:
+    """argparse type of --history-sessions: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of sessions, 0 or more (0: all), got {text!r}")
+    return value
+
+
+def _history_page(url: str, output: Path, last_sessions: int = DEFAULT_WINDOW) -> int:
     from pytest_ddtree import changepoints
     from pytest_ddtree.history import HistoryError, HistoryStore, redact
     from pytest_ddtree.htmlreport.history import build_history_html
 
     try:
         with HistoryStore(url, create=False) as store:
-            cells = store.cells()
+            cells = store.cells(last_sessions=last_sessions)
         analysed = changepoints.analyse(cells)
     except (HistoryError, changepoints.ChangePointsUnavailable) as exc:
         print(f"ddtree-report: {exc}", file=sys.stderr)
