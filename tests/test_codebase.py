@@ -76,23 +76,24 @@ def test_every_fixture_of_the_plugin_declares_the_type_it_returns(repo_root: Pat
 
 
 def _architecture(repo_root: Path) -> str:
-    text = (repo_root / "README.md").read_text()
-    return text[text.index("## Architecture"):]
+    """The docs site's architecture page (docs/architecture.md): the run's trace and the module map."""
+    return (repo_root / "docs" / "architecture.md").read_text()
 
 
-def test_the_readme_map_names_every_module(repo_root: Path) -> None:
+def test_the_architecture_page_names_every_module(repo_root: Path) -> None:
     """The architecture map stays true: a new module is listed, a listed one exists."""
     section = _architecture(repo_root)
     package = repo_root / "pytest_ddtree"
     modules = {f"pytest_ddtree/{p.name}" for p in package.glob("*.py") if p.name != "__init__.py"}
     modules |= {f"pytest_ddtree/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
     missing = sorted(m for m in modules if m not in section)
-    assert not missing, f"README architecture section does not name {missing}"
+    assert not missing, f"docs/architecture.md does not name {missing}"
     listed = set(re.findall(r"^\s+(pytest_ddtree/[\w/]+\.py|pytest_ddtree/\w+/)\s", section, re.M))
     assert listed and not sorted(listed - modules), sorted(listed - modules)
 
 
-def test_the_where_things_live_table_points_at_real_definitions(repo_root: Path) -> None:
+def test_the_architecture_tables_point_at_real_definitions(repo_root: Path) -> None:
+    """Each table row's last column names files and, in parentheses, what they define."""
     section = _architecture(repo_root)
     rows = [line for line in section.splitlines() if line.startswith("| ") and ".py`" in line]
     assert len(rows) >= 8, rows
@@ -100,22 +101,22 @@ def test_the_where_things_live_table_points_at_real_definitions(repo_root: Path)
         place = row.rsplit("|", 2)[-2]
         files = re.findall(r"`([\w/]+\.py)`", place)
         names = re.findall(r"`(\w+)`", place.split("(", 1)[1]) if "(" in place else []
-        paths = [repo_root / f if f.startswith("tests/") else repo_root / "pytest_ddtree" / f for f in files]
+        paths = [repo_root / f if f.startswith(("tests/", "suites/")) else repo_root / "pytest_ddtree" / f for f in files]
         assert paths and all(p.is_file() for p in paths), row
         source = "\n".join(p.read_text() for p in paths)
         for name in names:
             assert re.search(rf"^(def|class) {name}\b|^{name} = ", source, re.M), f"{name} is not defined in {files}"
 
 
-def test_the_readme_lists_every_fixture_with_its_type(repo_root: Path) -> None:
+def test_the_options_reference_lists_every_fixture_with_its_type(repo_root: Path) -> None:
     tree = ast.parse((repo_root / "pytest_ddtree" / "plugin.py").read_text())
     fixtures = {node.name: ast.unparse(node.returns).split(".")[-1] for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
                 and node.returns is not None and any("fixture" in ast.unparse(d) for d in node.decorator_list)}
-    readme = (repo_root / "README.md").read_text()
-    section = readme[readme.index("## Fixtures for a suite"):readme.index("## Configuration names")]
+    page = (repo_root / "docs" / "options.md").read_text()
+    section = page[page.index("## Fixtures for a suite"):page.index("## Configuration names")]
     for name, returns in fixtures.items():
         row = next((line for line in section.splitlines() if f"`{name}`" in line), None)
-        assert row is not None and returns in row, f"README's fixture table lacks {name} -> {returns}"
+        assert row is not None and returns in row, f"docs/options.md's fixture table lacks {name} -> {returns}"
 
 
 def test_a_run_without_ddtree_tests_writes_nothing_beside_the_suites(tmp_path: Path, repo_root: Path) -> None:

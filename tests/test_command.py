@@ -142,8 +142,8 @@ def test_profile_errors_name_the_template() -> None:
         parse_profile({**base, "controller": "process", "command": "x {config_args} {port}", "start": "x"})
 
 
-def test_readme_fleet_and_kubectl_examples_are_valid_profiles(repo_root: Path) -> None:
-    """The README's examples parse as profiles and render the commands they promise."""
+def test_the_docs_fleet_and_kubectl_examples_are_valid_profiles(repo_root: Path) -> None:
+    """The fleet and Kubernetes pages' examples parse as profiles and render the commands they promise."""
     import re
 
     import yaml
@@ -151,7 +151,7 @@ def test_readme_fleet_and_kubectl_examples_are_valid_profiles(repo_root: Path) -
     from pytest_ddtree.service.command import CommandController
     from pytest_ddtree.service.ssh import LocalHost
 
-    text = (repo_root / "README.md").read_text()
+    text = "".join((repo_root / "docs" / "fleet" / page).read_text() for page in ("ssh.md", "kubernetes.md"))
     blocks = dict(re.findall(r"```yaml\nname: (k26-fleet|k26-k8s)\n(.*?)```", text, re.S))
     assert set(blocks) == {"k26-fleet", "k26-k8s"}
     profiles = {}
