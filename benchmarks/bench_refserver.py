@@ -79,7 +79,7 @@ def run_cell(url: str, concurrency: int, per_client: int, max_tokens: int,
     """Closed loop of chat requests; wall-clock figures plus the engine's exact accounting.
 
     Also used by tests/test_refserver_perf.py, so the crossover the test asserts is measured
-    exactly as the table in the README was.
+    exactly as the table in docs/reference-engine.md was.
     """
     prompts = prompts or PROMPTS
     requests.post(url + "/flush_cache", timeout=10)

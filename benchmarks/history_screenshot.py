@@ -1,4 +1,4 @@
-"""The README's history screenshot: the synthetic history of the history tests, in headless Chromium.
+"""The history screenshot of docs/history.md: the synthetic history of the history tests, in headless Chromium.
 
     python benchmarks/history_screenshot.py [--out docs/history.png]
 

@@ -1,6 +1,6 @@
 """Throughput/acceptance gate: the rule, its tolerances and the baseline entry format (no pytest).
 
-The design target (README, "Throughput gate"): an unchanged service passes a whole
+The design target (docs/benchmarks.md, "Error budget"): an unchanged service passes a whole
 sweep of the campaign matrix (18 configs x 6 cells x 3 gated metrics) at least 98% of the time
 under 3% repeat noise plus a 2% day-to-day shift, while a 10% drop of one cell's output tok/s
 is caught at least 95% of the time, with 3 repeats a cell in the first pass.

@@ -5,7 +5,7 @@ Why a module of its own: configs.yaml's matrix is written once for the whole pro
 SGLang build expresses a different part of it (upstream DFLASH is a chain: topk is always 1 and the
 budget is block_size - 1; PR 27509 takes topk = budget; PR 31069 accepts topk 4, 8 or 16 only). A
 selection that ignored the build would either refuse to run at all on those builds or record one
-launch under names it never ran. The rule, also in the README's "Service profiles":
+launch under names it never ran. The rule, also in docs/profiles.md:
 
 - The build's matrix is the profile's ``matrix:`` when it has one; otherwise the *projection* of
   configs.yaml's matrix: each config with its fixed fields set to what the build uses

@@ -1,6 +1,6 @@
 """Throughput and acceptance gate: one test per (config, workload cell).
 
-How a config is measured (README, "Throughput gate"):
+How a config is measured (docs/gates/throughput.md):
 
 * The first cell test of a config measures *all* of that config's selected cells, with
   repeats interleaved (repeat r of every cell before repeat r+1 of any), each repeat

@@ -2,7 +2,7 @@
 
 In process (the engine's own prefill and decode steps, no clock pacing), on the prompts
 the gate sends each cell of suites/configs.yaml (benchmarks/bench_engine_fidelity.py is
-the driver and prints the figures the README quotes):
+the driver and prints the figures docs/reference-engine.md quotes):
 
 * acceptance never falls as the budget grows: best-first trees of a bigger budget are
   supersets, and the drafter's noise belongs to a token's position, not to where a step

@@ -1,6 +1,6 @@
 """Chart specifications (Plotly figure dicts) and the inlined Plotly runtime.
 
-Why Plotly's "basic" partial bundle, vendored (see the README's "HTML report" section): the
+Why Plotly's "basic" partial bundle, vendored (see docs/report.md): the
 pages draw only scatter and bar traces, and plotly.js's basic bundle (scatter, bar, pie; 1.2 MB
 minified) is a quarter of the full one the plotly wheel ships (4.7 MB, with maps and 3-D), so a
 report stays near 1.3 MB instead of 5 MB. Vendored (MIT, with its licence file, in ``vendor/``),

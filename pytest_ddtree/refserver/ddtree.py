@@ -1,7 +1,7 @@
 """DDTree: best-first draft-tree construction and tree verification.
 
 Why a separate module: this is the algorithm under test. It follows the DDTree
-description exactly (README, "The embedded reference engine"): one drafter pass gives per-depth distributions;
+description exactly (docs/reference-engine.md): one drafter pass gives per-depth distributions;
 the tree holds the ``budget`` most probable prefixes under the product of per-depth
 probabilities, built best-first with a max-heap over rank tuples (pop the best prefix,
 push its next sibling and its first child), at most ``topk`` candidates per depth and

@@ -14,7 +14,7 @@ values enter the sandbox, and the results come back as data that
 :func:`pytest_ddtree.sandbox.calls.judge_outcome` compares with the expected values.
 
 Isolation tiers (detected once per process by a probe run, see :func:`isolation`; the
-README's Sandbox section lists what each guarantees and the test that proves it):
+docs/sandbox.md lists what each guarantees and the test that proves it):
 
 ``bwrap`` (Linux, root, bubblewrap installed): the root stage (:mod:`.stage`) joins the
     run's cgroup and drops to a per-run unprivileged uid; bubblewrap (:mod:`.bwrap`) builds a

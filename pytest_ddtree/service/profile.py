@@ -1,6 +1,6 @@
 """Service profiles: how to launch, reach and check one deployment of the service.
 
-A profile is a small YAML file (the README's "Service profiles" lists every key). It is validated strictly because
+A profile is a small YAML file (docs/profiles.md lists every key). It is validated strictly because
 its mistakes are expensive: a typo in a key would otherwise silently fall back to a default and a
 ten-minute GPU restart would test the wrong thing. Every error names the file, the key and the
 problem.
@@ -477,7 +477,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         return ProfileError(f"{where}: {key}: {problem}")
 
     if not isinstance(raw, Mapping):
-        raise ProfileError(f"{where}: a service profile must be a YAML mapping (see README 'Service profiles')")
+        raise ProfileError(f"{where}: a service profile must be a YAML mapping (see docs/profiles.md)")
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
         raise fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")

@@ -77,7 +77,7 @@ _PORT_PICKER = (
 
 @dataclass(frozen=True)
 class SlurmKeys:
-    """The validated ``slurm:`` mapping of a profile (README "Slurm")."""
+    """The validated ``slurm:`` mapping of a profile (docs/fleet/slurm.md)."""
 
     partition: str | None = None
     account: str | None = None
