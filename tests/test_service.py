@@ -344,6 +344,24 @@ def test_fake_systemd_failed_unit_reports_journal(tmp_path: Path, fake_systemd: 
     assert not (fake_systemd / "system" / "standin.service.d" / "ddtree.conf").exists()
 
 
+def test_fake_systemd_start_up_lines_come_from_this_run_of_the_unit_only(tmp_path: Path, fake_systemd: Path) -> None:
+    """The journal holds every run of the unit; the start-up lines read for the applied proof are
+    the current run's (its InvocationID), never an earlier launch's of another config."""
+    port = free_port()
+    (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={sys.executable} -c pass\n")
+    m = make_manager(systemd_profile(fake_systemd, port), tmp_path)
+    try:
+        m.ensure(BS8_B12_K6)
+        m.ensure(BS8_B8_K4)
+        journal = (fake_systemd / "standin.service.journal").read_text()
+        assert "--speculative-num-draft-tokens 12" in journal and "--speculative-num-draft-tokens 8" in journal
+        text = m._controller_for_profile().startup_log()
+        assert text is not None and "--speculative-num-draft-tokens 8" in text, text
+        assert "--speculative-num-draft-tokens 12" not in text, text
+    finally:
+        m.close()
+
+
 def _raw(profile: ServiceProfile) -> dict[str, Any]:
     keys = ("name", "controller", "command", "url", "port", "config_args", "applied", "unit", "dropin_dir",
             "ready_timeout_s", "stop_timeout_s")

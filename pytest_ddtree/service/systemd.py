@@ -13,18 +13,19 @@ all of it (systemctl, journalctl, the drop-in file) happens on that host over ss
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, describe_exit_code
+from pytest_ddtree.service.base import STARTUP_LOG_LINES, Controller, ExitInfo, Launch, ServiceError, describe_exit_code
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
 
 DEFAULT_DROPIN_DIR = Path("/etc/systemd/system")
 DROPIN_NAME = "ddtree.conf"
-SHOW_PROPERTIES = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainPID")
+SHOW_PROPERTIES = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainPID", "InvocationID")
 
 
 class SystemctlError(ServiceError):
@@ -236,6 +237,26 @@ class SystemdController(Controller):
         except ServiceError as exc:  # also ssh failures: a log tail must never raise
             return f"<no journal: {exc}>"
         return (result.stdout or result.stderr).rstrip()
+
+    def startup_log(self) -> str | None:
+        """This run of the unit's journal only (``_SYSTEMD_INVOCATION_ID``, the run's
+        ``InvocationID``, systemd >= 232): the unit's journal also holds earlier runs, whose
+        start-up lines print another config's values, and with the current run's lines missing
+        (a build that prints none, a rate-limited journal) the last of those would be taken as
+        this launch's evidence. Without an invocation id there are no start-up lines to trust."""
+        try:
+            invocation = self.show().get("InvocationID", "")
+        except ServiceError:
+            return None
+        if not re.fullmatch(r"[0-9a-f]{32}", invocation):
+            return None
+        try:
+            result = self._run(self.journalctl + ["-u", self.unit, f"_SYSTEMD_INVOCATION_ID={invocation}",
+                                                  "-n", str(STARTUP_LOG_LINES), "--no-pager"], check=False)
+        except ServiceError:
+            return None
+        text = result.stdout if result.returncode == 0 else ""
+        return text if text.strip() and not text.startswith("-- No entries --") else None
 
     def describe(self) -> str:
         where = "" if self.host.name == "local" else f" on {self.host.name}"
