@@ -68,6 +68,10 @@ CELLS = 6
 CELL_CONCURRENCY = (1, 8, 32, 1, 8, 32)
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 CONTROL = -1  # the control's index among the launches
+#: Flagged configs are relaunched once at session end (``gate.relaunch_candidates``); --no-relaunch: not
+RELAUNCH = True
+#: The control is measured at the session's start and once more at its end; --control-once: at the start only
+CONTROL_AT_END = True
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,8 @@ def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
 
 
 def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
-          drops: dict[int, float], spread: dict[str, float] | None = None) -> dict[str, gate.CellVerdict]:
+          drops: dict[int, float], spread: dict[str, float] | None = None,
+          noise: dict[str, dict[str, float]] | None = None) -> dict[str, gate.CellVerdict]:
     """One launch of today's session: first pass, confirmation of flagged cells, final verdicts."""
     policy = throughput.repeat_policy(3)
     runs = _measure(model, cfg, list(range(CELLS)), speed, 3, drops)
@@ -196,13 +201,13 @@ def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
     for cell, run in runs.items():
         status, why = gate.measurement_status(policy, run.primary, run.invalid, [])
         inputs[f"c{cell}"] = gate.CellInput(entries[cell], _samples(run.samples), status, why, WORKLOAD)
-    first = gate.judge_config(inputs, launch_spread=spread)
+    first = gate.judge_config(inputs, launch_spread=spread, cell_noise=noise)
     flagged = [int(name[1:]) for name, v in first.items() if v.flagged]
     if not flagged:
         return first
     conf_runs = _measure(model, cfg, flagged, speed, throughput.CONFIRM_REPEATS, drops)
     confirmations = {f"c{c}": _samples(run.samples) for c, run in conf_runs.items()}
-    return gate.judge_config(inputs, confirmations, launch_spread=spread)
+    return gate.judge_config(inputs, confirmations, launch_spread=spread, cell_noise=noise)
 
 
 def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
@@ -217,7 +222,9 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     who, where, drop = SCENARIOS[scenario]
     baseline = bless(model, configs)
     # what the suite passes: the launch-to-launch spread pooled over every config's baseline file
-    spread = gate.launch_spread([{f"c{i}": e for i, e in enumerate(baseline[c])} for c in range(configs)])
+    sections = [{f"c{i}": e for i, e in enumerate(baseline[c])} for c in range(configs)]
+    spread = gate.launch_spread(sections)
+    noise = gate.cell_noise(sections)
     day = model.session()
     records: list[dict[str, Any]] = []
     out: dict[str, Any] = {"cells": 0, "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0,
@@ -227,7 +234,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     for cfg, position in _launches(configs):
         slowed = drop and cfg != CONTROL and (who == "all" or cfg == 0)
         drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
-        verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread)
+        verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread, noise)
         name = control.CONTROL if cfg == CONTROL else f"cfg{cfg}"
         for cell, v in verdicts.items():
             rec = _record(name, cell, v)
@@ -248,8 +255,28 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             if cfg == 0 and (m := v.metric("output_throughput")) is not None and m.status == gate.REGRESSION:
                 dropped_config_cells = True
                 dropped_cell_caught |= cell == "c0"
+    if CONTROL_AT_END:  # the control once more after the last config (as the plugin does per process)
+        verdicts = judge(model, CONTROL, baseline[CONTROL], model.launch(day, 1.0), {}, spread, noise)
+        for cell, v in verdicts.items():
+            records.append({**_record(control.CONTROL, cell, v), "kind": control.CONTROL_RECORD, "control_launch": 2})
+            out["cells"] += 1
+            if v.failed:
+                out["failed_cells"] += 1
+                out["failing_metrics"]["output_throughput (control)"] = \
+                    out["failing_metrics"].get("output_throughput (control)", 0) + 1
     configs_records = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
-    findings = [f for f in gate.judge_session(gate.config_moves(configs_records)) if f.failed]
+    moves = gate.config_moves(configs_records)
+    relaunched: list[gate.ConfigMove] = []
+    if RELAUNCH:
+        # a flagged config launched once more at the session's end, all its cells, and judged on both
+        for name in gate.relaunch_candidates(moves):
+            cfg = int(name[3:])
+            slowed = drop and (who == "all" or cfg == 0)
+            drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
+            verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
+            relaunched += gate.config_moves([_record(name, cell, v) for cell, v in verdicts.items()])
+    out["relaunches"] = len({m.config for m in relaunched})
+    findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     for f in findings:
         out.setdefault("example", f.message[:700])
         key = f"{f.metric} (config against its session)"
@@ -277,13 +304,13 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
 def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]]:
     shape_name, scenario, seed, n, configs = job
     rng = random.Random(seed)
-    totals: dict[str, Any] = {"trials": 0, "failed": 0, "inconclusive": 0, "caught": 0, "caught_any": 0,
+    totals: dict[str, Any] = {"trials": 0, "failed": 0, "inconclusive": 0, "caught": 0, "caught_any": 0, "relaunches": 0,
                               "uniform_failed": 0, "cells": 0, "failed_cells": 0, "inconclusive_cells": 0,
                               "flagged_cells": 0, "failing_metrics": {}, "kinds": {}}
     for _ in range(n):
         got = session(Model(SHAPES[shape_name], rng), configs, scenario)
         totals["trials"] += 1
-        for key in ("failed", "inconclusive", "caught", "caught_any", "uniform_failed", "cells", "failed_cells",
+        for key in ("failed", "inconclusive", "caught", "caught_any", "uniform_failed", "cells", "failed_cells", "relaunches",
                     "inconclusive_cells", "flagged_cells"):
             totals[key] += int(got.get(key) or 0)
         for key, count in got["failing_metrics"].items():
@@ -343,8 +370,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: all CPUs)")
     ap.add_argument("--examples", type=int, default=2, help="failures of unchanged sessions to print per shape")
+    ap.add_argument("--no-relaunch", dest="relaunch", action="store_false",
+                    help="no relaunch of flagged configs (a controller that cannot relaunch: the one-launch rule)")
+    ap.add_argument("--control-once", dest="control_at_end", action="store_false",
+                    help="the control measured at the session's start only (not once more at its end)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    global RELAUNCH, CONTROL_AT_END
+    RELAUNCH, CONTROL_AT_END = args.relaunch, args.control_at_end
     if args.launch_shift is not None:
         for name in list(SHAPES):
             SHAPES[name] = replace(SHAPES[name], launch=args.launch_shift)
@@ -381,7 +414,8 @@ def main() -> int:
                 ok &= good
                 print(f"  unchanged: sessions failing {_fig(c['failed'], n)}, inconclusive {c['inconclusive'] / n:.1%} "
                       f"{'OK' if good else 'MISSED'} (<= 2% together); cells failing {c['failed_cells']} of {c['cells']}, "
-                      f"confirmation runs {c['flagged_cells'] / max(1, c['cells']):.1%}; failing {c['failing_metrics']}")
+                      f"confirmation runs {c['flagged_cells'] / max(1, c['cells']):.1%}, relaunches "
+                      f"{c['relaunches'] / n:.2f} a session; failing {c['failing_metrics']}")
                 for example in list(c.get("examples") or {})[:args.examples]:
                     print("    e.g. " + example.replace("\n", "\n      "))
             else:
@@ -391,6 +425,7 @@ def main() -> int:
                 mark = "info" if target is None else ("OK" if good else "MISSED")
                 print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}"
                       f"{f' (>= {target:.0%})' if target else ''}; any failure of the session {c['caught_any'] / n:.1%}; "
+                      f"relaunches {c['relaunches'] / n:.2f} a session; "
                       f"kinds {c['kinds']}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -49,27 +49,40 @@ from bench_harness import refserver  # noqa: E402
 from pytest_ddtree import control, gate, load, throughput  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
+#: The control's second launch of a judged session, after the last config (a drift over the session cancels)
+CONTROL_AT_END = "control#2"
 CELLS = [load.Cell("c1_tiny", 1, 48, 32, 2, 1), load.Cell("c4_tiny", 4, 48, 32, 8, 4),
          load.Cell("c8_small", 8, 128, 32, 16, 8)]
 
 
+def _flags(name: str) -> tuple[list[str], bool]:
+    """The engine flags of a launch and whether it is speculative."""
+    if name == control.CONTROL:
+        return ["--speculative-algorithm", "NONE"], False
+    bs, budget, topk = CONFIGS[name]
+    return ["--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
+            "--speculative-eagle-topk", str(topk)], True
+
+
 def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
-            baselines: dict[str, dict[str, Any]] | None, slow_all: float = 0.0) -> dict[str, throughput.Campaign]:
-    """One independent session: the control's launch first, then fresh engines for every config; one
-    day shift for all of them and, with ``--launch-shift``, a speed shift of each launch's own."""
-    day = math.exp(rng.gauss(0.0, args.day_shift))
+            baselines: dict[str, dict[str, Any]] | None, slow_all: float = 0.0,
+            names: list[str] | None = None, day: float | None = None) -> dict[str, throughput.Campaign]:
+    """One independent session: the control's launch first, then fresh engines for every config, and
+    (judged sessions) the control once more at the end; one day shift for all of them and, with
+    ``--launch-shift``, a speed shift of each launch's own. ``names``/``day``: relaunch these configs
+    (a session's end: its day)."""
+    day = math.exp(rng.gauss(0.0, args.day_shift)) if day is None else day
     out = {}
-    launches: list[tuple[str, list[str], bool]] = []
-    if args.control:
-        launches.append((control.CONTROL, ["--speculative-algorithm", "NONE"], False))
-    for name, (bs, budget, topk) in CONFIGS.items():
-        launches.append((name, ["--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens",
-                                str(budget), "--speculative-eagle-topk", str(topk)], True))
+    if names is None:
+        names = [*([control.CONTROL] if args.control else []), *CONFIGS]
+        if args.control and baselines is not None:
+            names.append(CONTROL_AT_END)
     first = next(iter(CONFIGS))
     spread = None
     if baselines is not None:
         spread = gate.launch_spread([baselines[n] for n in CONFIGS])
-    for name, flags, speculative in launches:
+    for name in names:
+        flags, speculative = _flags(control.CONTROL if name == CONTROL_AT_END else name)
         launch = math.exp(rng.gauss(0.0, args.launch_shift)) if args.launch_shift else 1.0
         slower = 1.1 if slow_first and name == first else 1.0
         if slow_all and speculative:
@@ -82,7 +95,8 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
             try:
                 with refserver(*engine) as url:
                     out[name] = throughput.measure_config(url, CELLS, 3,
-                                                          baseline=None if baselines is None else baselines[name],
+                                                          baseline=None if baselines is None else baselines[
+                                                              control.CONTROL if name == CONTROL_AT_END else name],
                                                           speculative=speculative, launch_spread=spread,
                                                           gated=None if speculative else control.GATED)
                 break
@@ -117,19 +131,35 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
     return out
 
 
+def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
+    """A cell's record as the suite writes it (the control's with its kind and launch)."""
+    m = v.metric("output_throughput")
+    rec = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
+           "hardware_profile": "refserver", "metrics": {"output_throughput": m.current_median if m else None}}
+    if name in (control.CONTROL, CONTROL_AT_END):
+        rec.update(kind=control.CONTROL_RECORD, control_launch=2 if name == CONTROL_AT_END else 1)
+    return rec
+
+
 def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     args, seed, slow, baselines = job
     slow_all = args.slow_all if slow else 0.0
-    campaigns = session(args, random.Random(seed), slow and not slow_all, baselines, slow_all)
+    rng = random.Random(seed)
+    day = math.exp(rng.gauss(0.0, args.day_shift))
+    campaigns = session(args, rng, slow and not slow_all, baselines, slow_all, day=day)
     verdicts = {name: c.verdicts for name, c in campaigns.items()}
     # the session-end checks of the plugin (finish.py): each config against the others of the
-    # session, and the control (its own cells, the uniform shift of the configs over it)
-    records = [{"config": name, "cell": cell, "verdict": v.as_dict(), "hardware_profile": "refserver",
-                "metrics": {"output_throughput": (m.current_median if (m := v.metric("output_throughput")) else None)},
-                **({"kind": control.CONTROL_RECORD} if name == control.CONTROL else {})}
-               for name, vs in verdicts.items() for cell, v in vs.items()]
+    # session (flagged ones relaunched), and the control (its own cells, the uniform shift)
+    records = [_record(name, cell, v) for name, vs in verdicts.items() for cell, v in vs.items()]
     configs = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
-    findings = [f for f in gate.judge_session(gate.config_moves(configs)) if f.failed]
+    moves = gate.config_moves(configs)
+    flagged = gate.relaunch_candidates(moves) if args.relaunch else []
+    relaunched: list[gate.ConfigMove] = []
+    if flagged:
+        again = session(args, rng, slow and not slow_all, baselines, slow_all, names=flagged, day=day)
+        relaunched = gate.config_moves([_record(name, cell, v) for name, c in again.items()
+                                        for cell, v in c.verdicts.items()])
+    findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     judged = control.judge(records, configs, require_baselines=True) if args.control else None
     group = judged.groups[0] if judged and judged.groups else None
     # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
@@ -148,7 +178,7 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     # each launch's common change of output tok/s against its baseline (what a slowdown moves)
     shifts = {name: next((m.shift for v in vs.values() if (m := v.metric("output_throughput")) and m.shift is not None),
                          None) for name, vs in verdicts.items()}
-    return {"bad": bad, "caught": caught,
+    return {"bad": bad, "caught": caught, "relaunched": flagged,
             "caught_by": [w for w, yes in (("cells", by_cells), ("session", by_session), ("uniform", by_uniform)) if yes],
             "shifts": shifts, "kind": group.kind if group else None,
             "uniform_shift": group.uniform_shift if group else None,
@@ -193,6 +223,8 @@ def main() -> int:
     ap.add_argument("--slow-all", type=float, default=0.0,
                     help="slowed sessions slow every config by this share (0.05 = 5%%) and not the control, "
                          "instead of the first config by 10%%")
+    ap.add_argument("--no-relaunch", dest="relaunch", action="store_false",
+                    help="no relaunch of the configs the session-end check flags (the one-launch rule)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -224,6 +256,8 @@ def main() -> int:
                 extra = f"; uniform shift {result['uniform_shift']:+.1%} ({result['kind']})"
             if result["control_change"] is not None:
                 extra += f", control {result['control_change']:+.1%}"
+            if result["relaunched"]:
+                extra += f"; relaunched {', '.join(result['relaunched'])}"
             print(f"  {kind} session {i + 1}/{n}: {verdict}"
                   f"{'; ' + ', '.join(result['bad']) if result['bad'] else ''}; output tok/s common change "
                   + ", ".join(f"{k} {v:+.1%}" for k, v in result["shifts"].items() if v is not None) + extra, flush=True)

@@ -72,6 +72,7 @@ class _Move:
 
 
 def _move_of(records: Sequence[Mapping[str, Any]]) -> _Move | None:
+    """The common change of output tok/s of one launch (its records)."""
     for rec in records:
         m = ((rec.get("verdict") or {}).get("metrics") or {}).get(_METRIC)
         if isinstance(m, Mapping) and m.get("config_shift") is not None and m.get("config_shift_se") is not None:
@@ -79,6 +80,30 @@ def _move_of(records: Sequence[Mapping[str, Any]]) -> _Move | None:
                          {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()},
                          float(m.get("tolerance_floor") or 0.05))
     return None
+
+
+def launch_of(rec: Mapping[str, Any]) -> str:
+    """Which launch of the control a record belongs to (its process and its place in it): a session
+    measures the control once per process at its start and once more at its end (``measure``)."""
+    return f"{rec.get('worker') or ''}#{rec.get('control_launch') or 1}"
+
+
+def _control_moves(records: Sequence[Mapping[str, Any]]) -> list[_Move]:
+    """The common change of each launch of the control (one per process, or two: its start and end)."""
+    launches: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in records:
+        launches.setdefault(launch_of(rec), []).append(rec)
+    return [m for _, recs in sorted(launches.items()) if (m := _move_of(recs)) is not None]
+
+
+def _mean_move(moves: Sequence[_Move]) -> _Move | None:
+    """The control's launches together: the mean of their common changes (a drift over the session
+    cancels between a launch at its start and one at its end; launch-to-launch shifts average)."""
+    if not moves:
+        return None
+    n = len(moves)
+    return _Move(sum(m.shift for m in moves) / n, math.sqrt(sum(m.se**2 for m in moves)) / n, moves[0].blessed,
+                 moves[0].floor)
 
 
 def _median_value(records: Sequence[Mapping[str, Any]], cell: str) -> float | None:
@@ -120,6 +145,7 @@ class GroupJudgement:
     uniform_shift: float | None = None  # relative
     uniform_interval: tuple[float, float] | None = None
     uniform_tolerance: float | None = None
+    uniform_parts: dict[str, float] = field(default_factory=dict)  # the two estimates and their weight
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     kind: str = ""
     failed: bool = False
@@ -134,7 +160,7 @@ class GroupJudgement:
             "control_failures": self.control_failures,
             "uniform_shift": self.uniform_shift,
             "uniform_shift_ci": list(self.uniform_interval) if self.uniform_interval else None,
-            "uniform_tolerance": self.uniform_tolerance, "kind": self.kind, "failed": self.failed,
+            "uniform_tolerance": self.uniform_tolerance, "uniform_parts": self.uniform_parts or None, "kind": self.kind, "failed": self.failed,
             "configs": self.configs,
         }
 
@@ -196,20 +222,21 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
     host = name.split("@", 1)[1] or "this host"
-    g.lines.append(f"control: {source} on {host}, measured once on {len(cells)} cell(s) "
+    g.lines.append(f"control: {source} on {host}, {len({launch_of(r) for r in control})} launch(es) on {len(cells)} cell(s) "
                    f"({name.split('@', 1)[0] or 'unknown hardware'})")
     # the control's own cells: failures fail the run like a config's
     for rec in control:
         verdict = rec.get("verdict") or {}
         status = str(verdict.get("status") or rec.get("status") or "")
         refusal = rec.get("bless_refused")
+        launch = f" (its launch at the end of {rec.get('worker') or 'the process'})" if rec.get("control_launch") == 2 else ""
         if refusal:
             g.control_failures.append(f"{rec.get('cell')}: not blessed: {refusal}; retry with: {rec.get('retry')}")
         elif status in gate.FAILING or (require_baselines and status in (gate.MISSING, gate.THIN, gate.INCONCLUSIVE)):
             metrics = verdict.get("metrics") or {}
             detail = "; ".join(str(m.get("message")) for m in metrics.values() if isinstance(m, Mapping) and m.get("message"))
             detail = detail or "; ".join(str(x) for x in verdict.get("reasons") or []) or status
-            g.control_failures.append(f"{rec.get('cell')}: {status.upper()}: {detail}"
+            g.control_failures.append(f"{rec.get('cell')}{launch}: {status.upper()}: {detail}"
                                       + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
     if update_mode:
         g.kind = "blessed, not judged"
@@ -217,23 +244,36 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
         g.lines.extend(["  " + f for f in g.control_failures] or ["  the control's cells were blessed"])
         _speedup_table(g, control, configs)
         return g
-    ctl = _move_of(control)
+    ctl_launches = _control_moves(control)
+    ctl = _mean_move(ctl_launches)
+    n_ctl = max(1, len(ctl_launches))
+    moves: dict[str, _Move] = {}
+    for cfg in sorted({str(c.get("config")) for c in configs}):
+        move = _move_of([c for c in configs if c.get("config") == cfg])
+        if move is not None:
+            moves[cfg] = move
+    # how much one launch's common change moves between launches (the configs' blessed sessions,
+    # each against the others of its session: many degrees of freedom); the control's relaunches
+    # are taken to move as much; and how much the blessed days moved (their configs' median)
+    cfg_moves = [m for m in gate.config_moves(configs) if m.metric == _METRIC and m.group == name]
+    wobble = max(gate.launch_wobble(cfg_moves) if len(cfg_moves) >= 3 else 0.0, UNIFORM_PRIOR_SPREAD)
+    prior_day = gate.SPECS[_METRIC].day_shift
+    day = max(prior_day, gate.day_spread([m.blessed for m in cfg_moves]) or 0.0)
     control_moved = False
     if ctl is not None:
-        blessed = list(ctl.blessed.values())
-        measured = _spread(blessed) or 0.0
-        k = max(1, len(blessed))
-        day = max(gate.SPECS[_METRIC].day_shift, measured)
-        g.control_tolerance = max(ctl.floor, gate.Z_CONFIG * math.sqrt(day**2 * (1.0 + 1.0 / k) + ctl.se**2))
-        half = 1.96 * math.sqrt(day**2 * (1.0 + 1.0 / k) + ctl.se**2)
+        k = max(1, len(ctl.blessed))
+        control_se = math.sqrt(day**2 * (1.0 + 1.0 / k) + wobble**2 * (1.0 / n_ctl + 1.0 / k) + ctl.se**2)
+        g.control_tolerance = max(ctl.floor, gate.Z_CONFIG * control_se)
+        half = 1.96 * control_se
         g.control_change = math.expm1(ctl.shift)
         g.control_interval = (math.expm1(ctl.shift - half), math.expm1(ctl.shift + half))
         control_moved = abs(ctl.shift) > g.control_tolerance
         g.control_status = "moved" if control_moved else "held"
-        g.lines.append(f"  control output tok/s against its baseline: {_pct(g.control_change)} (95% interval "
-                       f"{_pct(g.control_interval[0])} .. {_pct(g.control_interval[1])}; tolerance "
-                       f"{g.control_tolerance:.1%} = max(floor, {gate.Z_CONFIG} x day-to-day spread {day:.1%}): "
-                       f"{'MOVED' if control_moved else 'held'}")
+        g.lines.append(f"  control output tok/s against its baseline ({n_ctl} launch(es) this session): "
+                       f"{_pct(g.control_change)} (95% interval {_pct(g.control_interval[0])} .. "
+                       f"{_pct(g.control_interval[1])}; tolerance {g.control_tolerance:.1%} = max(floor, "
+                       f"{gate.Z_CONFIG} x standard error; day-to-day spread {day:.1%}, launch-to-launch "
+                       f"{wobble:.1%}): {'MOVED' if control_moved else 'held'}")
     else:
         g.control_status = "unknown"
         g.lines.append("  control output tok/s: no judged baseline for 3 or more of its cells (create it with "
@@ -241,51 +281,48 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     if g.control_failures:
         g.control_status = "failed"
         g.lines.extend("  control " + f for f in g.control_failures)
-    moves: dict[str, _Move] = {}
-    for cfg in sorted({str(c.get("config")) for c in configs}):
-        move = _move_of([c for c in configs if c.get("config") == cfg])
-        if move is not None:
-            moves[cfg] = move
     speculative_moved = False
     if ctl is not None and moves:
         speedups = {cfg: m.shift - ctl.shift for cfg, m in moves.items()}
-        uniform = stats.median(list(speedups.values()))
-        # blessed sessions: each session's median speedup change (the control's and the configs'
-        # launches of that session), so the tolerance sees how much the ratio moves between launches
-        per_session = []
-        for sid, c_value in ctl.blessed.items():
-            values = [m.blessed[sid] - c_value for m in moves.values() if sid in m.blessed]
-            if values:
-                per_session.append(stats.median(values))
-        between = _spread(per_session)
-        if between is not None:  # median-unbiased: a sample spread of few sessions is mostly below the truth
-            between /= math.sqrt(gate.median_chi2_share(len(per_session) - 1))
-        k = max(1, len(per_session))
-        between_used = between if between is not None and len(per_session) >= 3 else max(
-            between or 0.0, UNIFORM_PRIOR_SPREAD)
-        # the control's own launch-to-launch shift is not in one session's figures; a config's is, in
-        # the spread of each config against the others between blessed sessions (many degrees of
-        # freedom): the control's relaunches are taken to move as much
-        cfg_moves = [m for m in gate.config_moves(configs) if m.metric == _METRIC and m.group == name]
-        if len(cfg_moves) >= 3:
-            between_used = max(between_used, gate.config_wobble(cfg_moves))
-        config_se = stats.median([m.se for m in moves.values()]) * math.sqrt(
-            (math.pi / 2.0 if len(moves) > 2 else 1.0) / len(moves))
-        # one session's uniform shift varies by the blessed sessions' spread (their control's and
-        # configs' noise and launch shifts), at least by today's noise; the baseline is the mean of k
-        se = math.sqrt(max(between_used**2, ctl.se**2 + config_se**2) * (1.0 + 1.0 / k))
+        over_control = stats.median(list(speedups.values()))
+        configs_moved = stats.median([m.shift for m in moves.values()])
+        # the blessed sessions the control and the configs share (else the blessed speedup is unknown)
+        per_session = [sid for sid in ctl.blessed if any(sid in m.blessed for m in moves.values())]
+        k = max(1, len(ctl.blessed))
+        n = len(moves)
+        # the median of the configs' launches (shared by both estimates), the control's launches and
+        # blessed sessions (over the control), the day and the blessed days (the configs alone)
+        config_se = stats.median([m.se for m in moves.values()])
+        shared = max(wobble**2 * (1.0 + 1.0 / k), config_se**2) * (math.pi / 2.0 if n > 2 else 1.0) / n
+        var_control = max(wobble**2 * (1.0 / n_ctl + 1.0 / k), ctl.se**2) + shared
+        var_days = day**2 * (1.0 + 1.0 / k) + shared
+        # inverse-variance weights of the two estimates of the speculative configs' common move
+        # (correlated through the configs' median): restart noise makes the control's estimate wide
+        # (its own launch), a day shift the blessed days' one; each is tight where the other is not
+        # (a control that moved beyond its tolerance says the day was no ordinary one: the control alone)
+        if control_moved:
+            w, se = 1.0, math.sqrt(var_control)
+        else:
+            w = (var_days - shared) / (var_control + var_days - 2.0 * shared)
+            se = math.sqrt(max(1e-12, (var_control * var_days - shared**2) / (var_control + var_days - 2.0 * shared)))
+        uniform = w * over_control + (1.0 - w) * configs_moved
         g.uniform_shift = math.expm1(uniform)
         g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
         g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
+        g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
+                           "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl,
+                           "launch_spread": wobble, "day_spread": day}
         speculative_moved = abs(uniform) > g.uniform_tolerance
         slower = -uniform > g.uniform_tolerance
         for cfg, value in speedups.items():
             g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
         g.lines.append(
-            f"  uniform shift of the {len(moves)} speculative config(s) over the control (median of their "
-            f"speedup changes): {_pct(g.uniform_shift)} (95% interval {_pct(g.uniform_interval[0])} .. "
-            f"{_pct(g.uniform_interval[1])}; tolerance {g.uniform_tolerance:.1%} = max({UNIFORM_FLOOR:.1%}, "
-            f"{Z_UNIFORM} x standard error; between blessed sessions {between_used:.1%} from {len(per_session)})")
+            f"  uniform shift of the {len(moves)} speculative config(s): {_pct(g.uniform_shift)} (95% interval "
+            f"{_pct(g.uniform_interval[0])} .. {_pct(g.uniform_interval[1])}; tolerance {g.uniform_tolerance:.1%} "
+            f"= max({UNIFORM_FLOOR:.1%}, {Z_UNIFORM} x standard error)) = {w:.0%} x their median speedup change "
+            f"over the control {_pct(math.expm1(over_control))} + {1 - w:.0%} x their median change against the "
+            f"blessed days {_pct(math.expm1(configs_moved))} (weighted by their noise: launch-to-launch spread "
+            f"{wobble:.1%}, the control's {n_ctl} launch(es); day-to-day spread {day:.1%})")
         if not per_session:
             g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
                            "were blessed at is not known; bless them together (one --ddtree-update-baselines run)")
@@ -334,8 +371,13 @@ def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: li
         g.lines.extend(rows)
 
 
-def measure(session: Any, cells: Sequence[Any]) -> str:
-    """Measure the control once in this process, on ``cells``, and record it; returns what was done.
+def measure(session: Any, cells: Sequence[Any], launch: int = 1) -> str:
+    """Measure the control in this process, on ``cells``, and record it; returns what was done.
+
+    ``launch`` 1 is the process's first launch, before its first config; 2 its last, after its last
+    config (judged runs only: a bless blesses the first): the mean of the two sits where the configs'
+    median does, so a machine that drifts over the session does not read as the configs moving
+    against the control, and the control's own launch-to-launch shift averages over two launches.
 
     ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
     control is launched in the instance's own slot like any config (the next config restarts);
@@ -356,6 +398,8 @@ def measure(session: Any, cells: Sequence[Any]) -> str:
     choice = getattr(profile, "control", None)
     if not cells:
         return "no throughput cells"
+    if launch > 1 and session.settings.update_baselines:
+        return "blessed once"
     if choice == "none":
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"profile {profile.name} sets control: none"})
         return "off"
@@ -382,7 +426,8 @@ def measure(session: Any, cells: Sequence[Any]) -> str:
     try:
         campaign = throughput.measure_config(
             service.client, cells, settings.repeats,
-            lambda name, r, result: recorder.record(CONTROL_REPEAT, CONTROL, throughput.sample_record(name, r, result)),
+            lambda name, r, result: recorder.record(CONTROL_REPEAT, CONTROL, {
+                **throughput.sample_record(name, r, result), "control_launch": launch}),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
             bless=baselines.update_mode, gated=GATED)
@@ -394,6 +439,7 @@ def measure(session: Any, cells: Sequence[Any]) -> str:
                                       baselines.hardware_profile, baselines.update_mode, baseline_error)
         record = dict(ev.record)
         record["control_source"] = source
+        record["control_launch"] = launch
         if ev.baseline_problem:
             record["baseline_problem"] = ev.baseline_problem
         if baselines.update_mode:

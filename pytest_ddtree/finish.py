@@ -156,11 +156,17 @@ def _judge_configs_against_session(records: list[dict[str, Any]], outcome: Finis
     from pytest_ddtree import gate
     from pytest_ddtree.report import normalize
 
-    findings = gate.judge_session(gate.config_moves(normalize(records)))
+    from pytest_ddtree.throughput import RELAUNCH_RECORD
+
+    relaunches = [r for r in records if r.get("kind") == RELAUNCH_RECORD and "cell" in r]
+    findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
     failed = [f for f in findings if f.failed]
     if failed:
         outcome.exit_failure = True
-        outcome.sections.append(("ddtree configs against their session", "\n".join(f.message for f in failed)))
+    shown = [f.message for f in findings if f.failed or f.relaunched]
+    shown += [f"{r.get('config')}: {r['error']}" for r in records if r.get("kind") == RELAUNCH_RECORD and r.get("error")]
+    if shown:
+        outcome.sections.append(("ddtree configs against their session", "\n".join(shown)))
     return [f.as_dict() for f in findings]
 
 

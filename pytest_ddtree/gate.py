@@ -415,6 +415,7 @@ def judge_config(
     cells: Mapping[str, CellInput],
     confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     launch_spread: Mapping[str, float] | None = None,
+    cell_noise: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, CellVerdict]:
     """Verdicts for every measured cell of one config (see the module docstring for the rule).
 
@@ -424,7 +425,9 @@ def judge_config(
     not; a flagged cell without confirmation samples stays a regression, saying so.
     ``launch_spread`` (metric -> log spread, ``launch_spread``): how much a config's common change
     moves between launches, pooled over every config blessed on this hardware; step 5 judges the
-    config's common change against it instead of this config's own three sessions.
+    config's common change against it instead of this config's own three sessions. ``cell_noise``
+    (metric -> cell -> log sigma, ``cell_noise``): each cell's repeat noise pooled over every config
+    blessed on this hardware, which replaces the config's own thin estimate of it.
     """
     verdicts: dict[str, CellVerdict] = {}
     judged: dict[str, CellInput] = {}
@@ -479,6 +482,12 @@ def judge_config(
                 # half and three times the config's median: four groups of repeats estimate it roughly
                 m.sigma = min(max(m.sigma, 0.5 * typical_sigma), 3.0 * typical_sigma)
                 m.between = typical_between
+        pooled_noise = (cell_noise or {}).get(key) or {}
+        for name, m in metrics.items():
+            pooled = pooled_noise.get(name)
+            if pooled is not None and pooled > 0:
+                # the same cell in every config blessed on this hardware: dozens of groups of repeats
+                m.sigma = m.typical_sigma = pooled
         # Each cell's change for the shift uses the plain mean of today's logs (less noisy than
         # a median of three; a cell with a wild repeat is trimmed away as a whole).
         shift = _common_shift([sum(math.log(v) for v in m.current) / len(m.current) - m.base_log
@@ -522,17 +531,9 @@ def median_chi2_share(dof: int) -> float:
     return (1.0 - 2.0 / (9.0 * dof)) ** 3 if dof > 0 else 1.0
 
 
-def launch_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """How much a config's common change moves between blessed sessions (launches), per metric (log).
-
-    Each blessed session of a config was one launch of it on one day, so the spread of the config's
-    common change between its sessions is the day-to-day plus the launch-to-launch variance. One
-    config's three sessions give 2 degrees of freedom (its sample spread is below half the true one
-    a quarter of the time); pooled over every config blessed on the hardware profile
-    (``sections``: their ``metrics`` sections) it is a stable figure. Robust to a config with one odd
-    session: the median of the configs' sample variances, over its expected share of the true one.
-    """
-    variances: dict[str, list[tuple[float, int]]] = {}
+def _blessed_config_shifts(sections: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, float]]]:
+    """Per metric, each config's common change per blessed session (log; session id -> value)."""
+    found: dict[str, list[dict[str, float]]] = {}
     for section in sections:
         by_metric: dict[str, dict[str, _Metric]] = {}
         for name, entry in (section or {}).items():
@@ -548,18 +549,90 @@ def launch_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, float]:
                     continue
                 by_metric.setdefault(key, {})[name] = _Metric(base, [], centre, centre)
         for key, metrics in by_metric.items():
-            if len(metrics) < MIN_CELLS_FOR_SHIFT:
+            if len(metrics) >= MIN_CELLS_FOR_SHIFT:
+                found.setdefault(key, []).append(_session_shifts(metrics))
+    return found
+
+
+def _unbiased_spread(values: Sequence[float]) -> float | None:
+    """Sample standard deviation over the median share of chi^2 (few values: mostly below the truth)."""
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    variance = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / median_chi2_share(len(values) - 1))
+
+
+def day_spread(blessed: Sequence[Mapping[str, float]]) -> float | None:
+    """How much the blessed sessions' day moved (log): the spread of each blessed session's median
+    common change over the configs (``blessed``: each config's session id -> common change), median-
+    unbiased; None with fewer than two sessions blessed in 3 or more configs. As many values as
+    blessed sessions (three), however many configs: callers count at least the assumed day shift."""
+    sessions = sorted({sid for shifts in blessed for sid in shifts})
+    medians = [stats.median(v) for sid in sessions if len(v := [b[sid] for b in blessed if sid in b]) >= 3]
+    return _unbiased_spread(medians) if len(medians) >= 2 else None
+
+
+def launch_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """How much a config's common change moves between blessed sessions (launches), per metric (log).
+
+    Each blessed session of a config was one launch of it on one day, so the config's common change
+    moves between sessions by a launch-to-launch part (its own) and a day part (shared by every
+    config blessed that day). The two are estimated apart, because they are known to very different
+    precision: the launch part from each config against the other configs of the same blessed session
+    (``config_wobble``: two degrees of freedom per config, pooled over every config of the hardware
+    profile), the day part from how the sessions' median common change moved - only as many values as
+    blessed sessions, however many configs there are, so it counts at least the metric's assumed day
+    shift (``MetricSpec.day_shift``). Pooling the configs' own spreads instead, as if independent,
+    counts the three days 18 times and states a day spread that is half the truth a quarter of the time.
+    ``sections``: every config's ``metrics`` section; the result is sqrt(launch^2 + day^2). Configs
+    blessed in different sessions (no shared session ids) fall back to the median of their own spreads.
+    """
+    out: dict[str, float] = {}
+    for key, configs in _blessed_config_shifts(sections).items():
+        if len(configs) < 3:
+            continue
+        spec = SPECS.get(key)
+        prior = spec.day_shift if spec else 0.02
+        moves = [ConfigMove(str(i), key, "higher", 0.0, 0.0, 0.0, shifts) for i, shifts in enumerate(configs)]
+        day = day_spread(configs)
+        if day is not None:
+            out[key] = math.sqrt(launch_wobble(moves) ** 2 + max(prior, day) ** 2)
+            continue
+        spreads = [s for shifts in configs if (s := _unbiased_spread(list(shifts.values()))) is not None]
+        if len(spreads) >= 3:
+            out[key] = max(prior, stats.median(spreads))
+    return out
+
+
+def cell_noise(sections: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each cell's repeat noise (log sigma) per metric, from the blessed repeats of every config.
+
+    Three repeats a session and three sessions say little about one config's cell (four groups of
+    three repeats, counting today's), but the same cell (its concurrency, its lengths) is about as
+    noisy in every config: pooled over the configs of the hardware profile (``sections``: their
+    ``metrics`` sections) the cell's noise is known from dozens of groups, robustly (the median of
+    the groups' variances). Returns metric -> cell -> sigma; cells blessed in fewer than 3 configs
+    are left out (the config's own estimate stands)."""
+    groups: dict[tuple[str, str], list[list[float]]] = {}
+    configs: dict[tuple[str, str], int] = {}
+    for section in sections:
+        for cell, entry in (section or {}).items():
+            if not isinstance(entry, Mapping):
                 continue
-            shifts = list(_session_shifts(metrics).values())
-            if len(shifts) >= 2:
-                m = sum(shifts) / len(shifts)
-                variances.setdefault(key, []).append(
-                    (sum((v - m) ** 2 for v in shifts) / (len(shifts) - 1), len(shifts) - 1))
-    out = {}
-    for key, found in variances.items():
-        if len(found) >= 3:
-            dof = int(stats.median([d for _, d in found]))
-            out[key] = math.sqrt(stats.median([v for v, _ in found]) / median_chi2_share(dof))
+            for key, gate_entry in (entry.get("gates") or {}).items():
+                try:
+                    base = MetricBaseline.from_entry(key, gate_entry)
+                except (KeyError, TypeError, ValueError):
+                    continue
+                found = [list(v) for _, v in base.sessions if len(v) >= 2]
+                if found:
+                    groups.setdefault((key, str(cell)), []).extend(found)
+                    configs[(key, str(cell))] = configs.get((key, str(cell)), 0) + 1
+    out: dict[str, dict[str, float]] = {}
+    for (key, cell), found in groups.items():
+        if configs[(key, cell)] >= 3:
+            out.setdefault(key, {})[cell] = _robust_log_sd(found)
     return out
 
 
@@ -942,8 +1015,11 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
 # config's own change must be in the bad direction beyond half the floor, so with two configs an
 # improvement of one is not read as a regression of the other.
 
-#: z of a config's common change against its session's other configs.
+#: z of a config's common change against its session's other configs (one launch).
 Z_SESSION = 3.5
+#: The relaunch screen (``relaunch_candidates``) and the verdict on both launches' mean.
+Z_RELAUNCH_SCREEN = 1.5
+Z_RELAUNCHED = 3.0
 
 
 @dataclass(frozen=True)
@@ -971,6 +1047,7 @@ class SessionFinding:
     tolerance: float
     compared_with: tuple[str, ...]
     message: str
+    relaunched: bool = False  # judged on two launches (the relaunch screen flagged the first)
 
     @property
     def failed(self) -> bool:
@@ -1032,33 +1109,102 @@ def config_wobble(moves: Sequence[ConfigMove]) -> float:
     return math.sqrt(stats.median([v for v, _ in variances]) / median_chi2_share(dof))
 
 
-def judge_session(moves: Sequence[ConfigMove]) -> list[SessionFinding]:
-    """Each config's common change against the other configs of its session (see above)."""
+def _session_reference(c: ConfigMove, members: Sequence[ConfigMove]) -> tuple[float, float, float, tuple[str, ...]]:
+    """The other configs' median common change, its standard error, this config's standard error of
+    one launch's change against it (log), and the others' names."""
+    others = [o for o in members if o is not c]
+    ref = stats.median([o.shift for o in others])
+    ref_se = _median_se([o.shift_se for o in others])
+    k = max(1, len(c.blessed))
+    wobble = config_wobble(members)
+    se = math.sqrt(c.shift_se**2 + ref_se**2 + wobble**2 * (1.0 + 1.0 / k))
+    return ref, ref_se, se, tuple(o.config for o in others)
+
+
+def relaunch_candidates(moves: Sequence[ConfigMove]) -> list[str]:
+    """Configs whose first launch is beyond the relaunch screen against the session's other configs.
+
+    A config's common change moves with its launch (KV-cache size, CUDA-graph capture, memory
+    layout: about as much as a day), so one launch cannot tell a config 10% slower from an unlucky
+    launch without failing too many unchanged sweeps. The screen is lenient
+    (``Z_RELAUNCH_SCREEN`` standard errors, at least half the floor): a flag costs one more launch of
+    the config, measured on all its cells, and ``judge_session`` decides on both launches."""
+    found: set[str] = set()
+    groups: dict[tuple[str, str], list[ConfigMove]] = {}
+    for move in moves:
+        groups.setdefault((move.group, move.metric), []).append(move)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for c in members:
+            ref, _, se, _ = _session_reference(c, members)
+            if _screened(c, c.shift - ref, se):
+                found.add(c.config)
+    return sorted(found)
+
+
+def _screened(c: ConfigMove, relative: float, se: float) -> bool:
+    return (_worse(c.direction, relative) > max(FLAG_FLOOR_SHARE * c.floor, Z_RELAUNCH_SCREEN * se)
+            and _worse(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
+
+
+def launch_wobble(moves: Sequence[ConfigMove]) -> float:
+    """One launch's own spread (log): ``config_wobble`` without the others' median's share of it
+    (against N others the difference moves by 1 + (pi/2)/N launches' worth; 2 with one other)."""
+    others = len(moves) - 1
+    if others < 1:
+        return 0.0
+    return config_wobble(moves) / math.sqrt(1.0 + (_MEDIAN_VARIANCE if others > 2 else 1.0) / others)
+
+
+def judge_session(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] = ()) -> list[SessionFinding]:
+    """Each config's common change against the other configs of its session (see above).
+
+    ``relaunched``: the common changes of configs launched a second time because
+    ``relaunch_candidates`` flagged them (``config_moves`` of the relaunches' records). Such a config
+    is judged on the mean of its two launches (``Z_RELAUNCHED`` standard errors of that mean, at least
+    the floor), and its relaunch alone must be beyond the screen too: one slow launch that a relaunch
+    does not reproduce is the launch, not the config. A flagged config without a relaunch is judged on
+    its one launch by the stricter ``Z_SESSION``."""
+    second = {(m.group, m.metric, m.config): m for m in relaunched}
     groups: dict[tuple[str, str], list[ConfigMove]] = {}
     for move in moves:
         groups.setdefault((move.group, move.metric), []).append(move)
     findings: list[SessionFinding] = []
-    for (_, key), members in sorted(groups.items()):
+    for (group, key), members in sorted(groups.items()):
         if len(members) < 2:
             continue
         wobble = config_wobble(members)
         for c in sorted(members, key=lambda m: m.config):
-            others = [o for o in members if o is not c]
-            ref = stats.median([o.shift for o in others])
-            ref_se = _median_se([o.shift_se for o in others])
-            k = max(1, len(c.blessed))
-            se = math.sqrt(c.shift_se**2 + ref_se**2 + wobble**2 * (1.0 + 1.0 / k))
-            tolerance = max(c.floor, Z_SESSION * se)
+            ref, ref_se, se, names = _session_reference(c, members)
             relative = c.shift - ref
-            regressed = (_worse(c.direction, relative) > tolerance
-                         and _worse(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
-            names = tuple(o.config for o in others)
+            again = second.get((group, key, c.config))
+            k = max(1, len(c.blessed))
+            if again is not None:
+                relative2 = again.shift - ref
+                both = (relative + relative2) / 2.0
+                se_both = math.sqrt((c.shift_se**2 + again.shift_se**2) / 4.0 + ref_se**2
+                                    + wobble**2 * (0.5 + 1.0 / k))
+                tolerance = max(c.floor, Z_RELAUNCHED * se_both)
+                regressed = (_worse(c.direction, both) > tolerance
+                             and _screened(c, relative2, se)
+                             and _worse(c.direction, (c.shift + again.shift) / 2.0) > FLAG_FLOOR_SHARE * c.floor)
+                launches = (f"; relaunched (its first launch {_fmt_pct(math.expm1(relative))} relative was beyond the "
+                            f"screen): the relaunch {_fmt_pct(math.expm1(relative2))}, both launches "
+                            f"{_fmt_pct(math.expm1(both))}")
+                judged, z = both, Z_RELAUNCHED
+                shown_se = se_both
+            else:
+                tolerance = max(c.floor, Z_SESSION * se)
+                regressed = (_worse(c.direction, relative) > tolerance
+                             and _worse(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
+                launches, judged, z, shown_se = "", relative, Z_SESSION, se
             what = (f"{c.config}: {key} moved {_fmt_pct(math.expm1(c.shift))} against its baseline (all its cells "
-                    f"together) while the session's other {len(others)} config(s) moved "
-                    f"{_fmt_pct(math.expm1(ref))} (median): {_fmt_pct(math.expm1(relative))} relative")
-            made_of = (f"tolerance {tolerance:.1%} = max(floor {c.floor:.1%}, {Z_SESSION} x standard error; this "
+                    f"together) while the session's other {len(names)} config(s) moved "
+                    f"{_fmt_pct(math.expm1(ref))} (median): {_fmt_pct(math.expm1(relative))} relative{launches}")
+            made_of = (f"tolerance {tolerance:.1%} = max(floor {c.floor:.1%}, {z} x standard error {shown_se:.1%}; this "
                        f"config's change ±{c.shift_se:.1%}, the others' ±{ref_se:.1%}, config-specific spread "
-                       f"between blessed sessions {wobble:.1%})")
+                       f"between blessed sessions (launches) {wobble:.1%})")
             if regressed:
                 message = (f"{what}, beyond the {made_of}: a REGRESSION of this config against the rest of the "
                            "session (a config slower as a whole can pass cell by cell: each cell is judged against "
@@ -1068,5 +1214,6 @@ def judge_session(moves: Sequence[ConfigMove]) -> list[SessionFinding]:
             else:
                 message = f"{what}, within the {made_of}"
             findings.append(SessionFinding(c.config, key, REGRESSION if regressed else PASS, math.expm1(c.shift),
-                                           math.expm1(ref), math.expm1(relative), tolerance, names, message))
+                                           math.expm1(ref), math.expm1(judged), tolerance, names, message,
+                                           relaunched=again is not None))
     return findings

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -516,14 +517,23 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
 
 
 @pytest.fixture(scope="session")
-def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> str:
-    """The throughput gate's control, measured once per process before the first config: the
+def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
+    """The throughput gate's control, measured in each process before its first config: the
     profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
-    session, recorded and judged at session end (pytest_ddtree/control.py). Returns what was done:
-    ``measured``, ``unavailable`` (recorded with the reason) or ``off``."""
-    from pytest_ddtree import control
+    session, recorded and judged at session end (pytest_ddtree/control.py). Yields what was done:
+    ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
+    configs the session-end check flags are relaunched once (``throughput.relaunch_flagged``) and the
+    control is measured once more (its launch at the end), unless the run was stopped."""
+    from pytest_ddtree import control, throughput
 
-    return control.measure(ddtree_session, control.cells_of(request.session.items))
+    cells = control.cells_of(request.session.items)
+    done = control.measure(ddtree_session, cells)
+    yield done
+    if request.session.shouldstop or request.session.shouldfail:
+        return
+    throughput.relaunch_flagged(ddtree_session, request.session.items)
+    if done == "measured":
+        control.measure(ddtree_session, cells, launch=2)
 
 
 @pytest.fixture

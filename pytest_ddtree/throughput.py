@@ -72,6 +72,7 @@ def measure_config(
     bless: bool = False,
     launch_spread: Mapping[str, float] | None = None,
     gated: Sequence[str] | None = None,
+    cell_noise: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -88,13 +89,15 @@ def measure_config(
     ``speculative=False`` measures a non-speculative launch (the session's
     control: its responses carry no verify counts); ``bless`` asks the repeats for the interval a
     baseline needs (``repeat_policy``); ``launch_spread`` is ``blessed_launch_spread`` of the
-    baseline store (how much a config's common change moves between launches).
+    baseline store (how much a config's common change moves between launches), ``cell_noise`` its
+    ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
-                                  speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated)
+                                  speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
+                                  cell_noise=cell_noise)
     client = service
     policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
@@ -112,7 +115,7 @@ def measure_config(
     if baseline is None:
         return campaign
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
-    first = gate.judge_config(inputs, launch_spread=launch_spread)
+    first = gate.judge_config(inputs, launch_spread=launch_spread, cell_noise=cell_noise)
     flagged = [name for name, v in first.items() if v.flagged]
     if not flagged:
         campaign.verdicts = first
@@ -121,19 +124,29 @@ def measure_config(
     campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop)
     confirmations = {name: gate_samples([s.metrics() for s in run.samples if s.valid], campaign.gated)
                      for name, run in campaign.confirmations.items()}
-    campaign.verdicts = gate.judge_config(inputs, confirmations, launch_spread=launch_spread)
+    campaign.verdicts = gate.judge_config(inputs, confirmations, launch_spread=launch_spread, cell_noise=cell_noise)
     return campaign
 
 
 def blessed_launch_spread(store: Any) -> dict[str, float]:
     """``gate.launch_spread`` over every config's baseline file of this hardware profile (``store``:
     a ``BaselineStore``); files that cannot be read are left out (their own cells report them)."""
+    return gate.launch_spread(_blessed_sections(store))
+
+
+def blessed_cell_noise(store: Any) -> dict[str, dict[str, float]]:
+    """``gate.cell_noise`` over every config's baseline file of this hardware profile."""
+    return gate.cell_noise(_blessed_sections(store))
+
+
+def _blessed_sections(store: Any) -> list[dict[str, Any]]:
+    """The ``metrics`` sections of every config's baseline file of ``store`` (not the control's)."""
     from pytest_ddtree.control import CONTROL
 
-    sections = []
+    sections: list[dict[str, Any]] = []
     directory = getattr(store, "directory", None)
     if directory is None or not directory.is_dir():
-        return {}
+        return sections
     for path in sorted(directory.glob("*.yaml")):
         if path.stem == CONTROL:
             continue
@@ -142,7 +155,7 @@ def blessed_launch_spread(store: Any) -> dict[str, float]:
             sections.append(gate.validate_section((data or {}).get("metrics"), str(path)))
         except (BaselineError, gate.BaselineFormatError, OSError):
             continue
-    return gate.launch_spread(sections)
+    return sections
 
 
 def _primary(result: load.CellResult) -> float | None:
@@ -306,3 +319,67 @@ def evaluate_cell(
         baseline_problem=problem,
         status_reasons=list(why),
     )
+
+
+#: Record kinds of a flagged config's relaunch (``relaunch_flagged``): one per cell, and its repeats.
+RELAUNCH_RECORD = "throughput-relaunch"
+RELAUNCH_REPEAT = "throughput-relaunch-repeat"
+
+
+def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
+    """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
+    measure all its cells again and record them (``RELAUNCH_RECORD``), so the session end judges it on
+    both launches (``gate.judge_session``). Returns the relaunched configs.
+
+    Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
+    capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
+    10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
+    shift of its own. ``session`` is the process's ``DDTreeSession``, ``items`` the collected tests
+    (their ``ddtree_config`` and ``workload`` parameters). The screen compares the configs measured in
+    this process (the plugin keeps a config's tests on one worker). Nothing here raises: a relaunch
+    that fails is recorded with the reason, and the config keeps its one-launch verdict.
+    """
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.service.base import ServiceError
+
+    profile = session.profile
+    settings = session.settings
+    if not getattr(profile, "relaunch_flagged", False) or settings.update_baselines:
+        return []
+    recorder = session.recorder
+    moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == "throughput"]))
+    flagged = gate.relaunch_candidates(moves)
+    configs: dict[str, Any] = {}
+    cells: dict[str, list[Any]] = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        params = spec.params if spec is not None else {}
+        config, workload = params.get("ddtree_config"), params.get("workload")
+        name = getattr(config, "name", None)
+        if name in flagged and workload is not None and workload not in cells.setdefault(name, []):
+            configs[name] = config
+            cells[name].append(workload)
+    done = []
+    for name in flagged:
+        if name not in configs:
+            continue
+        try:
+            session.manager.release()  # a fresh launch, not the one still running
+            service = session.manager.ensure(configs[name])
+            baselines = session.baselines(service.server_info)
+            section = gate.validate_section((baselines.load(name) or {}).get("metrics"), str(baselines.path_for(name)))
+            campaign = measure_config(
+                service.client, cells[name], settings.repeats,
+                lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, sample_record(cell, r, result)),
+                baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
+                dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
+                launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
+            for workload in cells[name]:
+                ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
+                                   baselines.hardware_profile, False)
+                recorder.record(RELAUNCH_RECORD, name, ev.record)
+        except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
+            recorder.record(RELAUNCH_RECORD, name, {"error": f"the relaunch of {name} failed: {exc}"})
+            continue
+        done.append(name)
+    return done

@@ -41,7 +41,8 @@ from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_wo
 from pytest_ddtree.fingerprint import local_fingerprint
 from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.throughput import Campaign, blessed_launch_spread, evaluate_cell, measure_config, sample_record
+from pytest_ddtree.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
+                                      sample_record)
 
 
 class MissingBaselineWarning(UserWarning):
@@ -94,6 +95,7 @@ def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> li
 
 
 _LAUNCH_SPREAD = pytest.StashKey[dict[str, float]]()
+_CELL_NOISE = pytest.StashKey[dict[str, dict[str, float]]]()
 
 
 def _launch_spread(request: pytest.FixtureRequest, baselines: Any) -> dict[str, float]:
@@ -103,6 +105,14 @@ def _launch_spread(request: pytest.FixtureRequest, baselines: Any) -> dict[str, 
     if _LAUNCH_SPREAD not in stash:
         stash[_LAUNCH_SPREAD] = blessed_launch_spread(baselines)
     return stash[_LAUNCH_SPREAD]
+
+
+def _cell_noise(request: pytest.FixtureRequest, baselines: Any) -> dict[str, dict[str, float]]:
+    """Each cell's repeat noise over every blessed config of this hardware profile (read once per process)."""
+    stash = request.config.stash
+    if _CELL_NOISE not in stash:
+        stash[_CELL_NOISE] = blessed_cell_noise(baselines)
+    return stash[_CELL_NOISE]
 
 
 def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int,
@@ -133,6 +143,7 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 accept_bound=service.accept_bound(),
                 bless=baselines.update_mode,
                 launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
+                cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
             )
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)

@@ -80,7 +80,8 @@ def test_an_unchanged_session_says_nothing_moved_and_passes() -> None:
     judged = _session(1.0, 1.0)
     (group,) = judged.groups
     assert not judged.failed and group.kind == control.KIND_NONE
-    assert "uniform shift of the 2 speculative config(s) over the control" in judged.text()
+    assert "uniform shift of the 2 speculative config(s)" in judged.text()
+    assert "their median speedup change over the control" in judged.text()
 
 
 def test_without_a_control_the_summary_says_the_per_config_rule_applies() -> None:

@@ -137,6 +137,9 @@ class ServiceProfile:
     #: The throughput gate's control (pytest_ddtree/control.py): None = the lossless_args launch,
     #: "none" = no control, else the name of a config to measure as the control.
     control: str | None = None
+    #: Configs the session-end check flags are launched once more at the end of their process and
+    #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
+    relaunch_flagged: bool = True
     hardware_profile: str | None = None
     max_context: int | None = None
     tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
@@ -448,6 +451,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "lossless": (str, False),
     "lossless_args": ((str, type(None)), False),
     "control": ((str, type(None)), False),
+    "relaunch_flagged": (bool, False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
     "tokenizer": ((str, type(None)), False),
@@ -637,6 +641,11 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
             parse_config_name(control)
         except ConfigError as exc:
             raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
+    relaunchable = controller != "external" and not isinstance(pool, tuple)
+    relaunch_flagged = raw.get("relaunch_flagged", relaunchable)
+    if relaunch_flagged and not relaunchable:
+        raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
+                                       "(configs are then judged on their one launch)")
     health_path = raw.get("health_path", "/health_generate")
     if not health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {health_path!r}")
@@ -682,6 +691,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
         control=control,
+        relaunch_flagged=bool(relaunch_flagged),
         hardware_profile=raw.get("hardware_profile"),
         max_context=raw.get("max_context"),
         tokenizer=raw.get("tokenizer"),
