@@ -456,6 +456,19 @@ def measure(session: Any, cells: Sequence[Any], launch: int = 1) -> str:
     return "measured"
 
 
+#: A process that measured this many configs measures the control once more at its end.
+END_LAUNCH_MIN_CONFIGS = 3
+
+
+def wants_end_launch(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether this process's control is measured once more at its end (``records``: the process's
+    own): after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift
+    and the control's launch shift is shared by enough configs to be worth a second launch; a process
+    of one or two configs keeps its one launch beside them."""
+    configs = {r.get("config") for r in records if r.get("kind") == "throughput"}
+    return len(configs) >= END_LAUNCH_MIN_CONFIGS
+
+
 def cells_of(items: Sequence[Any]) -> list[Any]:
     """The throughput cells (``workload`` parameters) of the collected tests, each once, in order;
     cells skipped for the profile (``max_context``) are left out."""

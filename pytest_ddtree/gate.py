@@ -531,7 +531,7 @@ def median_chi2_share(dof: int) -> float:
     return (1.0 - 2.0 / (9.0 * dof)) ** 3 if dof > 0 else 1.0
 
 
-def _blessed_config_shifts(sections: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, float]]]:
+def blessed_config_shifts(sections: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, float]]]:
     """Per metric, each config's common change per blessed session (log; session id -> value)."""
     found: dict[str, list[dict[str, float]]] = {}
     for section in sections:
@@ -589,7 +589,7 @@ def launch_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     blessed in different sessions (no shared session ids) fall back to the median of their own spreads.
     """
     out: dict[str, float] = {}
-    for key, configs in _blessed_config_shifts(sections).items():
+    for key, configs in blessed_config_shifts(sections).items():
         if len(configs) < 3:
             continue
         spec = SPECS.get(key)

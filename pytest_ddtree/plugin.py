@@ -523,7 +523,8 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     session, recorded and judged at session end (pytest_ddtree/control.py). Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
     configs the session-end check flags are relaunched once (``throughput.relaunch_flagged``) and the
-    control is measured once more (its launch at the end), unless the run was stopped."""
+    control is measured once more after a process of several configs (its launch at the end), unless
+    the run was stopped."""
     from pytest_ddtree import control, throughput
 
     cells = control.cells_of(request.session.items)
@@ -532,7 +533,7 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     if request.session.shouldstop or request.session.shouldfail:
         return
     throughput.relaunch_flagged(ddtree_session, request.session.items)
-    if done == "measured":
+    if done == "measured" and control.wants_end_launch(ddtree_session.recorder.records):
         control.measure(ddtree_session, cells, launch=2)
 
 

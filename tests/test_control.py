@@ -20,20 +20,22 @@ def _samples(rng: random.Random, value: float, factor: float, n: int = 3) -> dic
 
 
 def _launch(rng: random.Random, name: str, value: float, entries: dict[str, Any], factor: float,
-            kind: str = "throughput") -> list[dict[str, Any]]:
+            kind: str = "throughput", launch: int = 1) -> list[dict[str, Any]]:
     """One launch judged against its blessed entries: the records the suite writes."""
     inputs = {cell: gate.CellInput(entries[cell], _samples(rng, value * (1 + i / 10), factor), workload=WORKLOAD)
               for i, cell in enumerate(CELLS)}
     verdicts = gate.judge_config(inputs, {c: inp.current for c, inp in inputs.items()})
     return [{"kind": kind, "config": name, "cell": cell, "hardware_profile": "hw", "host": "node1",
              "metrics": {"output_throughput": stats.median(list(inputs[cell].current["output_throughput"]))},
-             "verdict": v.as_dict(), "control_source": "non-speculative launch"}
+             "verdict": v.as_dict(), "control_source": "non-speculative launch", "control_launch": launch}
             for cell, v in verdicts.items()]
 
 
-def _session(control_factor: float, config_factor: float, seed: int = 1, control_blessed: str = "s") -> control.ControlJudgement:
+def _session(control_factor: float, config_factor: float, seed: int = 1, control_blessed: str = "s",
+             control_at_end: float | None = None) -> control.ControlJudgement:
     """Three blessed sessions of a control (100 tok/s) and two configs (300, 400 tok/s), then a
-    session where the control runs ``control_factor`` and every config ``config_factor`` as fast."""
+    session where the control runs ``control_factor`` and every config ``config_factor`` as fast
+    (and the control once more at the session's end at ``control_at_end``)."""
     rng = random.Random(seed)
     values = {control.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
     entries: dict[str, dict[str, Any]] = {name: {} for name in values}
@@ -45,6 +47,9 @@ def _session(control_factor: float, config_factor: float, seed: int = 1, control
                     WORKLOAD, _samples(rng, value * (1 + i / 10), day), entries[name].get(cell),
                     session=f"{control_blessed if name == control.CONTROL else 's'}{s}")
     records = _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], control_factor, control.CONTROL_RECORD)
+    if control_at_end is not None:
+        records += _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], control_at_end,
+                           control.CONTROL_RECORD, launch=2)
     configs = [r for name in ("bs8_b4_k4", "bs8_b8_k4") for r in _launch(rng, name, values[name], entries[name],
                                                                         config_factor)]
     return control.judge(records + configs, configs)
@@ -154,3 +159,49 @@ def test_a_control_blessed_apart_from_the_configs_states_the_shift_but_does_not_
     (group,) = judged.groups
     assert not judged.failed and group.uniform_shift is not None and group.uniform_shift < -0.05
     assert "share no blessed session" in judged.text()
+
+
+def test_the_control_at_the_start_and_the_end_of_a_drifting_session_is_judged_on_their_mean() -> None:
+    # the machine drifted 6% over the session: the control's first launch saw it 3% faster, its last
+    # 3% slower, the configs (in between) as they were
+    judged = _session(1.03, 1.0, control_at_end=0.97)
+    (group,) = judged.groups
+    assert not judged.failed and group.kind == control.KIND_NONE
+    assert group.control_change is not None and abs(group.control_change) < 0.015
+    assert group.uniform_shift is not None and abs(group.uniform_shift) < 0.015
+    assert "2 launch(es) on 4 cell(s)" in judged.text() and "(2 launch(es) this session)" in judged.text()
+    # the first launch alone would have read the configs 3% slower than the control
+    alone = _session(1.03, 1.0)
+    assert alone.groups[0].uniform_parts["over_control"] < -0.02
+
+
+def test_the_day_spread_counts_the_blessed_days_once_not_once_per_config() -> None:
+    rng = random.Random(4)
+    days = [math.exp(rng.gauss(0, 0.05)) for _ in range(3)]
+    sections: list[dict[str, Any]] = [{} for _ in range(12)]
+    for s, day in enumerate(days):
+        for section in sections:
+            launch = math.exp(rng.gauss(0, 0.005))
+            for i, cell in enumerate(CELLS):
+                section[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), day * launch),
+                                                         section.get(cell), session=f"s{s}")
+    # twelve configs, one launch-to-launch spread of ~0.5%, three blessed days 5% apart (sd)
+    spread = gate.launch_spread(sections)["output_throughput"]
+    blessed = gate.blessed_config_shifts(sections)["output_throughput"]
+    assert spread >= max(0.02, gate.day_spread(blessed) or 0.0)
+    moves = [gate.ConfigMove(str(i), "output_throughput", "higher", 0.05, 0.0, 0.0, b) for i, b in enumerate(blessed)]
+    assert gate.launch_wobble(moves) < 0.012
+
+
+def test_a_cell_noisy_in_every_config_gets_its_own_noise_from_all_of_them() -> None:
+    rng = random.Random(5)
+    sections: list[dict[str, Any]] = [{} for _ in range(6)]
+    for s in range(3):
+        for section in sections:
+            for i, cell in enumerate(CELLS):
+                noise = 0.05 if cell == "c4" else 0.01
+                values = {"output_throughput": [100.0 * math.exp(rng.gauss(0, noise)) for _ in range(3)]}
+                section[cell] = gate.baseline_cell_entry(WORKLOAD, values, section.get(cell), session=f"s{s}")
+    noise = gate.cell_noise(sections)["output_throughput"]
+    assert 0.03 < noise["c4"] < 0.08 and 0.005 < noise["c1"] < 0.016
+    assert gate.cell_noise(sections[:2]) == {}  # a cell blessed in fewer than 3 configs: its own estimate stands

@@ -140,6 +140,7 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
         ({"pool": 0}, r"pool: must be at least 1"),
         ({"lossless_args": None}, r"lossless_args: lossless: instance needs"),
         ({"controller": "systemd"}, r"unit: the systemd controller needs the unit name"),
+        ({"pool": ["http://127.0.0.1:30000"], "relaunch_flagged": True}, r"relaunch_flagged: an external service or a pool of URLs cannot be relaunched"),
     ],
 )
 def test_profile_errors_name_file_key_and_problem(tmp_path: Path, repo_root: Path, changes: dict[str, object], message: str) -> None:

@@ -22,11 +22,13 @@ def _noisy(rng: random.Random, value: float, n: int = 3, noise: float = 0.01) ->
 
 
 def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1.0, host: str = "",
-                     two_cells: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                     two_cells: frozenset[str] = frozenset(),
+                     relaunch: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Bless every config in three sessions (each with its own day factor, shared by its
     configs), then measure today's session (``day`` x the config's own factor) and return the
     throughput records as the suite writes them (config, verdict as a dict, host). Configs in
-    ``two_cells`` are measured today in two cells only (too few for a common change)."""
+    ``two_cells`` are measured today in two cells only (too few for a common change); configs in
+    ``relaunch`` are launched once more at the given factor (records of kind throughput-relaunch)."""
     rng = random.Random(seed)
     baselines: dict[str, dict[str, Any]] = {c: {} for c in configs}
     for s, blessed_day in enumerate((1.0, 1.02, 0.985)):
@@ -36,14 +38,16 @@ def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1
                     WORKLOAD, {"output_throughput": _noisy(rng, value * blessed_day)}, baselines[config].get(cell),
                     session=f"s{s}")
     records = []
-    for config, factor in configs.items():
+    launches = [(config, factor, "throughput") for config, factor in configs.items()]
+    launches += [(config, factor, "throughput-relaunch") for config, factor in (relaunch or {}).items()]
+    for config, factor, kind in launches:
         cells = dict(list(CELLS.items())[:2]) if config in two_cells else CELLS
         inputs = {cell: gate.CellInput(baselines[config][cell], {"output_throughput": _noisy(rng, value * day * factor)},
                                        workload=WORKLOAD)
                   for cell, value in cells.items()}
         verdicts = gate.judge_config(inputs, {cell: {"output_throughput": _noisy(rng, value * day * factor, 12)}
                                               for cell, value in cells.items()})
-        records += [{"config": config, "cell": cell, "host": host, "hardware_profile": "refserver",
+        records += [{"kind": kind, "config": config, "cell": cell, "host": host, "hardware_profile": "refserver",
                      "verdict": v.as_dict()} for cell, v in verdicts.items()]
     return records
 
@@ -102,3 +106,20 @@ def test_a_config_that_wobbles_between_blessed_sessions_gets_a_wider_tolerance()
               for m in moves]
     wide = {f.config: f.tolerance for f in gate.judge_session(wobbly)}
     assert wide["a"] > tight["a"] and wide["a"] > 0.05
+
+
+def test_a_flagged_config_is_relaunched_and_fails_only_when_its_relaunch_is_slow_too() -> None:
+    configs = {"a": 0.93, "b": 1.0, "c": 1.0, "d": 1.0}
+    first = _session_records(configs, seed=7)
+    moves = gate.config_moves(first)
+    assert gate.relaunch_candidates(moves) == ["a"]  # the screen: only the config that stands out
+    for again, fails in ((0.93, True), (1.0, False)):
+        records = _session_records(configs, seed=7, relaunch={"a": again})
+        relaunched = gate.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
+        findings = {f.config: f for f in gate.judge_session(
+            gate.config_moves([r for r in records if r["kind"] == "throughput"]), relaunched)}
+        a = findings["a"]
+        assert a.relaunched and a.failed is fails and not any(f.failed for f in findings.values() if f is not a)
+        assert "relaunched (its first launch -" in a.message and "both launches" in a.message
+        # one slow launch that the relaunch does not reproduce is the launch, not the config
+        assert (a.relative < -0.05) is fails
