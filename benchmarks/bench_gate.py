@@ -255,6 +255,8 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             if cfg == 0 and (m := v.metric("output_throughput")) is not None and m.status == gate.REGRESSION:
                 dropped_config_cells = True
                 dropped_cell_caught |= cell == "c0"
+            if cfg == 0 and cell == "c0" and scenario == "one_cell_10":
+                out["dropped_cell"] = f"cfg0: {v.message()}"[:700]
     if CONTROL_AT_END:  # the control once more after the last config (as the plugin does per process)
         verdicts = judge(model, CONTROL, baseline[CONTROL], model.launch(day, 1.0), {}, spread, noise)
         for cell, v in verdicts.items():
@@ -267,15 +269,16 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     configs_records = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
     moves = gate.config_moves(configs_records)
     relaunched: list[gate.ConfigMove] = []
-    if RELAUNCH:
-        # a flagged config launched once more at the session's end, all its cells, and judged on both
-        for name in gate.relaunch_candidates(moves):
+    out["relaunches"] = 0
+    while RELAUNCH and (names := gate.relaunch_candidates(moves, relaunched)):
+        # flagged configs launched once more at the session's end, all their cells, judged on all launches
+        for name in names:
             cfg = int(name[3:])
             slowed = drop and (who == "all" or cfg == 0)
             drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
             verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
             relaunched += gate.config_moves([_record(name, cell, v) for cell, v in verdicts.items()])
-    out["relaunches"] = len({m.config for m in relaunched})
+            out["relaunches"] += 1
     findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     for f in findings:
         out.setdefault("example", f.message[:700])
@@ -318,6 +321,8 @@ def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]
         totals["kinds"][got["kind"]] = totals["kinds"].get(got["kind"], 0) + 1
         if got.get("example") and scenario == "unchanged":
             totals.setdefault("examples", {})[got["example"]] = 1
+        if scenario == "one_cell_10" and not got.get("caught") and got.get("dropped_cell"):
+            totals.setdefault("examples", {})[got["dropped_cell"]] = 1
     return shape_name, scenario, totals
 
 
@@ -423,6 +428,8 @@ def main() -> int:
                 good = target is None or c["caught"] / n >= target
                 ok &= good
                 mark = "info" if target is None else ("OK" if good else "MISSED")
+                for example in list(c.get("examples") or {})[:args.examples]:
+                    print("    missed: " + example.replace("\n", "\n      "))
                 print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}"
                       f"{f' (>= {target:.0%})' if target else ''}; any failure of the session {c['caught_any'] / n:.1%}; "
                       f"relaunches {c['relaunches'] / n:.2f} a session; "

@@ -153,12 +153,13 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     records = [_record(name, cell, v) for name, vs in verdicts.items() for cell, v in vs.items()]
     configs = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
     moves = gate.config_moves(configs)
-    flagged = gate.relaunch_candidates(moves) if args.relaunch else []
+    flagged: list[str] = []
     relaunched: list[gate.ConfigMove] = []
-    if flagged:
-        again = session(args, rng, slow and not slow_all, baselines, slow_all, names=flagged, day=day)
-        relaunched = gate.config_moves([_record(name, cell, v) for name, c in again.items()
-                                        for cell, v in c.verdicts.items()])
+    while args.relaunch and (names := gate.relaunch_candidates(moves, relaunched)):
+        again = session(args, rng, slow and not slow_all, baselines, slow_all, names=names, day=day)
+        relaunched += gate.config_moves([_record(name, cell, v) for name, c in again.items()
+                                         for cell, v in c.verdicts.items()])
+        flagged += names
     findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     judged = control.judge(records, configs, require_baselines=True) if args.control else None
     group = judged.groups[0] if judged and judged.groups else None

@@ -16,18 +16,25 @@ the control cancels that day in the ratio config / control, so:
   everything is seen too ("control moved").
 
 The control is the launch the lossless gate already makes (the profile's ``lossless_args``), or
-the config a profile names in ``control:``; measured once per process (per service instance and
-host, not per config) on every throughput cell of the session, before the first config.
-Profiles that cannot launch one (an external service, a pool of URLs, no ``lossless_args``, or
-``control: none``) keep the per-config rule and the summary says so.
+the config a profile names in ``control:``; measured in each process (per service instance and
+host, not per config) on every throughput cell of the session, before its first config, and once
+more after its last where it measured 3 or more configs (``wants_end_launch``): the two launches'
+mean sits where the configs' median does, so a machine that drifts over the session cancels, and
+the control's own launch shift averages. Profiles that cannot launch one (an external service, a
+pool of URLs, no ``lossless_args``, or ``control: none``) keep the per-config rule and the summary
+says so.
 
-Tolerances (log values, as everywhere in the gate): the uniform shift's standard error is how
-much the same figure moved between the blessed sessions (the control's and the configs' noise and
-launch-to-launch shifts, which the ratio does not cancel; median-unbiased; at least today's noise,
-the control's common change's and the median of the configs'), times sqrt(1 + 1/k) for a
-baseline of k sessions; the tolerance is
-``max(UNIFORM_FLOOR, Z_UNIFORM x that standard error)``. The control moved when its common change
-is beyond ``max(floor, Z_CONFIG x day-to-day spread)``, the rule of a config's step 5.
+The uniform shift is estimated twice and the two are weighed by their noise (inverse variance,
+their covariance through the configs' median counted): (a) the configs' median speedup change over
+the control - the day cancels, the control's own launch shift does not (its variance: the
+launch-to-launch spread, pooled from every config's blessed sessions against the others of its
+session, over the control's launches and blessed sessions); (b) the configs' median change against
+their baselines - the control's launch does not enter, the day does (at least the assumed day
+shift, 2%, or the blessed days' spread). Restart noise widens (a), a day shift (b); together they
+are tighter than either. When the control moved beyond its own tolerance the day was no ordinary one and
+(a) stands alone. The tolerance is ``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``.
+The control moved when its common change is beyond ``Z_CONFIG`` of its own standard error (day and
+launch parts, as a config's step 5).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ CONTROL_UNAVAILABLE = "throughput-control-unavailable"
 CONTROL_REPEAT = "throughput-control-repeat"
 #: The uniform shift fails beyond max(UNIFORM_FLOOR, Z_UNIFORM standard errors) while the control held.
 UNIFORM_FLOOR = 0.025
-Z_UNIFORM = 2.5
+Z_UNIFORM = 2.7
 #: Assumed spread of the uniform shift between sessions when fewer than two blessed sessions show it.
 UNIFORM_PRIOR_SPREAD = 0.01
 _METRIC = "output_throughput"

@@ -339,16 +339,10 @@ def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
     this process (the plugin keeps a config's tests on one worker). Nothing here raises: a relaunch
     that fails is recorded with the reason, and the config keeps its one-launch verdict.
     """
-    from pytest_ddtree.configs import ConfigError
-    from pytest_ddtree.service.base import ServiceError
-
-    profile = session.profile
-    settings = session.settings
-    if not getattr(profile, "relaunch_flagged", False) or settings.update_baselines:
+    if not getattr(session.profile, "relaunch_flagged", False) or session.settings.update_baselines:
         return []
     recorder = session.recorder
     moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == "throughput"]))
-    flagged = gate.relaunch_candidates(moves)
     configs: dict[str, Any] = {}
     cells: dict[str, list[Any]] = {}
     for item in items:
@@ -356,30 +350,49 @@ def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
         params = spec.params if spec is not None else {}
         config, workload = params.get("ddtree_config"), params.get("workload")
         name = getattr(config, "name", None)
-        if name in flagged and workload is not None and workload not in cells.setdefault(name, []):
+        if isinstance(name, str) and workload is not None and workload not in cells.setdefault(name, []):
             configs[name] = config
             cells[name].append(workload)
-    done = []
-    for name in flagged:
-        if name not in configs:
-            continue
-        try:
-            session.manager.release()  # a fresh launch, not the one still running
-            service = session.manager.ensure(configs[name])
-            baselines = session.baselines(service.server_info)
-            section = gate.validate_section((baselines.load(name) or {}).get("metrics"), str(baselines.path_for(name)))
-            campaign = measure_config(
-                service.client, cells[name], settings.repeats,
-                lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, sample_record(cell, r, result)),
-                baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
-                dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
-                launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
-            for workload in cells[name]:
-                ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
-                                   baselines.hardware_profile, False)
-                recorder.record(RELAUNCH_RECORD, name, ev.record)
-        except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
-            recorder.record(RELAUNCH_RECORD, name, {"error": f"the relaunch of {name} failed: {exc}"})
-            continue
-        done.append(name)
-    return done
+    done: list[str] = []
+    failed: set[str] = set()
+    while True:
+        relaunched = gate.config_moves([r for r in recorder.records if r.get("kind") == RELAUNCH_RECORD and "cell" in r])
+        flagged = [n for n in gate.relaunch_candidates(moves, relaunched) if n in configs and n not in failed]
+        if not flagged:
+            return done
+        for name in flagged:
+            index = 1 + len({r.get("relaunch") for r in recorder.records
+                             if r.get("kind") == RELAUNCH_RECORD and r.get("config") == name})
+            if _relaunch(session, name, configs[name], cells[name], index):
+                done.append(name)
+            else:
+                failed.add(name)
+
+
+def _relaunch(session: Any, name: str, config: Any, cells: Sequence[Any], index: int) -> bool:
+    """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
+    failed (recorded with the reason)."""
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.service.base import ServiceError
+
+    profile, settings, recorder = session.profile, session.settings, session.recorder
+    try:
+        session.manager.release()  # a fresh launch, not the one still running
+        service = session.manager.ensure(config)
+        baselines = session.baselines(service.server_info)
+        section = gate.validate_section((baselines.load(name) or {}).get("metrics"), str(baselines.path_for(name)))
+        campaign = measure_config(
+            service.client, cells, settings.repeats,
+            lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name,
+                                                    {**sample_record(cell, r, result), "relaunch": index}),
+            baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
+            dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
+            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
+        for workload in cells:
+            ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
+                               baselines.hardware_profile, False)
+            recorder.record(RELAUNCH_RECORD, name, {**ev.record, "relaunch": index})
+    except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
+        recorder.record(RELAUNCH_RECORD, name, {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index})
+        return False
+    return True

@@ -120,6 +120,6 @@ def test_a_flagged_config_is_relaunched_and_fails_only_when_its_relaunch_is_slow
             gate.config_moves([r for r in records if r["kind"] == "throughput"]), relaunched)}
         a = findings["a"]
         assert a.relaunched and a.failed is fails and not any(f.failed for f in findings.values() if f is not a)
-        assert "relaunched (its first launch -" in a.message and "both launches" in a.message
+        assert "relaunched 1 time(s) (its first launch -" in a.message and "all 2 launches" in a.message
         # one slow launch that the relaunch does not reproduce is the launch, not the config
         assert (a.relative < -0.05) is fails
