@@ -92,6 +92,18 @@ def test_the_architecture_page_names_every_module(repo_root: Path) -> None:
     assert listed and not sorted(listed - modules), sorted(listed - modules)
 
 
+def test_every_file_the_architecture_page_names_exists(repo_root: Path) -> None:
+    """The run's trace names files in passing (``systemd.py`` among the service's controllers):
+    each is a file of the package (or of its service/ or refserver/ folder), of suites/ or of the
+    repository (globs too)."""
+    page = _architecture(repo_root)
+    named = set(re.findall(r"(?<![\w/.*-])([\w*-]+(?:/[\w*-]+)*\.py)\b", page))
+    assert len(named) >= 30, sorted(named)
+    homes = [repo_root / "pytest_ddtree" / sub for sub in ("", "service", "refserver")] + [repo_root, repo_root / "suites"]
+    missing = sorted(name for name in named if not any(list(home.glob(name)) for home in homes))
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
 def test_the_architecture_tables_point_at_real_definitions(repo_root: Path) -> None:
     """Each table row's last column names files and, in parentheses, what they define."""
     section = _architecture(repo_root)

@@ -90,6 +90,26 @@ def test_a_broken_link_fails_the_build(repo_root: Path, tmp_path: Path) -> None:
     assert "no-such-page.md" in result.stdout + result.stderr
 
 
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_to_pages_and_anchors_that_exist(repo_root: Path) -> None:
+    """The README is not part of the site's build: its links into docs/ are checked here."""
+    readme = (repo_root / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert len(local) >= 15, local
+    for link in local:
+        target, _, anchor = link.partition("#")
+        path = repo_root / target
+        assert path.is_file(), f"README links to {target}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+            assert anchor in {_github_anchor(h) for h in headings}, f"README links to {link}: no such heading"
+
+
 class _Group:
     def __init__(self) -> None:
         self.options: list[str] = []
