@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree.report import tokens_per_verify
+from pytest_ddtree.metrics import tokens_per_verify
 
 #: The record kind that carries the adaptive sweep's outcome (restarts, predictions, picks).
 RECORD_KIND = "adaptive-sweep"

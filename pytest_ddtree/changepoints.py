@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pytest_ddtree import stats
-from pytest_ddtree.history import StoredCell
-from pytest_ddtree.report import TOKENS_PER_VERIFY
+from pytest_ddtree.history import HistoryError, StoredCell, check_usable
+from pytest_ddtree.metrics import TOKENS_PER_VERIFY
 
 #: The extra that brings the change-point library.
 HISTORY_EXTRA = "pytest-ddtree[history]"
@@ -58,6 +58,18 @@ def check_available() -> None:
         import otava.analysis  # noqa: F401
     except ImportError:
         raise ChangePointsUnavailable(f"change points need Apache Otava: pip install '{HISTORY_EXTRA}'") from None
+
+
+def check_history_usable(url: str, change_points: bool) -> None:
+    """What a session can check before it measures: the history URL, its driver and, with
+    ``--ddtree-history-check``, the change-point library (here, not in history.py, so that
+    the history store does not import its own reader)."""
+    check_usable(url)
+    if change_points:
+        try:
+            check_available()
+        except ChangePointsUnavailable as exc:
+            raise HistoryError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -165,21 +165,15 @@ def check_url(url: str) -> None:
                            "(SQLite) or postgresql://user@host:port/db (PostgreSQL)")
 
 
-def check_usable(url: str, change_points: bool = False) -> None:
-    """What a session can check before it measures: the URL, its driver, the change-point library."""
+def check_usable(url: str) -> None:
+    """What a session can check before it measures: the URL and its driver (the change-point
+    library: :func:`pytest_ddtree.changepoints.check_history_usable`)."""
     check_url(url)
     if is_postgres(url):
         try:
             import psycopg  # noqa: F401
         except ImportError:
             raise HistoryError(f"a PostgreSQL history needs the psycopg driver: pip install '{POSTGRES_EXTRA}'") from None
-    if change_points:
-        from pytest_ddtree.changepoints import ChangePointsUnavailable, check_available
-
-        try:
-            check_available()
-        except ChangePointsUnavailable as exc:
-            raise HistoryError(str(exc)) from None
 
 
 class HistoryStore:

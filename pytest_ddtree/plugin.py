@@ -210,10 +210,11 @@ def _validate_history(session: DDTreeSession) -> None:
     settings = session.settings
     if settings.history is None:
         return
-    from pytest_ddtree.history import HistoryError, check_usable
+    from pytest_ddtree.changepoints import check_history_usable
+    from pytest_ddtree.history import HistoryError
 
     try:
-        check_usable(settings.history, change_points=settings.history_check)
+        check_history_usable(settings.history, settings.history_check)
     except HistoryError as exc:
         raise pytest.UsageError(f"--ddtree-history: {exc}") from None
 

@@ -455,7 +455,7 @@ def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
     repeats = record.get("repeat_histograms")
     if isinstance(repeats, list) and repeats and all(isinstance(h, list) for h in repeats):
         return ("histograms", tuple(sorted({tuple(h) for h in repeats})))
-    from pytest_ddtree.report import TOKENS_PER_VERIFY, tokens_per_verify
+    from pytest_ddtree.metrics import TOKENS_PER_VERIFY, tokens_per_verify
 
     metrics = record.get("metrics") or {}
     value = tokens_per_verify(metrics) if isinstance(metrics, Mapping) else None  # the requests' own ratio

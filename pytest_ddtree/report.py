@@ -27,22 +27,13 @@ from tabulate import tabulate
 
 from pytest_ddtree import stats
 from pytest_ddtree.configs import config_or_none, name_sort_key
+# Re-exported: the gate, the load generator and the HTML report read them here.
+from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
+from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
 DRAFTER_BOUND_GAIN = 0.08
-
-#: The gated acceptance: sum(completion_tokens) / sum(spec_verify_ct) over the measured requests
-#: (tokens per verify step, the prefill token counted, what SGLang's own tests compute). Not
-#: bench_serving's ``accept_length``, which is the server's lagging ``avg_spec_accept_length``.
-TOKENS_PER_VERIFY = "ddtree_tokens_per_verify"
-
-
-def tokens_per_verify(metrics: Mapping[str, Any]) -> Any:
-    """The gated acceptance of a metrics dict; results written before the key was renamed
-    carried it as ``accept_length`` (and had no ``ddtree_tokens_per_verify``)."""
-    return metrics[TOKENS_PER_VERIFY] if TOKENS_PER_VERIFY in metrics else metrics.get("accept_length")
-
 
 #: Metrics copied into the JSON results per cell: every result key of SGLang's bench_serving
 #: (sglang/benchmark/serving.py ``benchmark()``'s ``result``), then ours (``ddtree_``).

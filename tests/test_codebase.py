@@ -145,3 +145,93 @@ def test_a_run_without_ddtree_tests_writes_nothing_beside_the_suites(tmp_path: P
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (tmp_path / ".ddtree").exists(), sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / ".ddtree").rglob("*"))
+
+
+# -- the house's shape: no import cycle, no huge module, no long function without a reason --------
+
+#: Most lines a module of the package may have.
+MAX_MODULE_LINES = 800
+#: Most lines a function may have unless a ``# long because: ...`` comment stands directly above it.
+MAX_FUNCTION_LINES = 80
+REASON = "# long because:"
+#: Temporary: the throughput gate's modules are being changed by other work until it lands
+#: (then they move into one folder and split); each entry names what it excuses.
+NOT_YET: set[str] = {
+    "cycle pytest_ddtree.control <-> pytest_ddtree.throughput",
+    "module pytest_ddtree/gate.py",
+    "function pytest_ddtree/gate.py:judge_config",
+    "function pytest_ddtree/control.py:_judge_group",
+    "function pytest_ddtree/load.py:stream_request",
+}
+
+
+def _modules(repo_root: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted((repo_root / "pytest_ddtree").rglob("*.py")):
+        parts = list(path.relative_to(repo_root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere (top level, in functions, under
+    TYPE_CHECKING): a lazy import hides a cycle from the interpreter, not from a reader."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]) if node.level else node.module or ""
+            base = base.rstrip(".")
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                found.add(target if target in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others(repo_root: Path) -> None:
+    modules = _modules(repo_root)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert graph["pytest_ddtree.plugin"] >= {"pytest_ddtree.options"}, "the import graph is not read"
+    cycles = [" <-> ".join(c) for c in _cycles(graph)]
+    assert not [c for c in cycles if f"cycle {c}" not in NOT_YET], cycles
+    assert not {e for e in NOT_YET if e.startswith("cycle ")} - {f"cycle {c}" for c in cycles}, "NOT_YET excuses a cycle that is gone"
+

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..atomicfile import write_atomic
 from . import layout
-from .patches import PatchError, check_target_path, find_dist_info, read_metadata, sha256_file
+from .patchset import PatchError, check_target_path, find_dist_info, read_metadata, sha256_file
 
 __all__ = ["DeployReport", "deploy_package"]
 

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from .patches import (
+from .patchset import (
     PatchedFile,
     PatchError,
     PatchSet,
-    _Pristine,
-    _skip,
+    Pristine,
     distribution_patch_set,
+    ignored_record_path,
     normalize_dist_name,
     read_metadata,
     sha256_bytes,
@@ -179,7 +179,7 @@ def _git_tree_patches(package: str, pkg_dir: Path, files: list[PatchedFile], pri
     untracked = [p for p in _git(repo, "ls-files", "-z", "--others", "--exclude-standard", "--", rel_pkg).decode().split("\0") if p]
     for repo_rel in tracked:
         target = target_of(repo_rel)
-        if _skip(target):
+        if ignored_record_path(target):
             continue
         working = repo / repo_rel
         if repo_rel not in changed:
@@ -194,7 +194,7 @@ def _git_tree_patches(package: str, pkg_dir: Path, files: list[PatchedFile], pri
         files.append(PatchedFile(target, working.read_bytes(), original, "modified"))
     for repo_rel in untracked:
         target = target_of(repo_rel)
-        if not _skip(target) and (repo / repo_rel).is_file():
+        if not ignored_record_path(target) and (repo / repo_rel).is_file():
             files.append(PatchedFile(target, (repo / repo_rel).read_bytes(), None, "added"))
     return repo.name
 
@@ -229,14 +229,14 @@ def collect_source_install(
                     "(a wheel, a directory or a git checkout of the unmodified version) in the profile's patches section"
                 )
             pristine_path = top
-        pristine = _Pristine(pristine_path, pristine_prefix)
+        pristine = Pristine(pristine_path, pristine_prefix)
         try:
             if pkg_dirs:
                 installed = {p.relative_to(d.parent).as_posix(): p for d in pkg_dirs.values() for p in sorted(d.rglob("*")) if p.is_file()}
             else:
                 installed = {rel: site / rel for rel in record if (site / rel).is_file()}
             for target, path in sorted(installed.items()):
-                if _skip(target) or target.split("/")[0].endswith((".dist-info", ".data")) or target.startswith("__editable__"):
+                if ignored_record_path(target) or target.split("/")[0].endswith((".dist-info", ".data")) or target.startswith("__editable__"):
                     continue
                 data = path.read_bytes()
                 original = pristine.read(target)

@@ -24,14 +24,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from . import layout
-from .patches import (
-    DiffError,
+from .diffs import DiffError, apply_unified_diff, reverse_unified_diff
+from .patchset import (
     PatchError,
-    apply_unified_diff,
     check_target_path,
     find_dist_info,
     read_metadata,
-    reverse_unified_diff,
+    record_hash_to_hex,
     sha256_bytes,
     sha256_file,
 )
@@ -135,12 +134,10 @@ def _record_layout(root: Path) -> tuple[dict[str, str | None], set[str]] | None:
         return None
     import csv
 
-    from .patches import _record_hash_to_hex  # noqa: PLC0415 - private helper shared on purpose
-
     hashes: dict[str, str | None] = {}
     for row in csv.reader(rec.read_text(encoding="utf-8").splitlines()):
         if row:
-            hashes[row[0]] = _record_hash_to_hex(row[1]) if len(row) > 1 and row[1] else None
+            hashes[row[0]] = record_hash_to_hex(row[1]) if len(row) > 1 and row[1] else None
     tops = {PurePosixPath(p).parts[0] for p in hashes if len(PurePosixPath(p).parts) > 1}
     return hashes, tops
 

@@ -29,7 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from . import layout
 from .envsnap import NO_GPU, is_secret_name, render_env_text, snapshot_env
-from .patches import PatchError, PatchSet, collect_patches, flatten_target, iter_diff_targets, sha256_bytes
+from .patches import collect_patches
+from .patchset import PatchError, PatchSet, flatten_target, iter_diff_targets, sha256_bytes
 from .verify import VerifyReport, verify_package, write_manifest
 
 __all__ = [
