@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
 from pytest_ddtree import control, gate, load, throughput  # noqa: E402
+from pytest_ddtree.vocabulary import Status  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
 #: The control's second launch of a judged session, after the last config (a drift over the session cancels)
@@ -124,7 +125,7 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
         out[name] = {}
         for cell in CELLS:
             inp = throughput.cell_input(campaign, cell, None)
-            if inp.status != "valid":
+            if inp.status != Status.VALID:
                 raise RuntimeError(f"bless session (seed {seed}): {name} {cell.name} is {inp.status}: {inp.problems}")
             out[name][cell.name] = {"workload": dict(inp.workload or {}),
                                     "samples": {k: list(v) for k, v in inp.current.items()}}

@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddtree.metrics import tokens_per_verify
+from pytest_ddtree.vocabulary import RecordKind, Status
 
-#: The record kind that carries the adaptive sweep's outcome (restarts, predictions, picks).
-RECORD_KIND = "adaptive-sweep"
-#: ``status`` of a predicted row: never gated, never a baseline.
-PREDICTED = "predicted"
 
 XDIST_ERROR = (
     "--ddtree-max-restarts runs serially: each next config is chosen from the results of the "
@@ -78,7 +75,7 @@ def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -
             except (OSError, ValueError) as exc:
                 raise PriorError(f"--ddtree-prior {path}: not readable JSON ({exc})") from None
             for row in payload.get("throughput") or []:
-                if row.get("measurement_status") == "invalid" or not row.get("output_throughput"):
+                if row.get("measurement_status") == Status.INVALID or not row.get("output_throughput"):
                     continue
                 profile = row.get("hardware_profile")
                 if hardware_profile is not None and profile != hardware_profile:
@@ -146,8 +143,8 @@ class AdaptiveSweep:
         A config that measured nothing (a failed start) is marked failed, so it is neither
         chosen again nor recommended; its restart still counts.
         """
-        rows = [r for r in records if r.get("kind") == "throughput" and r.get("config") == name
-                and r.get("measurement_status") != "invalid"]
+        rows = [r for r in records if r.get("kind") == RecordKind.THROUGHPUT and r.get("config") == name
+                and r.get("measurement_status") != Status.INVALID]
         _, _, measurements = _measurements(rows)
         for m in measurements:
             self.planner.record(m)
@@ -211,7 +208,7 @@ class AdaptiveSweep:
         if self.planner.order:
             for (config, cell), p in sorted(self.planner.predictions().items()):
                 predicted.append({
-                    "config": config, "cell": cell, "status": PREDICTED, "predicted": True,
+                    "config": config, "cell": cell, "status": Status.PREDICTED, "predicted": True,
                     "output_throughput": round(p.tok_s, 3),
                     "output_throughput_interval": [round(p.low, 3), round(p.high, 3)],
                     "workload": dict(workloads.get(cell) or {}),
@@ -229,7 +226,7 @@ def outcome_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The session's adaptive-sweep outcome, if it ran one (the last record wins)."""
     found = None
     for r in records:
-        if r.get("kind") == RECORD_KIND:
+        if r.get("kind") == RecordKind.ADAPTIVE_SWEEP:
             found = r
     return dict(found) if found is not None else None
 
@@ -243,7 +240,7 @@ def predicted_table_rows(outcome: Mapping[str, Any], width: int, ctx: Callable[[
         low, high = p.get("output_throughput_interval") or (0.0, 0.0)
         tps = f"{float(p['output_throughput']):.1f} [{float(low):.0f}-{float(high):.0f}]"
         row = [str(p["config"]), str(p["cell"]), str(w.get("concurrency", "-")), ctx(w.get("context_tokens")),
-               str(w.get("prompts") or "-"), tps, "-", "-", "-", PREDICTED]
+               str(w.get("prompts") or "-"), tps, "-", "-", "-", Status.PREDICTED]
         rows.append(row + ["-"] * (width - len(row)))
     return rows
 

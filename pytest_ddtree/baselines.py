@@ -20,6 +20,7 @@ import yaml
 
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.results import BaselineUpdate
+from pytest_ddtree.vocabulary import Word
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 SCHEMA_VERSION = 1
@@ -40,8 +41,17 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+class _Dumper(yaml.SafeDumper):
+    """safe_dump's dumper, which also writes the vocabulary's words (``str`` enums) as the plain
+    strings they are: SafeDumper knows only exact types, and a baseline must not fail to save
+    because a status reached it as ``Status.PASS`` rather than ``"pass"``."""
+
+
+_Dumper.add_multi_representer(Word, lambda dumper, word: dumper.represent_str(str(word)))
+
+
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True, width=100)
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=100)
 
 
 def write_yaml_atomic(path: Path, data: Any, header: str = "") -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pytest_ddtree import stats
 from pytest_ddtree.history import HistoryError, StoredCell, check_usable
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.vocabulary import Status
 
 #: The extra that brings the change-point library.
 HISTORY_EXTRA = "pytest-ddtree[history]"
@@ -138,7 +139,7 @@ def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIR
     """
     by_key: dict[SeriesKey, Series] = {}
     for c in cells:
-        if c.status == "invalid":
+        if c.status == Status.INVALID:
             continue
         stored = dict(c.samples)
         for old, new in OLD_METRIC_NAMES.items():  # one series across the rename

@@ -45,13 +45,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ddtree import gate, stats
+from pytest_ddtree.vocabulary import RecordKind
 
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 CONTROL = "control"
 #: Record kinds: one per measured control cell, and one when no control could be measured.
-CONTROL_RECORD = "throughput-control"
-CONTROL_UNAVAILABLE = "throughput-control-unavailable"
-CONTROL_REPEAT = "throughput-control-repeat"
+CONTROL_RECORD = RecordKind.THROUGHPUT_CONTROL
+CONTROL_UNAVAILABLE = RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE
+CONTROL_REPEAT = RecordKind.THROUGHPUT_CONTROL_REPEAT
 #: The uniform shift fails beyond max(UNIFORM_FLOOR, Z_UNIFORM standard errors) while the control held.
 UNIFORM_FLOOR = 0.025
 Z_UNIFORM = 2.7

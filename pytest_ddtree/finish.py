@@ -23,6 +23,7 @@ from pytest_ddtree.results import (
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
+from pytest_ddtree.vocabulary import CONTROL_KINDS
 
 
 class _Session(Protocol):
@@ -226,7 +227,7 @@ def _judge_control(session: _Session, records: list[dict[str, Any]], outcome: Fi
     from pytest_ddtree.report import normalize
 
     configs = normalize(records)
-    if not configs and not any(str(r.get("kind", "")).startswith(control.CONTROL_RECORD) for r in records):
+    if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):
         return None
     settings = session.settings
     judgement = control.judge(records, configs, require_baselines=bool(getattr(settings, "require_baselines", False)),

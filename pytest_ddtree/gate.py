@@ -85,24 +85,25 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pytest_ddtree import stats
 from pytest_ddtree.report import TOKENS_PER_VERIFY
+from pytest_ddtree.vocabulary import Status
 
 Direction = Literal["higher", "lower"]
 
-#: Verdict vocabulary (cell and metric level).
-PASS = "pass"
-IMPROVED = "improved"
-FLAGGED = "flagged"  # beyond tolerance in the first pass; waits for its confirmation run
-REGRESSION = "regression"
-INCONCLUSIVE = "inconclusive"
-INVALID = "invalid"
-MISSING = "missing"
-THIN = "thin"  # baseline with fewer samples than the gate needs: reported, not trusted
-NEW = "new"  # metric measured now, absent from the baseline: reported
-METRIC_MISSING = "metric-missing"  # gated in the baseline, not produced by the run: fails
+#: Verdict vocabulary (cell and metric level): vocabulary.Status's words, under the gate's names.
+PASS: Final = Status.PASS
+IMPROVED: Final = Status.IMPROVED
+FLAGGED: Final = Status.FLAGGED  # beyond tolerance in the first pass; waits for its confirmation run
+REGRESSION: Final = Status.REGRESSION
+INCONCLUSIVE: Final = Status.INCONCLUSIVE
+INVALID: Final = Status.INVALID
+MISSING: Final = Status.MISSING
+THIN: Final = Status.THIN  # baseline with fewer samples than the gate needs: reported, not trusted
+NEW: Final = Status.NEW  # metric measured now, absent from the baseline: reported
+METRIC_MISSING: Final = Status.METRIC_MISSING  # gated in the baseline, not produced by the run: fails
 
 #: Blessed sessions a baseline keeps (bless appends one and drops the oldest).
 DEFAULT_SESSIONS_KEPT = 3

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddtree.stats import is_number
+from pytest_ddtree.vocabulary import RecordKind
 
 #: The extra that brings the PostgreSQL driver.
 POSTGRES_EXTRA = "pytest-ddtree[postgres]"
@@ -391,7 +392,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 def engine_version_of(payload: Mapping[str, Any]) -> str | None:
     """The engine's version as /server_info reported it at launch (the first launch that said)."""
     for record in payload.get("records") or []:
-        if isinstance(record, Mapping) and record.get("kind") == "launch":
+        if isinstance(record, Mapping) and record.get("kind") == RecordKind.LAUNCH:
             launch = _mapping(record.get("launch")) or record
             if launch.get("engine_version"):
                 return str(launch["engine_version"])

@@ -366,7 +366,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
     if not by_config:
         return None
-    from pytest_ddtree.adaptive import RECORD_KIND, AdaptiveSweep
+    from pytest_ddtree.adaptive import AdaptiveSweep
+    from pytest_ddtree.vocabulary import RecordKind
     from pytest_ddtree.configs import select_workloads
     from pytest_ddtree.load import workload_dict
 
@@ -404,7 +405,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     outcome = sweep.outcome(ddtree.manager.config_launches, {w.name: workload_dict(w) for w in workloads})
     if error is not None:
         outcome["error"] = error
-    ddtree.recorder.record(RECORD_KIND, None, outcome)
+    ddtree.recorder.record(RecordKind.ADAPTIVE_SWEEP, None, outcome)
     return True
 
 
@@ -499,6 +500,7 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     """
     from pytest_ddtree import lossless
     from pytest_ddtree.service.base import ServiceError
+    from pytest_ddtree.vocabulary import RecordKind
 
     settings = ddtree_session.settings
     try:
@@ -512,7 +514,7 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
             if recorder.hardware_profile is None:
                 recorder.hardware_profile = ddtree_session.baselines(service.server_info).hardware_profile
             recorder.propose_baseline("", lossless.GOLDEN_SECTION, reference.golden_payload(settings.session_id))
-        recorder.record("lossless-reference", None, {"command": reference.command, "floor": reference.floor.to_json()})
+        recorder.record(RecordKind.LOSSLESS_REFERENCE, None, {"command": reference.command, "floor": reference.floor.to_json()})
         return reference
     pytest.fail(failure, pytrace=False)
 

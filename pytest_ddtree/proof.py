@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ddtree.vocabulary import Status
+
 #: The histogram keys, newest first (upstream renamed it in 2026-05 and keeps the old name).
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 #: Longest histogram accepted: far beyond any block size (a drafter block of 1024 tokens).
@@ -496,7 +498,7 @@ def no_effect(records: Iterable[Mapping[str, Any]], default_window: int | None) 
     for r in records:
         name = str(r.get("config"))
         config = config_or_none(name)
-        if config is None or r.get("measurement_status") == "invalid" or _acceptance_key(r) is None:
+        if config is None or r.get("measurement_status") == Status.INVALID or _acceptance_key(r) is None:
             continue
         if config.window is DEFAULT_WINDOW and default_window is None:
             values[name] = {**config.field_values(None), "window": -1}  # unknown: never compared on it

@@ -6,7 +6,7 @@ and rendered three ways (terminal, Markdown, JSON). Rendering from the records a
 a results directory can be re-rendered later and every view says the same thing.
 
 A *throughput record* is the dict built by :func:`throughput_record` (the suite records it
-through ``ddtree_recorder.record("throughput", config, record)``). Records wrapped by the
+through ``ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)``). Records wrapped by the
 recorder as ``{"kind", "config", "data": {...}}`` are accepted too.
 
 Recommendations follow the campaign's questions: which config gives the best aggregate
@@ -30,6 +30,7 @@ from pytest_ddtree.configs import config_or_none, name_sort_key
 # Re-exported: the gate, the load generator and the HTML report read them here.
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
 from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
+from pytest_ddtree.vocabulary import ATTENTION, THROUGHPUT_KINDS, RecordKind, Status
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
@@ -123,7 +124,7 @@ def normalize(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for rec in records:
         kind = rec.get("kind")
-        if kind is not None and kind != "throughput":
+        if kind is not None and kind != RecordKind.THROUGHPUT:
             continue
         data = rec.get("data")
         flat = dict(data) if isinstance(data, Mapping) else dict(rec)
@@ -163,7 +164,7 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
         w = rec.get("workload") or {}
         spread = rec.get("output_throughput_spread") or {}
         tps = _f(m.get("output_throughput"))
-        if stats.is_number(spread.get("rel_half_width")) and rec.get("measurement_status") != "invalid":
+        if stats.is_number(spread.get("rel_half_width")) and rec.get("measurement_status") != Status.INVALID:
             tps += f" ±{float(spread['rel_half_width']) * 100:.0f}%"
         change = (rec.get("change") or {}).get("output_throughput")
         rows.append([
@@ -192,7 +193,7 @@ def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "si
 
 
 def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in normalize(records) if r.get("measurement_status") != "invalid"
+    return [r for r in normalize(records) if r.get("measurement_status") != Status.INVALID
             and stats.is_number((r.get("metrics") or {}).get("output_throughput"))]
 
 
@@ -350,7 +351,7 @@ def render_markdown(records: Iterable[Mapping[str, Any]], title: str = "Throughp
     advice = recommendations(recs)
     if advice:
         parts += ["### Recommendations", "", *(f"- {a}" for a in advice), ""]
-    bad = [r for r in recs if r.get("status") in ("regression", "invalid", "inconclusive", "missing", "thin", "metric-missing")]
+    bad = [r for r in recs if r.get("status") in ATTENTION]
     if bad:
         parts += ["### Cells that need attention", ""]
         for r in bad:
@@ -490,12 +491,12 @@ def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mappi
         config = str(r.get("config"))
         row = by_config.setdefault(config, {})
         kind = r.get("kind")
-        if kind == "coding":
+        if kind == RecordKind.CODING:
             row["coding"] = f"{r.get('passed')}/{r.get('total')} ({r.get('set')})"
-        elif kind == "lossless":
+        elif kind == RecordKind.LOSSLESS:
             diverged = r.get("diverged") or []
             row["lossless"] = "identical" if r.get("passed") else f"{len(diverged)}/{r.get('compared')} diverged"
-        elif kind == "health":
+        elif kind == RecordKind.HEALTH:
             row["health"] = "ok" if r.get("passed", True) else "FAILED"
     failures: dict[str, int] = {}
     for failed in failed_tests:
@@ -525,7 +526,7 @@ def applied_by_evidence(records: Sequence[Mapping[str, Any]], no_effect: Sequenc
     A/B says so beside its status, never as proof that it applied."""
     out: dict[str, dict[str, dict[str, str]]] = {}
     for r in records:
-        if r.get("kind") != "launch":
+        if r.get("kind") != RecordKind.LAUNCH:
             continue
         data = r.get("data") if isinstance(r.get("data"), Mapping) else r
         launch = data.get("launch") if isinstance(data, Mapping) else None
@@ -556,9 +557,9 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
     the recommended default).
     """
     throughput = normalize(records)
-    others = [dict(r) for r in records if not str(r.get("kind", "throughput")).startswith("throughput")]
+    others = [dict(r) for r in records if r.get("kind", RecordKind.THROUGHPUT) not in THROUGHPUT_KINDS]
     payload = results_json(throughput)
-    payload["throughput_repeats"] = [dict(r) for r in records if r.get("kind") == "throughput-repeat"]
+    payload["throughput_repeats"] = [dict(r) for r in records if r.get("kind") == RecordKind.THROUGHPUT_REPEAT]
     payload["records"] = others
     payload["failed_tests"] = [dict(f) for f in getattr(session, "failed_tests", ()) or ()]
     md_parts = ["# pytest-ddtree results", ""]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.vocabulary import RecordEnvelope, RecordKind
 
 RECORDS_GLOB = "records-*.jsonl"
 RESULTS_JSON = "results.json"
@@ -72,9 +73,10 @@ class SessionRecorder:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def record(self, kind: str, config: str | None, data: Mapping[str, Any]) -> None:
-        """Append one measurement/verdict now; ``kind`` is e.g. throughput, coding, lossless, health, launch."""
-        entry = {"kind": kind, "config": config, "worker": self.worker, "time": time.time(), **data}
+    def record(self, kind: RecordKind, config: str | None, data: Mapping[str, Any]) -> None:
+        """Append one measurement/verdict now (``data``'s keys go beside the envelope's)."""
+        envelope: RecordEnvelope = {"kind": kind, "config": config, "worker": self.worker, "time": time.time()}
+        entry = {**envelope, **data}
         if self.host is not None:
             entry.setdefault("host", self.host)
         self._append(self.records_path, entry, self.records)
@@ -110,7 +112,7 @@ def read_journal(paths: Iterable[Path]) -> list[dict[str, Any]]:
                     entries.append(json.loads(line))
                 except json.JSONDecodeError:
                     # A torn last line from a killed process: keep everything before it.
-                    entries.append({"kind": "corrupt-record", "file": path.name, "line": number})
+                    entries.append({"kind": RecordKind.CORRUPT_RECORD, "file": path.name, "line": number})
     return entries
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_ddtree.options import Settings
+from pytest_ddtree.vocabulary import HostEnvData, RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
@@ -183,19 +184,21 @@ class DDTreeSession:
         runner = manager.snapshot_runner()  # an ssh host, or a step in the running slurm job (its node)
         if runner is None:
             if manager.profile.controller == "slurm":
-                self.recorder.record("host-env", None, {
+                missing: HostEnvData = {
                     "host": f"slurm-worker-{manager.instance}",
                     "error": "no job of this worker was running at session end (its last config failed), so "
-                             "nothing ran on a node to take the snapshot there"})
+                             "nothing ran on a node to take the snapshot there"}
+                self.recorder.record(RecordKind.HOST_ENV, None, missing)
             return
         from pytest_ddtree.repro.envsnap import snapshot_env_on
 
+        env: HostEnvData = {"host": runner.name, "systemd_unit": manager.systemd_unit_text}
         try:
             python = manager.profile.service_python or "python3"  # the service's interpreter there
-            snapshot: dict[str, Any] = {"snapshot": snapshot_env_on(runner, python)}
+            env["snapshot"] = snapshot_env_on(runner, python)
         except Exception as exc:  # noqa: BLE001 - ssh down, no python3 there: say so in the package
-            snapshot = {"error": f"{type(exc).__name__}: {exc}"}
-        self.recorder.record("host-env", None, {"host": runner.name, "systemd_unit": manager.systemd_unit_text, **snapshot})
+            env["error"] = f"{type(exc).__name__}: {exc}"
+        self.recorder.record(RecordKind.HOST_ENV, None, env)
 
     def close(self) -> None:
         """Stop every service this process started; safe to call twice (sessionfinish + unconfigure)."""
@@ -207,4 +210,4 @@ class DDTreeSession:
             finally:
                 # The launches reach the controller's repro package through the records.
                 for launch in manager.launches:
-                    self.recorder.record("launch", launch.get("config"), {"launch": launch})
+                    self.recorder.record(RecordKind.LAUNCH, launch.get("config"), {"launch": launch})

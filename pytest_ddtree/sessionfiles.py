@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_ddtree.results import BaselineUpdate, read_journal
+from pytest_ddtree.vocabulary import RecordKind
 
 MARKER = "ddtree-session.json"
 """Written into a results folder by the session that owns it: {session_id, started, pid}."""
@@ -131,7 +132,7 @@ class SessionCollector:
             if worker in delivered:
                 continue
             # a torn last line has no session id; it can only be ours (the folder is this session's)
-            entries.extend(e for e in read_journal([path]) if e.get("session") == self.session_id or e.get("kind") == "corrupt-record")
+            entries.extend(e for e in read_journal([path]) if e.get("session") == self.session_id or e.get("kind") == RecordKind.CORRUPT_RECORD)
         return entries
 
     def records(self, own: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -25,14 +25,16 @@ import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Generic, Literal, TypeGuard, TypeVar
+from typing import Final, Generic, Literal, TypeGuard, TypeVar
 
-#: Cell status vocabulary shared with the gate and the report.
-VALID = "valid"
-INCONCLUSIVE = "inconclusive"
-INVALID = "invalid"
+from pytest_ddtree.vocabulary import MeasurementStatus, Status
 
-CellStatus = Literal["valid", "inconclusive", "invalid"]
+#: A cell's measurement status (the words are vocabulary.Status's; the names stay for the callers).
+VALID: Final = Status.VALID
+INCONCLUSIVE: Final = Status.INCONCLUSIVE
+INVALID: Final = Status.INVALID
+
+CellStatus = MeasurementStatus
 
 #: Seed of every bootstrap unless the caller passes one: verdicts are reproducible.
 DEFAULT_SEED = 20240601
@@ -500,12 +502,12 @@ class RepeatPolicy:
     def status(self, samples: Sequence[float], invalid: bool = False) -> CellStatus:
         """valid / inconclusive / invalid for a finished cell's primary-metric samples."""
         if invalid or not samples:
-            return "invalid"
+            return INVALID
         if len(samples) < min(3, self.min_repeats):
-            return "inconclusive"
+            return INCONCLUSIVE
         if self.spread(samples) > self.inconclusive_rel_ci:
-            return "inconclusive"
-        return "valid"
+            return INCONCLUSIVE
+        return VALID
 
 
 K = TypeVar("K", bound=Hashable)

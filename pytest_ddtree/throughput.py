@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.vocabulary import Status
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
@@ -282,7 +283,7 @@ def evaluate_cell(
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
         workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
     if update_mode and gate.bless_refusal(status, why, run.primary) is None:
-        verdict = dataclasses.replace(verdict, status="updated")  # the table shows what was blessed
+        verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
     if confirmation is not None:
         notes.append(f"confirmation run: {len(confirmation.samples)} fresh repeats, output tok/s "

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_ddtree import coding, sandbox
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.vocabulary import CodingData, RecordKind
 
 
 def test_coding_gate(
@@ -53,7 +54,7 @@ def test_coding_gate(
     table = coding.render_table(results, baseline_ids)
     header = f"coding set {set_name} on {ddtree_config.name} (sandbox: {iso.describe()})"
     request.node.add_report_section("call", "ddtree coding", f"{header}\n{table}\n{gate.message}")
-    ddtree_recorder.record("coding", ddtree_config.name, {
+    outcome: CodingData = {
         "set": set_name,
         "limit": ddtree_settings.coding_limit,
         "max_tokens": ddtree_settings.coding_max_tokens,
@@ -64,7 +65,8 @@ def test_coding_gate(
         "sandbox": iso.describe(),
         "speed_factor": sandbox.speed_factor(),
         "problems": [r.to_record() for r in results],
-    })
+    }
+    ddtree_recorder.record(RecordKind.CODING, ddtree_config.name, outcome)
 
     if ddtree_baselines.update_mode:
         run_ids = set(verdicts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.vocabulary import HealthData, RecordKind
 
 
 def test_service_answers_health(ddtree_service: Any, ddtree_profile: Any) -> None:
@@ -36,7 +37,8 @@ def test_short_generation(ddtree_client: Any, ddtree_config: DDTreeConfig, ddtre
     if not result.get("text"):
         problems.append("the service returned an empty completion")
     # Recorded with its outcome, before failing: the correctness table must not say "ok" here.
-    ddtree_recorder.record("health", ddtree_config.name, {
+    health: HealthData = {
         "completion_tokens": meta.get("completion_tokens"), "text": result.get("text", "")[:200],
-        "status": "failed" if problems else "ok", "passed": not problems, "problems": problems})
+        "status": "failed" if problems else "ok", "passed": not problems, "problems": problems}
+    ddtree_recorder.record(RecordKind.HEALTH, ddtree_config.name, health)
     assert not problems, "; ".join(problems)

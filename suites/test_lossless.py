@@ -19,6 +19,7 @@ import pytest
 
 from pytest_ddtree import lossless
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.vocabulary import RecordKind
 
 
 def test_lossless_gate(
@@ -55,7 +56,7 @@ def test_lossless_gate(
             pytest.skip(message)
 
     outcome = lossless.judge(reference, got, exact, lossless.deterministic_hint(ddtree_service.server_info))
-    ddtree_recorder.record("lossless", ddtree_config.name, {
+    ddtree_recorder.record(RecordKind.LOSSLESS, ddtree_config.name, {
         "reference": reference.source, "floor": reference.floor.to_json(), "exact": exact,
         "max_new_tokens": lossless.MAX_NEW_TOKENS, **outcome.to_record(),
     })

@@ -43,6 +43,7 @@ from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
                                       sample_record)
+from pytest_ddtree.vocabulary import RecordKind
 
 
 class MissingBaselineWarning(UserWarning):
@@ -133,10 +134,10 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 service.client,
                 _cells_of_config(request, config),
                 repeats,
-                lambda name, r, result: recorder.record("throughput-repeat", config.name, sample_record(name, r, result)),
+                lambda name, r, result: recorder.record(RecordKind.THROUGHPUT_REPEAT, config.name, sample_record(name, r, result)),
                 baseline=section,
                 on_confirm=lambda name, r, result: recorder.record(
-                    "throughput-confirm-repeat", config.name, sample_record(name, r, result)),
+                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config.name, sample_record(name, r, result)),
                 tokenizer_path=service.profile.tokenizer_path(),
                 vocab_size=service.profile.vocab_size,
                 dataset=str(settings.dataset) if settings.dataset else None,
@@ -204,7 +205,7 @@ def test_throughput(
         ddtree_baselines.hardware_profile, ddtree_baselines.update_mode, baseline_error,
     )
     status, verdict, record = cell.status, cell.verdict, cell.record
-    ddtree_recorder.record("throughput", config, record)
+    ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)
 
     timer = _ReplayTimer()
     timer.durations = cell.durations

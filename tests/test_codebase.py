@@ -235,3 +235,121 @@ def test_no_module_imports_itself_through_others(repo_root: Path) -> None:
     assert not [c for c in cycles if f"cycle {c}" not in NOT_YET], cycles
     assert not {e for e in NOT_YET if e.startswith("cycle ")} - {f"cycle {c}" for c in cycles}, "NOT_YET excuses a cycle that is gone"
 
+
+#: Where records are written and read: the package, the suites and the benchmarks. (The plugin's own
+#: tests may spell a record's on-disk words to pin the file format, so they are not scanned.)
+_SCANNED = ("pytest_ddtree", "suites", "benchmarks")
+_KIND_KEYS = frozenset({"kind"})
+_STATUS_KEYS = frozenset({"status", "measurement_status"})
+
+
+def _key_of(node: ast.expr) -> tuple[str, bool] | None:
+    """The key an expression reads, and whether it reads it from a record: ``r.get("kind")`` and
+    ``r["kind"]`` are record reads, a name ``kind`` or an attribute ``.kind`` are not (only the
+    vocabulary's own words are flagged against those)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value, True
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value, True
+    if isinstance(node, ast.Name):
+        return node.id, False
+    if isinstance(node, ast.Attribute):
+        return node.attr, False
+    return None
+
+
+def _strings(node: ast.expr | None) -> list[ast.Constant]:
+    """String constants of ``node`` itself or of a tuple, list or set literal."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) -> list[tuple[int, str, str]]:
+    """(line, word, what it is) of every record kind or status word spelled as a string literal
+    where a kind or a status is written or compared."""
+    found: list[tuple[int, int, str, str]] = []
+
+    def check(key: str, from_record: bool, value: ast.expr | None) -> None:
+        for const in _strings(value):
+            if key in _KIND_KEYS and (from_record or const.value in kinds):
+                found.append((const.lineno, const.col_offset, const.value, "record kind"))
+            elif key in _STATUS_KEYS and const.value in statuses:
+                found.append((const.lineno, const.col_offset, const.value, "status word"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for operand in operands:
+                if (read := _key_of(operand)) is not None:
+                    for other in operands:
+                        if other is not operand:
+                            check(*read, other)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name == "record" and node.args:  # SessionRecorder.record(kind, config, data)
+                check("kind", True, node.args[0])
+            elif name == "records" and len(node.args) > 1:  # htmlreport.model.records(payload, kind)
+                check("kind", True, node.args[1])
+            elif name == "startswith" and isinstance(func, ast.Attribute) and node.args:
+                inner = func.value.args[0] if isinstance(func.value, ast.Call) and func.value.args else func.value
+                if (read := _key_of(inner)) is not None:
+                    check(*read, node.args[0])
+            for keyword in node.keywords:
+                if keyword.arg is not None:
+                    check(keyword.arg, False, keyword.value)
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    check(key.value, True, value)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target = node.targets[0].id
+            if target.isupper() and ("KIND" in target or "RECORD" in target):
+                check("kind", False, node.value)
+            elif target.isupper():
+                check("status", False, node.value)
+    return [(line, word, what) for line, _, word, what in sorted(set(found))]
+
+
+def test_record_kinds_and_status_words_are_spelled_only_in_the_vocabulary(repo_root: Path) -> None:
+    """A kind or status spelled as a bare string splits silently on a rename or a typo: writers and
+    readers use ``vocabulary.RecordKind`` and ``vocabulary.Status`` (their members are the strings)."""
+    from pytest_ddtree.vocabulary import RecordKind, Status
+
+    kinds = frozenset(k.value for k in RecordKind)
+    statuses = frozenset(s.value for s in Status)
+    vocabulary = repo_root / "pytest_ddtree" / "vocabulary.py"
+    files = [p for top in _SCANNED for p in sorted((repo_root / top).rglob("*.py")) if p != vocabulary]
+    assert len(files) > 50, files
+    bare = [f"{path.relative_to(repo_root)}:{line}: {word!r} as a {what}"
+            for path in files for line, word, what in _bare_words(ast.parse(path.read_text()), kinds, statuses)]
+    assert not bare, "use vocabulary.RecordKind / vocabulary.Status instead of:\n" + "\n".join(bare)
+
+
+def test_the_vocabulary_scan_finds_bare_words() -> None:
+    """The scan above must be able to fail: each position it watches, spelled bare."""
+    source = '''
+recorder.record("throughput", config, data)
+if r.get("kind") == "launch" or r["kind"] in ("health", "new-kind"):
+    pass
+rows = records(payload, "coding")
+entry = {"kind": "host-env", "status": "regression"}
+if cell.measurement_status != "invalid" or str(r.get("kind")).startswith("throughput"):
+    pass
+verdict = dataclasses.replace(verdict, status="updated")
+RECORD_KIND = "adaptive-sweep"
+PASS = "pass"
+ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prompts == "coding"
+'''
+    found = _bare_words(ast.parse(source), frozenset({"throughput", "launch", "health", "coding", "host-env", "adaptive-sweep"}),
+                        frozenset({"regression", "invalid", "updated", "pass"}))
+    assert [(line, word) for line, word, _ in found] == [
+        (2, "throughput"), (3, "launch"), (3, "health"), (3, "new-kind"), (5, "coding"), (6, "host-env"), (6, "regression"),
+        (7, "invalid"), (7, "throughput"), (9, "updated"), (10, "adaptive-sweep"), (11, "pass")], found
+
+

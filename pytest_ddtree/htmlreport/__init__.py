@@ -23,6 +23,7 @@ from pytest_ddtree import report
 from pytest_ddtree.htmlreport import charts, model
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.results import RESULTS_JSON, read_records
+from pytest_ddtree.vocabulary import RecordKind, Status
 
 REPORT_HTML = "report.html"
 #: How often a page of a running session reloads itself.
@@ -115,9 +116,9 @@ def _engine_facts(payload: Mapping[str, Any]) -> dict[str, Any]:
                        if isinstance(c, Mapping) and c.get("hardware_profile")})
     if profiles:
         facts["hardware profile (baselines folder)"] = profiles
-    versions = sorted({str(v) for r in model.records(payload, "launch") if (v := (r.get("launch") or {}).get("engine_version"))})
+    versions = sorted({str(v) for r in model.records(payload, RecordKind.LAUNCH) if (v := (r.get("launch") or {}).get("engine_version"))})
     facts["engine version (/server_info)"] = versions or "not recorded"
-    commands = [((r.get("launch") or {}).get("command")) for r in model.records(payload, "launch")]
+    commands = [((r.get("launch") or {}).get("command")) for r in model.records(payload, RecordKind.LAUNCH)]
     if commands and commands[0]:
         facts["engine command (first launch)"] = commands[0]
     return facts
@@ -160,10 +161,10 @@ def build_html(
             figures[figure_id] = fig
             repeat_charts.append({"id": figure_id, "caption": f"{config}: output tok/s repeats / baseline median"})
     accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
-                                    for c in cells if not c.predicted and c.measurement_status != "invalid"])
+                                    for c in cells if not c.predicted and c.measurement_status != Status.INVALID])
     environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
     environment.update(_engine_facts(payload))
-    lossless = model.records(payload, "lossless")
+    lossless = model.records(payload, RecordKind.LOSSLESS)
     return str(template().render(
         live=live.view(),
         refresh_s=REFRESH_S,

@@ -22,12 +22,14 @@ from typing import Any
 from pytest_ddtree import report
 from pytest_ddtree.configs import config_or_none, name_sort_key
 from pytest_ddtree.htmlreport.model import Cell, is_number
+from pytest_ddtree.vocabulary import Status
 
 #: The vendored runtime (package data of pytest_ddtree.htmlreport).
 RUNTIME_FILE = "vendor/plotly-basic.min.js"
 
-_STATUS_COLOR = {"pass": "#2e7d32", "improved": "#1565c0", "updated": "#2e7d32", "regression": "#c62828",
-                 "invalid": "#6a1b9a", "inconclusive": "#ef6c00", "missing": "#757575", "new": "#757575"}
+_STATUS_COLOR: dict[str, str] = {
+    Status.PASS: "#2e7d32", Status.IMPROVED: "#1565c0", Status.UPDATED: "#2e7d32", Status.REGRESSION: "#c62828",
+    Status.INVALID: "#6a1b9a", Status.INCONCLUSIVE: "#ef6c00", Status.MISSING: "#757575", Status.NEW: "#757575"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,7 +68,7 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
     by_ctx: dict[int | None, dict[str, list[tuple[int, float, str]]]] = defaultdict(lambda: defaultdict(list))
     for c in cells:
         value = c.values.get(metric)
-        if c.concurrency is None or not is_number(value) or c.measurement_status == "invalid":
+        if c.concurrency is None or not is_number(value) or c.measurement_status == Status.INVALID:
             continue
         by_ctx[c.context_tokens][c.config + (" (predicted)" if c.predicted else "")].append((c.concurrency, float(value), c.cell))
     panels = []
@@ -99,7 +101,7 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     marked point is where a bigger tree stopped buying acceptance.
     """
     accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
-                                    for c in cells if not c.predicted and c.measurement_status != "invalid"])
+                                    for c in cells if not c.predicted and c.measurement_status != Status.INVALID])
     groups: dict[tuple[int, int, str], list[tuple[int, float, str]]] = defaultdict(list)
     for name, value in accept.items():
         if c := config_or_none(name):

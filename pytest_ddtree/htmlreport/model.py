@@ -19,12 +19,11 @@ from typing import Any
 
 from pytest_ddtree import report
 from pytest_ddtree.configs import config_in_nodeid, config_or_none, name_sort_key
+from pytest_ddtree.vocabulary import GateStatus, RecordKind, Status
 from pytest_ddtree.stats import is_number as is_number  # the one number check, re-exported for charts and the template
 
 #: The gates of one config, in the order a reader asks about them.
 GATES = ("health", "applied", "coding", "lossless", "throughput")
-PASS, FAIL, INCONCLUSIVE, INVALID = "pass", "fail", "inconclusive", "invalid"
-NOT_MEASURED, PENDING = "not measured", "pending"
 
 #: Which suite file proves which gate (a failed test is attributed by its file).
 _GATE_OF_TEST = {"test_health": "health", "test_coding": "coding", "test_lossless": "lossless", "test_throughput": "throughput"}
@@ -57,7 +56,7 @@ def fmt_time(epoch: Any) -> str:
 
 @dataclass
 class GateResult:
-    status: str
+    status: GateStatus
     summary: str = ""
     messages: list[str] = field(default_factory=list)
 
@@ -147,7 +146,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             cell=str(raw["cell"]),
             concurrency=conc,
             context_tokens=_int(raw.get("context_tokens")) or _int(workload.get("context_tokens")),
-            status=str(raw.get("status") or NOT_MEASURED),
+            status=str(raw.get("status") or Status.NOT_MEASURED),
             measurement_status=str(raw.get("measurement_status") or ""),
             values={key: report.tokens_per_verify(raw) if key == report.TOKENS_PER_VERIFY else raw.get(key)
                     for key, _, _ in CELL_COLUMNS},
@@ -155,14 +154,14 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             samples={k: _floats(v) for k, v in _as_dict(raw.get("samples")).items()},
             baseline=baseline,
             messages=messages,
-            predicted=bool(raw.get("predicted")) or raw.get("status") == "predicted",
+            predicted=bool(raw.get("predicted")) or raw.get("status") == Status.PREDICTED,
             acceptance_by_depth=_shares(raw.get("acceptance_by_depth")),
         ))
     out.sort(key=lambda c: (name_sort_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
     return out
 
 
-def records(payload: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+def records(payload: Mapping[str, Any], kind: RecordKind) -> list[dict[str, Any]]:
     return [dict(r) for r in _as_list(payload.get("records")) if isinstance(r, Mapping) and r.get("kind") == kind]
 
 
@@ -184,9 +183,9 @@ def config_names(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> lis
         if isinstance(c, Mapping) and c.get("config") is not None:
             names.append(str(c["config"]))
     for r in _as_list(payload.get("records")):
-        if isinstance(r, Mapping) and r.get("config") is not None and r.get("kind") != "launch":
+        if isinstance(r, Mapping) and r.get("config") is not None and r.get("kind") != RecordKind.LAUNCH:
             names.append(str(r["config"]))
-    for r in records(payload, "launch"):
+    for r in records(payload, RecordKind.LAUNCH):
         name = str(r.get("config"))
         if config_or_none(name):  # not the lossless reference instance
             names.append(name)
@@ -203,24 +202,24 @@ def _evidence_summary(evidence: Any) -> str:
 def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, dict[str, GateResult]]:
     """Each config's five gates: pass / fail / inconclusive / invalid / not measured / pending."""
     names = config_names(payload, planned)
-    out: dict[str, dict[str, GateResult]] = {n: {g: GateResult(NOT_MEASURED) for g in GATES} for n in names}
-    for r in records(payload, "health"):
+    out: dict[str, dict[str, GateResult]] = {n: {g: GateResult(Status.NOT_MEASURED) for g in GATES} for n in names}
+    for r in records(payload, RecordKind.HEALTH):
         if (row := out.get(str(r.get("config")))) is not None:
-            row["health"] = (GateResult(PASS, f"answered ({r.get('completion_tokens')} tokens)") if r.get("passed", True)
-                             else GateResult(FAIL, "; ".join(r.get("problems") or ["short generation failed"])))
-    for r in records(payload, "launch"):
+            row["health"] = (GateResult(Status.PASS, f"answered ({r.get('completion_tokens')} tokens)") if r.get("passed", True)
+                             else GateResult(Status.FAIL, "; ".join(r.get("problems") or ["short generation failed"])))
+    for r in records(payload, RecordKind.LAUNCH):
         launch = _as_dict(r.get("launch")) or r
         if (row := out.get(str(r.get("config")))) is None:
             continue
         outcome = str(launch.get("outcome", ""))
         evidence = _evidence_summary(launch.get("applied_evidence"))
         if outcome == "ready":
-            if row["applied"].status != FAIL:
-                row["applied"] = GateResult(PASS, f"ready after {fmt(launch.get('ready_s'))} s; /server_info matches"
+            if row["applied"].status != Status.FAIL:
+                row["applied"] = GateResult(Status.PASS, f"ready after {fmt(launch.get('ready_s'))} s; /server_info matches"
                                             + (f"; {evidence}" if evidence else ""))
         elif outcome:
             failures = [str(f) for f in _as_list(_as_dict(launch.get("applied_evidence")).get("failures"))]
-            row["applied"] = GateResult(FAIL, outcome, [outcome, *failures])
+            row["applied"] = GateResult(Status.FAIL, outcome, [outcome, *failures])
     for finding in _as_list(payload.get("no_effect")):
         if not isinstance(finding, Mapping):
             continue
@@ -231,31 +230,31 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
                     f"{field_name} shows no effect on this build"
                 if message not in row["applied"].messages:
                     row["applied"].messages.append(message)
-    for r in records(payload, "coding"):
+    for r in records(payload, RecordKind.CODING):
         if (row := out.get(str(r.get("config")))) is None:
             continue
         gate = _as_dict(r.get("gate"))
         flips = [str(p) for p in _as_list(gate.get("regressions"))]
         summary = f"{r.get('passed')}/{r.get('total')} passed ({r.get('set', 'default')})"
         if gate.get("passed", r.get("passed") == r.get("total")):
-            row["coding"] = GateResult(PASS, summary)
+            row["coding"] = GateResult(Status.PASS, summary)
         else:
             why = [f"flipped to failing against the baseline: {', '.join(flips)}"] if flips else []
             if gate.get("floor") is not None and not flips:
                 why.append(f"below the floor of {gate.get('floor')}")
-            row["coding"] = GateResult(FAIL, summary, why)
-    for r in records(payload, "lossless"):
+            row["coding"] = GateResult(Status.FAIL, summary, why)
+    for r in records(payload, RecordKind.LOSSLESS):
         if (row := out.get(str(r.get("config")))) is None:
             continue
         if r.get("golden_written"):
-            row["lossless"] = GateResult(PASS, "golden transcripts written")
+            row["lossless"] = GateResult(Status.PASS, "golden transcripts written")
             continue
         diverged = _as_list(r.get("diverged"))
         summary = f"{int(r.get('compared') or 0) - len(diverged)}/{r.get('compared')} identical"
         if r.get("passed"):
-            row["lossless"] = GateResult(PASS, summary)
+            row["lossless"] = GateResult(Status.PASS, summary)
         else:
-            row["lossless"] = GateResult(FAIL, summary, [f"{d.get('prompt_id')}: first divergence at {d.get('unit')} "
+            row["lossless"] = GateResult(Status.FAIL, summary, [f"{d.get('prompt_id')}: first divergence at {d.get('unit')} "
                                                          f"{d.get('position')}" for d in diverged if isinstance(d, Mapping)])
     by_config: dict[str, list[Cell]] = defaultdict(list)
     for c in cells(payload):
@@ -265,19 +264,20 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         if name not in out:
             continue
         statuses = {c.status for c in measured}
-        severity = {"invalid": 0, "regression": 1, "inconclusive": 2, "missing": 3}
+        severity: dict[str, int] = {Status.INVALID: 0, Status.REGRESSION: 1, Status.INCONCLUSIVE: 2, Status.MISSING: 3}
         bad = sorted((c for c in measured if c.status in severity), key=lambda c: severity[c.status])
         messages = [f"{c.cell}: {c.status}" + (f": {'; '.join(c.messages)}" if c.messages else "") for c in bad]
         counts = Counter(c.status for c in measured)
         summary = f"{len(measured)} cells: " + ", ".join(f"{n} {status}" for status, n in counts.most_common())
-        if "invalid" in statuses:
-            status = INVALID
-        elif "regression" in statuses:
-            status = FAIL
-        elif "inconclusive" in statuses or "missing" in statuses:
-            status = INCONCLUSIVE
+        status: GateStatus
+        if Status.INVALID in statuses:
+            status = Status.INVALID
+        elif Status.REGRESSION in statuses:
+            status = Status.FAIL
+        elif Status.INCONCLUSIVE in statuses or Status.MISSING in statuses:
+            status = Status.INCONCLUSIVE
         else:
-            status = PASS
+            status = Status.PASS
         out[name]["throughput"] = GateResult(status, summary, messages)
     for failed in _as_list(payload.get("failed_tests")):
         if not isinstance(failed, Mapping):
@@ -288,33 +288,33 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
             continue
         gate_name = _gate_of_nodeid(nodeid)
         reason = f"{nodeid.rsplit('::', 1)[-1]} failed ({failed.get('when', 'call')}): {failed.get('reason', '')}"
-        if failed.get("when") == "setup" and out[failed_config]["applied"].status != PASS:
+        if failed.get("when") == "setup" and out[failed_config]["applied"].status != Status.PASS:
             gate_name = "applied"  # the service fixture failed: the config never ran
         elif gate_name == "other":
             gate_name = "health"
         result = out[failed_config][gate_name]
-        if result.status in (PASS, NOT_MEASURED, PENDING):
-            result.status = FAIL
+        if result.status in (Status.PASS, Status.NOT_MEASURED, Status.PENDING):
+            result.status = Status.FAIL
         if reason not in result.messages:
             result.messages.append(reason)
     for row in out.values():
         # Launch records come at session end; a gate that measured anything ran on a service whose
         # /server_info already matched the config (the service fixture fails the tests otherwise).
-        if row["applied"].status == NOT_MEASURED and any(row[g].status != NOT_MEASURED for g in GATES):
-            row["applied"] = GateResult(PASS, "/server_info matched (launch timings at session end)")
-    started = {n for n, row in out.items() if any(g.status != NOT_MEASURED for g in row.values())}
+        if row["applied"].status == Status.NOT_MEASURED and any(row[g].status != Status.NOT_MEASURED for g in GATES):
+            row["applied"] = GateResult(Status.PASS, "/server_info matched (launch timings at session end)")
+    started = {n for n, row in out.items() if any(g.status != Status.NOT_MEASURED for g in row.values())}
     for name in planned:
         if name not in started:
-            out[name] = {g: GateResult(PENDING) for g in GATES}
+            out[name] = {g: GateResult(Status.PENDING) for g in GATES}
     return out
 
 
 def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:
     statuses = {g.status for row in gate_rows.values() for g in row.values()}
-    for status in (FAIL, INVALID, INCONCLUSIVE):
+    for status in (Status.FAIL, Status.INVALID, Status.INCONCLUSIVE):
         if status in statuses:
             return status
-    return PASS if PASS in statuses else NOT_MEASURED
+    return Status.PASS if Status.PASS in statuses else Status.NOT_MEASURED
 
 
 @dataclass
@@ -332,7 +332,7 @@ def coding_grid(payload: Mapping[str, Any]) -> CodingGrid:
     verdicts: dict[tuple[str, str], dict[str, Any]] = {}
     flips: set[tuple[str, str]] = set()
     fixed: set[tuple[str, str]] = set()
-    for r in records(payload, "coding"):
+    for r in records(payload, RecordKind.CODING):
         config = str(r.get("config"))
         configs.append(config)
         for p in _as_list(r.get("problems")):
@@ -348,7 +348,7 @@ def coding_grid(payload: Mapping[str, Any]) -> CodingGrid:
 
 def divergences(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for r in records(payload, "lossless"):
+    for r in records(payload, RecordKind.LOSSLESS):
         for d in _as_list(r.get("diverged")):
             if isinstance(d, Mapping):
                 out.append((str(r.get("config")), dict(d)))
@@ -375,10 +375,10 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
     """
     times: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in _as_list(payload.get("records")) + _as_list(payload.get("throughput_repeats")):
-        if isinstance(r, Mapping) and r.get("kind") != "launch" and is_number(r.get("time")):
+        if isinstance(r, Mapping) and r.get("kind") != RecordKind.LAUNCH and is_number(r.get("time")):
             times[(str(r.get("config")), str(r.get("worker", "main")))].append(float(r["time"]))
     rows: dict[tuple[str, str], TimelineRow] = {}
-    for r in records(payload, "launch"):
+    for r in records(payload, RecordKind.LAUNCH):
         launch = _as_dict(r.get("launch")) or r
         name = str(launch.get("config", r.get("config")))
         key = (name, str(r.get("worker", "main")))
@@ -434,7 +434,7 @@ def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> li
                 continue
             if base is None or not previous or not current:
                 out.append(Comparison(mine.config, mine.cell, key, _median(current), _median(previous or []), None,
-                                      "new" if base is None or not previous else "missing",
+                                      Status.NEW if base is None or not previous else Status.MISSING,
                                       "only in this session" if current else "only in the other session"))
                 continue
             entry = {"direction": spec.direction, "tolerance": spec.tolerance, "unit": spec.unit,
@@ -447,7 +447,7 @@ def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> li
     for c in cells(other):
         if (c.config, c.cell) not in mine_keys:
             out.append(Comparison(c.config, c.cell, "output_throughput", None, _median(c.samples.get("output_throughput") or []),
-                                  None, "missing", "only in the other session"))
+                                  None, Status.MISSING, "only in the other session"))
     return out
 
 

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from pytest_ddtree.vocabulary import RecordKind
+
 from .writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
 
 __all__ = ["package_from_session", "launches_from_records", "request_from_session"]
@@ -25,7 +27,7 @@ def launches_from_records(records: Iterable[Mapping[str, Any]]) -> list[LaunchRe
     seen: set[tuple[Any, ...]] = set()
     out: list[LaunchRecord] = []
     for rec in records:
-        if rec.get("kind") != "launch":
+        if rec.get("kind") != RecordKind.LAUNCH:
             continue
         launch = rec.get("launch") or {}
         config = str(launch.get("config") or rec.get("config") or "unknown")
@@ -87,7 +89,7 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         matrix_text = None
     launches = launches_from_records(records)
     failed = [FailedTest(str(f.get("nodeid", "")), str(f.get("reason", ""))) for f in session.failed_tests]
-    host_envs = {str(r["host"]): r for r in records if r.get("kind") == "host-env" and r.get("host")}
+    host_envs = {str(r["host"]): r for r in records if r.get("kind") == RecordKind.HOST_ENV and r.get("host")}
     unit_text = None
     if profile.controller == "systemd":
         # A fleet's unit lives on its hosts: never read this machine's unit of the same name.
