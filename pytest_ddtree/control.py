@@ -473,7 +473,7 @@ def wants_end_launch(records: Sequence[Mapping[str, Any]]) -> bool:
     own): after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift
     and the control's launch shift is shared by enough configs to be worth a second launch; a process
     of one or two configs keeps its one launch beside them."""
-    configs = {r.get("config") for r in records if r.get("kind") == "throughput"}
+    configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
     return len(configs) >= END_LAUNCH_MIN_CONFIGS
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.vocabulary import Status
+from pytest_ddtree.vocabulary import RecordKind, Status
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
@@ -343,7 +343,7 @@ def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
     if not getattr(session.profile, "relaunch_flagged", False) or session.settings.update_baselines:
         return []
     recorder = session.recorder
-    moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == "throughput"]))
+    moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == RecordKind.THROUGHPUT]))
     configs: dict[str, Any] = {}
     cells: dict[str, list[Any]] = {}
     for item in items:
