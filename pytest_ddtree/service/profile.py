@@ -9,414 +9,45 @@ problem.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shlex
-import shutil
 import string
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Mapping, TypedDict
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
-from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, FleetKeys, is_host_pool, parse_fleet_keys
+from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
-from pytest_ddtree.service.ssh import SSHTarget
+from pytest_ddtree.service.validated_profile import (
+    CONFIG_FIELDS,
+    CONTROLLERS,
+    LOSSLESS_MODES,
+    FixedValue,
+    ProfileError,
+    SelectionError,
+    ServiceProfile,
+    render_value,
+    resolve_service_python,
+    valid_value_template,
+)
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
-CONTROLLERS = ("process", "systemd", "external", "command", "slurm")
-CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
-LOSSLESS_MODES = ("instance", "golden")
+__all__ = [
+    "CONFIG_FIELDS",
+    "CONTROLLERS",
+    "LOSSLESS_MODES",
+    "FixedValue",
+    "ProfileError",
+    "SelectionError",
+    "ServiceProfile",
+    "load_profile",
+    "parse_profile",
+    "render_value",
+    "resolve_service_python",
+    "url_fields_of",
+]
 
-
-class ProfileError(ValueError):
-    """A service profile is invalid; the message names file, key and problem."""
-
-
-class SelectionError(ProfileError):
-    """The selected configs ask for something the profile's build cannot do (a usage error)."""
-
-
-# A value template: ``{value}``, or ``{value+1}`` / ``{value-1}`` where a build counts differently
-# (e.g. the SubSir fork's SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS counts the root: budget + 1).
-_VALUE_PLACEHOLDER = re.compile(r"\{value(?:([+-])(\d+))?\}")
 # A fixed value that follows another field, e.g. ``block_size - 1`` (upstream DFLASH's chain).
 _FIXED_EXPRESSION = re.compile(r"^\s*(block_size|budget|topk)\s*(?:([+-])\s*(\d+))?\s*$")
-
-
-def render_value(template: str, value: int) -> str:
-    """Fill ``{value}`` / ``{value+N}`` / ``{value-N}`` in a flag or environment template."""
-
-    def fill(match: re.Match[str]) -> str:
-        sign, amount = match.group(1), match.group(2)
-        if sign is None:
-            return str(value)
-        return str(value + int(amount) if sign == "+" else value - int(amount))
-
-    return _VALUE_PLACEHOLDER.sub(fill, template)
-
-
-def _valid_value_template(template: object) -> bool:
-    if not isinstance(template, str) or not _VALUE_PLACEHOLDER.search(template):
-        return False
-    rest = _VALUE_PLACEHOLDER.sub("", template)
-    return "{" not in rest and "}" not in rest
-
-
-@dataclass(frozen=True)
-class FixedValue:
-    """What a build always uses for a field it cannot set: a number, another field's value plus
-    an offset, or None (derived by the build in a way the harness cannot predict)."""
-
-    number: int | None = None
-    follows: str | None = None
-    offset: int = 0
-
-    def value_for(self, values: Mapping[str, int | None]) -> int | None:
-        if self.follows is not None:
-            base = values[self.follows]
-            return None if base is None else base + self.offset
-        return self.number
-
-    def describe(self) -> str:
-        if self.follows is not None:
-            if not self.offset:
-                return f"= {self.follows}"
-            return f"= {self.follows} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
-        return "derived by the build" if self.number is None else f"always {self.number}"
-
-
-@dataclass(frozen=True)
-class ServiceProfile:
-    """A validated service profile. ``source`` and ``text`` keep the file for the repro package."""
-
-    name: str
-    controller: str
-    command: str | None
-    url: str
-    port: int | str
-    default_window: int | None
-    config_args: Mapping[str, str]
-    applied: Mapping[str, str]
-    config_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    fixed: Mapping[str, FixedValue] = field(default_factory=dict)
-    unverifiable: Mapping[str, str] = field(default_factory=dict)
-    #: field -> the values this build accepts for it (e.g. topk in (4, 8, 16)); others are refused.
-    allowed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: field -> why the build cannot set it (printed where a config is left out for that field).
-    fixed_because: Mapping[str, str] = field(default_factory=dict)
-    #: /server_info key -> what it shows beyond the field's value (``budget + 1``: it counts the root).
-    applied_offset: Mapping[str, int] = field(default_factory=dict)
-    #: The build's own sweep and default (``matrix:`` / ``default:``), replacing the projection of
-    #: configs.yaml's (see pytest_ddtree.selection).
-    own_matrix: tuple[DDTreeConfig, ...] | None = None
-    own_default: DDTreeConfig | None = None
-    #: flag / environment variable / /server_info key -> where in the build's source it was read
-    #: (repository, commit or branch, path:line), or "unverified: ..." (the report and package cite it).
-    sources: Mapping[str, str] = field(default_factory=dict)
-    health_path: str = "/health_generate"
-    ready_timeout_s: float = 900.0
-    gpu_release_timeout_s: float = 120.0
-    stop_timeout_s: float = 30.0
-    env: Mapping[str, str] = field(default_factory=dict)
-    pool: int | tuple[str, ...] = 1
-    #: Two sessions on one machine take turns on an instance (a file lock) unless this is false:
-    #: only for a service that shares nothing between sessions (the embedded engine, one process
-    #: per session on a free port of the CPU); a GPU service shares its GPUs even with port auto.
-    instance_lock: bool = True
-    coding_min_pass: int | None = None
-    #: After readiness, a few short greedy requests whose continuation the drafter can copy prove the
-    #: block size (or budget) by the acceptance histogram (pytest_ddtree.proof); false for a service
-    #: that must get no requests but the tests' own (one that counts or bills them).
-    copy_probe: bool = True
-    unit: str | None = None
-    dropin_dir: str | None = None
-    lossless: str = "golden"
-    lossless_args: str | None = None
-    #: The throughput gate's control (pytest_ddtree/control.py): None = the lossless_args launch,
-    #: "none" = no control, else the name of a config to measure as the control.
-    control: str | None = None
-    #: Configs the session-end check flags are launched once more at the end of their process and
-    #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
-    relaunch_flagged: bool = True
-    hardware_profile: str | None = None
-    max_context: int | None = None
-    tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
-    vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)
-    draft_model_path: str | None = None
-    patches: Mapping[str, Any] | None = None
-    python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
-    description: str = ""
-    fleet: FleetKeys = field(default_factory=FleetKeys)
-    slurm: SlurmKeys | None = None  # controller: slurm only (service/slurm.py)
-    source: Path | None = None
-    text: str = ""
-
-    def tokenizer_path(self) -> str | None:
-        """``tokenizer:`` with a relative path taken from the profile's folder (as written
-        otherwise: a name the tokenizer library resolves)."""
-        if not self.tokenizer:
-            return None
-        path = Path(os.path.expanduser(self.tokenizer))
-        if not path.is_absolute() and self.source is not None and (self.source.parent / path).exists():
-            return str(self.source.parent / path)
-        return str(path)
-
-    # -- rendering -------------------------------------------------------------------------
-    def render_config_args(self, config: DDTreeConfig) -> list[str]:
-        """The launch flags for ``config``; a field whose value is None (no window) is omitted."""
-        values = config.field_values(self.default_window)
-        args: list[str] = []
-        for field_name in CONFIG_FIELDS:
-            template = self.config_args.get(field_name)
-            value = values[field_name]
-            if template is None or value is None:
-                continue
-            args.extend(shlex.split(render_value(template, value)))
-        return args
-
-    def render_env(self, config: DDTreeConfig | None) -> dict[str, str]:
-        """The launch environment: the profile's ``env`` plus ``config_env`` for ``config``
-        (a field whose value is None sets nothing)."""
-        env = dict(self.env)
-        if config is None:
-            return env
-        values = config.field_values(self.default_window)
-        for field_name in CONFIG_FIELDS:
-            value = values[field_name]
-            if value is None:
-                continue
-            for variable, template in self.config_env.get(field_name, {}).items():
-                env[variable] = render_value(template, value)
-        return env
-
-    # -- what the build can set ------------------------------------------------------------
-    def settable_fields(self) -> tuple[str, ...]:
-        """Fields that reach the service through a launch flag or an environment variable."""
-        return tuple(f for f in CONFIG_FIELDS if f in self.config_args or f in self.config_env)
-
-    def fixed_field(self, field_name: str) -> FixedValue | None:
-        """How the build decides a field the profile cannot set (None: the profile sets it).
-        A field the profile neither sets nor lists under ``fixed`` is derived by the build."""
-        if field_name in self.settable_fields():
-            return None
-        return self.fixed.get(field_name, FixedValue())
-
-    def how_fields_reach_the_service(self) -> dict[str, str]:
-        """field -> one line: the flag, the variable, or what the build uses instead."""
-        out: dict[str, str] = {}
-        for name in CONFIG_FIELDS:
-            if name in self.config_args:
-                how = f"flag {self.config_args[name]}"
-            elif name in self.config_env:
-                how = "env " + ", ".join(f"{k}={v}" for k, v in self.config_env[name].items())
-            else:
-                fixed = self.fixed_field(name)
-                assert fixed is not None
-                how = f"not settable: {fixed.describe()}"
-            checks = [key for key, f in self.applied.items() if f == name]
-            if checks:
-                how += "; read back as /server_info " + ", ".join(checks)
-            elif name in self.unverifiable:
-                how += f"; unverifiable: {self.unverifiable[name]}"
-            out[name] = how
-        return out
-
-    def launch_identity(self, config: DDTreeConfig) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """What a launch of ``config`` really is: the command (port left out) and its environment."""
-        env = self.render_env(config)
-        command = self.render_command(config, None) if self.command else shlex.join(self.render_config_args(config))
-        return command, tuple(sorted(env.items()))
-
-    def expressible(self, configs: Iterable[DDTreeConfig]) -> list[DDTreeConfig]:
-        """The configs this build can run under their own names: fixed fields as the build has
-        them, and one config per distinct launch (the first, in the given order)."""
-        kept: list[DDTreeConfig] = []
-        launches: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        for config in configs:
-            try:
-                self.check_selection([config])
-            except SelectionError:
-                continue
-            identity = self.launch_identity(config)
-            if identity not in launches:
-                launches.add(identity)
-                kept.append(config)
-        return kept
-
-    def why_not(self, config: DDTreeConfig) -> list[tuple[str, str]]:
-        """(field, reason) for each field this build cannot run as ``config`` names it: a fixed field
-        the build decides otherwise, or a value outside the field's ``allowed`` list. Empty: the
-        build can run the config (it may still share its launch with another config)."""
-        values = config.field_values(self.default_window)
-        out: list[tuple[str, str]] = []
-        for name in CONFIG_FIELDS:
-            fixed = self.fixed_field(name)
-            if fixed is None:
-                allowed = self.allowed.get(name)
-                if allowed is not None and values[name] not in allowed:
-                    out.append((name, f"{name}={values[name]}, but this build accepts {name} "
-                                      f"{', '.join(map(str, allowed))} only (allowed.{name} in the profile)"))
-                continue
-            expected = fixed.value_for(values)
-            if expected is not None and values[name] != expected:
-                because = f"; {self.fixed_because[name]}" if name in self.fixed_because else ""
-                out.append((name, f"{name}={values[name]}, but this build cannot set {name}: "
-                                  f"it is {fixed.describe()} ({expected} here{because})"))
-        return out
-
-    def projection(self, config: DDTreeConfig) -> DDTreeConfig | None:
-        """The config this build runs for ``config``: each fixed field replaced by the value the
-        build uses (``bs8_b8_k4`` -> ``bs8_b7_k1`` on a chain build); None where no such config
-        exists (a settable field's value is not allowed, or a derived value cannot be known)."""
-        values = config.field_values(self.default_window)
-        changed: dict[str, int] = {}
-        for name in ("block_size", "budget", "topk"):
-            fixed = self.fixed_field(name)
-            if fixed is None:
-                continue
-            expected = fixed.value_for({**values, **changed})
-            if expected is not None:
-                changed[name] = expected
-        try:
-            projected = dataclasses.replace(config, **changed) if changed else config
-        except ValueError:  # e.g. a budget of 0 on a block size of 1
-            return None
-        return None if self.why_not(projected) else projected
-
-    def check_selection(self, configs: Iterable[DDTreeConfig]) -> None:
-        """Refuse, before anything starts, configs this build would mislabel.
-
-        A config whose fixed field differs from what the build always uses would be recorded
-        under a name it did not run; two different configs with the same launch (command and
-        environment) would record one service's numbers under two names. Both raise
-        SelectionError naming the fields the profile cannot set.
-        """
-        configs = list(configs)
-        problems: list[str] = []
-        for config in configs:
-            problems.extend(f"{config.name} asks {reason}" for _, reason in self.why_not(config))
-        by_launch: dict[tuple[str, tuple[tuple[str, str], ...]], list[DDTreeConfig]] = {}
-        for config in configs:
-            by_launch.setdefault(self.launch_identity(config), []).append(config)
-        for group in by_launch.values():
-            distinct = {tuple(sorted(c.field_values(self.default_window).items(), key=lambda kv: kv[0])): c for c in group}
-            if len(distinct) < 2:
-                continue
-            differing = [
-                name for name in CONFIG_FIELDS
-                if len({c.field_values(self.default_window)[name] for c in distinct.values()}) > 1
-            ]
-            names = ", ".join(c.name for c in distinct.values())
-            problems.append(
-                f"{names} would run the same launch (command and environment): this profile cannot set "
-                f"{', '.join(differing)} ({'; '.join(f'{f}: {self.how_fields_reach_the_service()[f]}' for f in differing)}); "
-                "select one of them, or map the field in config_args / config_env if your build can set it"
-            )
-        if problems:
-            raise SelectionError(
-                f"service profile {self.source or self.name} cannot run the selected configs as named:\n  - "
-                + "\n  - ".join(problems)
-            )
-
-    def render_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str:
-        """The full launch command; ``config=None`` with ``extra_args`` launches e.g. a no-speculation instance."""
-        if self.command is None:
-            raise ProfileError(f"{self._where('command')}: the {self.controller} controller needs a 'command'")
-        if config is not None:
-            config_args = shlex.join(self.render_config_args(config))
-        else:
-            config_args = ""
-        if extra_args:
-            config_args = f"{config_args} {extra_args}".strip()
-        port_text: object = "" if port is None else port
-        host_text = self.node
-        if self.controller == "slurm":  # the job's own node and port, known only once it runs (slurm.py)
-            port_text, host_text = "${DDTREE_PORT}", "${DDTREE_HOST}"
-        return self.command.format(
-            port=port_text,
-            config_args=config_args,
-            python=shlex.quote(self.launch_python),
-            host=host_text,
-        ).strip()
-
-    @property
-    def launch_python(self) -> str:
-        """What ``{python}`` stands for: this interpreter, or on a remote host the profile's
-        ``python:`` (else ``python3`` there): our own path means nothing on another machine."""
-        return (self.python or "python3") if self.host else sys.executable
-
-    @property
-    def service_python(self) -> str | None:
-        """The interpreter the service runs under: ``python:``, else the first word of ``command``
-        when that is a Python (``{python}`` is this one); None when neither says.
-
-        Why: the package's env/ and the versions it records must be the service's, not those of
-        the harness, which often lives in another virtual environment.
-        """
-        return resolve_service_python(self.python, self.command)
-
-    def render_url(self, port: int | None) -> str:
-        return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")
-
-    @property
-    def host(self) -> str | None:
-        """``user@node[:port]`` where the service runs (systemd/command over ssh), None: here."""
-        return self.fleet.host
-
-    @property
-    def node(self) -> str:
-        """The service's host name for URLs and ``{host}`` (127.0.0.1 for a local service)."""
-        return SSHTarget.parse(self.fleet.host).url_host if self.fleet.host else "127.0.0.1"
-
-    def for_instance(self, index: int) -> ServiceProfile:
-        """The profile of pool instance ``index``: a host pool's entry applied (host, url, unit...)."""
-        if not self.fleet.hosts:
-            return self
-        entry = self.fleet.hosts[index % len(self.fleet.hosts)]
-        over = dict(entry.overrides)
-        fleet = dataclasses.replace(
-            self.fleet, host=entry.host, ssh_options=over.pop("ssh_options", self.fleet.ssh_options),
-            lock_path=over.pop("lock_path", self.fleet.lock_path),
-        )
-        if "env" in over:
-            over["env"] = {**self.env, **over["env"]}
-        return dataclasses.replace(self, fleet=fleet, **over)
-
-    def expected_applied(self, config: DDTreeConfig) -> dict[str, object]:
-        """server_info key -> the value the config must show there after a restart."""
-        values = config.field_values(self.default_window)
-        out: dict[str, object] = {}
-        for key, field_name in self.applied.items():
-            value = values[field_name]
-            out[key] = value if value is None else value + self.applied_offset.get(key, 0)
-        return out
-
-    @property
-    def pool_size(self) -> int:
-        return self.pool if isinstance(self.pool, int) else len(self.pool)
-
-    def _where(self, key: str) -> str:
-        return f"{self.source or self.name}: {key}"
-
-
-def resolve_service_python(python: str | None, command: str | None) -> str | None:
-    """``python:`` if given, else the first word of ``command`` when it names a Python."""
-    if python:
-        return os.path.expanduser(python)
-    try:
-        words = shlex.split(command or "")
-    except ValueError:
-        return None
-    if not words:
-        return None
-    first = words[0]
-    if first == "{python}":
-        return sys.executable
-    if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
-        return shutil.which(first) or first
-    return None
 
 
 _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
@@ -474,7 +105,11 @@ def _template_fields(template: str) -> set[str]:
 
 
 def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> ServiceProfile:
-    """Validate a parsed YAML document into a ServiceProfile."""
+    """Validate a parsed YAML document into a ServiceProfile.
+
+    Each section is checked by a function of its own, in the order a reader meets the keys; a
+    key the document leaves out takes the default written once, on :class:`ServiceProfile`.
+    """
     where = str(source) if source else "<profile>"
 
     def fail(key: str, problem: str) -> ProfileError:
@@ -482,6 +117,66 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
 
     if not isinstance(raw, Mapping):
         raise ProfileError(f"{where}: a service profile must be a YAML mapping (see docs/profiles.md)")
+    _check_key_types(raw, fail)
+    controller = raw["controller"]
+    if controller not in CONTROLLERS:
+        raise fail("controller", f"must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    port = raw.get("port", "auto")
+    if isinstance(port, str) and port != "auto":
+        raise fail("port", f"must be an integer or 'auto', got {port!r}")
+    if isinstance(port, int) and not 0 < port < 65536:
+        raise fail("port", f"must be a TCP port 1-65535, got {port}")
+    pool = _parse_pool(raw.get("pool", 1), fail)
+    slurm = _check_launch(raw, controller, port, pool, fail)
+    fields = _parse_config_fields(raw, fail)
+    own_matrix, own_default = _own_matrix(raw, fail)
+    read_back = _parse_read_back(raw, fields, fail)
+    behaviour = _parse_behaviour(raw, controller, pool, fail)
+    fleet = parse_fleet_keys(raw, controller, fail)
+    window = raw.get("default_window", 2048)
+    if window is not None and window < 1:
+        raise fail("default_window", f"must be positive or null, got {window}")
+    return ServiceProfile(
+        name=raw["name"],
+        controller=controller,
+        command=raw.get("command"),
+        url=raw["url"],
+        port=port,
+        default_window=window,
+        **fields,
+        **read_back,
+        own_matrix=own_matrix,
+        own_default=own_default,
+        **behaviour,
+        env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        pool=pool,
+        # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
+        instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
+        coding_min_pass=raw.get("coding_min_pass"),
+        unit=raw.get("unit"),
+        dropin_dir=raw.get("dropin_dir"),
+        hardware_profile=raw.get("hardware_profile"),
+        max_context=raw.get("max_context"),
+        tokenizer=raw.get("tokenizer"),
+        vocab_size=raw.get("vocab_size"),
+        draft_model_path=raw.get("draft_model_path"),
+        patches=raw.get("patches"),
+        python=raw.get("python"),
+        description=raw.get("description", _DEFAULTS["description"]),
+        fleet=fleet,
+        slurm=slurm,
+        source=source,
+        text=text,
+    )
+
+
+_Fail = Callable[[str, str], ProfileError]
+#: The defaults of the profile's optional keys, as :class:`ServiceProfile` declares them.
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServiceProfile) if f.default is not dataclasses.MISSING}
+
+
+def _check_key_types(raw: Mapping[str, Any], fail: _Fail) -> None:
+    """Every key is known, every required one is there, each has its type (a bool is no int)."""
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
         raise fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
@@ -495,28 +190,23 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
             names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
             raise fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
 
-    controller = raw["controller"]
-    if controller not in CONTROLLERS:
-        raise fail("controller", f"must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
-    command = raw.get("command")
-    port = raw.get("port", "auto")
-    if isinstance(port, str) and port != "auto":
-        raise fail("port", f"must be an integer or 'auto', got {port!r}")
-    if isinstance(port, int) and not 0 < port < 65536:
-        raise fail("port", f"must be a TCP port 1-65535, got {port}")
-    pool_raw = raw.get("pool", 1)
-    pool: int | tuple[str, ...]
+
+def _parse_pool(pool_raw: Any, fail: _Fail) -> int | tuple[str, ...]:
+    """``pool:``: a number of instances, a list of service URLs, or a fleet's hosts (one instance each)."""
     if is_host_pool(pool_raw):
-        pool = len(pool_raw)  # the hosts are fleet.hosts; one instance per host
-    elif isinstance(pool_raw, list):
+        return len(pool_raw)  # the hosts are fleet.hosts; one instance per host
+    if isinstance(pool_raw, list):
         if not pool_raw or not all(isinstance(u, str) and u.startswith("http") for u in pool_raw):
             raise fail("pool", "a list pool must hold service URLs like http://127.0.0.1:30000")
-        pool = tuple(u.rstrip("/") for u in pool_raw)
-    else:
-        if pool_raw < 1:
-            raise fail("pool", f"must be at least 1, got {pool_raw}")
-        pool = pool_raw
+        return tuple(u.rstrip("/") for u in pool_raw)
+    if pool_raw < 1:
+        raise fail("pool", f"must be at least 1, got {pool_raw}")
+    return int(pool_raw)
 
+
+def _check_launch(raw: Mapping[str, Any], controller: str, port: int | str, pool: int | tuple[str, ...], fail: _Fail) -> SlurmKeys | None:
+    """The launch command, the controller's own keys and the URL fit together; the slurm keys."""
+    command = raw.get("command")
     if controller in ("process", "systemd", "slurm"):
         if not command:
             raise fail("command", f"the {controller} controller needs a launch command")
@@ -547,15 +237,65 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         raise fail("url", f"must start with http:// or https://, got {url!r}")
     if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple):
         raise fail("url", "must contain {port} when port is 'auto'")
+    return slurm
 
+
+class _ConfigFields(TypedDict):
+    config_args: dict[str, str]
+    config_env: dict[str, dict[str, str]]
+    fixed: dict[str, FixedValue]
+    applied: dict[str, str]
+    applied_offset: dict[str, int]
+    allowed: dict[str, tuple[int, ...]]
+    fixed_because: dict[str, str]
+
+
+def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
+    """How each config field reaches the service, what the build fixes, where it is read
+    back: config_args, config_env, fixed, applied, allowed and fixed_because."""
     config_args = raw["config_args"]
     for key, template in config_args.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"config_args.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
-        if not _valid_value_template(template):
+        if not valid_value_template(template):
             raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), got {template!r}")
+    config_env = _parse_config_env(raw.get("config_env") or {}, config_args, fail)
+    settable = set(config_args) | set(config_env)
+    fixed = _parse_fixed(raw.get("fixed") or {}, settable, fail)
+    applied, applied_offset = _parse_applied(raw.get("applied") or {}, fail)
+    return _ConfigFields(
+        config_args=dict(config_args),
+        config_env=config_env,
+        fixed=fixed,
+        applied=applied,
+        applied_offset=applied_offset,
+        allowed=_parse_allowed(raw.get("allowed") or {}, settable, fail),
+        fixed_because=_parse_fixed_because(raw.get("fixed_because") or {}, settable, fail),
+    )
+
+
+class _ReadBack(TypedDict):
+    sources: dict[str, str]
+    unverifiable: dict[str, str]
+
+
+def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> _ReadBack:
+    """Where the build's source defines each key (sources), and each field the profile sets is
+    either read back from /server_info (applied) or said to be unverifiable, with why."""
+    sources = _parse_sources(raw.get("sources") or {}, fail)
+    applied = fields["applied"]
+    unverifiable = _parse_unverifiable(raw.get("unverifiable") or {}, applied, fail)
+    for key in CONFIG_FIELDS:
+        if (key in fields["config_args"] or key in fields["config_env"]) and key not in applied.values() and key not in unverifiable:
+            section = "config_args" if key in fields["config_args"] else "config_env"
+            raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
+                                         f"it under applied, or say why it cannot be checked under unverifiable")
+    return _ReadBack(sources=sources, unverifiable=unverifiable)
+
+
+def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any], fail: _Fail) -> dict[str, dict[str, str]]:
     config_env: dict[str, dict[str, str]] = {}
-    for key, variables in (raw.get("config_env") or {}).items():
+    for key, variables in section.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"config_env.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
         if not isinstance(variables, Mapping) or not variables:
@@ -563,12 +303,15 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         if key in config_args:
             raise fail(f"config_env.{key}", "this field is already set by config_args; a field reaches the service one way")
         for variable, template in variables.items():
-            if not _valid_value_template(template):
+            if not valid_value_template(template):
                 raise fail(f"config_env.{key}.{variable}", f"must be a template containing {{value}} (or {{value+N}}), got {template!r}")
         config_env[key] = {str(k): str(v) for k, v in variables.items()}
-    settable = set(config_args) | set(config_env)
+    return config_env
+
+
+def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, FixedValue]:
     fixed: dict[str, FixedValue] = {}
-    for key, value in (raw.get("fixed") or {}).items():
+    for key, value in section.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"fixed.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
         if key in settable:
@@ -583,9 +326,13 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         else:
             raise fail(f"fixed.{key}", f"must be the value the build always uses (an integer), another field "
                                        f"with an offset (e.g. 'block_size - 1'), or null (derived by the build), got {value!r}")
+    return fixed
+
+
+def _parse_applied(section: Mapping[str, Any], fail: _Fail) -> tuple[dict[str, str], dict[str, int]]:
     applied: dict[str, str] = {}
     applied_offset: dict[str, int] = {}
-    for key, field_name in (raw.get("applied") or {}).items():
+    for key, field_name in section.items():
         match = _FIXED_EXPRESSION.match(field_name) if isinstance(field_name, str) else None
         if field_name in CONFIG_FIELDS:
             applied[str(key)] = field_name
@@ -597,27 +344,41 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         else:
             raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), optionally with an "
                                          f"offset such as 'budget + 1', got {field_name!r}")
+    return applied, applied_offset
+
+
+def _parse_allowed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, tuple[int, ...]]:
     allowed: dict[str, tuple[int, ...]] = {}
-    for key, values in (raw.get("allowed") or {}).items():
+    for key, values in section.items():
         if key not in settable:
             raise fail(f"allowed.{key}", "only a field the profile sets (config_args / config_env) has allowed values")
         if (not isinstance(values, list) or not values
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
             raise fail(f"allowed.{key}", f"must list the positive integers the build accepts, e.g. [4, 8, 16], got {values!r}")
         allowed[str(key)] = tuple(values)
+    return allowed
+
+
+def _parse_fixed_because(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, str]:
     fixed_because: dict[str, str] = {}
-    for key, reason in (raw.get("fixed_because") or {}).items():
+    for key, reason in section.items():
         if key not in CONFIG_FIELDS or key in settable:
             raise fail(f"fixed_because.{key}", "must name a config field the profile does not set")
         if not isinstance(reason, str) or not reason.strip():
             raise fail(f"fixed_because.{key}", "must say why the build cannot set this field")
         fixed_because[str(key)] = reason.strip()
-    own_matrix, own_default = _own_matrix(raw, fail)
-    sources = raw.get("sources") or {}
-    for key, where in sources.items():
+    return fixed_because
+
+
+def _parse_sources(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+    for key, where in section.items():
         if not isinstance(where, str) or not where.strip():
             raise fail(f"sources.{key}", "must say where the build's source defines it (repository, commit, path:line) or 'unverified: why'")
-    unverifiable = {str(k): v for k, v in (raw.get("unverifiable") or {}).items()}
+    return {str(k): str(v).strip() for k, v in section.items()}
+
+
+def _parse_unverifiable(section: Mapping[str, Any], applied: Mapping[str, str], fail: _Fail) -> dict[str, str]:
+    unverifiable = {str(k): v for k, v in section.items()}
     for key, reason in unverifiable.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"unverifiable.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
@@ -625,12 +386,25 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
             raise fail(f"unverifiable.{key}", "must give the reason /server_info cannot show this field (the report prints it)")
         if key in applied.values():
             raise fail(f"unverifiable.{key}", "this field is read back by applied; drop one of the two")
-    for key in CONFIG_FIELDS:
-        if key in settable and key not in applied.values() and key not in unverifiable:
-            section = "config_args" if key in config_args else "config_env"
-            raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
-                                         f"it under applied, or say why it cannot be checked under unverifiable")
-    lossless = raw.get("lossless", "instance" if raw.get("lossless_args") else "golden")
+    return unverifiable
+
+
+class _Behaviour(TypedDict):
+    lossless: str
+    lossless_args: str | None
+    control: str | None
+    relaunch_flagged: bool
+    health_path: str
+    ready_timeout_s: float
+    gpu_release_timeout_s: float
+    stop_timeout_s: float
+    copy_probe: bool
+
+
+def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
+    """How the harness treats the service: the lossless check, the control, relaunches,
+    readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
+    lossless = raw.get("lossless", "instance" if raw.get("lossless_args") else _DEFAULTS["lossless"])
     if lossless not in LOSSLESS_MODES:
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
     if lossless == "instance" and not raw.get("lossless_args"):
@@ -646,64 +420,22 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     if relaunch_flagged and not relaunchable:
         raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
                                        "(configs are then judged on their one launch)")
-    health_path = raw.get("health_path", "/health_generate")
+    health_path = raw.get("health_path", _DEFAULTS["health_path"])
     if not health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {health_path!r}")
     for key in ("ready_timeout_s", "gpu_release_timeout_s", "stop_timeout_s"):
         if key in raw and raw[key] <= 0:
             raise fail(key, f"must be positive, got {raw[key]}")
-    env = {str(k): str(v) for k, v in (raw.get("env") or {}).items()}
-    fleet = parse_fleet_keys(raw, controller, fail)
-    window = raw.get("default_window", 2048)
-    if window is not None and window < 1:
-        raise fail("default_window", f"must be positive or null, got {window}")
-
-    return ServiceProfile(
-        name=raw["name"],
-        controller=controller,
-        command=command,
-        url=url,
-        port=port,
-        default_window=window,
-        config_args=dict(config_args),
-        applied=dict(applied),
-        config_env=config_env,
-        fixed=fixed,
-        unverifiable=unverifiable,
-        allowed=allowed,
-        fixed_because=fixed_because,
-        applied_offset=applied_offset,
-        own_matrix=own_matrix,
-        own_default=own_default,
-        sources={str(k): str(v).strip() for k, v in sources.items()},
-        health_path=health_path,
-        ready_timeout_s=float(raw.get("ready_timeout_s", 900)),
-        gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", 120)),
-        stop_timeout_s=float(raw.get("stop_timeout_s", 30)),
-        env=env,
-        pool=pool,
-        # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
-        instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
-        coding_min_pass=raw.get("coding_min_pass"),
-        copy_probe=bool(raw.get("copy_probe", True)),
-        unit=raw.get("unit"),
-        dropin_dir=raw.get("dropin_dir"),
+    return _Behaviour(
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
         control=control,
         relaunch_flagged=bool(relaunch_flagged),
-        hardware_profile=raw.get("hardware_profile"),
-        max_context=raw.get("max_context"),
-        tokenizer=raw.get("tokenizer"),
-        vocab_size=raw.get("vocab_size"),
-        draft_model_path=raw.get("draft_model_path"),
-        patches=raw.get("patches"),
-        python=raw.get("python"),
-        description=raw.get("description", ""),
-        fleet=fleet,
-        slurm=slurm,
-        source=source,
-        text=text,
+        health_path=health_path,
+        ready_timeout_s=float(raw.get("ready_timeout_s", _DEFAULTS["ready_timeout_s"])),
+        gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", _DEFAULTS["gpu_release_timeout_s"])),
+        stop_timeout_s=float(raw.get("stop_timeout_s", _DEFAULTS["stop_timeout_s"])),
+        copy_probe=bool(raw.get("copy_probe", _DEFAULTS["copy_probe"])),
     )
 
 

@@ -1,0 +1,414 @@
+"""The validated service profile: how a config reaches the service (flags, environment, URL,
+command) and which configs its build can express.
+
+:mod:`pytest_ddtree.service.profile` reads and validates the YAML file into a
+:class:`ServiceProfile` (and re-exports these names); this module holds what the profile is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.service.fleet import FleetKeys
+from pytest_ddtree.service.slurm import SlurmKeys
+from pytest_ddtree.service.ssh import SSHTarget
+
+CONTROLLERS = ("process", "systemd", "external", "command", "slurm")
+CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
+LOSSLESS_MODES = ("instance", "golden")
+
+
+class ProfileError(ValueError):
+    """A service profile is invalid; the message names file, key and problem."""
+
+
+class SelectionError(ProfileError):
+    """The selected configs ask for something the profile's build cannot do (a usage error)."""
+
+
+# A value template: ``{value}``, or ``{value+1}`` / ``{value-1}`` where a build counts differently
+# (e.g. the SubSir fork's SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS counts the root: budget + 1).
+_VALUE_PLACEHOLDER = re.compile(r"\{value(?:([+-])(\d+))?\}")
+
+
+def render_value(template: str, value: int) -> str:
+    """Fill ``{value}`` / ``{value+N}`` / ``{value-N}`` in a flag or environment template."""
+
+    def fill(match: re.Match[str]) -> str:
+        sign, amount = match.group(1), match.group(2)
+        if sign is None:
+            return str(value)
+        return str(value + int(amount) if sign == "+" else value - int(amount))
+
+    return _VALUE_PLACEHOLDER.sub(fill, template)
+
+
+def valid_value_template(template: object) -> bool:
+    if not isinstance(template, str) or not _VALUE_PLACEHOLDER.search(template):
+        return False
+    rest = _VALUE_PLACEHOLDER.sub("", template)
+    return "{" not in rest and "}" not in rest
+
+
+@dataclass(frozen=True)
+class FixedValue:
+    """What a build always uses for a field it cannot set: a number, another field's value plus
+    an offset, or None (derived by the build in a way the harness cannot predict)."""
+
+    number: int | None = None
+    follows: str | None = None
+    offset: int = 0
+
+    def value_for(self, values: Mapping[str, int | None]) -> int | None:
+        if self.follows is not None:
+            base = values[self.follows]
+            return None if base is None else base + self.offset
+        return self.number
+
+    def describe(self) -> str:
+        if self.follows is not None:
+            if not self.offset:
+                return f"= {self.follows}"
+            return f"= {self.follows} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
+        return "derived by the build" if self.number is None else f"always {self.number}"
+
+
+@dataclass(frozen=True)
+class ServiceProfile:
+    """A validated service profile. ``source`` and ``text`` keep the file for the repro package."""
+
+    name: str
+    controller: str
+    command: str | None
+    url: str
+    port: int | str
+    default_window: int | None
+    config_args: Mapping[str, str]
+    applied: Mapping[str, str]
+    config_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    fixed: Mapping[str, FixedValue] = field(default_factory=dict)
+    unverifiable: Mapping[str, str] = field(default_factory=dict)
+    #: field -> the values this build accepts for it (e.g. topk in (4, 8, 16)); others are refused.
+    allowed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: field -> why the build cannot set it (printed where a config is left out for that field).
+    fixed_because: Mapping[str, str] = field(default_factory=dict)
+    #: /server_info key -> what it shows beyond the field's value (``budget + 1``: it counts the root).
+    applied_offset: Mapping[str, int] = field(default_factory=dict)
+    #: The build's own sweep and default (``matrix:`` / ``default:``), replacing the projection of
+    #: configs.yaml's (see pytest_ddtree.selection).
+    own_matrix: tuple[DDTreeConfig, ...] | None = None
+    own_default: DDTreeConfig | None = None
+    #: flag / environment variable / /server_info key -> where in the build's source it was read
+    #: (repository, commit or branch, path:line), or "unverified: ..." (the report and package cite it).
+    sources: Mapping[str, str] = field(default_factory=dict)
+    health_path: str = "/health_generate"
+    ready_timeout_s: float = 900.0
+    gpu_release_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    pool: int | tuple[str, ...] = 1
+    #: Two sessions on one machine take turns on an instance (a file lock) unless this is false:
+    #: only for a service that shares nothing between sessions (the embedded engine, one process
+    #: per session on a free port of the CPU); a GPU service shares its GPUs even with port auto.
+    instance_lock: bool = True
+    coding_min_pass: int | None = None
+    #: After readiness, a few short greedy requests whose continuation the drafter can copy prove the
+    #: block size (or budget) by the acceptance histogram (pytest_ddtree.proof); false for a service
+    #: that must get no requests but the tests' own (one that counts or bills them).
+    copy_probe: bool = True
+    unit: str | None = None
+    dropin_dir: str | None = None
+    lossless: str = "golden"
+    lossless_args: str | None = None
+    #: The throughput gate's control (pytest_ddtree/control.py): None = the lossless_args launch,
+    #: "none" = no control, else the name of a config to measure as the control.
+    control: str | None = None
+    #: Configs the session-end check flags are launched once more at the end of their process and
+    #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
+    relaunch_flagged: bool = True
+    hardware_profile: str | None = None
+    max_context: int | None = None
+    tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
+    vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)
+    draft_model_path: str | None = None
+    patches: Mapping[str, Any] | None = None
+    python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
+    description: str = ""
+    fleet: FleetKeys = field(default_factory=FleetKeys)
+    slurm: SlurmKeys | None = None  # controller: slurm only (service/slurm.py)
+    source: Path | None = None
+    text: str = ""
+
+    def tokenizer_path(self) -> str | None:
+        """``tokenizer:`` with a relative path taken from the profile's folder (as written
+        otherwise: a name the tokenizer library resolves)."""
+        if not self.tokenizer:
+            return None
+        path = Path(os.path.expanduser(self.tokenizer))
+        if not path.is_absolute() and self.source is not None and (self.source.parent / path).exists():
+            return str(self.source.parent / path)
+        return str(path)
+
+    # -- rendering -------------------------------------------------------------------------
+    def render_config_args(self, config: DDTreeConfig) -> list[str]:
+        """The launch flags for ``config``; a field whose value is None (no window) is omitted."""
+        values = config.field_values(self.default_window)
+        args: list[str] = []
+        for field_name in CONFIG_FIELDS:
+            template = self.config_args.get(field_name)
+            value = values[field_name]
+            if template is None or value is None:
+                continue
+            args.extend(shlex.split(render_value(template, value)))
+        return args
+
+    def render_env(self, config: DDTreeConfig | None) -> dict[str, str]:
+        """The launch environment: the profile's ``env`` plus ``config_env`` for ``config``
+        (a field whose value is None sets nothing)."""
+        env = dict(self.env)
+        if config is None:
+            return env
+        values = config.field_values(self.default_window)
+        for field_name in CONFIG_FIELDS:
+            value = values[field_name]
+            if value is None:
+                continue
+            for variable, template in self.config_env.get(field_name, {}).items():
+                env[variable] = render_value(template, value)
+        return env
+
+    # -- what the build can set ------------------------------------------------------------
+    def settable_fields(self) -> tuple[str, ...]:
+        """Fields that reach the service through a launch flag or an environment variable."""
+        return tuple(f for f in CONFIG_FIELDS if f in self.config_args or f in self.config_env)
+
+    def fixed_field(self, field_name: str) -> FixedValue | None:
+        """How the build decides a field the profile cannot set (None: the profile sets it).
+        A field the profile neither sets nor lists under ``fixed`` is derived by the build."""
+        if field_name in self.settable_fields():
+            return None
+        return self.fixed.get(field_name, FixedValue())
+
+    def how_fields_reach_the_service(self) -> dict[str, str]:
+        """field -> one line: the flag, the variable, or what the build uses instead."""
+        out: dict[str, str] = {}
+        for name in CONFIG_FIELDS:
+            if name in self.config_args:
+                how = f"flag {self.config_args[name]}"
+            elif name in self.config_env:
+                how = "env " + ", ".join(f"{k}={v}" for k, v in self.config_env[name].items())
+            else:
+                fixed = self.fixed_field(name)
+                assert fixed is not None
+                how = f"not settable: {fixed.describe()}"
+            checks = [key for key, f in self.applied.items() if f == name]
+            if checks:
+                how += "; read back as /server_info " + ", ".join(checks)
+            elif name in self.unverifiable:
+                how += f"; unverifiable: {self.unverifiable[name]}"
+            out[name] = how
+        return out
+
+    def launch_identity(self, config: DDTreeConfig) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """What a launch of ``config`` really is: the command (port left out) and its environment."""
+        env = self.render_env(config)
+        command = self.render_command(config, None) if self.command else shlex.join(self.render_config_args(config))
+        return command, tuple(sorted(env.items()))
+
+    def expressible(self, configs: Iterable[DDTreeConfig]) -> list[DDTreeConfig]:
+        """The configs this build can run under their own names: fixed fields as the build has
+        them, and one config per distinct launch (the first, in the given order)."""
+        kept: list[DDTreeConfig] = []
+        launches: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for config in configs:
+            try:
+                self.check_selection([config])
+            except SelectionError:
+                continue
+            identity = self.launch_identity(config)
+            if identity not in launches:
+                launches.add(identity)
+                kept.append(config)
+        return kept
+
+    def why_not(self, config: DDTreeConfig) -> list[tuple[str, str]]:
+        """(field, reason) for each field this build cannot run as ``config`` names it: a fixed field
+        the build decides otherwise, or a value outside the field's ``allowed`` list. Empty: the
+        build can run the config (it may still share its launch with another config)."""
+        values = config.field_values(self.default_window)
+        out: list[tuple[str, str]] = []
+        for name in CONFIG_FIELDS:
+            fixed = self.fixed_field(name)
+            if fixed is None:
+                allowed = self.allowed.get(name)
+                if allowed is not None and values[name] not in allowed:
+                    out.append((name, f"{name}={values[name]}, but this build accepts {name} "
+                                      f"{', '.join(map(str, allowed))} only (allowed.{name} in the profile)"))
+                continue
+            expected = fixed.value_for(values)
+            if expected is not None and values[name] != expected:
+                because = f"; {self.fixed_because[name]}" if name in self.fixed_because else ""
+                out.append((name, f"{name}={values[name]}, but this build cannot set {name}: "
+                                  f"it is {fixed.describe()} ({expected} here{because})"))
+        return out
+
+    def projection(self, config: DDTreeConfig) -> DDTreeConfig | None:
+        """The config this build runs for ``config``: each fixed field replaced by the value the
+        build uses (``bs8_b8_k4`` -> ``bs8_b7_k1`` on a chain build); None where no such config
+        exists (a settable field's value is not allowed, or a derived value cannot be known)."""
+        values = config.field_values(self.default_window)
+        changed: dict[str, int] = {}
+        for name in ("block_size", "budget", "topk"):
+            fixed = self.fixed_field(name)
+            if fixed is None:
+                continue
+            expected = fixed.value_for({**values, **changed})
+            if expected is not None:
+                changed[name] = expected
+        try:
+            projected = dataclasses.replace(config, **changed) if changed else config
+        except ValueError:  # e.g. a budget of 0 on a block size of 1
+            return None
+        return None if self.why_not(projected) else projected
+
+    def check_selection(self, configs: Iterable[DDTreeConfig]) -> None:
+        """Refuse, before anything starts, configs this build would mislabel.
+
+        A config whose fixed field differs from what the build always uses would be recorded
+        under a name it did not run; two different configs with the same launch (command and
+        environment) would record one service's numbers under two names. Both raise
+        SelectionError naming the fields the profile cannot set.
+        """
+        configs = list(configs)
+        problems: list[str] = []
+        for config in configs:
+            problems.extend(f"{config.name} asks {reason}" for _, reason in self.why_not(config))
+        by_launch: dict[tuple[str, tuple[tuple[str, str], ...]], list[DDTreeConfig]] = {}
+        for config in configs:
+            by_launch.setdefault(self.launch_identity(config), []).append(config)
+        for group in by_launch.values():
+            distinct = {tuple(sorted(c.field_values(self.default_window).items(), key=lambda kv: kv[0])): c for c in group}
+            if len(distinct) < 2:
+                continue
+            differing = [
+                name for name in CONFIG_FIELDS
+                if len({c.field_values(self.default_window)[name] for c in distinct.values()}) > 1
+            ]
+            names = ", ".join(c.name for c in distinct.values())
+            problems.append(
+                f"{names} would run the same launch (command and environment): this profile cannot set "
+                f"{', '.join(differing)} ({'; '.join(f'{f}: {self.how_fields_reach_the_service()[f]}' for f in differing)}); "
+                "select one of them, or map the field in config_args / config_env if your build can set it"
+            )
+        if problems:
+            raise SelectionError(
+                f"service profile {self.source or self.name} cannot run the selected configs as named:\n  - "
+                + "\n  - ".join(problems)
+            )
+
+    def render_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str:
+        """The full launch command; ``config=None`` with ``extra_args`` launches e.g. a no-speculation instance."""
+        if self.command is None:
+            raise ProfileError(f"{self._where('command')}: the {self.controller} controller needs a 'command'")
+        if config is not None:
+            config_args = shlex.join(self.render_config_args(config))
+        else:
+            config_args = ""
+        if extra_args:
+            config_args = f"{config_args} {extra_args}".strip()
+        port_text: object = "" if port is None else port
+        host_text = self.node
+        if self.controller == "slurm":  # the job's own node and port, known only once it runs (slurm.py)
+            port_text, host_text = "${DDTREE_PORT}", "${DDTREE_HOST}"
+        return self.command.format(
+            port=port_text,
+            config_args=config_args,
+            python=shlex.quote(self.launch_python),
+            host=host_text,
+        ).strip()
+
+    @property
+    def launch_python(self) -> str:
+        """What ``{python}`` stands for: this interpreter, or on a remote host the profile's
+        ``python:`` (else ``python3`` there): our own path means nothing on another machine."""
+        return (self.python or "python3") if self.host else sys.executable
+
+    @property
+    def service_python(self) -> str | None:
+        """The interpreter the service runs under: ``python:``, else the first word of ``command``
+        when that is a Python (``{python}`` is this one); None when neither says.
+
+        Why: the package's env/ and the versions it records must be the service's, not those of
+        the harness, which often lives in another virtual environment.
+        """
+        return resolve_service_python(self.python, self.command)
+
+    def render_url(self, port: int | None) -> str:
+        return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")
+
+    @property
+    def host(self) -> str | None:
+        """``user@node[:port]`` where the service runs (systemd/command over ssh), None: here."""
+        return self.fleet.host
+
+    @property
+    def node(self) -> str:
+        """The service's host name for URLs and ``{host}`` (127.0.0.1 for a local service)."""
+        return SSHTarget.parse(self.fleet.host).url_host if self.fleet.host else "127.0.0.1"
+
+    def for_instance(self, index: int) -> ServiceProfile:
+        """The profile of pool instance ``index``: a host pool's entry applied (host, url, unit...)."""
+        if not self.fleet.hosts:
+            return self
+        entry = self.fleet.hosts[index % len(self.fleet.hosts)]
+        over = dict(entry.overrides)
+        fleet = dataclasses.replace(
+            self.fleet, host=entry.host, ssh_options=over.pop("ssh_options", self.fleet.ssh_options),
+            lock_path=over.pop("lock_path", self.fleet.lock_path),
+        )
+        if "env" in over:
+            over["env"] = {**self.env, **over["env"]}
+        return dataclasses.replace(self, fleet=fleet, **over)
+
+    def expected_applied(self, config: DDTreeConfig) -> dict[str, object]:
+        """server_info key -> the value the config must show there after a restart."""
+        values = config.field_values(self.default_window)
+        out: dict[str, object] = {}
+        for key, field_name in self.applied.items():
+            value = values[field_name]
+            out[key] = value if value is None else value + self.applied_offset.get(key, 0)
+        return out
+
+    @property
+    def pool_size(self) -> int:
+        return self.pool if isinstance(self.pool, int) else len(self.pool)
+
+    def _where(self, key: str) -> str:
+        return f"{self.source or self.name}: {key}"
+
+
+def resolve_service_python(python: str | None, command: str | None) -> str | None:
+    """``python:`` if given, else the first word of ``command`` when it names a Python."""
+    if python:
+        return os.path.expanduser(python)
+    try:
+        words = shlex.split(command or "")
+    except ValueError:
+        return None
+    if not words:
+        return None
+    first = words[0]
+    if first == "{python}":
+        return sys.executable
+    if re.fullmatch(r"python[0-9.]*", os.path.basename(first)):
+        return shutil.which(first) or first
+    return None
