@@ -36,7 +36,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -1,0 +1,415 @@
+"""The reference server's generation endpoints: /generate and the OpenAI-compatible completions and chat, streamed or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from .engine import Engine, Request, SamplingParams, StepEvent
+from .logprobs import LogprobRequest, LogprobTracker
+from .model import uniform
+from .request_params import BadRequest, bool_field, finish_reason_openai, int_list, number_field, parse_sampling
+from .transport import HandlerBase
+
+STEP_TIMEOUT_S = 600.0
+
+
+
+class GenerationEndpoints(HandlerBase):
+    """/generate, /v1/completions and /v1/chat/completions, with the faults that hit them."""
+
+    def _begin_generation(self) -> Engine | None:
+        """Readiness and the http500 fault, shared by the generation endpoints."""
+        eng = self._engine_or_503()
+        if eng is None:
+            return None
+        st = self.state
+        with st.lock:
+            st.gen_requests_seen += 1
+            n = st.gen_requests_seen
+        if st.faults.http500_rate and uniform(st.seed, 0x500, n) < st.faults.http500_rate:
+            self.send_error_json(500, "internal server error (injected fault http500-rate)")
+            return None
+        return eng
+
+    def _count_completion(self) -> bool:
+        """Count a completed generation request *before* its response goes out and
+        apply hang-after; True when exit-after says the process must exit after it.
+
+        Counting first closes races: a client that got the N-th answer can never slip
+        another request in before the hang starts.
+        """
+        st = self.state
+        with st.lock:
+            st.gen_requests_done += 1
+            done = st.gen_requests_done
+        f = st.faults
+        if f.hang_after is not None and done >= f.hang_after and not st.hung.is_set():
+            st.log(f"WARNING:  injected fault hang-after={f.hang_after}: no longer answering")
+            st.hung.set()
+        return f.exit_after is not None and done >= f.exit_after
+
+    def _exit_now(self) -> None:
+        st = self.state
+        st.log(f"ERROR:    Scheduler hit an exception: injected fault exit-after={st.faults.exit_after}; exiting")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def send_generation(self, obj: Any) -> None:
+        """The final (non-streaming) answer of a generation request.
+
+        When exit-after fires, the answer is sent without Content-Length and with
+        ``Connection: close``: the client only has the whole body at EOF, i.e. when the
+        process is already exiting, so a harness that checks the process right after
+        the N-th answer reliably sees it gone.
+        """
+        if not self._count_completion():
+            self.send_json(200, obj)
+            return
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        self._exit_now()
+
+    def _tokenize_prompt(self, text: Any, input_ids: Any) -> list[int]:
+        models = self.state.models
+        assert models is not None
+        if input_ids is not None:
+            if text is not None:
+                raise BadRequest("give either text or input_ids, not both")
+            ids = int_list(input_ids, "input_ids")
+            vocab = models.tokenizer.vocab_size
+            if any(not 0 <= x < vocab for x in ids):  # tokenizer_manager.py _validate_input_ids_in_vocab
+                shown = ids if len(ids) <= 16 else [*ids[:16], "..."]
+                raise BadRequest(f"The input_ids {shown} contains values greater than the vocab size ({vocab}).")
+            return ids
+        if not isinstance(text, str):
+            if isinstance(text, list):
+                raise BadRequest("batched text is not supported; send one prompt per request")
+            raise BadRequest("text (a string) or input_ids (a list of integers) is required")
+        return models.tokenizer.encode(text)
+
+    def _check_length(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise BadRequest("the prompt is empty")
+        limit = self.state.context_length
+        if len(prompt) + params.max_new_tokens > limit:
+            raise BadRequest(
+                f"Requested token count exceeds the model's maximum context length of {limit} tokens. "
+                f"You requested a total of {len(prompt) + params.max_new_tokens} tokens: "
+                f"{len(prompt)} tokens from the input messages and {params.max_new_tokens} tokens for the completion."
+            )
+
+    def _events(self, eng: Engine, req: Request) -> Iterator[StepEvent]:
+        while True:
+            try:
+                ev = req.events.get(timeout=STEP_TIMEOUT_S)
+            except Exception:
+                eng.abort(req)
+                raise RuntimeError("engine step timed out") from None
+            yield ev
+            if ev.finished:
+                return
+
+    def _wait(self, eng: Engine, req: Request) -> None:
+        if not req.done.wait(STEP_TIMEOUT_S):
+            eng.abort(req)
+            raise RuntimeError("engine timed out")
+
+    def _text(self, req: Request, n: int) -> str:
+        models = self.state.models
+        assert models is not None
+        text = models.tokenizer.decode(req.output_ids[:n])
+        if req.text_limit is not None and n >= len(req.output_ids):
+            text = text[: req.text_limit]
+        return text
+
+    def _meta(self, req: Request, n: int | None = None, final: bool = True) -> dict[str, Any]:
+        """meta_info as SGLang's tokenizer_manager.py ``_handle_batch_output``: e2e_latency and the
+        spec fields (``_calculate_spec_decoding_metrics``, only under speculation and when the
+        request had a verify step) come with the finished chunk only."""
+        n = len(req.output_ids) if n is None else n
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": n,
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason if final else None,
+        }
+        if not final:
+            return meta
+        meta["e2e_latency"] = round(req.e2e_latency(), 6)
+        engine = self.state.engine
+        if engine is not None and engine.spec.speculative and req.verify_ct > 0:
+            meta["spec_verify_ct"] = req.verify_ct
+            meta["spec_accept_length"] = round(n / req.verify_ct, 6)
+            if req.accept_histogram:
+                # tokenizer_manager.py's spec-decoding meta: the per-request histogram under its
+                # 2026-05 name and, kept by upstream as a backward-compatible alias, the old one.
+                meta["spec_correct_drafts_histogram"] = list(req.accept_histogram)
+                meta["spec_accept_histogram"] = list(req.accept_histogram)
+        return meta
+
+    def _logprob_request(self, body: dict[str, Any], prompt: list[int]) -> LogprobRequest | None:
+        """The logprob fields of a /generate body (io_struct.py ``GenerateReqInput``), validated as
+        SGLang does (scheduler.py ``_create_generation_req``; tokenizer_manager.py
+        ``_validate_token_ids_logprob``); None unless ``return_logprob``."""
+        if not bool_field(body, "return_logprob"):
+            return None
+        start = number_field(body, "logprob_start_len", -1, int)
+        if start == -1:  # scheduler.py: the default reports output tokens only
+            start = len(prompt)
+        if start < 0:
+            raise BadRequest(f"logprob_start_len must be >= -1, got {start}")
+        if start > len(prompt):
+            raise BadRequest(f"req.logprob_start_len={start} is higher than the number of input tokens "
+                             f"len(req.origin_input_ids)={len(prompt)}. Please use a smaller logprob_start_len.")
+        top_k = number_field(body, "top_logprobs_num", 0, int, 0)
+        ids_raw = body.get("token_ids_logprob")
+        token_ids: tuple[int, ...] | None = None
+        if ids_raw is not None:
+            if not isinstance(ids_raw, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids_raw):
+                raise BadRequest("token_ids_logprob must be a flat list of integers.")
+            assert self.state.models is not None
+            vocab = self.state.models.tokenizer.vocab_size
+            for t in ids_raw:
+                if not 0 <= t < vocab:
+                    raise BadRequest(f"token_ids_logprob contains out-of-vocabulary token id {t}; valid range is [0, {vocab}).")
+            token_ids = tuple(ids_raw)
+        if top_k > 1024 or (token_ids is not None and len(token_ids) > 1024):
+            raise BadRequest("top_logprobs_num and token_ids_logprob are limited to 1024 entries here")
+        return LogprobRequest(start=start, top_k=top_k, token_ids=token_ids,
+                              with_text=bool_field(body, "return_text_in_logprobs"))
+
+    def h_generate(self) -> None:
+        """http_server.py ``generate_request``: {text | input_ids, sampling_params, stream}; a stream is
+        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there)."""
+        body = self.read_json()
+        eng = self._begin_generation()
+        if eng is None:
+            return
+        params = parse_sampling(body.get("sampling_params"))
+        prompt = self._tokenize_prompt(body.get("text"), body.get("input_ids"))
+        self._check_length(prompt, params)
+        stream = bool_field(body, "stream")
+        rid = body.get("rid")
+        wanted = self._logprob_request(body, prompt)
+        req = Request(prompt, params, rid=str(rid) if isinstance(rid, str) else "")
+        tracker: LogprobTracker | None = None
+        if wanted is not None:
+            req.logprob_start_len = wanted.start
+            assert self.state.models is not None
+            tracker = LogprobTracker(self.state.models, prompt, wanted, params.temperature, params.ignore_eos)
+        eng.submit(req)
+
+        def meta(n: int, final: bool) -> dict[str, Any]:
+            out = self._meta(req, n, final)
+            if tracker is not None:
+                tracker.extend(req.output_ids[:n])
+                out.update(tracker.meta())
+            return out
+
+        if not stream:
+            self._wait(eng, req)
+            n_out = len(req.output_ids)
+            self.send_generation({"text": self._text(req, n_out), "output_ids": list(req.output_ids), "meta_info": meta(n_out, True)})
+            return
+        self.start_stream()
+        try:
+            for ev in self._events(eng, req):
+                n = ev.n_visible
+                self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": meta(n, ev.finished)})
+            exit_now = self._count_completion()
+            self.end_stream()
+        except (BrokenPipeError, ConnectionResetError):
+            eng.abort(req)
+            raise
+        if exit_now:
+            self._exit_now()
+
+    def _openai_common(self, body: dict[str, Any], default_max: int) -> SamplingParams:
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise BadRequest("only n=1 is supported")
+        max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        params = parse_sampling(body, max_key=max_key, default_max=default_max)
+        return params
+
+    def _usage(self, req: Request) -> dict[str, Any]:
+        """entrypoints/openai/usage_processor.py: ``prompt_tokens_details.cached_tokens`` only with
+        ``--enable-cache-report``, else null."""
+        p, c = len(req.prompt_ids), len(req.output_ids)
+        details = {"cached_tokens": req.cached_tokens} if self.state.server_args.get("enable_cache_report") else None
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
+
+    def h_completions(self) -> None:
+        body = self.read_json()
+        eng = self._begin_generation()
+        if eng is None:
+            return
+        params = self._openai_common(body, default_max=16)
+        prompt_in = body.get("prompt")
+        if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
+            prompt_in = prompt_in[0]
+        if isinstance(prompt_in, list):
+            prompt = self._tokenize_prompt(None, prompt_in)
+        else:
+            prompt = self._tokenize_prompt(prompt_in, None)
+        self._check_length(prompt, params)
+        self._openai_run(eng, body, prompt, params, chat=False)
+
+    def h_chat(self) -> None:
+        """entrypoints/openai/serving_chat.py: OpenAI shape with usage; return_meta_info adds meta_info."""
+        body = self.read_json()
+        eng = self._begin_generation()
+        if eng is None:
+            return
+        if self.state.faults.chat_body:
+            self._send_chat_fault()
+            return
+        params = self._openai_common(body, default_max=1024)
+        models = self.state.models
+        assert models is not None
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        turns: list[tuple[str, str]] = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string role")
+            content = m.get("content")
+            if content is None:
+                content = ""
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                        parts.append(part["text"])
+                    else:
+                        raise BadRequest(f"messages[{i}].content: only text parts are supported")
+                content = "".join(parts)
+            if not isinstance(content, str):
+                raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
+            turns.append((m["role"], content))
+        prompt = models.tokenizer.render_chat(turns)
+        if params.max_new_tokens == 1024 and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            params.max_new_tokens = max(1, min(1024, self.state.context_length - len(prompt)))
+        self._check_length(prompt, params)
+        self._openai_run(eng, body, prompt, params, chat=True)
+
+    def _send_chat_fault(self) -> None:
+        """The ``chat-body`` fault: a 200 whose body is malformed or hostile (not SGLang's
+        behaviour: it proves the harness's handling of a service that misbehaves)."""
+        st = self.state
+        with st.lock:
+            st.chat_requests += 1
+            kind = st.faults.chat_body[(st.chat_requests - 1) % len(st.faults.chat_body)]
+        code = "```python\ndef f():\n    return 1\n```"
+        message: Any = {"role": "assistant", "content": code}
+        resp: dict[str, Any] = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()), "model": "fault",
+                                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+        if kind == "message-not-object":
+            resp["choices"][0]["message"] = code
+        elif kind == "no-choices":
+            del resp["choices"]
+        elif kind == "content-not-string":
+            message["content"] = [code]
+        elif kind == "usage-not-object":
+            resp["usage"] = "many"
+        elif kind == "error-body":
+            resp = {"object": "error", "message": "injected fault chat-body=error-body", "type": "InternalServerError", "param": None, "code": 500}
+        elif kind == "huge-body":
+            message["content"] = "x" * (17 * 1024 * 1024)
+        elif kind == "huge-answer":
+            message["content"] = "```python\n" + "#" * 2_000_000 + "\n```"
+        elif kind == "think-bomb":
+            message["content"] = "<think>" * 40_000 + "\n" + code
+        elif kind == "fence-bomb":
+            message["content"] = ("```" + " " * 4000 + "`\n") * 50
+        data = json.dumps(resp).encode()
+        if kind == "invalid-utf8":
+            data = data.replace(b"def f", b"def \xff\xfe", 1)
+        elif kind == "truncated-json":
+            data = data[: len(data) // 2]
+        self._count_completion()
+        self._send(200, data, "application/json")
+
+    def _openai_run(self, eng: Engine, body: dict[str, Any], prompt: list[int], params: SamplingParams, chat: bool) -> None:
+        stream = bool_field(body, "stream")
+        want_meta = bool_field(body, "return_meta_info")
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise BadRequest("stream_options must be an object")
+        include_usage = bool(opts.get("include_usage", False))
+        model = str(self.state.server_args.get("served_model_name") or self.state.model_path)
+        created = int(time.time())
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        req = Request(prompt, params, rid=prefix + uuid.uuid4().hex[:24])
+        eng.submit(req)
+        if not stream:
+            self._wait(eng, req)
+            text = self._text(req, len(req.output_ids))
+            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason_openai(req.finish_reason), "matched_stop": (req.finish_reason or {}).get("matched")}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+            else:
+                choice["text"] = text
+            resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req)}
+            if want_meta:
+                meta = self._meta(req)
+                choice["meta_info"] = meta
+                resp["meta_info"] = meta
+            self.send_generation(resp)
+            return
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            if chat:
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if delta_text is not None:
+                    delta["content"] = delta_text
+                c["delta"] = delta
+            else:
+                c["text"] = delta_text or ""
+            return {"id": req.rid, "object": obj, "created": created, "model": model, "choices": [c]}
+
+        self.start_stream()
+        try:
+            if chat:
+                self.sse(chunk("", None, role=True))
+            sent = ""
+            for ev in self._events(eng, req):
+                text = self._text(req, ev.n_visible)
+                delta = text[len(sent):] if text.startswith(sent) else text
+                sent = text
+                fin = finish_reason_openai(req.finish_reason) if ev.finished else None
+                if delta or fin:
+                    c = chunk(delta or None, fin)
+                    if fin:
+                        c["choices"][0]["matched_stop"] = (req.finish_reason or {}).get("matched")
+                        if want_meta:
+                            c["choices"][0]["meta_info"] = self._meta(req)
+                    self.sse(c)
+            if include_usage:
+                self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req)})
+            exit_now = self._count_completion()
+            self.end_stream()
+        except (BrokenPipeError, ConnectionResetError):
+            eng.abort(req)
+            raise
+        if exit_now:
+            self._exit_now()
