@@ -855,6 +855,35 @@ def concurrency_shortfall(repeats: Sequence[Mapping[str, Any]]) -> str | None:
             "load generator), whatever it reports")
 
 
+def repeat_load_problem(metrics: Mapping[str, Any], min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION) -> str | None:
+    """Why one repeat measured the machine rather than the config, or None when it is clean.
+
+    ``metrics`` is the repeat's ``CellResult.metrics()`` with ``clock_overruns`` (the service's
+    counter differenced over the repeat) where the service reports one. Spoiled: the service fell
+    behind its own clock more than once, or its engine was busy less than ``min_busy_fraction`` of
+    the measured time, or the client kept fewer than ``MIN_CONCURRENCY_SHARE`` of the configured
+    requests in flight while requests were waiting to be sent. Such a repeat is retaken, not
+    counted (``stats.run_interleaved``)."""
+    overruns = metrics.get("clock_overruns")
+    if stats.is_number(overruns) and overruns > 1:
+        return f"the service fell behind its own clock {overruns:g} times"
+    busy = metrics.get("ddtree_engine_busy_fraction")
+    if stats.is_number(busy) and busy < min_busy_fraction:
+        return f"the engine was busy only {busy:.0%} of the measured time (below {min_busy_fraction:.0%})"
+    configured, achieved = metrics.get("max_concurrency"), metrics.get("ddtree_loaded_concurrency")
+    if not stats.is_number(achieved):
+        achieved = metrics.get("concurrency")
+    if stats.is_number(configured) and configured > 0 and stats.is_number(achieved) \
+            and achieved / configured < MIN_CONCURRENCY_SHARE:
+        return (f"the client kept only {achieved:.1f} of {configured} requests in flight "
+                f"(below {MIN_CONCURRENCY_SHARE:.0%})")
+    return None
+
+
+#: What a reader does about a measurement that describes the machine.
+WHAT_TO_DO = "rerun on a quieter machine (fewer -n workers, nothing else running) or raise --ddtree-repeats"
+
+
 def measurement_status(
     policy: stats.RepeatPolicy,
     primary: Sequence[float],
@@ -862,19 +891,30 @@ def measurement_status(
     repeats: Sequence[Mapping[str, Any]],
     problems: Sequence[str] = (),
     min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION,
+    spoiled: Sequence[str] = (),
 ) -> tuple[str, list[str]]:
     """The status of a measured cell and the reasons behind a non-valid one.
 
-    invalid: errors or wrong token counts in any repeat; inconclusive: the repeats still
-    disagree after the extra repeats (policy), or the service reports that it could not keep
-    its clock - any service that reports ``clock_overruns`` (more than one per repeat in most
+    ``primary`` and ``repeats`` are the repeats that count; ``spoiled`` describes each repeat that
+    was retaken because it measured the machine (``repeat_load_problem``). invalid: errors or
+    wrong token counts in any repeat; inconclusive: fewer clean repeats than the policy's minimum
+    (too many were spoiled: the evidence is each spoiled repeat's reason), the repeats still
+    disagree after the extra repeats (policy), or the counted repeats themselves show a loaded
+    machine - any service that reports ``clock_overruns`` (more than one per repeat in most
     repeats) or an engine busy fraction (simulated busy time over our wall time) below
     ``min_busy_fraction``: the numbers would describe the machine, not the config.
     """
+    if invalid:
+        return stats.INVALID, list(problems)[:20] or ["measurement invalid"]
+    if spoiled and len(primary) < policy.min_repeats:
+        shown = "; ".join(spoiled[:8]) + (f"; ... and {len(spoiled) - 8} more" if len(spoiled) > 8 else "")
+        return stats.INCONCLUSIVE, [
+            f"only {len(primary)} clean repeat(s) of the {policy.min_repeats} needed: {len(spoiled)} repeat(s) measured "
+            f"the machine, not the config, and were retaken as far as the extra repeats allow ({shown}); {WHAT_TO_DO}"]
     status = policy.status(primary, invalid=invalid)
     if status == stats.INVALID:
         return status, list(problems)[:20] or ["measurement invalid"]
-    what_to_do = "rerun on a quieter machine (fewer -n workers, nothing else running) or raise --ddtree-repeats"
+    what_to_do = WHAT_TO_DO
     if status == stats.INCONCLUSIVE:
         spread = policy.spread(primary) if primary else math.inf
         return status, [f"repeats disagree after {len(primary)} repeats: output tok/s {[round(p, 1) for p in primary]} "

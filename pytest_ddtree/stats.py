@@ -481,12 +481,22 @@ class RepeatPolicy:
     #: When set (a bless), a cell is tight only when the t-interval of its mean (log values) is
     #: also within this relative half-width: unlike the robust spread it sees two slow repeats of three.
     target_half_width: float | None = None
+    #: Repeats a cell may take in all, spoiled ones included (see :func:`run_interleaved`); None:
+    #: ``max_repeats`` (a spoiled repeat then takes the place of an extra one).
+    max_attempts: int | None = None
 
     def __post_init__(self) -> None:
         if self.min_repeats < 1:
             raise ValueError(f"min_repeats must be >= 1, got {self.min_repeats}")
         if self.max_repeats < self.min_repeats:
             raise ValueError(f"max_repeats ({self.max_repeats}) must be >= min_repeats ({self.min_repeats})")
+        if self.max_attempts is not None and self.max_attempts < self.max_repeats:
+            raise ValueError(f"max_attempts ({self.max_attempts}) must be >= max_repeats ({self.max_repeats})")
+
+    @property
+    def attempts(self) -> int:
+        """Repeats a cell may take in all, spoiled ones included."""
+        return self.max_repeats if self.max_attempts is None else self.max_attempts
 
     def spread(self, samples: Sequence[float]) -> float:
         m = median(samples)
@@ -516,12 +526,30 @@ S = TypeVar("S")
 
 @dataclass
 class CellRun(Generic[S]):
-    """Everything measured for one cell by :func:`run_interleaved`."""
+    """Everything measured for one cell by :func:`run_interleaved`.
+
+    ``samples`` holds every repeat taken, in order; ``primary`` the primary values of the clean
+    valid ones (those that count); ``spoiled`` the repeats that measured the machine instead of
+    the config (index in ``samples`` -> why), kept as evidence, never counted.
+    """
 
     samples: list[S] = field(default_factory=list)
     primary: list[float] = field(default_factory=list)
     invalid: bool = False
     stopped_early: bool = False
+    spoiled: dict[int, str] = field(default_factory=dict)
+    min_clean: int = 0  # the clean repeats the cell needed (the policy's min_repeats)
+
+    @property
+    def counted(self) -> list[S]:
+        """The repeats that count: every sample but the spoiled ones (invalid ones included, so
+        their problems are seen)."""
+        return [s for i, s in enumerate(self.samples) if i not in self.spoiled]
+
+    @property
+    def short_of_clean(self) -> bool:
+        """Spoiled repeats left the cell without the clean repeats it needed (see :func:`run_interleaved`)."""
+        return bool(self.spoiled) and not self.invalid and len(self.primary) < self.min_clean
 
 
 def run_interleaved(
@@ -530,6 +558,7 @@ def run_interleaved(
     primary: Callable[[S], float | None],
     policy: RepeatPolicy = RepeatPolicy(),
     on_sample: Callable[[K, int, S], None] | None = None,
+    spoiled: Callable[[S], str | None] | None = None,
 ) -> dict[K, CellRun[S]]:
     """Run repeats round by round: repeat r of every active cell before repeat r+1.
 
@@ -538,10 +567,17 @@ def run_interleaved(
     invalid cell is dropped from later rounds at once, since more repeats cannot make it
     valid. ``on_sample`` is called after every repeat (the suite records each one, so a crash
     loses nothing).
+
+    ``spoiled(sample)`` says why a valid repeat measured the machine rather than the config (the
+    service fell behind its clock, the client kept too few requests in flight), or None. Such a
+    repeat is kept in ``samples`` and ``CellRun.spoiled`` but does not count: the cell takes
+    another repeat in its place, so a passing disturbance (another process's burst) costs a
+    repeat instead of deciding the cell. A cell takes at most ``policy.attempts`` repeats in all;
+    one that could not get ``policy.min_repeats`` clean ones is ``short_of_clean``.
     """
-    runs: dict[K, CellRun[S]] = {c: CellRun() for c in cells}
+    runs: dict[K, CellRun[S]] = {c: CellRun(min_clean=policy.min_repeats) for c in cells}
     active = list(cells)
-    for r in range(policy.max_repeats):
+    for r in range(policy.attempts):
         if not active:
             break
         still: list[K] = []
@@ -555,9 +591,15 @@ def run_interleaved(
             if value is None:
                 run.invalid = True
                 continue
-            run.primary.append(value)
+            reason = spoiled(sample) if spoiled is not None else None
+            if reason is not None:
+                run.spoiled[len(run.samples) - 1] = reason
+            else:
+                run.primary.append(value)
+            if len(run.primary) >= policy.max_repeats:
+                continue
             if len(run.primary) >= policy.min_repeats and policy.is_tight(run.primary):
-                run.stopped_early = len(run.primary) < policy.max_repeats
+                run.stopped_early = True
                 continue
             still.append(cell)
         active = still

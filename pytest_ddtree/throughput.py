@@ -111,7 +111,7 @@ def measure_config(
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
 
-    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop)
+    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop, spoiled_reason)
     campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None)
     if baseline is None:
         return campaign
@@ -121,11 +121,22 @@ def measure_config(
     if not flagged:
         campaign.verdicts = first
         return campaign
-    confirm_policy = stats.RepeatPolicy(min_repeats=CONFIRM_REPEATS, max_repeats=CONFIRM_REPEATS)
-    campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop)
-    confirmations = {name: gate_samples([s.metrics() for s in run.samples if s.valid], campaign.gated)
+    confirm_policy = stats.RepeatPolicy(min_repeats=CONFIRM_REPEATS, max_repeats=CONFIRM_REPEATS,
+                                        max_attempts=CONFIRM_REPEATS + MAX_EXTRA_REPEATS)
+    campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop,
+                                                   spoiled_reason)
+    confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], campaign.gated)
                      for name, run in campaign.confirmations.items()}
     campaign.verdicts = gate.judge_config(inputs, confirmations, launch_spread=launch_spread, cell_noise=cell_noise)
+    for name, run in campaign.confirmations.items():
+        cleared = campaign.verdicts[name].status in (gate.PASS, gate.IMPROVED) and len(run.primary) >= repeats
+        if run.short_of_clean and not cleared:
+            # a confirmation that measured the machine cannot confirm a flag (nor clear it on a few repeats)
+            campaign.verdicts[name] = dataclasses.replace(
+                campaign.verdicts[name], status=gate.INCONCLUSIVE,
+                reasons=(f"flagged in the first pass, but its confirmation run got only {len(run.primary)} clean "
+                         f"repeat(s) of the {CONFIRM_REPEATS} needed: {len(run.spoiled)} measured the machine, not "
+                         f"the config ({'; '.join(spoiled_evidence(run)[:8])}); {gate.WHAT_TO_DO}",))
     return campaign
 
 
@@ -174,17 +185,35 @@ def gate_samples(repeats: Sequence[Mapping[str, Any]], gated: Sequence[str] | No
     return {k: v for k, v in samples.items() if v}
 
 
+def repeat_metrics(result: load.CellResult) -> dict[str, Any]:
+    """One repeat's metrics, with the service's clock overruns during it where it reports them."""
+    m: dict[str, Any] = dict(result.metrics())
+    before, after = result.server_state_before.get("clock_overruns"), result.server_state.get("clock_overruns")
+    if stats.is_number(before) and stats.is_number(after):
+        m["clock_overruns"] = after - before
+    return m
+
+
+def spoiled_reason(result: load.CellResult) -> str | None:
+    """Why a valid repeat measured the machine rather than the config (``gate.repeat_load_problem``),
+    or None: such a repeat is recorded and retaken, never counted."""
+    return gate.repeat_load_problem(repeat_metrics(result)) if result.valid else None
+
+
+def spoiled_evidence(run: stats.CellRun[load.CellResult]) -> list[str]:
+    """Each spoiled repeat of ``run``: its index, output tok/s and why it was not counted."""
+    out = []
+    for i, why in sorted(run.spoiled.items()):
+        tok_s = run.samples[i].metrics().get("output_throughput")
+        shown = f", output tok/s {tok_s:.1f}" if stats.is_number(tok_s) else ""
+        out.append(f"repeat {i}{shown}: {why}")
+    return out
+
+
 def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Valid repeats' metrics (with the engine's clock overruns, where it reports them) and problems."""
-    repeats = []
-    for s in run.samples:
-        if not s.valid:
-            continue
-        m: dict[str, Any] = dict(s.metrics())
-        before, after = s.server_state_before.get("clock_overruns"), s.server_state.get("clock_overruns")
-        if isinstance(before, (int, float)) and isinstance(after, (int, float)):
-            m["clock_overruns"] = after - before
-        repeats.append(m)
+    """The counted valid repeats' metrics (with the engine's clock overruns, where it reports them)
+    and the problems of every repeat."""
+    repeats = [repeat_metrics(s) for s in run.counted if s.valid]
     return repeats, [p for s in run.samples for p in s.problems()]
 
 
@@ -192,7 +221,8 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
     """What the gate needs of one measured cell."""
     run = campaign.runs[workload.name]
     repeats, problems = _repeat_facts(run)
-    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
+                                          spoiled=spoiled_evidence(run))
     return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None,
                           gate_samples(repeats, campaign.gated),
                           status, why, measured_workload(run, workload))
@@ -214,6 +244,7 @@ def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, 
         "metrics": result.metrics(),
         "problems": result.problems()[:20],
         "notes": result.notes,
+        "spoiled": spoiled_reason(result),  # why it was retaken, not counted (None: it counts)
         "prompts": result.prompt_source,
         "accept_histogram": result.accept_histogram(),
     }
@@ -266,10 +297,14 @@ def evaluate_cell(
     problem reading it, which the caller fails on after recording the measurement.
     """
     run = campaign.runs[workload.name]
-    valid = [s for s in run.samples if s.valid]
+    valid = [s for s in run.counted if s.valid]
     repeats, problems = _repeat_facts(run)
     notes = sorted({n for s in run.samples for n in s.notes})
-    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems)
+    spoiled = spoiled_evidence(run)
+    if spoiled:
+        notes.append(f"{len(spoiled)} repeat(s) retaken, not counted (they measured the machine): " + "; ".join(spoiled))
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
+                                          spoiled=spoiled)
     samples = gate_samples(repeats, campaign.gated)
     workload_info = measured_workload(run, workload)
     section: dict[str, Any] = {}
@@ -286,8 +321,11 @@ def evaluate_cell(
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
     if confirmation is not None:
-        notes.append(f"confirmation run: {len(confirmation.samples)} fresh repeats, output tok/s "
+        notes.append(f"confirmation run: {len(confirmation.primary)} fresh clean repeats, output tok/s "
                      f"{[round(p, 1) for p in confirmation.primary]}")
+        retaken = spoiled_evidence(confirmation)
+        if retaken:
+            notes.append(f"confirmation run: {len(retaken)} repeat(s) retaken, not counted: " + "; ".join(retaken))
     record = report.throughput_record(
         config=config,
         cell=workload.name,
@@ -302,12 +340,13 @@ def evaluate_cell(
         baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
-    hist = cell_histogram(run.samples)
+    record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
+    hist = cell_histogram(run.counted)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
         record["accept_histogram"] = hist
         record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
         # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
-        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
+        record["repeat_histograms"] = [s.accept_histogram() for s in run.counted if s.valid]
     return CellEvaluation(
         status=status,
         verdict=verdict,

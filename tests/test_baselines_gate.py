@@ -233,6 +233,20 @@ def test_concurrent_writers_never_corrupt_a_baseline(tmp_path: Path) -> None:
     assert not list(store.directory.glob(".*.tmp"))
 
 
+def test_one_repeat_that_measured_the_machine_is_named_with_its_reason() -> None:
+    clean = {"clock_overruns": 0, "ddtree_engine_busy_fraction": 0.97, "max_concurrency": 8,
+             "ddtree_loaded_concurrency": 7.9, "concurrency": 7.1}
+    assert gate.repeat_load_problem(clean) is None
+    assert gate.repeat_load_problem({**clean, "clock_overruns": 1}) is None  # one late pass is not a stall
+    assert "fell behind its own clock 6 times" in (gate.repeat_load_problem({**clean, "clock_overruns": 6}) or "")
+    assert "busy only 62%" in (gate.repeat_load_problem({**clean, "ddtree_engine_busy_fraction": 0.62}) or "")
+    assert "only 6.0 of 8 requests in flight" in (gate.repeat_load_problem({**clean, "ddtree_loaded_concurrency": 6.0}) or "")
+    # a service that reports none of it (an external SGLang): bench_serving's concurrency alone
+    assert gate.repeat_load_problem({"max_concurrency": 8, "concurrency": 7.5}) is None
+    assert gate.repeat_load_problem({"max_concurrency": 8, "concurrency": 5.0}) is not None
+    assert gate.repeat_load_problem({}) is None
+
+
 def test_measurement_status_flags_an_overloaded_host() -> None:
     from pytest_ddtree import stats
 
@@ -250,6 +264,13 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
     assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"clock_overruns": 0}] * 3)[0] == "valid"
     # one wild repeat of three does not make a cell inconclusive (robust spread)
     assert gate.measurement_status(policy, [100.0, 100.5, 80.0], False, ok)[0] == "valid"
+    # too few clean repeats (the others were spoiled and retaken): inconclusive, with each one's evidence
+    spoiled = ["repeat 1, output tok/s 61.0: the service fell behind its own clock 6 times",
+               "repeat 2, output tok/s 58.0: the engine was busy only 62% of the measured time (below 85%)"]
+    status, why = gate.measurement_status(policy, [100.0, 100.5], False, ok[:2], spoiled=spoiled)
+    assert status == "inconclusive" and "only 2 clean repeat(s) of the 3 needed" in why[0]
+    assert spoiled[0] in why[0] and spoiled[1] in why[0] and "rerun on a quieter machine" in why[0]
+    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok, spoiled=spoiled) == ("valid", [])
     # an overloaded measurement is never a regression, even when it is far off
     v = gate.compare_cell("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
                           status="inconclusive", problems=why)

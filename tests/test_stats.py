@@ -98,6 +98,57 @@ def test_run_interleaved_drops_invalid_cells() -> None:
     assert calls.count("good") == 3 and not runs["good"].invalid
 
 
+def test_spoiled_repeats_are_recorded_and_retaken_not_counted() -> None:
+    # (tok/s, spoiled?) per repeat: cell "a" has a burst of load in its 2nd and 3rd repeats
+    taken = {"a": [(100.0, False), (60.0, True), (55.0, True), (101.0, False), (99.0, False)],
+             "b": [(200.0, False), (201.0, False), (199.0, False)]}
+    seen: list[tuple[str, int]] = []
+
+    def measure(cell: str, r: int) -> tuple[float, bool]:
+        return taken[cell][r]
+
+    runs = stats.run_interleaved(["a", "b"], measure, lambda s: s[0], stats.RepeatPolicy(min_repeats=3, max_repeats=5),
+                                 on_sample=lambda cell, r, s: seen.append((cell, r)),
+                                 spoiled=lambda s: "the host fell behind" if s[1] else None)
+    a = runs["a"]
+    # every repeat recorded as it happened (nothing lost) ...
+    assert seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("a", 4)]
+    assert [s[0] for s in a.samples] == [100.0, 60.0, 55.0, 101.0, 99.0]
+    # ... the spoiled ones kept with their reason but not counted: the cell took two more instead
+    assert a.spoiled == {1: "the host fell behind", 2: "the host fell behind"}
+    assert a.primary == [100.0, 101.0, 99.0] and [s[0] for s in a.counted] == a.primary
+    assert not a.short_of_clean and not a.invalid
+    assert runs["b"].spoiled == {} and len(runs["b"].samples) == 3 and not runs["b"].short_of_clean
+
+
+def test_a_cell_spoiled_beyond_its_budget_is_short_of_clean_repeats() -> None:
+    calls: list[int] = []
+
+    def measure(cell: str, r: int) -> float:
+        calls.append(r)
+        return 50.0 if r % 2 else 100.0  # every other repeat measured a loaded machine
+
+    policy = stats.RepeatPolicy(min_repeats=3, max_repeats=5, max_attempts=5)
+    run = stats.run_interleaved(["a"], measure, lambda s: s, policy,
+                                spoiled=lambda s: "loaded" if s < 80 else None)["a"]
+    # the attempts end the cell: 5 repeats taken in all, 3 clean ones counted
+    assert calls == [0, 1, 2, 3, 4] and run.primary == [100.0, 100.0, 100.0] and not run.short_of_clean
+    run = stats.run_interleaved(["a"], lambda c, r: 50.0 if r else 100.0, lambda s: s, policy,
+                                spoiled=lambda s: "loaded" if s < 80 else None)["a"]
+    assert len(run.samples) == 5 and run.primary == [100.0] and sorted(run.spoiled) == [1, 2, 3, 4]
+    assert run.short_of_clean
+    # without a budget of its own a spoiled repeat takes the place of an extra one
+    assert stats.RepeatPolicy(min_repeats=3, max_repeats=5).attempts == 5
+    with pytest.raises(ValueError):
+        stats.RepeatPolicy(min_repeats=3, max_repeats=5, max_attempts=4)
+
+
+def test_an_invalid_repeat_is_not_retaken_as_spoiled() -> None:
+    runs = stats.run_interleaved(["a"], lambda c, r: None, lambda s: s, stats.RepeatPolicy(),
+                                 spoiled=lambda s: "never asked")
+    assert runs["a"].invalid and runs["a"].spoiled == {} and len(runs["a"].samples) == 1
+
+
 def test_relative_change() -> None:
     assert stats.relative_change(100.0, 90.0) == pytest.approx(-0.1)
     assert stats.relative_change(0.0, 0.0) == 0.0

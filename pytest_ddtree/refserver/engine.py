@@ -325,6 +325,8 @@ class Engine:
         self.step_clock = step_clock or StepClock(clock_scale)
         self.seed = seed
         self.faults = faults or Faults()
+        self.flushes = 0  # /flush_cache calls that flushed (the ``stall`` fault counts them)
+        self._stall_s = 0.0  # wall seconds the next forward pass stalls (fault ``stall``)
         self.log = log or (lambda _msg: None)
         self.decode_log_interval = max(1, decode_log_interval)
         self.drafter = Drafter(
@@ -401,6 +403,8 @@ class Engine:
         a.verify_steps_since_flush = a.decode_tokens_since_flush = 0
         a.forward_ct_decode = a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
         a.spec_total_num_accept_tokens = a.spec_total_num_forward_ct = 0
+        self.flushes += 1
+        self._stall_s = self.faults.stalls.get(self.flushes, 0.0)
         self.log("Cache flushed successfully!")
 
     def _serve_flush(self) -> None:
@@ -466,6 +470,9 @@ class Engine:
                     r = self.waiting.popleft()
                     if not self._drop_if_aborted(r):
                         admit.append(r)
+            if self._stall_s and (admit or self.running):
+                stall, self._stall_s = self._stall_s, 0.0
+                time.sleep(stall)  # the injected stall itself: wall time the engine's clock did not get
             self.heartbeat = time.monotonic()
             cpu0 = time.thread_time()
             wall0, sim0 = time.time(), self.acct.simulated_busy_seconds

@@ -40,6 +40,8 @@ FAULT_HELP = {
     "lossy-verify=P": "accept a wrong draft token with probability P (breaks losslessness)",
     "slowdown=F": "multiply every simulated step cost by F",
     "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
+    "stall=K:S": "after the K-th /flush_cache, stall the scheduler S seconds of wall time before its next forward pass "
+                 "(a host that took the core away during one measured phase; repeatable for several K)",
     "chat-body=K[+K...]": "answer the n-th chat completion with the malformed or hostile body K[(n-1) % len]: " + ", ".join(sorted(CHAT_BODY_KINDS)),
 }
 
@@ -62,6 +64,7 @@ class Faults:
     lossy_verify: float = 0.0
     slowdown: float = 1.0
     clock_jitter: float = 0.0
+    stalls: dict[int, float] = field(default_factory=dict)  # flush number -> wall seconds
     chat_body: list[str] = field(default_factory=list)
     specs: list[str] = field(default_factory=list)
 
@@ -118,6 +121,15 @@ class Faults:
                 raise FaultError("fault 'slowdown': F must be > 0")
         elif name == "clock-jitter":
             self.clock_jitter = number(float, 0.0, 1.0)
+        elif name == "stall":
+            flush, colon, seconds = value.partition(":")
+            try:
+                k, s = int(flush), float(seconds)
+            except ValueError:
+                raise FaultError(f"fault 'stall' takes K:S (the K-th /flush_cache, S seconds), got {value!r}") from None
+            if not colon or k < 1 or not 0 < s <= 600:
+                raise FaultError(f"fault 'stall': K must be >= 1 and S in (0, 600], got {value!r}")
+            self.stalls[k] = s
         elif name == "chat-body":
             kinds = [k.strip() for k in value.split("+") if k.strip()]
             bad = [k for k in kinds if k not in CHAT_BODY_KINDS]

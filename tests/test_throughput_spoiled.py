@@ -1,0 +1,78 @@
+"""Repeats that measured the machine, not the config, are recorded and retaken (real reference engines).
+
+The engine's ``stall`` fault takes its core away for half a second during chosen measured phases (the
+K-th /flush_cache is the K-th repeat's): the engine falls behind its clock there exactly as on a
+loaded host, and says so through /server_info.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddtree import gate, load, stats, throughput
+from refserver_helpers import RefServer, config_args
+
+pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
+
+CELL = load.Cell(name="c4_tiny", concurrency=4, context_tokens=48, output_tokens=32, requests=8, warmup_requests=4)
+ENGINE = ["--clock-scale", "5", *config_args("bs8_b8_k4")]
+
+
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
+    # repeats 1 and 2 (the 2nd and 3rd flushes) stall: two of the first three, a majority
+    server = RefServer([*ENGINE, "--fault", "stall=2:0.5,stall=3:0.5"], tmp_path_factory.mktemp("spoiled"), "stalled")
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_counted(stalled: RefServer) -> None:
+    recorded: list[dict[str, Any]] = []
+    campaign = throughput.measure_config(
+        stalled.url, [CELL], 3, lambda name, r, result: recorded.append(throughput.sample_record(name, r, result)),
+        speculative=True)
+    run = campaign.runs[CELL.name]
+    # every repeat recorded as it happened, the stalled ones marked with the service's own words
+    assert [r["repeat"] for r in recorded] == list(range(len(run.samples)))
+    assert sorted(run.spoiled) == [1, 2], [r["spoiled"] for r in recorded]
+    assert [r["repeat"] for r in recorded if r["spoiled"]] == [1, 2]
+    assert all("busy only" in r["spoiled"] or "fell behind its own clock" in r["spoiled"] for r in recorded if r["spoiled"])
+    # they would have decided the cell: far slower than every clean repeat
+    spoiled_tok_s = [run.samples[i].metrics()["output_throughput"] for i in run.spoiled]
+    assert all(isinstance(v, float) and v < 0.8 * min(run.primary) for v in spoiled_tok_s), (spoiled_tok_s, run.primary)
+    # two more repeats took their place: three clean ones count, within the extra-repeat budget
+    assert len(run.primary) == 3 and len(run.samples) == 5 and not run.short_of_clean
+
+    ev = throughput.evaluate_cell("bs8_b8_k4", CELL, campaign, None, Path("none.yaml"), "refserver", update_mode=True)
+    assert ev.status == stats.VALID and ev.status_reasons == []
+    # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
+    assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
+    entry = gate.baseline_cell_entry(ev.record["workload"], ev.samples)
+    assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [gate._round(v) for v in run.primary]
+    assert [s["repeat"] for s in ev.record["spoiled_repeats"]] == [1, 2]
+    assert any("2 repeat(s) retaken, not counted" in n for n in ev.record["notes"])
+
+
+def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repeats_evidence(
+        tmp_path: Path) -> None:
+    # every measured phase stalls: no clean repeat within the budget
+    stalls = ",".join(f"stall={k}:0.5" for k in range(1, 2 + throughput.MAX_EXTRA_REPEATS + 1))
+    server = RefServer([*ENGINE, "--fault", stalls], tmp_path, "always-stalled").wait_ready()
+    try:
+        campaign = throughput.measure_config(server.url, [CELL], 1, speculative=True)
+    finally:
+        server.stop()
+    run = campaign.runs[CELL.name]
+    assert len(run.samples) == 1 + throughput.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
+    ev = throughput.evaluate_cell("bs8_b8_k4", CELL, campaign, None, Path("none.yaml"), "refserver", update_mode=False)
+    assert ev.status == stats.INCONCLUSIVE and ev.samples == {}
+    (why,) = ev.status_reasons
+    assert "only 0 clean repeat(s) of the 1 needed" in why and "rerun on a quieter machine" in why
+    for i in range(len(run.samples)):
+        assert f"repeat {i}, output tok/s" in why
