@@ -203,10 +203,35 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
     """Each config's five gates: pass / fail / inconclusive / invalid / not measured / pending."""
     names = config_names(payload, planned)
     out: dict[str, dict[str, GateResult]] = {n: {g: GateResult(Status.NOT_MEASURED) for g in GATES} for n in names}
+    _gate_health(payload, out)
+    _gate_applied(payload, out)
+    _no_effect_notes(payload, out)
+    _gate_coding(payload, out)
+    _gate_lossless(payload, out)
+    _gate_throughput(payload, out)
+    _failed_tests(payload, out)
+    for row in out.values():
+        # Launch records come at session end; a gate that measured anything ran on a service whose
+        # /server_info already matched the config (the service fixture fails the tests otherwise).
+        if row["applied"].status == Status.NOT_MEASURED and any(row[g].status != Status.NOT_MEASURED for g in GATES):
+            row["applied"] = GateResult(Status.PASS, "/server_info matched (launch timings at session end)")
+    started = {n for n, row in out.items() if any(g.status != Status.NOT_MEASURED for g in row.values())}
+    for name in planned:
+        if name not in started:
+            out[name] = {g: GateResult(Status.PENDING) for g in GATES}
+    return out
+
+
+def _gate_health(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """The short generation's verdict."""
     for r in records(payload, RecordKind.HEALTH):
         if (row := out.get(str(r.get("config")))) is not None:
             row["health"] = (GateResult(Status.PASS, f"answered ({r.get('completion_tokens')} tokens)") if r.get("passed", True)
                              else GateResult(Status.FAIL, "; ".join(r.get("problems") or ["short generation failed"])))
+
+
+def _gate_applied(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """Each launch's outcome: ready with /server_info matching (and its evidence), or why not."""
     for r in records(payload, RecordKind.LAUNCH):
         launch = _as_dict(r.get("launch")) or r
         if (row := out.get(str(r.get("config")))) is None:
@@ -220,6 +245,10 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         elif outcome:
             failures = [str(f) for f in _as_list(_as_dict(launch.get("applied_evidence")).get("failures"))]
             row["applied"] = GateResult(Status.FAIL, outcome, [outcome, *failures])
+
+
+def _no_effect_notes(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """A field that showed no effect on this build is said on the applied gate."""
     for finding in _as_list(payload.get("no_effect")):
         if not isinstance(finding, Mapping):
             continue
@@ -230,6 +259,10 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
                     f"{field_name} shows no effect on this build"
                 if message not in row["applied"].messages:
                     row["applied"].messages.append(message)
+
+
+def _gate_coding(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """Passed problems, and what flipped against the baseline or fell below the floor."""
     for r in records(payload, RecordKind.CODING):
         if (row := out.get(str(r.get("config")))) is None:
             continue
@@ -243,6 +276,10 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
             if gate.get("floor") is not None and not flips:
                 why.append(f"below the floor of {gate.get('floor')}")
             row["coding"] = GateResult(Status.FAIL, summary, why)
+
+
+def _gate_lossless(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """Identical transcripts, or where each diverged."""
     for r in records(payload, RecordKind.LOSSLESS):
         if (row := out.get(str(r.get("config")))) is None:
             continue
@@ -256,6 +293,10 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         else:
             row["lossless"] = GateResult(Status.FAIL, summary, [f"{d.get('prompt_id')}: first divergence at {d.get('unit')} "
                                                          f"{d.get('position')}" for d in diverged if isinstance(d, Mapping)])
+
+
+def _gate_throughput(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """The worst of the measured cells' statuses (predicted cells do not count)."""
     by_config: dict[str, list[Cell]] = defaultdict(list)
     for c in cells(payload):
         if not c.predicted:
@@ -279,6 +320,10 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
         else:
             status = Status.PASS
         out[name]["throughput"] = GateResult(status, summary, messages)
+
+
+def _failed_tests(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
+    """A failed test fails its config's gate (a failed service fixture: the applied gate)."""
     for failed in _as_list(payload.get("failed_tests")):
         if not isinstance(failed, Mapping):
             continue
@@ -297,16 +342,6 @@ def gates(payload: Mapping[str, Any], planned: Sequence[str] = ()) -> dict[str, 
             result.status = Status.FAIL
         if reason not in result.messages:
             result.messages.append(reason)
-    for row in out.values():
-        # Launch records come at session end; a gate that measured anything ran on a service whose
-        # /server_info already matched the config (the service fixture fails the tests otherwise).
-        if row["applied"].status == Status.NOT_MEASURED and any(row[g].status != Status.NOT_MEASURED for g in GATES):
-            row["applied"] = GateResult(Status.PASS, "/server_info matched (launch timings at session end)")
-    started = {n for n, row in out.items() if any(g.status != Status.NOT_MEASURED for g in row.values())}
-    for name in planned:
-        if name not in started:
-            out[name] = {g: GateResult(Status.PENDING) for g in GATES}
-    return out
 
 
 def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:

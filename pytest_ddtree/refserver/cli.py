@@ -26,7 +26,7 @@ from .dialects import DIALECT_HELP, DIALECTS, DialectError, Resolved, add_specul
 from .engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
 from .faults import FAULT_HELP, FaultError, Faults
 from .hf_export import export_dir
-from .model import CORPUS_DIR, build_models
+from .model import CORPUS_DIR, Models, build_models
 from .server import ServerState, make_server
 
 DEFAULT_MODEL_PATH = "refserver/tiny-infinigram"
@@ -252,52 +252,18 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolve(ns.dialect, ns, os.environ, drafter_block_size=ns.trained_block_size, tp_size=ns.tp_size)
     except DialectError as exc:
         return _refuse(str(exc))
-    for warning in resolved.warnings:
-        log(f"WARNING:  {warning}")
-    topk = resolved.topk
-    server_args = dict(resolved.server_args)
-    if "topk" in faults.ignore_config and resolved.algorithm == "DFLASH" and ns.dialect == "reference":
-        topk = 1  # what upstream SGLang silently does to DFLASH
-        server_args["speculative_eagle_topk"] = 1
-    resolved = dataclasses.replace(resolved, server_args=server_args)
-    spec = served_config(resolved, topk, faults, ns.trained_block_size)
+    resolved, spec = _served(ns, faults, resolved)
     if faults.crash_on_start:
         log("ERROR:    Traceback (most recent call last):\n"
             '  File "pytest_ddtree/refserver/cli.py", line 1, in load_model\n'
             "RuntimeError: injected fault crash-on-start: CUDA error: out of memory")
         log("ERROR:    Initialization failed. exiting")
         return 1
-
-    def handle_term(signum: int, frame: FrameType | None) -> None:
-        log(f"Received signal {signum}; shutting down")
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, handle_term)
-
-    # Weights load before the HTTP server exists: SGLang's launch_server starts uvicorn only after
-    # the scheduler processes have loaded the model (entrypoints/http_server.py ``launch_server``),
-    # so connection refused is what a client sees meanwhile.
-    t0 = time.monotonic()
-    log(f"Load weight begin. model_path={ns.model_path}")
-    try:
-        models = build_models(ns.corpus_dir)
-    except Exception:
-        log("ERROR:    " + traceback.format_exc().rstrip())
-        log("ERROR:    Initialization failed. exiting")
+    signal.signal(signal.SIGTERM, _handle_term)
+    loaded = _load_weights(ns)
+    if loaded is None:
         return 1
-    tokenizer_dir: str | None = None
-    try:
-        tokenizer_dir = str(export_dir(models.tokenizer, models.corpus.digest))
-    except OSError as exc:
-        log(f"WARNING:  the tokenizer could not be exported for Hugging Face loaders ({exc}); "
-            "/model_info's tokenizer_path names the model path instead")
-    if ns.load_seconds > 0:
-        log(f"Emulated weight loading: {ns.load_seconds:.1f} s")
-        time.sleep(ns.load_seconds)
-    log(
-        f"Load weight end. corpus={models.corpus.digest} tokens={models.sam.n_tokens} "
-        f"states={models.sam.n_states} vocab={models.tokenizer.vocab_size} ({time.monotonic() - t0:.2f} s)"
-    )
+    models, tokenizer_dir = loaded
     if ns.dialect == "ddtree" and spec.speculative:  # ddtree_utils.py: topk = min(tree_budget, V)
         spec = dataclasses.replace(spec, topk=min(spec.budget, models.tokenizer.vocab_size))
     for line in startup_lines(ns.dialect, resolved, spec, faults, ns.attention_backend):
@@ -334,27 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         f"topk={spec.topk} window={spec.window}"
     )
     log(f"INFO:     Uvicorn-compatible server listening on http://{ns.host}:{port}")
-
-    def warm_up() -> None:
-        """SGLang's ``_execute_server_warmup`` (entrypoints/http_server.py): one short generation
-        after the port opens; health answers 503 until it is done (server_status Starting)."""
-        try:
-            warm = Request(models.tokenizer.encode("The capital city of France is"),
-                           SamplingParams(max_new_tokens=8, temperature=0.0), internal=True)
-            engine.submit(warm)
-            if not warm.done.wait(600):
-                raise RuntimeError("the warm-up generation did not finish")
-            if faults.slow_start > 0:
-                log(f"Warm-up held for {faults.slow_start:.1f} s (fault slow-start)")
-                time.sleep(faults.slow_start)
-            state.ready.set()
-            log("The server is fired up and ready to roll!")
-        except Exception:
-            log("ERROR:    " + traceback.format_exc().rstrip())
-            log("ERROR:    Initialization failed. exiting")
-            os._exit(1)
-
-    threading.Thread(target=warm_up, name="refserver-warmup", daemon=True).start()
+    threading.Thread(target=_warm_up, args=(state, engine, faults), name="refserver-warmup", daemon=True).start()
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
@@ -362,3 +308,74 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         httpd.server_close()
     return 0
+
+
+def _served(ns: argparse.Namespace, faults: Faults, resolved: Resolved) -> tuple[Resolved, SpecConfig]:
+    """The resolved flags as the engine serves them (the topk fault applied) and its spec config."""
+    for warning in resolved.warnings:
+        log(f"WARNING:  {warning}")
+    topk = resolved.topk
+    server_args = dict(resolved.server_args)
+    if "topk" in faults.ignore_config and resolved.algorithm == "DFLASH" and ns.dialect == "reference":
+        topk = 1  # what upstream SGLang silently does to DFLASH
+        server_args["speculative_eagle_topk"] = 1
+    resolved = dataclasses.replace(resolved, server_args=server_args)
+    return resolved, served_config(resolved, topk, faults, ns.trained_block_size)
+
+
+def _handle_term(signum: int, frame: FrameType | None) -> None:
+    log(f"Received signal {signum}; shutting down")
+    raise SystemExit(0)
+
+
+def _load_weights(ns: argparse.Namespace) -> tuple[Models, str | None] | None:
+    """The models and the exported tokenizer's folder (None: not exported), or None when
+    loading failed (logged as SGLang logs it).
+
+    Weights load before the HTTP server exists: SGLang's launch_server starts uvicorn only after
+    the scheduler processes have loaded the model (entrypoints/http_server.py ``launch_server``),
+    so connection refused is what a client sees meanwhile.
+    """
+    t0 = time.monotonic()
+    log(f"Load weight begin. model_path={ns.model_path}")
+    try:
+        models = build_models(ns.corpus_dir)
+    except Exception:
+        log("ERROR:    " + traceback.format_exc().rstrip())
+        log("ERROR:    Initialization failed. exiting")
+        return None
+    tokenizer_dir: str | None = None
+    try:
+        tokenizer_dir = str(export_dir(models.tokenizer, models.corpus.digest))
+    except OSError as exc:
+        log(f"WARNING:  the tokenizer could not be exported for Hugging Face loaders ({exc}); "
+            "/model_info's tokenizer_path names the model path instead")
+    if ns.load_seconds > 0:
+        log(f"Emulated weight loading: {ns.load_seconds:.1f} s")
+        time.sleep(ns.load_seconds)
+    log(
+        f"Load weight end. corpus={models.corpus.digest} tokens={models.sam.n_tokens} "
+        f"states={models.sam.n_states} vocab={models.tokenizer.vocab_size} ({time.monotonic() - t0:.2f} s)"
+    )
+    return models, tokenizer_dir
+
+
+def _warm_up(state: ServerState, engine: Engine, faults: Faults) -> None:
+    """SGLang's ``_execute_server_warmup`` (entrypoints/http_server.py): one short generation
+    after the port opens; health answers 503 until it is done (server_status Starting)."""
+    assert state.models is not None
+    try:
+        warm = Request(state.models.tokenizer.encode("The capital city of France is"),
+                       SamplingParams(max_new_tokens=8, temperature=0.0), internal=True)
+        engine.submit(warm)
+        if not warm.done.wait(600):
+            raise RuntimeError("the warm-up generation did not finish")
+        if faults.slow_start > 0:
+            log(f"Warm-up held for {faults.slow_start:.1f} s (fault slow-start)")
+            time.sleep(faults.slow_start)
+        state.ready.set()
+        log("The server is fired up and ready to roll!")
+    except Exception:
+        log("ERROR:    " + traceback.format_exc().rstrip())
+        log("ERROR:    Initialization failed. exiting")
+        os._exit(1)

@@ -513,6 +513,8 @@ class Drafter:
     def feed(self, m: MatchState, tok: int) -> None:
         m.state, m.length = self.sam.advance(m.state, m.length, tok, self.cap)
 
+    # long because: the engine's inner loop, once per drafted depth of every step: its locals are
+    # hoisted and its steps inlined for speed (benchmarks/bench_refserver.py times the engine)
     def propose(
         self,
         m: MatchState,

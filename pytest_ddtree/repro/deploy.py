@@ -63,19 +63,44 @@ def deploy_package(
     if not site.is_dir():
         rep.refused.append(f"{site} is not a directory")
         return rep
-    if name:
-        try:
-            _n, found = read_metadata(find_dist_info(site, name) / "METADATA")
-        except PatchError as exc:
-            rep.refused.append(str(exc))
-            return rep
-        if found != version:
-            rep.refused.append(
-                f"{name} {found} is installed in {site} but the patches are for {name} {version}; "
-                f"install {name}=={version} first"
-            )
-            return rep
-        rep.actions.append(f"ok: {name} {found} in {site}")
+    if name and not _installed_version_matches(site, name, version, rep):
+        return rep
+    todo = _files_to_patch(pkg, site, rows, rep)
+    if rep.refused:
+        return rep
+    backup = backup_dir or site / ".ddtree-backup"
+    if not _copy_patched(pkg, site, todo, backup, dry_run, rep):
+        return rep
+    if not todo:
+        rep.actions.append("nothing to do: every file is already patched")
+    elif dry_run:
+        rep.actions.append("dry run: nothing changed")
+    else:
+        rep.actions.append(f"done: {len(todo)} file(s) patched; originals in {backup}")
+    rep.ok = True
+    return rep
+
+
+def _installed_version_matches(site: Path, name: str, version: str, rep: DeployReport) -> bool:
+    """The distribution the patches are for is installed in ``site`` at their version."""
+    try:
+        _n, found = read_metadata(find_dist_info(site, name) / "METADATA")
+    except PatchError as exc:
+        rep.refused.append(str(exc))
+        return False
+    if found != version:
+        rep.refused.append(
+            f"{name} {found} is installed in {site} but the patches are for {name} {version}; "
+            f"install {name}=={version} first"
+        )
+        return False
+    rep.actions.append(f"ok: {name} {found} in {site}")
+    return True
+
+
+def _files_to_patch(pkg: Path, site: Path, rows: list[list[str]], rep: DeployReport) -> list[tuple[str, str]]:
+    """(target, patched sha256) of each file to copy: its full copy is intact and the installed
+    file is the pristine (or absent for a new one); every other case is refused in ``rep``."""
     todo: list[tuple[str, str]] = []
     for target, pristine, patched in rows:
         why = check_target_path(target)
@@ -104,9 +129,11 @@ def deploy_package(
             rep.refused.append(f"directory {dest.parent} is missing from {site}")
         else:
             todo.append((target, patched))
-    if rep.refused:
-        return rep
-    backup = backup_dir or site / ".ddtree-backup"
+    return todo
+
+
+def _copy_patched(pkg: Path, site: Path, todo: list[tuple[str, str]], backup: Path, dry_run: bool, rep: DeployReport) -> bool:
+    """Back up each original once, write the patched copy atomically, check its sha256."""
     for target, patched in todo:
         dest = site / target
         if dry_run:
@@ -119,13 +146,6 @@ def deploy_package(
         write_atomic(dest, (pkg / layout.PATCHES_FULL / target).read_bytes(), mode)
         if sha256_file(dest) != patched:
             rep.refused.append(f"{dest} does not have the expected sha256 after copying")
-            return rep
+            return False
         rep.actions.append(f"patched: {target}")
-    if not todo:
-        rep.actions.append("nothing to do: every file is already patched")
-    elif dry_run:
-        rep.actions.append("dry run: nothing changed")
-    else:
-        rep.actions.append(f"done: {len(todo)} file(s) patched; originals in {backup}")
-    rep.ok = True
-    return rep
+    return True

@@ -531,20 +531,7 @@ class ServiceManager:
         external = isinstance(controller, ExternalController)
         if not external:
             self._say(f"starting {label} on {launch.url or 'a node the scheduler picks'}: {launch.command}")
-        record: dict[str, Any] = {
-            "config": label,
-            "host": self.profile.host,
-            "instance": self.instance,
-            "controller": controller.kind,
-            "command": launch.command or None,
-            "env": dict(launch.env),
-            "port": launch.port,
-            "url": launch.url,
-            "started_at": time.time(),
-            "pid_of_harness": os.getpid(),
-            "outcome": "starting",
-        }
-        slot.record = record
+        record = slot.record = self._launch_record(slot, label)
         self.launches.append(record)
         begin = time.monotonic()
         controller.start(launch)
@@ -571,6 +558,50 @@ class ServiceManager:
                 config_name=label,
                 health_timeout_s=READY_HEALTH_TIMEOUT_S,
             )
+        server_info, proof = self._check_served(slot, config, label, begin)
+        record["outcome"] = "ready"
+        record["ready_s"] = round(ready_s, 3)
+        record["engine_version"] = server_info.get("version")  # the report's environment section
+        self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
+        node = record.get("slurm", {}).get("node") if isinstance(record.get("slurm"), dict) else None
+        if self._on_ready is not None and node:
+            self._on_ready(str(node))
+        return RunningService(
+            url=launch.url,
+            client=client,
+            server_info=server_info,
+            config=config,
+            profile=self.profile,
+            launch_command=None if external else launch.command,
+            instance=self.instance,
+            ready_s=ready_s,
+            log_path=launch.log_path,
+            name=label,
+            proof=proof,
+        )
+
+    def _launch_record(self, slot: _Slot, label: str) -> dict[str, Any]:
+        """The launch's entry in the session's record of launches, filled in as it goes."""
+        launch = slot.launch
+        return {
+            "config": label,
+            "host": self.profile.host,
+            "instance": self.instance,
+            "controller": slot.controller.kind,
+            "command": launch.command or None,
+            "env": dict(launch.env),
+            "port": launch.port,
+            "url": launch.url,
+            "started_at": time.time(),
+            "pid_of_harness": os.getpid(),
+            "outcome": "starting",
+        }
+
+    def _check_served(self, slot: _Slot, config: DDTreeConfig | None, label: str, begin: float) -> tuple[dict[str, Any], Proof | None]:
+        """The ready service's /server_info, and (for a service this session launched) the
+        proof that it serves ``config``: the applied fields, then the behaviour's evidence."""
+        controller, client, record = slot.controller, slot.client, slot.record
+        external = isinstance(controller, ExternalController)
         try:
             server_info: dict[str, Any] = client.server_info()
         except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"
@@ -592,26 +623,7 @@ class ServiceManager:
             if proof.failures:
                 raise ConfigNotServed(config.name if config is not None else label, [*proof.failures, *proof.notes],
                                       controller.log_tail())
-        record["outcome"] = "ready"
-        record["ready_s"] = round(ready_s, 3)
-        record["engine_version"] = server_info.get("version")  # the report's environment section
-        self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
-        node = record.get("slurm", {}).get("node") if isinstance(record.get("slurm"), dict) else None
-        if self._on_ready is not None and node:
-            self._on_ready(str(node))
-        return RunningService(
-            url=launch.url,
-            client=client,
-            server_info=server_info,
-            config=config,
-            profile=self.profile,
-            launch_command=None if external else launch.command,
-            instance=self.instance,
-            ready_s=ready_s,
-            log_path=launch.log_path,
-            name=label,
-            proof=proof,
-        )
+        return server_info, proof
 
     def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, Any]) -> Proof:
         """After readiness: the copy probe, the start-up lines (where the controller reads the
