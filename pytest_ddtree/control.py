@@ -42,10 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import gate, stats
 from pytest_ddtree.vocabulary import RecordKind
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 CONTROL = "control"
@@ -379,7 +382,7 @@ def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: li
         g.lines.extend(rows)
 
 
-def measure(session: Any, cells: Sequence[Any], launch: int = 1) -> str:
+def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> str:
     """Measure the control in this process, on ``cells``, and record it; returns what was done.
 
     ``launch`` 1 is the process's first launch, before its first config; 2 its last, after its last

@@ -12,7 +12,7 @@ import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, BaselineStore
@@ -20,34 +20,14 @@ from pytest_ddtree.configs import ConfigError
 from pytest_ddtree.results import (
     RESULTS_JSON,
     RESULTS_MD,
+    BaselineUpdate,
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
 from pytest_ddtree.vocabulary import CONTROL_KINDS
 
-
-class _Session(Protocol):
-    settings: Any
-    failed_tests: list[dict[str, str]]
-
-    @property
-    def results_dir(self) -> Path: ...
-
-    @property
-    def profile(self) -> Any: ...
-
-    @property
-    def matrix(self) -> Any: ...
-
-    @property
-    def selected_configs(self) -> Any: ...
-
-    @property
-    def selection(self) -> Any: ...
-
-    def collected_records(self) -> list[dict[str, Any]]: ...
-
-    def collected_updates(self) -> list[Any]: ...
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 
 @dataclass
@@ -64,7 +44,7 @@ class FinishOutcome:
         self.errors.append(message)
 
 
-def _report_field_mapping(session: _Session, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+def _report_field_mapping(session: DDTreeSession, outcome: FinishOutcome, results: dict[str, Any]) -> None:
     """How each config field reached the service, in results.json; the fields the harness could
     not prove (unverifiable, with the profile's reason, or not settable) also in the summary."""
     try:
@@ -79,7 +59,7 @@ def _report_field_mapping(session: _Session, outcome: FinishOutcome, results: di
                                  "\n".join(f"{name}: {how}" for name, how in unproven.items())))
 
 
-def _report_selection(session: _Session, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+def _report_selection(session: DDTreeSession, outcome: FinishOutcome, results: dict[str, Any]) -> None:
     """What the selection left out of configs.yaml's matrix on this build, and why (results.json
     ``selection``; the summary's "ddtree selection" section when anything was left out)."""
     try:
@@ -95,7 +75,7 @@ def _report_selection(session: _Session, outcome: FinishOutcome, results: dict[s
             f"left out {len(lines)} matrix config(s) it cannot run as named:\n" + "\n".join(lines)))
 
 
-def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
+def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     outcome = FinishOutcome()
     results_dir = session.results_dir
     records = session.collected_records()
@@ -116,10 +96,13 @@ def finish_session(session: _Session, exitstatus: int) -> FinishOutcome:
     try:
         from pytest_ddtree import report
 
-        summary = report.session_summary(records, session=session)
-        live = getattr(session, "live_report", None)
-        if live is not None:
-            summary.json["environment"] = live.environment
+        try:
+            default_window = session.profile.default_window
+        except Exception:  # noqa: BLE001 - a broken profile is reported where it is loaded; here it only hides the window
+            default_window = None
+        summary = report.session_summary(records, session.failed_tests, session.results_dir, default_window)
+        if session.live_report is not None:
+            summary.json["environment"] = session.live_report.environment
         summary.json["session_id"] = session.settings.session_id
         summary.json["configs_against_session"] = session_check
         summary.json["control"] = control_check
@@ -171,7 +154,7 @@ def _judge_configs_against_session(records: list[dict[str, Any]], outcome: Finis
     return [f.as_dict() for f in findings]
 
 
-def _append_history(session: _Session, payload: dict[str, Any], records: list[dict[str, Any]], outcome: FinishOutcome,
+def _append_history(session: DDTreeSession, payload: dict[str, Any], records: list[dict[str, Any]], outcome: FinishOutcome,
                     exitstatus: int) -> None:
     """Append this session to --ddtree-history; with --ddtree-history-check, fail it when its
     measurements start a regression change point of the history (naming the build)."""
@@ -218,7 +201,7 @@ def _append_history(session: _Session, payload: dict[str, Any], records: list[di
     outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 
-def _judge_control(session: _Session, records: list[dict[str, Any]], outcome: FinishOutcome) -> dict[str, Any] | None:
+def _judge_control(session: DDTreeSession, records: list[dict[str, Any]], outcome: FinishOutcome) -> dict[str, Any] | None:
     """control.judge over this session's records: the control's own verdict, the session's uniform
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
@@ -230,7 +213,7 @@ def _judge_control(session: _Session, records: list[dict[str, Any]], outcome: Fi
     if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):
         return None
     settings = session.settings
-    judgement = control.judge(records, configs, require_baselines=bool(getattr(settings, "require_baselines", False)),
+    judgement = control.judge(records, configs, require_baselines=settings.require_baselines,
                               update_mode=bool(settings.update_baselines))
     if judgement.failed:
         outcome.exit_failure = True
@@ -238,14 +221,13 @@ def _judge_control(session: _Session, records: list[dict[str, Any]], outcome: Fi
     return judgement.as_dict()
 
 
-def _write_html_report(session: _Session, payload: dict[str, Any], outcome: FinishOutcome) -> None:
+def _write_html_report(session: DDTreeSession, payload: dict[str, Any], outcome: FinishOutcome) -> None:
     """The final report.html (the live one, marked finished); its failure never loses results."""
     try:
         from pytest_ddtree.htmlreport import REPORT_HTML, write_report
-        from pytest_ddtree.htmlreport.live import LiveReport
 
-        live = getattr(session, "live_report", None)
-        if isinstance(live, LiveReport):
+        live = session.live_report
+        if live is not None:
             path = live.write_final(payload)
             outcome.errors.extend(live.errors)
         else:
@@ -255,7 +237,7 @@ def _write_html_report(session: _Session, payload: dict[str, Any], outcome: Fini
         outcome.fail(f"writing report.html failed: {type(exc).__name__}: {exc}")
 
 
-def _write_golden_references(session: _Session, outcome: FinishOutcome, proposals: list[Any]) -> None:
+def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, proposals: list[BaselineUpdate]) -> None:
     """Golden transcripts: the first reference measured on each hardware profile this session
     (every proposal came from a ``lossless_args`` launch; one write per profile, by the controller)."""
     from pytest_ddtree.lossless import write_golden
@@ -280,12 +262,12 @@ def _write_golden_references(session: _Session, outcome: FinishOutcome, proposal
         outcome.sections.append(("ddtree golden transcripts", "\n".join(lines)))
 
 
-def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:
+def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> None:
     from pytest_ddtree.lossless import GOLDEN_SECTION
 
     updates = session.collected_updates()
     _write_golden_references(session, outcome, [u for u in updates if u.section == GOLDEN_SECTION])
-    by_profile: dict[str | None, list[Any]] = defaultdict(list)
+    by_profile: dict[str | None, list[BaselineUpdate]] = defaultdict(list)
     for update in updates:
         if update.section != GOLDEN_SECTION:
             by_profile[update.hardware_profile].append(update)
@@ -305,7 +287,7 @@ def _apply_baseline_updates(session: _Session, outcome: FinishOutcome) -> None:
         outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + "\nreview with: git diff -- baselines/"))
 
 
-def _write_package(session: _Session, outcome: FinishOutcome, records: list[dict[str, Any]], exitstatus: int) -> None:
+def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list[dict[str, Any]], exitstatus: int) -> None:
     try:
         from pytest_ddtree.repro.plugin_bridge import package_from_session
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
     from pytest_ddtree.finish import FinishOutcome
     from pytest_ddtree.lossless import Reference
     from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.scheduling import ConfigScheduling, SchedulerLog, WorkerNode
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
 SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
 FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
-SCHEDULER_KEY = pytest.StashKey[Any]()
+SCHEDULER_KEY: pytest.StashKey[ConfigScheduling] = pytest.StashKey()
 HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
@@ -76,7 +77,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+def pytest_xdist_make_scheduler(config: pytest.Config, log: SchedulerLog) -> ConfigScheduling | None:
     if not config.stash.get(SCHEDULE_BY_CONFIG_KEY, False):
         return None
     from pytest_ddtree.scheduling import ConfigScheduling
@@ -250,7 +251,7 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
+def pytest_configure_node(node: WorkerNode) -> None:
     """xdist controller -> worker: share one results folder, session id and timestamp."""
     session = _session(node.config)
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
@@ -259,7 +260,7 @@ def pytest_configure_node(node: Any) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
+def pytest_testnodedown(node: WorkerNode, error: object | None) -> None:
     """xdist worker -> controller: its records and baseline proposals (absent if it crashed;
     then the controller reads its journal)."""
     from pytest_ddtree.sessionfiles import WORKEROUTPUT_KEY
@@ -596,7 +597,7 @@ class _LiveReportHooks:
         self._start([item.nodeid for item in session.items])
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+    def pytest_xdist_node_collection_finished(self, node: WorkerNode, ids: Sequence[str]) -> None:
         self._start(list(ids))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -632,7 +633,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         ddtree.close()
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     outcome = config.stash.get(FINISH_KEY, None)
     if outcome is None:
         return

@@ -549,26 +549,28 @@ def applied_by_evidence(records: Sequence[Mapping[str, Any]], no_effect: Sequenc
     return dict(sorted(out.items(), key=lambda kv: name_sort_key(kv[0])))
 
 
-def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -> SessionSummary:
+def session_summary(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = (),
+                    results_dir: Path | None = None, default_window: int | None = None) -> SessionSummary:
     """Render the session's records: results.json, results.md and the terminal sections.
 
     ``records`` are every record of the session (all kinds, as read back from the JSON
-    lines); ``session`` is optional context (results directory for the plot, matrix for
-    the recommended default).
+    lines); the rest is the session's context: its failed tests (the gates' table), its results
+    folder (the plot goes there; none, no plot) and the profile's default window (a config
+    without a window runs at it, for the no-effect findings).
     """
     throughput = normalize(records)
     others = [dict(r) for r in records if r.get("kind", RecordKind.THROUGHPUT) not in THROUGHPUT_KINDS]
     payload = results_json(throughput)
     payload["throughput_repeats"] = [dict(r) for r in records if r.get("kind") == RecordKind.THROUGHPUT_REPEAT]
     payload["records"] = others
-    payload["failed_tests"] = [dict(f) for f in getattr(session, "failed_tests", ()) or ()]
+    payload["failed_tests"] = [dict(f) for f in failed_tests]
     md_parts = ["# pytest-ddtree results", ""]
     if throughput:
         md_parts.append(render_markdown(throughput))
     if others:
         md_parts += ["## Other gates", "", _other_records_markdown(others), ""]
     sections: list[tuple[str, str]] = []
-    gates = gate_rows(records, getattr(session, "failed_tests", ()) or ())
+    gates = gate_rows(records, failed_tests)
     if gates:
         sections.append(("ddtree correctness gates", tabulate(gates, headers=GATE_HEADERS, disable_numparse=True)))
         md_parts += ["## Correctness gates", "", tabulate(gates, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True), ""]
@@ -588,11 +590,7 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
         sections.append(("ddtree throughput sweep", text))
     from pytest_ddtree import proof
 
-    try:
-        default_window = session.profile.default_window if session is not None else None
-    except Exception:  # a broken profile is reported where it is loaded; here it only hides the window
-        default_window = None
-    payload["no_effect"] = proof.no_effect(throughput, default_window if isinstance(default_window, int) else None)
+    payload["no_effect"] = proof.no_effect(throughput, default_window)
     if payload["no_effect"]:
         lines = [str(f["message"]) for f in payload["no_effect"]]
         sections.append(("ddtree config fields without effect", "\n".join(lines)))
@@ -606,8 +604,7 @@ def session_summary(records: Sequence[Mapping[str, Any]], session: Any = None) -
         md_parts += ["## Applied, by evidence", "",
                      tabulate(rows, headers=["config", *proof_fields], tablefmt="github", disable_numparse=True), ""]
     summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
-    results_dir = getattr(session, "results_dir", None)
-    if throughput and isinstance(results_dir, Path):
+    if throughput and results_dir is not None:
         try:
             path = results_dir / "throughput.png"
             if plot_png(throughput, path):

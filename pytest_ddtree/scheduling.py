@@ -27,11 +27,43 @@ waiting for a worker that will never come.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xdist.scheduler import LoadScopeScheduling
 
 from pytest_ddtree.configs import config_in_nodeid
+
+if TYPE_CHECKING:
+    import pytest
+
+
+class Gateway(Protocol):
+    """The part of execnet's ``Gateway`` the plugin reads: the worker's id (``gw0``)."""
+
+    id: str
+
+
+class WorkerNode(Protocol):
+    """What the plugin and this scheduler use of xdist's ``WorkerController`` (xdist.workermanage),
+    the ``node`` of xdist's hooks (xdist/newhooks.py). xdist ships no type information, so this
+    Protocol is the type checker's view of it; ``workeroutput`` exists only once the worker has
+    finished, so it is read with ``getattr``."""
+
+    config: pytest.Config
+    gateway: Gateway
+    workerinput: dict[str, Any]
+    shutting_down: bool
+
+    def send_steal(self, indices: Sequence[int]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class SchedulerLog(Protocol):
+    """xdist's ``Producer`` (xdist.remote), the ``log`` its hooks hand a scheduler."""
+
+    def __call__(self, *message: object) -> None: ...
 
 
 def config_scope(nodeid: str) -> str:
@@ -44,26 +76,27 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
     """LoadScopeScheduling whose scope is the DDTree config (see module docstring)."""
 
     def __init__(
-        self, config: Any, log: Any = None, progress: Callable[[str], None] | None = None, instances: int = 0
+        self, config: pytest.Config, log: SchedulerLog | None = None, progress: Callable[[str], None] | None = None,
+        instances: int = 0
     ) -> None:
         super().__init__(config, log)
         self.hold_idle_workers = 0 < self.numnodes <= instances
         """Each worker owns its host (``instances``: the pool's ssh hosts, 0 for local
         services): an idle worker may wait for work given back."""
-        self.dead: dict[Any, str] = {}
+        self.dead: dict[WorkerNode, str] = {}
         """Workers whose host stopped answering -> that host."""
-        self._steals_in_flight: dict[Any, list[str]] = {}
+        self._steals_in_flight: dict[WorkerNode, list[str]] = {}
         """Workers -> the configs asked back from them, in the order xdist answers."""
         self._progress = progress
 
     def _split_scope(self, nodeid: str) -> str:
         return config_scope(nodeid)
 
-    def _takers(self) -> list[Any]:
+    def _takers(self) -> list[WorkerNode]:
         """Workers that can still take configs: host alive, not shutting down."""
         return [node for node in self.nodes if node not in self.dead and not node.shutting_down]
 
-    def mark_dead(self, node: Any, nodeid: str, host: str) -> None:
+    def mark_dead(self, node: WorkerNode, nodeid: str, host: str) -> None:
         """``node``'s host is unreachable (seen while running ``nodeid``): feed it no more configs.
 
         The config of ``nodeid`` stays with it (its remaining tests fail fast with the cached
@@ -89,7 +122,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self._say(f"host {host} does not answer: worker {node.gateway.id} takes no more configs{moved}")
         node.shutdown()
 
-    def remove_pending_tests_from_node(self, node: Any, indices: list[int]) -> None:
+    def remove_pending_tests_from_node(self, node: WorkerNode, indices: list[int]) -> None:
         """The answer to a steal: these tests left ``node``'s queue; queue them for the others.
 
         An empty answer means the worker had already begun the config (xdist steals all or
@@ -119,7 +152,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         for other in self.nodes:
             self._reschedule(other)
 
-    def remove_node(self, node: Any) -> str | None:
+    def remove_node(self, node: WorkerNode) -> str | None:
         """A worker went away (finished or crashed); a steal it never answered is moot (xdist puts
         a crashed worker's unfinished tests back in the queue itself)."""
         self._steals_in_flight.pop(node, None)
@@ -132,7 +165,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
             return False  # tests on their way back must still be run
         return bool(super().tests_finished)
 
-    def _reschedule(self, node: Any) -> None:
+    def _reschedule(self, node: WorkerNode) -> None:
         if node.shutting_down:
             return
         if node in self.dead and self._takers():

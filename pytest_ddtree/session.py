@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.options import Settings
 from pytest_ddtree.vocabulary import HostEnvData, RecordKind
@@ -26,6 +27,20 @@ if TYPE_CHECKING:  # imported where first used: a session is built in every pyte
     from pytest_ddtree.sessionfiles import SessionCollector
 
 ProgressFn = Callable[[str], None]
+
+
+class LivePage(Protocol):
+    """What the session and its end use of the controller's live report.html
+    (``htmlreport.live.LiveReport``; a Protocol, since that module reads the session)."""
+
+    environment: dict[str, Any]
+    errors: list[str]
+
+    def test_done(self, nodeid: str) -> bool: ...
+
+    def write_running(self, failed_tests: Sequence[Mapping[str, str]] = ()) -> None: ...
+
+    def write_final(self, payload: Mapping[str, Any]) -> Path: ...
 
 
 def _stderr_progress(message: str) -> None:
@@ -43,8 +58,8 @@ class DDTreeSession:
         self._manager: ServiceManager | None = None
         self._baselines: BaselineStore | None = None
         self.failed_tests: list[dict[str, str]] = []
-        # The controller's htmlreport.live.LiveReport (report.html while the session runs), or None.
-        self.live_report: Any = None
+        # The controller's report.html while the session runs (htmlreport.live), or None.
+        self.live_report: LivePage | None = None
 
     @property
     def is_controller(self) -> bool:
@@ -170,7 +185,7 @@ class DDTreeSession:
             parts.append(f"--ddtree-service={self.settings.service}")
         return " ".join(parts)
 
-    def _record_host_env(self, manager: Any) -> None:
+    def _record_host_env(self, manager: ServiceManager) -> None:
         """For the package: the environment of the remote host that ran this worker's service,
         and its systemd unit as the controller found it there; for a slurm profile, of the node
         of the worker's running job (a step in its allocation).

@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.vocabulary import RecordKind, Status
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
@@ -362,11 +365,11 @@ def evaluate_cell(
 
 
 #: Record kinds of a flagged config's relaunch (``relaunch_flagged``): one per cell, and its repeats.
-RELAUNCH_RECORD = "throughput-relaunch"
-RELAUNCH_REPEAT = "throughput-relaunch-repeat"
+RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
+RELAUNCH_REPEAT = RecordKind.THROUGHPUT_RELAUNCH_REPEAT
 
 
-def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
+def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
     measure all its cells again and record them (``RELAUNCH_RECORD``), so the session end judges it on
     both launches (``gate.judge_session``). Returns the relaunched configs.
@@ -379,7 +382,7 @@ def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
     this process (the plugin keeps a config's tests on one worker). Nothing here raises: a relaunch
     that fails is recorded with the reason, and the config keeps its one-launch verdict.
     """
-    if not getattr(session.profile, "relaunch_flagged", False) or session.settings.update_baselines:
+    if not session.profile.relaunch_flagged or session.settings.update_baselines:
         return []
     recorder = session.recorder
     moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == RecordKind.THROUGHPUT]))
@@ -409,7 +412,7 @@ def relaunch_flagged(session: Any, items: Sequence[Any]) -> list[str]:
                 failed.add(name)
 
 
-def _relaunch(session: Any, name: str, config: Any, cells: Sequence[Any], index: int) -> bool:
+def _relaunch(session: DDTreeSession, name: str, config: Any, cells: Sequence[Any], index: int) -> bool:
     """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
     failed (recorded with the reason)."""
     from pytest_ddtree.configs import ConfigError

@@ -46,6 +46,11 @@ class RecordKind(Word):
     THROUGHPUT_CONTROL_REPEAT = "throughput-control-repeat"
     #: No control could be measured this session; ``reason`` says why.
     THROUGHPUT_CONTROL_UNAVAILABLE = "throughput-control-unavailable"
+    #: One cell of a flagged config's relaunch, with its verdict (``throughput.relaunch_flagged``),
+    #: or the reason the relaunch failed.
+    THROUGHPUT_RELAUNCH = "throughput-relaunch"
+    #: One repeat of a relaunched cell.
+    THROUGHPUT_RELAUNCH_REPEAT = "throughput-relaunch-repeat"
     #: The coding gate's result of one config.
     CODING = "coding"
     #: The lossless gate's result of one config.
@@ -68,7 +73,8 @@ class RecordKind(Word):
 #: (Tuples, not sets: a value read from a file may be unhashable, and ``in`` must still answer.)
 THROUGHPUT_KINDS = (RecordKind.THROUGHPUT, RecordKind.THROUGHPUT_REPEAT, RecordKind.THROUGHPUT_CONFIRM_REPEAT,
                     RecordKind.THROUGHPUT_CONTROL, RecordKind.THROUGHPUT_CONTROL_REPEAT,
-                    RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE)
+                    RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE, RecordKind.THROUGHPUT_RELAUNCH,
+                    RecordKind.THROUGHPUT_RELAUNCH_REPEAT)
 #: The throughput control's kinds (its cells, their repeats, and why there was none).
 CONTROL_KINDS = (RecordKind.THROUGHPUT_CONTROL, RecordKind.THROUGHPUT_CONTROL_REPEAT, RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE)
 

@@ -273,7 +273,7 @@ def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) 
 
     def check(key: str, from_record: bool, value: ast.expr | None) -> None:
         for const in _strings(value):
-            if key in _KIND_KEYS and (from_record or const.value in kinds):
+            if key in _KIND_KEYS and (from_record or const.value in kinds or const.value.startswith("throughput-")):
                 found.append((const.lineno, const.col_offset, const.value, "record kind"))
             elif key in _STATUS_KEYS and const.value in statuses:
                 found.append((const.lineno, const.col_offset, const.value, "status word"))
@@ -306,7 +306,7 @@ def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) 
                     check(key.value, True, value)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             target = node.targets[0].id
-            if target.isupper() and ("KIND" in target or "RECORD" in target):
+            if target.isupper() and any(word in target for word in ("KIND", "RECORD", "REPEAT")):
                 check("kind", False, node.value)
             elif target.isupper():
                 check("status", False, node.value)
@@ -340,14 +340,15 @@ if cell.measurement_status != "invalid" or str(r.get("kind")).startswith("throug
     pass
 verdict = dataclasses.replace(verdict, status="updated")
 RECORD_KIND = "adaptive-sweep"
-PASS = "pass"
+PASS = "pass"; RELAUNCH_REPEAT = "throughput-relaunch-repeat"; RECORDS_GLOB = "records-*.jsonl"
 ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prompts == "coding"
 '''
     found = _bare_words(ast.parse(source), frozenset({"throughput", "launch", "health", "coding", "host-env", "adaptive-sweep"}),
                         frozenset({"regression", "invalid", "updated", "pass"}))
     assert [(line, word) for line, word, _ in found] == [
         (2, "throughput"), (3, "launch"), (3, "health"), (3, "new-kind"), (5, "coding"), (6, "host-env"), (6, "regression"),
-        (7, "invalid"), (7, "throughput"), (9, "updated"), (10, "adaptive-sweep"), (11, "pass")], found
+        (7, "invalid"), (7, "throughput"), (9, "updated"), (10, "adaptive-sweep"), (11, "pass"),
+        (11, "throughput-relaunch-repeat")], found
 
 
 def test_no_module_over_800_lines_and_no_long_function_without_a_reason(repo_root: Path) -> None:

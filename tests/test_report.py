@@ -76,10 +76,7 @@ def test_markdown_and_json(tmp_path: Path) -> None:
     assert cell["output_throughput"] == 900.0 and cell[report.TOKENS_PER_VERIFY] == 3.9
     assert cell["status"] == "pass" and cell["samples"]["output_throughput"] == [900.0] * 3
 
-    class _S:
-        results_dir = tmp_path
-
-    summary = report.session_summary(RECORDS, session=_S())
+    summary = report.session_summary(RECORDS, results_dir=tmp_path)
     assert summary.json["records"] == [RECORDS[-1]]
     titles = [title for title, _ in summary.sections]
     assert titles[:2] == ["ddtree correctness gates", "ddtree throughput sweep"]

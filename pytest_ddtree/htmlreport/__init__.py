@@ -17,13 +17,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import report
 from pytest_ddtree.htmlreport import charts, model
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.results import RESULTS_JSON, read_records
 from pytest_ddtree.vocabulary import RecordKind, Status
+
+if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
+    from pytest_ddtree.session import DDTreeSession
 
 REPORT_HTML = "report.html"
 #: How often a page of a running session reloads itself.
@@ -79,7 +82,7 @@ def environment_rows(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def collect_environment(session: Any = None) -> dict[str, Any]:
+def collect_environment(session: DDTreeSession | None = None) -> dict[str, Any]:
     """The facts a reader needs to trust the numbers: machine, GPUs, package, profile, configs."""
     import pytest_ddtree
     from pytest_ddtree.repro.envsnap import nvml_snapshot
@@ -94,18 +97,18 @@ def collect_environment(session: Any = None) -> dict[str, Any]:
         "NVIDIA driver": nvml.get("driver_version"),
         "CUDA driver": nvml.get("cuda_driver_version"),
     }
-    settings = getattr(session, "settings", None)
     if session is not None:
+        settings = session.settings
         try:
             profile = session.profile
-            env["service profile"] = f"{profile.name} ({getattr(settings, 'service', '?')}), controller {profile.controller}"
+            env["service profile"] = f"{profile.name} ({settings.service}), controller {profile.controller}"
         except Exception:  # noqa: BLE001 - a broken profile is reported elsewhere; the page still renders
-            env["service profile"] = str(getattr(settings, "service", None))
+            env["service profile"] = str(settings.service)
         try:
             env["configs"] = [c.name for c in session.selected_configs]
         except Exception:  # noqa: BLE001
             pass
-        env["results"] = str(getattr(session, "results_dir", ""))
+        env["results"] = str(session.results_dir)
     return env
 
 

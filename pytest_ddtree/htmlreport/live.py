@@ -15,11 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.htmlreport import REPORT_HTML, LiveStatus, payload_from_records, write_report
 from pytest_ddtree.htmlreport.model import config_of_nodeid
 from pytest_ddtree.results import read_records
+
+if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
+    from pytest_ddtree.session import DDTreeSession
 
 
 class LiveReport:
@@ -80,7 +83,7 @@ class LiveReport:
         return write_report(self.path, payload, self.status("finished"))
 
 
-def start_report(live: LiveReport, session: Any) -> LiveReport:
+def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     """Record the environment once and write the first page ("running: config 0 of n")."""
     from pytest_ddtree.htmlreport import collect_environment
 
@@ -88,5 +91,5 @@ def start_report(live: LiveReport, session: Any) -> LiveReport:
         live.environment = collect_environment(session)
     except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
         live.environment = {"environment": f"not recorded ({type(exc).__name__}: {exc})"}
-    live.write_running(getattr(session, "failed_tests", ()))
+    live.write_running(session.failed_tests)
     return live

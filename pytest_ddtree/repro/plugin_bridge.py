@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from pytest_ddtree.vocabulary import RecordKind
 
 from .writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 __all__ = ["package_from_session", "launches_from_records", "request_from_session"]
 
@@ -72,17 +75,18 @@ def _stamp(value: str | None) -> _dt.datetime | None:
         return None
 
 
-def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus: int) -> PackageRequest:
+def request_from_session(session: DDTreeSession, records: list[dict[str, Any]], exitstatus: int) -> PackageRequest:
     """Collect what the session ran; raises what the session's properties raise (profile, matrix errors)."""
     settings = session.settings
+    if settings.package is None:
+        raise ValueError("the session asked for no package (--ddtree-package)")
     profile = session.profile
     matrix = session.matrix
     try:
         selected = [c.name for c in session.selected_configs]
     except Exception:  # noqa: BLE001 - a selection error was reported at start; record what ran
         selected = []
-    raw = getattr(matrix, "raw", {}) or {}
-    recommended = raw.get("recommended")
+    recommended = matrix.raw.get("recommended")
     try:
         matrix_text: str | None = Path(settings.matrix).read_text(encoding="utf-8")
     except OSError:
@@ -96,28 +100,28 @@ def request_from_session(session: Any, records: list[dict[str, Any]], exitstatus
         remote = bool(profile.host or profile.fleet.hosts)
         unit_text = _hosts_unit_text(host_envs) if remote else _systemd_unit_text(profile.unit)
     return PackageRequest(
-        out_dir=Path(settings.package),
+        out_dir=settings.package,
         name=settings.package_name,
         force=bool(settings.package_force),
         profile=profile,
-        profile_path=getattr(profile, "source", None),
-        profile_text=getattr(profile, "text", None) or None,
+        profile_path=profile.source,
+        profile_text=profile.text or None,
         launches=launches,
         systemd_unit_text=unit_text,
-        results_dir=Path(session.results_dir),
+        results_dir=session.results_dir,
         matrix=matrix.names(),
         default_config=matrix.default.name,
         recommended_config=str(recommended) if recommended else None,
         configs_run=selected,
         configs_yaml_text=matrix_text,
         failed_tests=failed,
-        session_start=_stamp(getattr(settings, "session_stamp", None)),
+        session_start=_stamp(settings.session_stamp),
         exit_status=exitstatus,
         command_line="pytest " + shlex.join(sys.argv[1:]),
         host_envs=host_envs,
     )
 
 
-def package_from_session(session: Any, records: list[dict[str, Any]], exitstatus: int) -> PackageReport:
+def package_from_session(session: DDTreeSession, records: list[dict[str, Any]], exitstatus: int) -> PackageReport:
     """The plugin's session-end entry point (controller only): write, verify, publish."""
     return write_package(request_from_session(session, records, exitstatus))

@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
@@ -43,6 +43,9 @@ from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
 
+if TYPE_CHECKING:
+    from pytest_ddtree.client import SGLangClient
+
 REFERENCE_LABEL = "lossless-reference"
 """The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
@@ -64,10 +67,10 @@ def _lost_port_race(err: ServiceStartError) -> bool:
 
 
 class ClientFactory(Protocol):
-    def __call__(self, base_url: str, timeout: float) -> Any: ...
+    def __call__(self, base_url: str, timeout: float) -> SGLangClient: ...
 
 
-def _default_client(base_url: str, timeout: float) -> Any:
+def _default_client(base_url: str, timeout: float) -> SGLangClient:
     from pytest_ddtree.client import SGLangClient
 
     return SGLangClient(base_url, timeout=timeout)
@@ -105,7 +108,7 @@ class RunningService:
     """
 
     url: str
-    client: Any
+    client: SGLangClient
     server_info: dict[str, Any]
     config: DDTreeConfig | None
     profile: ServiceProfile
@@ -130,7 +133,7 @@ class _Slot:
     launch: Launch
     service: RunningService | None = None
     record: dict[str, Any] = field(default_factory=dict)
-    client: Any = None  # the one HTTP client of this launch (health polls, then the service's)
+    client: SGLangClient | None = None  # the one HTTP client of this launch (health polls, then the service's)
 
     def stop(self) -> None:
         """Stop the service and close its client (its kept-alive connections)."""
