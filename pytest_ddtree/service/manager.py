@@ -561,7 +561,7 @@ class ServiceManager:
                 config_name=label,
                 health_timeout_s=READY_HEALTH_TIMEOUT_S,
             )
-        server_info, proof = self._check_served(slot, config, label, begin)
+        server_info, proof = self._check_served(slot, client, config, label, begin)
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
         record["engine_version"] = server_info.get("version")  # the report's environment section
@@ -600,10 +600,12 @@ class ServiceManager:
             "outcome": "starting",
         }
 
-    def _check_served(self, slot: _Slot, config: DDTreeConfig | None, label: str, begin: float) -> tuple[dict[str, Any], Proof | None]:
-        """The ready service's /server_info, and (for a service this session launched) the
-        proof that it serves ``config``: the applied fields, then the behaviour's evidence."""
-        controller, client, record = slot.controller, slot.client, slot.record
+    def _check_served(self, slot: _Slot, client: SGLangClient, config: DDTreeConfig | None, label: str,
+                      begin: float) -> tuple[dict[str, Any], Proof | None]:
+        """The ready service's /server_info (asked through ``client``, the launch's), and (for a
+        service this session launched) the proof that it serves ``config``: the applied fields,
+        then the behaviour's evidence."""
+        controller, record = slot.controller, slot.record
         external = isinstance(controller, ExternalController)
         try:
             server_info: dict[str, Any] = client.server_info()
