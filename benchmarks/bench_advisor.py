@@ -109,7 +109,7 @@ def engine_tok_s(models: object, c: ConfigPoint, w: CellPoint, window: int | Non
     done = tokens = 0
     t0 = 0.0
     while done < warm + requests:
-        admit = []
+        admit: list[Request] = []
         while eng.waiting and len(eng.running) + len(admit) < eng.max_running:
             admit.append(eng.waiting.popleft())
         before = {id(r): r for r in eng.running + admit}
@@ -193,7 +193,7 @@ def end_to_end(ns: list[int]) -> int:
     else:
         print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
         full = _session(work / "full")
-    truth = {(r["config"], r["cell"]): float(r["output_throughput"]) for r in full["throughput"]  # type: ignore[attr-defined]
+    truth = {(r["config"], r["cell"]): float(r["output_throughput"]) for r in full["throughput"]
              if r.get("output_throughput")}
 
     def committed(config: str, cell: str) -> float | None:

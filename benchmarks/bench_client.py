@@ -346,7 +346,7 @@ def measure(python: Path, kind: str, url: str, client: str, concurrency: int, ar
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             raise RuntimeError(f"our client failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        got: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     else:
         got = run_bench_serving(python, url, client.split(":", 1)[1], concurrency, n, args.input_tokens, args.output_tokens)
     aggregate, per_request, late = truth(before, truth_state(url))

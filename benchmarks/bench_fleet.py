@@ -66,7 +66,7 @@ def run_sweep(fleet: SshFleet, hosts: list[int], workers: int, configs: str, wor
             continue
         instance = profile.for_instance(hosts.index(host.index))
         for command in new[:-1]:
-            name = next((c for c in SELECTED if instance.render_command(parse_config_name(c), instance.port) == command), "other")
+            name = next((c for c in SELECTED if instance.render_command(parse_config_name(c), instance.port if isinstance(instance.port, int) else None) == command), "other")
             starts.setdefault(name, []).append(host.target)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     return {"hosts": len(hosts), "workers": workers, "wall_s": round(wall, 1), "exit": proc.returncode,

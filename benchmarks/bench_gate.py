@@ -252,7 +252,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
                         out["failing_metrics"][key] = out["failing_metrics"].get(key, 0) + 1
             elif v.status == gate.INCONCLUSIVE:
                 out["inconclusive_cells"] += 1
-            if cfg == 0 and (m := v.metric("output_throughput")) is not None and m.status == gate.REGRESSION:
+            if cfg == 0 and (tps := v.metric("output_throughput")) is not None and tps.status == gate.REGRESSION:
                 dropped_config_cells = True
                 dropped_cell_caught |= cell == "c0"
             if cfg == 0 and cell == "c0" and scenario == "one_cell_10":

@@ -135,7 +135,7 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
 def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
     """A cell's record as the suite writes it (the control's with its kind and launch)."""
     m = v.metric("output_throughput")
-    rec = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
+    rec: dict[str, Any] = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
            "hardware_profile": "refserver", "metrics": {"output_throughput": m.current_median if m else None}}
     if name in (control.CONTROL, CONTROL_AT_END):
         rec.update(kind=control.CONTROL_RECORD, control_launch=2 if name == CONTROL_AT_END else 1)

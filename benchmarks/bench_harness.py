@@ -120,6 +120,12 @@ def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------- (b)
 
 
+def _pinned_raw_streamer(cpus: set[int], port: int, tokens_per_chunk: int) -> None:
+    """The raw streamer on ``cpus`` (the target of a forked process)."""
+    pin(cpus)
+    _raw_streamer(port, tokens_per_chunk)
+
+
 def _raw_streamer(port: int, tokens_per_chunk: int) -> None:
     """A no-delay SSE /generate: cumulative meta_info counts, one chunk per k tokens."""
 
@@ -195,7 +201,7 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
     ctx = multiprocessing.get_context("fork")
     for k in (1, 5):
         port = free_port()
-        proc = ctx.Process(target=lambda: (pin(server_cpu), _raw_streamer(port, k)), daemon=True)
+        proc = ctx.Process(target=_pinned_raw_streamer, args=(server_cpu, port, k), daemon=True)
         proc.start()
         time.sleep(0.5)
         try:

@@ -10,7 +10,7 @@ lives in ``pytest_ddtree.coding``; this file only wires fixtures to it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,15 +18,22 @@ from pytest_ddtree import coding, sandbox
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.vocabulary import CodingData, RecordKind
 
+if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.profile import ServiceProfile
+
 
 def test_coding_gate(
     request: pytest.FixtureRequest,
     ddtree_config: DDTreeConfig,
-    ddtree_client: Any,
-    ddtree_profile: Any,
-    ddtree_settings: Any,
-    ddtree_recorder: Any,
-    ddtree_baselines: Any,
+    ddtree_client: SGLangClient,
+    ddtree_profile: ServiceProfile,
+    ddtree_settings: Settings,
+    ddtree_recorder: SessionRecorder,
+    ddtree_baselines: BaselineStore,
 ) -> None:
     set_name = ddtree_settings.coding_set
     try:

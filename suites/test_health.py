@@ -6,18 +6,24 @@ expensive gates spend minutes measuring the wrong thing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.vocabulary import HealthData, RecordKind
 
+if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
+    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.service.profile import ServiceProfile
 
-def test_service_answers_health(ddtree_service: Any, ddtree_profile: Any) -> None:
+
+def test_service_answers_health(ddtree_service: RunningService, ddtree_profile: ServiceProfile) -> None:
     status = ddtree_service.client.health(ddtree_profile.health_path)
     assert status == 200, f"{ddtree_profile.health_path} answered {status} after the service was ready"
 
 
-def test_service_reports_the_asked_config(ddtree_service: Any, ddtree_config: DDTreeConfig, ddtree_profile: Any) -> None:
+def test_service_reports_the_asked_config(ddtree_service: RunningService, ddtree_config: DDTreeConfig, ddtree_profile: ServiceProfile) -> None:
     """Re-read /server_info now: the applied check at start-up must still hold mid-session."""
     info = ddtree_service.client.server_info()
     expected = ddtree_profile.expected_applied(ddtree_config)
@@ -25,7 +31,7 @@ def test_service_reports_the_asked_config(ddtree_service: Any, ddtree_config: DD
     assert actual == expected, f"/server_info does not show {ddtree_config.name}: expected {expected}, got {actual}"
 
 
-def test_short_generation(ddtree_client: Any, ddtree_config: DDTreeConfig, ddtree_recorder: Any) -> None:
+def test_short_generation(ddtree_client: SGLangClient, ddtree_config: DDTreeConfig, ddtree_recorder: SessionRecorder) -> None:
     result = ddtree_client.generate(
         text="def fibonacci(n):",
         sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},

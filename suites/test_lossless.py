@@ -13,7 +13,7 @@ A mismatch shows the first diverging token and both continuations.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,15 +21,22 @@ from pytest_ddtree import lossless
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.vocabulary import RecordKind
 
+if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.service.profile import ServiceProfile
+
 
 def test_lossless_gate(
     request: pytest.FixtureRequest,
     ddtree_config: DDTreeConfig,
-    ddtree_service: Any,
-    ddtree_profile: Any,
-    ddtree_settings: Any,
-    ddtree_recorder: Any,
-    ddtree_baselines: Any,
+    ddtree_service: RunningService,
+    ddtree_profile: ServiceProfile,
+    ddtree_settings: Settings,
+    ddtree_recorder: SessionRecorder,
+    ddtree_baselines: BaselineStore,
 ) -> None:
     try:
         prompts = lossless.load_prompts()

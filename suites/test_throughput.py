@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -44,6 +44,12 @@ from pytest_ddtree.plugin import session_of
 from pytest_ddtree.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
                                       sample_record)
 from pytest_ddtree.vocabulary import RecordKind
+
+if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.manager import RunningService
 
 
 class MissingBaselineWarning(UserWarning):
@@ -99,7 +105,7 @@ _LAUNCH_SPREAD = pytest.StashKey[dict[str, float]]()
 _CELL_NOISE = pytest.StashKey[dict[str, dict[str, float]]]()
 
 
-def _launch_spread(request: pytest.FixtureRequest, baselines: Any) -> dict[str, float]:
+def _launch_spread(request: pytest.FixtureRequest, baselines: BaselineStore) -> dict[str, float]:
     """How much a config's common change moves between launches, from every blessed config of this
     hardware profile (read once per process)."""
     stash = request.config.stash
@@ -108,7 +114,7 @@ def _launch_spread(request: pytest.FixtureRequest, baselines: Any) -> dict[str, 
     return stash[_LAUNCH_SPREAD]
 
 
-def _cell_noise(request: pytest.FixtureRequest, baselines: Any) -> dict[str, dict[str, float]]:
+def _cell_noise(request: pytest.FixtureRequest, baselines: BaselineStore) -> dict[str, dict[str, float]]:
     """Each cell's repeat noise over every blessed config of this hardware profile (read once per process)."""
     stash = request.config.stash
     if _CELL_NOISE not in stash:
@@ -116,8 +122,8 @@ def _cell_noise(request: pytest.FixtureRequest, baselines: Any) -> dict[str, dic
     return stash[_CELL_NOISE]
 
 
-def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig, recorder: Any, repeats: int,
-              baselines: Any) -> Campaign:
+def _campaign(request: pytest.FixtureRequest, service: RunningService, config: DDTreeConfig, recorder: SessionRecorder,
+              repeats: int, settings: Settings, baselines: BaselineStore) -> Campaign:
     """Measure and judge all of ``config``'s cells once per process (the first cell test does it)."""
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
     if config.name not in campaigns:
@@ -128,7 +134,6 @@ def _campaign(request: pytest.FixtureRequest, service: Any, config: DDTreeConfig
                 section = gate.validate_section((data or {}).get("metrics"), str(baselines.path_for(config.name)))
             except (BaselineError, gate.BaselineFormatError):
                 section = None  # each cell test fails on it with the message, after recording
-        settings = session_of(request.config).settings
         try:
             campaigns[config.name] = measure_config(
                 service.client,
@@ -186,16 +191,16 @@ def test_throughput(
     request: pytest.FixtureRequest,
     ddtree_control: str,
     ddtree_config: DDTreeConfig,
-    ddtree_service: Any,
-    ddtree_settings: Any,
-    ddtree_recorder: Any,
-    ddtree_baselines: Any,
+    ddtree_service: RunningService,
+    ddtree_settings: Settings,
+    ddtree_recorder: SessionRecorder,
+    ddtree_baselines: BaselineStore,
     workload: Workload,
 ) -> None:
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name
     campaign = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_settings.repeats,
-                         ddtree_baselines)
+                         ddtree_settings, ddtree_baselines)
     try:
         baseline, baseline_error = ddtree_baselines.load(config), None
     except BaselineError as exc:
