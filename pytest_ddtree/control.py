@@ -58,7 +58,7 @@ CONTROL_UNAVAILABLE = RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE
 CONTROL_REPEAT = RecordKind.THROUGHPUT_CONTROL_REPEAT
 #: The uniform shift fails beyond max(UNIFORM_FLOOR, Z_UNIFORM standard errors) while the control held.
 UNIFORM_FLOOR = 0.025
-Z_UNIFORM = 2.7
+Z_UNIFORM = 3.0
 #: Assumed spread of the uniform shift between sessions when fewer than two blessed sessions show it.
 UNIFORM_PRIOR_SPREAD = 0.01
 _METRIC = "output_throughput"
@@ -267,7 +267,11 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     # each against the others of its session: many degrees of freedom); the control's relaunches
     # are taken to move as much; and how much the blessed days moved (their configs' median)
     cfg_moves = [m for m in gate.config_moves(configs) if m.metric == _METRIC and m.group == name]
-    wobble = max(gate.launch_wobble(cfg_moves) if len(cfg_moves) >= 3 else 0.0, UNIFORM_PRIOR_SPREAD)
+    # the control's blessed sessions against the configs' median count too: its own launch-to-launch
+    # spread is what the estimate over the control carries (and a session of two configs has few others)
+    pool = cfg_moves + ([gate.ConfigMove(CONTROL, _METRIC, "higher", ctl.floor, ctl.shift, ctl.se, ctl.blessed, name)]
+                        if ctl is not None and ctl.blessed else [])
+    wobble = max(gate.launch_wobble(pool) if len(pool) >= 3 else 0.0, UNIFORM_PRIOR_SPREAD)
     prior_day = gate.SPECS[_METRIC].day_shift
     day = max(prior_day, gate.day_spread([m.blessed for m in cfg_moves]) or 0.0)
     control_moved = False
