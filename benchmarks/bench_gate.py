@@ -25,7 +25,12 @@ named noise shapes (``--shapes``; all of them by default):
 
 Every session is the campaign: 18 configs x 6 cells x 3 gated metrics, 3 repeats a cell in the
 first pass, flagged cells re-measured with ``throughput.CONFIRM_REPEATS`` fresh ones, and a
-non-speculative control launch measured once on the 6 cells (gated on its output tok/s).
+non-speculative control launch measured on the 6 cells (gated on its output tok/s) at the session's
+start and once more at its end (``--control-once``: the start only), both launches blessed as the
+session's. At the end, the configs ``gate.relaunch_candidates`` flags are launched again (a fresh
+per-launch shift, all their cells; up to ``gate.MAX_RELAUNCHES`` times) and ``gate.judge_session``
+decides on all their launches (``--no-relaunch``: the one-launch rule); the relaunches per session
+are printed (their cost).
 Scenarios, each judged as a whole session:
 
 * ``unchanged``: fails when any cell fails or stays inconclusive, a config fails against its
@@ -183,11 +188,20 @@ def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
     entries: dict[int, list[dict[str, Any] | None]] = {c: [None] * CELLS for c in [CONTROL, *range(configs)]}
     for s in range(gate.DEFAULT_SESSIONS_KEPT):
         day = model.session()
+        first: dict[int, dict[str, list[float]]] = {}
         for cfg, position in _launches(configs):
             runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {})
             for cell, run in runs.items():
                 entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
                                                               session=f"s{s}")
+                if cfg == CONTROL:
+                    first[cell] = _samples(run.samples)
+        if CONTROL_AT_END:  # the control once more at the end, both launches blessed as the session's
+            runs = _measure(model, CONTROL, list(range(CELLS)), model.launch(day, 1.0), 3, {})
+            for cell, run in runs.items():
+                pooled = {k: first[cell][k] + v for k, v in _samples(run.samples).items()}
+                entries[CONTROL][cell] = gate.baseline_cell_entry(WORKLOAD, pooled, entries[CONTROL][cell],
+                                                                  session=f"s{s}")
     return {c: [e for e in row if e is not None] for c, row in entries.items()}
 
 

@@ -13,9 +13,11 @@ inconclusive (both fail CI), and ``--slowed`` sessions run the first config 10% 
 (``slowdown`` x 1.1) and count as caught when one of its cells is a regression.
 
 Every session also launches the control first (a non-speculative engine, ``--speculative-algorithm
-NONE``, blessed and judged like a config, as the plugin's ``control.measure`` does) and judges it
-with ``control.judge`` (the uniform shift of the configs over the control); ``--no-control`` leaves
-it out. ``--launch-shift S`` gives every launch (the control's, the blessed sessions' too) its own
+NONE``, blessed and judged like a config, as the plugin's ``control.measure`` does), in judged
+sessions once more after the last config, and judges it with ``control.judge`` (the uniform shift of
+the configs over the control); ``--no-control`` leaves it out. Configs that
+``gate.relaunch_candidates`` flags are relaunched (fresh engines, their own launch shift) and judged
+on all their launches (``--no-relaunch``: one launch each). ``--launch-shift S`` gives every launch (the control's, the blessed sessions' too) its own
 speed factor exp(N(0, S)), what a relaunched GPU server shows; ``--slow-all 0.05`` makes the slowed
 sessions slow every config by 5% and not the control (caught by the uniform shift).
 

@@ -390,9 +390,11 @@ def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> st
     """Measure the control in this process, on ``cells``, and record it; returns what was done.
 
     ``launch`` 1 is the process's first launch, before its first config; 2 its last, after its last
-    config (judged runs only: a bless blesses the first): the mean of the two sits where the configs'
-    median does, so a machine that drifts over the session does not read as the configs moving
-    against the control, and the control's own launch-to-launch shift averages over two launches.
+    config: the mean of the two sits where the configs' median does, so a machine that drifts over
+    the session does not read as the configs moving against the control, and the control's own
+    launch-to-launch shift averages over two launches. A bless blesses both launches' samples as the
+    session's (the end launch's proposal replaces the start launch's, pooled), so the baseline holds
+    what a judged session compares with it.
 
     ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
     control is launched in the instance's own slot like any config (the next config restarts);
@@ -413,8 +415,6 @@ def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> st
     choice = getattr(profile, "control", None)
     if not cells:
         return "no throughput cells"
-    if launch > 1 and session.settings.update_baselines:
-        return "blessed once"
     if choice == "none":
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"profile {profile.name} sets control: none"})
         return "off"
@@ -460,7 +460,8 @@ def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> st
         if baselines.update_mode:
             refusal = ev.bless_refusal()
             if refusal is None:
-                entry = gate.baseline_cell_entry(record["workload"], ev.samples, existing=ev.baseline_cell,
+                samples = _with_earlier_launches(recorder.records, workload.name, ev.samples) if launch > 1 else ev.samples
+                entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
                                                  specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp)
                 recorder.propose_baseline(CONTROL, "metrics", {workload.name: entry})
             else:
@@ -469,6 +470,19 @@ def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> st
                                   f"--ddtree-workload={workload.name}"
         recorder.record(CONTROL_RECORD, CONTROL, record)
     return "measured"
+
+
+def _with_earlier_launches(records: Sequence[Mapping[str, Any]], cell: str,
+                           samples: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    """``samples`` with this process's earlier control launches' samples of ``cell`` before them."""
+    pooled: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.get("kind") == CONTROL_RECORD and rec.get("cell") == cell and not rec.get("bless_refused"):
+            for key, values in (rec.get("samples") or {}).items():
+                pooled.setdefault(str(key), []).extend(float(v) for v in values)
+    for key, values in samples.items():
+        pooled.setdefault(key, []).extend(float(v) for v in values)
+    return pooled
 
 
 #: A process that measured this many configs measures the control once more at its end.

@@ -241,3 +241,36 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
     by_config = {f["config"]: f for f in found if f["metric"] == "output_throughput"}
     assert by_config["bs8_b4_k4"]["status"] == "regression" and by_config["bs8_b4_k4"]["relative"] < -0.4
     assert by_config["bs8_b8_k4"]["status"] == "pass"
+
+
+@pytest.mark.slow  # over 20 s on a 2-core box
+def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_measures_the_control_again(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """The process's end (ddtree_control's teardown), through the plugin in one process: bless three
+    configs (the control at the start and the end, pooled), make one config's baseline three times
+    as fast as the engine is; the judged run relaunches that config (records throughput-relaunch),
+    measures the control once more at the end (control_launch 2) and fails the config on all its
+    launches, saying so in the summary."""
+    profile, matrix = _setup(pytester, repo_root)
+    matrix.write_text(THREE_CELLS.replace("[bs8_b8_k4, bs8_b4_k4]", "[bs8_b8_k4, bs8_b4_k4, bs8_b12_k4]"))
+    three = "bs8_b8_k4,bs8_b4_k4,bs8_b12_k4"
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", config=three)
+    result.assert_outcomes(passed=9)
+    control = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
+    blessed = control["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
+    assert len(blessed) == 1 and len(blessed[0]["samples"]) >= 6  # both launches of the control
+    path = pytester.path / "baselines" / "refserver" / "bs8_b4_k4.yaml"
+    data = yaml.safe_load(path.read_text())
+    for cell in data["metrics"].values():
+        for session in cell["gates"]["output_throughput"]["sessions"]:
+            session["samples"] = [v * 3.0 for v in session["samples"]]
+    path.write_text(yaml.safe_dump(data))
+    shutil.rmtree(pytester.path / "results")
+    result = _run(pytester, repo_root, profile, matrix, config=three)
+    assert result.ret == 1, result.stdout.str()
+    relaunches = _records(pytester, "throughput-relaunch")
+    assert relaunches and {r["config"] for r in relaunches} == {"bs8_b4_k4"}
+    assert {r["cell"] for r in relaunches} == {"c1_tiny", "c2_tiny", "c4_tiny"}
+    assert {r.get("control_launch") for r in _records(pytester, "throughput-control")} == {1, 2}
+    result.stdout.fnmatch_lines(["*ddtree configs against their session*",
+                                 "bs8_b4_k4: output_throughput moved -*relaunched * time(s)*a REGRESSION*"])
