@@ -16,10 +16,13 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_ddtree.metrics import tokens_per_verify
 from pytest_ddtree.vocabulary import RecordKind, Status
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 
 XDIST_ERROR = (
@@ -267,3 +270,71 @@ def summary_lines(outcome: Mapping[str, Any]) -> list[str]:
     if outcome.get("predicted"):
         lines.append("rows marked predicted are the model's estimates with a 95% interval: never gated, never baselines")
     return lines
+
+
+ItemT = TypeVar("ItemT")
+
+
+@dataclass(frozen=True)
+class SweepRun(Generic[ItemT]):
+    """What the sweep runs, and how: the tests of no config, each config's tests, and pytest's
+    loop body (``run(items, next_item)``) and deselection, which the plugin hands in."""
+
+    plain: list[ItemT]
+    by_config: Mapping[str, list[ItemT]]
+    run: Callable[[list[ItemT], ItemT | None], None]
+    deselect: Callable[[list[ItemT]], None]
+
+
+def run_sweep(ddtree: DDTreeSession, items: SweepRun[ItemT]) -> None:
+    """Run the configs one at a time, each chosen by the advisor from the ones measured before.
+
+    The tests of no config run first; the configs never chosen are deselected, and their
+    throughput cells are predicted. The sweep's outcome is recorded (``adaptive-sweep``).
+    """
+    from pytest_ddtree.configs import select_workloads
+    from pytest_ddtree.load import workload_dict
+
+    settings, limit = ddtree.settings, ddtree.settings.max_restarts
+    assert limit is not None
+    max_context = ddtree.profile.max_context
+    workloads = [w for w in select_workloads(settings.workloads, ddtree.matrix) if max_context is None or w.context_tokens <= max_context]
+    sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in items.by_config], workloads, limit,
+                          default=ddtree.selection.build.default.name, priors=settings.priors, progress=ddtree.progress)
+
+    def first_untried() -> ItemT | None:
+        return next((tests[0] for name, tests in items.by_config.items() if name not in sweep.tried), None)
+
+    items.run(items.plain, first_untried())
+    error = _measure_chosen(ddtree, sweep, items, first_untried, limit)
+    skipped = [item for name, tests in items.by_config.items() if name not in sweep.tried for item in tests]
+    if skipped:
+        ddtree.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
+                        f"cells are predicted instead): {', '.join(sweep.not_measured())}")
+        items.deselect(skipped)
+    outcome = sweep.outcome(ddtree.manager.config_launches, {w.name: workload_dict(w) for w in workloads})
+    if error is not None:
+        outcome["error"] = error
+    ddtree.recorder.record(RecordKind.ADAPTIVE_SWEEP, None, outcome)
+
+
+def _measure_chosen(ddtree: DDTreeSession, sweep: AdaptiveSweep, items: SweepRun[ItemT],
+                    first_untried: Callable[[], ItemT | None], limit: int) -> str | None:
+    """Measure the advisor's choices until it has none (or the restarts are spent); why it
+    stopped early, if it failed."""
+    last = None
+    while True:
+        try:  # the advisor's fit may fail (a degenerate prior, say): that ends the sweep, results stay
+            if last is not None:
+                got = sweep.record_config(last, ddtree.recorder.records, ddtree.recorder.hardware_profile)
+                ddtree.progress(f"adaptive sweep: {last} measured {got} cell(s)")
+            name = sweep.next_config()
+        except Exception as exc:  # noqa: BLE001 - said in the summary, not an internal error
+            error = f"adaptive sweep stopped: the advisor failed: {type(exc).__name__}: {exc}"
+            ddtree.progress(error)
+            return error
+        if name is None:
+            return None
+        ddtree.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {limit})")
+        items.run(list(items.by_config[name]), first_untried())
+        last = name

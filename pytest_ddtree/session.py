@@ -60,6 +60,21 @@ class DDTreeSession:
         self.failed_tests: list[dict[str, str]] = []
         # The controller's report.html while the session runs (htmlreport.live), or None.
         self.live_report: LivePage | None = None
+        self.started = False
+
+    def start(self) -> None:
+        """The explicit start of a process that runs ddtree tests (the plugin calls it when its
+        collection holds one): claim the results folder for this session, and turn SIGTERM and
+        SIGHUP (a cancelled CI job, which skips atexit) into an orderly stop that kills the
+        engines this process starts. A run of unrelated tests never starts, so writes nothing."""
+        if self.started:
+            return
+        from pytest_ddtree.service.process import install_signal_handlers
+        from pytest_ddtree.sessionfiles import claim_results_dir
+
+        claim_results_dir(self.settings.results, self.settings.session_id)
+        install_signal_handlers()
+        self.started = True
 
     @property
     def is_controller(self) -> bool:
@@ -89,12 +104,26 @@ class DDTreeSession:
         return list(self.selection.configs)
 
     @functools.cached_property
-    def recorder(self) -> SessionRecorder:
-        """Created on the first record: that is when the session claims its results folder."""
-        from pytest_ddtree.results import SessionRecorder
-        from pytest_ddtree.sessionfiles import claim_results_dir
+    def setup_problem(self) -> str | None:
+        """Why the profile, the matrix, the selected configs or workloads cannot be used (the
+        usage error's message), or None: the one place their errors are caught."""
+        from pytest_ddtree.configs import ConfigError, select_workloads
+        from pytest_ddtree.service.profile import ProfileError
 
-        claim_results_dir(self.settings.results, self.settings.session_id)
+        try:
+            self.profile.check_selection(self.selected_configs)  # before any restart
+            select_workloads(self.settings.workloads, self.matrix)
+        except (ConfigError, ProfileError) as exc:
+            return str(exc)
+        return None
+
+    @functools.cached_property
+    def recorder(self) -> SessionRecorder:
+        """This process's recorder, in the folder :meth:`start` claimed."""
+        from pytest_ddtree.results import SessionRecorder
+
+        if not self.started:
+            raise RuntimeError("the ddtree session records only after its start (DDTreeSession.start)")
         return SessionRecorder(self.settings.results, self.worker_id or "main", self.settings.session_id)
 
     @functools.cached_property
@@ -126,10 +155,6 @@ class DDTreeSession:
         if self._manager is None:
             from pytest_ddtree.service.manager import ServiceManager
             from pytest_ddtree.service.pool import instance_for_worker, worker_index
-            from pytest_ddtree.service.process import install_signal_handlers
-
-            # SIGTERM/SIGHUP (a cancelled CI job) skip atexit: kill the engines we start first.
-            install_signal_handlers()
 
             profile = self.profile
             # A slurm profile has no pool: each worker submits its own jobs (pytest -n N: N jobs at once).
