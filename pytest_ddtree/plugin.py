@@ -65,6 +65,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """The ``pytest_ddtree_*`` hooks a project implements (hookspec.py)."""
+    from pytest_ddtree import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """With ``-n`` and no explicit ``--dist``, schedule by config (see scheduling.py)."""
@@ -139,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
     config.stash[SESSION_KEY] = session
+    session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_adaptive(session, config)

@@ -20,6 +20,7 @@ from pytest_ddtree.vocabulary import HostEnvData, RecordKind
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.fingerprint import HardwareProfile
     from pytest_ddtree.results import BaselineUpdate, SessionRecorder
     from pytest_ddtree.selection import Selection
     from pytest_ddtree.service.manager import ServiceManager
@@ -61,6 +62,8 @@ class DDTreeSession:
         # The controller's report.html while the session runs (htmlreport.live), or None.
         self.live_report: LivePage | None = None
         self.started = False
+        # The project's name for the hardware (the pytest_ddtree_hardware_profile hook), or None.
+        self.name_hardware: Callable[[HardwareProfile], str | None] | None = None
 
     def start(self) -> None:
         """The explicit start of a process that runs ddtree tests (the plugin calls it when its
@@ -176,18 +179,20 @@ class DDTreeSession:
         """The baseline store for the hardware this session measures on (fixed at first use)."""
         if self._baselines is None:
             from pytest_ddtree.baselines import BaselineStore
-            from pytest_ddtree.fingerprint import hardware_profile
+            from pytest_ddtree.fingerprint import local_fingerprint, sanitize
 
+            taken = self._remote_fingerprint(server_info) or local_fingerprint(self.profile, server_info)
+            named = self.name_hardware(taken) if self.name_hardware is not None else None
             self._baselines = BaselineStore(
                 root=self.settings.baselines,
-                hardware_profile=self._remote_hardware_profile(server_info) or hardware_profile(self.profile, server_info),
+                hardware_profile=sanitize(named) if named else taken.name,
                 update_mode=self.settings.update_baselines,
                 create_hint=self.create_hint(),
             )
             self.recorder.hardware_profile = self._baselines.hardware_profile
         return self._baselines
 
-    def _remote_hardware_profile(self, server_info: dict[str, Any]) -> str | None:
+    def _remote_fingerprint(self, server_info: dict[str, Any]) -> HardwareProfile | None:
         """A fleet host's fingerprint: its GPUs come from nvidia-smi there, not NVML here (for a
         slurm profile, nvidia-smi on the node of the running job, as a step in its allocation).
 
@@ -201,7 +206,7 @@ class DDTreeSession:
             return None
         from pytest_ddtree.service.gpu import HostGpus
 
-        return fingerprint(server_info, None, HostGpus(runner).inventory()).name
+        return fingerprint(server_info, None, HostGpus(runner).inventory())
 
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""
