@@ -345,8 +345,9 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
         if slower and not control_moved and not g.control_failures:
             g.failed = True
             g.lines.append(
-                f"  REGRESSION: every speculative config is {_pct(g.uniform_shift)} slower against the "
-                "non-speculative control, which held: the speculative path slowed down as a whole (a build, a "
+                f"  REGRESSION: every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
+                f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
+                "held: the speculative path slowed down as a whole (a build, a "
                 "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
     elif not moves:
         g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
