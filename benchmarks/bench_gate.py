@@ -291,7 +291,10 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             slowed = drop and (who == "all" or cfg == 0)
             drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
             verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
-            relaunched += gate.config_moves([_record(name, cell, v) for cell, v in verdicts.items()])
+            again = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
+                      "relaunch": 1 + sum(m.config == name for m in relaunched)} for cell, v in verdicts.items()]
+            relaunched += gate.config_moves(again)
+            records += again
             out["relaunches"] += 1
     findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     for f in findings:

@@ -160,8 +160,10 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     relaunched: list[gate.ConfigMove] = []
     while args.relaunch and (names := gate.relaunch_candidates(moves, relaunched)):
         again = session(args, rng, slow and not slow_all, baselines, slow_all, names=names, day=day)
-        relaunched += gate.config_moves([_record(name, cell, v) for name, c in again.items()
-                                         for cell, v in c.verdicts.items()])
+        new = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD, "relaunch": 1 + flagged.count(name)}
+               for name, c in again.items() for cell, v in c.verdicts.items()]
+        relaunched += gate.config_moves(new)
+        records += new
         flagged += names
     findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
     judged = control.judge(records, configs, require_baselines=True) if args.control else None

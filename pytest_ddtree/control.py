@@ -50,6 +50,9 @@ from pytest_ddtree.vocabulary import RecordKind
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
 
+#: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``; not imported: that module
+#: imports the load generator, this one stays light).
+RELAUNCH_RECORD = "throughput-relaunch"
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 CONTROL = "control"
 #: Record kinds: one per measured control cell, and one when no control could be measured.
@@ -221,14 +224,17 @@ def judge(records: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str, A
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in control:
         groups.setdefault(group_of(rec), []).append(rec)
+    relaunches = [dict(r) for r in records if r.get("kind") == RELAUNCH_RECORD and "cell" in r]
     for name, members in sorted(groups.items()):
         out.groups.append(_judge_group(name, members, [dict(c) for c in configs if group_of(c) == name],
-                                       require_baselines, update_mode))
+                                       require_baselines, update_mode,
+                                       [r for r in relaunches if group_of(r) == name]))
     return out
 
 
 def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[str, Any]],
-                 require_baselines: bool, update_mode: bool) -> GroupJudgement:
+                 require_baselines: bool, update_mode: bool,
+                 relaunches: Sequence[Mapping[str, Any]] = ()) -> GroupJudgement:
     cells = sorted({str(r.get("cell")) for r in control})
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
@@ -262,7 +268,11 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     for cfg in sorted({str(c.get("config")) for c in configs}):
         move = _move_of([c for c in configs if c.get("config") == cfg])
         if move is not None:
-            moves[cfg] = move
+            # a relaunched config: the mean of all its launches (its first one was the odd one out)
+            again = [m for m in gate.config_moves([r for r in relaunches if r.get("config") == cfg])
+                     if m.metric == _METRIC]
+            moves[cfg] = move if not again else _Move(
+                (move.shift + sum(m.shift for m in again)) / (1 + len(again)), move.se, move.blessed, move.floor)
     # how much one launch's common change moves between launches (the configs' blessed sessions,
     # each against the others of its session: many degrees of freedom); the control's relaunches
     # are taken to move as much; and how much the blessed days moved (their configs' median)
