@@ -50,9 +50,8 @@ from pytest_ddtree.vocabulary import RecordKind
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
 
-#: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``; not imported: that module
-#: imports the load generator, this one stays light).
-RELAUNCH_RECORD = "throughput-relaunch"
+#: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``).
+RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 CONTROL = "control"
 #: Record kinds: one per measured control cell, and one when no control could be measured.
