@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_ddtree.metrics import tokens_per_verify
+from pytest_ddtree.stats import is_number
 from pytest_ddtree.vocabulary import RecordKind, Status
 
 if TYPE_CHECKING:
@@ -89,7 +90,9 @@ def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -
 
 
 def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """Config points, cell points and measurements of throughput rows (records or results.json)."""
+    """Config points, cell points and measurements of throughput rows (records or results.json);
+    a throughput or acceptance that is not a finite number (NaN in an earlier session's file)
+    stays out of the fit (stats.is_number, the one number check)."""
     from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement
     from pytest_ddtree.configs import config_or_none
 
@@ -101,7 +104,7 @@ def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], di
         assert isinstance(metrics, Mapping)
         tok_s, workload = metrics.get("output_throughput"), row.get("workload") or {}
         parsed = config_or_none(str(row.get("config")))
-        if parsed is None or not isinstance(tok_s, (int, float)) or tok_s <= 0 or "concurrency" not in workload:
+        if parsed is None or not is_number(tok_s) or tok_s <= 0 or "concurrency" not in workload:
             continue
         configs[parsed.name] = ConfigPoint.of(parsed)
         cell = CellPoint(str(row.get("cell")), int(workload["concurrency"]), int(workload["context_tokens"]),
@@ -109,7 +112,7 @@ def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], di
         cells[cell.name] = cell
         accept = tokens_per_verify(metrics)
         out.append(Measurement(parsed.name, cell.name, float(tok_s),
-                               float(accept) if isinstance(accept, (int, float)) and accept > 0 else None))
+                               float(accept) if is_number(accept) and accept > 0 else None))
     return configs, cells, out
 
 

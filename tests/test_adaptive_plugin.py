@@ -173,3 +173,18 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
     assert sweep.planner.prior is not None and sweep.planner.prior.n_obs == 12
     assert any("ignored 2 prior cells measured on hardware profile h100-other" in line for line in lines), lines
     assert sweep.prior_note and "12 cells of 6 configs" in sweep.prior_note
+
+
+def test_a_nan_from_an_earlier_results_file_stays_out_of_the_fit() -> None:
+    """results.json written by another process may hold NaN (json reads it back as a float): the
+    prior's rows go through stats.is_number, so no NaN reaches the planner's fit."""
+    from pytest_ddtree.adaptive import _measurements
+
+    workload = {"concurrency": 8, "context_tokens": 512, "output_tokens": 128}
+    rows = json.loads(json.dumps([
+        {"config": "bs8_b8_k4", "cell": "c8", "workload": workload, "output_throughput": float("nan"), "accept_length": 4.0},
+        {"config": "bs8_b16_k4", "cell": "c8", "workload": workload, "output_throughput": 900.0, "accept_length": float("nan")},
+        {"config": "bs8_b32_k4", "cell": "c8", "workload": workload, "output_throughput": float("inf"), "accept_length": 4.0},
+    ]))
+    _configs, _cells, measured = _measurements(rows)
+    assert [(m.config, m.tok_s, m.accept_length) for m in measured] == [("bs8_b16_k4", 900.0, None)]

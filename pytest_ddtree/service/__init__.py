@@ -5,8 +5,9 @@ The plugin uses :class:`ServiceManager` (one per xdist worker) and catches
 an external service running another config).
 
 The names below are imported on first use (PEP 562), not here: the plugin is loaded into every
-pytest run of every project in its environment, and the manager pulls in ``requests`` and the
-controllers; a run that never starts a service must not pay for them.
+pytest run of every project in its environment, and the manager pulls in the controllers, the
+ssh transport, the HTTP layer and the proof of what a service serves; a run that never starts a
+service must not pay for them.
 """
 
 from __future__ import annotations

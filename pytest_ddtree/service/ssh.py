@@ -135,7 +135,16 @@ def output_tail(text: str, lines: int = 5) -> str:
     return " | ".join(kept[-lines:]) or "<no output>"
 
 
-_WRITE_SCRIPT = 'set -e; mkdir -p "$(dirname "$1")"; cat > "$1.ddtree-tmp"; mv -f "$1.ddtree-tmp" "$1"'
+#: As pytest_ddtree.atomicfile does it here: a temp file of a unique name in the target's folder
+#: (same file system: the rename is atomic; two writers never share it), its mode as a plain
+#: write would give, fsynced (``sync FILE``; a plain ``sync`` where that is not understood),
+#: renamed over the target, then the folder synced; the temp file is removed if anything fails.
+_WRITE_SCRIPT = (
+    'set -e; dir=$(dirname "$1"); mkdir -p "$dir"; '
+    'tmp=$(mktemp "$dir/.$(basename "$1").ddtree-XXXXXX"); trap \'rm -f "$tmp"\' EXIT; '
+    'cat > "$tmp"; chmod "$(printf %o $((0666 & ~$(umask))))" "$tmp"; '
+    'sync "$tmp" 2>/dev/null || sync; mv -f "$tmp" "$1"; trap - EXIT; sync "$dir" 2>/dev/null || true'
+)
 _REMOVE_SCRIPT = 'rm -f "$1"; rmdir "$(dirname "$1")" 2>/dev/null || true'
 _READ_SCRIPT = 'test -e "$1" || exit 66; cat "$1"'
 _MISSING_EXIT = 66
