@@ -27,7 +27,6 @@ waiting for a worker that will never come.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xdist.scheduler import LoadScopeScheduling
@@ -41,23 +40,35 @@ if TYPE_CHECKING:
 class Gateway(Protocol):
     """The part of execnet's ``Gateway`` the plugin reads: the worker's id (``gw0``)."""
 
-    id: str
+    @property
+    def id(self) -> str: ...
 
 
-class WorkerNode(Protocol):
-    """What the plugin and this scheduler use of xdist's ``WorkerController`` (xdist.workermanage),
-    the ``node`` of xdist's hooks (xdist/newhooks.py). xdist ships no type information, so this
-    Protocol is the type checker's view of it; ``workeroutput`` exists only once the worker has
-    finished, so it is read with ``getattr``."""
+class SchedulerNode(Protocol):
+    """What this scheduler uses of a worker, xdist's ``WorkerController`` (xdist.workermanage):
+    xdist ships no type information, so this Protocol is the type checker's view of it."""
 
-    config: pytest.Config
-    gateway: Gateway
-    workerinput: dict[str, Any]
-    shutting_down: bool
+    @property
+    def gateway(self) -> Gateway: ...
 
-    def send_steal(self, indices: Sequence[int]) -> None: ...
+    @property
+    def shutting_down(self) -> bool: ...
+
+    def send_steal(self, indices: list[int]) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+class WorkerNode(SchedulerNode, Protocol):
+    """The ``node`` of xdist's hooks (xdist/newhooks.py) as the plugin uses it: the scheduler's
+    view plus the worker's config and input; ``workeroutput`` exists only once the worker has
+    finished, so it is read with ``getattr``."""
+
+    @property
+    def config(self) -> pytest.Config: ...
+
+    @property
+    def workerinput(self) -> dict[str, Any]: ...
 
 
 class SchedulerLog(Protocol):
@@ -83,20 +94,20 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self.hold_idle_workers = 0 < self.numnodes <= instances
         """Each worker owns its host (``instances``: the pool's ssh hosts, 0 for local
         services): an idle worker may wait for work given back."""
-        self.dead: dict[WorkerNode, str] = {}
+        self.dead: dict[SchedulerNode, str] = {}
         """Workers whose host stopped answering -> that host."""
-        self._steals_in_flight: dict[WorkerNode, list[str]] = {}
+        self._steals_in_flight: dict[SchedulerNode, list[str]] = {}
         """Workers -> the configs asked back from them, in the order xdist answers."""
         self._progress = progress
 
     def _split_scope(self, nodeid: str) -> str:
         return config_scope(nodeid)
 
-    def _takers(self) -> list[WorkerNode]:
+    def _takers(self) -> list[SchedulerNode]:
         """Workers that can still take configs: host alive, not shutting down."""
         return [node for node in self.nodes if node not in self.dead and not node.shutting_down]
 
-    def mark_dead(self, node: WorkerNode, nodeid: str, host: str) -> None:
+    def mark_dead(self, node: SchedulerNode, nodeid: str, host: str) -> None:
         """``node``'s host is unreachable (seen while running ``nodeid``): feed it no more configs.
 
         The config of ``nodeid`` stays with it (its remaining tests fail fast with the cached
@@ -122,7 +133,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self._say(f"host {host} does not answer: worker {node.gateway.id} takes no more configs{moved}")
         node.shutdown()
 
-    def remove_pending_tests_from_node(self, node: WorkerNode, indices: list[int]) -> None:
+    def remove_pending_tests_from_node(self, node: SchedulerNode, indices: list[int]) -> None:
         """The answer to a steal: these tests left ``node``'s queue; queue them for the others.
 
         An empty answer means the worker had already begun the config (xdist steals all or
@@ -152,7 +163,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         for other in self.nodes:
             self._reschedule(other)
 
-    def remove_node(self, node: WorkerNode) -> str | None:
+    def remove_node(self, node: SchedulerNode) -> str | None:
         """A worker went away (finished or crashed); a steal it never answered is moot (xdist puts
         a crashed worker's unfinished tests back in the queue itself)."""
         self._steals_in_flight.pop(node, None)
@@ -165,7 +176,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
             return False  # tests on their way back must still be run
         return bool(super().tests_finished)
 
-    def _reschedule(self, node: WorkerNode) -> None:
+    def _reschedule(self, node: SchedulerNode) -> None:
         if node.shutting_down:
             return
         if node in self.dead and self._takers():

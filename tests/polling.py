@@ -13,8 +13,9 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """The first truthy value of ``condition()``; AssertionError naming ``what`` after ``timeout`` s."""
+def wait_until(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
+    """The first truthy value of ``condition()``; AssertionError naming ``what`` after ``timeout`` s.
+    (A condition that answers None until it holds gives its value without the None.)"""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

@@ -19,7 +19,7 @@ import yaml
 
 from pytest_ddtree.configs import load_matrix, select_configs
 from pytest_ddtree.service.manager import REFERENCE_LABEL
-from suite_helpers import MATRIX, REFERENCE_PROFILE, run_suite
+from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, run_suite
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -99,7 +99,7 @@ def _check_sweep(result: pytest.RunResult, results: Path, limit: int, cells: int
     restarts = len(launches)
     assert restarts == int(printed.group(1)) and 3 <= restarts <= limit, (restarts, printed.group(0))
     assert int(printed.group(2)) == 18
-    payload = json.loads((results / "results.json").read_text())
+    payload: dict[str, Any] = json.loads((results / "results.json").read_text())
     sweep = payload["adaptive_sweep"]
     assert sweep["restarts"] == restarts == len(sweep["measured"])
     assert sorted(sweep["measured"]) == sorted({r["config"] for r in launches})

@@ -8,17 +8,14 @@ the picks must still be near the best because they are measured. A file of its o
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
 from pytest_ddtree.configs import load_matrix, select_configs
-from suite_helpers import run_suite
-from test_adaptive_plugin import _check_sweep, _matrix
-from test_upstream_standin import FAKES, standin_profile
-
-sys.path.insert(0, str(FAKES))
-from standin_server import odd_tok_s  # noqa: E402  (the stand-in's own surface: the truth)
+from tests.fakes.standin_server import odd_tok_s  # the stand-in's own surface: the truth
+from tests.suite_helpers import run_suite
+from tests.test_adaptive_plugin import _check_sweep, _matrix
+from tests.test_upstream_standin import standin_profile
 
 # the picks are judged on measured tok/s: take turns with other test runs on this machine
 pytestmark = pytest.mark.usefixtures("measurement_turn")

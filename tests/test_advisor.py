@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 
 import pytest
 
 pytest.importorskip("scipy")
 
-from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement, Planner, fit  # noqa: E402
+from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement, Planner, Prediction, fit  # noqa: E402
 
 CONFIGS = [ConfigPoint(f"bs8_b{b}_k{k}", 8, b, k) for b in (4, 8, 12, 16) for k in (4, 6)] + [
     ConfigPoint("bs8_b8_k4_wnone", 8, 8, 4),
@@ -98,7 +99,10 @@ def test_a_prior_fit_narrows_the_intervals_of_a_short_session() -> None:
     few = [Measurement(n, w.name, truth(names[n], w)) for n in ("bs8_b4_k4", "bs8_b16_k4") for w in CELLS]
     alone = fit(names, cells, few).predict([names["bs8_b12_k6"]], CELLS)
     helped = fit(names, cells, few, prior=prior).predict([names["bs8_b12_k6"]], CELLS)
-    width = lambda ps: sum(p.high / p.low for p in ps.values())  # noqa: E731
+
+    def width(ps: Mapping[tuple[str, str], Prediction]) -> float:
+        return sum(p.high / p.low for p in ps.values())
+
     assert width(helped) < width(alone)
 
 

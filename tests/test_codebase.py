@@ -257,12 +257,12 @@ def _key_of(node: ast.expr) -> tuple[str, bool] | None:
     return None
 
 
-def _strings(node: ast.expr | None) -> list[ast.Constant]:
-    """String constants of ``node`` itself or of a tuple, list or set literal."""
+def _strings(node: ast.expr | None) -> list[tuple[ast.Constant, str]]:
+    """String constants (with their value) of ``node`` itself or of a tuple, list or set literal."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node]
+        return [(node, node.value)]
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [e for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        return [(e, e.value) for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     return []
 
 
@@ -272,11 +272,11 @@ def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) 
     found: list[tuple[int, int, str, str]] = []
 
     def check(key: str, from_record: bool, value: ast.expr | None) -> None:
-        for const in _strings(value):
-            if key in _KIND_KEYS and (from_record or const.value in kinds or const.value.startswith("throughput-")):
-                found.append((const.lineno, const.col_offset, const.value, "record kind"))
-            elif key in _STATUS_KEYS and const.value in statuses:
-                found.append((const.lineno, const.col_offset, const.value, "status word"))
+        for const, word in _strings(value):
+            if key in _KIND_KEYS and (from_record or word in kinds or word.startswith("throughput-")):
+                found.append((const.lineno, const.col_offset, word, "record kind"))
+            elif key in _STATUS_KEYS and word in statuses:
+                found.append((const.lineno, const.col_offset, word, "status word"))
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):

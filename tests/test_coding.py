@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_ddtree import coding, sandbox
-from pytest_ddtree.coding import ProblemError, ProblemResult, Verdict, extract_code
+from pytest_ddtree.coding import ProblemError, ProblemResult, extract_code
+from pytest_ddtree.sandbox import Verdict
 
 # --------------------------------------------------------------------------- extraction
 
@@ -262,11 +265,13 @@ class FakeChat:
 
     def __init__(self, answers: dict[str, str]) -> None:
         self.answers = answers
-        self.calls: list[dict[str, object]] = []
+        self.calls: list[dict[str, Any]] = []
 
-    def chat(self, messages: object, max_tokens: int = 1024, temperature: float = 0.0, **extra: object) -> dict[str, object]:
+    def chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int = 1024, temperature: float = 0.0,
+             return_meta_info: bool = False, model: str = "default", timeout: float | None = None,
+             **extra: Any) -> dict[str, Any]:
         self.calls.append({"messages": messages, "max_tokens": max_tokens, "temperature": temperature})
-        user = messages[-1]["content"]  # type: ignore[index]
+        user = messages[-1]["content"]
         if user not in self.answers:
             raise ConnectionError("service down")
         return {"choices": [{"message": {"content": self.answers[user]}, "finish_reason": "stop"}], "usage": {"completion_tokens": 7}}
@@ -284,7 +289,7 @@ def test_solve_end_to_end_with_fake_client() -> None:
     client = FakeChat(answers)
     results = {r.id: r for r in coding.solve(client, problems, max_tokens=321)}
     assert all(c["max_tokens"] == 321 and c["temperature"] == 0.0 for c in client.calls)
-    assert client.calls[0]["messages"][0]["content"] == coding.SYSTEM_PROMPT  # type: ignore[index]
+    assert client.calls[0]["messages"][0]["content"] == coding.SYSTEM_PROMPT
     assert results["slugify"].verdict is Verdict.PASSED and results["slugify"].completion_tokens == 7
     assert results["int_to_roman"].verdict is Verdict.ERROR  # prose run as code: SyntaxError
     assert results["merge_intervals"].verdict is Verdict.FAILED

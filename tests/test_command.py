@@ -160,7 +160,9 @@ def test_the_docs_fleet_and_kubectl_examples_are_valid_profiles(repo_root: Path)
         raw.update(config_args=CONFIG_ARGS, applied=APPLIED)
         profiles[name] = parse_profile(raw)
     fleet = profiles["k26-fleet"]
-    assert fleet.pool_size == 3 and fleet.for_instance(2).render_url(fleet.for_instance(2).port) == "http://10.0.0.3:30001"
+    third_port = fleet.for_instance(2).port
+    assert isinstance(third_port, int)
+    assert fleet.pool_size == 3 and fleet.for_instance(2).render_url(third_port) == "http://10.0.0.3:30001"
     assert fleet.for_instance(1).render_url(30000) == "http://gpu-node-2:30000"
     k8s = profiles["k26-k8s"]
     values = {"config_args": "--speculative-eagle-topk 4", "url": k8s.render_url(30000), "port": 30000, "name": "bs8_b8_k4"}

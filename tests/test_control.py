@@ -105,7 +105,7 @@ def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None
 
 
 def test_a_client_that_kept_too_few_requests_in_flight_is_inconclusive() -> None:
-    policy = gate.stats.RepeatPolicy()
+    policy = stats.RepeatPolicy()
     short = [{"max_concurrency": 32, "concurrency": 20.0, "ddtree_loaded_concurrency": 24.0}] * 3
     status, why = gate.measurement_status(policy, [870.0, 880.0, 875.0], False, short)
     assert status == stats.INCONCLUSIVE and "25% short" in why[0] and "of the configured 32" in why[0]
@@ -202,6 +202,6 @@ def test_a_cell_noisy_in_every_config_gets_its_own_noise_from_all_of_them() -> N
                 noise = 0.05 if cell == "c4" else 0.01
                 values = {"output_throughput": [100.0 * math.exp(rng.gauss(0, noise)) for _ in range(3)]}
                 section[cell] = gate.baseline_cell_entry(WORKLOAD, values, section.get(cell), session=f"s{s}")
-    noise = gate.cell_noise(sections)["output_throughput"]
-    assert 0.03 < noise["c4"] < 0.08 and 0.005 < noise["c1"] < 0.016
+    pooled = gate.cell_noise(sections)["output_throughput"]
+    assert 0.03 < pooled["c4"] < 0.08 and 0.005 < pooled["c1"] < 0.016
     assert gate.cell_noise(sections[:2]) == {}  # a cell blessed in fewer than 3 configs: its own estimate stands

@@ -93,6 +93,7 @@ def test_target_parsing_and_profile_errors() -> None:
                              "pool": ["ops@gpu-1", {"host": "ops@gpu-2:2222", "port": 31000, "unit": "b.service"}]})
     assert profile.pool_size == 2 and profile.host is None
     second = profile.for_instance(1)
+    assert isinstance(second.port, int)
     assert (second.host, second.port, second.unit, second.render_url(second.port)) == ("ops@gpu-2:2222", 31000, "b.service", "http://gpu-2:31000")
     assert profile.for_instance(0).fleet.ssh_options == ("-i", "~/.ssh/fleet")
     # {python} on a remote host is the profile's python: (else python3 there), never our own path.

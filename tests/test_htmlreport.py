@@ -12,6 +12,7 @@ import pytest
 from pytest_ddtree import gate, report
 from pytest_ddtree.htmlreport import LiveStatus, build_html, charts, load_payload, model, write_report
 from pytest_ddtree.htmlreport.live import LiveReport
+from pytest_ddtree.vocabulary import Status
 
 
 def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: str = "pass",
@@ -57,11 +58,11 @@ def _text(page: str) -> str:
 def test_gates_show_failures_with_their_messages_and_the_rest_passes() -> None:
     rows = model.gates(_payload(), planned=["bs8_b8_k4", "bs8_b4_k4", "bs16_b16_k4"])
     bad, good = rows["bs8_b4_k4"], rows["bs8_b8_k4"]
-    assert bad["throughput"].status == "fail" and "REGRESSION beyond the 5% tolerance" in bad["throughput"].messages[0]
-    assert bad["coding"].status == "fail" and "flipped to failing against the baseline: slugify" in bad["coding"].messages
+    assert bad["throughput"].status == Status.FAIL and "REGRESSION beyond the 5% tolerance" in bad["throughput"].messages[0]
+    assert bad["coding"].status == Status.FAIL and "flipped to failing against the baseline: slugify" in bad["coding"].messages
     assert any("REGRESSED: slugify" in m for m in bad["coding"].messages)  # the failed test's own reason too
-    assert bad["lossless"].status == "fail" and "p1: first divergence at token 7" in bad["lossless"].messages
-    assert bad["health"].status == "not measured"
+    assert bad["lossless"].status == Status.FAIL and "p1: first divergence at token 7" in bad["lossless"].messages
+    assert bad["health"].status == Status.NOT_MEASURED
     assert {g: r.status for g, r in good.items()} == {"health": "pass", "applied": "pass", "coding": "not measured",
                                                       "lossless": "not measured", "throughput": "pass"}
     assert {r.status for r in rows["bs16_b16_k4"].values()} == {"pending"}
@@ -171,7 +172,7 @@ def test_a_config_that_did_not_start_or_apply_fails_the_applied_gate() -> None:
     ]}
     rows = model.gates(payload, planned=["bs8_b8_k4", "bs8_b4_k4"])
     assert sorted(rows) == ["bs8_b4_k4", "bs8_b8_k4"]
-    assert rows["bs8_b8_k4"]["applied"].status == "fail" and rows["bs8_b8_k4"]["applied"].messages == ["failed: exited with status 1"]
+    assert rows["bs8_b8_k4"]["applied"].status == Status.FAIL and rows["bs8_b8_k4"]["applied"].messages == ["failed: exited with status 1"]
     applied = rows["bs8_b4_k4"]["applied"]
-    assert applied.status == "fail" and "speculative_eagle_topk expected 4, got 1" in applied.messages[0]
+    assert applied.status == Status.FAIL and "speculative_eagle_topk expected 4, got 1" in applied.messages[0]
     assert "lossless-reference" not in rows

@@ -29,6 +29,12 @@ def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
         res = load.run_cell(url, cell)
     assert res.valid, res.problems()
     m = res.metrics()
+
+    def number(key: str) -> float:
+        value = m[key]
+        assert value is not None, key  # a valid cell has every figure
+        return float(value)
+
     assert m["completed"] == 12 and m["ddtree_failed"] == 0
     assert m["total_output_tokens"] == 12 * 16
     assert m["total_input_tokens"] == 12 * 64
@@ -39,13 +45,14 @@ def test_cell_counts_tokens_from_meta_info_not_chunks() -> None:
     assert isinstance(m["completed"], int) and isinstance(m["total_output_tokens"], int)
     assert m["total_output_tokens_retokenized"] == m["total_output_tokens"] and m["total_input_vision_tokens"] == 0
     # bench_serving's peaks count per one-second bucket: a request is in every second it touches
-    assert 4 <= m["max_concurrent_requests"] <= 12 and 0 < float(m["max_output_tokens_per_s"] or 0) <= m["total_output_tokens"]
-    assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["duration"])
+    assert 4 <= number("max_concurrent_requests") <= 12 and 0 < float(m["max_output_tokens_per_s"] or 0) <= number("total_output_tokens")
+    assert m["output_throughput"] == pytest.approx(number("total_output_tokens") / number("duration"))
     assert m["max_concurrency"] == 4 and 2.5 < float(m["concurrency"] or 0) <= 4.01
     for dist in ("ttft", "tpot", "itl", "e2e_latency"):  # bench_serving's names, p95 included
         for stat in ("mean", "median", "std", "p90", "p95", "p99"):
-            assert isinstance(m[f"{stat}_{dist}_ms"], float) and m[f"{stat}_{dist}_ms"] >= 0, (stat, dist)
-    assert m["total_throughput"] == pytest.approx((m["total_input_tokens"] + m["total_output_tokens"]) / m["duration"])
+            value = m[f"{stat}_{dist}_ms"]
+            assert isinstance(value, float) and value >= 0, (stat, dist)
+    assert m["total_throughput"] == pytest.approx((number("total_input_tokens") + number("total_output_tokens")) / number("duration"))
     assert m["ddtree_server_input_tokens"] == m["total_input_tokens"]  # sent == counted by the server
     ours = {k for k in m if k.startswith("ddtree_")}
     assert ours >= {"ddtree_failed", "ddtree_spec_verify_ct", "ddtree_tokens_per_verify"}

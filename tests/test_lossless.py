@@ -14,7 +14,7 @@ from pytest_ddtree.lossless import Prompt, Transcript
 from tests.suite_helpers import reference_profile
 from tests.suite_helpers import run_suite as run_helper
 
-from refserver_helpers import config_args, start_many
+from tests.refserver_helpers import config_args, start_many
 
 
 def t(pid: str, text: str, ids: list[int] | None, error: str = "") -> Transcript:

@@ -18,8 +18,8 @@ import yaml
 from pytest_ddtree import load, prompts
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import ServiceHTTPError
-from refserver_helpers import RefServer
-from load_standin import StandInConfig, standin_server
+from tests.refserver_helpers import RefServer
+from tests.load_standin import StandInConfig, standin_server
 
 REPO = Path(__file__).resolve().parent.parent
 

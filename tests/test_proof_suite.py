@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ workloads:
 CONFIGS = "bs8_b12_k1_wnone,bs8_b12_k4_wnone,bs8_b12_k4_w4"
 
 
-def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> dict[str, object]:
+def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> dict[str, Any]:
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
     raw["command"] = raw["command"].replace("--clock-scale 10", f"--clock-scale 50 {engine_args}")
     raw["pool"] = 1
@@ -35,7 +36,7 @@ def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> d
         "-p", "no:cacheprovider", "-p", "no:randomly", timeout=240,
     )
     result.assert_outcomes(passed=3, warnings=3)
-    payload = json.loads((pytester.path / "results" / "results.json").read_text())
+    payload: dict[str, Any] = json.loads((pytester.path / "results" / "results.json").read_text())
     payload["stdout"] = result.stdout.str()
     payload["html"] = (pytester.path / "results" / "report.html").read_text()
     return payload
@@ -44,35 +45,35 @@ def run_sweep(pytester: pytest.Pytester, repo_root: Path, engine_args: str) -> d
 @pytest.mark.slow
 def test_ignored_topk_and_window_are_reported_as_without_effect(pytester: pytest.Pytester, repo_root: Path) -> None:
     payload = run_sweep(pytester, repo_root, "--fault unused-config=topk,unused-config=window")
-    found = {(f["field"], tuple(f["configs"])) for f in payload["no_effect"]}  # type: ignore[union-attr]
+    found = {(f["field"], tuple(f["configs"])) for f in payload["no_effect"]}
     assert found == {("topk", ("bs8_b12_k1_wnone", "bs8_b12_k4_wnone")), ("window", ("bs8_b12_k4_w4", "bs8_b12_k4_wnone"))}
-    assert "ddtree config fields without effect" in payload["stdout"]  # type: ignore[operator]
-    assert "topk shows no effect on this build: bs8_b12_k1_wnone and bs8_b12_k4_wnone" in payload["stdout"]  # type: ignore[operator]
-    assert "window shows no effect on this build" in payload["html"]  # type: ignore[operator]
-    applied = payload["applied"]["bs8_b12_k4_wnone"]  # type: ignore[index]
+    assert "ddtree config fields without effect" in payload["stdout"]
+    assert "topk shows no effect on this build: bs8_b12_k1_wnone and bs8_b12_k4_wnone" in payload["stdout"]
+    assert "window shows no effect on this build" in payload["html"]
+    applied = payload["applied"]["bs8_b12_k4_wnone"]
     assert applied["topk"]["status"] == "reported; shows no effect on this build"
     assert applied["window"]["status"] == "reported; shows no effect on this build"
-    assert "ddtree applied, by evidence" in payload["stdout"]  # type: ignore[operator]
+    assert "ddtree applied, by evidence" in payload["stdout"]
     # what behaviour did prove is in the applied column; topk and window are never "proven"
     # the ready launches of the configs (not a start that lost its port, not the non-speculative control)
-    launches = [r["launch"] for r in payload["records"]  # type: ignore[union-attr]
+    launches = [r["launch"] for r in payload["records"]
                 if r.get("kind") == "launch" and r["launch"].get("outcome") == "ready" and r["launch"]["config"] in CONFIGS]
     assert {launch["config"] for launch in launches} == set(CONFIGS.split(","))
     for launch in launches:
         fields = launch["applied_evidence"]["fields"]
         assert fields["budget"]["status"] == "proven by behaviour"
         assert fields["topk"]["status"] == fields["window"]["status"] == "reported"
-    assert "budget proven by behaviour" in payload["html"]  # type: ignore[operator]
+    assert "budget proven by behaviour" in payload["html"]
     # acceptance by depth, per config and cell, in results.json and in the report
-    cell = payload["throughput"][0]  # type: ignore[index]
+    cell = payload["throughput"][0]
     shares = cell["acceptance_by_depth"]
     assert 1 <= len(shares) <= 7 and all(0 < s <= 1 for s in shares) and shares == sorted(shares, reverse=True)
     assert sum(cell["accept_histogram"]) == cell["ddtree_spec_verify_ct"] * cell["repeats"]  # summed over the repeats
-    assert 'id="acceptance-by-depth"' in payload["html"]  # type: ignore[operator]
+    assert 'id="acceptance-by-depth"' in payload["html"]
 
 
 @pytest.mark.slow
 def test_a_working_topk_and_window_are_not_reported(pytester: pytest.Pytester, repo_root: Path) -> None:
     payload = run_sweep(pytester, repo_root, "")
     assert payload["no_effect"] == []
-    assert "fields without effect" not in payload["stdout"]  # type: ignore[operator]
+    assert "fields without effect" not in payload["stdout"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from refserver_helpers import REPO, RefServer
+from tests.refserver_helpers import REPO, RefServer
 from tests.polling import wait_until
 
 PAIR = ("Write a Python function that reverses a string.", "```python\ndef reverse_string(s):\n    return s[::-1]\n```")

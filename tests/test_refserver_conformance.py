@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from refserver_helpers import REPO, RefServer
+from tests.refserver_helpers import REPO, RefServer
 
 UPSTREAM = "sgl-project/sglang "
 HTTP_SERVER = UPSTREAM + "python/sglang/srt/entrypoints/http_server.py"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from refserver_helpers import RefServer, start_many
+from tests.refserver_helpers import RefServer, start_many
 
 FAST = ["--clock-scale", "200"]
 BODY = {"text": "def merge_sort(items):", "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}

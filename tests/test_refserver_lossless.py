@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree.refserver.model import Corpus
-from refserver_helpers import RefServer, config_args, start_many
+from tests.refserver_helpers import RefServer, config_args, start_many
 
 CONFIGS = [
     "bs8_b4_k4", "bs8_b8_k4", "bs8_b12_k4", "bs8_b16_k4", "bs8_b8_k6", "bs8_b16_k6", "bs8_b8_k1",

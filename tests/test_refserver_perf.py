@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from refserver_helpers import RefServer, config_args, start_many
+from tests.refserver_helpers import RefServer, config_args, start_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_refserver  # noqa: E402  (the benchmark's closed loop, not a copy of it)

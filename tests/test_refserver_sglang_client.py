@@ -35,7 +35,7 @@ import requests
 import tokenizers
 
 from pytest_ddtree.refserver.engine import ClockModel
-from refserver_helpers import RefServer
+from tests.refserver_helpers import RefServer
 from tests.polling import wait_until
 
 TEXTS = [
@@ -216,8 +216,9 @@ def test_profile_endpoints_answer_as_sglang_and_write_a_chrome_trace(srv: RefSer
     r = srv.post("/start_profile", json={"output_dir": str(tmp_path), "profile_id": "p2", "num_steps": "2"})
     assert r.status_code == 200
     generate(srv, [7, 8, 9], max_new_tokens=40)
-    trace = json.loads(gzip.decompress(wait_until(lambda: (tmp_path / "p2-TP-0.trace.json.gz").is_file()
-                                                  and (tmp_path / "p2-TP-0.trace.json.gz").read_bytes(), 30, "the trace")))
+    trace_file = tmp_path / "p2-TP-0.trace.json.gz"
+    trace = json.loads(gzip.decompress(wait_until(lambda: trace_file.read_bytes() if trace_file.is_file() else None, 30,
+                                                  "the trace")))
     assert len(trace["traceEvents"]) == 2 + 1  # target forward count = now + num_steps + 1
     assert srv.post("/stop_profile").status_code == 500  # it stopped by itself
     assert srv.post("/start_profile", json={"num_steps": "many"}).status_code == 400

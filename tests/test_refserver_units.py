@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pytest_ddtree.refserver.ddtree import build_tree, verify
+from pytest_ddtree.refserver.ddtree import Dist, DraftTree, build_tree, verify
 from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig, StepClock
 from pytest_ddtree.refserver.faults import FaultError, Faults
 from pytest_ddtree.refserver.model import MatchState, SuffixAutomaton, TargetModel, build_models
@@ -70,9 +70,9 @@ def test_automaton_counts_and_longest_match() -> None:
     assert target.greedy(0) == 1  # most frequent token
 
 
-def _brute_force_top(dists, budget, topk):  # type: ignore[no-untyped-def]
+def _brute_force_top(dists: list[Dist], budget: int, topk: int) -> set[tuple[int, ...]]:
     """All prefixes (rank tuples), scored by product probability, best ``budget``."""
-    scored = []
+    scored: list[tuple[float, tuple[int, ...]]] = []
     for depth in range(1, len(dists) + 1):
         for ranks in itertools.product(range(topk), repeat=depth):
             if any(r >= len(dists[d]) for d, r in enumerate(ranks)):
@@ -83,10 +83,10 @@ def _brute_force_top(dists, budget, topk):  # type: ignore[no-untyped-def]
     return {tuple(dists[d][r][0] for d, r in enumerate(ranks)) for _, ranks in scored[:budget]}
 
 
-def _paths(tree):  # type: ignore[no-untyped-def]
-    out = set()
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    out: set[tuple[int, ...]] = set()
     for i in range(1, len(tree.tokens)):
-        path = []
+        path: list[int] = []
         j = i
         while j > 0:
             path.append(tree.tokens[j])
@@ -99,7 +99,7 @@ def _paths(tree):  # type: ignore[no-untyped-def]
 def test_ddtree_holds_the_budget_most_probable_prefixes(seed: int) -> None:
     rng = random.Random(seed)
     depth, topk, budget = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 20)
-    dists = []
+    dists: list[Dist] = []
     for d in range(depth):
         ws = sorted((rng.random() + 1e-3 for _ in range(topk + 1)), reverse=True)
         z = sum(ws)

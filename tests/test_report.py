@@ -99,7 +99,7 @@ def test_plot_is_optional(tmp_path: Path) -> None:
 def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() -> None:
     from pytest_ddtree.report import gate_rows
 
-    records = [
+    records: list[dict[str, Any]] = [
         {"kind": "health", "config": "bs8_b8_k4"},
         {"kind": "coding", "config": "bs8_b8_k4", "passed": 4, "total": 5, "set": "default"},
         {"kind": "lossless", "config": "bs8_b8_k4", "passed": False, "compared": 30, "diverged": [{}, {}]},

@@ -50,7 +50,8 @@ def test_values_round_trip_deep_and_cyclic() -> None:
     back = decode(encode(value))
     assert back.keys() == value.keys() and back["big"] == 3**500 and math.isnan(back["a"][2])
     assert difference(value, back) is None
-    deep = functools.reduce(lambda acc, _: [acc], range(20_000), [7])
+    innermost: list[object] = [7]
+    deep = functools.reduce(lambda acc, _: [acc], range(20_000), innermost)
     assert difference(deep, decode(encode(deep))) is None
     cyclic: list[object] = [1]
     cyclic.append(cyclic)
@@ -112,7 +113,8 @@ def test_decode_refuses_shared_deep_hashed_and_colliding_values() -> None:
     for _ in range(5000):
         deep = [deep]
     assert difference(deep, decode(encode(deep))) is None
-    key = functools.reduce(lambda acc, _: (acc,), range(values.MAX_HASHED_DEPTH - 1), ())
+    empty: tuple[object, ...] = ()
+    key = functools.reduce(lambda acc, _: (acc,), range(values.MAX_HASHED_DEPTH - 1), empty)
     assert decode(encode({key: 1, -1: 2, -2: 3})) == {key: 1, -1: 2, -2: 3}
 
 

@@ -4,7 +4,8 @@ The end-to-end case with real sshd hosts is tests/test_fleet.py's host-down swee
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
+
 import pytest
 
 from pytest_ddtree.scheduling import ConfigScheduling
@@ -14,12 +15,17 @@ TESTS = ["test_a", "test_b", "test_c"]
 COLLECTION = [f"suites/test_x.py::{test}[{config}]" for config in CONFIGS for test in TESTS]
 
 
+@dataclass
+class Gateway:
+    id: str
+
+
 class WorkerChannel:
     """What the controller sends one worker: its run queue, steals (all or nothing, as xdist's
     worker does) and the shutdown."""
 
     def __init__(self, name: str) -> None:
-        self.gateway = SimpleNamespace(id=name)
+        self.gateway = Gateway(name)
         self.queue: list[int] = []
         self.ran: list[int] = []
         self.steals: list[list[int]] = []

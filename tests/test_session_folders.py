@@ -90,11 +90,12 @@ def test_choose_and_claim(tmp_path: Path) -> None:
 
 def test_collector_prefers_handover_and_reads_only_crashed_workers_journals(tmp_path: Path) -> None:
     from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.vocabulary import RecordKind
 
     claim_results_dir(tmp_path, "me")
     gw0, gw1 = SessionRecorder(tmp_path, "gw0", "me"), SessionRecorder(tmp_path, "gw1", "me")
-    gw0.record("probe", "c", {"value": 0})
-    gw1.record("probe", "c", {"value": 1})
+    gw0.record(RecordKind.HEALTH, "c", {"value": 0})
+    gw1.record(RecordKind.HEALTH, "c", {"value": 1})
     gw1.propose_baseline("c", "probe", {"value": 1})
     stranger = SessionRecorder(tmp_path, "gw2", "someone-else")  # a stray journal of another session
     stranger.propose_baseline("c", "probe", {"value": "theirs"})

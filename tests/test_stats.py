@@ -7,6 +7,7 @@ import math
 import pytest
 
 from pytest_ddtree import stats
+from pytest_ddtree.vocabulary import Status
 
 
 def test_percentile_matches_numpy_linear() -> None:
@@ -60,10 +61,10 @@ def test_mann_whitney_normal_approximation_large_samples() -> None:
 
 def test_summary_and_policy_status() -> None:
     policy = stats.RepeatPolicy(min_repeats=3, max_repeats=5, target_rel_ci=0.02, inconclusive_rel_ci=0.10)
-    assert policy.status([100.0, 100.5, 99.8]) == "valid"
-    assert policy.status([100.0, 150.0, 60.0]) == "inconclusive"
-    assert policy.status([100.0, 100.0, 100.0], invalid=True) == "invalid"
-    assert policy.status([]) == "invalid"
+    assert policy.status([100.0, 100.5, 99.8]) == Status.VALID
+    assert policy.status([100.0, 150.0, 60.0]) == Status.INCONCLUSIVE
+    assert policy.status([100.0, 100.0, 100.0], invalid=True) == Status.INVALID
+    assert policy.status([]) == Status.INVALID
     s = stats.summarize([100.0, 101.0, 99.0])
     assert s.median == 100.0 and s.mad == 1.0 and s.rel_half_width <= 0.01 + 1e-12
     with pytest.raises(ValueError):
@@ -185,5 +186,5 @@ def test_scaled_mad_is_robust_and_policy_spread_uses_it() -> None:
     assert stats.scaled_mad([100.0, 101.0, 99.0]) == pytest.approx(1.4826)
     assert stats.scaled_mad([100.0, 101.0, 40.0]) == pytest.approx(1.4826)  # one wild repeat
     policy = stats.RepeatPolicy(inconclusive_rel_ci=0.1)
-    assert policy.status([100.0, 101.0, 40.0]) == "valid"
-    assert policy.status([100.0, 130.0, 75.0]) == "inconclusive"
+    assert policy.status([100.0, 101.0, 40.0]) == Status.VALID
+    assert policy.status([100.0, 130.0, 75.0]) == Status.INCONCLUSIVE

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree import gate, load, stats, throughput
-from refserver_helpers import RefServer, config_args
+from tests.refserver_helpers import RefServer, config_args
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 

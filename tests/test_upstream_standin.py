@@ -10,18 +10,16 @@ and with speculation off, the cells must fail saying so.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from suite_helpers import MATRIX, run_suite
+from tests.fakes.standin_server import verify_steps  # the stand-in's own rule, for the expected ratio
+from tests.suite_helpers import MATRIX, run_suite
 
 FAKES = Path(__file__).parent / "fakes"
-sys.path.insert(0, str(FAKES))
-from standin_server import verify_steps  # noqa: E402  (the stand-in's own rule, for the expected ratio)
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 

@@ -67,7 +67,7 @@ def _lost_port_race(err: ServiceStartError) -> bool:
 
 
 class ClientFactory(Protocol):
-    def __call__(self, base_url: str, timeout: float) -> SGLangClient: ...
+    def __call__(self, base_url: str, timeout: float, /) -> SGLangClient: ...
 
 
 def _default_client(base_url: str, timeout: float) -> SGLangClient:
