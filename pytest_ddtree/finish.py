@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, BaselineStore
-from pytest_ddtree.configs import ConfigError
 from pytest_ddtree.results import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -292,7 +291,7 @@ def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list
         from pytest_ddtree.repro.plugin_bridge import package_from_session
 
         report = package_from_session(session, records, exitstatus)
-    except (ConfigError, ProfileError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a bad profile or matrix (ConfigError, ProfileError) among them
         outcome.fail(f"reproduction package not written: {exc}")
         return
     except Exception as exc:

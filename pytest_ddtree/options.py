@@ -107,7 +107,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("history_check", "with --ddtree-history: fail the session when its measurements start a regression change point "
            "of the history (needs the 'history' extra)", action="store_true"),
 )
-_OPTION = {option.name: option for option in OPTIONS}
+OPTION = {option.name: option for option in OPTIONS}
 
 
 def add_options(parser: _Parser) -> None:
@@ -194,7 +194,7 @@ class _Reader:
         self.config, self.root, self.cwd = config, root, cwd
 
     def read(self, name: str) -> tuple[Any, Path]:
-        option = _OPTION[name]
+        option = OPTION[name]
         value = self.config.getoption(option.dest)
         if value is not None and value is not False and value != []:
             return value, self.cwd

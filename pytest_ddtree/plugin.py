@@ -157,8 +157,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
-    names = ("ddtree_config", "ddtree_service", "ddtree_matrix", "ddtree_package", "ddtree_workload")
-    return any(config.getoption(name) for name in names)
+    return any(config.getoption(options.OPTION[name].dest) for name in ("config", "service", "matrix", "package", "workload"))
 
 
 def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:

@@ -258,3 +258,24 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
         assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
         subprocess.run(["systemctl", "stop", "engine.service"], check=False)
+
+
+def test_the_workers_exit_timeout_is_raised_for_this_session_only(pytester: pytest.Pytester) -> None:
+    """xdist's Ctrl-C grace (NodeManager.EXIT_TIMEOUT, 10 s) is raised on this session's node
+    manager to the profile's stop timeout plus a margin, never on the class for the whole process."""
+    from tests.suite_helpers import MATRIX
+
+    pytester.makeconftest(
+        "import json, pytest\n"
+        "@pytest.hookimpl(trylast=True)\n"
+        "def pytest_xdist_setupnodes(config, specs):\n"
+        "    from xdist.workermanage import NodeManager\n"
+        "    nodes = config.pluginmanager.get_plugin('dsession').nodemanager\n"
+        "    (config.rootpath / 'timeouts.json').write_text(json.dumps([nodes.EXIT_TIMEOUT, NodeManager.EXIT_TIMEOUT]))\n"
+    )
+    pytester.makepyfile(test_one="def test_one(ddtree_settings):\n    pass\n")
+    profile = reference_profile(pytester.path, stop_timeout_s=7)
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider", f"--ddtree-service={profile}",
+                                           f"--ddtree-matrix={MATRIX}", f"--ddtree-results={pytester.path / 'results'}")
+    result.assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "timeouts.json").read_text()) == [37.0, 10]
