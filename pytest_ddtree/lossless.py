@@ -46,6 +46,7 @@ import yaml
 
 from pytest_ddtree import coding
 from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.vocabulary import FloorData, LosslessOutcomeData
 
 __all__ = [
     "MAX_NEW_TOKENS",
@@ -302,11 +303,12 @@ class LosslessOutcome:
     missing: tuple[str, ...] = ()
     message: str = ""
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> LosslessOutcomeData:
         return {
             "passed": self.passed,
             "compared": self.compared,
-            "diverged": [asdict(d) for d in self.divergences],
+            "diverged": [{"prompt_id": d.prompt_id, "position": d.position, "unit": d.unit, "reference": d.reference,
+                          "got": d.got, "detail": d.detail} for d in self.divergences],
             "missing": list(self.missing),
         }
 
@@ -329,7 +331,7 @@ class Floor:
             return f"floor: 0/{self.compared} prompts differ between {runs}"
         return f"floor: {self.diverged}/{self.compared} prompts differ between {runs}, the earliest at token {self.earliest}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> FloorData:
         return {"compared": self.compared, "diverged": self.diverged, "earliest": self.earliest, "batch_sizes": list(self.batch_sizes)}
 
     @classmethod

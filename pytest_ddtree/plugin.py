@@ -455,7 +455,7 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     """
     from pytest_ddtree import lossless
     from pytest_ddtree.service.base import ServiceError
-    from pytest_ddtree.vocabulary import RecordKind
+    from pytest_ddtree.vocabulary import LosslessReferenceData, RecordKind
 
     settings = ddtree_session.settings
     try:
@@ -469,7 +469,8 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
             if recorder.hardware_profile is None:
                 recorder.hardware_profile = ddtree_session.baselines(service.server_info).hardware_profile
             recorder.propose_baseline("", lossless.GOLDEN_SECTION, reference.golden_payload(settings.session_id))
-        recorder.record(RecordKind.LOSSLESS_REFERENCE, None, {"command": reference.command, "floor": reference.floor.to_json()})
+        measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json()}
+        recorder.record(RecordKind.LOSSLESS_REFERENCE, None, measured)
         return reference
     pytest.fail(failure, pytrace=False)
 

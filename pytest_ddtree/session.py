@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.options import Settings
-from pytest_ddtree.vocabulary import HostEnvData, RecordKind
+from pytest_ddtree.vocabulary import HostEnvData, LaunchData, RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
@@ -255,4 +255,5 @@ class DDTreeSession:
             finally:
                 # The launches reach the controller's repro package through the records.
                 for launch in manager.launches:
-                    self.recorder.record(RecordKind.LAUNCH, launch.get("config"), {"launch": launch})
+                    data: LaunchData = {"launch": launch}
+                    self.recorder.record(RecordKind.LAUNCH, launch.get("config"), data)

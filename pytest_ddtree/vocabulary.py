@@ -16,7 +16,7 @@ the files are not trusted.
 from __future__ import annotations
 
 import enum
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 
 class Word(str, enum.Enum):
@@ -188,3 +188,55 @@ class HostEnvData(TypedDict, total=False):
     systemd_unit: str | None
     snapshot: dict[str, object]
     error: str
+
+
+class FloorData(TypedDict):
+    """How far a non-speculative launch disagrees with itself (``lossless.Floor.to_json``)."""
+
+    compared: int
+    diverged: int
+    earliest: int | None
+    batch_sizes: list[int]
+
+
+class DivergenceData(TypedDict):
+    """Where one prompt's output first left the reference's (``lossless.Divergence``)."""
+
+    prompt_id: str
+    position: int
+    unit: str
+    reference: str
+    got: str
+    detail: str
+
+
+class LosslessOutcomeData(TypedDict):
+    """The lossless gate's verdict (``lossless.LosslessOutcome.to_record``)."""
+
+    passed: bool
+    compared: int
+    diverged: list[DivergenceData]
+    missing: list[str]
+
+
+class LosslessData(LosslessOutcomeData):
+    """``RecordKind.LOSSLESS``: a config against the non-speculative reference (suites/test_lossless.py)."""
+
+    reference: str
+    floor: FloorData
+    exact: str | None  # why this service must be token-exact (lossless.exact_reason), or None
+    max_new_tokens: int
+
+
+class LosslessReferenceData(TypedDict):
+    """``RecordKind.LOSSLESS_REFERENCE``: the reference launch's command and its own floor."""
+
+    command: str
+    floor: FloorData
+
+
+class LaunchData(TypedDict):
+    """``RecordKind.LAUNCH``: one launch of the service as the manager recorded it (its command,
+    outcome, timings and applied evidence: ``service.manager``'s launch record)."""
+
+    launch: dict[str, Any]

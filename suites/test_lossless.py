@@ -19,7 +19,7 @@ import pytest
 
 from pytest_ddtree import lossless
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.vocabulary import LosslessData, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
@@ -63,9 +63,10 @@ def test_lossless_gate(
             pytest.skip(message)
 
     outcome = lossless.judge(reference, got, exact, lossless.deterministic_hint(ddtree_service.server_info))
-    ddtree_recorder.record(RecordKind.LOSSLESS, ddtree_config.name, {
+    record: LosslessData = {
         "reference": reference.source, "floor": reference.floor.to_json(), "exact": exact,
         "max_new_tokens": lossless.MAX_NEW_TOKENS, **outcome.to_record(),
-    })
+    }
+    ddtree_recorder.record(RecordKind.LOSSLESS, ddtree_config.name, record)
     request.node.add_report_section("call", "ddtree lossless", outcome.message)
     assert outcome.passed, outcome.message
