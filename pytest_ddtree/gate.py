@@ -825,6 +825,11 @@ def compare_cell(
 #: Below this median engine busy fraction (engines that report their simulated clock: the
 #: reference engine) the host, not the config, set the pace: the cell is inconclusive.
 MIN_ENGINE_BUSY_FRACTION = 0.85
+#: Below this share of its simulated clock kept while it had work (engines that report the wall time
+#: they had work: the reference engine), a repeat measured the host: a host that keeps up keeps
+#: 99-100% in every cell, and a c32 cell whose passes ran late on a loaded 2-core box kept 70-90%
+#: (5-25% fewer tok/s) with at most one overrun and an engine busy 86-90% of the measured time.
+MIN_ENGINE_CLOCK_SHARE = 0.95
 #: A client that kept fewer requests in flight than this share of the configured concurrency
 #: measured a lighter load than the cell names (a starved or overloaded load generator): the
 #: engine then looks busy and its own figures cannot tell; the cell is inconclusive.
@@ -867,12 +872,19 @@ def repeat_load_problem(metrics: Mapping[str, Any], min_busy_fraction: float = M
     ``metrics`` is the repeat's ``CellResult.metrics()`` with ``clock_overruns`` (the service's
     counter differenced over the repeat) where the service reports one. Spoiled: the service fell
     behind its own clock more than once, or its engine was busy less than ``min_busy_fraction`` of
-    the measured time, or the client kept fewer than ``MIN_CONCURRENCY_SHARE`` of the configured
-    requests in flight while requests were waiting to be sent. Such a repeat is retaken, not
-    counted (``stats.run_interleaved``)."""
+    the measured time or kept less than ``MIN_ENGINE_CLOCK_SHARE`` of its clock while it had work
+    (``ddtree_engine_clock_share``: passes that each ran a little late add up to a slower repeat
+    without a single overrun, and in a short repeat they hide under the busy-fraction floor, which
+    must leave room for the gaps a single client leaves), or the client kept fewer than
+    ``MIN_CONCURRENCY_SHARE`` of the configured requests in flight while requests were waiting to
+    be sent. Such a repeat is retaken, not counted (``stats.run_interleaved``)."""
     overruns = metrics.get("clock_overruns")
     if stats.is_number(overruns) and overruns > 1:
         return f"the service fell behind its own clock {overruns:g} times"
+    kept = metrics.get("ddtree_engine_clock_share")
+    if stats.is_number(kept) and kept < MIN_ENGINE_CLOCK_SHARE:
+        return (f"the engine kept only {kept:.0%} of its simulated clock while it had work (below "
+                f"{MIN_ENGINE_CLOCK_SHARE:.0%}): its passes ran late on this host")
     busy = metrics.get("ddtree_engine_busy_fraction")
     if stats.is_number(busy) and busy < min_busy_fraction:
         return f"the engine was busy only {busy:.0%} of the measured time (below {min_busy_fraction:.0%})"

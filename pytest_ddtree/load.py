@@ -138,6 +138,9 @@ class RequestResult:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     chunks: int = 0
+    #: meta_info.e2e_latency of the finished chunk: the service's own time from receiving the
+    #: request to finishing it (SGLang's tokenizer_manager.py), None when absent
+    server_e2e_s: float | None = None
 
     @property
     def e2e_s(self) -> float:
@@ -278,6 +281,9 @@ def stream_request(
                              f"{result.completion_tokens}")
         result.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
         result.spec_verify_ct = _int_or_none(meta.get("spec_verify_ct"))
+        served = meta.get("e2e_latency")
+        if stats.is_number(served) and served >= 0:
+            result.server_e2e_s = float(served)
         try:
             result.accept_histogram = proof.histogram_of(meta, result.spec_verify_ct)
         except proof.HistogramError as exc:
@@ -357,6 +363,28 @@ def loaded_concurrency(requests: Sequence[RequestResult]) -> float | None:
     return busy / (last - first)
 
 
+def served_concurrency(requests: Sequence[RequestResult], loaded: float | None) -> float | None:
+    """The requests the service itself held while requests were waiting to be sent: ``loaded``
+    (:func:`loaded_concurrency`, the client's count) times the share of the client's in-flight
+    time that the service had each request (sum of meta_info.e2e_latency over sum of the client's
+    end-to-end latencies).
+
+    A client starved of CPU (threads waiting for the interpreter, another process on the cores)
+    counts a request in flight from before it is sent until after it has read the last chunk; the
+    service holds it only in between, and runs smaller batches than the cell names, while the
+    client's own count, the engine's busy time and its clock all look fine. SGLang's meta_info
+    carries e2e_latency (tokenizer_manager.py: from receiving the request to its last output),
+    so the service's count needs nothing but its responses. None when ``loaded`` is None or a
+    response has no e2e_latency.
+    """
+    if loaded is None or not requests or any(r.server_e2e_s is None for r in requests):
+        return None
+    client = sum(r.e2e_s for r in requests)
+    if client <= 0:
+        return None
+    return loaded * min(1.0, sum(r.server_e2e_s or 0.0 for r in requests) / client)
+
+
 # --------------------------------------------------------------------------------------
 # A cell
 
@@ -434,7 +462,11 @@ class CellResult:
         ``ddtree_engine_busy_fraction``: that busy time / our measured duration. A fraction well
         below 1 means the engine could not keep its simulated clock (the host is overloaded,
         or the client could not keep up): the measurement says more about the machine than
-        about the configuration.
+        about the configuration. ``ddtree_engine_clock_share``: that busy time / the wall time the
+        engine had work (``work_wall_seconds``, where it reports it): the busy fraction without the
+        gaps in which the engine had nothing to run (a single client's turn-around, long prompts
+        travelling), so it is near 1 for every cell on a host that keeps up and below it exactly
+        when the engine's passes ran late, however little each.
         """
         b, a = self.server_state_before, self.server_state
         keys = ("simulated_busy_seconds", "total_output_tokens")
@@ -444,12 +476,17 @@ class CellResult:
         tokens = float(a["total_output_tokens"]) - float(b["total_output_tokens"])
         if busy <= 0 or self.duration_s <= 0:
             return None
-        return {
+        out = {
             "ddtree_engine_busy_seconds": busy,
             "ddtree_engine_output_tokens": tokens,
             "ddtree_exact_output_throughput": tokens / busy,
             "ddtree_engine_busy_fraction": busy / self.duration_s,
         }
+        if stats.is_number(b.get("work_wall_seconds")) and stats.is_number(a.get("work_wall_seconds")):
+            worked = float(a["work_wall_seconds"]) - float(b["work_wall_seconds"])
+            if worked > 0:
+                out["ddtree_engine_clock_share"] = busy / worked
+        return out
 
     def metrics(self) -> dict[str, float | int | None]:
         """Aggregates under SGLang bench_serving's key names (times in ms); ours start ``ddtree_``.
@@ -502,6 +539,7 @@ class CellResult:
         out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
         out["ddtree_loaded_concurrency"] = loaded_concurrency(ok)
+        out["ddtree_served_concurrency"] = served_concurrency(ok, out["ddtree_loaded_concurrency"])
         out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)

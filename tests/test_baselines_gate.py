@@ -240,6 +240,10 @@ def test_one_repeat_that_measured_the_machine_is_named_with_its_reason() -> None
     assert gate.repeat_load_problem({**clean, "clock_overruns": 1}) is None  # one late pass is not a stall
     assert "fell behind its own clock 6 times" in (gate.repeat_load_problem({**clean, "clock_overruns": 6}) or "")
     assert "busy only 62%" in (gate.repeat_load_problem({**clean, "ddtree_engine_busy_fraction": 0.62}) or "")
+    # passes that ran a little late, no overrun, busy above its floor: the clock share says it
+    late = {**clean, "clock_overruns": 1, "ddtree_engine_busy_fraction": 0.86, "ddtree_engine_clock_share": 0.87}
+    assert "kept only 87% of its simulated clock while it had work" in (gate.repeat_load_problem(late) or "")
+    assert gate.repeat_load_problem({**clean, "ddtree_engine_clock_share": 0.996}) is None
     assert "only 6.0 of 8 requests in flight" in (gate.repeat_load_problem({**clean, "ddtree_loaded_concurrency": 6.0}) or "")
     # a service that reports none of it (an external SGLang): bench_serving's concurrency alone
     assert gate.repeat_load_problem({"max_concurrency": 8, "concurrency": 7.5}) is None

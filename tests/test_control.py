@@ -127,6 +127,27 @@ def test_loaded_concurrency_counts_requests_in_flight_until_the_last_one_is_sent
     assert load.loaded_concurrency([req(0, 1)]) is None
 
 
+def test_served_concurrency_is_what_the_service_held_of_the_clients_count() -> None:
+    def req(start: float, end: float, served: float | None) -> load.RequestResult:
+        return load.RequestResult(index=0, expected_prompt_tokens=8, expected_output_tokens=8, start=start, end=end,
+                                  server_e2e_s=served)
+
+    # a client that keeps two requests in flight; the service held each for all but its network time
+    healthy = [req(0, 1, 0.98), req(0, 1, 0.98), req(1, 2, 0.98), req(1, 2, 0.98), req(2, 3, 0.98)]
+    loaded = load.loaded_concurrency(healthy)
+    assert loaded is not None and abs((load.served_concurrency(healthy, loaded) or 0) - 0.98 * loaded) < 1e-9
+    # a starved client: same count on its side, but each request reached the service late and was read late
+    starved = [req(0, 1, 0.7), req(0, 1, 0.7), req(1, 2, 0.7), req(1, 2, 0.7), req(2, 3, 0.7)]
+    assert abs((load.served_concurrency(starved, loaded) or 0) - 0.7 * loaded) < 1e-9
+    # a service that does not report e2e_latency on every response: no figure
+    assert load.served_concurrency([*healthy[:4], req(2, 3, None)], loaded) is None
+    assert load.served_concurrency(healthy, None) is None
+    # recorded, not judged: the per-request cost of sending a long prompt lowers it as much (c8 with
+    # 4k-token prompts: 0.87-0.93 of 8 at the same tok/s) as a starved client does
+    assert gate.repeat_load_problem({"max_concurrency": 8, "ddtree_loaded_concurrency": 7.9,
+                                     "ddtree_served_concurrency": 7.0}) is None
+
+
 def test_a_bless_refuses_two_slow_repeats_of_three_that_the_robust_spread_misses() -> None:
     primary = [1330.0, 870.0, 870.0]
     assert stats.RepeatPolicy().status(primary) == stats.VALID  # the judged run's rule lets it through

@@ -65,7 +65,7 @@ def test_health_and_info_shapes(srv: RefServer) -> None:
     state = info["internal_states"][0]  # type: ignore[index]
     for key in ("exact_accept_length_since_flush", "total_output_tokens", "total_verify_steps",
                 "simulated_busy_seconds", "requests_completed", "memory_usage", "clock_overruns",
-                "clock_overrun_seconds", "engine_cpu_seconds"):
+                "clock_overrun_seconds", "work_wall_seconds", "engine_cpu_seconds"):
         assert key in state
     mi = srv.get("/model_info").json()
     assert mi == srv.get("/get_model_info").json()

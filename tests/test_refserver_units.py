@@ -229,6 +229,26 @@ def test_step_clock_caps_the_debt_and_counts_overruns() -> None:
     assert d3 == pytest.approx(d2 + 0.004) and c.overruns == 1
 
 
+def test_step_clock_counts_the_wall_time_it_had_work_so_lateness_under_the_cap_shows() -> None:
+    ft = FakeTime()
+    c = _clock(ft)
+    c.work_arrived()
+    for _ in range(8):  # a host that needs 6 ms for each 4 ms pass: 2 ms later each time, 16 ms in all
+        ft.t += 0.006
+        c.step_ended(c.wait_step_end(0.040))
+    assert c.overruns == 0 and c.overrun_seconds == 0  # under the 50 ms cap: no overrun says anything
+    assert c.work_wall_seconds() == pytest.approx(0.048)  # counted while the engine still has work
+    c.idle()  # the busy period ends with its debt unpaid
+    ft.t += 5.0  # idle: not work
+    c.work_arrived()
+    ft.t += 0.001
+    c.step_ended(c.wait_step_end(0.040))  # a pass that keeps its time
+    c.idle()
+    assert c.work_wall_seconds() == pytest.approx(0.048 + 0.004, abs=2e-4)  # (the fake sleep overshoots 0.1 ms)
+    # the harness's clock share, simulated busy / scale over the work time, shows the lost third
+    assert 9 * 0.040 / 10 / c.work_wall_seconds() == pytest.approx(0.036 / 0.052, rel=0.01)
+
+
 def test_step_clock_rejects_a_bad_scale() -> None:
     with pytest.raises(ValueError):
         StepClock(0.0)

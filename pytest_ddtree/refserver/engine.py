@@ -118,15 +118,33 @@ class StepClock:
         self.start: float | None = None  # wall time the next pass starts at; None while idle
         self.overruns = 0
         self.overrun_seconds = 0.0
+        self._work_since: float | None = None  # wall time the current busy period began
+        self._work_seconds = 0.0  # wall time of the busy periods that ended
+
+    def work_wall_seconds(self) -> float:
+        """Wall seconds during which the engine had work (requests waiting or running), so far.
+
+        Simulated busy seconds / scale over this is how well the clock was kept while there was
+        something to run: 1.0 on a host that keeps up, whatever the client's gaps between
+        requests; below it when passes ended late, including lateness too small to count as an
+        overrun (an engine that is always a few ms late never drops its debt, and the debt
+        left when a busy period ends is never counted at all)."""
+        ongoing = self.now() - self._work_since if self._work_since is not None else 0.0
+        return self._work_seconds + ongoing
 
     def idle(self) -> None:
         """No work left: the next busy period starts when work arrives."""
         self.start = None
+        if self._work_since is not None:
+            self._work_seconds += self.now() - self._work_since
+            self._work_since = None
 
     def work_arrived(self) -> None:
         """A request was submitted: an idle clock starts counting from now."""
         if self.start is None:
             self.start = self.now()
+        if self._work_since is None:
+            self._work_since = self.start
 
     def wait_step_end(self, sim_seconds: float) -> float:
         """Sleep until the deadline of a pass of ``sim_seconds`` simulated seconds; return it.
@@ -769,4 +787,5 @@ class Engine:
                 "cached_tokens_total": self.cached_tokens_total,
                 "clock_overruns": self.step_clock.overruns,
                 "clock_overrun_seconds": round(self.step_clock.overrun_seconds, 6),
+                "work_wall_seconds": round(self.step_clock.work_wall_seconds(), 6),
             }

@@ -193,8 +193,11 @@ class GenerationEndpoints(HandlerBase):
 
     def h_generate(self) -> None:
         """http_server.py ``generate_request``: {text | input_ids, sampling_params, stream}; a stream is
-        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there)."""
+        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there).
+        meta_info.e2e_latency counts from the request's receipt, before tokenization, as
+        tokenizer_manager.py's ``created_time`` (the request's ``received_time``) does."""
         body = self.read_json()
+        received = time.monotonic()
         eng = self._begin_generation()
         if eng is None:
             return
@@ -204,7 +207,7 @@ class GenerationEndpoints(HandlerBase):
         stream = bool_field(body, "stream")
         rid = body.get("rid")
         wanted = self._logprob_request(body, prompt)
-        req = Request(prompt, params, rid=str(rid) if isinstance(rid, str) else "")
+        req = Request(prompt, params, rid=str(rid) if isinstance(rid, str) else "", arrival=received)
         tracker: LogprobTracker | None = None
         if wanted is not None:
             req.logprob_start_len = wanted.start
