@@ -40,14 +40,16 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     run = campaign.runs[CELL.name]
     # every repeat recorded as it happened, the stalled ones marked with the service's own words
     assert [r["repeat"] for r in recorded] == list(range(len(run.samples)))
-    assert sorted(run.spoiled) == [1, 2], [r["spoiled"] for r in recorded]
-    assert [r["repeat"] for r in recorded if r["spoiled"]] == [1, 2]
-    assert all("busy only" in r["spoiled"] or "fell behind its own clock" in r["spoiled"] for r in recorded if r["spoiled"])
+    # (a loaded test machine may spoil more repeats than the two stalled ones: they are retaken too)
+    assert {1, 2} <= set(run.spoiled), [r["spoiled"] for r in recorded]
+    assert [r["repeat"] for r in recorded if r["spoiled"]] == sorted(run.spoiled)
+    for i in (1, 2):
+        assert any(words in run.spoiled[i] for words in ("busy only", "fell behind its own clock", "simulated clock"))
     # they would have decided the cell: far slower than every clean repeat
-    spoiled_tok_s = [run.samples[i].metrics()["output_throughput"] for i in run.spoiled]
-    assert all(isinstance(v, float) and v < 0.8 * min(run.primary) for v in spoiled_tok_s), (spoiled_tok_s, run.primary)
-    # two more repeats took their place: three clean ones count, within the extra-repeat budget
-    assert len(run.primary) == 3 and len(run.samples) == 5 and not run.short_of_clean
+    stalled_tok_s = [run.samples[i].metrics()["output_throughput"] for i in (1, 2)]
+    assert all(isinstance(v, float) and v < 0.8 * min(run.primary) for v in stalled_tok_s), (stalled_tok_s, run.primary)
+    # more repeats took their place: three clean ones count, within the extra-repeat budget
+    assert len(run.primary) == 3 and len(run.samples) == 3 + len(run.spoiled) and not run.short_of_clean
 
     ev = throughput.evaluate_cell("bs8_b8_k4", CELL, campaign, None, Path("none.yaml"), "refserver", update_mode=True)
     assert ev.status == stats.VALID and ev.status_reasons == []
@@ -55,8 +57,8 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
     entry = gate.baseline_cell_entry(ev.record["workload"], ev.samples)
     assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [gate._round(v) for v in run.primary]
-    assert [s["repeat"] for s in ev.record["spoiled_repeats"]] == [1, 2]
-    assert any("2 repeat(s) retaken, not counted" in n for n in ev.record["notes"])
+    assert [s["repeat"] for s in ev.record["spoiled_repeats"]] == sorted(run.spoiled)
+    assert any(f"{len(run.spoiled)} repeat(s) retaken, not counted" in n for n in ev.record["notes"])
 
 
 def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repeats_evidence(
