@@ -40,13 +40,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 from pytest_ddtree import coding
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.vocabulary import FloorData, LosslessOutcomeData
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 __all__ = [
     "MAX_NEW_TOKENS",
@@ -377,6 +380,34 @@ def measure_reference(client: GenerateClient, prompts: Sequence[Prompt], command
     positions = [d.position for p in prompts if (d := compare(single[p.id], batched[p.id])) is not None]
     floor = Floor(len(prompts), len(positions), min(positions) if positions else None, (1, len(prompts)))
     return Reference(single, floor, f"a launch with lossless_args, measured now: {command}", command)
+
+
+class ReferenceUnavailable(RuntimeError):
+    """The non-speculative reference could not be launched or measured (the message says why)."""
+
+
+def session_reference(session: DDTreeSession) -> Reference:
+    """The session's non-speculative reference: the profile's ``lossless_args`` launched in this
+    instance's slot, every prompt generated (:func:`measure_reference`), recorded; in golden
+    mode with ``--ddtree-update-baselines`` also proposed for ``golden/`` (the controller writes
+    it once per hardware profile)."""
+    from pytest_ddtree.service.base import ServiceError
+    from pytest_ddtree.vocabulary import LosslessReferenceData, RecordKind
+
+    settings = session.settings
+    try:
+        service = session.manager.ensure_reference()
+        reference = measure_reference(service.client, load_prompts(), service.launch_command or "")
+    except (ServiceError, LosslessError) as exc:
+        raise ReferenceUnavailable(f"the non-speculative reference (lossless_args) is not available: {exc}") from None
+    recorder = session.recorder
+    if settings.update_baselines and session.profile.lossless == "golden":
+        if recorder.hardware_profile is None:
+            recorder.hardware_profile = session.baselines(service.server_info).hardware_profile
+        recorder.propose_baseline("", GOLDEN_SECTION, reference.golden_payload(settings.session_id))
+    measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json()}
+    recorder.record(RecordKind.LOSSLESS_REFERENCE, None, measured)
+    return reference
 
 
 def load_golden_reference(golden_dir: Path, prompts: Sequence[Prompt], create_command: str, max_new_tokens: int = MAX_NEW_TOKENS) -> Reference:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -117,21 +117,43 @@ class _DeadHostWatcher:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
+    from pytest_ddtree.session import DDTreeSession
+
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
+    worker_id = worker_input.get("workerid") if worker_input else None
+    session = DDTreeSession(_settings(config, worker_input), worker_id=worker_id, progress=_progress(config, worker_id))
+    config.stash[SESSION_KEY] = session
+    session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
+    config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
+    if not _is_xdist_worker(config):
+        _validate_adaptive(session, config)
+        _validate_history(session)
+        _validate_early(session, config)
+        config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
+        config.pluginmanager.register(_DeadHostWatcher(config), "ddtree-dead-host-watcher")
+
+
+def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Settings:
+    """The resolved settings; the controller picks this session's own results folder, once, and
+    its workers write beside it."""
     try:
         settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY), session_id=worker_input.get(WORKER_SESSION_KEY))
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if WORKER_RESULTS_KEY in worker_input:  # workers write beside the controller's results
-        settings = dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
-    elif not _is_xdist_worker(config):  # the controller picks this session's own folder, once
-        from pytest_ddtree.sessionfiles import ResultsDirError, choose_results_dir
+    if WORKER_RESULTS_KEY in worker_input:
+        return dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
+    if _is_xdist_worker(config):
+        return settings
+    from pytest_ddtree.sessionfiles import ResultsDirError, choose_results_dir
 
-        try:
-            settings = dataclasses.replace(settings, results=choose_results_dir(settings.results, settings.session_id))
-        except ResultsDirError as exc:
-            raise pytest.UsageError(str(exc)) from None
-    worker_id = worker_input.get("workerid") if worker_input else None
+    try:
+        return dataclasses.replace(settings, results=choose_results_dir(settings.results, settings.session_id))
+    except ResultsDirError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _progress(config: pytest.Config, worker_id: str | None) -> Callable[[str], None]:
+    """Progress lines: the terminal reporter's on the controller, stderr on a worker."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
     def progress(message: str) -> None:
@@ -142,18 +164,7 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-    from pytest_ddtree.session import DDTreeSession
-
-    session = DDTreeSession(settings, worker_id=worker_id, progress=progress)
-    config.stash[SESSION_KEY] = session
-    session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
-    config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
-    if not _is_xdist_worker(config):
-        _validate_adaptive(session, config)
-        _validate_history(session)
-        _validate_early(session, config)
-        config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
-        config.pluginmanager.register(_DeadHostWatcher(config), "ddtree-dead-host-watcher")
+    return progress
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
@@ -454,24 +465,11 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     proposed for ``golden/``; the controller writes it once per hardware profile.
     """
     from pytest_ddtree import lossless
-    from pytest_ddtree.service.base import ServiceError
-    from pytest_ddtree.vocabulary import LosslessReferenceData, RecordKind
 
-    settings = ddtree_session.settings
     try:
-        service = ddtree_session.manager.ensure_reference()
-        reference = lossless.measure_reference(service.client, lossless.load_prompts(), service.launch_command or "")
-    except (ServiceError, lossless.LosslessError) as exc:
-        failure = f"the non-speculative reference (lossless_args) is not available: {exc}"
-    else:
-        recorder = ddtree_session.recorder
-        if settings.update_baselines and ddtree_session.profile.lossless == "golden":
-            if recorder.hardware_profile is None:
-                recorder.hardware_profile = ddtree_session.baselines(service.server_info).hardware_profile
-            recorder.propose_baseline("", lossless.GOLDEN_SECTION, reference.golden_payload(settings.session_id))
-        measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json()}
-        recorder.record(RecordKind.LOSSLESS_REFERENCE, None, measured)
-        return reference
+        return lossless.session_reference(ddtree_session)
+    except lossless.ReferenceUnavailable as exc:
+        failure = str(exc)
     pytest.fail(failure, pytrace=False)
 
 
