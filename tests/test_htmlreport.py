@@ -176,3 +176,12 @@ def test_a_config_that_did_not_start_or_apply_fails_the_applied_gate() -> None:
     applied = rows["bs8_b4_k4"]["applied"]
     assert applied.status == Status.FAIL and "speculative_eagle_topk expected 4, got 1" in applied.messages[0]
     assert "lossless-reference" not in rows
+
+
+def test_a_retaken_repeat_is_shown_with_its_reason() -> None:
+    payload = _payload()
+    payload["throughput"][0]["spoiled_repeats"] = [{"repeat": 1, "reason": "the service fell behind its own clock 6 times"}]
+    (cell,) = [c for c in model.cells(payload) if c.cell == payload["throughput"][0]["cell"]
+               and c.config == payload["throughput"][0]["config"]]
+    assert "repeat 1 retaken, not counted: the service fell behind its own clock 6 times" in cell.messages
+    assert "retaken, not counted" in _text(build_html(payload))

@@ -141,6 +141,8 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
         messages = [str(m) for m in _as_list(verdict.get("reasons"))]
         messages += [str(mv["message"]) for mv in metric_verdicts.values() if isinstance(mv, Mapping) and mv.get("message")]
         messages += [str(p) for p in _as_list(raw.get("problems")) if str(p) not in messages]
+        messages += [f"repeat {s.get('repeat')} retaken, not counted: {s.get('reason')}"
+                     for s in _as_list(raw.get("spoiled_repeats")) if isinstance(s, Mapping)]
         out.append(Cell(
             config=str(raw.get("config")),
             cell=str(raw["cell"]),
