@@ -48,6 +48,7 @@ from pytest_ddtree import gate, stats
 from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:
+    from pytest_ddtree.load import WorkloadLike
     from pytest_ddtree.session import DDTreeSession
 
 #: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``).
@@ -396,7 +397,7 @@ def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: li
         g.lines.extend(rows)
 
 
-def measure(session: DDTreeSession, cells: Sequence[Any], launch: int = 1) -> str:
+def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1) -> str:
     """Measure the control in this process, on ``cells``, and record it; returns what was done.
 
     ``launch`` 1 is the process's first launch, before its first config; 2 its last, after its last
@@ -508,10 +509,10 @@ def wants_end_launch(records: Sequence[Mapping[str, Any]]) -> bool:
     return len(configs) >= END_LAUNCH_MIN_CONFIGS
 
 
-def cells_of(items: Sequence[Any]) -> list[Any]:
+def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
     """The throughput cells (``workload`` parameters) of the collected tests, each once, in order;
     cells skipped for the profile (``max_context``) are left out."""
-    cells: list[Any] = []
+    cells: list[WorkloadLike] = []
     seen: set[str] = set()
     for item in items:
         spec = getattr(item, "callspec", None)

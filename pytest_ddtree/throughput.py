@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pytest_ddtree import gate, load, proof, report, stats
-from pytest_ddtree.baselines import BaselineError
+from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.vocabulary import RecordKind, Status
 
 if TYPE_CHECKING:
@@ -143,24 +144,24 @@ def measure_config(
     return campaign
 
 
-def blessed_launch_spread(store: Any) -> dict[str, float]:
-    """``gate.launch_spread`` over every config's baseline file of this hardware profile (``store``:
-    a ``BaselineStore``); files that cannot be read are left out (their own cells report them)."""
+def blessed_launch_spread(store: BaselineStore) -> dict[str, float]:
+    """``gate.launch_spread`` over every config's baseline file of this hardware profile; files
+    that cannot be read are left out (their own cells report them)."""
     return gate.launch_spread(_blessed_sections(store))
 
 
-def blessed_cell_noise(store: Any) -> dict[str, dict[str, float]]:
+def blessed_cell_noise(store: BaselineStore) -> dict[str, dict[str, float]]:
     """``gate.cell_noise`` over every config's baseline file of this hardware profile."""
     return gate.cell_noise(_blessed_sections(store))
 
 
-def _blessed_sections(store: Any) -> list[dict[str, Any]]:
+def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
     """The ``metrics`` sections of every config's baseline file of ``store`` (not the control's)."""
     from pytest_ddtree.control import CONTROL
 
     sections: list[dict[str, Any]] = []
-    directory = getattr(store, "directory", None)
-    if directory is None or not directory.is_dir():
+    directory = store.directory
+    if not directory.is_dir():
         return sections
     for path in sorted(directory.glob("*.yaml")):
         if path.stem == CONTROL:
@@ -386,16 +387,15 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
         return []
     recorder = session.recorder
     moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == RecordKind.THROUGHPUT]))
-    configs: dict[str, Any] = {}
-    cells: dict[str, list[Any]] = {}
+    configs: dict[str, DDTreeConfig] = {}
+    cells: dict[str, list[load.WorkloadLike]] = {}
     for item in items:
         spec = getattr(item, "callspec", None)
         params = spec.params if spec is not None else {}
         config, workload = params.get("ddtree_config"), params.get("workload")
-        name = getattr(config, "name", None)
-        if isinstance(name, str) and workload is not None and workload not in cells.setdefault(name, []):
-            configs[name] = config
-            cells[name].append(workload)
+        if isinstance(config, DDTreeConfig) and workload is not None and workload not in cells.setdefault(config.name, []):
+            configs[config.name] = config
+            cells[config.name].append(workload)
     done: list[str] = []
     failed: set[str] = set()
     while True:
@@ -412,7 +412,7 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
                 failed.add(name)
 
 
-def _relaunch(session: DDTreeSession, name: str, config: Any, cells: Sequence[Any], index: int) -> bool:
+def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
     """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
     failed (recorded with the reason)."""
     from pytest_ddtree.configs import ConfigError
