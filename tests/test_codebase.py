@@ -411,3 +411,18 @@ def test_the_dependencies_are_what_the_package_imports(repo_root: Path) -> None:
     third_party = {name for name in imported if name not in sys.stdlib_module_names and name != "pytest_ddtree"}
     assert sorted(required - third_party) == [], "listed in dependencies but not imported by the package"
     assert sorted(third_party - required - extras) == [], "imported by the package but in no dependency or extra"
+
+
+def test_mypy_checks_every_folder_of_python_code(repo_root: Path) -> None:
+    """``python -m mypy`` (.ci/run, every landing) checks what pyproject.toml lists: every folder of
+    the repository that holds Python code must be there, so a new test or benchmark is typed too."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    checked = set(tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout: {tracked.stderr.strip()}")
+    folders = {path.split("/", 1)[0] for path in tracked.stdout.split()}  # a top-level file stands for itself
+    assert folders >= {"pytest_ddtree", "suites", "tests", "benchmarks", "conftest.py"}, folders
+    assert folders <= checked, f"mypy does not check {sorted(folders - checked)} (pyproject.toml [tool.mypy] files)"
