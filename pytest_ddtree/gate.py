@@ -89,7 +89,7 @@ from typing import Any, Final, Literal
 
 from pytest_ddtree import stats
 from pytest_ddtree.report import TOKENS_PER_VERIFY
-from pytest_ddtree.vocabulary import Status
+from pytest_ddtree.vocabulary import Status, Verdict
 
 Direction = Literal["higher", "lower"]
 
@@ -200,7 +200,7 @@ class MetricBaseline:
 @dataclass(frozen=True)
 class MetricVerdict:
     metric: str
-    status: str
+    status: Verdict
     direction: Direction
     tolerance: float
     baseline_median: float | None
@@ -245,7 +245,7 @@ class MetricVerdict:
 @dataclass(frozen=True)
 class CellVerdict:
     cell: str
-    status: str
+    status: Verdict
     metrics: tuple[MetricVerdict, ...] = ()
     reasons: tuple[str, ...] = field(default_factory=tuple)
 
@@ -718,7 +718,8 @@ def _judge_cell(
                     for v in verdicts]
         return CellVerdict(name, INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
     found = {v.status for v in verdicts}
-    status = next((s for s in (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED) if s in found), PASS)
+    worst_first: tuple[Verdict, ...] = (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED)
+    status: Verdict = next((s for s in worst_first if s in found), PASS)
     return CellVerdict(name, status, tuple(verdicts), ())
 
 
@@ -758,6 +759,7 @@ def _judge_metric(
                 f"from {len(base.sessions)} session(s) vs {n_now} now")
 
     first_change: float | None = None
+    status: Verdict
     if flagged_why and confirmation is None:
         status, msg = FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
     elif flagged_why and not confirmation:
@@ -1118,7 +1120,7 @@ class ConfigMove:
 class SessionFinding:
     config: str
     metric: str
-    status: str  # REGRESSION or PASS
+    status: Verdict  # REGRESSION or PASS
     shift: float  # the config's common change (relative, not log)
     others: float  # the median common change of the other configs
     relative: float
