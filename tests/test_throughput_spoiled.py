@@ -78,3 +78,46 @@ def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repe
     assert "only 0 clean repeat(s) of the 1 needed" in why and "rerun on a quieter machine" in why
     for i in range(len(run.samples)):
         assert f"repeat {i}, output tok/s" in why
+
+
+C1 = load.Cell(name="c1_tiny", concurrency=1, context_tokens=48, output_tokens=32, requests=2, warmup_requests=1)
+
+
+def _baseline_ttft_a_third_of(measured: dict[str, list[float]]) -> dict[str, Any]:
+    """A baseline of three sessions as the bless flow writes it, from this engine's own figures,
+    except a TTFT three times as fast as the engine's: a latency regression to catch."""
+    entry = None
+    for session in ("s1", "s2", "s3"):
+        entry = gate.baseline_cell_entry(
+            {"concurrency": 1, "context_tokens": 48, "output_tokens": 32, "requests": 2, "prompts": "documents via /tokenize"},
+            {**measured, "median_ttft_ms": [v / 3 for v in measured["median_ttft_ms"]]}, entry, session=session)
+    assert entry is not None
+    return entry
+
+
+def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without_them_it_fails(tmp_path: Path) -> None:
+    clean = RefServer(ENGINE, tmp_path, "clean").wait_ready()
+    try:
+        measured = throughput.measure_config(clean.url, [C1], 3, speculative=True)
+        ev = throughput.evaluate_cell("bs8_b8_k4", C1, measured, None, Path("none.yaml"), "refserver", update_mode=False)
+        baseline = {C1.name: _baseline_ttft_a_third_of(ev.samples)}
+        # the engine kept its clock in every repeat: the latency regression is the config's, and fails
+        judged = throughput.measure_config(clean.url, [C1], 3, baseline=baseline, speculative=True)
+    finally:
+        clean.stop()
+    verdict = judged.verdicts[C1.name]
+    runs = [judged.runs[C1.name], *judged.confirmations.values()]
+    if any(run.spoiled for run in runs):  # a loaded test machine: then the rule below applies, rightly
+        assert verdict.status == gate.INCONCLUSIVE, verdict.message()
+        return
+    assert verdict.status == gate.REGRESSION and verdict.metric("median_ttft_ms").status == gate.REGRESSION, verdict.message()
+    # the same engine stalled during one repeat of the first pass: the same regression is the machine's
+    stalls = RefServer([*ENGINE, "--fault", "stall=2:0.5"], tmp_path, "stalled-once").wait_ready()
+    try:
+        judged = throughput.measure_config(stalls.url, [C1], 3, baseline=baseline, speculative=True)
+    finally:
+        stalls.stop()
+    verdict = judged.verdicts[C1.name]
+    assert judged.runs[C1.name].spoiled, "the stall did not spoil its repeat"
+    assert verdict.status == gate.INCONCLUSIVE and not verdict.failed, verdict.message()
+    assert "median_ttft_ms" in verdict.reasons[0] and "not a verdict on the config" in verdict.reasons[0]
