@@ -110,7 +110,8 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     if any(run.spoiled for run in runs):  # a loaded test machine: then the rule below applies, rightly
         assert verdict.status == gate.INCONCLUSIVE, verdict.message()
         return
-    assert verdict.status == gate.REGRESSION and verdict.metric("median_ttft_ms").status == gate.REGRESSION, verdict.message()
+    ttft = verdict.metric("median_ttft_ms")
+    assert verdict.status == gate.REGRESSION and ttft is not None and ttft.status == gate.REGRESSION, verdict.message()
     # the same engine stalled during one repeat of the first pass: the same regression is the machine's
     stalls = RefServer([*ENGINE, "--fault", "stall=2:0.5"], tmp_path, "stalled-once").wait_ready()
     try:
