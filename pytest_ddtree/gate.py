@@ -126,8 +126,9 @@ Z_CELL = 3.0
 #: decides most confirmations, so the floor sits where an unchanged cell's confirmation rarely
 #: reaches (about 3 of its real standard errors) and a 10% drop's almost always does. In a noisier
 #: cell (concurrency 32 at 5%) the z decides, and the confirmation shares the baseline's error with
-#: the first pass that flagged it: at 2.7, 36 such cells of a sweep failed 3.5% of unchanged sweeps.
-Z_CONFIRM = 3.2
+#: the first pass that flagged it: at 2.7, 36 such cells of a sweep failed 3.5% of unchanged sweeps;
+#: at 3.2 a 3% cell whose confirmation spread wide let 10% drops through.
+Z_CONFIRM = 3.0
 CONFIRM_FLOOR_SHARE = 1.25
 #: Step 5 (a config's common change against the day-to-day spread): a flag there is confirmed by the
 #: same launch, so it reproduces a launch's or a drift's shift; a config or a build that moved as a
@@ -420,10 +421,11 @@ def _session_shifts(metrics: Mapping[str, _Metric]) -> dict[str, float]:
 def _confirmation_sigma(m: _Metric, confirmation: Sequence[float]) -> float:
     """The cell's repeat noise now: the confirmation's own spread (scaled MAD of its logs: one
     wild repeat does not move it), at least the cell's own noise from its blessed sessions and
-    the config's typical noise, at most 3x the latter."""
+    the config's typical noise, at most 2x the latter (the scaled MAD of 12 repeats is itself ~25%
+    off: at 3x, a confirmation that happened to spread wide waved a 10% drop through)."""
     own = stats.scaled_mad([math.log(v) for v in confirmation if v > 0]) if len(confirmation) >= 3 else 0.0
     typical = m.typical_sigma or m.sigma
-    return min(max(typical, m.sigma, own), 3.0 * typical) if typical > 0 else own
+    return min(max(typical, m.sigma, own), 2.0 * typical) if typical > 0 else own
 
 
 def judge_config(
