@@ -66,7 +66,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import control, gate, report, stats, throughput  # noqa: E402
+from pytest_ddtree import gate, report, stats  # noqa: E402
+from pytest_ddtree.gate import control, throughput  # noqa: E402
 
 CONFIGS = 18
 CELLS = 6

@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
-from pytest_ddtree import control, gate, load, throughput  # noqa: E402
+from pytest_ddtree import gate, load  # noqa: E402
+from pytest_ddtree.gate import control, throughput  # noqa: E402
 from pytest_ddtree.vocabulary import Status  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}

@@ -139,7 +139,7 @@ def _judge_configs_against_session(records: list[dict[str, Any]], outcome: Finis
     from pytest_ddtree import gate
     from pytest_ddtree.report import normalize
 
-    from pytest_ddtree.throughput import RELAUNCH_RECORD
+    from pytest_ddtree.gate.throughput import RELAUNCH_RECORD
 
     relaunches = [r for r in records if r.get("kind") == RELAUNCH_RECORD and "cell" in r]
     findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
@@ -205,7 +205,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, Any]], outcom
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
     throughput was measured (with the reason when there is no control)."""
-    from pytest_ddtree import control
+    from pytest_ddtree.gate import control
     from pytest_ddtree.report import normalize
 
     configs = normalize(records)

@@ -477,12 +477,12 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
 def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
     """The throughput gate's control, measured in each process before its first config: the
     profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
-    session, recorded and judged at session end (pytest_ddtree/control.py). Yields what was done:
+    session, recorded and judged at session end (pytest_ddtree/gate/control.py). Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
     configs the session-end check flags are relaunched once (``throughput.relaunch_flagged``) and the
     control is measured once more after a process of several configs (its launch at the end), unless
     the run was stopped."""
-    from pytest_ddtree import control, throughput
+    from pytest_ddtree.gate import control, throughput
 
     cells = control.cells_of(request.session.items)
     done = control.measure(ddtree_session, cells)

@@ -240,3 +240,13 @@ class LaunchData(TypedDict):
     outcome, timings and applied evidence: ``service.manager``'s launch record)."""
 
     launch: dict[str, Any]
+
+
+class GateDecision(str, enum.Enum):
+    """What a throughput cell's test does (``gate.check.check_cell``): pass, fail, skip
+    (inconclusive), or pass with warnings."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    WARN = "warn"

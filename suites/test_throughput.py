@@ -9,7 +9,7 @@ How a config is measured (docs/gates/throughput.md):
 * A cell is repeated at least ``--ddtree-repeats`` times (default 3) and at most
   ``MAX_EXTRA_REPEATS`` more, stopping as soon as the output-throughput interval is tight.
 * The config's cells are judged together against ``baselines/<hardware-profile>/<config>.yaml``
-  (``pytest_ddtree/gate.py`` states the rule); a flagged cell is measured again at once, while
+  (``pytest_ddtree/gate/`` states the rule, ``gate/check.py`` decides each cell); a flagged cell is measured again at once, while
   the service is up, and fails only when that confirmation regresses too. A cell also fails on
   an invalid measurement (errors, wrong token counts) or a gated metric the run did not
   produce. Inconclusive cells (repeats that disagree even after extra repeats, a service that
@@ -17,7 +17,7 @@ How a config is measured (docs/gates/throughput.md):
   one too thin to trust, passes with a ``MissingBaselineWarning`` naming the command that
   creates it. ``--ddtree-require-baselines`` (CI) makes all three failures.
 * Before the first config, the session's control (``ddtree_control``: the non-speculative launch,
-  measured once per process on every cell; ``pytest_ddtree/control.py``) is measured; the session end
+  measured once per process on every cell; ``pytest_ddtree/gate/control.py``) is measured; the session end
   judges it, each config's speedup over it and the session's uniform shift.
 * ``--ddtree-update-baselines`` proposes the measured samples as this session's part of the
   baseline (the last three blessed sessions are kept); the controller writes them at session
@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ddtree import gate, report, stats
+from pytest_ddtree import gate, report
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
-from pytest_ddtree.fingerprint import local_fingerprint
 from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
+from pytest_ddtree.gate.check import check_cell
+from pytest_ddtree.gate.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
                                       sample_record)
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.vocabulary import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
@@ -58,6 +58,9 @@ class MissingBaselineWarning(UserWarning):
 
 class NewMetricWarning(UserWarning):
     """A gated metric was measured that the cell's baseline does not hold yet."""
+
+
+_WARNING_CLASS: dict[str, type[UserWarning]] = {"missing-baseline": MissingBaselineWarning, "new-metric": NewMetricWarning}
 
 
 _CAMPAIGNS = pytest.StashKey[dict[str, "Campaign"]]()
@@ -220,40 +223,11 @@ def test_throughput(
         bench.extra_info.update({k: v for k, v in record["metrics"].items() if k in report.JSON_KEYS})
         bench.pedantic(lambda: None, rounds=max(1, len(cell.durations)), iterations=1)
 
-    if cell.baseline_problem is not None:
-        pytest.fail(f"{config} {workload.name}: {cell.baseline_problem}", pytrace=False)
-    if status == stats.INVALID:
-        pytest.fail(verdict.message(config), pytrace=False)
-    if ddtree_baselines.update_mode:
-        refusal = cell.bless_refusal()
-        if refusal is not None:
-            retry = f"{ddtree_baselines.create_command(config)} --ddtree-workload={workload.name}"
-            pytest.fail(f"{config} {workload.name}: not blessed, the measurement cannot be trusted: {refusal}\n"
-                        f"  retry this cell with: {retry}", pytrace=False)
-        fp = local_fingerprint(ddtree_service.profile, ddtree_service.server_info)
-        entry = gate.baseline_cell_entry(record["workload"], cell.samples, existing=cell.baseline_cell,
-                                         session=ddtree_settings.session_stamp)
-        ddtree_recorder.propose_baseline(config, "metrics", {workload.name: entry})
-        ddtree_recorder.propose_baseline(config, "fingerprint", fp.as_dict())
-        return
-    require = ddtree_settings.require_baselines
-    if verdict.status in (gate.MISSING, gate.THIN):
-        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == gate.THIN)])
-        msg = (f"{config} {workload.name}: {reasons} in {ddtree_baselines.path_for(config)}; "
-               f"create it with: {ddtree_baselines.create_command(config)}")
-        if require:
-            pytest.fail(msg + " (--ddtree-require-baselines)", pytrace=False)
-        # A warning, not a skip: the measurement is real and must reach --benchmark-json
-        # (pytest-benchmark drops skipped tests); CI turns this into a failure with
-        # --ddtree-require-baselines.
-        warnings.warn(MissingBaselineWarning(msg), stacklevel=1)
-    new = [m.message for m in verdict.metrics if m.status == gate.NEW]
-    if new:
-        warnings.warn(NewMetricWarning(f"{config} {workload.name}: " + "; ".join(new)), stacklevel=1)
-    if verdict.failed:
-        pytest.fail(verdict.message(config), pytrace=False)
-    if verdict.status == gate.INCONCLUSIVE:
-        if require:
-            pytest.fail(verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
-                        "a CI run must not pass a cell it could not judge)", pytrace=False)
-        pytest.skip(verdict.message(config).replace("\n", " "))
+    outcome = check_cell(cell, config, workload.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
+                         service=ddtree_service, settings=ddtree_settings)
+    for note in outcome.warnings:
+        warnings.warn(_WARNING_CLASS[note.kind](note.message), stacklevel=1)
+    if outcome.decision is GateDecision.FAIL:
+        pytest.fail(outcome.message, pytrace=False)
+    if outcome.decision is GateDecision.SKIP:
+        pytest.skip(outcome.message)

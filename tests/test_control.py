@@ -8,7 +8,8 @@ import math
 import random
 from typing import Any
 
-from pytest_ddtree import control, gate, load, stats
+from pytest_ddtree import gate, load, stats
+from pytest_ddtree.gate import control
 
 CELLS = ("c1", "c2", "c3", "c4")
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree import http as http_mod
-from pytest_ddtree import load
+from pytest_ddtree import generate_stream, load
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import InvalidResponse, ServiceHTTP
 from pytest_ddtree.prompts import Prompt
@@ -108,8 +108,8 @@ def _endless_server() -> Iterator[tuple[str, _Server]]:
 @pytest.fixture
 def endless(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, _Server]]:
     monkeypatch.setattr(http_mod, "BODY_LIMIT", LIMIT)
-    monkeypatch.setattr(load, "STREAM_LINE_LIMIT", LIMIT)
-    monkeypatch.setattr(load, "STREAM_BODY_LIMIT", LIMIT)
+    monkeypatch.setattr(generate_stream, "STREAM_LINE_LIMIT", LIMIT)
+    monkeypatch.setattr(generate_stream, "STREAM_BODY_LIMIT", LIMIT)
     with _endless_server() as served:
         yield served
 
@@ -153,4 +153,4 @@ def test_a_stream_that_never_ends_fails_its_request_not_the_harness(
         result = load.stream_request(http, 0, Prompt(target_tokens=3, input_ids=(1, 2, 3)), max_new_tokens)
     assert not result.ok and words in (result.error or ""), result.error
     assert len(result.itl_s) <= max_new_tokens
-    assert server.sent <= LIMIT + SOCKET_SLACK + (load.STREAM_BYTES_PER_TOKEN_SQUARED * max_new_tokens ** 2), server.sent
+    assert server.sent <= LIMIT + SOCKET_SLACK + (generate_stream.STREAM_BYTES_PER_TOKEN_SQUARED * max_new_tokens ** 2), server.sent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ddtree import load
+from pytest_ddtree import generate_stream, load
 from pytest_ddtree.client import SGLangClient
 from tests.load_standin import StandInConfig, standin_server
 
@@ -130,12 +130,12 @@ def test_fast_token_count_is_not_fooled_by_the_text() -> None:
     import json
 
     evil = json.dumps({"text": 'he said "completion_tokens": 99', "meta_info": {"completion_tokens": 7}}).encode()
-    assert load._fast_completion_tokens(evil) == 7
+    assert generate_stream._fast_completion_tokens(evil) == 7
     first = json.dumps({"meta_info": {"completion_tokens": 12}, "text": '"completion_tokens": 5'}).encode()
-    assert load._fast_completion_tokens(first) == 12
-    assert load._fast_completion_tokens(b'{"error": {"message": "x"}}') is None
+    assert generate_stream._fast_completion_tokens(first) == 12
+    assert generate_stream._fast_completion_tokens(b'{"error": {"message": "x"}}') is None
     with pytest.raises(ValueError, match="server error"):
-        load._chunk_meta(b'{"error": {"message": "x"}}')
+        generate_stream._chunk_meta(b'{"error": {"message": "x"}}')
 
 
 def test_a_malformed_acceptance_histogram_is_an_invalid_response() -> None:

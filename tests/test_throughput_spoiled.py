@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import gate, load, stats, throughput
+from pytest_ddtree import gate, load, stats
+from pytest_ddtree.gate import baseline_format, throughput
 from tests.refserver_helpers import RefServer, config_args
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
@@ -56,7 +57,7 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
     entry = gate.baseline_cell_entry(ev.record["workload"], ev.samples)
-    assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [gate._round(v) for v in run.primary]
+    assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [baseline_format._round(v) for v in run.primary]
     assert [s["repeat"] for s in ev.record["spoiled_repeats"]] == sorted(run.spoiled)
     assert any(f"{len(run.spoiled)} repeat(s) retaken, not counted" in n for n in ev.record["notes"])
 

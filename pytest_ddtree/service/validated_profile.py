@@ -129,7 +129,7 @@ class ServiceProfile:
     dropin_dir: str | None = None
     lossless: str = "golden"
     lossless_args: str | None = None
-    #: The throughput gate's control (pytest_ddtree/control.py): None = the lossless_args launch,
+    #: The throughput gate's control (pytest_ddtree/gate/control.py): None = the lossless_args launch,
     #: "none" = no control, else the name of a config to measure as the control.
     control: str | None = None
     #: Configs the session-end check flags are launched once more at the end of their process and

@@ -45,16 +45,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import gate, stats
+from pytest_ddtree.gate.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
 from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:
     from pytest_ddtree.load import WorkloadLike
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.gate.throughput import CellEvaluation
     from pytest_ddtree.session import DDTreeSession
 
 #: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``).
 RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
-CONTROL = "control"
 #: Record kinds: one per measured control cell, and one when no control could be measured.
 CONTROL_RECORD = RecordKind.THROUGHPUT_CONTROL
 CONTROL_UNAVAILABLE = RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE
@@ -241,7 +243,39 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     host = name.split("@", 1)[1] or "this host"
     g.lines.append(f"control: {source} on {host}, {len({launch_of(r) for r in control})} launch(es) on {len(cells)} cell(s) "
                    f"({name.split('@', 1)[0] or 'unknown hardware'})")
-    # the control's own cells: failures fail the run like a config's
+    _control_cell_failures(g, control, require_baselines)
+    if update_mode:
+        g.kind = "blessed, not judged"
+        g.failed = bool(g.control_failures)
+        g.lines.extend(["  " + f for f in g.control_failures] or ["  the control's cells were blessed"])
+        _speedup_table(g, control, configs)
+        return g
+    ctl_launches = _control_moves(control)
+    ctl = _mean_move(ctl_launches)
+    n_ctl = max(1, len(ctl_launches))
+    moves = _config_moves(configs, relaunches)
+    wobble, day = _spreads(configs, name, ctl)
+    control_moved = _judge_control(g, ctl, n_ctl, wobble, day)
+    if g.control_failures:
+        g.control_status = "failed"
+        g.lines.extend("  control " + f for f in g.control_failures)
+    speculative_moved = False
+    if ctl is not None and moves:
+        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, wobble, day, control_moved)
+    elif not moves:
+        g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
+                       "with baselines): no uniform shift")
+    g.kind = (KIND_BOTH if control_moved and speculative_moved else KIND_CONTROL if control_moved
+              else KIND_SPECULATIVE if speculative_moved else KIND_NONE)
+    if ctl is not None:
+        g.lines.append(f"  verdict: {g.kind}")
+    g.failed = g.failed or bool(g.control_failures)
+    _speedup_table(g, control, configs)
+    return g
+
+
+def _control_cell_failures(g: GroupJudgement, control: list[dict[str, Any]], require_baselines: bool) -> None:
+    """The control's own cells: a failure fails the run like a config's."""
     for rec in control:
         verdict = rec.get("verdict") or {}
         status = str(verdict.get("status") or rec.get("status") or "")
@@ -255,15 +289,10 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
             detail = detail or "; ".join(str(x) for x in verdict.get("reasons") or []) or status
             g.control_failures.append(f"{rec.get('cell')}{launch}: {status.upper()}: {detail}"
                                       + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
-    if update_mode:
-        g.kind = "blessed, not judged"
-        g.failed = bool(g.control_failures)
-        g.lines.extend(["  " + f for f in g.control_failures] or ["  the control's cells were blessed"])
-        _speedup_table(g, control, configs)
-        return g
-    ctl_launches = _control_moves(control)
-    ctl = _mean_move(ctl_launches)
-    n_ctl = max(1, len(ctl_launches))
+
+
+def _config_moves(configs: list[dict[str, Any]], relaunches: Sequence[Mapping[str, Any]]) -> dict[str, _Move]:
+    """Each speculative config's common change; a relaunched config's is the mean of its launches."""
     moves: dict[str, _Move] = {}
     for cfg in sorted({str(c.get("config")) for c in configs}):
         move = _move_of([c for c in configs if c.get("config") == cfg])
@@ -273,6 +302,11 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
                      if m.metric == _METRIC]
             moves[cfg] = move if not again else _Move(
                 (move.shift + sum(m.shift for m in again)) / (1 + len(again)), move.se, move.blessed, move.floor)
+    return moves
+
+
+def _spreads(configs: list[dict[str, Any]], name: str, ctl: _Move | None) -> tuple[float, float]:
+    """How much one launch's common change moves between launches, and the blessed days' spread."""
     # how much one launch's common change moves between launches (the configs' blessed sessions,
     # each against the others of its session: many degrees of freedom); the control's relaunches
     # are taken to move as much; and how much the blessed days moved (their configs' median)
@@ -284,6 +318,11 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     wobble = max(gate.launch_wobble(pool) if len(pool) >= 3 else 0.0, UNIFORM_PRIOR_SPREAD)
     prior_day = gate.SPECS[_METRIC].day_shift
     day = max(prior_day, gate.day_spread([m.blessed for m in cfg_moves]) or 0.0)
+    return wobble, day
+
+
+def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, wobble: float, day: float) -> bool:
+    """The control's output tok/s against its baseline; whether it moved beyond its tolerance."""
     control_moved = False
     if ctl is not None:
         k = max(1, len(ctl.blessed))
@@ -303,72 +342,66 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
         g.control_status = "unknown"
         g.lines.append("  control output tok/s: no judged baseline for 3 or more of its cells (create it with "
                        "--ddtree-update-baselines); the uniform shift cannot be stated")
-    if g.control_failures:
-        g.control_status = "failed"
-        g.lines.extend("  control " + f for f in g.control_failures)
-    speculative_moved = False
-    if ctl is not None and moves:
-        speedups = {cfg: m.shift - ctl.shift for cfg, m in moves.items()}
-        over_control = stats.median(list(speedups.values()))
-        configs_moved = stats.median([m.shift for m in moves.values()])
-        # the blessed sessions the control and the configs share (else the blessed speedup is unknown)
-        per_session = [sid for sid in ctl.blessed if any(sid in m.blessed for m in moves.values())]
-        k = max(1, len(ctl.blessed))
-        n = len(moves)
-        # the median of the configs' launches (shared by both estimates), the control's launches and
-        # blessed sessions (over the control), the day and the blessed days (the configs alone)
-        config_se = stats.median([m.se for m in moves.values()])
-        shared = max(wobble**2 * (1.0 + 1.0 / k), config_se**2) * (math.pi / 2.0 if n > 2 else 1.0) / n
-        var_control = max(wobble**2 * (1.0 / n_ctl + 1.0 / k), ctl.se**2) + shared
-        var_days = day**2 * (1.0 + 1.0 / k) + shared
-        # inverse-variance weights of the two estimates of the speculative configs' common move
-        # (correlated through the configs' median): restart noise makes the control's estimate wide
-        # (its own launch), a day shift the blessed days' one; each is tight where the other is not
-        # (a control that moved beyond its tolerance says the day was no ordinary one: the control alone)
-        if control_moved:
-            w, se = 1.0, math.sqrt(var_control)
-        else:
-            w = (var_days - shared) / (var_control + var_days - 2.0 * shared)
-            se = math.sqrt(max(1e-12, (var_control * var_days - shared**2) / (var_control + var_days - 2.0 * shared)))
-        uniform = w * over_control + (1.0 - w) * configs_moved
-        g.uniform_shift = math.expm1(uniform)
-        g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
-        g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
-        g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
-                           "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl,
-                           "launch_spread": wobble, "day_spread": day}
-        speculative_moved = abs(uniform) > g.uniform_tolerance
-        slower = -uniform > g.uniform_tolerance
-        for cfg, value in speedups.items():
-            g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
+    return control_moved
+
+
+def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Move], n_ctl: int, wobble: float, day: float,
+                         control_moved: bool) -> bool:
+    """The speculative configs' common move, from their speedups over the control and their change
+    against the blessed days (weighted by their noise); a uniform slowdown while the control held
+    fails the group. Whether the speculative configs moved."""
+    speedups = {cfg: m.shift - ctl.shift for cfg, m in moves.items()}
+    over_control = stats.median(list(speedups.values()))
+    configs_moved = stats.median([m.shift for m in moves.values()])
+    # the blessed sessions the control and the configs share (else the blessed speedup is unknown)
+    per_session = [sid for sid in ctl.blessed if any(sid in m.blessed for m in moves.values())]
+    k = max(1, len(ctl.blessed))
+    n = len(moves)
+    # the median of the configs' launches (shared by both estimates), the control's launches and
+    # blessed sessions (over the control), the day and the blessed days (the configs alone)
+    config_se = stats.median([m.se for m in moves.values()])
+    shared = max(wobble**2 * (1.0 + 1.0 / k), config_se**2) * (math.pi / 2.0 if n > 2 else 1.0) / n
+    var_control = max(wobble**2 * (1.0 / n_ctl + 1.0 / k), ctl.se**2) + shared
+    var_days = day**2 * (1.0 + 1.0 / k) + shared
+    # inverse-variance weights of the two estimates of the speculative configs' common move
+    # (correlated through the configs' median): restart noise makes the control's estimate wide
+    # (its own launch), a day shift the blessed days' one; each is tight where the other is not
+    # (a control that moved beyond its tolerance says the day was no ordinary one: the control alone)
+    if control_moved:
+        w, se = 1.0, math.sqrt(var_control)
+    else:
+        w = (var_days - shared) / (var_control + var_days - 2.0 * shared)
+        se = math.sqrt(max(1e-12, (var_control * var_days - shared**2) / (var_control + var_days - 2.0 * shared)))
+    uniform = w * over_control + (1.0 - w) * configs_moved
+    g.uniform_shift = math.expm1(uniform)
+    g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
+    g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
+    g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
+                       "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl,
+                       "launch_spread": wobble, "day_spread": day}
+    speculative_moved = abs(uniform) > g.uniform_tolerance
+    slower = -uniform > g.uniform_tolerance
+    for cfg, value in speedups.items():
+        g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
+    g.lines.append(
+        f"  uniform shift of the {len(moves)} speculative config(s): {_pct(g.uniform_shift)} (95% interval "
+        f"{_pct(g.uniform_interval[0])} .. {_pct(g.uniform_interval[1])}; tolerance {g.uniform_tolerance:.1%} "
+        f"= max({UNIFORM_FLOOR:.1%}, {Z_UNIFORM} x standard error)) = {w:.0%} x their median speedup change "
+        f"over the control {_pct(math.expm1(over_control))} + {1 - w:.0%} x their median change against the "
+        f"blessed days {_pct(math.expm1(configs_moved))} (weighted by their noise: launch-to-launch spread "
+        f"{wobble:.1%}, the control's {n_ctl} launch(es); day-to-day spread {day:.1%})")
+    if not per_session:
+        g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
+                       "were blessed at is not known; bless them together (one --ddtree-update-baselines run)")
+        speculative_moved = slower = False
+    if slower and not control_moved and not g.control_failures:
+        g.failed = True
         g.lines.append(
-            f"  uniform shift of the {len(moves)} speculative config(s): {_pct(g.uniform_shift)} (95% interval "
-            f"{_pct(g.uniform_interval[0])} .. {_pct(g.uniform_interval[1])}; tolerance {g.uniform_tolerance:.1%} "
-            f"= max({UNIFORM_FLOOR:.1%}, {Z_UNIFORM} x standard error)) = {w:.0%} x their median speedup change "
-            f"over the control {_pct(math.expm1(over_control))} + {1 - w:.0%} x their median change against the "
-            f"blessed days {_pct(math.expm1(configs_moved))} (weighted by their noise: launch-to-launch spread "
-            f"{wobble:.1%}, the control's {n_ctl} launch(es); day-to-day spread {day:.1%})")
-        if not per_session:
-            g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
-                           "were blessed at is not known; bless them together (one --ddtree-update-baselines run)")
-            speculative_moved = slower = False
-        if slower and not control_moved and not g.control_failures:
-            g.failed = True
-            g.lines.append(
-                f"  REGRESSION: every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
-                f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
-                "held: the speculative path slowed down as a whole (a build, a "
-                "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
-    elif not moves:
-        g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
-                       "with baselines): no uniform shift")
-    g.kind = (KIND_BOTH if control_moved and speculative_moved else KIND_CONTROL if control_moved
-              else KIND_SPECULATIVE if speculative_moved else KIND_NONE)
-    if ctl is not None:
-        g.lines.append(f"  verdict: {g.kind}")
-    g.failed = g.failed or bool(g.control_failures)
-    _speedup_table(g, control, configs)
-    return g
+            f"  REGRESSION: every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
+            f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
+            "held: the speculative path slowed down as a whole (a build, a "
+            "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
+    return speculative_moved
 
 
 def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: list[dict[str, Any]]) -> None:
@@ -414,7 +447,7 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     them. Nothing here raises: a control that cannot be launched or measured is recorded with the
     reason (``CONTROL_UNAVAILABLE``) and the session keeps the per-config rule.
     """
-    from pytest_ddtree import throughput
+    from pytest_ddtree.gate import throughput
     from pytest_ddtree.baselines import BaselineError
     from pytest_ddtree.configs import ConfigError, parse_config_name
     from pytest_ddtree.load import LoadError
@@ -463,24 +496,31 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     for workload in cells:
         ev = throughput.evaluate_cell(CONTROL, workload, campaign, baseline_file, baselines.path_for(CONTROL),
                                       baselines.hardware_profile, baselines.update_mode, baseline_error)
-        record = dict(ev.record)
-        record["control_source"] = source
-        record["control_launch"] = launch
-        if ev.baseline_problem:
-            record["baseline_problem"] = ev.baseline_problem
-        if baselines.update_mode:
-            refusal = ev.bless_refusal()
-            if refusal is None:
-                samples = _with_earlier_launches(recorder.records, workload.name, ev.samples) if launch > 1 else ev.samples
-                entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
-                                                 specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp)
-                recorder.propose_baseline(CONTROL, "metrics", {workload.name: entry})
-            else:
-                record["bless_refused"] = refusal
-                record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
-                                  f"--ddtree-workload={workload.name}"
-        recorder.record(CONTROL_RECORD, CONTROL, record)
+        _record_cell(session, baselines, workload.name, ev, source, launch)
     return "measured"
+
+
+def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev: CellEvaluation, source: str, launch: int) -> None:
+    """Record one control cell; under a bless, propose it for ``control.yaml`` (with the end
+    launch's samples pooled with the start launch's) or say why it cannot be trusted."""
+    recorder, settings = session.recorder, session.settings
+    record = dict(ev.record)
+    record["control_source"] = source
+    record["control_launch"] = launch
+    if ev.baseline_problem:
+        record["baseline_problem"] = ev.baseline_problem
+    if baselines.update_mode:
+        refusal = ev.bless_refusal()
+        if refusal is None:
+            samples = _with_earlier_launches(recorder.records, cell, ev.samples) if launch > 1 else ev.samples
+            entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
+                                             specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp)
+            recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
+        else:
+            record["bless_refused"] = refusal
+            record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
+                              f"--ddtree-workload={cell}"
+    recorder.record(CONTROL_RECORD, CONTROL, record)
 
 
 def _with_earlier_launches(records: Sequence[Mapping[str, Any]], cell: str,

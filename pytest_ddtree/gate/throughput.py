@@ -125,9 +125,18 @@ def measure_config(
     if not flagged:
         campaign.verdicts = first
         return campaign
+    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm or noop, launch_spread, cell_noise)
+    return campaign
+
+
+def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: list[str],
+             measure: Callable[[str, int], load.CellResult], repeats: int, on_confirm: OnSample,
+             launch_spread: Mapping[str, float] | None, cell_noise: Mapping[str, Mapping[str, float]] | None) -> None:
+    """The confirmation run of the flagged cells (fresh repeats, same service lifetime), and the
+    config judged again with it; a confirmation that measured the machine cannot confirm a flag."""
     confirm_policy = stats.RepeatPolicy(min_repeats=CONFIRM_REPEATS, max_repeats=CONFIRM_REPEATS,
                                         max_attempts=CONFIRM_REPEATS + MAX_EXTRA_REPEATS)
-    campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm or noop,
+    campaign.confirmations = stats.run_interleaved(flagged, measure, _primary, confirm_policy, on_confirm,
                                                    spoiled_reason)
     confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], campaign.gated)
                      for name, run in campaign.confirmations.items()}
@@ -146,7 +155,6 @@ def measure_config(
             if loaded is not None:
                 campaign.verdicts[name] = dataclasses.replace(campaign.verdicts[name], status=gate.INCONCLUSIVE,
                                                               reasons=(loaded,))
-    return campaign
 
 
 def latency_beside_a_loaded_machine(verdict: gate.CellVerdict, first: stats.CellRun[load.CellResult],
@@ -185,7 +193,7 @@ def blessed_cell_noise(store: BaselineStore) -> dict[str, dict[str, float]]:
 
 def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
     """The ``metrics`` sections of every config's baseline file of ``store`` (not the control's)."""
-    from pytest_ddtree.control import CONTROL
+    from pytest_ddtree.gate.baseline_format import CONTROL
 
     sections: list[dict[str, Any]] = []
     directory = store.directory

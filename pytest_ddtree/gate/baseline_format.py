@@ -1,0 +1,119 @@
+"""The baseline file's ``metrics`` section: the entry a bless writes, and a section read back and checked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_ddtree import stats
+from pytest_ddtree.gate.verdicts import (
+    BaselineFormatError,
+    DEFAULT_SESSIONS_KEPT,
+    GATED_METRICS,
+    MetricBaseline,
+    MetricSpec,
+    RENAMED_GATES,
+)
+
+
+#: The control's name in baselines/ (its baseline file) and in the records (gate/control.py).
+CONTROL = "control"
+
+
+def _round(x: float) -> float:
+    """6 significant digits: reviewable diffs, no float noise in the YAML."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return float(f"{x:.6g}")
+
+
+def baseline_cell_entry(
+    workload: Mapping[str, Any],
+    samples: Mapping[str, Sequence[float]],
+    existing: Mapping[str, Any] | None = None,
+    specs: Sequence[MetricSpec] = GATED_METRICS,
+    session: str = "session",
+    keep: int = DEFAULT_SESSIONS_KEPT,
+) -> dict[str, Any]:
+    """The ``metrics.<cell>`` entry after blessing this session's samples.
+
+    The session is appended to the sessions already there (an old single-session entry
+    counts as one) and only the last ``keep`` are kept; a workload change starts over, since
+    the old numbers measured something else. A tolerance already in ``existing`` (edited by a
+    reviewer) is kept; metrics without samples (e.g. acceptance of a non-speculative server)
+    are left out.
+    """
+    old_gates = (existing or {}).get("gates") or {}
+    if existing is not None and dict(existing.get("workload") or {}) != dict(workload):
+        old_gates = {k: {"tolerance": v.get("tolerance")} for k, v in old_gates.items() if isinstance(v, Mapping)}
+    gates: dict[str, Any] = {}
+    for spec in specs:
+        values = [float(v) for v in samples.get(spec.key) or [] if v is not None]
+        if not values:
+            continue
+        old = old_gates.get(spec.key) or {}
+        tolerance = old.get("tolerance")
+        tolerance = spec.tolerance if not stats.is_number(tolerance) else float(tolerance)
+        history: list[dict[str, Any]] = []
+        if "direction" in old:
+            history = [{"session": sid, "samples": list(v)}
+                       for sid, v in MetricBaseline.from_entry(spec.key, old).sessions if v and sid != session]
+        history.append({"session": session, "samples": [_round(v) for v in values]})
+        history = history[-keep:]
+        pooled = [v for h in history for v in h["samples"]]
+        gates[spec.key] = {
+            "direction": spec.direction,
+            "median": _round(stats.median(pooled)),
+            "sessions": history,
+            "tolerance": tolerance,
+            "unit": spec.unit,
+        }
+    return {"workload": dict(workload), "gates": gates}
+
+
+def _renamed_gates(entry: Any, where: str) -> Any:
+    """``entry`` with gate keys of RENAMED_GATES under their current names."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("gates"), Mapping):
+        return entry
+    gates = dict(entry["gates"])
+    for old, new in RENAMED_GATES.items():
+        if old in gates:
+            if new in gates:
+                raise BaselineFormatError(f"{where}.gates has both {old!r} (the old name) and {new!r}: "
+                                          f"delete the {old!r} entry (it is the same metric)")
+            gates[new] = gates.pop(old)
+    return {**entry, "gates": gates}
+
+
+def validate_section(section: Any, where: str) -> dict[str, Any]:
+    """Check a loaded ``metrics`` section; raise BaselineFormatError saying what to fix."""
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise BaselineFormatError(f"{where}: 'metrics' must be a mapping of cell -> entry, got {type(section).__name__}")
+    section = {cell: _renamed_gates(entry, f"{where}: metrics.{cell}") for cell, entry in section.items()}
+    for cell, entry in section.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("gates", {}), Mapping):
+            raise BaselineFormatError(f"{where}: metrics.{cell} must be a mapping with 'workload' and 'gates'")
+        for key, gate in (entry.get("gates") or {}).items():
+            w = f"{where}: metrics.{cell}.gates.{key}"
+            if not isinstance(gate, Mapping):
+                raise BaselineFormatError(f"{w} must be a mapping (direction, median, samples, tolerance)")
+            if gate.get("direction") not in ("higher", "lower"):
+                raise BaselineFormatError(f"{w}.direction must be 'higher' or 'lower', got {gate.get('direction')!r}")
+            for num in ("median", "tolerance"):
+                if not stats.is_number(gate.get(num)):
+                    raise BaselineFormatError(f"{w}.{num} must be a number, got {gate.get(num)!r}")
+            if float(gate["tolerance"]) < 0:
+                raise BaselineFormatError(f"{w}.tolerance must be >= 0 (a fraction: 0.05 = 5%)")
+            samples = gate.get("samples", [])
+            if not isinstance(samples, list) or not all(stats.is_number(s) for s in samples):
+                raise BaselineFormatError(f"{w}.samples must be a list of numbers")
+            sessions = gate.get("sessions", [])
+            if not isinstance(sessions, list) or not all(
+                    isinstance(s, Mapping) and isinstance(s.get("samples"), list)
+                    and all(stats.is_number(v) and v > 0 for v in s["samples"]) for s in sessions):
+                raise BaselineFormatError(
+                    f"{w}.sessions must be a list of {{session: ID, samples: [positive numbers]}} (oldest first)")
+    return dict(section)
