@@ -1,0 +1,60 @@
+"""gate.check.check_cell, the throughput gate's one entry point for a cell: each decision it makes.
+
+The cells here are built by hand (no engine): the suites' own runs (tests/test_throughput_suite.py)
+take the same path with real measurements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from pytest_ddtree import gate
+from pytest_ddtree.baselines import BaselineStore
+from pytest_ddtree.gate.check import check_cell
+from pytest_ddtree.gate.throughput import CellEvaluation
+from pytest_ddtree.options import Settings
+from pytest_ddtree.results import SessionRecorder
+from pytest_ddtree.service.manager import RunningService
+from pytest_ddtree.vocabulary import GateDecision, MeasurementStatus, Status, Verdict
+
+
+def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[gate.MetricVerdict, ...] = (),
+          problem: str | None = None) -> CellEvaluation:
+    return CellEvaluation(status=status, verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record={}, samples={},
+                          durations=[], repeats=3, primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
+
+
+def _check(cell: CellEvaluation, tmp_path: Path, require: bool = False) -> Any:
+    settings = cast(Settings, SimpleNamespace(require_baselines=require, session_stamp="s1"))
+    return check_cell(cell, "bs8_b8_k4", "c8", baselines=BaselineStore(tmp_path, "refserver"),
+                      recorder=cast(SessionRecorder, None), service=cast(RunningService, None), settings=settings)
+
+
+@pytest.mark.parametrize(("verdict", "status", "require", "decision", "words"), [
+    (Status.PASS, Status.VALID, False, GateDecision.PASS, ""),
+    (Status.REGRESSION, Status.VALID, False, GateDecision.FAIL, "REGRESSION"),
+    (Status.INVALID, Status.INVALID, False, GateDecision.FAIL, "INVALID measurement"),
+    (Status.MISSING, Status.VALID, False, GateDecision.WARN, ""),
+    (Status.MISSING, Status.VALID, True, GateDecision.FAIL, "--ddtree-require-baselines"),
+    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, False, GateDecision.SKIP, "INCONCLUSIVE"),
+    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, True, GateDecision.FAIL, "a CI run must not pass a cell it could not judge"),
+])
+def test_each_verdict_becomes_one_decision_with_its_message(tmp_path: Path, verdict: Verdict, status: MeasurementStatus, require: bool,
+                                                            decision: GateDecision, words: str) -> None:
+    outcome = _check(_cell(verdict, status=status), tmp_path, require)
+    assert outcome.decision is decision and words in outcome.message, outcome
+
+
+def test_a_missing_baseline_warns_with_the_command_that_creates_it(tmp_path: Path) -> None:
+    outcome = _check(_cell(Status.MISSING), tmp_path)
+    assert [w.kind for w in outcome.warnings] == ["missing-baseline"]
+    assert "create it with: pytest suites --ddtree-update-baselines" in outcome.warnings[0].message
+
+
+def test_a_baseline_file_that_cannot_be_read_fails_before_anything_else(tmp_path: Path) -> None:
+    outcome = _check(_cell(Status.PASS, problem="baselines/refserver/bs8_b8_k4.yaml: not YAML"), tmp_path)
+    assert outcome.decision is GateDecision.FAIL and outcome.message == "bs8_b8_k4 c8: baselines/refserver/bs8_b8_k4.yaml: not YAML"
