@@ -381,12 +381,15 @@ def evaluate_cell(
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
-    hist = cell_histogram(run.counted)
+    # Acceptance from every valid repeat, the retaken ones too: greedy acceptance does not depend
+    # on the host's speed, so a repeat that measured the machine's time still measured the config's
+    # acceptance (and a cell whose repeats were all spoiled still shows it, and still compares).
+    hist = cell_histogram(run.samples)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
         record["accept_histogram"] = hist
         record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
         # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
-        record["repeat_histograms"] = [s.accept_histogram() for s in run.counted if s.valid]
+        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
     return CellEvaluation(
         status=status,
         verdict=verdict,
