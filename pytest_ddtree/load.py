@@ -106,8 +106,10 @@ def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> dict[st
     }
 
 
-def loaded_concurrency(requests: Sequence[RequestResult]) -> float | None:
-    """Requests in flight while requests were still waiting to be sent (first start to last start).
+def loaded_concurrency(requests: Sequence[RequestResult], concurrency: int | None = None) -> float | None:
+    """Requests in flight while requests were still waiting to be sent (first start to last start;
+    with the cell's ``concurrency``, from the start that completed the ramp, the concurrency-th,
+    to the last start).
 
     bench_serving's ``concurrency`` (sum of latencies / duration) includes the drain at the end
     of a finite closed loop, where fewer requests remain than clients: 16 requests at
@@ -115,12 +117,21 @@ def loaded_concurrency(requests: Sequence[RequestResult]) -> float | None:
     request is sent, a closed loop that keeps up has every client's request in flight, so a
     figure well below the configured concurrency there means the client (a starved or
     overloaded load generator) did not, and the engine saw a lighter load than the cell says.
-    None with fewer than two requests or no time between the first and the last start.
+    None with fewer than two requests or no time between the first and the last start, and where
+    the cell sends no more requests than its concurrency (one wave): then no request ever waits
+    for a client, and the ramp alone (requests in flight climbing 1, 2, ..., n while they are
+    sent) would read as a client that kept half of them.
     """
     if len(requests) < 2:
         return None
-    first = min(r.start for r in requests)
-    last = max(r.start for r in requests)
+    starts = sorted(r.start for r in requests)
+    if concurrency is not None and concurrency > 0:
+        if len(starts) <= concurrency:
+            return None
+        first = starts[concurrency - 1]
+    else:
+        first = starts[0]
+    last = starts[-1]
     if last <= first:
         return None
     busy = sum(max(0.0, min(r.end, last) - max(r.start, first)) for r in requests)
@@ -302,7 +313,9 @@ class CellResult:
                 out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
         out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
-        out["ddtree_loaded_concurrency"] = loaded_concurrency(ok)
+        configured = self.workload.get("concurrency")
+        out["ddtree_loaded_concurrency"] = loaded_concurrency(
+            ok, configured if isinstance(configured, int) and not isinstance(configured, bool) else None)
         out["ddtree_served_concurrency"] = served_concurrency(ok, out["ddtree_loaded_concurrency"])
         out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
         verify = [r for r in ok if r.spec_verify_ct]

@@ -126,6 +126,13 @@ def test_loaded_concurrency_counts_requests_in_flight_until_the_last_one_is_sent
     starved = [req(0, 1), req(0.5, 1), req(1, 2), req(1.5, 2), req(2, 3)]
     assert (load.loaded_concurrency(starved) or 0) < 1.6
     assert load.loaded_concurrency([req(0, 1)]) is None
+    # with the cell's concurrency: the ramp (requests in flight climbing while they are sent) is left
+    # out, and a single wave (no more requests than clients) has no loaded window at all
+    ramp = [req(0.0, 1), req(0.1, 1), req(0.2, 1), req(0.3, 1)]
+    assert (load.loaded_concurrency(ramp) or 0) < 3 and load.loaded_concurrency(ramp, 4) is None
+    waves = [req(0.0, 1), req(0.1, 1), req(0.2, 1), req(1, 2), req(1, 2), req(1, 2), req(2, 3)]
+    assert abs((load.loaded_concurrency(waves, 3) or 0) - 3.0) < 1e-9
+    assert (load.loaded_concurrency(waves) or 0) < 3
 
 
 def test_served_concurrency_is_what_the_service_held_of_the_clients_count() -> None:
