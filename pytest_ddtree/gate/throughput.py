@@ -381,9 +381,7 @@ def evaluate_cell(
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
-    # Acceptance from every valid repeat, the retaken ones too: greedy acceptance does not depend
-    # on the host's speed, so a repeat that measured the machine's time still measured the config's
-    # acceptance (and a cell whose repeats were all spoiled still shows it, and still compares).
+    # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
     hist = cell_histogram(run.samples)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
         record["accept_histogram"] = hist
