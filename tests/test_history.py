@@ -218,6 +218,9 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
         "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={results}",
+        # no baselines: what lands in the history is the point here, not a verdict that a loaded box
+        # can turn (c1_short's 3.7 ms TTFT rose +45% beside other tests in a CI run)
+        f"--ddtree-baselines={pytester.path / 'no-baselines'}",
         f"--ddtree-history={postgres_url}", "--ddtree-history-check", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*ddtree history*", "appended session * (1 cells, build refserver-* project *) to postgresql://*"])
@@ -225,7 +228,7 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     with HistoryStore(postgres_url) as store:
         (cell,) = [c for c in store.cells() if c.session.session_id == session_id]
     assert (cell.config, cell.cell, cell.hardware_profile) == ("bs8_b8_k4", "c1_short", "refserver")
-    assert len(cell.samples["output_throughput"]) >= 3 and cell.verdicts["output_throughput"]
+    assert len(cell.samples["output_throughput"]) >= 3 and cell.status  # a verdict of its own: no baseline here
     assert cell.session.report_path == str(results / "report.html") and cell.session.build.engine_version
 
 
