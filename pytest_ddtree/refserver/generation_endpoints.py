@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -227,11 +228,19 @@ class GenerationEndpoints(HandlerBase):
             n_out = len(req.output_ids)
             self.send_generation({"text": self._text(req, n_out), "output_ids": list(req.output_ids), "meta_info": meta(n_out, True)})
             return
-        self.start_stream()
-        try:
+        with self._stream(eng, req):
             for ev in self._events(eng, req):
                 n = ev.n_visible
                 self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": meta(n, ev.finished)})
+
+    @contextlib.contextmanager
+    def _stream(self, eng: Engine, req: Request) -> Iterator[None]:
+        """One SSE response around the chunks the body writes: the stream's end, the completion
+        count (the exit-after fault), and the request aborted when the client hangs up, as
+        SGLang aborts a request whose connection closed."""
+        self.start_stream()
+        try:
+            yield
             exit_now = self._count_completion()
             self.end_stream()
         except (BrokenPipeError, ConnectionResetError):
@@ -390,8 +399,7 @@ class GenerationEndpoints(HandlerBase):
                 c["text"] = delta_text or ""
             return {"id": req.rid, "object": obj, "created": created, "model": model, "choices": [c]}
 
-        self.start_stream()
-        try:
+        with self._stream(eng, req):
             if chat:
                 self.sse(chunk("", None, role=True))
             sent = ""
@@ -409,10 +417,3 @@ class GenerationEndpoints(HandlerBase):
                     self.sse(c)
             if include_usage:
                 self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req)})
-            exit_now = self._count_completion()
-            self.end_stream()
-        except (BrokenPipeError, ConnectionResetError):
-            eng.abort(req)
-            raise
-        if exit_now:
-            self._exit_now()
