@@ -41,7 +41,6 @@ from pytest_ddtree.service.base import (
     ProgressFn,
     ServiceError,
     ServiceStartError,
-    describe_exit_code,
 )
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, output_tail
 
