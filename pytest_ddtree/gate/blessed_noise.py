@@ -5,7 +5,7 @@ hardware profile: the launch and day spread of a config's common change, each ce
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pytest_ddtree import stats
@@ -15,23 +15,29 @@ from pytest_ddtree.gate.session_check import ConfigMove, launch_wobble
 from pytest_ddtree.gate.verdicts import MetricBaseline, SPECS
 
 
+def _blessed_metrics(section: Mapping[str, Any] | None) -> Iterator[tuple[str, str, MetricBaseline]]:
+    """(cell, metric, its baseline) of every readable gated metric of one config's ``metrics``
+    section; an entry that cannot be read is left out (its own cell reports it when judged)."""
+    for cell, entry in (section or {}).items():
+        if not isinstance(entry, Mapping):
+            continue
+        for key, gate_entry in (entry.get("gates") or {}).items():
+            try:
+                yield str(cell), str(key), MetricBaseline.from_entry(key, gate_entry)
+            except (KeyError, TypeError, ValueError):
+                continue
+
+
 def blessed_config_shifts(sections: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, float]]]:
     """Per metric, each config's common change per blessed session (log; session id -> value)."""
     found: dict[str, list[dict[str, float]]] = {}
     for section in sections:
         by_metric: dict[str, dict[str, Metric]] = {}
-        for name, entry in (section or {}).items():
-            if not isinstance(entry, Mapping):
+        for name, key, base in _blessed_metrics(section):
+            centre = log_centre(base.samples)
+            if centre is None or len(base.sessions) < 2:
                 continue
-            for key, gate_entry in (entry.get("gates") or {}).items():
-                try:
-                    base = MetricBaseline.from_entry(key, gate_entry)
-                except (KeyError, TypeError, ValueError):
-                    continue
-                centre = log_centre(base.samples)
-                if centre is None or len(base.sessions) < 2:
-                    continue
-                by_metric.setdefault(key, {})[name] = Metric(base, [], centre, centre)
+            by_metric.setdefault(key, {})[name] = Metric(base, [], centre, centre)
         for key, metrics in by_metric.items():
             if len(metrics) >= MIN_CELLS_FOR_SHIFT:
                 found.setdefault(key, []).append(session_shifts(metrics))
@@ -101,18 +107,11 @@ def cell_noise(sections: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, flo
     groups: dict[tuple[str, str], list[list[float]]] = {}
     configs: dict[tuple[str, str], int] = {}
     for section in sections:
-        for cell, entry in (section or {}).items():
-            if not isinstance(entry, Mapping):
-                continue
-            for key, gate_entry in (entry.get("gates") or {}).items():
-                try:
-                    base = MetricBaseline.from_entry(key, gate_entry)
-                except (KeyError, TypeError, ValueError):
-                    continue
-                found = [list(v) for _, v in base.sessions if len(v) >= 2]
-                if found:
-                    groups.setdefault((key, str(cell)), []).extend(found)
-                    configs[(key, str(cell))] = configs.get((key, str(cell)), 0) + 1
+        for cell, key, base in _blessed_metrics(section):
+            found = [list(v) for _, v in base.sessions if len(v) >= 2]
+            if found:
+                groups.setdefault((key, cell), []).extend(found)
+                configs[(key, cell)] = configs.get((key, cell), 0) + 1
     out: dict[str, dict[str, float]] = {}
     for (key, cell), found in groups.items():
         if configs[(key, cell)] >= 3:
