@@ -152,8 +152,6 @@ def test_nothing_cites_the_private_design_notes(repo_root: Path) -> None:
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                             cwd=repo_root, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
     suffixes = (".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".j2", ".sh", ".cfg", ".ini")
-    # pytest_ddtree/data/prompts: frozen prompt texts (baselines depend on their exact tokens), not docs
     offenders = [name for name in listed if name.endswith(suffixes) and (repo_root / name).is_file()
-                 and not name.startswith("pytest_ddtree/data/")
                  and cited.search((repo_root / name).read_text(errors="replace"))]
     assert not offenders, offenders
