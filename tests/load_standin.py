@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.loopback import served
+
 
 @dataclass
 class StandInConfig:
@@ -136,10 +138,5 @@ def standin_server(cfg: StandInConfig | None = None) -> Iterator[tuple[str, Stan
     handler = type("H", (_Handler,), {"cfg": cfg})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", cfg
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(server) as url:
+        yield url, cfg

@@ -24,6 +24,7 @@ from pytest_ddtree import generate_stream, load
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import InvalidResponse, ServiceHTTP
 from pytest_ddtree.prompts import Prompt
+from tests.loopback import served
 
 LIMIT = 1 << 20  # the limits are lowered to 1 MiB here so each test moves a few MB, not hundreds
 SOCKET_SLACK = 16 << 20  # what kernel socket buffers on loopback can hold beyond what was read
@@ -96,13 +97,8 @@ class _Endless(BaseHTTPRequestHandler):
 @contextmanager
 def _endless_server() -> Iterator[tuple[str, _Server]]:
     server = _Server(("127.0.0.1", 0), _Endless)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(server) as url:
+        yield url, server
 
 
 @pytest.fixture

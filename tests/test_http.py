@@ -21,6 +21,7 @@ from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable, nodelay_of
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.pool import free_port
+from tests.loopback import served
 from tests.test_service import BS8_B8_K4, BS8_B12_K6, make_profile
 
 
@@ -74,13 +75,8 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def server() -> Iterator[tuple[str, _Counting]]:
     srv = _Counting(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with served(srv) as url:
+        yield url, srv
 
 
 def test_json_calls_reuse_one_kept_alive_connection_and_follow_renames() -> None:
