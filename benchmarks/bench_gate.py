@@ -76,8 +76,8 @@ WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "reque
 CONTROL = -1  # the control's index among the launches
 #: Flagged configs are relaunched once at session end (``gate.relaunch_candidates``); --no-relaunch: not
 RELAUNCH = True
-#: The control is measured at the session's start and once more at its end; --control-once: at the start only
-CONTROL_AT_END = True
+#: Launches of the control per session (the profile's ``control_launches``): half at its start, half at its end
+CONTROL_LAUNCHES = control.DEFAULT_LAUNCHES
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,11 @@ def _measure(model: Model, config: int, cells: list[int], speed: float, repeats:
 
 
 def _launches(configs: int) -> list[tuple[int, float]]:
-    """The session's launches in order with their position (0 .. 1): the control first."""
+    """The session's launches in order with their position (0 .. 1): the control first and last
+    (its launches there: ``control.launches_at``), the configs between."""
     order = [CONTROL, *range(configs)]
-    return [(c, i / max(1, len(order) - 1)) for i, c in enumerate(order)]
+    out = [(c, i / max(1, len(order) - 1)) for i, c in enumerate(order)]
+    return out + ([(CONTROL, 1.0)] if control.launches_at(CONTROL_LAUNCHES, control.END) else [])
 
 
 def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
@@ -189,20 +191,24 @@ def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
     entries: dict[int, list[dict[str, Any] | None]] = {c: [None] * CELLS for c in [CONTROL, *range(configs)]}
     for s in range(gate.DEFAULT_SESSIONS_KEPT):
         day = model.session()
-        first: dict[int, dict[str, list[float]]] = {}
+        pooled: dict[int, dict[str, list[float]]] = {cell: {} for cell in range(CELLS)}
+        launches = 0
         for cfg, position in _launches(configs):
-            runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {})
-            for cell, run in runs.items():
-                entries[cfg][cell] = gate.baseline_cell_entry(WORKLOAD, _samples(run.samples), entries[cfg][cell],
-                                                              session=f"s{s}")
-                if cfg == CONTROL:
-                    first[cell] = _samples(run.samples)
-        if CONTROL_AT_END:  # the control once more at the end, both launches blessed as the session's
-            runs = _measure(model, CONTROL, list(range(CELLS)), model.launch(day, 1.0), 3, {})
-            for cell, run in runs.items():
-                pooled = {k: first[cell][k] + v for k, v in _samples(run.samples).items()}
-                entries[CONTROL][cell] = gate.baseline_cell_entry(WORKLOAD, pooled, entries[CONTROL][cell],
-                                                                  session=f"s{s}")
+            # the control's launches at the start (position 0) and the end (1), all blessed as the session's
+            count = control.launches_at(CONTROL_LAUNCHES, control.START if position == 0 else control.END) \
+                if cfg == CONTROL else 1
+            for _ in range(count):
+                runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {})
+                launches += cfg == CONTROL
+                for cell, run in runs.items():
+                    samples = _samples(run.samples)
+                    if cfg == CONTROL:
+                        for k, v in samples.items():
+                            pooled[cell].setdefault(k, []).extend(v)
+                        samples = pooled[cell]
+                    entries[cfg][cell] = gate.baseline_cell_entry(
+                        WORKLOAD, samples, entries[cfg][cell], session=f"s{s}",
+                        launches=launches if cfg == CONTROL else None)
     return {c: [e for e in row if e is not None] for c, row in entries.items()}
 
 
@@ -246,41 +252,39 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
                            "failing_metrics": {}}
     dropped_cell_caught = False
     dropped_config_cells = False
+    blessed_launches = control.blessed_launches({f"c{i}": e for i, e in enumerate(baseline[CONTROL])})
+    control_launch = 0
     for cfg, position in _launches(configs):
         slowed = drop and cfg != CONTROL and (who == "all" or cfg == 0)
         drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
-        verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread, noise)
         name = control.CONTROL if cfg == CONTROL else f"cfg{cfg}"
-        for cell, v in verdicts.items():
-            rec = _record(name, cell, v)
-            if cfg == CONTROL:
-                rec["kind"] = control.CONTROL_RECORD
-            records.append(rec)
-            out["cells"] += 1
-            out["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
-            if v.failed:
-                out["failed_cells"] += 1
-                out.setdefault("example", f"{name}: {v.message()}"[:700])
-                for m in v.metrics:
-                    if m.status in gate.FAILING:
-                        key = f"{m.metric}{' (control)' if cfg == CONTROL else ''}"
-                        out["failing_metrics"][key] = out["failing_metrics"].get(key, 0) + 1
-            elif v.status == gate.INCONCLUSIVE:
-                out["inconclusive_cells"] += 1
-            if cfg == 0 and (tps := v.metric("output_throughput")) is not None and tps.status == gate.REGRESSION:
-                dropped_config_cells = True
-                dropped_cell_caught |= cell == "c0"
-            if cfg == 0 and cell == "c0" and scenario == "one_cell_10":
-                out["dropped_cell"] = f"cfg0: {v.message()}"[:700]
-    if CONTROL_AT_END:  # the control once more after the last config (as the plugin does per process)
-        verdicts = judge(model, CONTROL, baseline[CONTROL], model.launch(day, 1.0), {}, spread, noise)
-        for cell, v in verdicts.items():
-            records.append({**_record(control.CONTROL, cell, v), "kind": control.CONTROL_RECORD, "control_launch": 2})
-            out["cells"] += 1
-            if v.failed:
-                out["failed_cells"] += 1
-                out["failing_metrics"]["output_throughput (control)"] = \
-                    out["failing_metrics"].get("output_throughput (control)", 0) + 1
+        # the control's launches at the process's start (position 0) or end (1), the plugin's measure_launches
+        at = (control.START if position == 0 else control.END) if cfg == CONTROL else ""
+        for _ in range(control.launches_at(CONTROL_LAUNCHES, at) if cfg == CONTROL else 1):
+            verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread, noise)
+            control_launch += cfg == CONTROL
+            for cell, v in verdicts.items():
+                rec = _record(name, cell, v)
+                if cfg == CONTROL:
+                    rec.update(kind=control.CONTROL_RECORD, control_launch=control_launch, control_at=at,
+                               blessed_launches=blessed_launches)
+                records.append(rec)
+                out["cells"] += 1
+                out["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
+                if v.failed:
+                    out["failed_cells"] += 1
+                    out.setdefault("example", f"{name}: {v.message()}"[:700])
+                    for m in v.metrics:
+                        if m.status in gate.FAILING:
+                            key = f"{m.metric}{' (control)' if cfg == CONTROL else ''}"
+                            out["failing_metrics"][key] = out["failing_metrics"].get(key, 0) + 1
+                elif v.status == gate.INCONCLUSIVE:
+                    out["inconclusive_cells"] += 1
+                if cfg == 0 and (tps := v.metric("output_throughput")) is not None and tps.status == gate.REGRESSION:
+                    dropped_config_cells = True
+                    dropped_cell_caught |= cell == "c0"
+                if cfg == 0 and cell == "c0" and scenario == "one_cell_10":
+                    out["dropped_cell"] = f"cfg0: {v.message()}"[:700]
     configs_records = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
     moves = gate.config_moves(configs_records)
     relaunched: list[gate.ConfigMove] = []
@@ -320,6 +324,13 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
         out["caught"] = uniform_failed
     out["caught_any"] = any_failure
     return out
+
+
+def _settings(relaunch: bool, control_launches: int, shapes: dict[str, Shape]) -> None:
+    """A worker process takes the command line's settings (whatever the start method)."""
+    global RELAUNCH, CONTROL_LAUNCHES
+    RELAUNCH, CONTROL_LAUNCHES = relaunch, control_launches
+    SHAPES.update(shapes)
 
 
 def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]]:
@@ -395,16 +406,20 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2, help="failures of unchanged sessions to print per shape")
     ap.add_argument("--no-relaunch", dest="relaunch", action="store_false",
                     help="no relaunch of flagged configs (a controller that cannot relaunch: the one-launch rule)")
-    ap.add_argument("--control-once", dest="control_at_end", action="store_false",
-                    help="the control measured at the session's start only (not once more at its end)")
+    ap.add_argument("--control-launches", type=int, default=control.DEFAULT_LAUNCHES,
+                    help="launches of the control per session, half at its start and half at its end, in the blessed "
+                         "sessions too (the profile's control_launches; default %(default)s)")
+    ap.add_argument("--control-once", dest="control_launches", action="store_const", const=1,
+                    help="the control measured at the session's start only (--control-launches 1)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    global RELAUNCH, CONTROL_AT_END
-    RELAUNCH, CONTROL_AT_END = args.relaunch, args.control_at_end
+    global RELAUNCH, CONTROL_LAUNCHES
+    RELAUNCH, CONTROL_LAUNCHES = args.relaunch, args.control_launches
     if args.launch_shift is not None:
         for name in list(SHAPES):
             SHAPES[name] = replace(SHAPES[name], launch=args.launch_shift)
-    print(f"gate simulation: {args.configs} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics + a control, "
+    print(f"gate simulation: {args.configs} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics + a control "
+          f"launched {CONTROL_LAUNCHES} time(s) a session, "
           f"K={gate.DEFAULT_SESSIONS_KEPT} blessed sessions, 3 repeats + {throughput.CONFIRM_REPEATS} confirmation",
           flush=True)
     jobs = []
@@ -415,7 +430,7 @@ def main() -> int:
                 jobs.append((shape, scenario, args.seed * 1_000_003 + si * 10_007 + ki * 1_009 + ci, n, args.configs))
     t0 = time.monotonic()
     parts: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    with multiprocessing.Pool(max(1, args.jobs)) as pool:
+    with multiprocessing.Pool(max(1, args.jobs), _settings, (RELAUNCH, CONTROL_LAUNCHES, SHAPES)) as pool:
         for shape, scenario, part in pool.imap_unordered(_task, jobs):
             parts.setdefault((shape, scenario), []).append(part)
     print(f"{len(jobs)} chunks on {args.jobs} processes in {time.monotonic() - t0:.0f} s")

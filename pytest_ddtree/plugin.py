@@ -477,21 +477,22 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
 def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
     """The throughput gate's control, measured in each process before its first config: the
     profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
-    session, recorded and judged at session end (pytest_ddtree/gate/control.py). Yields what was done:
+    session, recorded and judged at session end (pytest_ddtree/gate/control.py); the profile's
+    ``control_launches`` launches of it, half at the process's start. Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
-    configs the session-end check flags are relaunched once (``throughput.relaunch_flagged``) and the
-    control is measured once more after a process of several configs (its launch at the end), unless
-    the run was stopped."""
+    configs the session-end check flags are relaunched (``throughput.relaunch_flagged``) and the
+    control's other half is measured after a process of several configs (its launches at the end),
+    unless the run was stopped."""
     from pytest_ddtree.gate import control, throughput
 
     cells = control.cells_of(request.session.items)
-    done = control.measure(ddtree_session, cells)
+    done = control.measure_launches(ddtree_session, cells, control.START)
     yield done
     if request.session.shouldstop or request.session.shouldfail:
         return
     throughput.relaunch_flagged(ddtree_session, request.session.items)
     if done == "measured" and control.wants_end_launch(ddtree_session.recorder.records):
-        control.measure(ddtree_session, cells, launch=2)
+        control.measure_launches(ddtree_session, cells, control.END)
 
 
 @pytest.fixture

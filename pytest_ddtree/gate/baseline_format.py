@@ -35,6 +35,7 @@ def baseline_cell_entry(
     specs: Sequence[MetricSpec] = GATED_METRICS,
     session: str = "session",
     keep: int = DEFAULT_SESSIONS_KEPT,
+    launches: int | None = None,
 ) -> dict[str, Any]:
     """The ``metrics.<cell>`` entry after blessing this session's samples.
 
@@ -42,7 +43,9 @@ def baseline_cell_entry(
     counts as one) and only the last ``keep`` are kept; a workload change starts over, since
     the old numbers measured something else. A tolerance already in ``existing`` (edited by a
     reviewer) is kept; metrics without samples (e.g. acceptance of a non-speculative server)
-    are left out.
+    are left out. ``launches``: how many launches of the service the session's samples pool (the
+    control's, ``gate/control.py``), kept with the session as ``launches`` (and kept for the sessions
+    already there), so a judged session knows how much launch-to-launch noise each blessed one averaged.
     """
     old_gates = (existing or {}).get("gates") or {}
     if existing is not None and dict(existing.get("workload") or {}) != dict(workload):
@@ -57,9 +60,11 @@ def baseline_cell_entry(
         tolerance = spec.tolerance if not stats.is_number(tolerance) else float(tolerance)
         history: list[dict[str, Any]] = []
         if "direction" in old:
-            history = [{"session": sid, "samples": list(v)}
+            counts = _launch_counts(old)
+            history = [{"session": sid, "samples": list(v), **({"launches": counts[sid]} if sid in counts else {})}
                        for sid, v in MetricBaseline.from_entry(spec.key, old).sessions if v and sid != session]
-        history.append({"session": session, "samples": [_round(v) for v in values]})
+        history.append({"session": session, "samples": [_round(v) for v in values],
+                        **({"launches": int(launches)} if launches is not None else {})})
         history = history[-keep:]
         pooled = [v for h in history for v in h["samples"]]
         gates[spec.key] = {
@@ -70,6 +75,13 @@ def baseline_cell_entry(
             "unit": spec.unit,
         }
     return {"workload": dict(workload), "gates": gates}
+
+
+def _launch_counts(gate: Mapping[str, Any]) -> dict[str, int]:
+    """Session id -> ``launches`` of a gate entry's blessed sessions that say it."""
+    sessions = gate.get("sessions")
+    return {str(s.get("session", i)): int(s["launches"]) for i, s in enumerate(sessions if isinstance(sessions, list) else [])
+            if isinstance(s, Mapping) and isinstance(s.get("launches"), int) and not isinstance(s.get("launches"), bool)}
 
 
 def _renamed_gates(entry: Any, where: str) -> Any:
@@ -116,4 +128,10 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
                     and all(stats.is_number(v) and v > 0 for v in s["samples"]) for s in sessions):
                 raise BaselineFormatError(
                     f"{w}.sessions must be a list of {{session: ID, samples: [positive numbers]}} (oldest first)")
+            for i, s in enumerate(sessions):
+                n = s.get("launches", 1)
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise BaselineFormatError(
+                        f"{w}.sessions[{i}].launches must be a whole number >= 1 (how many launches the session's "
+                        f"samples pool), got {n!r}: fix it or leave it out (one launch)")
     return dict(section)

@@ -76,6 +76,12 @@ KIND_CONTROL = "control moved"
 KIND_SPECULATIVE = "only speculative configs moved"
 KIND_BOTH = "control moved, and the speculative configs moved against it"
 
+#: Where in its process a launch of the control is measured (``control_at`` of its records).
+START = "start"
+END = "end"
+#: The profile's ``control_launches`` when it does not set them: one at the start, one at the end.
+DEFAULT_LAUNCHES = 2
+
 
 @dataclass(frozen=True)
 class _Move:
@@ -99,27 +105,66 @@ def _move_of(records: Sequence[Mapping[str, Any]]) -> _Move | None:
 
 
 def launch_of(rec: Mapping[str, Any]) -> str:
-    """Which launch of the control a record belongs to (its process and its place in it): a session
-    measures the control once per process at its start and once more at its end (``measure``)."""
+    """Which launch of the control a record belongs to (its process and its number in it): a session
+    measures the control ``control_launches`` times per process, at its start and at its end (``measure``)."""
     return f"{rec.get('worker') or ''}#{rec.get('control_launch') or 1}"
 
 
-def _control_moves(records: Sequence[Mapping[str, Any]]) -> list[_Move]:
-    """The common change of each launch of the control (one per process, or two: its start and end)."""
+def place_of(rec: Mapping[str, Any]) -> str:
+    """``start`` or ``end``: where in its process a launch of the control was measured (records
+    without ``control_at``, written before the key existed: launch 2 was the end, launch 1 the start)."""
+    at = rec.get("control_at")
+    if at in (START, END):
+        return str(at)
+    return END if rec.get("control_launch") == 2 else START
+
+
+@dataclass(frozen=True)
+class _Launches:
+    """The control's launches of one group together: their weighted common change, and the share of
+    one launch's own shift that is left in it (1 for one launch, 1 / n for n launches in one place)."""
+
+    move: _Move
+    launch_share: float
+    count: int
+
+
+def _control_launches(records: Sequence[Mapping[str, Any]]) -> _Launches | None:
+    """The control's launches of this group together. Within a process its launches at the start and
+    those at the end weigh half each, so a machine that drifts over the process cancels whatever the
+    number of launches in each place; the processes weigh alike. ``launch_share`` is the sum of the
+    squared weights: the variance of one launch's own shift that the weighted mean keeps."""
     launches: dict[str, list[Mapping[str, Any]]] = {}
     for rec in records:
         launches.setdefault(launch_of(rec), []).append(rec)
-    return [m for _, recs in sorted(launches.items()) if (m := _move_of(recs)) is not None]
-
-
-def _mean_move(moves: Sequence[_Move]) -> _Move | None:
-    """The control's launches together: the mean of their common changes (a drift over the session
-    cancels between a launch at its start and one at its end; launch-to-launch shifts average)."""
-    if not moves:
+    places: dict[str, dict[str, list[_Move]]] = {}
+    for key, recs in sorted(launches.items()):
+        move = _move_of(recs)
+        if move is not None:
+            places.setdefault(key.rsplit("#", 1)[0], {}).setdefault(place_of(recs[0]), []).append(move)
+    if not places:
         return None
-    n = len(moves)
-    return _Move(sum(m.shift for m in moves) / n, math.sqrt(sum(m.se**2 for m in moves)) / n, moves[0].blessed,
-                 moves[0].floor)
+    weighted: list[tuple[float, _Move]] = []
+    for by_place in places.values():
+        for moves in by_place.values():
+            weighted.extend((1.0 / (len(places) * len(by_place) * len(moves)), m) for m in moves)
+    first = weighted[0][1]
+    move = _Move(sum(w * m.shift for w, m in weighted), math.sqrt(sum((w * m.se) ** 2 for w, m in weighted)),
+                 first.blessed, first.floor)
+    return _Launches(move, sum(w * w for w, _ in weighted), len(weighted))
+
+
+def _blessed_share(records: Sequence[Mapping[str, Any]], blessed: Mapping[str, float]) -> float:
+    """The share of one launch's own shift left in the control's baseline: its blessed sessions' mean,
+    each session the mean of its launches (``blessed_launches`` of the records, read from control.yaml;
+    a session blessed before the count was kept counts as one launch)."""
+    counts: dict[str, int] = {}
+    for rec in records:
+        for sid, n in (rec.get("blessed_launches") or {}).items():
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+                counts[str(sid)] = n
+    k = max(1, len(blessed))
+    return sum(1.0 / counts.get(sid, 1) for sid in blessed) / k**2 if blessed else 1.0
 
 
 def _median_value(records: Sequence[Mapping[str, Any]], cell: str) -> float | None:
@@ -250,18 +295,20 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
         g.lines.extend(["  " + f for f in g.control_failures] or ["  the control's cells were blessed"])
         _speedup_table(g, control, configs)
         return g
-    ctl_launches = _control_moves(control)
-    ctl = _mean_move(ctl_launches)
-    n_ctl = max(1, len(ctl_launches))
+    launches = _control_launches(control)
+    ctl = launches.move if launches is not None else None
+    n_ctl = launches.count if launches is not None else 0
+    # the share of one launch's own shift in the control's change: today's launches and the blessed ones
+    share = ((launches.launch_share + _blessed_share(control, launches.move.blessed)) if launches is not None else 2.0)
     moves = _config_moves(configs, relaunches)
     wobble, day = _spreads(configs, name, ctl)
-    control_moved = _judge_control(g, ctl, n_ctl, wobble, day)
+    control_moved = _judge_control(g, ctl, n_ctl, share, wobble, day)
     if g.control_failures:
         g.control_status = "failed"
         g.lines.extend("  control " + f for f in g.control_failures)
     speculative_moved = False
     if ctl is not None and moves:
-        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, wobble, day, control_moved)
+        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, share, wobble, day, control_moved)
     elif not moves:
         g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
                        "with baselines): no uniform shift")
@@ -280,7 +327,8 @@ def _control_cell_failures(g: GroupJudgement, control: list[dict[str, Any]], req
         verdict = rec.get("verdict") or {}
         status = str(verdict.get("status") or rec.get("status") or "")
         refusal = rec.get("bless_refused")
-        launch = f" (its launch at the end of {rec.get('worker') or 'the process'})" if rec.get("control_launch") == 2 else ""
+        launch = (f" (launch {rec.get('control_launch') or 1}, at the {place_of(rec)} of {rec.get('worker') or 'the process'})"
+                  if (rec.get("control_launch") or 1) > 1 else "")
         if refusal:
             g.control_failures.append(f"{rec.get('cell')}: not blessed: {refusal}; retry with: {rec.get('retry')}")
         elif status in gate.FAILING or (require_baselines and status in (gate.MISSING, gate.THIN, gate.INCONCLUSIVE)):
@@ -321,12 +369,14 @@ def _spreads(configs: list[dict[str, Any]], name: str, ctl: _Move | None) -> tup
     return wobble, day
 
 
-def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, wobble: float, day: float) -> bool:
-    """The control's output tok/s against its baseline; whether it moved beyond its tolerance."""
+def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: float, wobble: float, day: float) -> bool:
+    """The control's output tok/s against its baseline; whether it moved beyond its tolerance.
+    ``share``: how much of one launch's own shift (``wobble``, as a variance) its change carries, from
+    today's ``n_ctl`` launches and the blessed sessions' (``_control_launches``, ``_blessed_share``)."""
     control_moved = False
     if ctl is not None:
         k = max(1, len(ctl.blessed))
-        control_se = math.sqrt(day**2 * (1.0 + 1.0 / k) + wobble**2 * (1.0 / n_ctl + 1.0 / k) + ctl.se**2)
+        control_se = math.sqrt(day**2 * (1.0 + 1.0 / k) + wobble**2 * share + ctl.se**2)
         g.control_tolerance = max(ctl.floor, gate.Z_CONFIG * control_se)
         half = 1.96 * control_se
         g.control_change = math.expm1(ctl.shift)
@@ -345,8 +395,8 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, wobble: flo
     return control_moved
 
 
-def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Move], n_ctl: int, wobble: float, day: float,
-                         control_moved: bool) -> bool:
+def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Move], n_ctl: int, share: float,
+                         wobble: float, day: float, control_moved: bool) -> bool:
     """The speculative configs' common move, from their speedups over the control and their change
     against the blessed days (weighted by their noise); a uniform slowdown while the control held
     fails the group. Whether the speculative configs moved."""
@@ -361,7 +411,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     # blessed sessions (over the control), the day and the blessed days (the configs alone)
     config_se = stats.median([m.se for m in moves.values()])
     shared = max(wobble**2 * (1.0 + 1.0 / k), config_se**2) * (math.pi / 2.0 if n > 2 else 1.0) / n
-    var_control = max(wobble**2 * (1.0 / n_ctl + 1.0 / k), ctl.se**2) + shared
+    var_control = max(wobble**2 * share, ctl.se**2) + shared
     var_days = day**2 * (1.0 + 1.0 / k) + shared
     # inverse-variance weights of the two estimates of the speculative configs' common move
     # (correlated through the configs' median): restart noise makes the control's estimate wide
@@ -377,7 +427,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
     g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
     g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
-                       "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl,
+                       "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl, "control_launch_share": share,
                        "launch_spread": wobble, "day_spread": day}
     speculative_moved = abs(uniform) > g.uniform_tolerance
     slower = -uniform > g.uniform_tolerance
@@ -430,15 +480,49 @@ def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: li
         g.lines.extend(rows)
 
 
-def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1) -> str:
-    """Measure the control in this process, on ``cells``, and record it; returns what was done.
+def launches_at(profile_launches: int, at: str) -> int:
+    """How many of a process's ``profile_launches`` launches of the control are measured at ``at``:
+    half at its start (the odd one there) and half at its end, so their weighted mean sits where
+    the configs' median does and a drift over the process cancels (``_control_launches``)."""
+    return (profile_launches + 1) // 2 if at == START else profile_launches // 2
 
-    ``launch`` 1 is the process's first launch, before its first config; 2 its last, after its last
-    config: the mean of the two sits where the configs' median does, so a machine that drifts over
-    the session does not read as the configs moving against the control, and the control's own
-    launch-to-launch shift averages over two launches. A bless blesses both launches' samples as the
-    session's (the end launch's proposal replaces the start launch's, pooled), so the baseline holds
-    what a judged session compares with it.
+
+def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START) -> str:
+    """The control's launches of this process at ``at`` (``launches_at`` of the profile's
+    ``control_launches``), each a fresh launch measured on every cell (``measure``); returns
+    ``measured`` when the process has a launch of the control measured, else what its first did
+    (``unavailable``, ``off``, ``no throughput cells``). Each launch
+    after the first costs one more restart of the service and the control's cells.
+
+    Why more than one: each launch of a server lands a little faster or slower (KV-cache size,
+    CUDA-graph capture, memory layout: ~2% (sd) on GPU servers), and the control's launch shift is
+    carried whole by every config's speedup over it; the mean of n launches (and of n per blessed
+    session) carries 1 / n of it, which is what lets the uniform shift see every config 5% slower."""
+    earlier = {r.get("control_launch") for r in session.recorder.records
+               if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
+    first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
+    count = launches_at(int(getattr(session.profile, "control_launches", DEFAULT_LAUNCHES)), at)
+    done = "off"
+    for launch in range(first, first + count):
+        outcome = measure(session, cells, launch, at)
+        if outcome != "measured":  # recorded with the reason; the launches measured so far stand
+            return "measured" if launch > 1 else outcome
+        done = outcome
+    return done
+
+
+def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1, at: str = START) -> str:
+    """Measure one launch of the control in this process, on ``cells``, and record it; returns what
+    was done.
+
+    ``launch`` counts the process's launches of the control (1: its first, before its first config),
+    ``at`` says whether it belongs to the process's start or its end (``measure_launches``): the
+    launches at each end weigh half, so a machine that drifts over the session does not read as the
+    configs moving against the control, and the control's own launch-to-launch shift averages over
+    its launches. Every launch after the process's first is a fresh one (the service is released
+    first). A bless blesses every launch's samples as the session's, with their number (the latest
+    launch's proposal replaces the earlier ones, pooled), so the baseline holds what a judged session
+    compares with it and says how many launches each blessed session averaged.
 
     ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
     control is launched in the instance's own slot like any config (the next config restarts);
@@ -463,6 +547,8 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"profile {profile.name} sets control: none"})
         return "off"
     try:
+        if launch > 1:
+            session.manager.release()  # a fresh launch of the control, not the one still running
         if choice:
             service = session.manager.ensure(parse_config_name(choice))
             source = f"config {choice} (the profile's control)"
@@ -486,35 +572,57 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
         campaign = throughput.measure_config(
             service.client, cells, settings.repeats,
             lambda name, r, result: recorder.record(CONTROL_REPEAT, CONTROL, {
-                **throughput.sample_record(name, r, result), "control_launch": launch}),
+                **throughput.sample_record(name, r, result), "control_launch": launch, "control_at": at}),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
             bless=baselines.update_mode, gated=GATED)
     except LoadError as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
         return "unavailable"
+    blessed = blessed_launches(section)
     for workload in cells:
         ev = throughput.evaluate_cell(CONTROL, workload, campaign, baseline_file, baselines.path_for(CONTROL),
                                       baselines.hardware_profile, baselines.update_mode, baseline_error)
-        _record_cell(session, baselines, workload.name, ev, source, launch)
+        _record_cell(session, baselines, workload.name, ev, source, launch, at, blessed)
     return "measured"
 
 
-def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev: CellEvaluation, source: str, launch: int) -> None:
-    """Record one control cell; under a bless, propose it for ``control.yaml`` (with the end
-    launch's samples pooled with the start launch's) or say why it cannot be trusted."""
+def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
+    """How many launches of the control each blessed session averaged (session id -> count), from
+    control.yaml's ``metrics`` section (its output tok/s sessions' ``launches``; a session blessed
+    before the count was kept is left out and counts as one)."""
+    counts: dict[str, int] = {}
+    for entry in (section or {}).values():
+        gates = entry.get("gates") if isinstance(entry, Mapping) else None
+        gated = gates.get(_METRIC) if isinstance(gates, Mapping) else None
+        sessions = gated.get("sessions") if isinstance(gated, Mapping) else None
+        for s in sessions if isinstance(sessions, list) else []:
+            n = s.get("launches") if isinstance(s, Mapping) else None
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+                counts[str(s.get("session"))] = n
+    return counts
+
+
+def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev: CellEvaluation, source: str, launch: int,
+                 at: str, blessed: Mapping[str, int]) -> None:
+    """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
+    earlier launches' samples pooled in, and their number) or say why it cannot be trusted."""
     recorder, settings = session.recorder, session.settings
     record = dict(ev.record)
     record["control_source"] = source
     record["control_launch"] = launch
+    record["control_at"] = at
+    if blessed:
+        record["blessed_launches"] = dict(blessed)
     if ev.baseline_problem:
         record["baseline_problem"] = ev.baseline_problem
     if baselines.update_mode:
         refusal = ev.bless_refusal()
         if refusal is None:
-            samples = _with_earlier_launches(recorder.records, cell, ev.samples) if launch > 1 else ev.samples
+            samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
             entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
-                                             specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp)
+                                             specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
+                                             launches=launches)
             recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
         else:
             record["bless_refused"] = refusal
@@ -524,27 +632,30 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev
 
 
 def _with_earlier_launches(records: Sequence[Mapping[str, Any]], cell: str,
-                           samples: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
-    """``samples`` with this process's earlier control launches' samples of ``cell`` before them."""
+                           samples: Mapping[str, Sequence[float]]) -> tuple[dict[str, list[float]], int]:
+    """``samples`` with this process's earlier control launches' samples of ``cell`` before them, and
+    how many launches they are together (the refused ones left out)."""
     pooled: dict[str, list[float]] = {}
+    launches = 1
     for rec in records:
         if rec.get("kind") == CONTROL_RECORD and rec.get("cell") == cell and not rec.get("bless_refused"):
+            launches += 1
             for key, values in (rec.get("samples") or {}).items():
                 pooled.setdefault(str(key), []).extend(float(v) for v in values)
     for key, values in samples.items():
         pooled.setdefault(key, []).extend(float(v) for v in values)
-    return pooled
+    return pooled, launches
 
 
-#: A process that measured this many configs measures the control once more at its end.
+#: A process that measured this many configs measures the control at its end too.
 END_LAUNCH_MIN_CONFIGS = 3
 
 
 def wants_end_launch(records: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether this process's control is measured once more at its end (``records``: the process's
-    own): after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift
-    and the control's launch shift is shared by enough configs to be worth a second launch; a process
-    of one or two configs keeps its one launch beside them."""
+    """Whether this process's control is measured at its end too (``records``: the process's own):
+    after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
+    the control's launch shift is shared by enough configs to be worth more launches; a process of
+    one or two configs keeps its launches at its start, beside them."""
     configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
     return len(configs) >= END_LAUNCH_MIN_CONFIGS
 

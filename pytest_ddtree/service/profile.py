@@ -82,6 +82,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "lossless": (str, False),
     "lossless_args": ((str, type(None)), False),
     "control": ((str, type(None)), False),
+    "control_launches": (int, False),
     "relaunch_flagged": (bool, False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
@@ -393,12 +394,35 @@ class _Behaviour(TypedDict):
     lossless: str
     lossless_args: str | None
     control: str | None
+    control_launches: int
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
     gpu_release_timeout_s: float
     stop_timeout_s: float
     copy_probe: bool
+
+
+#: The most launches of the control a profile may ask for per process (each one is a restart).
+MAX_CONTROL_LAUNCHES = 16
+
+
+def _parse_control_launches(raw: Mapping[str, Any], control: str | None, relaunchable: bool, fail: _Fail) -> int:
+    """``control_launches``: how many launches of the control each process measures (half at its
+    start, half at its end; gate/control.py), each one more restart of the service."""
+    if "control_launches" not in raw:
+        return int(_DEFAULTS["control_launches"])
+    n = raw["control_launches"]
+    if not 1 <= n <= MAX_CONTROL_LAUNCHES:
+        raise fail("control_launches", f"must be a whole number from 1 to {MAX_CONTROL_LAUNCHES} (launches of the "
+                                       f"control per process, half at its start and half at its end), got {n}")
+    if control == "none":
+        raise fail("control_launches", "this profile sets control: none, so there is no control to launch: leave "
+                                       "control_launches out, or name the control")
+    if n > 1 and not relaunchable:
+        raise fail("control_launches", "an external service or a pool of URLs cannot be relaunched, so its control "
+                                       "cannot be launched more than once: leave control_launches out")
+    return int(n)
 
 
 def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
@@ -416,6 +440,7 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         except ConfigError as exc:
             raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
     relaunchable = controller != "external" and not isinstance(pool, tuple)
+    control_launches = _parse_control_launches(raw, control, relaunchable, fail)
     relaunch_flagged = raw.get("relaunch_flagged", relaunchable)
     if relaunch_flagged and not relaunchable:
         raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
@@ -430,6 +455,7 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
         control=control,
+        control_launches=control_launches,
         relaunch_flagged=bool(relaunch_flagged),
         health_path=health_path,
         ready_timeout_s=float(raw.get("ready_timeout_s", _DEFAULTS["ready_timeout_s"])),

@@ -132,6 +132,10 @@ class ServiceProfile:
     #: The throughput gate's control (pytest_ddtree/gate/control.py): None = the lossless_args launch,
     #: "none" = no control, else the name of a config to measure as the control.
     control: str | None = None
+    #: Launches of the control per process, half at its start and half at its end (gate/control.py):
+    #: each averages away more of one launch's own speed shift, at the cost of one restart and the
+    #: control's cells; the uniform shift's standard error shrinks with them (docs/benchmarks.md).
+    control_launches: int = 2
     #: Configs the session-end check flags are launched once more at the end of their process and
     #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
     relaunch_flagged: bool = True
