@@ -4,12 +4,19 @@ the session-end judgement by ``control.judge`` over records shaped as the suite 
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 from typing import Any
+
+import pytest
+import yaml
 
 from pytest_ddtree import gate, load, stats
 from pytest_ddtree.gate import control
+from pytest_ddtree.service.manager import REFERENCE_LABEL
+from tests.suite_helpers import reference_profile
 
 CELLS = ("c1", "c2", "c3", "c4")
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
@@ -234,3 +241,84 @@ def test_a_cell_noisy_in_every_config_gets_its_own_noise_from_all_of_them() -> N
     pooled = gate.cell_noise(sections)["output_throughput"]
     assert 0.03 < pooled["c4"] < 0.08 and 0.005 < pooled["c1"] < 0.016
     assert gate.cell_noise(sections[:2]) == {}  # a cell blessed in fewer than 3 configs: its own estimate stands
+
+
+def _launches_session(launches: int, blessed_launches: int, seed: int = 5) -> control.ControlJudgement:
+    """Two configs and a control blessed over three sessions of ``blessed_launches`` control launches
+    each (pooled, as the bless flow pools them), then a session measuring the control ``launches``
+    times (half at its start, half at its end, as ``control.measure_launches`` places them)."""
+    rng = random.Random(seed)
+    values = {control.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
+    entries: dict[str, dict[str, Any]] = {name: {} for name in values}
+    for s in range(3):
+        for name, value in values.items():
+            count = blessed_launches if name == control.CONTROL else 1
+            for i, cell in enumerate(CELLS):
+                pooled: dict[str, list[float]] = {}
+                for _ in range(count):
+                    for key, got in _samples(rng, value * (1 + i / 10), 1.0).items():
+                        pooled.setdefault(key, []).extend(got)
+                entries[name][cell] = gate.baseline_cell_entry(
+                    WORKLOAD, pooled, entries[name].get(cell), session=f"s{s}",
+                    launches=count if name == control.CONTROL else None)
+    blessed = control.blessed_launches(entries[control.CONTROL])
+    records = []
+    for n in range(1, launches + 1):
+        at = control.START if n <= control.launches_at(launches, control.START) else control.END
+        for rec in _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], 1.0, control.CONTROL_RECORD, n):
+            records.append({**rec, "control_at": at, "blessed_launches": blessed})
+    configs = [r for name in ("bs8_b4_k4", "bs8_b8_k4") for r in _launch(rng, name, values[name], entries[name], 1.0)]
+    return control.judge(records + configs, configs)
+
+
+def test_every_launch_of_the_control_counts_in_the_uniform_shift_today_and_in_its_baseline() -> None:
+    # 8 launches today (4 at the start, 4 at the end) and 8 in each blessed session: 1/8 of one
+    # launch's own shift today, 1/24 in the baseline (three sessions of 8), against 1/2 + 1/3 with
+    # one launch at each end and one launch blessed a session (a baseline blessed before the count)
+    (many,) = _launches_session(8, 8).groups
+    (few,) = _launches_session(2, 1).groups
+    assert many.uniform_parts["control_launches"] == 8 and few.uniform_parts["control_launches"] == 2
+    assert math.isclose(many.uniform_parts["control_launch_share"], (1 / 4 + 1 / 4) / 4 + 3 * (1 / 8) / 9)
+    assert math.isclose(few.uniform_parts["control_launch_share"], (1 + 1) / 4 + 3 / 9)
+    width = {name: g.uniform_interval[1] - g.uniform_interval[0] for name, g in (("many", many), ("few", few))
+             if g.uniform_interval is not None}
+    assert width["many"] < 0.8 * width["few"], width
+    assert "8 launch(es) on 4 cell(s)" in "\n".join(many.lines)
+
+
+def test_a_bless_keeps_each_sessions_launch_count_and_a_bad_count_is_refused() -> None:
+    rng = random.Random(2)
+    entry = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0, n=12), session="s0", launches=4)
+    entry = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0), entry, session="s1")  # no count
+    sessions = entry["gates"]["output_throughput"]["sessions"]
+    assert [s.get("launches") for s in sessions] == [4, None]
+    assert control.blessed_launches({"c1": entry}) == {"s0": 4}
+    gate.validate_section({"c1": entry}, "control.yaml")
+    sessions[0]["launches"] = 0
+    with pytest.raises(gate.BaselineFormatError, match=r"sessions\[0\]\.launches must be a whole number >= 1"):
+        gate.validate_section({"c1": entry}, "control.yaml")
+
+
+def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_all(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """Through the plugin in one process: ``control_launches: 3`` and one config measure the control
+    twice at the process's start (the third would be at its end, after three configs or more), each
+    a fresh launch of the reference, and the bless writes both launches' samples with their count."""
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+                      "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
+    profile = reference_profile(pytester.path, clock_scale=5, control_launches=3)
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
+        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-update-baselines", "-p", "no:cacheprovider", timeout=180)
+    assert "2 launch(es) on 1 cell(s)" in result.stdout.str()  # the config's own bless is not the point here
+    records = [json.loads(line) for path in (pytester.path / "results").glob("records-*.jsonl")
+               for line in path.read_text().splitlines()]
+    measured = [r for r in records if r.get("kind") == control.CONTROL_RECORD]
+    assert sorted((r["control_launch"], r["control_at"]) for r in measured) == [(1, "start"), (2, "start")]
+    launches = [r for r in records if r.get("kind") == "launch" and r.get("config") == REFERENCE_LABEL]
+    assert len(launches) == 2  # a fresh launch each time, not the running one measured twice
+    blessed = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
+    (session,) = blessed["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
+    assert session["launches"] == 2 and len(session["samples"]) >= 6

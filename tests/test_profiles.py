@@ -141,6 +141,10 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
         ({"lossless_args": None}, r"lossless_args: lossless: instance needs"),
         ({"controller": "systemd"}, r"unit: the systemd controller needs the unit name"),
         ({"pool": ["http://127.0.0.1:30000"], "relaunch_flagged": True}, r"relaunch_flagged: an external service or a pool of URLs cannot be relaunched"),
+        ({"control_launches": 0}, r"control_launches: must be a whole number from 1 to 16"),
+        ({"control_launches": True}, r"control_launches: expected int, got bool"),
+        ({"control_launches": 4, "control": "none"}, r"control_launches: this profile sets control: none"),
+        ({"pool": ["http://127.0.0.1:30000"], "control_launches": 4}, r"control_launches: an external service or a pool of URLs cannot be relaunched"),
     ],
 )
 def test_profile_errors_name_file_key_and_problem(tmp_path: Path, repo_root: Path, changes: dict[str, object], message: str) -> None:
