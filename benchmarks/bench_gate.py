@@ -25,12 +25,13 @@ named noise shapes (``--shapes``; all of them by default):
 
 Every session is the campaign: 18 configs x 6 cells x 3 gated metrics, 3 repeats a cell in the
 first pass, flagged cells re-measured with ``throughput.CONFIRM_REPEATS`` fresh ones, and a
-non-speculative control launch measured on the 6 cells (gated on its output tok/s) at the session's
-start and once more at its end (``--control-once``: the start only), both launches blessed as the
-session's. At the end, the configs ``gate.relaunch_candidates`` flags are launched again (a fresh
-per-launch shift, all their cells; up to ``gate.MAX_RELAUNCHES`` times) and ``gate.judge_session``
-decides on all their launches (``--no-relaunch``: the one-launch rule); the relaunches per session
-are printed (their cost).
+non-speculative control measured on the 6 cells (gated on its output tok/s) ``--control-launches``
+times (the profile's ``control_launches``, default 2): half at the session's start, half at its end
+(``control.launches_at``), each a launch of its own, all of them blessed as the session's with their
+number (``--control-once``: one launch, at the start). At the end, the configs
+``gate.relaunch_candidates`` flags are launched again (a fresh per-launch shift, all their cells; up
+to ``gate.MAX_RELAUNCHES`` times) and ``gate.judge_session`` decides on all their launches
+(``--no-relaunch``: the one-launch rule); the relaunches per session are printed (their cost).
 Scenarios, each judged as a whole session:
 
 * ``unchanged``: fails when any cell fails or stays inconclusive, a config fails against its
