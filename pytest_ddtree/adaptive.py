@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_ddtree.metrics import tokens_per_verify
 from pytest_ddtree.stats import is_number
+from pytest_ddtree.records import AdaptivePickData, AdaptiveSweepData, PredictedRowData, RawRecord, WorkloadData
+from pytest_ddtree import records as records_mod
 from pytest_ddtree.vocabulary import RecordKind, Status
 
 if TYPE_CHECKING:
@@ -143,14 +145,14 @@ class AdaptiveSweep:
             self.tried.append(name)
         return name
 
-    def record_config(self, name: str, records: Iterable[Mapping[str, Any]], hardware_profile: str | None) -> int:
+    def record_config(self, name: str, records: Iterable[RawRecord], hardware_profile: str | None) -> int:
         """Feed the planner the valid throughput cells of ``name``; returns how many there were.
 
         A config that measured nothing (a failed start) is marked failed, so it is neither
         chosen again nor recommended; its restart still counts.
         """
-        rows = [r for r in records if r.get("kind") == RecordKind.THROUGHPUT and r.get("config") == name
-                and r.get("measurement_status") != Status.INVALID]
+        rows = [r for r in records_mod.throughput_records(records)
+                if r["config"] == name and r["measurement_status"] != Status.INVALID]
         _, _, measurements = _measurements(rows)
         for m in measurements:
             self.planner.record(m)
@@ -182,17 +184,17 @@ class AdaptiveSweep:
                            f"{len(self.priors)} earlier results folder(s) on {hardware_profile}")
         self.progress(f"adaptive sweep: {self.prior_note}")
 
-    def outcome(self, launches: int, workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    def outcome(self, launches: int, workloads: Mapping[str, WorkloadData]) -> AdaptiveSweepData:
         """The ``adaptive-sweep`` record: restarts as the service manager counted its launches,
         the predicted rows (with intervals) and the per-cell picks (always measured configs)."""
-        predicted: list[dict[str, Any]] = []
-        recommendations: list[dict[str, Any]] = []
+        predicted: list[PredictedRowData] = []
+        recommendations: list[AdaptivePickData] = []
         error = None
         try:
             self._report(predicted, recommendations, workloads)
         except Exception as exc:  # noqa: BLE001 - a failed fit must not lose the measured results
             error = f"the advisor could not predict: {type(exc).__name__}: {exc}"
-        return {
+        outcome: AdaptiveSweepData = {
             "restarts": launches,
             "full_sweep_restarts": len(self.configs),
             "max_restarts": self.max_restarts,
@@ -202,23 +204,27 @@ class AdaptiveSweep:
             "predicted": predicted,
             "recommendations": recommendations,
             "prior": self.prior_note,
-            **({"error": error} if error else {}),
         }
+        if error:
+            outcome["error"] = error
+        return outcome
 
     def not_measured(self) -> list[str]:
         """The configs the sweep never restarted for (their cells are predicted)."""
         return [c.name for c in self.configs if c.name not in self.tried]
 
-    def _report(self, predicted: list[dict[str, Any]], recommendations: list[dict[str, Any]],
-                workloads: Mapping[str, Mapping[str, Any]]) -> None:
+    def _report(self, predicted: list[PredictedRowData], recommendations: list[AdaptivePickData],
+                workloads: Mapping[str, WorkloadData]) -> None:
         if self.planner.order:
             for (config, cell), p in sorted(self.planner.predictions().items()):
-                predicted.append({
+                row: PredictedRowData = {
                     "config": config, "cell": cell, "status": Status.PREDICTED, "predicted": True,
                     "output_throughput": round(p.tok_s, 3),
                     "output_throughput_interval": [round(p.low, 3), round(p.high, 3)],
-                    "workload": dict(workloads.get(cell) or {}),
-                })
+                }
+                if cell in workloads:
+                    row["workload"] = workloads[cell]
+                predicted.append(row)
             for rec in self.planner.recommendations():
                 recommendations.append({
                     "cell": rec.cell, "config": rec.config, "output_throughput": round(rec.tok_s, 3),
@@ -228,49 +234,46 @@ class AdaptiveSweep:
 
 
 # -- reporting (no numpy) ------------------------------------------------------------------
-def outcome_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+def outcome_of(records: Iterable[RawRecord]) -> AdaptiveSweepData | None:
     """The session's adaptive-sweep outcome, if it ran one (the last record wins)."""
-    found = None
-    for r in records:
-        if r.get("kind") == RecordKind.ADAPTIVE_SWEEP:
-            found = r
-    return dict(found) if found is not None else None
+    return records_mod.adaptive_outcome(records)
 
 
-def predicted_table_rows(outcome: Mapping[str, Any], width: int, ctx: Callable[[Any], str] = str) -> list[list[str]]:
+def predicted_table_rows(outcome: AdaptiveSweepData, width: int, ctx: Callable[[Any], str] = str) -> list[list[str]]:
     """Rows for the sweep table beside the measured ones: ``predicted`` with the interval
     (``ctx`` formats the context length as the measured rows do)."""
     rows = []
-    for p in outcome.get("predicted") or []:
-        w = p.get("workload") or {}
-        low, high = p.get("output_throughput_interval") or (0.0, 0.0)
-        tps = f"{float(p['output_throughput']):.1f} [{float(low):.0f}-{float(high):.0f}]"
-        row = [str(p["config"]), str(p["cell"]), str(w.get("concurrency", "-")), ctx(w.get("context_tokens")),
-               str(w.get("prompts") or "-"), tps, "-", "-", "-", Status.PREDICTED]
+    for p in outcome["predicted"]:
+        w = p.get("workload")
+        low, high = (p["output_throughput_interval"] + [0.0, 0.0])[:2]
+        tps = f"{p['output_throughput']:.1f} [{low:.0f}-{high:.0f}]"
+        row = [p["config"], p["cell"], str(w["concurrency"]) if w else "-", ctx(w["context_tokens"] if w else None),
+               w["prompts"] if w else "-", tps, "-", "-", "-", Status.PREDICTED]
         rows.append(row + ["-"] * (width - len(row)))
     return rows
 
 
-def summary_lines(outcome: Mapping[str, Any]) -> list[str]:
+def summary_lines(outcome: AdaptiveSweepData) -> list[str]:
     """The recommendations' adaptive part: restarts spent vs a full sweep, per-cell picks."""
     lines = [
-        f"adaptive sweep: {outcome.get('restarts')} restarts spent (service launches) of "
-        f"{outcome.get('full_sweep_restarts')} a full sweep would take (limit {outcome.get('max_restarts')}); "
-        f"measured: {', '.join(outcome.get('measured') or []) or 'none'}",
+        f"adaptive sweep: {outcome['restarts']} restarts spent (service launches) of "
+        f"{outcome['full_sweep_restarts']} a full sweep would take (limit {outcome['max_restarts']}); "
+        f"measured: {', '.join(outcome['measured']) or 'none'}",
     ]
     if outcome.get("error"):
-        lines.append(f"adaptive sweep: {outcome['error']}")
-    if outcome.get("failed"):
+        lines.append(f"adaptive sweep: {outcome.get('error')}")
+    if outcome["failed"]:
         lines.append(f"adaptive sweep: failed to measure (restart spent): {', '.join(outcome['failed'])}")
-    if outcome.get("prior"):
+    if outcome["prior"]:
         lines.append(f"adaptive sweep: {outcome['prior']}")
-    for rec in outcome.get("recommendations") or []:
-        line = f"{rec['cell']}: {rec['config']} ({float(rec['output_throughput']):.1f} tok/s measured)"
-        if rec.get("challenger"):
-            line += (f"; {rec['challenger']} (not measured) may reach {float(rec['challenger_high']):.1f}: "
+    for rec in outcome["recommendations"]:
+        line = f"{rec['cell']}: {rec['config']} ({rec['output_throughput']:.1f} tok/s measured)"
+        if rec["challenger"]:
+            high = rec["challenger_high"]
+            line += (f"; {rec['challenger']} (not measured) may reach {high if high is None else f'{high:.1f}'}: "
                      "measure it or run the full sweep to be sure")
         lines.append(line)
-    if outcome.get("predicted"):
+    if outcome["predicted"]:
         lines.append("rows marked predicted are the model's estimates with a 95% interval: never gated, never baselines")
     return lines
 

@@ -23,7 +23,7 @@ from pytest_ddtree.results import (
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
-from pytest_ddtree.vocabulary import CONTROL_KINDS
+from pytest_ddtree.vocabulary import CONTROL_KINDS, RecordKind
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
@@ -80,6 +80,10 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     records = session.collected_records()
     if not records and session.settings.package is None:
         return outcome
+    # records that came back malformed (records.screen set them aside, kept whole in results.json)
+    for record in records:
+        if record.get("kind") == RecordKind.CORRUPT_RECORD and "problem" in record:
+            outcome.fail(str(record["problem"]))
 
     # 1. Baselines first: they are what the user asked for with --ddtree-update-baselines.
     if session.settings.update_baselines:

@@ -48,6 +48,7 @@ from pytest_ddtree.generate_stream import stream_request as stream_request
 from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
 from pytest_ddtree.prompts import PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.records import WorkloadData
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 
@@ -94,7 +95,7 @@ class Cell:
             object.__setattr__(self, "warmup_requests", self.concurrency)
 
 
-def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> dict[str, Any]:
+def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> WorkloadData:
     """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
     and how it was tokenized, as measured); stored with baselines so a changed workload is seen."""
     return {
@@ -169,7 +170,7 @@ class CellResult:
     """One repeat of one cell: every request, the wall duration, and the server's view."""
 
     cell: str
-    workload: dict[str, Any]
+    workload: WorkloadData
     requests: list[RequestResult]
     duration_s: float
     warmup_failed: int = 0

@@ -46,7 +46,7 @@ import yaml
 
 from pytest_ddtree import coding
 from pytest_ddtree.atomicfile import write_atomic
-from pytest_ddtree.vocabulary import FloorData, LosslessOutcomeData
+from pytest_ddtree.records import FloorData, LosslessOutcomeData
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
@@ -392,7 +392,8 @@ def session_reference(session: DDTreeSession) -> Reference:
     mode with ``--ddtree-update-baselines`` also proposed for ``golden/`` (the controller writes
     it once per hardware profile)."""
     from pytest_ddtree.service.base import ServiceError
-    from pytest_ddtree.vocabulary import LosslessReferenceData, RecordKind
+    from pytest_ddtree.records import LosslessReferenceData
+    from pytest_ddtree.vocabulary import RecordKind
 
     settings = session.settings
     try:

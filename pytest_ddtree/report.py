@@ -30,7 +30,9 @@ from pytest_ddtree.configs import config_or_none, name_sort_key
 # Re-exported: the gate, the load generator and the HTML report read them here.
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
 from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
-from pytest_ddtree.vocabulary import ATTENTION, THROUGHPUT_KINDS, RecordKind, Status
+from pytest_ddtree import records as records_mod
+from pytest_ddtree.records import CellVerdictData, RawRecord, ThroughputData, ThroughputRecord, WorkloadData
+from pytest_ddtree.vocabulary import ATTENTION, THROUGHPUT_KINDS, MeasurementStatus, RecordKind, Status
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
@@ -61,14 +63,14 @@ COUNT_KEYS = ("completed", "total_input_tokens", "total_input_text_tokens", "tot
 BENCH_BACKEND = "sglang"
 
 
-def aggregate_repeats(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def aggregate_repeats(repeats: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
     """Median of every numeric metric over the repeats (the number a table shows)."""
     keys: list[str] = []
     for r in repeats:
         keys.extend(k for k in r if k not in keys)
-    out: dict[str, Any] = {}
+    out: dict[str, float | None] = {}
     for k in keys:
-        values = [float(r[k]) for r in repeats if stats.is_number(r.get(k))]
+        values = [float(v) for r in repeats if stats.is_number(v := r.get(k))]
         out[k] = stats.median(values) if values else None
     return out
 
@@ -77,17 +79,17 @@ def throughput_record(
     *,
     config: str,
     cell: str,
-    workload: Mapping[str, Any],
-    repeats: Sequence[Mapping[str, Any]],
+    workload: WorkloadData,
+    repeats: Sequence[Mapping[str, object]],
     samples: Mapping[str, Sequence[float]],
-    measurement_status: str,
-    verdict: Mapping[str, Any],
+    measurement_status: MeasurementStatus,
+    verdict: CellVerdictData,
     problems: Sequence[str] = (),
     notes: Sequence[str] = (),
     hardware_profile: str | None = None,
-    baseline: Mapping[str, Any] | None = None,
-    server_info: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    baseline: Mapping[str, object] | None = None,
+    server_info: Mapping[str, object] | None = None,
+) -> ThroughputData:
     """The record of one cell: medians over repeats, samples, spread, verdict.
 
     ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
@@ -96,21 +98,19 @@ def throughput_record(
     """
     primary = [float(v) for v in samples.get("output_throughput") or []]
     spread = stats.summarize(primary).as_dict() if primary else None
-    change = {
-        k: m.get("change") for k, m in (verdict.get("metrics") or {}).items() if m.get("change") is not None
-    }
+    change = {k: change for k, m in verdict["metrics"].items() if (change := m.get("change")) is not None}
     return {
         "config": config,
         "cell": cell,
-        "workload": dict(workload),
-        "status": verdict.get("status"),
+        "workload": workload,
+        "status": verdict["status"],
         "measurement_status": measurement_status,
         "repeats": len(repeats),
         "metrics": aggregate_repeats(repeats),
         "samples": {k: list(v) for k, v in samples.items()},
         "output_throughput_spread": spread,
         "change": change,
-        "verdict": dict(verdict),
+        "verdict": verdict,
         "problems": list(problems),
         "notes": list(notes),
         "hardware_profile": hardware_profile,
@@ -119,27 +119,24 @@ def throughput_record(
     }
 
 
-def normalize(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Flatten recorder wrappers, keep throughput records only, sort for display."""
-    out: list[dict[str, Any]] = []
-    for rec in records:
-        kind = rec.get("kind")
-        if kind is not None and kind != RecordKind.THROUGHPUT:
-            continue
-        data = rec.get("data")
-        flat = dict(data) if isinstance(data, Mapping) else dict(rec)
-        flat.setdefault("config", rec.get("config"))
-        if "cell" not in flat:
-            continue
-        out.append(flat)
+def normalize(records: Iterable[RawRecord]) -> list[ThroughputRecord]:
+    """The throughput records, checked (``records.throughput_records``: a malformed one raises
+    ``RecordError``), sorted for display. A record without a kind that names a cell is one too
+    (the data of :func:`throughput_record` alone)."""
+    out = records_mod.throughput_records(
+        {**r, "kind": RecordKind.THROUGHPUT} if r.get("kind") is None and _names_a_cell(r) else r for r in records)
     out.sort(key=_sort_key)
     return out
 
 
-def _sort_key(rec: Mapping[str, Any]) -> tuple[Any, ...]:
-    w = rec.get("workload") or {}
-    return (name_sort_key(str(rec.get("config"))), int(w.get("context_tokens") or 0),
-            int(w.get("concurrency") or 0), str(rec.get("cell")))
+def _names_a_cell(record: RawRecord) -> bool:
+    data = record.get("data")
+    return "cell" in record or (isinstance(data, Mapping) and "cell" in data)
+
+
+def _sort_key(rec: ThroughputRecord) -> tuple[Any, ...]:
+    w = rec["workload"]
+    return (name_sort_key(rec["config"]), w["context_tokens"], w["concurrency"], rec["cell"])
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -157,19 +154,17 @@ def _ctx(tokens: Any) -> str:
     return f"{t // 1024}k" if t >= 1024 and t % 1024 == 0 else str(t)
 
 
-def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
     rows: list[list[str]] = []
     for rec in normalize(records):
-        m = rec.get("metrics") or {}
-        w = rec.get("workload") or {}
-        spread = rec.get("output_throughput_spread") or {}
+        m, w, spread = rec["metrics"], rec["workload"], rec["output_throughput_spread"]
         tps = _f(m.get("output_throughput"))
-        if stats.is_number(spread.get("rel_half_width")) and rec.get("measurement_status") != Status.INVALID:
-            tps += f" ±{float(spread['rel_half_width']) * 100:.0f}%"
-        change = (rec.get("change") or {}).get("output_throughput")
+        if spread is not None and stats.is_number(spread["rel_half_width"]) and rec["measurement_status"] != Status.INVALID:
+            tps += f" ±{spread['rel_half_width'] * 100:.0f}%"
+        change = rec["change"].get("output_throughput")
         rows.append([
-            str(rec.get("config")), str(rec.get("cell")), str(w.get("concurrency", "-")), _ctx(w.get("context_tokens")),
-            str(w.get("prompts") or "-"), tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec.get("status")),
+            rec["config"], rec["cell"], str(w["concurrency"]), _ctx(w["context_tokens"]),
+            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec["status"]),
         ])
     return rows
 
@@ -177,7 +172,7 @@ def table_rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
 HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
 
 
-def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "simple",
+def render_sweep_table(records: Iterable[RawRecord], tablefmt: str = "simple",
                        predicted_rows: Sequence[list[str]] = ()) -> str:
     """The sweep table (per config and cell): tok/s, acceptance, TTFT p50, change, status;
     ``predicted_rows`` (the adaptive sweep's, status ``predicted``) follow the measured ones."""
@@ -192,30 +187,29 @@ def render_sweep_table(records: Iterable[Mapping[str, Any]], tablefmt: str = "si
     return tabulate([*rows, *predicted_rows], headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
-def _valid(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in normalize(records) if r.get("measurement_status") != Status.INVALID
-            and stats.is_number((r.get("metrics") or {}).get("output_throughput"))]
+def _valid(records: Iterable[RawRecord]) -> list[ThroughputRecord]:
+    return [r for r in normalize(records) if r["measurement_status"] != Status.INVALID
+            and stats.is_number(r["metrics"].get("output_throughput"))]
 
 
-def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
+def recommendations(records: Iterable[RawRecord]) -> list[str]:
     """The campaign's conclusions, as sentences, from valid cells only."""
     recs = _valid(records)
     out: list[str] = []
     if not recs:
         return out
-    by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[tuple[int, int], list[ThroughputRecord]] = defaultdict(list)
     for r in recs:
-        w = r.get("workload") or {}
-        by_cell[(int(w.get("concurrency") or 0), int(w.get("context_tokens") or 0))].append(r)
+        by_cell[(r["workload"]["concurrency"], r["workload"]["context_tokens"])].append(r)
     top_c = max(c for c, _ in by_cell)
     low_c = min(c for c, _ in by_cell)
 
-    def best(cands: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        ordered = sorted(cands, key=lambda r: -float((r.get("metrics") or {}).get(key) or 0.0))
+    def best(cands: list[ThroughputRecord], key: str) -> tuple[ThroughputRecord, ThroughputRecord | None]:
+        ordered = sorted(cands, key=lambda r: -(r["metrics"].get(key) or 0.0))
         return ordered[0], (ordered[-1] if len(ordered) > 1 else None)
 
-    def tps(r: Mapping[str, Any]) -> float:
-        return float((r.get("metrics") or {}).get("output_throughput") or 0.0)
+    def tps(r: ThroughputRecord) -> float:
+        return r["metrics"].get("output_throughput") or 0.0
 
     winners: dict[tuple[int, int], str] = {}
     aggregate: list[str] = []
@@ -230,8 +224,8 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
             aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         if c == low_c and top_c != low_c:
-            per = (winner.get("metrics") or {}).get("ddtree_median_request_output_throughput")
-            speed = f"{float(per):.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
+            per = winner["metrics"].get("ddtree_median_request_output_throughput")
+            speed = f"{per:.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
                           f"{winner['config']} with {speed}{margin}.")
     out.extend(aggregate)
@@ -249,9 +243,10 @@ def recommendations(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _config_depth(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+def _config_depth(recs: Sequence[Mapping[str, object]]) -> dict[str, list[float]]:
     """Per config, the share of verifies that accepted at least d drafts (d = 1, 2, ...), from the
-    server's acceptance histograms summed over the config's cells (configs without them left out)."""
+    server's acceptance histograms summed over the config's cells (configs without them left out).
+    ``recs``: throughput records, or the cells of a results.json (the HTML report's), checked here."""
     from pytest_ddtree import proof
 
     hists: dict[str, list[int]] = {}
@@ -282,10 +277,12 @@ def _depth_evidence(name: str, by_depth: Mapping[str, Sequence[float]], from_dep
             f"its bound of {bound} drafts")
 
 
-def _config_accept(recs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def _config_accept(recs: Sequence[Mapping[str, object]]) -> dict[str, float]:
+    """Per config, its median acceptance over its cells (``recs`` as for :func:`_config_depth`)."""
     per: dict[str, list[float]] = defaultdict(list)
     for r in recs:
-        v = tokens_per_verify(r.get("metrics") or {})
+        metrics = r.get("metrics")
+        v = tokens_per_verify(metrics) if isinstance(metrics, Mapping) else None
         if stats.is_number(v):
             per[str(r["config"])].append(float(v))
     return {k: stats.median(v) for k, v in per.items() if v}
@@ -344,7 +341,7 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
     return out
 
 
-def render_markdown(records: Iterable[Mapping[str, Any]], title: str = "Throughput sweep") -> str:
+def render_markdown(records: Iterable[RawRecord], title: str = "Throughput sweep") -> str:
     """Markdown: the sweep table, the recommendations, and the failing cells' messages."""
     recs = normalize(records)
     parts = [f"## {title}", "", render_sweep_table(recs, tablefmt="github"), ""]
@@ -363,7 +360,7 @@ def render_markdown(records: Iterable[Mapping[str, Any]], title: str = "Throughp
     return "\n".join(parts)
 
 
-def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def results_json(records: Iterable[RawRecord]) -> dict[str, Any]:
     """JSON-ready results: one entry per cell with bench_serving keys, plus recommendations."""
     recs = normalize(records)
     cells = []
@@ -393,7 +390,7 @@ def results_json(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"throughput": cells, "recommendations": recommendations(recs)}
 
 
-def bench_serving_arguments(record: Mapping[str, Any]) -> dict[str, Any]:
+def bench_serving_arguments(record: ThroughputRecord) -> dict[str, Any]:
     """The argument and information keys bench_serving writes into each result, for one cell."""
     workload = record.get("workload") or {}
     source = str(workload.get("prompts") or "").split(" via ", 1)[0]
@@ -411,7 +408,7 @@ def bench_serving_arguments(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:
+def plot_png(records: Iterable[RawRecord], path: Path) -> bool:
     """Output tok/s against concurrency, one line per config and context; needs ``[plot]``.
 
     Returns False (and writes nothing) when matplotlib is not installed or there is nothing
@@ -426,9 +423,8 @@ def plot_png(records: Iterable[Mapping[str, Any]], path: Path) -> bool:
         return False
     series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
     for r in _valid(records):
-        w = r.get("workload") or {}
-        series[(str(r["config"]), int(w.get("context_tokens") or 0))].append(
-            (int(w.get("concurrency") or 0), float(r["metrics"]["output_throughput"])))
+        w = r["workload"]
+        series[(r["config"], w["context_tokens"])].append((w["concurrency"], r["metrics"].get("output_throughput") or 0.0))
     series = {k: v for k, v in series.items() if len(v) > 1}  # a line needs two concurrencies
     if not series:
         return False
@@ -468,7 +464,7 @@ class SessionSummary:
     plot_path: Path | None = None
 
 
-def _other_records_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+def _other_records_markdown(records: Sequence[RawRecord]) -> str:
     """A compact table of the non-throughput records (coding, lossless, health...)."""
     rows = []
     for r in records:
@@ -479,7 +475,7 @@ def _other_records_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     return tabulate(rows, headers=["kind", "config", "status"], tablefmt="github", disable_numparse=True)
 
 
-def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = ()) -> list[list[str]]:
+def gate_rows(records: Sequence[RawRecord], failed_tests: Sequence[Mapping[str, str]] = ()) -> list[list[str]]:
     """One row per config: the correctness gates next to each other, then its failed tests.
 
     Why: the sweep table answers "how fast"; this answers "is it still right" for the same
@@ -494,8 +490,9 @@ def gate_rows(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mappi
         if kind == RecordKind.CODING:
             row["coding"] = f"{r.get('passed')}/{r.get('total')} ({r.get('set')})"
         elif kind == RecordKind.LOSSLESS:
-            diverged = r.get("diverged") or []
-            row["lossless"] = "identical" if r.get("passed") else f"{len(diverged)}/{r.get('compared')} diverged"
+            diverged = r.get("diverged")
+            shown = len(diverged) if isinstance(diverged, list) else 0
+            row["lossless"] = "identical" if r.get("passed") else f"{shown}/{r.get('compared')} diverged"
         elif kind == RecordKind.HEALTH:
             row["health"] = "ok" if r.get("passed", True) else "FAILED"
     failures: dict[str, int] = {}
@@ -519,7 +516,7 @@ GATE_HEADERS = ["config", "health", "coding passed", "lossless", "failed tests"]
 proof_fields = ("block_size", "budget", "topk", "window")
 
 
-def applied_by_evidence(records: Sequence[Mapping[str, Any]], no_effect: Sequence[Mapping[str, Any]] = ()
+def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[Mapping[str, Any]] = ()
                         ) -> dict[str, dict[str, dict[str, str]]]:
     """Per launched config, each field's evidence (the last ready launch's ``applied_evidence``):
     reported, proven by behaviour, not proven or not settable; a field that showed no effect in an
@@ -549,7 +546,7 @@ def applied_by_evidence(records: Sequence[Mapping[str, Any]], no_effect: Sequenc
     return dict(sorted(out.items(), key=lambda kv: name_sort_key(kv[0])))
 
 
-def session_summary(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = (),
+def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping[str, str]] = (),
                     results_dir: Path | None = None, default_window: int | None = None) -> SessionSummary:
     """Render the session's records: results.json, results.md and the terminal sections.
 

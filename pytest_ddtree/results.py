@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_ddtree.atomicfile import write_atomic
-from pytest_ddtree.vocabulary import RecordEnvelope, RecordKind
+from pytest_ddtree.records import RawRecord, RecordData, RecordEnvelope
+from pytest_ddtree.vocabulary import RecordKind
 
 RECORDS_GLOB = "records-*.jsonl"
 RESULTS_JSON = "results.json"
@@ -52,7 +53,7 @@ class SessionRecorder:
         self.directory = directory
         self.worker = worker
         self.session_id = session_id
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, object]] = []  # of every kind: read them through records.py's views
         self.updates: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
@@ -65,7 +66,7 @@ class SessionRecorder:
         # results say which host measured what.
         self.host: str | None = None
 
-    def _append(self, path: Path, entry: Mapping[str, Any], memory: list[dict[str, Any]]) -> None:
+    def _append(self, path: Path, entry: Mapping[str, object], memory: list[dict[str, Any]] | list[dict[str, object]]) -> None:
         line = dumps({**entry, "session": self.session_id}) + "\n"
         with self._lock, open(path, "a", encoding="utf-8") as handle:
             memory.append(json.loads(line))  # plain JSON types: what workeroutput can carry
@@ -73,10 +74,11 @@ class SessionRecorder:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def record(self, kind: RecordKind, config: str | None, data: Mapping[str, Any]) -> None:
-        """Append one measurement/verdict now (``data``'s keys go beside the envelope's)."""
+    def record(self, kind: RecordKind, config: str | None, data: RecordData) -> None:
+        """Append one measurement/verdict now (``data``'s keys, of ``kind``'s shape in records.py,
+        go beside the envelope's)."""
         envelope: RecordEnvelope = {"kind": kind, "config": config, "worker": self.worker, "time": time.time()}
-        entry = {**envelope, **data}
+        entry: dict[str, object] = {**envelope, **data}
         if self.host is not None:
             entry.setdefault("host", self.host)
         self._append(self.records_path, entry, self.records)
@@ -100,8 +102,9 @@ class BaselineUpdate:
     hardware_profile: str | None = None
 
 
-def read_journal(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
+def read_journal(paths: Iterable[Path]) -> list[dict[str, object]]:
+    """The entries of journal files, as they are (``records.screen`` checks records)."""
+    entries: list[dict[str, object]] = []
     for path in sorted(paths):
         with open(path, encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
@@ -116,11 +119,20 @@ def read_journal(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return entries
 
 
-def read_records(directory: Path) -> list[dict[str, Any]]:
-    """Every journaled record in a session's folder, in time order (a folder holds one session;
-    the controller's own merge uses ``sessionfiles.SessionCollector`` instead)."""
-    records = read_journal(directory.glob(RECORDS_GLOB))
-    records.sort(key=lambda r: (r.get("time", 0.0), r.get("worker", "")))
+def time_order(record: RawRecord) -> tuple[float, str]:
+    """Records sort by their time, then their worker (a record without them first)."""
+    when, worker = record.get("time"), record.get("worker")
+    return (float(when) if isinstance(when, (int, float)) else 0.0, worker if isinstance(worker, str) else "")
+
+
+def read_records(directory: Path) -> list[dict[str, object]]:
+    """Every journaled record in a session's folder, in time order, checked (``records.screen``: a
+    malformed one is set aside as a ``corrupt-record``). A folder holds one session; the
+    controller's own merge uses ``sessionfiles.SessionCollector`` instead."""
+    from pytest_ddtree.records import screen
+
+    records = screen(read_journal(directory.glob(RECORDS_GLOB)))
+    records.sort(key=time_order)
     return records
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.options import Settings
-from pytest_ddtree.vocabulary import HostEnvData, LaunchData, RecordKind
+from pytest_ddtree.records import HostEnvData, LaunchData
+from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_ddtree.results import BaselineUpdate, read_journal
+from pytest_ddtree.records import screen
+from pytest_ddtree.results import BaselineUpdate, read_journal, time_order
 from pytest_ddtree.vocabulary import RecordKind
 
 MARKER = "ddtree-session.json"
@@ -122,10 +123,15 @@ class SessionCollector:
         if output is not None:
             self.handed_over[worker] = output
 
-    def _journal(self, prefix: str, own: Iterable[Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
+    def _journal(self, prefix: str, own: Iterable[Mapping[str, object]], key: str) -> list[dict[str, object]]:
         entries = [dict(e) for e in own]
-        for output in self.handed_over.values():
-            entries.extend(dict(e) for e in output.get(key, ()))
+        for worker, output in self.handed_over.items():
+            handed = output.get(key, ())
+            if not isinstance(handed, list) or not all(isinstance(e, Mapping) for e in handed):
+                entries.append({"kind": RecordKind.CORRUPT_RECORD, "worker": worker,
+                                "problem": f"worker {worker} handed over {key} that are not a list of objects: {handed!r:.200}"})
+                continue
+            entries.extend(dict(e) for e in handed)
         delivered = set(self.handed_over) | {"main"}
         for path in sorted(self.directory.glob(f"{prefix}-*.jsonl")):
             worker = path.name[len(prefix) + 1:-len(".jsonl")]
@@ -135,16 +141,19 @@ class SessionCollector:
             entries.extend(e for e in read_journal([path]) if e.get("session") == self.session_id or e.get("kind") == RecordKind.CORRUPT_RECORD)
         return entries
 
-    def records(self, own: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Every record of this session, in time order (``own``: the controller's recorder's)."""
-        records = self._journal("records", own, "records")
-        records.sort(key=lambda r: (r.get("time", 0.0), r.get("worker", "")))
+    def records(self, own: Iterable[Mapping[str, object]]) -> list[dict[str, object]]:
+        """Every record of this session, in time order (``own``: the controller's recorder's), each
+        checked against its kind's shape (``records.screen``: a malformed one, from a worker or a
+        journal, is set aside as a ``corrupt-record`` that says what is wrong)."""
+        records = screen(self._journal("records", own, "records"))
+        records.sort(key=time_order)
         return records
 
-    def baseline_updates(self, own: Iterable[Mapping[str, Any]]) -> list[BaselineUpdate]:
+    def baseline_updates(self, own: Iterable[Mapping[str, object]]) -> list[BaselineUpdate]:
         """Every baseline proposal of this session, and nothing another session proposed."""
         return [
-            BaselineUpdate(e["config"], e["section"], e["data"], e.get("hardware_profile"))
+            BaselineUpdate(str(e["config"]), str(e["section"]), e["data"],
+                           profile if isinstance(profile := e.get("hardware_profile"), str) else None)
             for e in self._journal("baseline-updates", own, "updates")
-            if "section" in e
+            if "section" in e and "config" in e and "data" in e
         ]

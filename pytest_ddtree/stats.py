@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Final, Generic, Literal, TypeGuard, TypeVar
 
+from pytest_ddtree.records import SpreadData
 from pytest_ddtree.vocabulary import MeasurementStatus, Status
 
 #: A cell's measurement status (the words are vocabulary.Status's; the names stay for the callers).
@@ -442,7 +443,7 @@ class Summary:
             return 0.0 if self.ci_low == self.ci_high else math.inf
         return (self.ci_high - self.ci_low) / 2.0 / abs(self.median)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> SpreadData:
         return {
             "n": self.n,
             "median": self.median,

@@ -8,15 +8,14 @@ word is defined once, as a member of a ``str`` enum: a member *is* its string (`
 stay byte-identical, and records read back from JSON (plain strings) compare equal to the members.
 ``tests/test_codebase.py`` fails on a kind spelled as a bare string outside this module.
 
-The shapes of the records are TypedDicts below (``RecordEnvelope`` is what the recorder adds to
-every record); a record read back from disk is still checked field by field by its reader, since
-the files are not trusted.
+The shapes of the records are TypedDicts in ``records.py``, which also checks a record read back
+from another process or a file against its shape.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal, TypedDict
+from typing import Literal
 
 
 class Word(str, enum.Enum):
@@ -132,114 +131,6 @@ GateStatus = Literal[Status.PASS, Status.FAIL, Status.INCONCLUSIVE, Status.INVAL
 
 #: Verdicts that make a throughput cell need attention (the report lists them with their reasons).
 ATTENTION = (Status.REGRESSION, Status.INVALID, Status.INCONCLUSIVE, Status.MISSING, Status.THIN, Status.METRIC_MISSING)
-
-
-class RecordEnvelope(TypedDict, total=False):
-    """What ``SessionRecorder.record`` puts around every record's data (``host`` only on a fleet
-    or remote service; ``session`` when it is journaled)."""
-
-    kind: str
-    config: str | None
-    worker: str
-    time: float
-    host: str
-    session: str
-
-
-class HealthData(TypedDict):
-    """``RecordKind.HEALTH``: a config's short generation (suites/test_health.py)."""
-
-    completion_tokens: int | None
-    text: str
-    status: Literal["ok", "failed"]
-    passed: bool
-    problems: list[str]
-
-
-class CodingGateData(TypedDict):
-    """The coding gate's decision inside a ``CodingData``."""
-
-    passed: bool
-    mode: str
-    floor: int | None
-    regressions: list[str]
-    new_passes: list[str]
-
-
-class CodingData(TypedDict):
-    """``RecordKind.CODING``: a config's coding set (suites/test_coding.py)."""
-
-    set: str
-    limit: int | None
-    max_tokens: int
-    passed: int
-    total: int
-    gate: CodingGateData
-    sandbox: str
-    speed_factor: float
-    problems: list[dict[str, object]]
-
-
-class HostEnvData(TypedDict, total=False):
-    """``RecordKind.HOST_ENV``: a remote host's environment (``snapshot``) and its systemd unit, or
-    why it could not be taken (``error``)."""
-
-    host: str
-    systemd_unit: str | None
-    snapshot: dict[str, object]
-    error: str
-
-
-class FloorData(TypedDict):
-    """How far a non-speculative launch disagrees with itself (``lossless.Floor.to_json``)."""
-
-    compared: int
-    diverged: int
-    earliest: int | None
-    batch_sizes: list[int]
-
-
-class DivergenceData(TypedDict):
-    """Where one prompt's output first left the reference's (``lossless.Divergence``)."""
-
-    prompt_id: str
-    position: int
-    unit: str
-    reference: str
-    got: str
-    detail: str
-
-
-class LosslessOutcomeData(TypedDict):
-    """The lossless gate's verdict (``lossless.LosslessOutcome.to_record``)."""
-
-    passed: bool
-    compared: int
-    diverged: list[DivergenceData]
-    missing: list[str]
-
-
-class LosslessData(LosslessOutcomeData):
-    """``RecordKind.LOSSLESS``: a config against the non-speculative reference (suites/test_lossless.py)."""
-
-    reference: str
-    floor: FloorData
-    exact: str | None  # why this service must be token-exact (lossless.exact_reason), or None
-    max_new_tokens: int
-
-
-class LosslessReferenceData(TypedDict):
-    """``RecordKind.LOSSLESS_REFERENCE``: the reference launch's command and its own floor."""
-
-    command: str
-    floor: FloorData
-
-
-class LaunchData(TypedDict):
-    """``RecordKind.LAUNCH``: one launch of the service as the manager recorded it (its command,
-    outcome, timings and applied evidence: ``service.manager``'s launch record)."""
-
-    launch: dict[str, Any]
 
 
 class GateDecision(str, enum.Enum):

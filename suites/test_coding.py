@@ -16,7 +16,8 @@ import pytest
 
 from pytest_ddtree import coding, sandbox
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.vocabulary import CodingData, RecordKind
+from pytest_ddtree.records import CodingData
+from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.vocabulary import HealthData, RecordKind
+from pytest_ddtree.records import HealthData
+from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.client import SGLangClient

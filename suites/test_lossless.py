@@ -19,7 +19,8 @@ import pytest
 
 from pytest_ddtree import lossless
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.vocabulary import LosslessData, RecordKind
+from pytest_ddtree.records import LosslessData
+from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore

@@ -12,6 +12,7 @@ import yaml
 from pytest_ddtree import gate
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.results import BaselineUpdate
+from pytest_ddtree.vocabulary import Status
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 BASE = {"output_throughput": [1000.0, 1004.0, 996.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
@@ -133,7 +134,7 @@ def test_improvement_is_reported() -> None:
 
 def test_invalid_measurement_is_never_compared() -> None:
     v = gate.compare_cell("c8_short", _entry(), {"output_throughput": [1.0, 1.0, 1.0]},
-                          status="invalid", problems=["request 3 failed: HTTP 500: injected"])
+                          status=Status.INVALID, problems=["request 3 failed: HTTP 500: injected"])
     assert v.status == gate.INVALID and v.failed and not v.metrics
     assert "INVALID measurement (not a regression, not a pass)" in v.message("cfg")
     assert "HTTP 500" in v.message()
@@ -142,10 +143,10 @@ def test_invalid_measurement_is_never_compared() -> None:
 def test_unstable_cell_never_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0]}
     only = _entry({"output_throughput": BASE["output_throughput"]})
-    assert gate.compare_cell("c", only, now, status="inconclusive").status == gate.INCONCLUSIVE
+    assert gate.compare_cell("c", only, now, status=Status.INCONCLUSIVE).status == gate.INCONCLUSIVE
     # far better, but untrusted: reported as inconclusive, and nothing tells the reader to bless it
     better = gate.compare_cell("c", _three_sessions({"output_throughput": BASE["output_throughput"]}),
-                               {"output_throughput": [1500.0, 1400.0, 1600.0]}, status="inconclusive",
+                               {"output_throughput": [1500.0, 1400.0, 1600.0]}, status=Status.INCONCLUSIVE,
                                problems=["repeats disagree"])
     assert better.status == gate.INCONCLUSIVE and {m.status for m in better.metrics} == {gate.INCONCLUSIVE}
     assert "bless it" not in better.message() and "not to be blessed: the measurement is inconclusive" in better.message()
@@ -256,28 +257,28 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
 
     policy = stats.RepeatPolicy()
     ok = [{"ddtree_engine_busy_fraction": 0.97}] * 3
-    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok) == ("valid", [])
+    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok) == (Status.VALID, [])
     status, why = gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"ddtree_engine_busy_fraction": 0.6}] * 3)
-    assert status == "inconclusive" and "busy only 60%" in why[0]
-    assert gate.measurement_status(policy, [100.0], True, ok, ["boom"]) == ("invalid", ["boom"])
+    assert status == Status.INCONCLUSIVE and "busy only 60%" in why[0]
+    assert gate.measurement_status(policy, [100.0], True, ok, ["boom"]) == (Status.INVALID, ["boom"])
     status, why = gate.measurement_status(policy, [100.0, 160.0, 60.0], False, ok)
-    assert status == "inconclusive" and "repeats disagree" in why[0] and "rerun on a quieter machine" in why[0]
+    assert status == Status.INCONCLUSIVE and "repeats disagree" in why[0] and "rerun on a quieter machine" in why[0]
     # any service that reports clock overruns, not only the reference engine
     status, why = gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"clock_overruns": 7}] * 3)
-    assert status == "inconclusive" and "fell behind its own clock" in why[0]
-    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"clock_overruns": 0}] * 3)[0] == "valid"
+    assert status == Status.INCONCLUSIVE and "fell behind its own clock" in why[0]
+    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, [{"clock_overruns": 0}] * 3)[0] == Status.VALID
     # one wild repeat of three does not make a cell inconclusive (robust spread)
-    assert gate.measurement_status(policy, [100.0, 100.5, 80.0], False, ok)[0] == "valid"
+    assert gate.measurement_status(policy, [100.0, 100.5, 80.0], False, ok)[0] == Status.VALID
     # too few clean repeats (the others were spoiled and retaken): inconclusive, with each one's evidence
     spoiled = ["repeat 1, output tok/s 61.0: the service fell behind its own clock 6 times",
                "repeat 2, output tok/s 58.0: the engine was busy only 62% of the measured time (below 85%)"]
     status, why = gate.measurement_status(policy, [100.0, 100.5], False, ok[:2], spoiled=spoiled)
-    assert status == "inconclusive" and "only 2 clean repeat(s) of the 3 needed" in why[0]
+    assert status == Status.INCONCLUSIVE and "only 2 clean repeat(s) of the 3 needed" in why[0]
     assert spoiled[0] in why[0] and spoiled[1] in why[0] and "rerun on a quieter machine" in why[0]
-    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok, spoiled=spoiled) == ("valid", [])
+    assert gate.measurement_status(policy, [100.0, 100.5, 99.9], False, ok, spoiled=spoiled) == (Status.VALID, [])
     # an overloaded measurement is never a regression, even when it is far off
     v = gate.compare_cell("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
-                          status="inconclusive", problems=why)
+                          status=Status.INCONCLUSIVE, problems=why)
     assert v.status == gate.INCONCLUSIVE and not v.failed
 
 

@@ -17,6 +17,7 @@ from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.gate.check import check_cell
 from pytest_ddtree.gate.throughput import CellEvaluation
 from pytest_ddtree.options import Settings
+from pytest_ddtree.records import ThroughputData
 from pytest_ddtree.results import SessionRecorder
 from pytest_ddtree.service.manager import RunningService
 from pytest_ddtree.vocabulary import GateDecision, MeasurementStatus, Status, Verdict
@@ -24,7 +25,7 @@ from pytest_ddtree.vocabulary import GateDecision, MeasurementStatus, Status, Ve
 
 def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[gate.MetricVerdict, ...] = (),
           problem: str | None = None) -> CellEvaluation:
-    return CellEvaluation(status=status, verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record={}, samples={},
+    return CellEvaluation(status=status, verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record=cast(ThroughputData, {}), samples={},
                           durations=[], repeats=3, primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
 
 

@@ -12,19 +12,20 @@ import pytest
 from pytest_ddtree import gate, report
 from pytest_ddtree.htmlreport import LiveStatus, build_html, charts, load_payload, model, write_report
 from pytest_ddtree.htmlreport.live import LiveReport
-from pytest_ddtree.vocabulary import Status
+from pytest_ddtree.vocabulary import Status, Verdict
 
 
-def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: str = "pass",
+def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: Verdict = Status.PASS,
           base: list[float] | None = None, message: str = "") -> dict[str, Any]:
     repeats = [{"output_throughput": t, "accept_length": 4.0 + (0.1 if "b8" in config else 0.0), "median_ttft_ms": 5.0,
                 "ddtree_median_request_output_throughput": t / conc} for t in tps]
-    verdict = {"status": status, "reasons": [], "metrics": {"output_throughput": {
-        "message": message, "change": (sorted(tps)[1] / sorted(base)[1] - 1) if base else None}}}
+    change = (sorted(tps)[1] / sorted(base)[1] - 1) if base else None
+    verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
+                                                                 message=message),)).as_dict()
     baseline = {"output_throughput": {"median": sorted(base)[1], "samples": base, "tolerance": 0.05, "direction": "higher"}} if base else None
     data = report.throughput_record(config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 32,
-                                                                      "requests": 4}, repeats=repeats,
-                                    samples={"output_throughput": tps}, measurement_status="valid", verdict=verdict, baseline=baseline)
+                                                                      "requests": 4, "prompts": "documents"}, repeats=repeats,
+                                    samples={"output_throughput": tps}, measurement_status=Status.VALID, verdict=verdict, baseline=baseline)
     return {"kind": "throughput", "time": 100.0, "worker": "main", **data}
 
 
@@ -32,7 +33,7 @@ def _payload() -> dict[str, Any]:
     records: list[dict[str, Any]] = [
         _cell("bs8_b8_k4", "c1_s", 1, 48, [100.0, 101.0, 99.0], base=[100.0, 100.5, 99.5]),
         _cell("bs8_b8_k4", "c4_s", 4, 48, [300.0, 301.0, 299.0], base=[300.0, 300.5, 299.5]),
-        _cell("bs8_b4_k4", "c1_s", 1, 48, [70.0, 71.0, 69.0], status="regression", base=[100.0, 100.5, 99.5],
+        _cell("bs8_b4_k4", "c1_s", 1, 48, [70.0, 71.0, 69.0], status=Status.REGRESSION, base=[100.0, 100.5, 99.5],
               message="output_throughput: 100 -> 70 tok/s, -30.0%: REGRESSION beyond the 5% tolerance"),
         {"kind": "coding", "config": "bs8_b4_k4", "time": 90.0, "passed": 1, "total": 2, "set": "default",
          "gate": {"passed": False, "regressions": ["slugify"], "new_passes": []},

@@ -94,8 +94,8 @@ def test_collector_prefers_handover_and_reads_only_crashed_workers_journals(tmp_
 
     claim_results_dir(tmp_path, "me")
     gw0, gw1 = SessionRecorder(tmp_path, "gw0", "me"), SessionRecorder(tmp_path, "gw1", "me")
-    gw0.record(RecordKind.HEALTH, "c", {"value": 0})
-    gw1.record(RecordKind.HEALTH, "c", {"value": 1})
+    gw0.record(RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE, "c", {"reason": "0"})
+    gw1.record(RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE, "c", {"reason": "1"})
     gw1.propose_baseline("c", "probe", {"value": 1})
     stranger = SessionRecorder(tmp_path, "gw2", "someone-else")  # a stray journal of another session
     stranger.propose_baseline("c", "probe", {"value": "theirs"})
@@ -103,5 +103,5 @@ def test_collector_prefers_handover_and_reads_only_crashed_workers_journals(tmp_
     collector.add_worker_output("gw0", gw0.handover())
     (tmp_path / "records-gw0.jsonl").write_text("")  # handed over: its journal is not read again
     # gw1 crashed (no handover): its journal is the record of what it measured
-    assert [r["value"] for r in collector.records([])] == [0, 1]
+    assert [r["reason"] for r in collector.records([])] == ["0", "1"]
     assert [u.data for u in collector.baseline_updates([])] == [{"value": 1}]

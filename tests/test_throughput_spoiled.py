@@ -15,6 +15,7 @@ import pytest
 
 from pytest_ddtree import gate, load, stats
 from pytest_ddtree.gate import baseline_format, throughput
+from pytest_ddtree.records import RepeatData
 from tests.refserver_helpers import RefServer, config_args
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
@@ -34,7 +35,7 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
 
 
 def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_counted(stalled: RefServer) -> None:
-    recorded: list[dict[str, Any]] = []
+    recorded: list[RepeatData] = []
     campaign = throughput.measure_config(
         stalled.url, [CELL], 3, lambda name, r, result: recorded.append(throughput.sample_record(name, r, result)),
         speculative=True)

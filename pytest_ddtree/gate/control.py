@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import gate, stats
 from pytest_ddtree.gate.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
+from pytest_ddtree.records import ControlCellData
 from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:
@@ -611,10 +612,9 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev
     """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
     earlier launches' samples pooled in, and their number) or say why it cannot be trusted."""
     recorder, settings = session.recorder, session.settings
-    record = dict(ev.record)
-    record["control_source"] = source
-    record["control_launch"] = launch
-    record["control_at"] = at
+    # mypy asks the cell's record for the control's optional keys too (set below where they apply)
+    record: ControlCellData = {**ev.record, "control_source": source, "control_launch": launch,  # type: ignore[typeddict-item]
+                               "control_at": at}
     if blessed:
         record["blessed_launches"] = dict(blessed)
     if ev.baseline_problem:

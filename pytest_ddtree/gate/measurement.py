@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_ddtree import stats
+from pytest_ddtree.vocabulary import MeasurementStatus
 
 
 #: Below this median engine busy fraction (engines that report their simulated clock: the
@@ -104,7 +105,7 @@ def measurement_status(
     problems: Sequence[str] = (),
     min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION,
     spoiled: Sequence[str] = (),
-) -> tuple[str, list[str]]:
+) -> tuple[MeasurementStatus, list[str]]:
     """The status of a measured cell and the reasons behind a non-valid one.
 
     ``primary`` and ``repeats`` are the repeats that count; ``spoiled`` describes each repeat that
@@ -147,7 +148,7 @@ def measurement_status(
     return status, []
 
 
-def bless_refusal(status: str, reasons: Sequence[str], primary: Sequence[float]) -> str | None:
+def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float]) -> str | None:
     """Why a measured cell must not become part of a baseline, or None when it may.
 
     A baseline is what every later run is judged against, so a bless asks more than a judged

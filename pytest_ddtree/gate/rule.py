@@ -38,7 +38,7 @@ from pytest_ddtree.gate.verdicts import (
     fmt,
     fmt_pct,
 )
-from pytest_ddtree.vocabulary import Verdict
+from pytest_ddtree.vocabulary import MeasurementStatus, Verdict
 
 
 #: Cells a config needs before its common shift is estimated and removed.
@@ -480,7 +480,7 @@ def compare_cell(
     baseline: Mapping[str, Any] | None,
     current: Mapping[str, Sequence[float]],
     *,
-    status: str = stats.VALID,
+    status: MeasurementStatus = stats.VALID,
     problems: Sequence[str] = (),
     workload: Mapping[str, Any] | None = None,
     confirmation: Mapping[str, Sequence[float]] | None = None,

@@ -18,7 +18,8 @@ from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.vocabulary import RecordKind, Status
+from pytest_ddtree.records import RelaunchCellData, RelaunchFailureData, RepeatData, ThroughputData, WorkloadData
+from pytest_ddtree.vocabulary import MeasurementStatus, RecordKind, Status
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
@@ -268,14 +269,14 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
                           status, why, measured_workload(run, workload))
 
 
-def measured_workload(run: stats.CellRun[load.CellResult], workload: load.WorkloadLike) -> dict[str, Any]:
+def measured_workload(run: stats.CellRun[load.CellResult], workload: load.WorkloadLike) -> WorkloadData:
     """The workload as measured: its numbers and the prompts its repeats really used
     (``documents via /tokenize``), so a baseline made from other prompts does not apply."""
     measured_prompts = sorted({s.prompt_source for s in run.samples if s.prompt_source})
     return load.workload_dict(workload, measured_prompts[0] if measured_prompts else None)
 
 
-def sample_record(name: str, repeat: int, result: load.CellResult) -> dict[str, Any]:
+def sample_record(name: str, repeat: int, result: load.CellResult) -> RepeatData:
     """What one measured repeat contributes to the session's records (``throughput-repeat``)."""
     return {
         "cell": name,
@@ -305,9 +306,9 @@ def cell_histogram(samples: Sequence[load.CellResult]) -> list[int] | None:
 class CellEvaluation:
     """One cell judged against its baseline: what the suite reports and records."""
 
-    status: str
+    status: MeasurementStatus
     verdict: gate.CellVerdict
-    record: dict[str, Any]
+    record: ThroughputData
     samples: dict[str, list[float]]
     durations: list[float]
     repeats: int
@@ -463,16 +464,23 @@ def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Se
         section = gate.validate_section((baselines.load(name) or {}).get("metrics"), str(baselines.path_for(name)))
         campaign = measure_config(
             service.client, cells, settings.repeats,
-            lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name,
-                                                    {**sample_record(cell, r, result), "relaunch": index}),
+            lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, _relaunched_repeat(cell, r, result, index)),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
             launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
         for workload in cells:
             ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
                                baselines.hardware_profile, False)
-            recorder.record(RELAUNCH_RECORD, name, {**ev.record, "relaunch": index})
+            recorded: RelaunchCellData = {**ev.record, "relaunch": index}
+            recorder.record(RELAUNCH_RECORD, name, recorded)
     except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
-        recorder.record(RELAUNCH_RECORD, name, {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index})
+        failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
+        recorder.record(RELAUNCH_RECORD, name, failure)
         return False
     return True
+
+
+def _relaunched_repeat(cell: str, repeat: int, result: load.CellResult, relaunch: int) -> RepeatData:
+    record = sample_record(cell, repeat, result)
+    record["relaunch"] = relaunch
+    return record

@@ -8,7 +8,8 @@ from typing import Any, Final, Literal
 
 from pytest_ddtree import stats
 from pytest_ddtree.report import TOKENS_PER_VERIFY
-from pytest_ddtree.vocabulary import Status, Verdict
+from pytest_ddtree.records import CellVerdictData, MetricVerdictData
+from pytest_ddtree.vocabulary import MeasurementStatus, Status, Verdict
 
 
 Direction = Literal["higher", "lower"]
@@ -141,7 +142,7 @@ class MetricVerdict:
     blessed_shifts: tuple[tuple[str, float], ...] = ()  # the config's common change per blessed session (log)
     floor: float | None = None  # the baseline's tolerance floor for this metric
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MetricVerdictData:
         return {
             "metric": self.metric,
             "status": self.status,
@@ -196,7 +197,7 @@ class CellVerdict:
         lines.extend(f"  - {m.message}" for m in self.metrics if m.message)
         return "\n".join(lines)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> CellVerdictData:
         return {
             "cell": self.cell,
             "status": self.status,
@@ -211,7 +212,7 @@ class CellInput:
 
     baseline: Mapping[str, Any] | None  # the ``metrics.<cell>`` entry, None when missing
     current: Mapping[str, Sequence[float]]  # gated metric -> repeat samples
-    status: str = stats.VALID  # the measurement's own status (measurement_status)
+    status: MeasurementStatus = stats.VALID  # the measurement's own status (measurement_status)
     problems: Sequence[str] = ()
     workload: Mapping[str, Any] | None = None
 
