@@ -69,6 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from pytest_ddtree import gate, report, stats  # noqa: E402
 from pytest_ddtree.gate import control, throughput  # noqa: E402
+from pytest_ddtree.records import ControlJudgedData  # noqa: E402
 
 CONFIGS = 18
 CELLS = 6
@@ -232,7 +233,7 @@ def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
     return gate.judge_config(inputs, confirmations, launch_spread=spread, cell_noise=noise)
 
 
-def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
+def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
     m = v.metric("output_throughput")
     median = m.current_median if m is not None else None
     return {"config": name, "cell": cell, "verdict": v.as_dict(), "metrics": {"output_throughput": median},
@@ -248,7 +249,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     spread = gate.launch_spread(sections)
     noise = gate.cell_noise(sections)
     day = model.session()
-    records: list[dict[str, Any]] = []
+    records: list[ControlJudgedData] = []
     out: dict[str, Any] = {"cells": 0, "failed_cells": 0, "inconclusive_cells": 0, "flagged_cells": 0,
                            "failing_metrics": {}}
     dropped_cell_caught = False
@@ -267,8 +268,8 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             for cell, v in verdicts.items():
                 rec = _record(name, cell, v)
                 if cfg == CONTROL:
-                    rec.update(kind=control.CONTROL_RECORD, control_launch=control_launch, control_at=at,
-                               blessed_launches=blessed_launches)
+                    rec.update({"kind": control.CONTROL_RECORD, "control_launch": control_launch, "control_at": at,
+                                "blessed_launches": blessed_launches})
                 records.append(rec)
                 out["cells"] += 1
                 out["flagged_cells"] += any(m.first_change is not None for m in v.metrics)
@@ -297,7 +298,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             slowed = drop and (who == "all" or cfg == 0)
             drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
             verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
-            again = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
+            again: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
                       "relaunch": 1 + sum(m.config == name for m in relaunched)} for cell, v in verdicts.items()]
             relaunched += gate.config_moves(again)
             records += again

@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_harness import refserver  # noqa: E402
 from pytest_ddtree import gate, load  # noqa: E402
 from pytest_ddtree.gate import control, throughput  # noqa: E402
+from pytest_ddtree.records import ControlJudgedData  # noqa: E402
 from pytest_ddtree.vocabulary import Status  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
@@ -135,13 +136,13 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
     return out
 
 
-def _record(name: str, cell: str, v: gate.CellVerdict) -> dict[str, Any]:
+def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
     """A cell's record as the suite writes it (the control's with its kind and launch)."""
     m = v.metric("output_throughput")
-    rec: dict[str, Any] = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
+    rec: ControlJudgedData = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
            "hardware_profile": "refserver", "metrics": {"output_throughput": m.current_median if m else None}}
     if name in (control.CONTROL, CONTROL_AT_END):
-        rec.update(kind=control.CONTROL_RECORD, control_launch=2 if name == CONTROL_AT_END else 1)
+        rec.update({"kind": control.CONTROL_RECORD, "control_launch": 2 if name == CONTROL_AT_END else 1})
     return rec
 
 
@@ -161,7 +162,8 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     relaunched: list[gate.ConfigMove] = []
     while args.relaunch and (names := gate.relaunch_candidates(moves, relaunched)):
         again = session(args, rng, slow and not slow_all, baselines, slow_all, names=names, day=day)
-        new = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD, "relaunch": 1 + flagged.count(name)}
+        new: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
+                                         "relaunch": 1 + flagged.count(name)}
                for name, c in again.items() for cell, v in c.verdicts.items()]
         relaunched += gate.config_moves(new)
         records += new

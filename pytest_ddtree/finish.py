@@ -136,28 +136,27 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     return outcome
 
 
-def _judge_configs_against_session(records: list[dict[str, Any]], outcome: FinishOutcome) -> list[dict[str, Any]]:
+def _judge_configs_against_session(records: list[dict[str, object]], outcome: FinishOutcome) -> list[dict[str, Any]]:
     """gate.judge_session over this session's throughput verdicts: a config that regressed as a
     whole, beyond what the other configs of the session moved, fails the run here, also when each
     of its cells passed."""
     from pytest_ddtree import gate
+    from pytest_ddtree import records as records_mod
     from pytest_ddtree.report import normalize
 
-    from pytest_ddtree.gate.throughput import RELAUNCH_RECORD
-
-    relaunches = [r for r in records if r.get("kind") == RELAUNCH_RECORD and "cell" in r]
+    relaunches = records_mod.judged_relaunches(records)
     findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
     failed = [f for f in findings if f.failed]
     if failed:
         outcome.exit_failure = True
     shown = [f.message for f in findings if f.failed or f.relaunched]
-    shown += [f"{r.get('config')}: {r['error']}" for r in records if r.get("kind") == RELAUNCH_RECORD and r.get("error")]
+    shown += [f"{r.get('config')}: {r['error']}" for r in records_mod.relaunch_failures(records)]
     if shown:
         outcome.sections.append(("ddtree configs against their session", "\n".join(shown)))
     return [f.as_dict() for f in findings]
 
 
-def _append_history(session: DDTreeSession, payload: dict[str, Any], records: list[dict[str, Any]], outcome: FinishOutcome,
+def _append_history(session: DDTreeSession, payload: dict[str, Any], records: list[dict[str, object]], outcome: FinishOutcome,
                     exitstatus: int) -> None:
     """Append this session to --ddtree-history; with --ddtree-history-check, fail it when its
     measurements start a regression change point of the history (naming the build)."""
@@ -167,7 +166,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     settings = session.settings
     url = settings.history
     assert url is not None
-    times = [float(r["time"]) for r in records if isinstance(r.get("time"), (int, float))]
+    times = [float(when) for r in records if isinstance(when := r.get("time"), (int, float))]
     try:
         profile = session.profile
         local = profile.controller == "process" and not profile.host
@@ -204,7 +203,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 
-def _judge_control(session: DDTreeSession, records: list[dict[str, Any]], outcome: FinishOutcome) -> dict[str, Any] | None:
+def _judge_control(session: DDTreeSession, records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str, Any] | None:
     """control.judge over this session's records: the control's own verdict, the session's uniform
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
@@ -290,7 +289,7 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
         outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + "\nreview with: git diff -- baselines/"))
 
 
-def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list[dict[str, Any]], exitstatus: int) -> None:
+def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list[dict[str, object]], exitstatus: int) -> None:
     try:
         from pytest_ddtree.repro.plugin_bridge import package_from_session
 

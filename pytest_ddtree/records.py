@@ -360,6 +360,78 @@ class ControlCellRecord(ControlCellData, RecordStamp, total=False):
     kind: str
 
 
+# --- What the session end's judgements read of a measured cell ---------------------------------
+#
+# The judgement of each config against its session (``gate.config_moves``) and of the control
+# (``gate.control.judge``) read a few keys of a cell's record; these are those keys. A full
+# ``ThroughputRecord`` is one (a TypedDict with more keys is a subtype), and so is what the gate's
+# benchmarks build for thousands of simulated sessions.
+
+
+class _JudgedRequired(TypedDict):
+    config: str
+    cell: str
+    verdict: CellVerdictData
+    hardware_profile: str | None
+
+
+class JudgedCellData(_JudgedRequired, total=False):
+    """A measured cell as ``gate.config_moves`` reads it: its verdict, config, hardware and host."""
+
+    kind: str
+    host: str
+    relaunch: int
+
+
+class _MeasuredRequired(_JudgedRequired):
+    metrics: dict[str, float | None]
+
+
+class MeasuredCellData(_MeasuredRequired, total=False):
+    """A measured cell as the control's judgement reads it: also its medians (the speedups)."""
+
+    kind: str
+    host: str
+    relaunch: int
+
+
+class ControlJudgedData(MeasuredCellData, total=False):
+    """A control cell as ``gate.control.judge`` reads it (the keys of ``ControlCellData`` it uses)."""
+
+    worker: str
+    control_source: str
+    control_launch: int
+    control_at: str
+    blessed_launches: dict[str, int]
+    bless_refused: str
+    retry: str
+
+
+#: A measured cell as the control's arithmetic reads it: a config's or the control's.
+CellRecord = Union[MeasuredCellData, ControlJudgedData]
+
+
+class RelaunchFailureRecord(RelaunchFailureData, RecordStamp, total=False):
+    """A failed relaunch's record as the session holds it."""
+
+    kind: str
+    config: str | None
+
+
+class HostEnvRecord(HostEnvData, RecordStamp, total=False):
+    """A host's environment record as the session holds it."""
+
+    kind: str
+    config: str | None
+
+
+class LaunchRecord(LaunchData, RecordStamp, total=False):
+    """A launch's record as the session holds it."""
+
+    kind: str
+    config: str | None
+
+
 class RepeatRecord(RepeatData, RecordStamp, total=False):
     """A repeat's record as the session holds it."""
 
@@ -555,14 +627,24 @@ def throughput_records(records: Iterable[RawRecord], kind: RecordKind = RecordKi
     return [checked(ThroughputRecord, dict(r)) for r in _of_kind(records, kind) if "cell" in r or kind == RecordKind.THROUGHPUT]
 
 
-def relaunch_failures(records: Iterable[RawRecord]) -> list[RelaunchFailureData]:
+def relaunch_failures(records: Iterable[RawRecord]) -> list[RelaunchFailureRecord]:
     """The relaunches that failed, with the reason."""
-    return [checked(RelaunchFailureData, r) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" not in r]
+    return [checked(RelaunchFailureRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" not in r]
 
 
 def control_records(records: Iterable[RawRecord]) -> list[ControlCellRecord]:
     """The control's measured cells among ``records``, checked."""
     return [checked(ControlCellRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
+
+
+def control_judged(records: Iterable[RawRecord]) -> list[ControlJudgedData]:
+    """The control's measured cells among ``records`` as its judgement reads them, checked."""
+    return [checked(ControlJudgedData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
+
+
+def judged_relaunches(records: Iterable[RawRecord]) -> list[MeasuredCellData]:
+    """The relaunched configs' measured cells among ``records`` as the judgements read them, checked."""
+    return [checked(MeasuredCellData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" in r]
 
 
 def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailableData]:
@@ -573,6 +655,16 @@ def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailable
 def repeat_records(records: Iterable[RawRecord], kind: RecordKind = RecordKind.THROUGHPUT_REPEAT) -> list[RepeatRecord]:
     """The repeats of ``kind`` among ``records``, checked."""
     return [checked(RepeatRecord, r) for r in _of_kind(records, kind)]
+
+
+def host_envs(records: Iterable[RawRecord]) -> list[HostEnvRecord]:
+    """The hosts' environment records among ``records``, checked."""
+    return [checked(HostEnvRecord, r) for r in _of_kind(records, RecordKind.HOST_ENV)]
+
+
+def launch_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
+    """The launch records among ``records``, checked."""
+    return [checked(LaunchRecord, r) for r in _of_kind(records, RecordKind.LAUNCH)]
 
 
 def adaptive_outcome(records: Iterable[RawRecord]) -> AdaptiveSweepRecord | None:

@@ -137,11 +137,11 @@ class DDTreeSession:
 
         return SessionCollector(self.settings.results, self.settings.session_id)
 
-    def _own(self, kind: str) -> list[dict[str, Any]]:
+    def _own(self, kind: str) -> list[dict[str, object]]:
         recorder = self.__dict__.get("recorder")  # never create one (and claim a folder) just to read
         return list(getattr(recorder, kind)) if recorder is not None else []
 
-    def collected_records(self) -> list[dict[str, Any]]:
+    def collected_records(self) -> list[dict[str, object]]:
         """Every record of this session: own, handed over by workers, or journaled by crashed ones."""
         return self.collector.records(self._own("records"))
 

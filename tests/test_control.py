@@ -15,6 +15,7 @@ import yaml
 
 from pytest_ddtree import gate, load, stats
 from pytest_ddtree.gate import control
+from pytest_ddtree.records import ControlJudgedData
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.suite_helpers import reference_profile
 
@@ -28,7 +29,7 @@ def _samples(rng: random.Random, value: float, factor: float, n: int = 3) -> dic
 
 
 def _launch(rng: random.Random, name: str, value: float, entries: dict[str, Any], factor: float,
-            kind: str = "throughput", launch: int = 1) -> list[dict[str, Any]]:
+            kind: str = "throughput", launch: int = 1) -> list[ControlJudgedData]:
     """One launch judged against its blessed entries: the records the suite writes."""
     inputs = {cell: gate.CellInput(entries[cell], _samples(rng, value * (1 + i / 10), factor), workload=WORKLOAD)
               for i, cell in enumerate(CELLS)}
@@ -105,8 +106,8 @@ def test_without_a_control_the_summary_says_the_per_config_rule_applies() -> Non
 
 
 def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None:
-    rec = {"kind": control.CONTROL_RECORD, "config": control.CONTROL, "cell": "c1", "hardware_profile": "hw",
-           "verdict": {"status": gate.MISSING, "reasons": ["no baseline for this cell"], "metrics": {}}}
+    rec: ControlJudgedData = {"kind": control.CONTROL_RECORD, "config": control.CONTROL, "cell": "c1", "hardware_profile": "hw",
+                              "metrics": {}, "verdict": gate.CellVerdict("c1", gate.MISSING, (), ("no baseline for this cell",)).as_dict()}
     assert not control.judge([rec], []).failed
     judged = control.judge([rec], [], require_baselines=True)
     assert judged.failed and "c1: MISSING" in judged.text()
@@ -262,7 +263,7 @@ def _launches_session(launches: int, blessed_launches: int, seed: int = 5) -> co
                     WORKLOAD, pooled, entries[name].get(cell), session=f"s{s}",
                     launches=count if name == control.CONTROL else None)
     blessed = control.blessed_launches(entries[control.CONTROL])
-    records = []
+    records: list[ControlJudgedData] = []
     for n in range(1, launches + 1):
         at = control.START if n <= control.launches_at(launches, control.START) else control.END
         for rec in _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], 1.0, control.CONTROL_RECORD, n):

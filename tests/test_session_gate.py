@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from pytest_ddtree import gate
+from pytest_ddtree.records import JudgedCellData
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 CELLS = {"c1": 120.0, "c2": 400.0, "c3": 900.0}
@@ -23,7 +24,7 @@ def _noisy(rng: random.Random, value: float, n: int = 3, noise: float = 0.01) ->
 
 def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1.0, host: str = "",
                      two_cells: frozenset[str] = frozenset(),
-                     relaunch: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                     relaunch: dict[str, float] | None = None) -> list[JudgedCellData]:
     """Bless every config in three sessions (each with its own day factor, shared by its
     configs), then measure today's session (``day`` x the config's own factor) and return the
     throughput records as the suite writes them (config, verdict as a dict, host). Configs in
@@ -37,7 +38,7 @@ def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1
                 baselines[config][cell] = gate.baseline_cell_entry(
                     WORKLOAD, {"output_throughput": _noisy(rng, value * blessed_day)}, baselines[config].get(cell),
                     session=f"s{s}")
-    records = []
+    records: list[JudgedCellData] = []
     launches = [(config, factor, "throughput") for config, factor in configs.items()]
     launches += [(config, factor, "throughput-relaunch") for config, factor in (relaunch or {}).items()]
     for config, factor, kind in launches:

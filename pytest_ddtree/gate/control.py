@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import gate, stats
 from pytest_ddtree.gate.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
-from pytest_ddtree.records import ControlCellData
+from pytest_ddtree import records as records_mod
+from pytest_ddtree.records import CellRecord, ControlCellData, ControlJudgedData, MeasuredCellData, RawRecord
 from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:
@@ -97,24 +98,25 @@ class _Move:
     floor: float
 
 
-def _move_of(records: Sequence[Mapping[str, Any]]) -> _Move | None:
+def _move_of(records: Sequence[CellRecord]) -> _Move | None:
     """The common change of output tok/s of one launch (its records)."""
     for rec in records:
-        m = ((rec.get("verdict") or {}).get("metrics") or {}).get(_METRIC)
-        if isinstance(m, Mapping) and m.get("config_shift") is not None and m.get("config_shift_se") is not None:
-            return _Move(math.log1p(float(m["config_shift"])), float(m["config_shift_se"]),
+        m = rec["verdict"]["metrics"].get(_METRIC)
+        shift, shift_se = (m.get("config_shift"), m.get("config_shift_se")) if m is not None else (None, None)
+        if m is not None and shift is not None and shift_se is not None:
+            return _Move(math.log1p(float(shift)), float(shift_se),
                          {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()},
                          float(m.get("tolerance_floor") or 0.05))
     return None
 
 
-def launch_of(rec: Mapping[str, Any]) -> str:
+def launch_of(rec: ControlJudgedData) -> str:
     """Which launch of the control a record belongs to (its process and its number in it): a session
     measures the control ``control_launches`` times per process, at its start and at its end (``measure``)."""
     return f"{rec.get('worker') or ''}#{rec.get('control_launch') or 1}"
 
 
-def place_of(rec: Mapping[str, Any]) -> str:
+def place_of(rec: ControlJudgedData) -> str:
     """``start`` or ``end``: where in its process a launch of the control was measured (records
     without ``control_at``, written before the key existed: launch 2 was the end, launch 1 the start)."""
     at = rec.get("control_at")
@@ -133,12 +135,12 @@ class _Launches:
     count: int
 
 
-def _control_launches(records: Sequence[Mapping[str, Any]]) -> _Launches | None:
+def _control_launches(records: Sequence[ControlJudgedData]) -> _Launches | None:
     """The control's launches of this group together. Within a process its launches at the start and
     those at the end weigh half each, so a machine that drifts over the process cancels whatever the
     number of launches in each place; the processes weigh alike. ``launch_share`` is the sum of the
     squared weights: the variance of one launch's own shift that the weighted mean keeps."""
-    launches: dict[str, list[Mapping[str, Any]]] = {}
+    launches: dict[str, list[ControlJudgedData]] = {}
     for rec in records:
         launches.setdefault(launch_of(rec), []).append(rec)
     places: dict[str, dict[str, list[_Move]]] = {}
@@ -158,7 +160,7 @@ def _control_launches(records: Sequence[Mapping[str, Any]]) -> _Launches | None:
     return _Launches(move, sum(w * w for w, _ in weighted), len(weighted))
 
 
-def _blessed_share(records: Sequence[Mapping[str, Any]], blessed: Mapping[str, float]) -> float:
+def _blessed_share(records: Sequence[ControlJudgedData], blessed: Mapping[str, float]) -> float:
     """The share of one launch's own shift left in the control's baseline: its blessed sessions' mean,
     each session the mean of its launches (``blessed_launches`` of the records, read from control.yaml;
     a session blessed before the count was kept counts as one launch)."""
@@ -171,22 +173,22 @@ def _blessed_share(records: Sequence[Mapping[str, Any]], blessed: Mapping[str, f
     return sum(1.0 / counts.get(sid, 1) for sid in blessed) / k**2 if blessed else 1.0
 
 
-def _median_value(records: Sequence[Mapping[str, Any]], cell: str) -> float | None:
+def _median_value(records: Sequence[CellRecord], cell: str) -> float | None:
     values = [float(v) for r in records if r.get("cell") == cell
               and stats.is_number(v := (r.get("metrics") or {}).get(_METRIC)) and v > 0]
     return stats.median(values) if values else None
 
 
-def _change(records: Sequence[Mapping[str, Any]], cell: str) -> float | None:
+def _change(records: Sequence[CellRecord], cell: str) -> float | None:
     for r in records:
         if r.get("cell") == cell:
-            m = ((r.get("verdict") or {}).get("metrics") or {}).get(_METRIC)
-            if isinstance(m, Mapping) and stats.is_number(m.get("change")):
-                return float(m["change"])
+            m = r["verdict"]["metrics"].get(_METRIC)
+            if m is not None and stats.is_number(change := m.get("change")):
+                return float(change)
     return None
 
 
-def group_of(rec: Mapping[str, Any]) -> str:
+def group_of(rec: CellRecord) -> str:
     """Configs are compared with the control of the same hardware profile and host."""
     return f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
 
@@ -261,31 +263,31 @@ def _spread(values: Sequence[float]) -> float | None:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def judge(records: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str, Any]], *,
+def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
           require_baselines: bool = False, update_mode: bool = False) -> ControlJudgement:
     """The control's verdict, each config's speedup over it and the session's uniform shift.
 
     ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
     ``configs``: the configs' throughput records (``report.normalize``)."""
-    control = [dict(r) for r in records if r.get("kind") == CONTROL_RECORD]
+    control = records_mod.control_judged(records)
     if not control:
-        reasons = sorted({str(r.get("reason")) for r in records if r.get("kind") == CONTROL_UNAVAILABLE})
+        reasons = sorted({r["reason"] for r in records_mod.control_unavailable(records)})
         return ControlJudgement(False, "; ".join(reasons) or "no control was measured (no throughput cell ran)")
     out = ControlJudgement(True)
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[ControlJudgedData]] = {}
     for rec in control:
         groups.setdefault(group_of(rec), []).append(rec)
-    relaunches = [dict(r) for r in records if r.get("kind") == RELAUNCH_RECORD and "cell" in r]
+    relaunches = records_mod.judged_relaunches(records)
     for name, members in sorted(groups.items()):
-        out.groups.append(_judge_group(name, members, [dict(c) for c in configs if group_of(c) == name],
+        out.groups.append(_judge_group(name, members, [c for c in configs if group_of(c) == name],
                                        require_baselines, update_mode,
                                        [r for r in relaunches if group_of(r) == name]))
     return out
 
 
-def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[str, Any]],
+def _judge_group(name: str, control: list[ControlJudgedData], configs: list[MeasuredCellData],
                  require_baselines: bool, update_mode: bool,
-                 relaunches: Sequence[Mapping[str, Any]] = ()) -> GroupJudgement:
+                 relaunches: Sequence[MeasuredCellData] = ()) -> GroupJudgement:
     cells = sorted({str(r.get("cell")) for r in control})
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
@@ -325,7 +327,7 @@ def _judge_group(name: str, control: list[dict[str, Any]], configs: list[dict[st
     return g
 
 
-def _control_cell_failures(g: GroupJudgement, control: list[dict[str, Any]], require_baselines: bool) -> None:
+def _control_cell_failures(g: GroupJudgement, control: list[ControlJudgedData], require_baselines: bool) -> None:
     """The control's own cells: a failure fails the run like a config's."""
     for rec in control:
         verdict = rec.get("verdict") or {}
@@ -343,7 +345,7 @@ def _control_cell_failures(g: GroupJudgement, control: list[dict[str, Any]], req
                                       + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
 
 
-def _config_moves(configs: list[dict[str, Any]], relaunches: Sequence[Mapping[str, Any]]) -> dict[str, _Move]:
+def _config_moves(configs: list[MeasuredCellData], relaunches: Sequence[MeasuredCellData]) -> dict[str, _Move]:
     """Each speculative config's common change; a relaunched config's is the mean of its launches."""
     moves: dict[str, _Move] = {}
     for cfg in sorted({str(c.get("config")) for c in configs}):
@@ -357,7 +359,7 @@ def _config_moves(configs: list[dict[str, Any]], relaunches: Sequence[Mapping[st
     return moves
 
 
-def _spreads(configs: list[dict[str, Any]], name: str, ctl: _Move | None) -> tuple[float, float]:
+def _spreads(configs: list[MeasuredCellData], name: str, ctl: _Move | None) -> tuple[float, float]:
     """How much one launch's common change moves between launches, and the blessed days' spread."""
     # how much one launch's common change moves between launches (the configs' blessed sessions,
     # each against the others of its session: many degrees of freedom); the control's relaunches
@@ -458,7 +460,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     return speculative_moved
 
 
-def _speedup_table(g: GroupJudgement, control: list[dict[str, Any]], configs: list[dict[str, Any]]) -> None:
+def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs: list[MeasuredCellData]) -> None:
     """Each config's speedup over the control per cell, and its change against the blessed speedup."""
     cells = sorted({str(r.get("cell")) for r in control})
     rows = []
@@ -634,17 +636,17 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev
     recorder.record(CONTROL_RECORD, CONTROL, record)
 
 
-def _with_earlier_launches(records: Sequence[Mapping[str, Any]], cell: str,
+def _with_earlier_launches(records: Sequence[RawRecord], cell: str,
                            samples: Mapping[str, Sequence[float]]) -> tuple[dict[str, list[float]], int]:
     """``samples`` with this process's earlier control launches' samples of ``cell`` before them, and
     how many launches they are together (the refused ones left out)."""
     pooled: dict[str, list[float]] = {}
     launches = 1
-    for rec in records:
-        if rec.get("kind") == CONTROL_RECORD and rec.get("cell") == cell and not rec.get("bless_refused"):
+    for rec in records_mod.control_records(records):
+        if rec["cell"] == cell and not rec.get("bless_refused"):
             launches += 1
-            for key, values in (rec.get("samples") or {}).items():
-                pooled.setdefault(str(key), []).extend(float(v) for v in values)
+            for key, earlier in rec["samples"].items():
+                pooled.setdefault(key, []).extend(earlier)
     for key, values in samples.items():
         pooled.setdefault(key, []).extend(float(v) for v in values)
     return pooled, launches
@@ -654,7 +656,7 @@ def _with_earlier_launches(records: Sequence[Mapping[str, Any]], cell: str,
 END_LAUNCH_MIN_CONFIGS = 3
 
 
-def wants_end_launch(records: Sequence[Mapping[str, Any]]) -> bool:
+def wants_end_launch(records: Sequence[RawRecord]) -> bool:
     """Whether this process's control is measured at its end too (``records``: the process's own):
     after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
     the control's launch shift is shared by enough configs to be worth more launches; a process of

@@ -13,6 +13,7 @@ from pytest_ddtree import stats
 from pytest_ddtree.gate.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_quantile
 from pytest_ddtree.gate.rule import FLAG_FLOOR_SHARE, worse_by
 from pytest_ddtree.gate.verdicts import Direction, PASS, REGRESSION, fmt_pct
+from pytest_ddtree.records import JudgedCellData
 from pytest_ddtree.vocabulary import Verdict
 
 
@@ -88,7 +89,7 @@ class SessionFinding:
         return dataclasses.asdict(self)
 
 
-def config_moves(records: Sequence[Mapping[str, Any]]) -> list[ConfigMove]:
+def config_moves(records: Sequence[JudgedCellData]) -> list[ConfigMove]:
     """Each config's common change per metric, from its throughput records (``verdict.metrics``).
 
     Only configs judged with a common change (>= 3 cells with baselines) take part. Records of
@@ -99,14 +100,15 @@ def config_moves(records: Sequence[Mapping[str, Any]]) -> list[ConfigMove]:
         config = str(rec.get("config") or "")
         group = f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
         for key, m in metrics.items():
-            if not isinstance(m, Mapping) or m.get("config_shift_se") is None or m.get("config_shift") is None:
+            shift, shift_se = m.get("config_shift"), m.get("config_shift_se")
+            if shift is None or shift_se is None:
                 continue
             launch = int(rec.get("relaunch") or 0)
             if (config, launch, key) in found:
                 continue
             found[(config, launch, key)] = ConfigMove(
                 config, key, m.get("direction", "higher"), float(m.get("tolerance_floor") or 0.0),
-                math.log1p(float(m["config_shift"])), float(m["config_shift_se"]),
+                math.log1p(float(shift)), float(shift_se),
                 {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()}, group)
     return [found[k] for k in sorted(found, key=lambda k: k[1])]
 

@@ -18,6 +18,7 @@ from pytest_ddtree import gate, load, proof, report, stats
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree import records as records_mod
 from pytest_ddtree.records import RelaunchCellData, RelaunchFailureData, RepeatData, ThroughputData, WorkloadData
 from pytest_ddtree.vocabulary import MeasurementStatus, RecordKind, Status
 
@@ -424,7 +425,7 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     if not session.profile.relaunch_flagged or session.settings.update_baselines:
         return []
     recorder = session.recorder
-    moves = gate.config_moves(report.normalize([r for r in recorder.records if r.get("kind") == RecordKind.THROUGHPUT]))
+    moves = gate.config_moves(report.normalize(recorder.records))
     configs: dict[str, DDTreeConfig] = {}
     cells: dict[str, list[load.WorkloadLike]] = {}
     for item in items:
@@ -437,7 +438,7 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     done: list[str] = []
     failed: set[str] = set()
     while True:
-        relaunched = gate.config_moves([r for r in recorder.records if r.get("kind") == RELAUNCH_RECORD and "cell" in r])
+        relaunched = gate.config_moves(records_mod.throughput_records(recorder.records, RELAUNCH_RECORD))
         flagged = [n for n in gate.relaunch_candidates(moves, relaunched) if n in configs and n not in failed]
         if not flagged:
             return done

@@ -13,9 +13,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree import records as records_mod
+from pytest_ddtree.records import HostEnvData, RawRecord
 
 from .writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
 
@@ -25,19 +26,19 @@ if TYPE_CHECKING:
 __all__ = ["package_from_session", "launches_from_records", "request_from_session"]
 
 
-def launches_from_records(records: Iterable[Mapping[str, Any]]) -> list[LaunchRecord]:
+def launches_from_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
     """One LaunchRecord per distinct (config, command, env, drop-in) of the session's ``launch`` records."""
     seen: set[tuple[Any, ...]] = set()
     out: list[LaunchRecord] = []
-    for rec in records:
-        if rec.get("kind") != RecordKind.LAUNCH:
-            continue
-        launch = rec.get("launch") or {}
+    for rec in records_mod.launch_records(records):
+        launch = rec["launch"]  # the service manager's launch record: read key by key
         config = str(launch.get("config") or rec.get("config") or "unknown")
         command = launch.get("command")
-        env = {str(k): str(v) for k, v in (launch.get("env") or {}).items()}
+        env_vars = launch.get("env")
+        env = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, Mapping) else {}
         dropin = launch.get("dropin")
-        job = launch.get("slurm") or {}
+        slurm = launch.get("slurm")
+        job = slurm if isinstance(slurm, Mapping) else {}
         key = (config, command, tuple(sorted(env.items())), dropin)
         if key in seen:
             continue
@@ -61,7 +62,7 @@ def _systemd_unit_text(unit: str | None) -> str | None:
     return proc.stdout if proc.returncode == 0 and proc.stdout else None
 
 
-def _hosts_unit_text(host_envs: Mapping[str, Mapping[str, Any]]) -> str | None:
+def _hosts_unit_text(host_envs: Mapping[str, HostEnvData]) -> str | None:
     """A fleet's unit as read on its first host (the one env/ describes), over ssh."""
     return next((str(e["systemd_unit"]) for _, e in sorted(host_envs.items()) if e.get("systemd_unit")), None)
 
@@ -75,7 +76,7 @@ def _stamp(value: str | None) -> _dt.datetime | None:
         return None
 
 
-def request_from_session(session: DDTreeSession, records: list[dict[str, Any]], exitstatus: int) -> PackageRequest:
+def request_from_session(session: DDTreeSession, records: Sequence[RawRecord], exitstatus: int) -> PackageRequest:
     """Collect what the session ran; raises what the session's properties raise (profile, matrix errors)."""
     settings = session.settings
     if settings.package is None:
@@ -93,7 +94,7 @@ def request_from_session(session: DDTreeSession, records: list[dict[str, Any]], 
         matrix_text = None
     launches = launches_from_records(records)
     failed = [FailedTest(str(f.get("nodeid", "")), str(f.get("reason", ""))) for f in session.failed_tests]
-    host_envs = {str(r["host"]): r for r in records if r.get("kind") == RecordKind.HOST_ENV and r.get("host")}
+    host_envs: dict[str, HostEnvData] = {r["host"]: r for r in records_mod.host_envs(records) if r.get("host")}
     unit_text = None
     if profile.controller == "systemd":
         # A fleet's unit lives on its hosts: never read this machine's unit of the same name.
@@ -122,6 +123,6 @@ def request_from_session(session: DDTreeSession, records: list[dict[str, Any]], 
     )
 
 
-def package_from_session(session: DDTreeSession, records: list[dict[str, Any]], exitstatus: int) -> PackageReport:
+def package_from_session(session: DDTreeSession, records: Sequence[RawRecord], exitstatus: int) -> PackageReport:
     """The plugin's session-end entry point (controller only): write, verify, publish."""
     return write_package(request_from_session(session, records, exitstatus))

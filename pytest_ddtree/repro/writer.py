@@ -25,13 +25,16 @@ import shutil
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import layout
 from .envsnap import NO_GPU, is_secret_name, render_env_text, snapshot_env
 from .patches import collect_patches
 from .patchset import PatchError, PatchSet, flatten_target, iter_diff_targets, sha256_bytes
 from .verify import VerifyReport, verify_package, write_manifest
+
+if TYPE_CHECKING:  # the session's host-env records (the writer itself takes plain data)
+    from pytest_ddtree.records import HostEnvData
 
 __all__ = [
     "LaunchRecord",
@@ -103,7 +106,7 @@ class PackageRequest:
     # Fleet sweeps: host -> {"snapshot": envsnap dict} or {"error": text}, plus "systemd_unit"
     # (`systemctl cat` there), taken over ssh on the hosts that ran the service; env/ then
     # describes the first of them, env/hosts/<host>/ each.
-    host_envs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    host_envs: Mapping[str, HostEnvData] = field(default_factory=dict)
 
 
 @dataclass
@@ -240,7 +243,7 @@ class _Tree:
         self.put(rel, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
 
 
-def _write_host_envs(tree: _Tree, host_envs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+def _write_host_envs(tree: _Tree, host_envs: Mapping[str, HostEnvData]) -> dict[str, Any] | None:
     """env/hosts/<host>/ for every fleet host; returns the first host's snapshot (or None)."""
     first: dict[str, Any] | None = None
     for host, entry in sorted(host_envs.items()):
@@ -254,7 +257,9 @@ def _write_host_envs(tree: _Tree, host_envs: Mapping[str, Mapping[str, Any]]) ->
         first = first or dict(snap)
         tree.json(f"{base}/environment.json", snap)
         tree.put(f"{base}/environment.txt", render_env_text(snap))
-        tree.put(f"{base}/pip-freeze.txt", "".join(f"{ln}\n" for ln in (snap.get("packages") or {}).get("freeze", [])))
+        packages = snap.get("packages")
+        freeze = packages.get("freeze") if isinstance(packages, Mapping) else None
+        tree.put(f"{base}/pip-freeze.txt", "".join(f"{ln}\n" for ln in freeze or []))
     return first
 
 
