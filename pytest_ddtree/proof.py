@@ -450,7 +450,7 @@ def _first(lines: Sequence[str]) -> str:
 A_B_FIELDS = ("topk", "window")
 
 
-def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
+def _acceptance_key(record: Mapping[str, object]) -> tuple[str, Any] | None:
     """What greedy acceptance a cell measured: its repeats' distinct histograms where the server
     sent them (a cell's repeat count varies with its noise, so sums would not compare), else its
     tokens per verify step (rounded to 9 digits); None when it measured none."""
@@ -459,7 +459,7 @@ def _acceptance_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
         return ("histograms", tuple(sorted({tuple(h) for h in repeats})))
     from pytest_ddtree.metrics import TOKENS_PER_VERIFY, tokens_per_verify
 
-    metrics = record.get("metrics") or {}
+    metrics = record.get("metrics")
     value = tokens_per_verify(metrics) if isinstance(metrics, Mapping) else None  # the requests' own ratio
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (TOKENS_PER_VERIFY, round(float(value), 9))
@@ -483,17 +483,23 @@ def _could_matter(name: str, a: Mapping[str, int | None], b: Mapping[str, int | 
     return False
 
 
-def no_effect(records: Iterable[Mapping[str, Any]], default_window: int | None) -> list[dict[str, Any]]:
+def _workload(record: Mapping[str, object]) -> Mapping[str, object]:
+    workload = record.get("workload")
+    return workload if isinstance(workload, Mapping) else {}
+
+
+def no_effect(records: Iterable[Mapping[str, object]], default_window: int | None) -> list[dict[str, Any]]:
     """Fields that showed no effect: configs differing only in topk (or only in the window) whose
     cells measured identical greedy acceptance on the same prompts, in every cell where the field
     could matter. Each finding names the field, the configs, the cells and the evidence; it is a
     report ("topk shows no effect on this build"), never proof that the field applied, and not a
     failure: a build may ignore a knob on purpose (upstream DFLASH forces topk to 1).
     ``default_window`` resolves config names without a window suffix (None: such configs are not
-    compared on the window)."""
+    compared on the window). ``records``: throughput records (``report.normalize``'s), read key by
+    key (only the acceptance, the config, the cell and its workload)."""
     from pytest_ddtree.configs import DEFAULT_WINDOW, config_or_none
 
-    cells: dict[str, dict[str, Mapping[str, Any]]] = {}
+    cells: dict[str, dict[str, Mapping[str, object]]] = {}
     values: dict[str, dict[str, int | None]] = {}
     for r in records:
         name = str(r.get("config"))
@@ -519,10 +525,9 @@ def no_effect(records: Iterable[Mapping[str, Any]], default_window: int | None) 
                 identical = True
                 for cell in sorted(set(cells[a]) & set(cells[b])):
                     ra, rb = cells[a][cell], cells[b][cell]
-                    if ra.get("workload", {}).get("prompts") != rb.get("workload", {}).get("prompts"):
+                    if _workload(ra).get("prompts") != _workload(rb).get("prompts"):
                         continue  # not the same prompts: nothing to compare
-                    workload = ra.get("workload") or {}
-                    context = workload.get("context_tokens")
+                    context = _workload(ra).get("context_tokens")
                     context = int(context) if isinstance(context, int) and not isinstance(context, bool) else None
                     if not _could_matter(field_name, va, vb, context):
                         continue

@@ -344,6 +344,57 @@ ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prom
         (11, "throughput-relaunch-repeat")], found
 
 
+#: The modules that write, pass or read the session's records (records.py types them).
+_RECORD_MODULES = ("pytest_ddtree/report.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive.py", "pytest_ddtree/proof.py",
+                   "pytest_ddtree/results.py", "pytest_ddtree/sessionfiles.py", "pytest_ddtree/session.py",
+                   "pytest_ddtree/gate", "pytest_ddtree/htmlreport", "pytest_ddtree/repro/plugin_bridge.py",
+                   "suites/test_throughput.py")
+
+
+def _untyped_records(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of each record that crosses a function boundary as ``Any``: a parameter or an
+    annotated name ``record(s)``, ``rec(s)``, ``relaunches`` or ``*_record(s)``, or the return of a
+    function named ``*record(s)`` (not ``*payload*``: results.json's payload is not a record),
+    annotated with ``Any`` anywhere in it."""
+    def is_record(name: str) -> bool:
+        return name in {"record", "records", "rec", "recs", "relaunches"} or name.endswith(("_record", "_records"))
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                if is_record(arg.arg) and arg.annotation is not None and "Any" in ast.unparse(arg.annotation):
+                    found.append((node.lineno, f"{node.name}({arg.arg}: {ast.unparse(arg.annotation)})"))
+            returns_records = node.name.endswith(("record", "records")) and "payload" not in node.name
+            if returns_records and node.returns is not None and "Any" in ast.unparse(node.returns):
+                found.append((node.lineno, f"{node.name} -> {ast.unparse(node.returns)}"))
+        elif isinstance(node, ast.AnnAssign) and is_record(ast.unparse(node.target).rsplit(".", 1)[-1]) \
+                and "Any" in ast.unparse(node.annotation):
+            found.append((node.lineno, f"{ast.unparse(node.target)}: {ast.unparse(node.annotation)}"))
+    return found
+
+
+def test_records_cross_the_modules_typed_not_as_any(repo_root: Path) -> None:
+    """A record crosses modules as its TypedDict (records.py), or as ``RawRecord`` until it is checked:
+    ``dict[str, Any]`` hid a renamed or missing key from mypy, and a malformed record from a worker or
+    a file surfaced as a KeyError deep inside a reader."""
+    files = [p for top in _RECORD_MODULES for p in ([repo_root / top] if top.endswith(".py") else sorted((repo_root / top).rglob("*.py")))]
+    assert all(p.is_file() for p in files) and len(files) > 20, files
+    untyped = [f"{path.relative_to(repo_root)}:{line}: {what}"
+               for path in files for line, what in _untyped_records(ast.parse(path.read_text()))]
+    assert not untyped, "type these records with records.py's shapes (or RawRecord):\n" + "\n".join(untyped)
+
+
+def test_the_record_scan_finds_untyped_records() -> None:
+    source = '''
+def judge(records: Sequence[Mapping[str, Any]], configs: list[ThroughputRecord]) -> None: ...
+def sample_record(name: str) -> dict[str, Any]: ...
+def fine(records: Sequence[RawRecord], rec: ThroughputRecord, payload: dict[str, Any]) -> dict[str, Any]: ...
+self.records: list[dict[str, Any]] = []
+'''
+    assert [line for line, _ in _untyped_records(ast.parse(source))] == [2, 3, 5]
+
+
 def test_no_module_over_800_lines_and_no_long_function_without_a_reason(repo_root: Path) -> None:
     """A module a newcomer can read in one sitting; a long function says why it stays whole
     (``# long because: ...`` on the line above its ``def`` or first decorator)."""

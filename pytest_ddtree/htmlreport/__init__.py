@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_ddtree import report
 from pytest_ddtree.htmlreport import charts, model
 from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.records import RawRecord, screen
 from pytest_ddtree.results import RESULTS_JSON, read_records
 from pytest_ddtree.vocabulary import RecordKind, Status
 
@@ -119,9 +120,10 @@ def _engine_facts(payload: Mapping[str, Any]) -> dict[str, Any]:
                        if isinstance(c, Mapping) and c.get("hardware_profile")})
     if profiles:
         facts["hardware profile (baselines folder)"] = profiles
-    versions = sorted({str(v) for r in model.records(payload, RecordKind.LAUNCH) if (v := (r.get("launch") or {}).get("engine_version"))})
+    launches = [model.launch_of(r) for r in model.records(payload, RecordKind.LAUNCH)]
+    versions = sorted({str(v) for launch in launches if (v := launch.get("engine_version"))})
     facts["engine version (/server_info)"] = versions or "not recorded"
-    commands = [((r.get("launch") or {}).get("command")) for r in model.records(payload, RecordKind.LAUNCH)]
+    commands = [launch.get("command") for launch in launches]
     if commands and commands[0]:
         facts["engine command (first launch)"] = commands[0]
     return facts
@@ -209,6 +211,9 @@ def load_payload(results_dir: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"{path}: not a results object")
+        for key in ("records", "throughput_repeats"):  # records from a file: each checked (records.screen)
+            if isinstance(data.get(key), list):
+                data[key] = screen(r for r in data[key] if isinstance(r, dict))
         return data
     records = read_records(results_dir)
     if not records:
@@ -216,7 +221,7 @@ def load_payload(results_dir: Path) -> dict[str, Any]:
     return payload_from_records(records)
 
 
-def payload_from_records(records: Sequence[Mapping[str, Any]], failed_tests: Sequence[Mapping[str, str]] = (),
+def payload_from_records(records: Sequence[RawRecord], failed_tests: Sequence[Mapping[str, str]] = (),
                          environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """results.json's shape from raw records (what the page of a running session shows)."""
     payload = report.session_summary(records).json

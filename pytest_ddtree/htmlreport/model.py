@@ -163,7 +163,13 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
     return out
 
 
-def records(payload: Mapping[str, Any], kind: RecordKind) -> list[dict[str, Any]]:
+def launch_of(record: Mapping[str, object]) -> Mapping[str, object]:
+    """The service manager's launch record inside a ``launch`` record (read key by key)."""
+    launch = record.get("launch")
+    return launch if isinstance(launch, Mapping) else {}
+
+
+def records(payload: Mapping[str, Any], kind: RecordKind) -> list[dict[str, object]]:
     return [dict(r) for r in _as_list(payload.get("records")) if isinstance(r, Mapping) and r.get("kind") == kind]
 
 
@@ -229,13 +235,14 @@ def _gate_health(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult
     for r in records(payload, RecordKind.HEALTH):
         if (row := out.get(str(r.get("config")))) is not None:
             row["health"] = (GateResult(Status.PASS, f"answered ({r.get('completion_tokens')} tokens)") if r.get("passed", True)
-                             else GateResult(Status.FAIL, "; ".join(r.get("problems") or ["short generation failed"])))
+                             else GateResult(Status.FAIL, "; ".join(str(p) for p in _as_list(r.get("problems")))
+                                                        or "short generation failed"))
 
 
 def _gate_applied(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
     """Each launch's outcome: ready with /server_info matching (and its evidence), or why not."""
     for r in records(payload, RecordKind.LAUNCH):
-        launch = _as_dict(r.get("launch")) or r
+        launch: Mapping[str, Any] = _as_dict(r.get("launch")) or r
         if (row := out.get(str(r.get("config")))) is None:
             continue
         outcome = str(launch.get("outcome", ""))
@@ -289,7 +296,8 @@ def _gate_lossless(payload: Mapping[str, Any], out: dict[str, dict[str, GateResu
             row["lossless"] = GateResult(Status.PASS, "golden transcripts written")
             continue
         diverged = _as_list(r.get("diverged"))
-        summary = f"{int(r.get('compared') or 0) - len(diverged)}/{r.get('compared')} identical"
+        compared = r.get("compared")
+        summary = f"{(compared if isinstance(compared, int) else 0) - len(diverged)}/{compared} identical"
         if r.get("passed"):
             row["lossless"] = GateResult(Status.PASS, summary)
         else:
@@ -423,7 +431,7 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
             continue
         started = launch.get("started_at")
         rows[key] = TimelineRow(name, key[1], float(started) if is_number(started) else None,
-                                float(launch["ready_s"]) if is_number(launch.get("ready_s")) else None,
+                                float(ready) if is_number(ready := launch.get("ready_s")) else None,
                                 None, None, None, str(launch.get("outcome", "")))
     for key, ts in times.items():
         row = rows.setdefault(key, TimelineRow(key[0], key[1], None, None, None, None, None, "running"))

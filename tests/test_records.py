@@ -1,0 +1,55 @@
+"""records.py: a record that comes back from a worker or a file is checked against its kind's shape;
+a malformed one is set aside with a message naming the key, never a KeyError inside a reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_ddtree import gate, records, report
+from pytest_ddtree.records import RecordError, ThroughputData
+from pytest_ddtree.results import SessionRecorder
+from pytest_ddtree.sessionfiles import SessionCollector, claim_results_dir
+from pytest_ddtree.vocabulary import RecordKind, Status
+
+
+def _cell(cell: str = "c1") -> ThroughputData:
+    verdict = gate.CellVerdict(cell, Status.PASS, (gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, 100.0,
+                                                                      101.0, 0.01),)).as_dict()
+    return report.throughput_record(
+        config="bs8_b8_k4", cell=cell,
+        workload={"concurrency": 1, "context_tokens": 64, "output_tokens": 8, "requests": 2, "prompts": "documents"},
+        repeats=[{"output_throughput": 101.0}] * 3, samples={"output_throughput": [101.0] * 3},
+        measurement_status=Status.VALID, verdict=verdict)
+
+
+def test_a_written_record_reads_back_as_its_shape() -> None:
+    back = json.loads(json.dumps({"kind": RecordKind.THROUGHPUT, "worker": "gw0", "time": 1.0, **_cell()}))
+    assert records.check_record(back) is None
+    (cell,) = records.throughput_records([back])
+    assert cell["metrics"]["output_throughput"] == 101.0 and cell["verdict"]["metrics"]["output_throughput"]["change"] == 0.01
+
+
+def test_a_malformed_record_from_a_worker_is_set_aside_saying_which_key_is_wrong(tmp_path: Path) -> None:
+    claim_results_dir(tmp_path, "me")
+    worker = SessionRecorder(tmp_path, "gw0", "me")
+    worker.record(RecordKind.THROUGHPUT, "bs8_b8_k4", _cell("c1"))
+    handed = worker.handover()
+    good = handed["records"][0]
+    handed["records"] = [good, {**good, "cell": "c2", "repeats": "3"}, {k: v for k, v in good.items() if k != "verdict"}]
+    collector = SessionCollector(tmp_path, "me")
+    collector.add_worker_output("gw0", handed)
+    got = collector.records([])
+    assert [r["kind"] for r in got] == [RecordKind.THROUGHPUT, RecordKind.CORRUPT_RECORD, RecordKind.CORRUPT_RECORD]
+    problems = [str(r["problem"]) for r in got[1:]]
+    assert "throughput bs8_b8_k4 c2 (from gw0): repeats is '3', expected an integer" in problems[0]
+    assert "lacks 'verdict'" in problems[1]
+    assert got[1]["record"] == handed["records"][1]  # kept whole: nothing measured is lost
+    # the readers see only the checked records; a typed view over an unchecked one says what is wrong
+    assert [r["cell"] for r in report.normalize(got)] == ["c1"]
+    with pytest.raises(RecordError, match=r"verdict.metrics.output_throughput.change is 'x', expected a number or null"):
+        bad = {**good, "verdict": {**good["verdict"], "metrics": {"output_throughput": {
+            **good["verdict"]["metrics"]["output_throughput"], "change": "x"}}}}
+        records.throughput_records([bad])
