@@ -66,13 +66,13 @@ def check_prior_dirs(directories: Sequence[Path]) -> None:
 class PriorRows:
     """Measured throughput cells of earlier sessions, split by hardware profile."""
 
-    rows: list[dict[str, Any]]
+    rows: list[Mapping[str, object]]  # results.json's throughput entries, read key by key
     ignored: dict[str, int]  # other hardware profile -> number of cells left out
 
 
 def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -> PriorRows:
     """The measured (never predicted) valid cells of earlier sessions on ``hardware_profile``."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Mapping[str, object]] = []
     ignored: dict[str, int] = {}
     for directory in directories:
         for path in _results_files(directory):
@@ -80,7 +80,11 @@ def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -
                 payload = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise PriorError(f"--ddtree-prior {path}: not readable JSON ({exc})") from None
-            for row in payload.get("throughput") or []:
+            cells = payload.get("throughput") if isinstance(payload, dict) else None
+            if not isinstance(cells, list) or not all(isinstance(row, dict) for row in cells):
+                raise PriorError(f"--ddtree-prior {path}: not a pytest-ddtree results.json (its 'throughput' is not a "
+                                 "list of cells); give the --ddtree-results folder of a finished session")
+            for row in cells:
                 if row.get("measurement_status") == Status.INVALID or not row.get("output_throughput"):
                     continue
                 profile = row.get("hardware_profile")
@@ -91,10 +95,11 @@ def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -
     return PriorRows(rows, ignored)
 
 
-def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """Config points, cell points and measurements of throughput rows (records or results.json);
-    a throughput or acceptance that is not a finite number (NaN in an earlier session's file)
-    stays out of the fit (stats.is_number, the one number check)."""
+def _measurements(rows: Iterable[Mapping[str, object]]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """Config points, cell points and measurements of throughput rows (records or results.json,
+    read key by key: a row without a numeric workload is left out); a throughput or acceptance that
+    is not a finite number (NaN in an earlier session's file) stays out of the fit (stats.is_number,
+    the one number check)."""
     from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement
     from pytest_ddtree.configs import config_or_none
 
@@ -102,15 +107,16 @@ def _measurements(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], di
     cells: dict[str, CellPoint] = {}
     out: list[Measurement] = []
     for row in rows:
-        metrics = row.get("metrics") if isinstance(row.get("metrics"), Mapping) else row
-        assert isinstance(metrics, Mapping)
-        tok_s, workload = metrics.get("output_throughput"), row.get("workload") or {}
+        given = row.get("metrics")
+        metrics: Mapping[str, object] = given if isinstance(given, Mapping) else row
+        tok_s, workload = metrics.get("output_throughput"), row.get("workload")
         parsed = config_or_none(str(row.get("config")))
-        if parsed is None or not is_number(tok_s) or tok_s <= 0 or "concurrency" not in workload:
+        numbers = {k: v for k, v in workload.items() if isinstance(v, int) and not isinstance(v, bool)} \
+            if isinstance(workload, Mapping) else {}
+        if parsed is None or not is_number(tok_s) or tok_s <= 0 or not {"concurrency", "context_tokens"} <= set(numbers):
             continue
         configs[parsed.name] = ConfigPoint.of(parsed)
-        cell = CellPoint(str(row.get("cell")), int(workload["concurrency"]), int(workload["context_tokens"]),
-                         int(workload.get("output_tokens") or 0))
+        cell = CellPoint(str(row.get("cell")), numbers["concurrency"], numbers["context_tokens"], numbers.get("output_tokens", 0))
         cells[cell.name] = cell
         accept = tokens_per_verify(metrics)
         out.append(Measurement(parsed.name, cell.name, float(tok_s),

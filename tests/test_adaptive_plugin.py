@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from pytest_ddtree import gate, report
 from pytest_ddtree.configs import load_matrix, select_configs
+from pytest_ddtree.load import workload_dict
+from pytest_ddtree.vocabulary import RecordKind, Status
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, run_suite
 
@@ -167,8 +170,12 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
     sweep = AdaptiveSweep(configs, cells, 4, default=matrix.default.name, priors=[earlier], progress=lines.append)
     first = sweep.next_config()
     assert first is not None
-    measured = [{**row(first, w, 1000.0, "refserver"), "metrics": {"output_throughput": 1000.0, "accept_length": 4.0}}
-                for w in cells]
+    # this session's own records, as the throughput suite writes them
+    verdict = gate.CellVerdict("c", Status.MISSING).as_dict()
+    measured = [{"kind": RecordKind.THROUGHPUT, **report.throughput_record(
+        config=first, cell=w.name, workload=workload_dict(w), repeats=[{"output_throughput": 1000.0, "accept_length": 4.0}],
+        samples={"output_throughput": [1000.0]}, measurement_status=Status.VALID, verdict=verdict,
+        hardware_profile="refserver")} for w in cells]
     assert sweep.record_config(first, measured, "refserver") == len(cells)
     assert sweep.planner.prior is not None and sweep.planner.prior.n_obs == 12
     assert any("ignored 2 prior cells measured on hardware profile h100-other" in line for line in lines), lines
