@@ -86,9 +86,13 @@ def run_cell(url: str, concurrency: int, per_client: int, max_tokens: int,
     before = requests.get(url + "/server_info", timeout=10).json()["internal_states"][0]
     results: list[tuple[int, float]] = []
     lock = threading.Lock()
+    # Every client sends its first request together: threads started one by one on a busy machine
+    # otherwise reach the engine over tens of milliseconds, and the first batches run part-empty.
+    start_together = threading.Barrier(concurrency)
 
     def client(i: int) -> None:
         s = requests.Session()
+        start_together.wait(timeout=60)
         for j in range(per_client):
             body = {"model": "ref", "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
                     "messages": [{"role": "user", "content": prompts[(i + j) % len(prompts)]}]}
@@ -110,6 +114,7 @@ def run_cell(url: str, concurrency: int, per_client: int, max_tokens: int,
     steps = (after["decode_forward_passes"] + after["prefill_forward_passes"]
              - before["decode_forward_passes"] - before["prefill_forward_passes"])
     tokens = sum(n for n, _ in results)
+    decode_passes = after["decode_forward_passes"] - before["decode_forward_passes"]
     return {
         "wall": wall,
         "tokens": tokens,
@@ -118,6 +123,8 @@ def run_cell(url: str, concurrency: int, per_client: int, max_tokens: int,
         "agg": tokens / wall,
         "per_req": sum(n / dt for n, dt in results) / len(results),
         "accept": after["exact_accept_length_since_flush"],
+        # requests per decode forward: how much of the configured concurrency the engine really batched
+        "mean_batch": (after["total_verify_steps"] - before["total_verify_steps"]) / max(1, decode_passes),
         "cpu_per_step": (after["engine_cpu_seconds"] - before["engine_cpu_seconds"]) / max(1, steps),
         "sim_per_step": (after["simulated_busy_seconds"] - before["simulated_busy_seconds"]) / max(1, steps),
     }

@@ -37,13 +37,30 @@ def measure(srv: RefServer, concurrency: int, per_client: int, max_tokens: int =
     """Closed loop (the benchmark's own); simulated aggregate and per-request tok/s."""
     fig = bench_refserver.run_cell(srv.url, concurrency, per_client, max_tokens, prompts=PROMPTS)
     assert fig["tokens"] == fig["engine_tokens"]  # exact accounting
-    return {"agg": fig["agg"] / SCALE, "per_req": fig["per_req"] / SCALE, "sim_agg": fig["tokens"] / fig["sim_busy"]}
+    return {"agg": fig["agg"] / SCALE, "per_req": fig["per_req"] / SCALE, "sim_agg": fig["tokens"] / fig["sim_busy"],
+            "mean_batch": fig["mean_batch"]}
+
+
+def full_batches(small: RefServer, big: RefServer, attempts: int = 3) -> dict[str, dict[str, float]]:
+    """Concurrency 32 on both engines, retaken while either engine batched < 80% of 32 requests.
+
+    The crossover holds for full batches; on a busy machine the 32 clients can reach an engine
+    late and it runs part-empty batches, which is a different measurement (the gate calls such a
+    repeat starved and retakes it, and so does this test).
+    """
+    seen: list[dict[str, float]] = []
+    for _ in range(attempts):
+        c32 = {n: measure(s, 32, 1) for n, s in (("small", small), ("big", big))}
+        if min(c32["small"]["mean_batch"], c32["big"]["mean_batch"]) >= 0.8 * 32:
+            return c32
+        seen.append({n: c32[n]["mean_batch"] for n in c32})
+    pytest.fail(f"no attempt batched >= 80% of 32 requests on both engines (mean batch per attempt: {seen})")
 
 
 def test_budget_crossover(pair: dict[str, RefServer]) -> None:
     small, big = pair["bs8_b4_k4"], pair["bs8_b16_k4"]
     c1 = {n: measure(s, 1, 3) for n, s in (("small", small), ("big", big))}
-    c32 = {n: measure(s, 32, 1) for n, s in (("small", small), ("big", big))}
+    c32 = full_batches(small, big)
     assert c1["big"]["per_req"] > 1.05 * c1["small"]["per_req"], c1
     assert c32["small"]["agg"] > 1.1 * c32["big"]["agg"], c32
     # the same ordering from the engine's own simulated clock
