@@ -31,6 +31,24 @@ def pytest_configure(config: pytest.Config) -> None:
         register_run()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with the most slow tests run first, each kept whole and otherwise in file order.
+
+    CI runs ``-n 2 --dist loadfile``: xdist hands out whole modules in collection order, so a
+    module of several minutes collected near the end (test_throughput_suite.py) kept one worker
+    busy long after the other had finished. Longest first is the classic remedy (LPT scheduling);
+    the ``slow`` marks stand for the lengths. The order is the same on every worker, as xdist
+    requires.
+    """
+    slow_per_module: dict[str, int] = {}
+    for item in items:
+        slow_per_module.setdefault(item.nodeid.split("::")[0], 0)
+        if item.get_closest_marker("slow"):
+            slow_per_module[item.nodeid.split("::")[0]] += 1
+    first_seen = {module: i for i, module in enumerate(slow_per_module)}
+    items.sort(key=lambda item: (-slow_per_module[m := item.nodeid.split("::")[0]], first_seen[m]))
+
+
 @pytest.fixture(scope="module")
 def measurement_turn() -> Iterator[None]:
     """For timing-sensitive modules: raised CPU priority, and turns with other test runs on this

@@ -50,6 +50,7 @@ FENCE = "`" * 3
 REGRESSED_CELLS = ("c1_s", "c4_l")
 
 pytestmark = [pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or ""),
+              pytest.mark.slow,  # the module's two sessions take about two minutes on a 2-core box
               pytest.mark.usefixtures("measurement_turn")]  # its sessions measure throughput: see tests/machine_share.py
 
 

@@ -101,11 +101,12 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     # 4. a slower engine fails the gate, saying by how much and how sure
     slow, _ = _setup(pytester, repo_root, "--fault slowdown=1.3")
     shutil.rmtree(pytester.path / "results")
-    result = _run(pytester, repo_root, slow, matrix)
+    # one cell: a regression is confirmed by 12 fresh repeats on the slowed engine, per flagged cell
+    result = _run(pytester, repo_root, slow, matrix, "--ddtree-workload=c4_tiny")
     assert result.ret == 1
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, result.stdout.str()
-    result.stdout.fnmatch_lines(["*bs8_b8_k4 c*_tiny: REGRESSION*",
+    result.stdout.fnmatch_lines(["*bs8_b8_k4 c4_tiny: REGRESSION*",
                                  "*output_throughput: * tok/s, -*% (95% t-interval on log values *): REGRESSION beyond the *"
                                  "reproduced by the confirmation (12 fresh repeats)*"])
     assert _records(pytester, "throughput-confirm-repeat"), "confirmation repeats are recorded as measured"
