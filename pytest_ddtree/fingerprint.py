@@ -155,7 +155,3 @@ def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, An
         inventory = gpu_inventory()
     return fingerprint(server_info, None, inventory, override)
 
-
-def hardware_profile(profile: _ProfileLike | None, server_info: Mapping[str, Any]) -> str:
-    """The baseline folder name for a service described by ``profile`` and ``server_info``."""
-    return local_fingerprint(profile, server_info).name

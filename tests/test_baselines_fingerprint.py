@@ -31,7 +31,7 @@ SGLANG = {"version": "0.5.3", "model_path": "/models/moonshotai/Kimi-K2.6",
 def test_reference_engine_has_a_stable_name() -> None:
     a = fingerprint.fingerprint({"version": "refserver 0.1.0"})
     assert a.name == "refserver"
-    assert fingerprint.hardware_profile(_Profile(), {"version": "refserver 0.1.0"}) == "refserver"
+    assert fingerprint.local_fingerprint(_Profile(), {"version": "refserver 0.1.0"}).name == "refserver"
     assert a.details["engine_version"] == "refserver 0.1.0" and len(a.digest) == 8
 
 
@@ -50,7 +50,7 @@ def test_cpu_and_override() -> None:
     fp = fingerprint.fingerprint(SGLANG, inventory=_Inventory(()))
     assert fp.name.startswith("cpu-sglang-0.5.3-")
     assert fingerprint.fingerprint(SGLANG, override="lab a/b!").name == "lab-a-b"
-    assert fingerprint.hardware_profile(_Profile("fleet-h200"), SGLANG) == "fleet-h200"
+    assert fingerprint.local_fingerprint(_Profile("fleet-h200"), SGLANG).name == "fleet-h200"
 
 
 def test_sanitize() -> None:
