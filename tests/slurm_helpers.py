@@ -93,8 +93,8 @@ class SlurmCluster:
         )
         self.conf.write_text(
             "ClusterName=ddtree-test\n"
-            # slurmd on loopback only (without it they listen on every interface; slurmctld 22.05 still does)
-            "CommunicationParameters=NoInAddrAny\n"
+            # slurmd (NoInAddrAny) and slurmctld (NoCtldInAddrAny) on loopback only: without them they listen on every interface
+            "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny\n"
             f"SlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={free_port()}\nSlurmdPort={free_port()}\n"
             f"SlurmUser={user}\nSlurmdUser=root\n"
             f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={socket_path}\n"

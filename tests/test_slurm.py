@@ -5,6 +5,7 @@ left in the queue (the ``slurm`` fixture checks the queue after each test)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -123,6 +124,36 @@ def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Itera
     slurm_cluster.run("scancel", "--user", "root")
     slurm_cluster.wait_queue_empty()
     assert not [job for job in leftover if job.split()[2] != "blocker"], leftover
+
+
+def _listening_tcp(pid: int) -> list[str]:
+    """The local addresses (ip:port) on which process ``pid`` listens, from /proc (no ss or psutil)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)
+                ip = ".".join(str(b) for b in raw[::-1]) if width == 8 else raw.hex()
+                found.append(f"{ip}:{int(port, 16)}")
+    return found
+
+
+def test_every_slurm_daemon_listens_on_loopback_only(slurm: SlurmCluster) -> None:
+    """The test cluster is reachable from this machine only: slurmctld and each slurmd bind 127.0.0.1
+    (CommunicationParameters=NoInAddrAny,NoCtldInAddrAny; without them they bind every interface)."""
+    daemons = [(Path(str(proc.args[0])).name, _listening_tcp(proc.pid)) for proc in slurm.procs
+               if proc.poll() is None and isinstance(proc.args, list) and "slurm" in Path(str(proc.args[0])).name]
+    assert sorted(name for name, _ in daemons) == ["slurmctld", "slurmd", "slurmd"], daemons
+    assert all(addresses for _, addresses in daemons), daemons
+    assert all(a.startswith("127.0.0.1:") for _, addresses in daemons for a in addresses), daemons
 
 
 def test_each_config_is_a_job_whose_url_follows_its_node(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
