@@ -54,7 +54,7 @@ class SessionRecorder:
         self.worker = worker
         self.session_id = session_id
         self.records: list[dict[str, object]] = []  # of every kind: read them through records.py's views
-        self.updates: list[dict[str, Any]] = []
+        self.updates: list[dict[str, object]] = []
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self.records_path = directory / f"records-{worker}.jsonl"
@@ -66,7 +66,7 @@ class SessionRecorder:
         # results say which host measured what.
         self.host: str | None = None
 
-    def _append(self, path: Path, entry: Mapping[str, object], memory: list[dict[str, Any]] | list[dict[str, object]]) -> None:
+    def _append(self, path: Path, entry: Mapping[str, object], memory: list[dict[str, object]]) -> None:
         line = dumps({**entry, "session": self.session_id}) + "\n"
         with self._lock, open(path, "a", encoding="utf-8") as handle:
             memory.append(json.loads(line))  # plain JSON types: what workeroutput can carry
@@ -88,8 +88,9 @@ class SessionRecorder:
         entry = {"config": config, "section": section, "data": data, "worker": self.worker, "hardware_profile": self.hardware_profile}
         self._append(self.updates_path, entry, self.updates)
 
-    def handover(self) -> dict[str, Any]:
-        """What an xdist worker gives the controller (``workeroutput``) when it finishes."""
+    def handover(self) -> dict[str, list[dict[str, object]]]:
+        """What an xdist worker gives the controller (``workeroutput``) when it finishes: its
+        ``records`` and its baseline ``updates`` (the controller checks both: ``sessionfiles``)."""
         with self._lock:
             return {"records": list(self.records), "updates": list(self.updates)}
 

@@ -117,11 +117,14 @@ class SessionCollector:
 
     directory: Path
     session_id: str
-    handed_over: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    handed_over: dict[str, Mapping[str, object]] = field(default_factory=dict)
 
-    def add_worker_output(self, worker: str, output: Mapping[str, Any] | None) -> None:
-        if output is not None:
-            self.handed_over[worker] = output
+    def add_worker_output(self, worker: str, output: object) -> None:
+        """What ``worker`` handed over (``SessionRecorder.handover``, through xdist's
+        ``workeroutput``: another process's data, checked when it is read), or None if nothing."""
+        if output is None:
+            return
+        self.handed_over[worker] = output if isinstance(output, Mapping) else {"records": output}
 
     def _journal(self, prefix: str, own: Iterable[Mapping[str, object]], key: str) -> list[dict[str, object]]:
         entries = [dict(e) for e in own]

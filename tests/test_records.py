@@ -47,9 +47,10 @@ def test_a_malformed_record_from_a_worker_is_set_aside_saying_which_key_is_wrong
     assert "throughput bs8_b8_k4 c2 (from gw0): repeats is '3', expected an integer" in problems[0]
     assert "lacks 'verdict'" in problems[1]
     assert got[1]["record"] == handed["records"][1]  # kept whole: nothing measured is lost
+    collector.add_worker_output("gw1", {"records": "not a list"})  # a worker that handed over garbage
+    assert any("worker gw1 handed over records that are not a list of objects" in str(r.get("problem"))
+               for r in collector.records([]))
     # the readers see only the checked records; a typed view over an unchecked one says what is wrong
     assert [r["cell"] for r in report.normalize(got)] == ["c1"]
     with pytest.raises(RecordError, match=r"verdict.metrics.output_throughput.change is 'x', expected a number or null"):
-        bad = {**good, "verdict": {**good["verdict"], "metrics": {"output_throughput": {
-            **good["verdict"]["metrics"]["output_throughput"], "change": "x"}}}}
-        records.throughput_records([bad])
+        records.throughput_records([json.loads(json.dumps(good).replace('"change": 0.01', '"change": "x"'))])
