@@ -54,3 +54,16 @@ def test_a_malformed_record_from_a_worker_is_set_aside_saying_which_key_is_wrong
     assert [r["cell"] for r in report.normalize(got)] == ["c1"]
     with pytest.raises(RecordError, match=r"verdict.metrics.output_throughput.change is 'x', expected a number or null"):
         records.throughput_records([json.loads(json.dumps(good).replace('"change": 0.01', '"change": "x"'))])
+
+
+def test_a_session_whose_worker_recorded_a_malformed_record_fails_saying_so_and_keeps_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad='''
+def test_bad(ddtree_recorder):
+    ddtree_recorder.record("throughput-control-unavailable", None, {"reason": 3})
+''')
+    results = pytester.path / "results"
+    run = pytester.runpytest_subprocess("test_bad.py", f"--ddtree-results={results}", "-n", "1", "-p", "no:cacheprovider")
+    assert run.ret != 0
+    run.stdout.fnmatch_lines(["*malformed record set aside: throughput-control-unavailable (from gw0): reason is 3, expected a string*"])
+    (kept,) = [r for r in json.loads((results / "results.json").read_text())["records"] if r["kind"] == "corrupt-record"]
+    assert kept["record"]["reason"] == 3 and kept["worker"] == "gw0"
