@@ -64,6 +64,7 @@ from typing import Any, Protocol
 from pytest_ddtree import sandbox
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.http import InvalidResponse
+from pytest_ddtree.records import ProblemRecord
 from pytest_ddtree.sandbox import Job, Limits, Verdict
 from pytest_ddtree.sandbox.calls import Arg, Call, StepError, TestPlan, parse_tests
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
@@ -490,10 +491,11 @@ class ProblemResult:
     finish_reason: str | None = None
     stdout: str = ""
     stderr: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    sandbox_tier: str | None = None  # where its code ran (None: it never ran: no code, a failed request)
+    sandbox_uid: int | None = None  # which unprivileged uid ran it (leftover checks key on it)
 
-    def to_record(self) -> dict[str, Any]:
-        return {
+    def to_record(self) -> ProblemRecord:
+        record: ProblemRecord = {
             "id": self.id,
             "verdict": self.verdict.value,
             "message": self.message,
@@ -503,8 +505,10 @@ class ProblemResult:
             "run_s": round(self.run_s, 4),
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
-            **self.extra,
         }
+        if self.sandbox_tier is not None:
+            record["sandbox_tier"], record["sandbox_uid"] = self.sandbox_tier, self.sandbox_uid
+        return record
 
 
 class InvalidAnswer(ValueError):
@@ -618,8 +622,7 @@ def judge(problems: Sequence[Problem], results: Sequence[ProblemResult], *, limi
         res = results[i]
         res.verdict, res.message, res.run_s = out.verdict, out.message, out.duration_s
         res.stdout, res.stderr = out.stdout[-4000:], out.stderr[-4000:]
-        res.extra["sandbox_tier"] = out.tier
-        res.extra["sandbox_uid"] = out.uid  # which unprivileged uid ran it (leftover checks key on it)
+        res.sandbox_tier, res.sandbox_uid = out.tier, out.uid
     return list(results)
 
 

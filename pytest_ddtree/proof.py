@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ddtree.records import FieldEvidenceData, ProbeData, ProofData
 from pytest_ddtree.vocabulary import Status
 
 #: The histogram keys, newest first (upstream renamed it in 2026-05 and keeps the old name).
@@ -211,7 +212,7 @@ class ProbeResult:
             return None
         return top if 2 * self.histogram[top] > sum(self.histogram) else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ProbeData:
         return {"bound": self.bound, "histogram": list(self.histogram), "requests": self.requests,
                 "reached": self.reached, "errors": list(self.errors), "failed_requests": list(self.failed_requests)}
 
@@ -335,7 +336,7 @@ class FieldEvidence:
     status: str  # REPORTED, PROVEN, NOT_PROVEN or NOT_SETTABLE
     detail: str
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> FieldEvidenceData:
         return {"status": self.status, "detail": self.detail}
 
 
@@ -355,7 +356,7 @@ class Proof:
         """``block_size proven by behaviour, budget reported, ...`` (one line for tables)."""
         return ", ".join(f"{name} {ev.status}" for name, ev in self.fields.items())
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ProofData:
         return {
             "fields": {name: ev.as_dict() for name, ev in self.fields.items()},
             "failures": list(self.failures),

@@ -53,6 +53,26 @@ class HealthData(TypedDict):
     problems: list[str]
 
 
+class _ProblemRequired(TypedDict):
+    id: str
+    verdict: str  # a ``sandbox.Verdict`` value
+    message: str
+    code: str
+    answer: str
+    request_s: float
+    run_s: float
+    completion_tokens: int | None
+    finish_reason: str | None
+
+
+class ProblemRecord(_ProblemRequired, total=False):
+    """One problem's outcome in a ``CodingData`` (``coding.ProblemResult.to_record``); the sandbox's
+    tier and uid once its code ran there (a failed request or an answer without code never ran)."""
+
+    sandbox_tier: str
+    sandbox_uid: int | None  # which unprivileged uid ran it (leftover checks key on it)
+
+
 class CodingGateData(TypedDict):
     """The coding gate's decision inside a ``CodingData``."""
 
@@ -74,7 +94,7 @@ class CodingData(TypedDict):
     gate: CodingGateData
     sandbox: str
     speed_factor: float
-    problems: list[dict[str, object]]
+    problems: list[ProblemRecord]
 
 
 class HostEnvData(TypedDict, total=False):
@@ -132,11 +152,104 @@ class LosslessReferenceData(TypedDict):
     floor: FloorData
 
 
+class SlurmJobEntry(TypedDict, total=False):
+    """A launch's Slurm job (``service.slurm``): its name, script and Slurm's version at submission,
+    its id and log once queued, its node and endpoint once it runs, its end as Slurm said it."""
+
+    job_name: str
+    script: str
+    version: str
+    job_id: str
+    output: str
+    node: str
+    address: str
+    port: int
+    queued_s: float
+    state: str
+    exit_code: str
+    reason: str
+
+
+class ProbeData(TypedDict):
+    """What the copy probe saw (``proof.ProbeResult.as_dict``)."""
+
+    bound: int | None
+    histogram: list[int]
+    requests: int
+    reached: bool
+    errors: list[str]
+    failed_requests: list[str]
+
+
+class FieldEvidenceData(TypedDict):
+    """One config field's strongest evidence (``proof.FieldEvidence.as_dict``)."""
+
+    status: str
+    detail: str
+
+
+class ProofData(TypedDict):
+    """What a launch's behaviour proved about its config (``proof.Proof.as_dict``)."""
+
+    fields: dict[str, FieldEvidenceData]
+    failures: list[str]
+    notes: list[str]
+    probe: ProbeData | None
+    startup_lines: list[str]
+    spec_num_draft_tokens: float | None
+
+
+class _ControllerKeys(TypedDict, total=False):
+    # the process controller's
+    pid: int | None
+    log: str | None
+    # the systemd controller's
+    unit: str
+    dropin_path: str
+    dropin: str | None
+    # the command controller's
+    templates: dict[str, str]
+    commands: dict[str, str]
+    # the slurm controller's
+    slurm: SlurmJobEntry
+    login_host: str
+
+
+class ControllerEntry(_ControllerKeys, total=False):
+    """What a controller adds to its launch's entry (``Controller.launch_record``): its own keys,
+    and the ``host`` it drove on a remote host (systemd, command)."""
+
+    host: str
+
+
+class _LaunchRequired(TypedDict):
+    config: str
+    host: str | None
+    instance: int
+    controller: str
+    command: str | None
+    env: dict[str, str]
+    port: int | None
+    url: str
+    started_at: float
+    pid_of_harness: int
+    outcome: str  # starting, ready, failed: ..., died: ...
+
+
+class LaunchEntry(_LaunchRequired, _ControllerKeys, total=False):
+    """One launch of the service as ``service.manager`` records it, filled in as it goes: what the
+    controller adds (a ``ControllerEntry``), then the timings and evidence once it is ready."""
+
+    ready_s: float
+    engine_version: str | None  # /server_info's version (the report's environment section)
+    applied_evidence: ProofData
+
+
 class LaunchData(TypedDict):
     """``RecordKind.LAUNCH``: one launch of the service as the manager recorded it (its command,
     outcome, timings and applied evidence: ``service.manager``'s launch record)."""
 
-    launch: dict[str, object]
+    launch: LaunchEntry
 
 
 # --- The throughput gate's records ------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[
     assert manager.ensure(BS8_B8_K4) is service  # same config: no restart
     first_pid = service.server_info["pid"]
     record = manager.launches[0]
-    assert record["controller"] == "command" and "--speculative-eagle-topk 4" in record["command"]
+    assert record["controller"] == "command" and "--speculative-eagle-topk 4" in (record["command"] or "")
     assert record["commands"]["stop"].startswith("g=$(cat ")
     switched = manager.ensure(BS8_B12_K6)
     assert switched.server_info["speculative_num_draft_tokens"] == 12

@@ -110,8 +110,8 @@ def test_ready_applied_and_reuse(tmp_path: Path, managers: list[ServiceManager])
     assert m.ensure(BS8_B8_K4) is svc  # same config: no restart
     assert len(m.launches) == 1
     rec = m.launches[0]
-    assert rec["outcome"] == "ready" and "--speculative-eagle-topk 4" in rec["command"]
-    assert Path(rec["log"]).name == "bs8_b8_k4-0-1.log"
+    assert rec["outcome"] == "ready" and "--speculative-eagle-topk 4" in (rec["command"] or "")
+    assert Path(rec["log"] or "").name == "bs8_b8_k4-0-1.log"
     same = m.ensure(parse_config_name("bs8_b8_k4_w2048"))  # same launch under the 2048 default
     assert same is svc and same.config.name == "bs8_b8_k4_w2048" and len(m.launches) == 1  # type: ignore[union-attr]
     pid = svc.server_info["pid"]

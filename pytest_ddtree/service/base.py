@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from pytest_ddtree.records import ControllerEntry
+
 ProgressFn = Callable[[str], None]
 """Where lifecycle progress lines go (the plugin writes them to the terminal)."""
 
@@ -269,6 +271,6 @@ class Controller(abc.ABC):
     def describe(self) -> str:
         """A short human description (``process pid 123``, ``systemd unit x.service``)."""
 
-    def launch_record(self) -> dict[str, object]:
+    def launch_record(self) -> ControllerEntry:
         """Controller-specific details of the last launch for the repro package."""
         return {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import shlex
 from typing import Mapping
 
+from pytest_ddtree.records import ControllerEntry
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, ServiceStartError
 from pytest_ddtree.service.ssh import Host, output_tail
 
@@ -122,8 +123,8 @@ class CommandController(Controller):
         where = "" if self.host.name == "local" else f" on {self.host.name}"
         return f"command controller{where} ({self._launch.name if self._launch else 'not started'})"
 
-    def launch_record(self) -> dict[str, object]:
-        record: dict[str, object] = {"templates": dict(self.templates)}
+    def launch_record(self) -> ControllerEntry:
+        record: ControllerEntry = {"templates": dict(self.templates)}
         if self._values:
             record["commands"] = {verb: self.render(verb) for verb in self.templates if verb != "restore"}
         if self.host.name != "local":

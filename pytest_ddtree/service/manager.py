@@ -16,11 +16,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
 
 from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.proof import Proof
+from pytest_ddtree.records import ControllerEntry, LaunchEntry
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     ConfigNotAvailable,
@@ -68,6 +69,12 @@ def _lost_port_race(err: ServiceStartError) -> bool:
 
 class ClientFactory(Protocol):
     def __call__(self, base_url: str, timeout: float, /) -> SGLangClient: ...
+
+
+def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
+    """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
+    another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
+    record.update(cast(LaunchEntry, entry))
 
 
 def _default_client(base_url: str, timeout: float) -> SGLangClient:
@@ -132,7 +139,7 @@ class _Slot:
     controller: Controller
     launch: Launch
     service: RunningService | None = None
-    record: dict[str, Any] = field(default_factory=dict)
+    record: LaunchEntry | None = None  # its entry in the manager's launches, once it is launched
     client: SGLangClient | None = None  # the one HTTP client of this launch (health polls, then the service's)
 
     def stop(self) -> None:
@@ -226,7 +233,7 @@ class ServiceManager:
         self._starts = 0
         self._gpu_baseline: int | None = None
         self._baseline_taken = False
-        self.launches: list[dict[str, Any]] = []
+        self.launches: list[LaunchEntry] = []
         """Every launch (config, command, env, drop-in, outcome), for the repro package."""
 
     # -- public API ---------------------------------------------------------------------------
@@ -538,12 +545,13 @@ class ServiceManager:
         self.launches.append(record)
         begin = time.monotonic()
         controller.start(launch)
-        record.update(controller.launch_record())
+        _add_controller_entry(record, controller.launch_record())
         placed = controller.await_placement(launch, self.progress, ready_timeout_s=self.ready_timeout_s,
                                             progress_interval=self.progress_interval)
         if placed is not launch:  # a batch job: the URL follows the node it got
             slot.launch = launch = placed
-            record.update(controller.launch_record(), url=launch.url, port=launch.port)
+            _add_controller_entry(record, controller.launch_record())
+            record["url"], record["port"] = launch.url, launch.port
         ready_s = 0.0
         # One client per launch: it polls health, then serves the tests; _Slot.stop closes it.
         client = slot.client = self.client_factory(launch.url, self.client_timeout_s)
@@ -564,9 +572,10 @@ class ServiceManager:
         server_info, proof = self._check_served(slot, client, config, label, begin)
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
-        record["engine_version"] = server_info.get("version")  # the report's environment section
+        version = server_info.get("version")  # the report's environment section
+        record["engine_version"] = None if version is None else str(version)
         self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
-        node = record.get("slurm", {}).get("node") if isinstance(record.get("slurm"), dict) else None
+        node = record.get("slurm", {}).get("node")
         if self._on_ready is not None and node:
             self._on_ready(str(node))
         return RunningService(
@@ -583,7 +592,7 @@ class ServiceManager:
             proof=proof,
         )
 
-    def _launch_record(self, slot: _Slot, label: str) -> dict[str, Any]:
+    def _launch_record(self, slot: _Slot, label: str) -> LaunchEntry:
         """The launch's entry in the session's record of launches, filled in as it goes."""
         launch = slot.launch
         return {
@@ -605,7 +614,7 @@ class ServiceManager:
         """The ready service's /server_info (asked through ``client``, the launch's), and (for a
         service this session launched) the proof that it serves ``config``: the applied fields,
         then the behaviour's evidence."""
-        controller, record = slot.controller, slot.record
+        controller = slot.controller
         external = isinstance(controller, ExternalController)
         try:
             server_info: dict[str, Any] = client.server_info()
@@ -623,8 +632,8 @@ class ServiceManager:
                 raise AppliedConfigMismatch(config.name, diffs)
         # An external service is not ours to probe before its config is checked (_start_once).
         proof = self._prove(controller, client, config, server_info) if config is not None and not external else None
-        if proof is not None:
-            record["applied_evidence"] = proof.as_dict()
+        if proof is not None and slot.record is not None:
+            slot.record["applied_evidence"] = proof.as_dict()
             if proof.failures:
                 raise ConfigNotServed(config.name if config is not None else label, [*proof.failures, *proof.notes],
                                       controller.log_tail())
@@ -689,7 +698,7 @@ class ServiceManager:
         (no log to read: the copy probe and /metrics only)."""
         proof = self._prove(slot.controller, service.client, config, service.server_info)
         service.proof = proof
-        if slot.record:
+        if slot.record is not None:
             slot.record["applied_evidence"] = proof.as_dict()
         if proof.failures:
             raise ConfigNotServed(config.name, [*proof.failures, *proof.notes], "<external service: no log available>")
@@ -735,5 +744,5 @@ class ServiceManager:
 
     @staticmethod
     def _set_outcome(slot: _Slot, outcome: str) -> None:
-        if slot.record:
+        if slot.record is not None:
             slot.record["outcome"] = outcome

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Mapping
 
+from pytest_ddtree.records import ControllerEntry
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, head_file, tail_file
 
 # -- global registry: every live process group we started, for emergency cleanup -----------------
@@ -328,5 +329,5 @@ class ProcessController(Controller):
             return "process (not running)"
         return f"process group {self._proc.pid} (log {self._log_path})"
 
-    def launch_record(self) -> dict[str, object]:
+    def launch_record(self) -> ControllerEntry:
         return {"pid": self.pid, "log": str(self._log_path) if self._log_path else None}

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_ddtree.records import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
     STARTUP_LOG_BYTES,
     Controller,
@@ -283,7 +284,7 @@ class _Job:
     last: JobStatus | None = None
     last_poll: float = float("-inf")
     squeue_errors: int = 0
-    record: dict[str, Any] = field(default_factory=dict)
+    record: SlurmJobEntry = field(default_factory=SlurmJobEntry)
 
 
 class SlurmController(Controller):
@@ -401,7 +402,7 @@ class SlurmController(Controller):
             )
         job.job_id = job_id
         job.output = self.job_output(job_id, name)
-        job.record.update(job_id=job_id, output=job.output)
+        job.record.update({"job_id": job_id, "output": job.output})
 
     def await_placement(self, launch: Launch, progress: ProgressFn | None, *, ready_timeout_s: float,
                         progress_interval: float = 10.0) -> Launch:
@@ -419,7 +420,8 @@ class SlurmController(Controller):
             now = time.monotonic()
             if status.state == "RUNNING" and job.endpoint is not None:
                 host, port = job.endpoint
-                job.record.update(node=job.node, address=host, port=port, queued_s=round((running_since or now) - begin, 3))
+                job.record.update({"node": job.node, "address": host, "port": port,
+                                   "queued_s": round((running_since or now) - begin, 3)})
                 url = self.url_template.format(host=f"[{host}]" if ":" in host else host, port=port).rstrip("/")
                 return Launch(name=launch.name, command=launch.command, port=port, url=url, env=launch.env,
                               log_path=launch.log_path, fields=launch.fields)
@@ -467,7 +469,7 @@ class SlurmController(Controller):
             where = f" on {job.node}" if job.node else ""
             description = f"slurm job {job.job_id}{where} is {status.state} ({', '.join(details)})"
             job.ended = ExitInfo(exit_code_number(status.exit_code), description, self.log_tail())
-            job.record.update(state=status.state, exit_code=status.exit_code, reason=status.reason)
+            job.record.update({"state": status.state, "exit_code": status.exit_code, "reason": status.reason})
         return job.ended
 
     def failure(self) -> ExitInfo | None:
@@ -549,9 +551,9 @@ class SlurmController(Controller):
         where = f" on {job.node}" if job.node else ""
         return f"slurm job {job.job_id}{where}"
 
-    def launch_record(self) -> dict[str, object]:
+    def launch_record(self) -> ControllerEntry:
         job = self._job
-        record: dict[str, object] = {"slurm": dict(job.record)} if job is not None else {}
+        record: ControllerEntry = {"slurm": job.record.copy()} if job is not None else {}
         if self.host.name != "local":
             record["login_host"] = self.host.name
         return record

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from pytest_ddtree.records import ControllerEntry
 from pytest_ddtree.service.base import STARTUP_LOG_LINES, Controller, ExitInfo, Launch, ServiceError, describe_exit_code
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
 
@@ -262,8 +263,8 @@ class SystemdController(Controller):
         where = "" if self.host.name == "local" else f" on {self.host.name}"
         return f"systemd unit {self.unit}{where} (drop-in {self.dropin_path})"
 
-    def launch_record(self) -> dict[str, object]:
-        record: dict[str, object] = {"unit": self.unit, "dropin_path": str(self.dropin_path), "dropin": self._dropin_text}
+    def launch_record(self) -> ControllerEntry:
+        record: ControllerEntry = {"unit": self.unit, "dropin_path": str(self.dropin_path), "dropin": self._dropin_text}
         if self.host.name != "local":
             record["host"] = self.host.name
         return record
