@@ -52,7 +52,7 @@ class SGLangClient:
         (refused = not up yet)."""
         return self.http.request("GET", path, timeout=timeout).status
 
-    def server_info(self, timeout: float | None = 30.0) -> dict[str, Any]:
+    def server_info(self, timeout: float | None = 30.0) -> dict[str, object]:
         return self.http.get_object("/server_info", timeout)
 
     def model_info(self, timeout: float | None = 30.0) -> dict[str, Any]:

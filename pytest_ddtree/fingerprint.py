@@ -73,13 +73,13 @@ def _basename(path: Any) -> str | None:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def is_reference_engine(server_info: Mapping[str, Any]) -> bool:
+def is_reference_engine(server_info: Mapping[str, object]) -> bool:
     version = server_info.get("version")
     return isinstance(version, str) and version.startswith("refserver")
 
 
 def fingerprint(
-    server_info: Mapping[str, Any],
+    server_info: Mapping[str, object],
     model_info: Mapping[str, Any] | None = None,
     inventory: InventoryLike | None = None,
     override: str | None = None,
@@ -136,7 +136,7 @@ def installed_engine_version(python: str | None, distribution: str = "sglang") -
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, Any]) -> HardwareProfile:
+def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, object]) -> HardwareProfile:
     """:func:`fingerprint` with this machine's NVML inventory and the profile's override.
 
     NVML is not asked for the reference engine: its clock is simulated, GPUs are irrelevant.

@@ -390,12 +390,13 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 
 def engine_version_of(payload: Mapping[str, Any]) -> str | None:
-    """The engine's version as /server_info reported it at launch (the first launch that said)."""
+    """The engine's version as /server_info reported it at launch (the first launch that said);
+    results.json is a file, so its launch entries (``records.LaunchEntry``) are read key by key."""
     for record in payload.get("records") or []:
         if isinstance(record, Mapping) and record.get("kind") == RecordKind.LAUNCH:
-            launch = _mapping(record.get("launch")) or record
-            if launch.get("engine_version"):
-                return str(launch["engine_version"])
+            launch: Mapping[str, object] = _mapping(record.get("launch")) or record
+            if version := launch.get("engine_version"):
+                return str(version)
     return None
 
 

@@ -175,7 +175,7 @@ class CellResult:
     duration_s: float
     warmup_failed: int = 0
     server_accept_length: float | None = None
-    server_info: dict[str, Any] = field(default_factory=dict)  # /server_info after the measured loop (bench_serving's)
+    server_info: dict[str, object] = field(default_factory=dict)  # /server_info after the measured loop (bench_serving's)
     server_state: dict[str, Any] = field(default_factory=dict)
     server_state_before: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -364,7 +364,7 @@ def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
     return float(max(tokens)), int(max(running))
 
 
-def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
+def server_accept_length(server_info: Mapping[str, object]) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` (or a top-level key of that name)."""
     states = server_info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
@@ -377,7 +377,7 @@ def server_accept_length(server_info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, Any] | None = None) -> dict[str, Any]:
+def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
     """``internal_states[0]`` of /server_info (empty, with a note, when unavailable); ``keep``
     receives the whole answer (bench_serving's ``server_info`` key)."""
     try:
@@ -395,8 +395,8 @@ def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, Any]
         value = server_accept_length(info)
         if value is not None:
             out["avg_spec_accept_length"] = value
-    if stats.is_number(info.get("clock_scale")):
-        out["clock_scale"] = float(info["clock_scale"])
+    if stats.is_number(scale := info.get("clock_scale")):
+        out["clock_scale"] = float(scale)
     return out
 
 
@@ -548,7 +548,7 @@ def run_cell(
     requests, duration = _run_closed_loop(
         client.http, workload.concurrency, measured, workload.output_tokens, extra_sampling_params, timeout_s
     )
-    server_info: dict[str, Any] = {}
+    server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(

@@ -431,7 +431,7 @@ def load_golden_reference(golden_dir: Path, prompts: Sequence[Prompt], create_co
     return Reference(found, floor, source, command, tuple(problems))
 
 
-def exact_reason(server_info: Mapping[str, Any]) -> str | None:
+def exact_reason(server_info: Mapping[str, object]) -> str | None:
     """Why this service must match the reference exactly (None: judge against the floor)."""
     if str(server_info.get("version", "")).startswith("refserver"):
         return "the reference engine is deterministic"
@@ -440,7 +440,7 @@ def exact_reason(server_info: Mapping[str, Any]) -> str | None:
     return None
 
 
-def deterministic_hint(server_info: Mapping[str, Any]) -> str:
+def deterministic_hint(server_info: Mapping[str, object]) -> str:
     """Where the build offers deterministic inference but it is off: how to get an exact check."""
     if server_info.get("enable_deterministic_inference") is False:
         return ("note: this build has --enable-deterministic-inference; a service started with it is held to "

@@ -522,21 +522,12 @@ def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[Mappin
     reported, proven by behaviour, not proven or not settable; a field that showed no effect in an
     A/B says so beside its status, never as proof that it applied."""
     out: dict[str, dict[str, dict[str, str]]] = {}
-    for r in records:
-        if r.get("kind") != RecordKind.LAUNCH:
+    for r in records_mod.launch_records(records):
+        launch = r["launch"]
+        if launch["outcome"] != "ready" or "applied_evidence" not in launch:
             continue
-        data = r.get("data") if isinstance(r.get("data"), Mapping) else r
-        launch = data.get("launch") if isinstance(data, Mapping) else None
-        if not isinstance(launch, Mapping) or launch.get("outcome") != "ready":
-            continue
-        evidence = launch.get("applied_evidence")
-        fields = evidence.get("fields") if isinstance(evidence, Mapping) else None
-        if not isinstance(fields, Mapping):
-            continue
-        out[str(launch.get("config"))] = {
-            str(name): {"status": str(ev.get("status")), "detail": str(ev.get("detail", ""))}
-            for name, ev in fields.items() if isinstance(ev, Mapping)
-        }
+        out[launch["config"]] = {name: {"status": ev["status"], "detail": ev["detail"]}
+                                 for name, ev in launch["applied_evidence"]["fields"].items()}
     for finding in no_effect:
         for config in finding.get("configs") or []:
             entry = out.get(str(config), {}).get(str(finding.get("field")))

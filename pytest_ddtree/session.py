@@ -176,7 +176,7 @@ class DDTreeSession:
             )
         return self._manager
 
-    def baselines(self, server_info: dict[str, Any]) -> BaselineStore:
+    def baselines(self, server_info: Mapping[str, object]) -> BaselineStore:
         """The baseline store for the hardware this session measures on (fixed at first use)."""
         if self._baselines is None:
             from pytest_ddtree.baselines import BaselineStore
@@ -193,7 +193,7 @@ class DDTreeSession:
             self.recorder.hardware_profile = self._baselines.hardware_profile
         return self._baselines
 
-    def _remote_fingerprint(self, server_info: dict[str, Any]) -> HardwareProfile | None:
+    def _remote_fingerprint(self, server_info: Mapping[str, object]) -> HardwareProfile | None:
         """A fleet host's fingerprint: its GPUs come from nvidia-smi there, not NVML here (for a
         slurm profile, nvidia-smi on the node of the running job, as a step in its allocation).
 
@@ -257,4 +257,4 @@ class DDTreeSession:
                 # The launches reach the controller's repro package through the records.
                 for launch in manager.launches:
                     data: LaunchData = {"launch": launch}
-                    self.recorder.record(RecordKind.LAUNCH, launch.get("config"), data)
+                    self.recorder.record(RecordKind.LAUNCH, launch["config"], data)

@@ -348,16 +348,19 @@ ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prom
 _RECORD_MODULES = ("pytest_ddtree/report.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive.py", "pytest_ddtree/proof.py",
                    "pytest_ddtree/results.py", "pytest_ddtree/sessionfiles.py", "pytest_ddtree/session.py",
                    "pytest_ddtree/gate", "pytest_ddtree/htmlreport", "pytest_ddtree/repro/plugin_bridge.py",
-                   "suites/test_throughput.py")
+                   "suites/test_throughput.py", "suites/test_coding.py", "pytest_ddtree/coding.py", "pytest_ddtree/history.py",
+                   "pytest_ddtree/service/manager.py", "pytest_ddtree/service/base.py", "pytest_ddtree/service/process.py",
+                   "pytest_ddtree/service/slurm.py", "pytest_ddtree/service/command.py", "pytest_ddtree/service/systemd.py")
 
 
 def _untyped_records(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, what) of each record that crosses a function boundary as ``Any``: a parameter or an
-    annotated name ``record(s)``, ``rec(s)``, ``relaunches`` or ``*_record(s)``, or the return of a
-    function named ``*record(s)`` (not ``*payload*``: results.json's payload is not a record),
-    annotated with ``Any`` anywhere in it."""
+    annotated name ``record(s)``, ``rec(s)``, ``relaunches``, ``launches``, ``server_info`` or
+    ``*_record(s)``, or the return of a function named ``*record(s)`` (not ``*payload*``: results.json's
+    payload is not a record), annotated with ``Any`` anywhere in it."""
     def is_record(name: str) -> bool:
-        return name in {"record", "records", "rec", "recs", "relaunches"} or name.endswith(("_record", "_records"))
+        return name in {"record", "records", "rec", "recs", "relaunches", "launches", "server_info"} \
+            or name.endswith(("_record", "_records"))
 
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -391,8 +394,11 @@ def judge(records: Sequence[Mapping[str, Any]], configs: list[ThroughputRecord])
 def sample_record(name: str) -> dict[str, Any]: ...
 def fine(records: Sequence[RawRecord], rec: ThroughputRecord, payload: dict[str, Any]) -> dict[str, Any]: ...
 self.records: list[dict[str, Any]] = []
+self.launches: list[dict[str, Any]] = []
+def check(server_info: Mapping[str, Any], launch: LaunchEntry) -> tuple[dict[str, Any], None]: ...
+def to_record(self) -> dict[str, Any]: ...
 '''
-    assert [line for line, _ in _untyped_records(ast.parse(source))] == [2, 3, 5]
+    assert [line for line, _ in _untyped_records(ast.parse(source))] == [2, 3, 5, 6, 7, 8]
 
 
 def test_no_module_over_800_lines_and_no_long_function_without_a_reason(repo_root: Path) -> None:

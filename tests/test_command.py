@@ -73,6 +73,7 @@ def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[
     assert "connection refused" in "\n".join(lines) or "HTTP 503" in "\n".join(lines)
     assert manager.ensure(BS8_B8_K4) is service  # same config: no restart
     first_pid = service.server_info["pid"]
+    assert isinstance(first_pid, int)
     record = manager.launches[0]
     assert record["controller"] == "command" and "--speculative-eagle-topk 4" in (record["command"] or "")
     assert record["commands"]["stop"].startswith("g=$(cat ")
@@ -113,7 +114,8 @@ def test_close_stops_and_restores(tmp_path: Path) -> None:
     service = manager.ensure(BS8_B8_K4)
     assert _group_alive(work)
     assert manager.close() == []
-    assert not pid_alive(service.server_info["pid"]) and not _group_alive(work)
+    pid = service.server_info["pid"]
+    assert isinstance(pid, int) and not pid_alive(pid) and not _group_alive(work)
     assert (work / "restores").read_text() == f"restore [] {service.url}\n"  # no config args on restore
     assert manager.close() == []  # twice is fine
 

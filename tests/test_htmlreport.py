@@ -12,7 +12,18 @@ import pytest
 from pytest_ddtree import gate, report
 from pytest_ddtree.htmlreport import LiveStatus, build_html, charts, load_payload, model, write_report
 from pytest_ddtree.htmlreport.live import LiveReport
+from pytest_ddtree.records import LaunchEntry
 from pytest_ddtree.vocabulary import Status, Verdict
+
+
+def _launch(config: str, *, ready_s: float, started_at: float, engine_version: str | None = None) -> LaunchEntry:
+    """A ready launch's entry as the service manager records it (records.LaunchEntry)."""
+    entry: LaunchEntry = {"config": config, "host": None, "instance": 0, "controller": "process", "command": "python -m x",
+                          "env": {}, "port": 30000, "url": "http://127.0.0.1:30000", "started_at": started_at,
+                          "pid_of_harness": 1, "outcome": "ready", "ready_s": ready_s}
+    if engine_version is not None:
+        entry["engine_version"] = engine_version
+    return entry
 
 
 def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status: Verdict = Status.PASS,
@@ -43,9 +54,9 @@ def _payload() -> dict[str, Any]:
          "diverged": [{"prompt_id": "p1", "position": 7, "unit": "token", "reference": "the cat", "got": "the dog", "detail": "d"}]},
         {"kind": "health", "config": "bs8_b8_k4", "time": 80.0, "completion_tokens": 16},
         {"kind": "launch", "config": "bs8_b8_k4", "time": 200.0, "worker": "main",
-         "launch": {"config": "bs8_b8_k4", "outcome": "ready", "ready_s": 1.5, "started_at": 70.0, "engine_version": "refserver-0.1.0"}},
+         "launch": _launch("bs8_b8_k4", ready_s=1.5, started_at=70.0, engine_version="refserver-0.1.0")},
         {"kind": "launch", "config": "bs8_b4_k4", "time": 200.0, "worker": "main",
-         "launch": {"config": "bs8_b4_k4", "outcome": "ready", "ready_s": 2.5, "started_at": 85.0}},
+         "launch": _launch("bs8_b4_k4", ready_s=2.5, started_at=85.0)},
     ]
     payload = report.session_summary(records).json
     payload["failed_tests"] = [{"nodeid": "suites/test_coding.py::test_coding[bs8_b4_k4]", "when": "call", "reason": "REGRESSED: slugify"}]

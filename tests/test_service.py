@@ -115,6 +115,7 @@ def test_ready_applied_and_reuse(tmp_path: Path, managers: list[ServiceManager])
     same = m.ensure(parse_config_name("bs8_b8_k4_w2048"))  # same launch under the 2048 default
     assert same is svc and same.config.name == "bs8_b8_k4_w2048" and len(m.launches) == 1  # type: ignore[union-attr]
     pid = svc.server_info["pid"]
+    assert isinstance(pid, int)
     svc2 = m.ensure(BS8_B12_K6)  # switch: old stopped, new started
     assert svc2.server_info["speculative_num_draft_tokens"] == 12
     assert not pid_alive(pid)
@@ -180,7 +181,9 @@ def test_exit_mid_run_fails_rest_of_config_next_config_runs(tmp_path: Path, mana
     svc = m.ensure(BS8_B8_K4)
     svc.client.generate("hi", sampling_params={"max_new_tokens": 1})
     svc.client.generate("hi", sampling_params={"max_new_tokens": 1})  # the server exits after answering this one
-    wait_until(lambda: not pid_alive(svc.server_info["pid"]), 10, "the server to exit after its second request")
+    pid = svc.server_info["pid"]
+    assert isinstance(pid, int)
+    wait_until(lambda: not pid_alive(pid), 10, "the server to exit after its second request")
     with pytest.raises(ServiceDiedError) as info:
         m.ensure(BS8_B8_K4)
     assert info.value.exit_code == 3 and "exit-after=2" in str(info.value)

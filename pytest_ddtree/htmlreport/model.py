@@ -242,7 +242,7 @@ def _gate_health(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult
 def _gate_applied(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
     """Each launch's outcome: ready with /server_info matching (and its evidence), or why not."""
     for r in records(payload, RecordKind.LAUNCH):
-        launch: Mapping[str, Any] = _as_dict(r.get("launch")) or r
+        launch = launch_of(r) or r  # a file's launch entry (records.LaunchEntry): read key by key
         if (row := out.get(str(r.get("config")))) is None:
             continue
         outcome = str(launch.get("outcome", ""))
@@ -366,7 +366,7 @@ def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:
 class CodingGrid:
     problems: list[str]
     configs: list[str]
-    verdicts: dict[tuple[str, str], dict[str, Any]]  # (problem, config) -> problem record
+    verdicts: dict[tuple[str, str], dict[str, object]]  # (problem, config) -> its record (records.ProblemRecord) as the file had it
     flips: set[tuple[str, str]]
     fixed: set[tuple[str, str]]
 
@@ -374,7 +374,7 @@ class CodingGrid:
 def coding_grid(payload: Mapping[str, Any]) -> CodingGrid:
     problems: list[str] = []
     configs: list[str] = []
-    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+    verdicts: dict[tuple[str, str], dict[str, object]] = {}
     flips: set[tuple[str, str]] = set()
     fixed: set[tuple[str, str]] = set()
     for r in records(payload, RecordKind.CODING):
@@ -424,7 +424,7 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
             times[(str(r.get("config")), str(r.get("worker", "main")))].append(float(r["time"]))
     rows: dict[tuple[str, str], TimelineRow] = {}
     for r in records(payload, RecordKind.LAUNCH):
-        launch = _as_dict(r.get("launch")) or r
+        launch = launch_of(r) or r
         name = str(launch.get("config", r.get("config")))
         key = (name, str(r.get("worker", "main")))
         if key in rows and rows[key].started_at is not None:

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from pytest_ddtree import records as records_mod
 from pytest_ddtree.records import HostEnvData, RawRecord
@@ -28,25 +28,19 @@ __all__ = ["package_from_session", "launches_from_records", "request_from_sessio
 
 def launches_from_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
     """One LaunchRecord per distinct (config, command, env, drop-in) of the session's ``launch`` records."""
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[tuple[str, str | None, tuple[tuple[str, str], ...], str | None]] = set()
     out: list[LaunchRecord] = []
     for rec in records_mod.launch_records(records):
-        launch = rec["launch"]  # the service manager's launch record: read key by key
-        config = str(launch.get("config") or rec.get("config") or "unknown")
-        command = launch.get("command")
-        env_vars = launch.get("env")
-        env = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, Mapping) else {}
-        dropin = launch.get("dropin")
-        slurm = launch.get("slurm")
-        job = slurm if isinstance(slurm, Mapping) else {}
+        launch = rec["launch"]  # the service manager's launch entry (records.LaunchEntry), checked
+        config = launch["config"] or rec.get("config") or "unknown"
+        command, env, dropin = launch["command"], dict(launch["env"]), launch.get("dropin")
+        job = launch.get("slurm", {})
         key = (config, command, tuple(sorted(env.items())), dropin)
         if key in seen:
             continue
         seen.add(key)
-        out.append(LaunchRecord(config, command if command is None else str(command), env,
-                                dropin if dropin is None else str(dropin),
-                                job_script=str(job["script"]) if job.get("script") else None,
-                                slurm_version=str(job["version"]) if job.get("version") else None))
+        out.append(LaunchRecord(config, command, env, dropin, job_script=job.get("script") or None,
+                                slurm_version=job.get("version") or None))
     return out
 
 

@@ -116,7 +116,7 @@ class RunningService:
 
     url: str
     client: SGLangClient
-    server_info: dict[str, Any]
+    server_info: dict[str, object]  # the service's own answer: read key by key, checked where used
     config: DDTreeConfig | None
     profile: ServiceProfile
     launch_command: str | None
@@ -610,14 +610,14 @@ class ServiceManager:
         }
 
     def _check_served(self, slot: _Slot, client: SGLangClient, config: DDTreeConfig | None, label: str,
-                      begin: float) -> tuple[dict[str, Any], Proof | None]:
+                      begin: float) -> tuple[dict[str, object], Proof | None]:
         """The ready service's /server_info (asked through ``client``, the launch's), and (for a
         service this session launched) the proof that it serves ``config``: the applied fields,
         then the behaviour's evidence."""
         controller = slot.controller
         external = isinstance(controller, ExternalController)
         try:
-            server_info: dict[str, Any] = client.server_info()
+            server_info: dict[str, object] = client.server_info()
         except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"
             raise ServiceStartError(
                 f"health answered but /server_info failed: {type(exc).__name__}: {exc}",
@@ -639,7 +639,7 @@ class ServiceManager:
                                       controller.log_tail())
         return server_info, proof
 
-    def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, Any]) -> Proof:
+    def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, object]) -> Proof:
         """After readiness: the copy probe, the start-up lines (where the controller reads the
         log) and ``sglang:spec_num_draft_tokens`` (where /metrics is on), weighed per field."""
         values = proof_values(self.profile, config)

@@ -133,7 +133,7 @@ def _same(expected: object, actual: object) -> bool:
     return str(expected) == str(actual)
 
 
-def applied_diff(expected: Mapping[str, object], server_info: Mapping[str, Any]) -> list[AppliedDiff]:
+def applied_diff(expected: Mapping[str, object], server_info: Mapping[str, object]) -> list[AppliedDiff]:
     """Key-by-key differences between what a config must show and what the server reports."""
     diffs = []
     for key, want in expected.items():
@@ -143,7 +143,7 @@ def applied_diff(expected: Mapping[str, object], server_info: Mapping[str, Any])
     return diffs
 
 
-def verify_applied(config_name: str, expected: Mapping[str, object], server_info: Mapping[str, Any]) -> None:
+def verify_applied(config_name: str, expected: Mapping[str, object], server_info: Mapping[str, object]) -> None:
     """Raise AppliedConfigMismatch (with the diff) unless every expected key matches."""
     diffs = applied_diff(expected, server_info)
     if diffs:
