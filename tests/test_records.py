@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_ddtree import gate, records, report
-from pytest_ddtree.records import RecordError, ThroughputData
+from pytest_ddtree.coding import ProblemResult
+from pytest_ddtree.proof import PROVEN, FieldEvidence, ProbeResult, Proof
+from pytest_ddtree.records import LaunchEntry, RecordError, ThroughputData
+from pytest_ddtree.sandbox import Verdict
 from pytest_ddtree.results import SessionRecorder
 from pytest_ddtree.sessionfiles import SessionCollector, claim_results_dir
 from pytest_ddtree.vocabulary import RecordKind, Status
@@ -54,6 +57,32 @@ def test_a_malformed_record_from_a_worker_is_set_aside_saying_which_key_is_wrong
     assert [r["cell"] for r in report.normalize(got)] == ["c1"]
     with pytest.raises(RecordError, match=r"verdict.metrics.output_throughput.change is 'x', expected a number or null"):
         records.throughput_records([json.loads(json.dumps(good).replace('"change": 0.01', '"change": "x"'))])
+
+
+def test_a_launch_entry_and_a_coding_problem_read_back_as_their_shapes() -> None:
+    """The service manager's launch entry (a slurm job, the proof) and a coding problem's record
+    (with the sandbox's tier and uid) are checked key by key when they come back."""
+    proof = Proof(fields={"budget": FieldEvidence(PROVEN, "copy probe")}, probe=ProbeResult(4, [0, 1, 2, 3, 4], requests=2))
+    entry: LaunchEntry = {"config": "bs8_b8_k4", "host": None, "instance": 0, "controller": "slurm", "command": "python -m x",
+                          "env": {"A": "1"}, "port": None, "url": "", "started_at": 1.0, "pid_of_harness": 7, "outcome": "ready",
+                          "slurm": {"job_name": "ddtree-x", "script": "#!/bin/sh", "version": "slurm 23.02", "job_id": "12",
+                                    "node": "n1", "address": "10.0.0.1", "port": 30000, "queued_s": 0.5},
+                          "ready_s": 2.0, "engine_version": "0.4", "applied_evidence": proof.as_dict()}
+    launch = json.loads(json.dumps({"kind": RecordKind.LAUNCH, "config": "bs8_b8_k4", "worker": "gw0", "launch": entry}))
+    assert records.check_record(launch) is None
+    assert records.launch_records([launch])[0]["launch"]["applied_evidence"]["fields"]["budget"]["status"] == PROVEN
+    launch["launch"]["slurm"]["port"] = "30000"
+    assert "launch.slurm.port is '30000', expected an integer" in str(records.check_record(launch))
+
+    judged = ProblemResult("p1", Verdict.PASSED, sandbox_tier="strong", sandbox_uid=None).to_record()
+    asked = ProblemResult("p2", Verdict.ERROR, "the chat request failed").to_record()
+    assert "sandbox_tier" in judged and "sandbox_tier" not in asked  # only code that ran says where
+    coding_record = {"kind": RecordKind.CODING, "config": "bs8_b8_k4", "set": "default", "limit": None, "max_tokens": 64,
+                     "passed": 1, "total": 2, "sandbox": "strong", "speed_factor": 1.0, "problems": [judged, asked],
+                     "gate": {"passed": True, "mode": "floor", "floor": 1, "regressions": [], "new_passes": []}}
+    assert records.check_record(json.loads(json.dumps(coding_record))) is None
+    judged["sandbox_uid"] = "nobody"  # type: ignore[typeddict-item]
+    assert "problems[0].sandbox_uid is 'nobody', expected an integer or null" in str(records.check_record(coding_record))
 
 
 def test_a_session_whose_worker_recorded_a_malformed_record_fails_saying_so_and_keeps_it(pytester: pytest.Pytester) -> None:
