@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddtree.records import FieldEvidenceData, ProbeData, ProofData
+from pytest_ddtree.records import FieldEvidenceData, NoEffectFinding, ProbeData, ProofData
 from pytest_ddtree.vocabulary import Status
 
 #: The histogram keys, newest first (upstream renamed it in 2026-05 and keeps the old name).
@@ -489,7 +489,7 @@ def _workload(record: Mapping[str, object]) -> Mapping[str, object]:
     return workload if isinstance(workload, Mapping) else {}
 
 
-def no_effect(records: Iterable[Mapping[str, object]], default_window: int | None) -> list[dict[str, Any]]:
+def no_effect(records: Iterable[Mapping[str, object]], default_window: int | None) -> list[NoEffectFinding]:
     """Fields that showed no effect: configs differing only in topk (or only in the window) whose
     cells measured identical greedy acceptance on the same prompts, in every cell where the field
     could matter. Each finding names the field, the configs, the cells and the evidence; it is a
@@ -512,7 +512,7 @@ def no_effect(records: Iterable[Mapping[str, object]], default_window: int | Non
         else:
             values[name] = config.field_values(default_window)
         cells.setdefault(name, {})[str(r.get("cell"))] = r
-    findings: list[dict[str, Any]] = []
+    findings: list[NoEffectFinding] = []
     names = sorted(values)
     for field_name in A_B_FIELDS:
         for i, a in enumerate(names):

@@ -199,6 +199,16 @@ class ProofData(TypedDict):
     spec_num_draft_tokens: float | None
 
 
+class NoEffectFinding(TypedDict):
+    """A config field that showed no effect on this build (``proof.no_effect``): results.json's
+    ``no_effect`` and the applied-evidence table's note."""
+
+    field: str
+    configs: list[str]
+    cells: list[str]
+    message: str
+
+
 class _ControllerKeys(TypedDict, total=False):
     # the process controller's
     pid: int | None

@@ -31,7 +31,7 @@ from pytest_ddtree.configs import config_or_none, name_sort_key
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
 from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
 from pytest_ddtree import records as records_mod
-from pytest_ddtree.records import CellVerdictData, RawRecord, ThroughputData, ThroughputRecord, WorkloadData
+from pytest_ddtree.records import CellVerdictData, NoEffectFinding, RawRecord, ThroughputData, ThroughputRecord, WorkloadData
 from pytest_ddtree.vocabulary import ATTENTION, THROUGHPUT_KINDS, MeasurementStatus, RecordKind, Status
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
@@ -516,7 +516,7 @@ GATE_HEADERS = ["config", "health", "coding passed", "lossless", "failed tests"]
 proof_fields = ("block_size", "budget", "topk", "window")
 
 
-def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[Mapping[str, Any]] = ()
+def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[NoEffectFinding] = ()
                         ) -> dict[str, dict[str, dict[str, str]]]:
     """Per launched config, each field's evidence (the last ready launch's ``applied_evidence``):
     reported, proven by behaviour, not proven or not settable; a field that showed no effect in an
@@ -529,11 +529,11 @@ def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[Mappin
         out[launch["config"]] = {name: {"status": ev["status"], "detail": ev["detail"]}
                                  for name, ev in launch["applied_evidence"]["fields"].items()}
     for finding in no_effect:
-        for config in finding.get("configs") or []:
-            entry = out.get(str(config), {}).get(str(finding.get("field")))
+        for config in finding["configs"]:
+            entry = out.get(config, {}).get(finding["field"])
             if entry is not None and "shows no effect" not in entry["status"]:
                 entry["status"] += "; shows no effect on this build"
-                entry["detail"] += "; " + str(finding.get("message"))
+                entry["detail"] += "; " + finding["message"]
     return dict(sorted(out.items(), key=lambda kv: name_sort_key(kv[0])))
 
 
@@ -578,12 +578,12 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         sections.append(("ddtree throughput sweep", text))
     from pytest_ddtree import proof
 
-    payload["no_effect"] = proof.no_effect(throughput, default_window)
-    if payload["no_effect"]:
-        lines = [str(f["message"]) for f in payload["no_effect"]]
+    no_effect = payload["no_effect"] = proof.no_effect(throughput, default_window)
+    if no_effect:
+        lines = [f["message"] for f in no_effect]
         sections.append(("ddtree config fields without effect", "\n".join(lines)))
         md_parts += ["## Config fields without effect", "", *(f"- {line}" for line in lines), ""]
-    payload["applied"] = applied_by_evidence(records, payload["no_effect"])
+    payload["applied"] = applied_by_evidence(records, no_effect)
     if payload["applied"]:
         rows = [[config, *(str(fields.get(f, {}).get("status", "-")) for f in proof_fields)]
                 for config, fields in payload["applied"].items()]
