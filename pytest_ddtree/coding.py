@@ -473,7 +473,7 @@ def extract_code(answer: str) -> str:
 class ChatClient(Protocol):
     """The part of :class:`pytest_ddtree.client.SGLangClient` the gate uses."""
 
-    def chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int = ..., temperature: float = ..., return_meta_info: bool = ..., model: str = ..., timeout: float | None = ..., **extra: Any) -> dict[str, Any]: ...
+    def chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int = ..., temperature: float = ..., return_meta_info: bool = ..., model: str = ..., timeout: float | None = ..., **extra: Any) -> dict[str, object]: ...
 
 
 @dataclass
@@ -515,11 +515,11 @@ class InvalidAnswer(ValueError):
     """A chat completion that is not the OpenAI shape; the message names the field."""
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def answer_of(response: Any) -> tuple[str, int | None, str | None]:
+def answer_of(response: object) -> tuple[str, int | None, str | None]:
     """(text, completion tokens, finish reason) of a chat completion (SGLang follows OpenAI:
     ``python/sglang/srt/entrypoints/openai/protocol.py``, ``ChatCompletionResponse``).
 
@@ -566,7 +566,7 @@ def answer_of(response: Any) -> tuple[str, int | None, str | None]:
     return text, tokens, finish
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: object) -> str:
     return f"a {_kind(value)}" if not isinstance(value, (int, float, str)) else repr(value)[:40]
 
 
