@@ -534,39 +534,24 @@ class ControlJudgedData(MeasuredCellData, total=False):
 CellRecord = Union[MeasuredCellData, ControlJudgedData]
 
 
-class RelaunchFailureRecord(RelaunchFailureData, RecordStamp, total=False):
+class RelaunchFailureRecord(RelaunchFailureData, RecordEnvelope, total=False):
     """A failed relaunch's record as the session holds it."""
 
-    kind: str
-    config: str | None
 
-
-class HostEnvRecord(HostEnvData, RecordStamp, total=False):
+class HostEnvRecord(HostEnvData, RecordEnvelope, total=False):
     """A host's environment record as the session holds it."""
 
-    kind: str
-    config: str | None
 
-
-class LaunchRecord(LaunchData, RecordStamp, total=False):
+class LaunchRecord(LaunchData, RecordEnvelope, total=False):
     """A launch's record as the session holds it."""
 
-    kind: str
-    config: str | None
 
-
-class RepeatRecord(RepeatData, RecordStamp, total=False):
+class RepeatRecord(RepeatData, RecordEnvelope, total=False):
     """A repeat's record as the session holds it."""
 
-    kind: str
-    config: str | None
 
-
-class AdaptiveSweepRecord(AdaptiveSweepData, RecordStamp, total=False):
+class AdaptiveSweepRecord(AdaptiveSweepData, RecordEnvelope, total=False):
     """The adaptive sweep's record as the session holds it."""
-
-    kind: str
-    config: str | None
 
 
 #: A record as it comes, of any kind, not yet checked (JSON from a journal, a worker or a file).
