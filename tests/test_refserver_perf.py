@@ -20,7 +20,10 @@ import bench_refserver  # noqa: E402  (the benchmark's closed loop, not a copy o
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
-SCALE = 4.0
+# Real time (clock scale 1): at 4x a step of the small tree is a few wall milliseconds, and on a
+# busy 2-core runner the 32 clients' requests and the engine's own work took longer than that, so
+# batches ran part-empty and the host, not the model, set the aggregate (ratio ~1.0 instead of ~1.4).
+SCALE = 1.0
 PROMPTS = ["Write a Python function that reverses a string.", "What is speculative decoding?", "Tell me a short story.", "Hello"]
 
 
@@ -59,7 +62,7 @@ def full_batches(small: RefServer, big: RefServer, attempts: int = 3) -> dict[st
 
 def test_budget_crossover(pair: dict[str, RefServer]) -> None:
     small, big = pair["bs8_b4_k4"], pair["bs8_b16_k4"]
-    c1 = {n: measure(s, 1, 3) for n, s in (("small", small), ("big", big))}
+    c1 = {n: measure(s, 1, 2) for n, s in (("small", small), ("big", big))}
     c32 = full_batches(small, big)
     assert c1["big"]["per_req"] > 1.05 * c1["small"]["per_req"], c1
     assert c32["small"]["agg"] > 1.1 * c32["big"]["agg"], c32
