@@ -141,6 +141,7 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
         escape.unlink(missing_ok=True)  # only there if the sandbox failed (and the test with it)
 
 
+@pytest.mark.slow  # about 20 s on a 2-core box, 30 s beside other load
 def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: Path) -> None:
     """One wrong answer, no baseline, floor 4 of 5 -> passes; the default floor (all) -> fails."""
     corpus = pytester.path / "corpus"

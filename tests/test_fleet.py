@@ -277,6 +277,7 @@ def _run_sweep(fleet: SshFleet, tmp_path: Path, on_start: Any = None, *extra: st
     return subprocess.CompletedProcess(argv, proc.returncode, out, ""), parse_profile(yaml.safe_load(profile_path.read_text()))
 
 
+@pytest.mark.slow  # about 20 s on a 2-core box, 30 s beside other load
 def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     before = [len(h.starts()) for h in ssh_fleet.hosts]
     result, profile = _run_sweep(ssh_fleet, tmp_path, None, f"--ddtree-package={tmp_path / 'pkg'}", "--ddtree-package-name=fleet")
@@ -314,6 +315,7 @@ def test_sweep_runs_each_config_once_across_three_hosts(ssh_fleet: SshFleet, tmp
         package / "env" / "hosts" / first.target.replace(":", "_") / "systemctl-cat.txt").read_text()
 
 
+@pytest.mark.slow  # about 20 s on a 2-core box, 30 s beside other load
 def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     """The victim's sshd dies once its first sweep config is up and checked. The live hosts start
     slowly at first, so the victim passes its first test first and xdist queues the fourth config

@@ -159,6 +159,7 @@ def test_suite_instance_mode_catches_lossy_verify(pytester: pytest.Pytester, rep
     ])
 
 
+@pytest.mark.slow  # about 20 s on a 2-core box, 30 s beside other load
 def test_suite_golden_mode_blessed_only_from_the_reference_launch(pytester: pytest.Pytester, repo_root: Path) -> None:
     """A lossy-verify engine cannot bless itself: golden/ comes from the lossless_args launch, and
     the config under test is judged against it in the blessing session too."""
