@@ -22,20 +22,19 @@ times (default 2): half before its first config, each a fresh launch, and half a
 it measured 3 or more configs (``wants_end_launch``). The launches at each end weigh half, so their
 mean sits where the configs' median does and a machine that drifts over the session cancels, and
 the control's own launch shift averages over all of them (``_control_launches``); a bless records
-how many launches each blessed session pooled, so the baseline's share of it is known too. Profiles that cannot launch one (an external service, a
-pool of URLs, no ``lossless_args``, or ``control: none``) keep the per-config rule and the summary
-says so.
+how many launches each blessed session pooled, so the baseline's share of it is known too. Profiles
+that cannot launch one (an external service, a pool of URLs, no ``lossless_args``, or ``control:
+none``) keep the per-config rule and the summary says so.
 
 The uniform shift is estimated twice and the two are weighed by their noise (inverse variance,
 their covariance through the configs' median counted): (a) the configs' median speedup change over
 the control - the day cancels, the control's own launch shift does not (its variance: the
 launch-to-launch spread, pooled from every config's blessed sessions against the others of its
 session, times the share of it left in the mean of the control's launches today and in its blessed
-sessions); (b) the configs' median change against
-their baselines - the control's launch does not enter, the day does (at least the assumed day
-shift, 2%, or the blessed days' spread). Restart noise widens (a), a day shift (b); together they
-are tighter than either. When the control moved beyond its own tolerance the day was no ordinary one and
-(a) stands alone. The tolerance is ``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``.
+sessions); (b) the configs' median change against their baselines - the control's launch does not
+enter, the day does (at least the assumed day shift, 2%, or the blessed days' spread). Restart noise
+widens (a), a day shift (b); together they are tighter than either. When the control moved beyond
+its own tolerance the day was no ordinary one and (a) stands alone. The tolerance is ``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``.
 The control moved when its common change is beyond ``Z_CONFIG`` of its own standard error (day and
 launch parts, as a config's step 5).
 """

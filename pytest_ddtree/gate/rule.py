@@ -151,33 +151,6 @@ def _confirmation_sigma(m: Metric, confirmation: Sequence[float]) -> float:
     return min(max(typical, m.sigma, own), 2.0 * typical) if typical > 0 else own
 
 
-def _confirm_z(m: Metric, n_first: int, flag_at: float, conf_se: float) -> float:
-    """The confirmation's z for a cell its own first pass flagged: ``Z_CONFIRM`` where the two share
-    nothing, more where they share much of their error.
-
-    Why: the first pass and the confirmation are compared with the same baseline centre, relative to
-    the same common change of the config, and in the same launch (the cell's between-session part): a
-    cell flagged by its first pass is one whose shared error more likely leans the bad way, so an
-    unchanged cell's confirmation is not centred on zero but on rho x E[z1 | flagged] of its own
-    standard errors (rho: the two changes' correlation, the shared variance over their standard
-    errors; E[z1 | z1 > a]: the inverse Mills ratio at the screen), with a narrower spread. Where the
-    repeats are many and quiet, the floor decides anyway; in a noisy cell (concurrency 32 at 5%) the
-    shared baseline is most of a 12-repeat confirmation's error (rho ~0.4), and at a plain 3 standard
-    errors its confirmations failed unchanged sweeps 3.5 times as often as designed."""
-    first_se = m.std_error(n_first)
-    if first_se <= 0 or conf_se <= 0:
-        return Z_CONFIRM
-    k = max(1, len(m.base.sessions))
-    shared = m.sigma**2 * centre_variance(len(m.base.samples)) + m.between**2 * (1.0 + 1.0 / k) + m.shift_variance
-    rho = min(0.99, max(0.0, shared / (first_se * conf_se)))
-    a = max(0.0, flag_at / first_se)
-    tail = 0.5 * math.erfc(a / math.sqrt(2.0))
-    mills = math.exp(-a * a / 2.0) / math.sqrt(2.0 * math.pi) / max(tail, 1e-12)
-    # the flagged first pass's spread in its own standard errors (a normal truncated at a)
-    truncated_variance = max(0.0, 1.0 + a * mills - mills**2)
-    return rho * mills + Z_CONFIRM * math.sqrt(1.0 - rho**2 * (1.0 - truncated_variance))
-
-
 def judge_config(
     cells: Mapping[str, CellInput],
     confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
@@ -433,10 +406,7 @@ def _judge_metric(
         conf_log = log_centre(confirmation)
         conf_sigma = _confirmation_sigma(m, confirmation)
         conf_floor = CONFIRM_FLOOR_SHARE * base.tolerance
-        conf_se = m.std_error(len(confirmation), conf_sigma)
-        # flagged by its own screen: the error it shares with the first pass leans towards the flag
-        z_confirm = _confirm_z(m, len(m.current), flag_at, conf_se) if worse > flag_at else Z_CONFIRM
-        tolerance = max(conf_floor, z_confirm * conf_se)
+        tolerance = max(conf_floor, Z_CONFIRM * m.std_error(len(confirmation), conf_sigma))
         conf_rel = (conf_log - m.base_log - shift) if conf_log is not None else 0.0
         reproduced = worse_by(direction, conf_rel) > tolerance
         if config_flag is not None and conf_log is not None and not reproduced:
@@ -448,7 +418,7 @@ def _judge_metric(
         if reproduced:
             status = REGRESSION
             msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
-                   f"{conf_txt} ({made_of(tolerance, len(confirmation), conf_floor, round(z_confirm, 2), conf_sigma)})")
+                   f"{conf_txt} ({made_of(tolerance, len(confirmation), conf_floor, Z_CONFIRM, conf_sigma)})")
         else:
             status = PASS
             msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
