@@ -70,6 +70,7 @@ sys.path.insert(0, str(REPO))
 from pytest_ddtree import gate, report, stats  # noqa: E402
 from pytest_ddtree.gate import control, throughput  # noqa: E402
 from pytest_ddtree.records import ControlJudgedData  # noqa: E402
+from pytest_ddtree.service.validated_profile import DEFAULT_CONTROL_LAUNCHES  # noqa: E402
 
 CONFIGS = 18
 CELLS = 6
@@ -79,7 +80,7 @@ CONTROL = -1  # the control's index among the launches
 #: Flagged configs are relaunched once at session end (``gate.relaunch_candidates``); --no-relaunch: not
 RELAUNCH = True
 #: Launches of the control per session (the profile's ``control_launches``): half at its start, half at its end
-CONTROL_LAUNCHES = control.DEFAULT_LAUNCHES
+CONTROL_LAUNCHES = DEFAULT_CONTROL_LAUNCHES
 
 
 @dataclass(frozen=True)
@@ -408,7 +409,7 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2, help="failures of unchanged sessions to print per shape")
     ap.add_argument("--no-relaunch", dest="relaunch", action="store_false",
                     help="no relaunch of flagged configs (a controller that cannot relaunch: the one-launch rule)")
-    ap.add_argument("--control-launches", type=int, default=control.DEFAULT_LAUNCHES,
+    ap.add_argument("--control-launches", type=int, default=DEFAULT_CONTROL_LAUNCHES,
                     help="launches of the control per session, half at its start and half at its end, in the blessed "
                          "sessions too (the profile's control_launches; default %(default)s)")
     ap.add_argument("--control-once", dest="control_launches", action="store_const", const=1,

@@ -60,7 +60,7 @@ def baseline_cell_entry(
         tolerance = spec.tolerance if not stats.is_number(tolerance) else float(tolerance)
         history: list[dict[str, Any]] = []
         if "direction" in old:
-            counts = _launch_counts(old)
+            counts = launch_counts(old)
             history = [{"session": sid, "samples": list(v), **({"launches": counts[sid]} if sid in counts else {})}
                        for sid, v in MetricBaseline.from_entry(spec.key, old).sessions if v and sid != session]
         history.append({"session": session, "samples": [_round(v) for v in values],
@@ -77,7 +77,7 @@ def baseline_cell_entry(
     return {"workload": dict(workload), "gates": gates}
 
 
-def _launch_counts(gate: Mapping[str, Any]) -> dict[str, int]:
+def launch_counts(gate: Mapping[str, Any]) -> dict[str, int]:
     """Session id -> ``launches`` of a gate entry's blessed sessions that say it."""
     sessions = gate.get("sessions")
     return {str(s.get("session", i)): int(s["launches"]) for i, s in enumerate(sessions if isinstance(sessions, list) else [])

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree import gate, stats
 from pytest_ddtree.gate.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
+from pytest_ddtree.gate.baseline_format import launch_counts
 from pytest_ddtree import records as records_mod
 from pytest_ddtree.records import CellRecord, ControlCellData, ControlJudgedData, MeasuredCellData, RawRecord
 from pytest_ddtree.vocabulary import RecordKind
@@ -83,8 +84,6 @@ KIND_BOTH = "control moved, and the speculative configs moved against it"
 #: Where in its process a launch of the control is measured (``control_at`` of its records).
 START = "start"
 END = "end"
-#: The profile's ``control_launches`` when it does not set them: one at the start, one at the end.
-DEFAULT_LAUNCHES = 2
 
 
 @dataclass(frozen=True)
@@ -506,7 +505,7 @@ def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: 
     earlier = {r.get("control_launch") for r in session.recorder.records
                if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
     first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
-    count = launches_at(int(getattr(session.profile, "control_launches", DEFAULT_LAUNCHES)), at)
+    count = launches_at(session.profile.control_launches, at)
     done = "off"
     for launch in range(first, first + count):
         outcome = measure(session, cells, launch, at)
@@ -545,7 +544,7 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     recorder = session.recorder
     profile = session.profile
     settings = session.settings
-    choice = getattr(profile, "control", None)
+    choice = profile.control
     if not cells:
         return "no throughput cells"
     if choice == "none":
@@ -600,11 +599,8 @@ def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
     for entry in (section or {}).values():
         gates = entry.get("gates") if isinstance(entry, Mapping) else None
         gated = gates.get(_METRIC) if isinstance(gates, Mapping) else None
-        sessions = gated.get("sessions") if isinstance(gated, Mapping) else None
-        for s in sessions if isinstance(sessions, list) else []:
-            n = s.get("launches") if isinstance(s, Mapping) else None
-            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
-                counts[str(s.get("session"))] = n
+        if isinstance(gated, Mapping):
+            counts.update({sid: n for sid, n in launch_counts(gated).items() if n >= 1})
     return counts
 
 

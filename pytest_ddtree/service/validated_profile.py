@@ -59,6 +59,10 @@ def valid_value_template(template: object) -> bool:
     return "{" not in rest and "}" not in rest
 
 
+#: A profile's ``control_launches`` when it does not set them: one at the process's start, one at its end.
+DEFAULT_CONTROL_LAUNCHES = 2
+
+
 @dataclass(frozen=True)
 class FixedValue:
     """What a build always uses for a field it cannot set: a number, another field's value plus
@@ -135,7 +139,7 @@ class ServiceProfile:
     #: Launches of the control per process, half at its start and half at its end (gate/control.py):
     #: each averages away more of one launch's own speed shift, at the cost of one restart and the
     #: control's cells; the uniform shift's standard error shrinks with them (docs/benchmarks.md).
-    control_launches: int = 2
+    control_launches: int = DEFAULT_CONTROL_LAUNCHES
     #: Configs the session-end check flags are launched once more at the end of their process and
     #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
     relaunch_flagged: bool = True
