@@ -240,11 +240,6 @@ class AdaptiveSweep:
 
 
 # -- reporting (no numpy) ------------------------------------------------------------------
-def outcome_of(records: Iterable[RawRecord]) -> AdaptiveSweepData | None:
-    """The session's adaptive-sweep outcome, if it ran one (the last record wins)."""
-    return records_mod.adaptive_outcome(records)
-
-
 def predicted_table_rows(outcome: AdaptiveSweepData, width: int, ctx: Callable[[Any], str] = str) -> list[list[str]]:
     """Rows for the sweep table beside the measured ones: ``predicted`` with the interval
     (``ctx`` formats the context length as the measured rows do)."""

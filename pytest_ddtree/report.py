@@ -564,7 +564,7 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         md_parts += ["## Correctness gates", "", tabulate(gates, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True), ""]
     from pytest_ddtree import adaptive
 
-    sweep = adaptive.outcome_of(records)
+    sweep = records_mod.adaptive_outcome(records)
     predicted = adaptive.predicted_table_rows(sweep, len(HEADERS), _ctx) if sweep else []
     if sweep:  # predicted rows: beside the measured ones, never among them (never gated)
         payload["predicted"] = sweep.get("predicted") or []
