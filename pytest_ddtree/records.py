@@ -621,6 +621,12 @@ def _at(where: str, key: object) -> str:
     return f"{where}.{key}" if where else str(key)
 
 
+def _wrong(value: object, hint: object, where: str) -> str:
+    """The message for a value that does not fit ``hint`` (built only then: naming the expected
+    type walks the hint again, and most values fit)."""
+    return f"{where or 'it'} is {_shown(value)}, expected {_type_name(hint)}"
+
+
 def _problem(value: object, hint: object, where: str) -> str | None:
     """What is wrong with ``value`` as ``hint`` (a type of the shapes above), or None."""
     origin = typing.get_origin(hint)
@@ -628,18 +634,19 @@ def _problem(value: object, hint: object, where: str) -> str | None:
         return None
     if origin in (Union, types.UnionType):
         arms = typing.get_args(hint)
-        problems = [_problem(value, arm, where) for arm in arms]
-        if any(p is None for p in problems):
-            return None
+        problems: list[str] = []
+        for arm in arms:  # the first arm that fits ends the check
+            if (arm_problem := _problem(value, arm, where)) is None:
+                return None
+            problems.append(arm_problem)
         if isinstance(value, Mapping) and all(typing.is_typeddict(arm) for arm in arms):
             return "; or ".join(f"as {getattr(arm, '__name__')}: {p}" for arm, p in zip(arms, problems))
-        return f"{where or 'it'} is {_shown(value)}, expected {_type_name(hint)}"
-    wrong = f"{where or 'it'} is {_shown(value)}, expected {_type_name(hint)}"
+        return _wrong(value, hint, where)
     if origin is Literal:
-        return None if any(value == a for a in typing.get_args(hint)) else wrong
+        return None if any(value == a for a in typing.get_args(hint)) else _wrong(value, hint, where)
     if typing.is_typeddict(hint):
         if not isinstance(value, Mapping):
-            return wrong
+            return _wrong(value, hint, where)
         shape = cast(type, hint)
         missing = sorted(k for k in getattr(shape, "__required_keys__") if k not in value)
         if missing:
@@ -651,22 +658,22 @@ def _problem(value: object, hint: object, where: str) -> str | None:
         return None
     if origin is dict:
         if not isinstance(value, Mapping):
-            return wrong
+            return _wrong(value, hint, where)
         item_hint = typing.get_args(hint)[1]
         return next((p for k, v in value.items() if (p := _problem(v, item_hint, _at(where, k))) is not None), None)
     if origin is list:
         if not isinstance(value, list):
-            return wrong
+            return _wrong(value, hint, where)
         item_hint = typing.get_args(hint)[0]
         return next((p for i, v in enumerate(value) if (p := _problem(v, item_hint, f"{where}[{i}]")) is not None), None)
     if hint is type(None):
-        return None if value is None else wrong
+        return None if value is None else _wrong(value, hint, where)
     if hint is float:
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else wrong
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else _wrong(value, hint, where)
     if hint is int:
-        return None if isinstance(value, int) and not isinstance(value, bool) else wrong
+        return None if isinstance(value, int) and not isinstance(value, bool) else _wrong(value, hint, where)
     if isinstance(hint, type):
-        return None if isinstance(value, hint) else wrong
+        return None if isinstance(value, hint) else _wrong(value, hint, where)
     raise TypeError(f"records: no check for {hint!r}")  # a shape above uses a type the check does not know
 
 
