@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from tests import machine_share
+from tests import machine_share, xdist_turns
 from tests.machine_share import register_run
 
 pytest_plugins = ["pytester"]
@@ -32,13 +32,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules with the most slow tests run first, each kept whole and otherwise in file order.
+    """The timing-sensitive modules first, then the modules with the most slow tests, each kept
+    whole and otherwise in file order.
 
-    CI runs ``-n 2 --dist loadfile``: xdist hands out whole modules in collection order, so a
-    module of several minutes collected near the end (test_throughput_suite.py) kept one worker
-    busy long after the other had finished. Longest first is the classic remedy (LPT scheduling);
-    the ``slow`` marks stand for the lengths. The order is the same on every worker, as xdist
-    requires.
+    CI runs ``-n 2 --dist loadfile``: xdist hands out whole modules in this order
+    (tests/xdist_turns.py keeps it), so a module of several minutes collected near the end
+    (test_throughput_suite.py) would keep one worker busy long after the other had finished.
+    Longest first is the classic remedy (LPT scheduling); the ``slow`` marks stand for the
+    lengths. The timing-sensitive modules go first because they run one at a time: their chain is
+    the longest job, and the other worker works through the rest beside it. The order is the same
+    on every worker, as xdist requires.
     """
     slow_per_module: dict[str, int] = {}
     for item in items:
@@ -46,7 +49,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow"):
             slow_per_module[item.nodeid.split("::")[0]] += 1
     first_seen = {module: i for i, module in enumerate(slow_per_module)}
-    items.sort(key=lambda item: (-slow_per_module[m := item.nodeid.split("::")[0]], first_seen[m]))
+    measures = {module: xdist_turns.module_measures(str(REPO / module)) for module in slow_per_module}
+    items.sort(key=lambda item: (not measures[m := item.nodeid.split("::")[0]], -slow_per_module[m], first_seen[m]))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` in the order above, one timing-sensitive module at a time."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return xdist_turns.MeasurementTurnScheduling(config, log)
 
 
 @pytest.fixture(scope="module")
