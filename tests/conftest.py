@@ -32,16 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The timing-sensitive modules first, then the modules with the most slow tests, each kept
-    whole and otherwise in file order.
+    """The modules that measure alone (``measurement_alone``) first, then the modules with the most
+    slow tests, each kept whole and otherwise in file order.
 
     CI runs ``-n 2 --dist loadfile``: xdist hands out whole modules in this order
     (tests/xdist_turns.py keeps it), so a module of several minutes collected near the end
     (test_throughput_suite.py) would keep one worker busy long after the other had finished.
     Longest first is the classic remedy (LPT scheduling); the ``slow`` marks stand for the
-    lengths. The timing-sensitive modules go first because they run one at a time: their chain is
-    the longest job, and the other worker works through the rest beside it. The order is the same
-    on every worker, as xdist requires.
+    lengths. A module that measures alone goes first, while the other worker has plenty of other
+    work to take beside it. The order is the same on every worker, as xdist requires.
     """
     slow_per_module: dict[str, int] = {}
     for item in items:
@@ -49,13 +48,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow"):
             slow_per_module[item.nodeid.split("::")[0]] += 1
     first_seen = {module: i for i, module in enumerate(slow_per_module)}
-    measures = {module: xdist_turns.module_measures(str(REPO / module)) for module in slow_per_module}
-    items.sort(key=lambda item: (not measures[m := item.nodeid.split("::")[0]], -slow_per_module[m], first_seen[m]))
+    alone = {module: xdist_turns.module_measures_alone(str(REPO / module)) for module in slow_per_module}
+    items.sort(key=lambda item: (not alone[m := item.nodeid.split("::")[0]], -slow_per_module[m], first_seen[m]))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile`` in the order above, one timing-sensitive module at a time."""
+    """``--dist loadfile`` in the order above; a module that measures alone has no timing-sensitive neighbour."""
     if config.getvalue("dist") != "loadfile":
         return None
     return xdist_turns.MeasurementTurnScheduling(config, log)
@@ -65,5 +64,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 def measurement_turn() -> Iterator[None]:
     """For timing-sensitive modules: raised CPU priority, and turns with other test runs on this
     machine while there are any (tests/machine_share.py says why)."""
+    with machine_share.measurement_turn():
+        yield
+
+
+@pytest.fixture(scope="module")
+def measurement_alone() -> Iterator[None]:
+    """For a timing-sensitive module judged against the committed baselines (the main job): what
+    ``measurement_turn`` does, and within this run no other timing-sensitive module beside it
+    (tests/xdist_turns.py)."""
     with machine_share.measurement_turn():
         yield

@@ -18,7 +18,7 @@ import yaml
 
 from tests.test_repro import expected_patched, make_site, patch_site
 
-pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
+pytestmark = pytest.mark.usefixtures("measurement_alone")  # judged against the committed baselines: see tests/xdist_turns.py
 
 
 MAIN_JOB_CELLS = ("c1_short", "c8_short", "c1_4k", "c8_4k", "c1_long")

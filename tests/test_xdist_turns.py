@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.xdist_turns import MeasurementTurnScheduling, module_measures
+from tests.xdist_turns import MeasurementTurnScheduling, module_measures, module_measures_alone
 
 
 class Worker:
@@ -27,56 +27,68 @@ class Worker:
         self.shutting_down = True
 
 
+FIXTURES = {"j": "measurement_alone", "m1": "measurement_turn", "m2": "measurement_turn", "a": None, "b": None}
+
+
 @pytest.fixture
 def scheduler(pytester: pytest.Pytester) -> MeasurementTurnScheduling:
-    for name, measures in (("m1", True), ("m2", True), ("a", False), ("b", False)):
-        body = 'pytestmark = pytest.mark.usefixtures("measurement_turn")\n' if measures else ""
+    for name, fixture in FIXTURES.items():
+        body = f'pytestmark = pytest.mark.usefixtures("{fixture}")\n' if fixture else ""
         tests = "".join(f"def test_{t}(): pass\n" for t in "xyz")
         (pytester.path / f"test_{name}.py").write_text(f"import pytest\n{body}{tests}")
     config = pytester.parseconfig(str(pytester.path), "--tx=2*popen", "--dist=loadfile")
     return MeasurementTurnScheduling(config)
 
 
-COLLECTION = [f"test_{m}.py::test_{t}" for m in ("m1", "m2", "a", "b") for t in "xyz"]
-
-
-def start(scheduler: MeasurementTurnScheduling, collection: list[str]) -> tuple[Worker, Worker]:
+def start(scheduler: MeasurementTurnScheduling, *names: str) -> tuple[Worker, Worker]:
     one, two = Worker("gw0"), Worker("gw1")
     for w in (one, two):
         scheduler.add_node(w)
-        scheduler.add_node_collection(w, collection)
+        scheduler.add_node_collection(w, [f"test_{name}.py::test_{t}" for name in names for t in "xyz"])
     scheduler.schedule()
     return one, two
 
 
-def modules(worker: Worker) -> list[str]:
-    return sorted({COLLECTION[i].split("::")[0] for i in worker.sent}, key=lambda m: worker.sent.index(
-        next(i for i in worker.sent if COLLECTION[i].startswith(m))))
+def modules(scheduler: MeasurementTurnScheduling, worker: Worker) -> list[str]:
+    """The modules sent to ``worker``, in the order it got them."""
+    names = [scheduler.registered_collections[worker][i].split("::")[0][5:-3] for i in worker.sent]
+    return list(dict.fromkeys(names))
 
 
-def test_measuring_modules_are_found_by_the_fixture_they_name(pytester: pytest.Pytester, repo_root: Path) -> None:
+def done(scheduler: MeasurementTurnScheduling, worker: Worker, name: str, tests: str = "xyz") -> None:
+    for t in tests:
+        scheduler.mark_test_complete(worker, scheduler.registered_collections[worker].index(f"test_{name}.py::test_{t}"))
+
+
+def test_modules_are_sorted_by_the_fixture_they_name(pytester: pytest.Pytester, repo_root: Path) -> None:
     assert module_measures(str(repo_root / "tests" / "test_main_job.py"))
+    assert module_measures_alone(str(repo_root / "tests" / "test_main_job.py"))
+    assert module_measures(str(repo_root / "tests" / "test_throughput_suite.py"))
+    assert not module_measures_alone(str(repo_root / "tests" / "test_throughput_suite.py"))
     assert not module_measures(str(repo_root / "tests" / "test_configs.py"))
     assert not module_measures(str(pytester.path / "no_such_module.py"))
 
 
-def test_one_measuring_module_at_a_time_in_collection_order(scheduler: MeasurementTurnScheduling) -> None:
-    one, two = start(scheduler, COLLECTION)
-    # the first worker takes the first module; the second may not take the other measuring module
-    assert modules(one) == ["test_m1.py"] and modules(two) == ["test_a.py"]
-    # the second worker, low on work while m1 still runs, is given b, not m2
-    scheduler.mark_test_complete(two, COLLECTION.index("test_a.py::test_x"))
-    assert modules(two) == ["test_a.py", "test_b.py"]
-    # the first worker, which holds the turn, is given m2 (xdist hands a module out before the last one ends)
-    scheduler.mark_test_complete(one, COLLECTION.index("test_m1.py::test_x"))
-    assert modules(one) == ["test_m1.py", "test_m2.py"]
+def test_a_module_that_measures_alone_has_no_measuring_neighbour(scheduler: MeasurementTurnScheduling) -> None:
+    one, two = start(scheduler, "j", "m1", "m2", "a", "b")
+    # j first; the other worker skips the measuring modules while j is held
+    assert modules(scheduler, one) == ["j"] and modules(scheduler, two) == ["a"]
+    done(scheduler, two, "a", "x")  # two runs low on work while j runs: it gets b, not m1
+    assert modules(scheduler, two) == ["a", "b"]
+    done(scheduler, one, "j", "x")  # one, low on work, gets m1 (nothing measuring elsewhere)
+    assert modules(scheduler, one) == ["j", "m1"]
+    done(scheduler, two, "a", "yz")
+    done(scheduler, two, "b", "xy")  # j is still running on one: m2 waits, two gets nothing
+    assert modules(scheduler, two) == ["a", "b"] and not two.shutting_down
+    done(scheduler, one, "j", "yz")  # j done: the waiting worker gets m2, beside m1 (both may measure side by side)
+    assert modules(scheduler, two) == ["a", "b", "m2"]
     assert not scheduler.workqueue
 
 
-def test_with_only_measuring_modules_left_the_other_worker_waits_then_ends(scheduler: MeasurementTurnScheduling) -> None:
-    one, two = start(scheduler, COLLECTION[:6])
-    assert modules(one) == ["test_m1.py"]
-    assert two.sent == [] and not two.shutting_down  # it waits: m2 would run beside m1
-    scheduler.mark_test_complete(one, 0)
-    assert modules(one) == ["test_m1.py", "test_m2.py"] and two.sent == []
+def test_a_module_that_measures_alone_waits_for_measuring_neighbours(scheduler: MeasurementTurnScheduling) -> None:
+    one, two = start(scheduler, "m1", "j")
+    assert modules(scheduler, one) == ["m1"] and modules(scheduler, two) == []  # j may not start beside m1
+    done(scheduler, one, "m1", "x")  # one, low on work, takes j itself: it holds nothing else measuring
+    assert modules(scheduler, one) == ["m1", "j"]
+    done(scheduler, one, "m1", "yz")
     assert two.shutting_down  # nothing is left for it

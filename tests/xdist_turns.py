@@ -1,17 +1,22 @@
 """How one ``pytest tests -n 2 --dist loadfile`` run orders its modules and keeps its measurements apart.
 
 Timing-sensitive modules (those that use the ``measurement_turn`` fixture) measure an engine
-that stands for an accelerator; two of them at once on a 2-core box measure each other. Seen
-in CI: the main job's c8_short TTFT read +46% (+61% in its confirmation) against committed
-baselines while, by xdist's default order (modules with the fewest tests last), the other
-one-test measuring modules ran beside it. ``machine_share.measurement_turn`` keeps *runs*
-apart; within a run this scheduler does, without leaving a worker idle while other work is left:
+that stands for an accelerator. Most judge against baselines they bless themselves and move what
+they test threefold, so a neighbour's load does not decide them. A module that judges against the
+committed baselines (``measurement_alone``: the main job) is decided by it: in CI the main job's
+c8_short TTFT read +46% (+61% in its confirmation) against the committed baselines while, by
+xdist's default order (modules with the fewest tests last), the other one-test measuring modules
+ran beside it. ``machine_share.measurement_turn`` keeps *runs* apart; within a run this scheduler
+does, without leaving a worker idle while there is other work:
 
-* the modules run in collection order, which tests/conftest.py makes longest first (LPT); xdist
-  would otherwise re-sort them by their number of tests (``--loadscope-reorder``, its default),
-  which hands the several-minute one-test modules out last;
-* a worker is never handed a timing-sensitive module while another worker holds one (running or
-  queued): it takes the next other module, and waits only when nothing else is left.
+* the modules run in collection order, which tests/conftest.py makes ``measurement_alone`` first,
+  then longest first (LPT); xdist would otherwise re-sort them by their number of tests
+  (``--loadscope-reorder``, its default), which hands the several-minute one-test modules out last;
+* a ``measurement_alone`` module is never handed to a worker while another worker holds a
+  timing-sensitive module (running or queued), nor a timing-sensitive module while another holds
+  a ``measurement_alone`` one: the worker takes the next other module, and waits only when
+  nothing else is left. Timing-sensitive modules of the other kind may run side by side: all of
+  them in one chain took longer than the whole run had.
 """
 
 from __future__ import annotations
@@ -23,24 +28,36 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
-#: The fixture that marks a module as timing-sensitive (tests/conftest.py).
+#: The fixtures that mark a module as timing-sensitive, and as one that must measure alone (tests/conftest.py).
 MEASURING_FIXTURE = "measurement_turn"
+ALONE_FIXTURE = "measurement_alone"
 
 
 @functools.lru_cache(maxsize=None)
-def module_measures(path: str) -> bool:
-    """Does the test module at ``path`` (a file, or a nodeid's file part) take measurement turns?
-
-    Read from its text, as the controller has only node ids: a module that names the fixture
-    uses it (module-wide through ``pytestmark``, or for some of its tests)."""
+def _text(path: str) -> str:
     try:
-        return MEASURING_FIXTURE in Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError:
-        return False
+        return ""
+
+
+def module_measures(path: str) -> bool:
+    """Does the test module at ``path`` (a file, or a nodeid's file part) measure?
+
+    Read from its text, as the controller has only node ids: a module that names one of the
+    fixtures uses it (module-wide through ``pytestmark``, or for some of its tests)."""
+    text = _text(path)
+    return MEASURING_FIXTURE in text or ALONE_FIXTURE in text
+
+
+def module_measures_alone(path: str) -> bool:
+    """Must the module at ``path`` measure with no other timing-sensitive module beside it?"""
+    return ALONE_FIXTURE in _text(path)
 
 
 class MeasurementTurnScheduling(LoadFileScheduling):  # type: ignore[misc]
-    """``--dist loadfile`` in collection order, one timing-sensitive module at a time."""
+    """``--dist loadfile`` in collection order; a ``measurement_alone`` module with no other
+    timing-sensitive module beside it."""
 
     def __init__(self, config: pytest.Config, log: Any = None) -> None:
         super().__init__(config, log)
@@ -50,22 +67,30 @@ class MeasurementTurnScheduling(LoadFileScheduling):  # type: ignore[misc]
     def _measures(self, scope: str) -> bool:
         return module_measures(str(self.rootdir / scope))
 
-    def _measuring_elsewhere(self, node: Any) -> bool:
-        return any(self._measures(scope) and not all(work.values())
-                   for other, assigned in self.assigned_work.items() if other is not node
-                   for scope, work in assigned.items())
+    def _alone(self, scope: str) -> bool:
+        return module_measures_alone(str(self.rootdir / scope))
+
+    def _held_elsewhere(self, node: Any) -> list[str]:
+        """The modules other workers hold and have not finished."""
+        return [scope for other, assigned in self.assigned_work.items() if other is not node
+                for scope, work in assigned.items() if not all(work.values())]
+
+    def _may_take(self, scope: str, held: list[str]) -> bool:
+        if self._alone(scope):
+            return not any(self._measures(s) for s in held)
+        return not (self._measures(scope) and any(self._alone(s) for s in held))
 
     def _assign_work_unit(self, node: Any) -> None:
-        if self._measuring_elsewhere(node):
-            scope = next((s for s in self.workqueue if not self._measures(s)), None)
-            if scope is None:
-                return  # only measuring modules are left: this worker waits for its turn (mark_test_complete)
-            self.workqueue.move_to_end(scope, last=False)
+        held = self._held_elsewhere(node)
+        scope = next((s for s in self.workqueue if self._may_take(s, held)), None)
+        if scope is None:
+            return  # what is left must wait for a turn: this worker gets work again in mark_test_complete
+        self.workqueue.move_to_end(scope, last=False)
         super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
         # a worker left waiting for its turn gets work as soon as there is work it may take
-        for other, assigned in self.assigned_work.items():
-            if other is not node and not other.shutting_down and not self._pending_of(assigned):
+        for other in list(self.assigned_work):
+            if other is not node:
                 self._reschedule(other)
