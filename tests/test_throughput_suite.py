@@ -31,14 +31,14 @@ workloads:
 
 
 def _setup(pytester: pytest.Pytester, repo_root: Path, engine_args: str = "", pool: int = 1,
-           control: bool = False) -> tuple[Path, Path]:
-    """A reference profile at clock scale 5 and the module's matrix. Without ``control`` the
-    sessions measure no control: it decodes ~5x as many steps per token as a DDTree config, so
-    measuring it at the start and the end of every session was most of each test's time; the
-    tests of the control ask for it, and test_control.py has its own."""
+           control: str = "none") -> tuple[Path, Path]:
+    """A reference profile at clock scale 5 and the module's matrix, with the profile's
+    ``control:``. By default the sessions measure none: the non-speculative launch decodes ~5x
+    as many steps per token as a DDTree config, so measuring it at the start and the end of every
+    session was most of each test's time; the test of the control's second launch names a config
+    as the control, and test_control.py measures the non-speculative one."""
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    if not control:
-        raw["control"] = "none"
+    raw["control"] = control
     extra = f"--clock-scale 5 {engine_args}".strip()
     raw["command"] = raw["command"].replace("{config_args}", f"{extra} {{config_args}}")
     raw["pool"] = pool
@@ -263,7 +263,7 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     as fast as the engine is; the judged run relaunches that config (records throughput-relaunch),
     measures the control once more at the end (control_launch 2) and fails the config on all its
     launches, saying so in the summary."""
-    profile, matrix = _setup(pytester, repo_root, control=True)
+    profile, matrix = _setup(pytester, repo_root, control="bs16_b16_k4")
     matrix.write_text(THREE_CELLS.replace("[bs8_b8_k4, bs8_b4_k4]", "[bs8_b8_k4, bs8_b4_k4, bs8_b12_k4]"))
     three = "bs8_b8_k4,bs8_b4_k4,bs8_b12_k4"
     result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", config=three)
