@@ -178,6 +178,8 @@ class CellResult:
     server_info: dict[str, object] = field(default_factory=dict)  # /server_info after the measured loop (bench_serving's)
     server_state: dict[str, Any] = field(default_factory=dict)
     server_state_before: dict[str, Any] = field(default_factory=dict)
+    #: seconds in which some task on this host waited for a CPU during the measured loop (cpu_stall_seconds)
+    host_cpu_stall_s: float | None = None
     notes: list[str] = field(default_factory=list)
     prompt_source: str = ""  # e.g. "documents via /tokenize": which text, tokenized how
     speculative: bool = False  # the config speculates: every response must carry spec_verify_ct
@@ -334,6 +336,8 @@ class CellResult:
         out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
         per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
         out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
+        out["ddtree_host_cpu_pressure"] = (self.host_cpu_stall_s / self.duration_s
+                                           if self.host_cpu_stall_s is not None and self.duration_s > 0 else None)
         engine = self.engine_accounting()
         if engine is not None:
             out.update(engine)
@@ -374,6 +378,34 @@ def server_accept_length(server_info: Mapping[str, object]) -> float | None:
     value = server_info.get("avg_spec_accept_length")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    return None
+
+
+#: Linux's pressure stall information for the CPU (kernel >= 4.20 with PSI): cumulative
+#: microseconds in which at least one runnable task on this host waited for a CPU.
+CPU_PRESSURE_PATH = "/proc/pressure/cpu"
+
+
+def cpu_stall_seconds(path: str = CPU_PRESSURE_PATH) -> float | None:
+    """Seconds so far in which some task on this host waited for a CPU (the ``some`` line's
+    ``total``), or None where the kernel does not report it or the file is not as expected.
+
+    Differenced over a measured loop, it says how busy the host was while the numbers were
+    taken, from the kernel rather than from the service: a neighbour that delays every request's
+    first token by a few milliseconds leaves the engine's clock and the client's concurrency
+    intact, but not this. Read bounded, parsed strictly: a number or None."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:1] == ["some"]:
+            for item in fields[1:]:
+                key, _, value = item.partition("=")
+                if key == "total" and value.isdigit() and len(value) < 20:
+                    return int(value) / 1e6
     return None
 
 
@@ -545,9 +577,12 @@ def run_cell(
     if flush and not flush_cache(client, flush_deadline_s):
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
+    stall_before = cpu_stall_seconds()
     requests, duration = _run_closed_loop(
         client.http, workload.concurrency, measured, workload.output_tokens, extra_sampling_params, timeout_s
     )
+    stall_after = cpu_stall_seconds()
+    stall = stall_after - stall_before if stall_before is not None and stall_after is not None else None
     server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
@@ -561,6 +596,7 @@ def run_cell(
         server_info=server_info,
         server_state=server_state,
         server_state_before=before,
+        host_cpu_stall_s=stall if stall is not None and stall >= 0 else None,
         notes=notes,
         prompt_source=measured.label,
         speculative=speculative,

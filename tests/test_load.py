@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_ddtree import generate_stream, load
@@ -155,3 +157,26 @@ def test_a_histogram_above_the_config_bound_makes_the_cell_invalid_with_the_evid
     assert fine.valid and fine.accept_histogram() == [2, 0, 2, 0, 0, 2]
     assert not wrong.valid
     assert any("did not apply" in p and "more than 3 drafts" in p and "[1, 0, 1, 0, 0, 1]" in p for p in wrong.problems())
+
+
+def test_cpu_stall_seconds_reads_the_kernels_cpu_pressure_and_nothing_else(tmp_path: Path) -> None:
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=9.13 avg60=15.95 avg300=14.71 total=11072082598\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert load.cpu_stall_seconds(str(psi)) == pytest.approx(11072.082598)
+    for hostile in ("", "some total=-5\n", "some total=1e9\n", "some total=" + "9" * 40 + "\n", "full total=5\n",
+                    "\x00\xff" * 3000):
+        psi.write_text(hostile)
+        assert load.cpu_stall_seconds(str(psi)) is None, hostile[:40]
+    assert load.cpu_stall_seconds(str(tmp_path / "missing")) is None
+    here = load.cpu_stall_seconds()
+    if here is not None:  # a Linux kernel with PSI: a counter that only grows
+        later = load.cpu_stall_seconds()
+        assert later is not None and later >= here >= 0
+
+
+def test_a_cells_host_cpu_pressure_is_its_stall_time_over_its_duration() -> None:
+    workload = load.workload_dict(load.Cell(name="c1", concurrency=1, context_tokens=8, output_tokens=4, requests=1), "coding")
+    cell = load.CellResult(cell="c1", workload=workload, requests=[], duration_s=2.0, host_cpu_stall_s=0.5)
+    assert cell.metrics()["ddtree_host_cpu_pressure"] == pytest.approx(0.25)
+    assert load.CellResult(cell="c1", workload=workload, requests=[], duration_s=2.0).metrics()["ddtree_host_cpu_pressure"] is None

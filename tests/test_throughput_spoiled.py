@@ -109,7 +109,9 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
         clean.stop()
     verdict = judged.verdicts[C1.name]
     runs = [judged.runs[C1.name], *judged.confirmations.values()]
-    if any(run.spoiled for run in runs):  # a loaded test machine: then the rule below applies, rightly
+    pressure = throughput.host_cpu_pressure(*runs)
+    if any(run.spoiled for run in runs) or (pressure or 0.0) > throughput.MAX_HOST_CPU_PRESSURE:
+        # a loaded test machine: then the rules below apply, rightly
         assert verdict.status == gate.INCONCLUSIVE, verdict.message()
         return
     ttft = verdict.metric("median_ttft_ms")
@@ -124,3 +126,31 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     assert judged.runs[C1.name].spoiled, "the stall did not spoil its repeat"
     assert verdict.status == gate.INCONCLUSIVE and not verdict.failed, verdict.message()
     assert "median_ttft_ms" in verdict.reasons[0] and "not a verdict on the config" in verdict.reasons[0]
+
+
+def _repeats(pressure: float | None) -> stats.CellRun[load.CellResult]:
+    """Three clean repeats of one second during which tasks waited for a CPU ``pressure`` of the time."""
+    sample = load.CellResult(cell=C1.name, workload=load.workload_dict(C1, "coding"), requests=[], duration_s=1.0,
+                             host_cpu_stall_s=None if pressure is None else pressure)
+    return stats.CellRun(samples=[sample] * 3, primary=[1000.0] * 3, min_clean=3)
+
+
+def _regressed(metric: str, unit: str) -> gate.CellVerdict:
+    m = gate.MetricVerdict(metric, gate.REGRESSION, "lower" if unit == "ms" else "higher", 0.25, 4.0, 6.0, 0.5, unit=unit)
+    return gate.CellVerdict(C1.name, gate.REGRESSION, (m,))
+
+
+@pytest.mark.parametrize(("pressure", "machine"), [(0.30, True), (0.05, False), (None, False)])
+def test_a_latency_regression_on_a_host_whose_cpus_were_contended_is_the_machines(pressure: float | None, machine: bool) -> None:
+    """Every repeat clean, the engine on its clock, yet tasks waited for a CPU 30% of the time:
+    the TTFT regression is not a verdict on the config, and the reason gives the figure. At 5%,
+    or where the kernel reports no CPU pressure, the regression stands."""
+    first, confirmation = _repeats(pressure), _repeats(pressure)
+    reason = throughput.latency_beside_a_loaded_machine(_regressed("median_ttft_ms", "ms"), first, confirmation)
+    if machine:
+        assert reason is not None and "waited for a CPU 30% of the time" in reason and "median_ttft_ms +50.0%" in reason
+        assert "not a verdict on the config" in reason
+    else:
+        assert reason is None
+    # a throughput regression is the config's whatever the host's load: the engine's clock judges that
+    assert throughput.latency_beside_a_loaded_machine(_regressed("output_throughput", "tok/s"), first, confirmation) is None
