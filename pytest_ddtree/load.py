@@ -409,6 +409,12 @@ def cpu_stall_seconds(path: str = CPU_PRESSURE_PATH) -> float | None:
     return None
 
 
+def _stall_since(before: float | None) -> float | None:
+    """CPU stall seconds since ``before`` (a cpu_stall_seconds reading); None without two readings."""
+    after = cpu_stall_seconds()
+    return after - before if before is not None and after is not None and after >= before else None
+
+
 def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
     """``internal_states[0]`` of /server_info (empty, with a note, when unavailable); ``keep``
     receives the whole answer (bench_serving's ``server_info`` key)."""
@@ -578,11 +584,9 @@ def run_cell(
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
     stall_before = cpu_stall_seconds()
-    requests, duration = _run_closed_loop(
-        client.http, workload.concurrency, measured, workload.output_tokens, extra_sampling_params, timeout_s
-    )
-    stall_after = cpu_stall_seconds()
-    stall = stall_after - stall_before if stall_before is not None and stall_after is not None else None
+    requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
+                                          extra_sampling_params, timeout_s)
+    stall = _stall_since(stall_before)
     server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
@@ -596,7 +600,7 @@ def run_cell(
         server_info=server_info,
         server_state=server_state,
         server_state_before=before,
-        host_cpu_stall_s=stall if stall is not None and stall >= 0 else None,
+        host_cpu_stall_s=stall,
         notes=notes,
         prompt_source=measured.label,
         speculative=speculative,
