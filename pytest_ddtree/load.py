@@ -232,6 +232,13 @@ class CellResult:
             total = proof.add_histograms(total, r.accept_histogram or [])
         return total
 
+    @property
+    def host_cpu_pressure(self) -> float | None:
+        """The share of the measured loop in which some task on this host waited for a CPU, or None."""
+        if self.host_cpu_stall_s is None or self.duration_s <= 0:
+            return None
+        return self.host_cpu_stall_s / self.duration_s
+
     def engine_accounting(self) -> dict[str, float] | None:
         """The engine's own view of the measured phase, where it reports one (refserver).
 
@@ -336,8 +343,7 @@ class CellResult:
         out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
         per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
         out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
-        out["ddtree_host_cpu_pressure"] = (self.host_cpu_stall_s / self.duration_s
-                                           if self.host_cpu_stall_s is not None and self.duration_s > 0 else None)
+        out["ddtree_host_cpu_pressure"] = self.host_cpu_pressure
         engine = self.engine_accounting()
         if engine is not None:
             out.update(engine)

@@ -69,9 +69,7 @@ def measurement_turn() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def measurement_alone() -> Iterator[None]:
+def measurement_alone(measurement_turn: None) -> None:
     """For a timing-sensitive module judged against the committed baselines (the main job): what
     ``measurement_turn`` does, and within this run no other timing-sensitive module beside it
-    (tests/xdist_turns.py)."""
-    with machine_share.measurement_turn():
-        yield
+    (tests/xdist_turns.py reads this fixture's name from the module)."""

@@ -131,7 +131,7 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
 def _repeats(pressure: float | None) -> stats.CellRun[load.CellResult]:
     """Three clean repeats of one second during which tasks waited for a CPU ``pressure`` of the time."""
     sample = load.CellResult(cell=C1.name, workload=load.workload_dict(C1, "coding"), requests=[], duration_s=1.0,
-                             host_cpu_stall_s=None if pressure is None else pressure)
+                             host_cpu_stall_s=pressure)
     return stats.CellRun(samples=[sample] * 3, primary=[1000.0] * 3, min_clean=3)
 
 

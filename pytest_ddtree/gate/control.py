@@ -34,9 +34,9 @@ session, times the share of it left in the mean of the control's launches today 
 sessions); (b) the configs' median change against their baselines - the control's launch does not
 enter, the day does (at least the assumed day shift, 2%, or the blessed days' spread). Restart noise
 widens (a), a day shift (b); together they are tighter than either. When the control moved beyond
-its own tolerance the day was no ordinary one and (a) stands alone. The tolerance is ``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``.
-The control moved when its common change is beyond ``Z_CONFIG`` of its own standard error (day and
-launch parts, as a config's step 5).
+its own tolerance the day was no ordinary one and (a) stands alone. The tolerance is
+``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``. The control moved when its common
+change is beyond ``Z_CONFIG`` of its own standard error (day and launch parts, as a config's step 5).
 """
 
 from __future__ import annotations

@@ -171,8 +171,7 @@ MAX_HOST_CPU_PRESSURE = 0.15
 def host_cpu_pressure(*runs: stats.CellRun[load.CellResult]) -> float | None:
     """The median share of the measured time in which some task on this host waited for a CPU, over
     the repeats that count of ``runs``; None where the kernel does not report it."""
-    shares = [float(p) for run in runs for s in run.counted
-              if stats.is_number(p := s.metrics().get("ddtree_host_cpu_pressure"))]
+    shares = [p for run in runs for s in run.counted if (p := s.host_cpu_pressure) is not None]
     return stats.median(shares) if shares else None
 
 
