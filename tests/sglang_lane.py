@@ -1,0 +1,107 @@
+"""Real SGLang in the test loop: where its interpreter is, a tiny model for it, how it is started.
+
+SGLang 0.5.23 serves on a CPU box (non-speculative) with a random-weight two-layer Llama and an
+import-only `sgl_kernel` stand-in (tests/sglang_cpu/sgl_kernel). It lives in its own virtual
+environment (`.venv-sglang`, made by `.ci/run` from tests/sglang_cpu/requirements.txt with
+`--no-deps`): it pins torch, transformers and tokenizers to its own versions and its declared
+dependencies include CUDA-only kernels that cannot install here, so it cannot be an extra of this
+package. Tests find it through DDTREE_SGLANG_PYTHON (the venv's python) or `.venv-sglang/bin/python`
+at the checkout's root, and skip with the reason where it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SGLANG_PYTHON_ENV = "DDTREE_SGLANG_PYTHON"
+STANDIN_DIR = Path(__file__).resolve().parent / "sglang_cpu"
+REQUIREMENTS = STANDIN_DIR / "requirements.txt"
+SGLANG_VERSION = "0.5.23"
+CALLS_LOG_ENV = "DDTREE_SGL_KERNEL_CALLS"
+
+# The flags that make 0.5.23 serve on a CPU: the torch_native attention backend (no GPU kernels),
+# dummy weights (no download), no CUDA graphs, and a small KV pool (without --max-total-tokens it
+# sizes a 25.9M-token pool from the host's memory: 140 s and 9 GB).
+CPU_FLAGS = (
+    "--device cpu --attention-backend torch_native --load-format dummy --disable-cuda-graph "
+    "--max-total-tokens 16384 --mem-fraction-static 0.3"
+)
+
+
+def sglang_python() -> tuple[Path | None, str]:
+    """The interpreter of the real-SGLang venv, or None and why it is not usable."""
+    named = os.environ.get(SGLANG_PYTHON_ENV)
+    candidate = Path(named) if named else REPO_ROOT / ".venv-sglang" / "bin" / "python"
+    where = f"{SGLANG_PYTHON_ENV}={named}" if named else str(candidate)
+    if not candidate.exists():
+        return None, (
+            f"real SGLang is not installed ({where} does not exist): make it with "
+            f"`python3 -m venv .venv-sglang && .venv-sglang/bin/pip install --no-deps -r {REQUIREMENTS.relative_to(REPO_ROOT)}` "
+            "(.ci/run does)"
+        )
+    probe = subprocess.run(
+        [str(candidate), "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    version = probe.stdout.strip()
+    if probe.returncode != 0 or version != SGLANG_VERSION:
+        return None, f"{where} has no sglang {SGLANG_VERSION} (found {version or probe.stderr.strip()[-200:]!r})"
+    return candidate, ""
+
+
+def server_env(calls_log: Path | None = None) -> dict[str, str]:
+    """The environment real SGLang serves under here: the CPU engine and the sgl_kernel stand-in."""
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": str(STANDIN_DIR),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    if calls_log is not None:
+        env[CALLS_LOG_ENV] = str(calls_log)
+    return env
+
+
+def build_tiny_model(folder: Path) -> Path:
+    """A random-weight two-layer Llama (hidden 64) with a byte-level BPE tokenizer, in ``folder``.
+
+    The tokenizer is trained on the engine's bundled corpus so `/tokenize` of the throughput
+    prompts gives ordinary token counts; the chat template is a plain role: content one, so
+    `/v1/chat/completions` works. `--load-format dummy` makes the weights: no file of them.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = REPO_ROOT / "pytest_ddtree" / "refserver" / "corpus"
+    texts = [path.read_text(encoding="utf-8") for path in sorted(corpus.iterdir()) if path.is_file()]
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
+    tokenizer.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
+        vocab_size=1024, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False, "rope_theta": 10000.0,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "model_max_length": 32768,
+        "chat_template": (
+            "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}"
+        ),
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1), encoding="utf-8")
+    return folder
