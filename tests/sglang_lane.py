@@ -80,9 +80,9 @@ def build_tiny_model(folder: Path) -> Path:
     corpus = REPO_ROOT / "pytest_ddtree" / "refserver" / "corpus"
     texts = [path.read_text(encoding="utf-8") for path in sorted(corpus.iterdir()) if path.is_file()]
     tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
-    tokenizer.decoder = decoders.ByteLevel()  # type: ignore[assignment]
-    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
         vocab_size=1024, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tokenizer.train_from_iterator(texts, trainer)
