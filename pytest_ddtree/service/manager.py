@@ -305,10 +305,11 @@ class ServiceManager:
                 "command: an external service or a pool of URLs); compare against golden transcripts "
                 "(lossless: golden) blessed with a profile that launches this deployment"
             )
-        if not self.profile.lossless_args:
+        if self.profile.lossless_args is None:
             raise ConfigNotAvailable(
                 f"profile {self.profile.name} has no lossless_args: the non-speculative reference needs the "
-                "launch arguments that turn speculation off, e.g. lossless_args: '--speculative-algorithm NONE'"
+                "launch arguments that turn speculation off, e.g. lossless_args: '--speculative-algorithm NONE', "
+                "or lossless_args: '' where the command without config_args does not speculate"
             )
         slot = self._current
         if slot is not None and slot.service is not None and slot.service.config is None:

@@ -9,6 +9,7 @@ problem.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import string
 from pathlib import Path
@@ -45,6 +46,44 @@ __all__ = [
     "resolve_service_python",
     "url_fields_of",
 ]
+
+# ``${NAME}``, ``${NAME:-default}`` (default when unset or empty), ``${NAME-default}`` (when unset),
+# and ``$${`` for a literal ``${``: the shell's forms, so a profile reads like the launch it writes.
+_ENV_REFERENCE = re.compile(r"\$(\$\{)|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+
+
+def _expand_environment(value: Any, key: str, fail: Callable[[str, str], ProfileError],
+                       environ: Mapping[str, str] | None = None) -> Any:
+    """``value`` (a profile's YAML, any depth) with every ``${NAME}`` in its strings replaced from
+    the harness's environment.
+
+    Why: a shipped profile names what differs per machine (the model's folder, the service's
+    interpreter) without being edited (``--model-path ${DDTREE_SGLANG_MODEL:-/models/tiny}``). A
+    variable that is unset and has no default is an error naming the key, before anything runs:
+    a launch with an empty model path would fail minutes later, and say less.
+    """
+    env = os.environ if environ is None else environ
+
+    def fill(match: re.Match[str]) -> str:
+        if match.group(1):
+            return "${"
+        name, form, default = match.group(2), match.group(3), match.group(4)
+        found = env.get(name)
+        if form == ":-" and not found or form == "-" and found is None:
+            return default or ""
+        if found is None:
+            raise fail(key, f"${{{name}}} is not set in the environment: set it, or give a default "
+                            f"(${{{name}:-value}}); a literal ${{ is written $${{")
+        return found
+
+    if isinstance(value, str):
+        return _ENV_REFERENCE.sub(fill, value)
+    if isinstance(value, Mapping):
+        return {k: _expand_environment(v, f"{key}.{k}" if key else str(k), fail, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_environment(v, f"{key}[{i}]", fail, env) for i, v in enumerate(value)]
+    return value
+
 
 # A fixed value that follows another field, e.g. ``block_size - 1`` (upstream DFLASH's chain).
 _FIXED_EXPRESSION = re.compile(r"^\s*(block_size|budget|topk)\s*(?:([+-])\s*(\d+))?\s*$")
@@ -118,6 +157,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
 
     if not isinstance(raw, Mapping):
         raise ProfileError(f"{where}: a service profile must be a YAML mapping (see docs/profiles.md)")
+    raw = _expand_environment(raw, "", fail)
     _check_key_types(raw, fail)
     controller = raw["controller"]
     if controller not in CONTROLLERS:
@@ -428,11 +468,14 @@ def _parse_control_launches(raw: Mapping[str, Any], control: str | None, relaunc
 def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
     """How the harness treats the service: the lossless check, the control, relaunches,
     readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
-    lossless = raw.get("lossless", "instance" if raw.get("lossless_args") else _DEFAULTS["lossless"])
+    # "" is an answer: the command without config_args is already non-speculative (a profile whose
+    # config_args switch speculation on; SGLang 0.5.23 has no flag that turns it off).
+    lossless = raw.get("lossless", "instance" if raw.get("lossless_args") is not None else _DEFAULTS["lossless"])
     if lossless not in LOSSLESS_MODES:
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
-    if lossless == "instance" and not raw.get("lossless_args"):
-        raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, e.g. '--speculative-algorithm NONE'")
+    if lossless == "instance" and raw.get("lossless_args") is None:
+        raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, e.g. "
+                                    "'--speculative-algorithm NONE', or '' where the command without config_args does not speculate")
     control = raw.get("control")
     if control is not None and control != "none":
         try:

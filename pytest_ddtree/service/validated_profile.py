@@ -346,9 +346,11 @@ class ServiceProfile:
 
     @property
     def launch_python(self) -> str:
-        """What ``{python}`` stands for: this interpreter, or on a remote host the profile's
-        ``python:`` (else ``python3`` there): our own path means nothing on another machine."""
-        return (self.python or "python3") if self.host else sys.executable
+        """What ``{python}`` stands for: the profile's ``python:`` (the service's interpreter), else
+        this interpreter here, or ``python3`` on a remote host: our own path means nothing there."""
+        if self.python:
+            return os.path.expanduser(self.python)
+        return "python3" if self.host else sys.executable
 
     @property
     def service_python(self) -> str | None:
