@@ -196,6 +196,8 @@ class ProbeResult:
     failed_requests: list[str] = field(default_factory=list)  # transport or HTTP errors: no evidence
     requests: int = 0
     no_histogram: int = 0
+    #: answers whose meta_info has no spec_* key at all: no verify ran for them
+    no_spec: int = 0
 
     @property
     def reached(self) -> bool:
@@ -239,6 +241,8 @@ def run_copy_probe(generate: Callable[[str, Mapping[str, Any]], Any], bound: int
             break
         if hist is None:
             result.no_histogram += 1
+            if not (isinstance(meta, Mapping) and any(str(key).startswith("spec_") for key in meta)):
+                result.no_spec += 1
             break  # this build sends no histogram: nothing more to learn from more requests
         result.per_request.append(hist)
         result.histogram = add_histograms(result.histogram, hist)
@@ -382,6 +386,9 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
     bound = accept_bound(values)
     if probe is not None:
         proof.failures.extend(probe.errors)
+        if probe.no_spec:  # SGLang puts spec_verify_ct on every answer it verified (tokenizer_manager.py:3148-3172)
+            proof.failures.append("the server does not speculate: the copy probe's answer carries no spec_* key in "
+                                  "its meta_info (no spec_verify_ct: no verify ran)")
         if (violation := bound_violation(probe.histogram, bound, "the copy probe")) is not None:
             proof.failures.append(violation)
         elif (ceiling := probe.ceiling()) is not None:

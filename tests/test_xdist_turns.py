@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.xdist_turns import MeasurementTurnScheduling, module_measures, module_measures_alone
+from tests.xdist_turns import MeasurementTurnScheduling, module_loads_cpu, module_measures, module_measures_alone
 
 
 class Worker:
@@ -27,13 +27,15 @@ class Worker:
         self.shutting_down = True
 
 
-FIXTURES = {"j": "measurement_alone", "m1": "measurement_turn", "m2": "measurement_turn", "a": None, "b": None}
+FIXTURES = {"j": "measurement_alone", "m1": "measurement_turn", "m2": "measurement_turn", "a": None, "b": None, "h": None}
+MARKS = {"h": "sglang"}  # loads the CPU (a real SGLang server), measures nothing
 
 
 @pytest.fixture
 def scheduler(pytester: pytest.Pytester) -> MeasurementTurnScheduling:
     for name, fixture in FIXTURES.items():
         body = f'pytestmark = pytest.mark.usefixtures("{fixture}")\n' if fixture else ""
+        body += f"pytestmark = pytest.mark.{MARKS[name]}\n" if name in MARKS else ""
         tests = "".join(f"def test_{t}(): pass\n" for t in "xyz")
         (pytester.path / f"test_{name}.py").write_text(f"import pytest\n{body}{tests}")
     config = pytester.parseconfig(str(pytester.path), "--tx=2*popen", "--dist=loadfile")
@@ -67,6 +69,8 @@ def test_modules_are_sorted_by_the_fixture_they_name(pytester: pytest.Pytester, 
     assert not module_measures_alone(str(repo_root / "tests" / "test_throughput_suite.py"))
     assert not module_measures(str(repo_root / "tests" / "test_configs.py"))
     assert not module_measures(str(pytester.path / "no_such_module.py"))
+    assert module_loads_cpu(str(repo_root / "tests" / "test_sglang_real.py"))
+    assert not module_loads_cpu(str(repo_root / "tests" / "test_main_job.py"))
 
 
 def test_a_module_that_measures_alone_has_no_measuring_neighbour(scheduler: MeasurementTurnScheduling) -> None:
@@ -92,3 +96,12 @@ def test_a_module_that_measures_alone_waits_for_measuring_neighbours(scheduler: 
     assert modules(scheduler, one) == ["m1", "j"]
     done(scheduler, one, "m1", "yz")
     assert two.shutting_down  # nothing is left for it
+
+
+def test_a_module_that_loads_the_cpu_keeps_off_the_one_that_measures_alone(scheduler: MeasurementTurnScheduling) -> None:
+    one, two = start(scheduler, "j", "h", "a", "m1")
+    assert modules(scheduler, one) == ["j"] and modules(scheduler, two) == ["a"]  # h waits while j runs
+    done(scheduler, two, "a")
+    assert modules(scheduler, two) == ["a"]  # neither h nor m1 may start beside j
+    done(scheduler, one, "j")
+    assert set(modules(scheduler, one) + modules(scheduler, two)) == {"j", "a", "h", "m1"}  # h and m1 side by side

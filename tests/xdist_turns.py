@@ -16,7 +16,11 @@ does, without leaving a worker idle while there is other work:
   timing-sensitive module (running or queued), nor a timing-sensitive module while another holds
   a ``measurement_alone`` one: the worker takes the next other module, and waits only when
   nothing else is left. Timing-sensitive modules of the other kind may run side by side: all of
-  them in one chain took longer than the whole run had.
+  them in one chain took longer than the whole run had;
+* a module that loads the CPU without measuring (``pytest.mark.sglang``: a real SGLang server, whose
+  start-up and requests take both cores of a 2-core box) keeps off a ``measurement_alone`` module
+  the same way a timing-sensitive one does, and may run beside the others (their own load moves
+  them less than what they test).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from xdist.scheduler import LoadFileScheduling
 #: The fixtures that mark a module as timing-sensitive, and as one that must measure alone (tests/conftest.py).
 MEASURING_FIXTURE = "measurement_turn"
 ALONE_FIXTURE = "measurement_alone"
+#: The mark of a module that loads the CPU heavily (pyproject.toml's markers).
+LOADS_CPU_MARK = "pytest.mark.sglang"
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,6 +56,11 @@ def module_measures(path: str) -> bool:
     return MEASURING_FIXTURE in text or ALONE_FIXTURE in text
 
 
+def module_loads_cpu(path: str) -> bool:
+    """Does the module at ``path`` load the CPU heavily (marked ``sglang``), measuring or not?"""
+    return LOADS_CPU_MARK in _text(path)
+
+
 def module_measures_alone(path: str) -> bool:
     """Must the module at ``path`` measure with no other timing-sensitive module beside it?"""
     return ALONE_FIXTURE in _text(path)
@@ -65,7 +76,9 @@ class MeasurementTurnScheduling(LoadFileScheduling):  # type: ignore[misc]
         config.option.loadscopereorder = False  # keep the collection's longest-first order
 
     def _measures(self, scope: str) -> bool:
-        return module_measures(str(self.rootdir / scope))
+        """Timing-sensitive, or heavy enough on the CPU to spoil a measurement beside it."""
+        path = str(self.rootdir / scope)
+        return module_measures(path) or module_loads_cpu(path)
 
     def _alone(self, scope: str) -> bool:
         return module_measures_alone(str(self.rootdir / scope))

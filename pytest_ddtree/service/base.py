@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -87,10 +88,13 @@ class AppliedConfigMismatch(ServiceError):
     This is never "fixed" by falling back: measuring the wrong config is worse than failing.
     """
 
-    def __init__(self, config_name: str, diffs: Sequence[AppliedDiff], source: str = "/server_info", hint: str | None = None) -> None:
+    def __init__(self, config_name: str, diffs: Sequence[AppliedDiff], source: str = "/server_info", hint: str | None = None,
+                 *, not_speculating: str | None = None) -> None:
         self.config_name = config_name
         self.diffs = list(diffs)
         lines = [f"service does not run config {config_name}: {len(self.diffs)} applied value(s) differ in {source}"]
+        if not_speculating:  # the one fact that explains every difference below
+            lines[0] += f"; the server does not speculate: {not_speculating}"
         width = max([len(d.key) for d in self.diffs] + [3])
         lines.append(f"    {'key':<{width}}  expected  actual")
         for d in self.diffs:
@@ -128,12 +132,13 @@ class ExternalConfigMismatch(AppliedConfigMismatch):
     the message says to point the profile at an instance running the config (or deselect it).
     """
 
-    def __init__(self, config_name: str, url: str, diffs: Sequence[AppliedDiff]) -> None:
+    def __init__(self, config_name: str, url: str, diffs: Sequence[AppliedDiff], *, not_speculating: str | None = None) -> None:
         hint = (
             "what to do: the harness never restarts an external service; point the profile at an "
             f"instance running {config_name}, or leave {config_name} out of --ddtree-config"
         )
-        super().__init__(config_name, diffs, source=f"/server_info of the external service {url}", hint=hint)
+        super().__init__(config_name, diffs, source=f"/server_info of the external service {url}", hint=hint,
+                         not_speculating=not_speculating)
         self.url = url
 
 
@@ -204,6 +209,21 @@ def tail_file(path: Path | None, n: int = 40, max_bytes: int = 64 * 1024) -> str
     if size > max_bytes and lines:
         lines = lines[1:]  # first line is probably cut
     return "\n".join(lines[-n:])
+
+
+# A Python exception's last line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``), as a
+# server that dies while it starts prints it last.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt): \S")
+
+
+def last_error_line(log_tail: str, limit: int = 300) -> str | None:
+    """The last exception line of a log tail (None: none there): the one line that says why a
+    service died, for the first line of the failure (pytest's summary shows only that one)."""
+    for line in reversed(log_tail.splitlines()):
+        line = line.strip()
+        if _ERROR_LINE.match(line):
+            return line[:limit]
+    return None
 
 
 STARTUP_LOG_LINES = 5000

@@ -39,7 +39,7 @@ from pytest_ddtree.service.external import ExternalController
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
-from pytest_ddtree.service.readiness import HealthClient, applied_diff, wait_ready
+from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, wait_ready
 from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
@@ -628,9 +628,12 @@ class ServiceManager:
                 hint="the applied-config check needs /server_info (or /get_server_info)",
             ) from None
         if config is not None and not external:
+            silent = not_speculating(server_info)
             diffs = applied_diff(self.profile.expected_applied(config), server_info)
             if diffs:
-                raise AppliedConfigMismatch(config.name, diffs)
+                raise AppliedConfigMismatch(config.name, diffs, not_speculating=silent)
+            if silent:  # every applied key matched (or none is read back), and still nothing speculates
+                raise ConfigNotServed(config.name, [f"the server does not speculate: {silent}"], controller.log_tail())
         # An external service is not ours to probe before its config is checked (_start_once).
         proof = self._prove(controller, client, config, server_info) if config is not None and not external else None
         if proof is not None and slot.record is not None:
@@ -673,9 +676,13 @@ class ServiceManager:
         return result
 
     def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
+        silent = not_speculating(service.server_info)
         diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
         if diffs:
-            raise ExternalConfigMismatch(config.name, service.url, diffs)
+            raise ExternalConfigMismatch(config.name, service.url, diffs, not_speculating=silent)
+        if silent:
+            raise ConfigNotServed(config.name, [f"the server does not speculate: {silent}"],
+                                  "<external service: no log available>")
 
     def _adopt_external(self, slot: _Slot, config: DDTreeConfig) -> RunningService:
         assert slot.service is not None

@@ -18,6 +18,7 @@ from pytest_ddtree.service.base import (
     Controller,
     ProgressFn,
     ServiceStartError,
+    last_error_line,
 )
 
 MISSING = "<missing>"
@@ -69,8 +70,9 @@ def wait_ready(
     while True:
         info = controller.failure()
         if info is not None:
+            error = last_error_line(info.log_tail)
             raise ServiceStartError(
-                f"{what} exited while starting: {info.description}",
+                f"{what} exited while starting: {info.description}" + (f": {error}" if error else ""),
                 exit_code=info.exit_code,
                 log_tail=info.log_tail,
                 elapsed=time.monotonic() - start,
@@ -148,3 +150,24 @@ def verify_applied(config_name: str, expected: Mapping[str, object], server_info
     diffs = applied_diff(expected, server_info)
     if diffs:
         raise AppliedConfigMismatch(config_name, diffs)
+
+
+def not_speculating(server_info: Mapping[str, object]) -> str | None:
+    """What in ``/server_info`` shows a server that does not speculate (None: it speculates, or
+    does not say).
+
+    Why: a profile whose flags the build does not read starts a plain server that answers every
+    request; every config would then be measured, and pass, as no speculation at all. SGLang
+    reports every server arg, so ``speculative_algorithm`` is there, null when nothing
+    speculates (sglang 0.5.23 sglang/srt/arg_groups/fields/spec.py:31-34).
+    """
+    if "speculative_algorithm" not in server_info:
+        return None
+    algorithm = server_info["speculative_algorithm"]
+    if algorithm is not None and str(algorithm).upper() != "NONE":
+        return None
+    unset = sorted(key for key, value in server_info.items()
+                   if key.startswith("speculative_") and key != "speculative_algorithm" and value is None)
+    shown = ", ".join(unset[:4]) + (", ..." if len(unset) > 4 else "")
+    return (f"/server_info has speculative_algorithm {'null' if algorithm is None else repr(algorithm)}"
+            + (f" (and {shown} null)" if unset else ""))
