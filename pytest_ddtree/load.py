@@ -211,7 +211,7 @@ class CellResult:
         silent = sum(1 for r in ok if not r.spec_verify_ct)
         if self.speculative and silent:
             out.append(
-                f"{silent} of {len(ok)} responses carry no spec_verify_ct on their finished chunk: speculation looks off "
+                f"{silent} of {len(ok)} responses carry no spec_verify_ct on their finished chunk: the server does not speculate "
                 "(was the service started without its speculative flags, or did the build ignore them?); "
                 "no accept length can be measured"
             )
@@ -559,7 +559,7 @@ def run_cell(
     keep acceptance comparable with the baseline. A URL gets a client of its own for this
     call, closed at the end; a client is the caller's to close. ``timeout_s`` bounds each
     streamed request's socket waits. ``speculative``: the service runs a speculative config,
-    so a response without ``spec_verify_ct`` makes the cell invalid (speculation looks off).
+    so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
     ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
     histogram goes above it makes the cell invalid with the histogram as evidence.
     """

@@ -157,3 +157,29 @@ def test_yaml_syntax_error_reports_the_line(tmp_path: Path) -> None:
     path.write_text("name: x\ncontroller: process\ncommand: [unclosed\n")
     with pytest.raises(ProfileError, match=r"broken.yaml: YAML syntax error at line \d+"):
         load_profile(path)
+
+
+def test_environment_variables_fill_a_profile_when_it_is_read(tmp_path: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDTREE_TEST_MODEL", "/models/tiny")
+    monkeypatch.setenv("DDTREE_TEST_EMPTY", "")
+    monkeypatch.delenv("DDTREE_TEST_UNSET", raising=False)
+    command = ("{python} -m pytest_ddtree.refserver --model ${DDTREE_TEST_MODEL} --a ${DDTREE_TEST_UNSET:-fallback} "
+               "--b x${DDTREE_TEST_EMPTY:-fb} --c x${DDTREE_TEST_EMPTY-fb} --d ${DDTREE_TEST_UNSET-} --e ${{SHELL_VAR}} $$ "
+               "--port {port} {config_args}")
+    profile = load_profile(_write(tmp_path, repo_root, command=command, python="${DDTREE_TEST_MODEL}/bin/python",
+                                  env={"A": "${DDTREE_TEST_MODEL}", "S": "$${HOME}"}))
+    assert profile.command == ("{python} -m pytest_ddtree.refserver --model /models/tiny --a fallback --b xfb --c x --d  "
+                               "--e ${{SHELL_VAR}} $$ --port {port} {config_args}")  # a shell's ${X} in a template: untouched
+    assert profile.env == {"A": "/models/tiny", "S": "${HOME}"} and profile.python == "/models/tiny/bin/python"
+    # {python} is the profile's python: where it names one (the service's venv, not the harness's)
+    assert profile.render_command(None, 1).startswith("/models/tiny/bin/python -m pytest_ddtree.refserver")
+    assert "${DDTREE_TEST_MODEL}" in profile.text  # the file as written, for the package
+    with pytest.raises(ProfileError, match=r"profile.yaml: env.B: \$\{DDTREE_TEST_UNSET\} is not set in the environment: "
+                                           r"set it, or give a default"):
+        load_profile(_write(tmp_path, repo_root, env={"B": "${DDTREE_TEST_UNSET}"}))
+
+
+def test_an_empty_lossless_args_launches_the_command_as_written(tmp_path: Path, repo_root: Path) -> None:
+    profile = load_profile(_write(tmp_path, repo_root, lossless_args="", lossless=None))
+    assert profile.lossless == "instance" and profile.lossless_args == ""
+    assert profile.render_command(None, 1, profile.lossless_args).endswith("--speculative-algorithm DFLASH")

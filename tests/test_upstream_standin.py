@@ -24,7 +24,7 @@ FAKES = Path(__file__).parent / "fakes"
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
 
-def standin_profile(directory: Path, extra: str = "") -> Path:
+def standin_profile(directory: Path, extra: str = "", **overrides: Any) -> Path:
     raw: dict[str, Any] = {
         "name": "upstream-standin",
         "controller": "process",
@@ -41,6 +41,7 @@ def standin_profile(directory: Path, extra: str = "") -> Path:
                     "speculative_eagle_topk": "topk", "speculative_draft_window_size": "window"},
         "ready_timeout_s": 30,
         "stop_timeout_s": 5,
+        **overrides,
     }
     path = directory / "upstream-standin.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -86,11 +87,20 @@ def test_every_main_job_cell_measures_against_an_upstream_like_server(pytester: 
 
 
 def test_speculation_off_fails_every_cell_with_the_reason(pytester: pytest.Pytester) -> None:
-    profile = standin_profile(pytester.path, "--fault spec-off")
+    # no copy probe: the cells themselves must see it (the probe would fail the launch first, below)
+    profile = standin_profile(pytester.path, "--fault spec-off", copy_probe=False)
     result = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-workload=c8_short", suite="test_throughput.py", timeout=300)
     assert result.ret == 1
     assert result.parseoutcomes().get("failed") == 2, result.parseoutcomes()
-    result.stdout.fnmatch_lines(["*carry no spec_verify_ct*speculation looks off*"])
+    result.stdout.fnmatch_lines(["*carry no spec_verify_ct*the server does not speculate*"])
+
+
+def test_speculation_off_fails_the_launch_at_the_copy_probe(pytester: pytest.Pytester) -> None:
+    """/server_info says DFLASH with every applied key, but no answer carries a spec_* key."""
+    result = run_suite(pytester, standin_profile(pytester.path, "--fault spec-off"), suite="test_health.py", timeout=120)
+    assert result.ret == 1 and result.parseoutcomes().get("errors") == 3, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*service reports config bs8_b8_k4 in /server_info but does not serve it*",
+                                 "*the server does not speculate: the copy probe's answer carries no spec_* key*"])
 
 
 def test_random_prompts_without_vocab_size_fail_with_the_fix(pytester: pytest.Pytester) -> None:
