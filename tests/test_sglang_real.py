@@ -151,8 +151,8 @@ class TestOneServer:
         assert isinstance(states, list) and isinstance(states[0], dict)
         # nothing speculates on a CPU, and the harness says so from /server_info alone
         assert info["speculative_algorithm"] is None and info["speculative_num_draft_tokens"] is None
-        evidence = not_speculating(info)
-        assert evidence is not None and evidence.startswith("/server_info has speculative_algorithm null (and ")
+        assert not_speculating(info, ["speculative_num_draft_tokens", "speculative_dflash_block_size"]) == (
+            "/server_info has speculative_algorithm null (and speculative_dflash_block_size, speculative_num_draft_tokens null)")
         model = served.client.model_info()
         assert model["model_path"] == str(lane.model) and model["is_generation"] is True
         text = served.client.metrics()
@@ -238,7 +238,8 @@ class TestOneServer:
         assert result.ret == 1, result.stdout.str()[-3000:]
         result.stdout.fnmatch_lines(["*service does not run config bs8_b7_k1: 3 applied value(s) differ in /server_info of the "
                                      "external service *; the server does not speculate: /server_info has "
-                                     "speculative_algorithm null (and *speculative_num_draft_tokens*null)*"])
+                                     "speculative_algorithm null (and speculative_draft_window_size, speculative_eagle_topk, "
+                                     "speculative_num_draft_tokens null)"])
 
     def test_restart_between_two_launches(self, served: Served) -> None:
         first = int(served.manager.launches[-1]["pid"] or 0)
@@ -302,10 +303,9 @@ def test_a_session_on_the_profile_measures_the_control_and_refuses_dflash(pytest
 
 HOLDING_TEST = '''
 import threading
-from pytest_ddtree.plugin import session_of
 
-def test_hold(request):
-    manager = session_of(request.config).manager
+def test_hold(ddtree_session):
+    manager = ddtree_session.manager  # the plugin's own, closed by its session end and on Ctrl-C
     manager.ensure_reference()
     print("SERVING", manager.launches[-1]["pid"], flush=True)
     threading.Event().wait(600)  # the outer test sends SIGINT while we are here

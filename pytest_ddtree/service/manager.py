@@ -628,7 +628,7 @@ class ServiceManager:
                 hint="the applied-config check needs /server_info (or /get_server_info)",
             ) from None
         if config is not None and not external:
-            silent = not_speculating(server_info)
+            silent = not_speculating(server_info, self.profile.applied)
             diffs = applied_diff(self.profile.expected_applied(config), server_info)
             if diffs:
                 raise AppliedConfigMismatch(config.name, diffs, not_speculating=silent)
@@ -676,7 +676,7 @@ class ServiceManager:
         return result
 
     def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
-        silent = not_speculating(service.server_info)
+        silent = not_speculating(service.server_info, self.profile.applied)
         diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
         if diffs:
             raise ExternalConfigMismatch(config.name, service.url, diffs, not_speculating=silent)

@@ -9,7 +9,7 @@ exited, the unit failed) ends the wait within a poll interval, with the exit cod
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from pytest_ddtree.http import describe_transport_error
 from pytest_ddtree.service.base import (
@@ -152,9 +152,9 @@ def verify_applied(config_name: str, expected: Mapping[str, object], server_info
         raise AppliedConfigMismatch(config_name, diffs)
 
 
-def not_speculating(server_info: Mapping[str, object]) -> str | None:
+def not_speculating(server_info: Mapping[str, object], keys: Iterable[str] = ()) -> str | None:
     """What in ``/server_info`` shows a server that does not speculate (None: it speculates, or
-    does not say).
+    does not say); ``keys``: the profile's applied keys, named where they are null too.
 
     Why: a profile whose flags the build does not read starts a plain server that answers every
     request; every config would then be measured, and pass, as no speculation at all. SGLang
@@ -166,8 +166,6 @@ def not_speculating(server_info: Mapping[str, object]) -> str | None:
     algorithm = server_info["speculative_algorithm"]
     if algorithm is not None and str(algorithm).upper() != "NONE":
         return None
-    unset = sorted(key for key, value in server_info.items()
-                   if key.startswith("speculative_") and key != "speculative_algorithm" and value is None)
-    shown = ", ".join(unset[:4]) + (", ..." if len(unset) > 4 else "")
+    unset = sorted({key for key in keys if key in server_info and server_info[key] is None})
     return (f"/server_info has speculative_algorithm {'null' if algorithm is None else repr(algorithm)}"
-            + (f" (and {shown} null)" if unset else ""))
+            + (f" (and {', '.join(unset)} null)" if unset else ""))
