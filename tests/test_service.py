@@ -484,3 +484,14 @@ def test_a_start_that_lost_its_port_is_retried_on_another(tmp_path: Path, monkey
     finally:
         m.close()
         blocker.close()
+
+
+def test_the_last_exception_line_of_a_dying_service_leads_its_failure() -> None:
+    from pytest_ddtree.service.base import last_error_line
+
+    tail = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+            "ValueError: DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'.\n"
+            "[2026-12-02 05:37:05] kill_process_tree called: parent_pid=1\n")
+    assert last_error_line(tail) == "ValueError: DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'."
+    assert last_error_line("torch.OutOfMemoryError: CUDA out of memory\nINFO: shutting down") == "torch.OutOfMemoryError: CUDA out of memory"
+    assert last_error_line("INFO: Uvicorn running\nWARNING: slow") is None
