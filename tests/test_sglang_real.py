@@ -179,7 +179,7 @@ class TestOneServer:
     def test_flush_cache_answers_idle_and_busy(self, served: Served) -> None:
         assert served.client.flush_cache() is True  # idle: flushed
         long_request = threading.Thread(target=served.client.generate, kwargs={
-            "text": "busy", "sampling_params": {"max_new_tokens": 4000, "temperature": 0.0, "ignore_eos": True}})
+            "text": "busy", "sampling_params": {"max_new_tokens": 1500, "temperature": 0.0, "ignore_eos": True}})
         long_request.start()
         try:
             wait_until(lambda: proof.metric_value(served.client.metrics(), "sglang:num_running_reqs") == 1, 60,
