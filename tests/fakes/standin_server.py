@@ -185,6 +185,23 @@ def main() -> None:
             else:
                 self._send(404, {"error": self.path})
 
+        def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+            """A non-streamed answer: the whole output at once, spec fields in meta_info when
+            speculating (SGLang's non-streamed /generate carries them as the finished chunk does)."""
+            prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(tokenize(body.get("text") or ""))
+            want = int((body.get("sampling_params") or {}).get("max_new_tokens", 128))
+            done, steps = 1, 0
+            while done < want:
+                k = min(ACCEPT_CYCLE[steps % len(ACCEPT_CYCLE)] if spec_on else 1, want - done)
+                done += k
+                steps += 1
+                decode_batch(k)
+            meta: dict[str, Any] = {"id": "standin", "prompt_tokens": prompt_tokens, "completion_tokens": done,
+                                    "finish_reason": {"type": "length", "length": want}}
+            if spec_on:
+                meta.update(spec_verify_ct=steps, spec_accept_length=done / steps if steps else 0.0)
+            return {"text": "x" * done, "output_ids": [7] * done, "meta_info": meta}
+
         def _stream(self, body: dict[str, Any]) -> None:
             prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(tokenize(body.get("text") or ""))
             want = int((body.get("sampling_params") or {}).get("max_new_tokens", 128))
@@ -257,7 +274,7 @@ def main() -> None:
                     if body.get("stream"):
                         self._stream(body)
                     else:
-                        self._send(200, {"text": "ok", "meta_info": {"completion_tokens": 1}})
+                        self._send(200, self._answer(body))
                 finally:
                     with lock:
                         count["running"] -= 1
