@@ -11,9 +11,14 @@ at the checkout's root, and skip with the reason where it is absent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
+import signal
 import subprocess
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -105,3 +110,71 @@ def build_tiny_model(folder: Path) -> Path:
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1), encoding="utf-8")
     return folder
+
+
+#: Seconds real SGLang gets to answer /health on this box (measured ~20 s alone, longer under load).
+READY_TIMEOUT_S = 240.0
+
+
+@contextlib.contextmanager
+def launch_real_sglang(folder: Path, port: int, *, python: Path | None = None, extra_args: Sequence[str] = (),
+                       ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[str]:
+    """Real SGLang serving the tiny model of ``folder`` (built there if absent) on 127.0.0.1:``port``.
+
+    Yields the base URL once ``/health`` answers 200. The server runs in its own process group
+    (SGLang forks a scheduler and a detokenizer), which is killed and waited for on exit, also
+    when the start fails; a start that dies or passes the deadline raises with the log's tail.
+    """
+    import requests
+
+    if python is None:
+        python, why = sglang_python()
+        if python is None:
+            raise RuntimeError(why)
+    model = folder / "model"
+    if not (model / "config.json").exists():
+        build_tiny_model(model)
+    log_path = folder / f"sglang-{port}.log"
+    command = [str(python), "-m", "sglang.launch_server", "--model-path", str(model), *shlex.split(CPU_FLAGS),
+               "--enable-metrics", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **server_env()}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"real SGLang exited with {proc.returncode} while starting:\n{_tail(log_path)}")
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"real SGLang not ready after {ready_timeout_s:g} s:\n{_tail(log_path)}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        _stop_group(proc)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")[-limit:]
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group, SIGKILL after a grace, then reap it."""
+    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # the group may outlive its leader (the scheduler child): make sure none of it is left
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

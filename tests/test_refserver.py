@@ -172,10 +172,10 @@ def test_chat_stream_with_usage(srv: RefServer) -> None:
 
 
 def test_temperature_sampling_is_seeded(srv: RefServer) -> None:
-    body = {"text": "The", "sampling_params": {"max_new_tokens": 30, "temperature": 1.5, "ignore_eos": True, "seed": 3}}
+    body = {"text": "The", "sampling_params": {"max_new_tokens": 30, "temperature": 1.5, "ignore_eos": True, "sampling_seed": 3}}
     a = srv.post("/generate", json=body).json()["output_ids"]
     assert srv.post("/generate", json=body).json()["output_ids"] == a
-    body["sampling_params"]["seed"] = 4  # type: ignore[index]
+    body["sampling_params"]["sampling_seed"] = 4  # type: ignore[index]
     greedy = srv.post("/generate", json={"text": "The", "sampling_params": {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}}).json()
     assert srv.post("/generate", json=body).json()["output_ids"] != a or greedy["output_ids"] != a
 

@@ -34,7 +34,7 @@ def requests_to_send() -> list[tuple[str, dict[str, Any]]]:
     for text in TEXT_PROMPTS:
         out.append(("/generate", {"text": text, "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}}))
     # temperature > 0 is seeded per position, so it is config-independent too
-    out.append(("/generate", {"text": "The", "sampling_params": {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True, "seed": 11}}))
+    out.append(("/generate", {"text": "The", "sampling_params": {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 11}}))
     return out
 
 

@@ -31,6 +31,7 @@ class AdminEndpoints(HandlerBase):
         st = self.state
         info = dict(st.server_args)
         info["version"] = VERSION
+        info["status"] = "ready" if st.ready.is_set() else "starting"  # http_server.py server_info, top-level in 0.5.23
         spec_on = st.server_args["speculative_algorithm"] != "NONE"
         mem = st.memory.figures(
             st.server_args.get("speculative_draft_window_size"),
@@ -48,14 +49,20 @@ class AdminEndpoints(HandlerBase):
         self.send_json(200, info)
 
     def h_model_info(self) -> None:
-        """http_server.py ``model_info``: exactly SGLang's keys (no vocab size, no tokenizer name)."""
+        """http_server.py ``model_info``: SGLang 0.5.23's keys but its ``embedding`` block (no vocab
+        size, no tokenizer name; tests/test_sglang_conformance.py compares them with the real one)."""
         st = self.state
         body: dict[str, Any] = {
             "model_path": st.model_path,
+            "served_model_name": st.server_args.get("served_model_name") or st.model_path,
             "tokenizer_path": st.server_args.get("tokenizer_path", st.model_path),
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": "infinigram",
@@ -64,7 +71,7 @@ class AdminEndpoints(HandlerBase):
         self.send_json(200, body)
 
     def h_models(self) -> None:
-        self.send_json(200, {"object": "list", "data": [{"id": self.state.model_path, "object": "model", "owned_by": "refserver", "root": self.state.model_path, "max_model_len": self.state.context_length}]})
+        self.send_json(200, {"object": "list", "data": [{"id": self.state.model_path, "object": "model", "created": int(self.state.started), "owned_by": "refserver", "root": self.state.model_path, "parent": None, "max_model_len": self.state.context_length}]})
 
     # /tokenize and /detokenize follow SGLang's python/sglang/srt/entrypoints/openai/serving_tokenize.py
     # (routes in entrypoints/http_server.py, request shapes TokenizeRequest / DetokenizeRequest in
@@ -197,8 +204,9 @@ class AdminEndpoints(HandlerBase):
     def h_metrics(self) -> None:
         """Prometheus text, only with ``--enable-metrics`` (SGLang mounts /metrics only then:
         entrypoints/http_server.py ``add_prometheus_middleware``). ``sglang:spec_num_draft_tokens``
-        (the worker's block size) appears once the first decode-log interval has been folded, as the
-        scheduler's metrics reporter sets it (managers/scheduler_components/metrics_reporter.py)."""
+        is there from start-up at 0 and holds the worker's block size from the first decode-log
+        interval on, as SGLang 0.5.23's metrics reporter publishes it (see
+        Accounting.spec_num_draft_tokens_gauge)."""
         st = self.state
         if not st.server_args.get("enable_metrics"):
             self.send_error_json(404, "not found: /metrics (start the server with --enable-metrics)")
@@ -217,9 +225,11 @@ class AdminEndpoints(HandlerBase):
             metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", acc["num_waiting_reqs"])
             metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
                    acc.get("avg_spec_accept_length", 0.0))
-            if eng.spec.speculative and eng.acct.spec_total_num_forward_ct:
-                metric("sglang:spec_num_draft_tokens", "gauge", "The number of draft tokens per verify (the block size).",
-                       eng.spec.block_size)
+            # SGLang's cadence (engine.py Accounting.spec_num_draft_tokens_gauge): 0 until the first
+            # decode-log interval, then the worker's block size, held through prefill and idle.
+            metric("sglang:spec_num_draft_tokens", "gauge",
+                   "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
+                   float(eng.acct.spec_num_draft_tokens_gauge))
             metric("sglang:spec_verify_calls_total", "counter", "Speculative verify calls (forward passes x requests).", acc["total_verify_steps"])
             metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", acc["total_prompt_tokens"])
             metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", acc["total_output_tokens"])

@@ -315,6 +315,13 @@ class Accounting:
     spec_num_forward_ct: int = 0
     spec_total_num_accept_tokens: int = 0
     spec_total_num_forward_ct: int = 0
+    #: ``sglang:spec_num_draft_tokens`` as SGLang publishes it: 0 from start-up (sglang 0.5.23
+    #: sglang/srt/observability/metrics_collector.py:131), set to the worker's
+    #: speculative_num_draft_tokens (DFLASH: the block size, speculative/dflash_worker_v2.py:524)
+    #: only at every decode_log_interval-th decode batch (scheduler_components/metrics_reporter.py:
+    #: 933-934, 1017-1020, 1098); prefill and idle reports republish the value held (:285, 897,
+    #: 1532), and /flush_cache does not reset it (reset_metrics, :708-717).
+    spec_num_draft_tokens_gauge: int = 0
 
 
 class Engine:
@@ -670,6 +677,7 @@ class Engine:
             log_now = a.forward_ct_decode % self.decode_log_interval == 0
             interval_accept = a.spec_num_accept_tokens / a.spec_num_forward_ct if a.spec_num_forward_ct else 0.0
             if log_now:
+                a.spec_num_draft_tokens_gauge = spec.block_size if spec.speculative else 0
                 a.spec_total_num_accept_tokens += a.spec_num_accept_tokens
                 a.spec_total_num_forward_ct += a.spec_num_forward_ct
                 a.spec_num_accept_tokens = a.spec_num_forward_ct = 0

@@ -14,11 +14,25 @@ from typing import Any
 from .engine import Engine, Request, SamplingParams, StepEvent
 from .logprobs import LogprobRequest, LogprobTracker
 from .model import uniform
-from .request_params import BadRequest, bool_field, finish_reason_openai, int_list, number_field, parse_sampling
+from .request_params import (
+    BadRequest,
+    InvalidRequest,
+    bool_field,
+    check_sampling_contract,
+    finish_reason_openai,
+    int_list,
+    number_field,
+    parse_sampling,
+    verify_sampling,
+)
 from .transport import HandlerBase
 
 STEP_TIMEOUT_S = 600.0
 
+
+
+def spec_block(engine: Engine) -> int:
+    return int(engine.spec.block_size)
 
 
 class GenerationEndpoints(HandlerBase):
@@ -97,18 +111,24 @@ class GenerationEndpoints(HandlerBase):
         if not isinstance(text, str):
             if isinstance(text, list):
                 raise BadRequest("batched text is not supported; send one prompt per request")
-            raise BadRequest("text (a string) or input_ids (a list of integers) is required")
+            raise InvalidRequest("Either text, input_ids or input_embeds should be provided.")  # io_struct.py:445-455
         return models.tokenizer.encode(text)
 
     def _check_length(self, prompt: list[int], params: SamplingParams) -> None:
+        """sglang 0.5.23 sglang/srt/managers/tokenizer_manager.py:1333-1377 ``_validate_token_len``:
+        a prompt of the context length or more, then prompt + max_new_tokens over it, each a
+        ValueError with SGLang's message."""
         if not prompt:
             raise BadRequest("the prompt is empty")
         limit = self.state.context_length
+        if len(prompt) >= limit:
+            raise InvalidRequest(f"The input ({len(prompt)} tokens) is longer than the model's context length ({limit} tokens).")
         if len(prompt) + params.max_new_tokens > limit:
-            raise BadRequest(
+            raise InvalidRequest(
                 f"Requested token count exceeds the model's maximum context length of {limit} tokens. "
                 f"You requested a total of {len(prompt) + params.max_new_tokens} tokens: "
-                f"{len(prompt)} tokens from the input messages and {params.max_new_tokens} tokens for the completion."
+                f"{len(prompt)} tokens from the input messages and {params.max_new_tokens} tokens for the completion. "
+                "Please reduce the number of tokens in the input messages or the completion to fit within the limit."
             )
 
     def _events(self, eng: Engine, req: Request) -> Iterator[StepEvent]:
@@ -142,23 +162,37 @@ class GenerationEndpoints(HandlerBase):
         n = len(req.output_ids) if n is None else n
         meta: dict[str, Any] = {
             "id": req.rid,
+            "finish_reason": req.finish_reason if final else None,
             "prompt_tokens": len(req.prompt_ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
             "completion_tokens": n,
             "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish_reason if final else None,
+            # scheduler output's per-tier breakdown: present once part of the prompt was cached
+            "cached_tokens_details": {"device": req.cached_tokens, "host": 0} if req.cached_tokens else None,
+            "dp_rank": None,
         }
         if not final:
             return meta
         meta["e2e_latency"] = round(req.e2e_latency(), 6)
         engine = self.state.engine
         if engine is not None and engine.spec.speculative and req.verify_ct > 0:
+            # tokenizer_manager.py:3148-3172 (0.5.23): the accept rate's denominator is config
+            # arithmetic, verify_ct x (speculative_num_draft_tokens - 1), never a measurement
+            draft_tokens = self.state.server_args.get("speculative_num_draft_tokens") or spec_block(engine)
+            correct = sum(i * c for i, c in enumerate(req.accept_histogram))
+            proposed = req.verify_ct * (int(draft_tokens) - 1)
+            if proposed > 0:
+                meta["spec_accept_rate"] = correct / proposed
+                meta["spec_accept_length"] = round(n / req.verify_ct, 6)
+                meta["spec_num_correct_drafts"] = correct
+                meta["spec_num_proposed_drafts"] = proposed
             meta["spec_verify_ct"] = req.verify_ct
-            meta["spec_accept_length"] = round(n / req.verify_ct, 6)
             if req.accept_histogram:
-                # tokenizer_manager.py's spec-decoding meta: the per-request histogram under its
-                # 2026-05 name and, kept by upstream as a backward-compatible alias, the old one.
+                # sglang 0.5.23 sglang/srt/managers/tokenizer_manager.py:3193-3201: the per-request
+                # histogram under its one name (the old alias spec_accept_histogram is gone there).
                 meta["spec_correct_drafts_histogram"] = list(req.accept_histogram)
-                meta["spec_accept_histogram"] = list(req.accept_histogram)
         return meta
 
     def _logprob_request(self, body: dict[str, Any], prompt: list[int]) -> LogprobRequest | None:
@@ -194,7 +228,8 @@ class GenerationEndpoints(HandlerBase):
 
     def h_generate(self) -> None:
         """http_server.py ``generate_request``: {text | input_ids, sampling_params, stream}; a stream is
-        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 (ValueError there).
+        ``data: {json}`` events, then ``data: [DONE]``; bad input is a 400 in the shape SGLang gives
+        it (request_params.py: ContractError, InvalidRequest), streamed as an error event.
         meta_info.e2e_latency counts from the request's receipt, before tokenization, as
         tokenizer_manager.py's ``created_time`` (the request's ``received_time``) does."""
         body = self.read_json()
@@ -202,12 +237,24 @@ class GenerationEndpoints(HandlerBase):
         eng = self._begin_generation()
         if eng is None:
             return
-        params = parse_sampling(body.get("sampling_params"))
-        prompt = self._tokenize_prompt(body.get("text"), body.get("input_ids"))
-        self._check_length(prompt, params)
+        sampling = body.get("sampling_params")
+        check_sampling_contract(sampling)
         stream = bool_field(body, "stream")
+        try:
+            verify_sampling(sampling or {})
+            params = parse_sampling(sampling)
+            prompt = self._tokenize_prompt(body.get("text"), body.get("input_ids"))
+            self._check_length(prompt, params)
+            wanted = self._logprob_request(body, prompt)
+        except InvalidRequest as exc:
+            if not stream:
+                raise
+            # http_server.py:957-975: in a stream SGLang's ValueError is an event, then [DONE]
+            self.start_stream()
+            self.sse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400, "retryable": False}})
+            self.end_stream()
+            return
         rid = body.get("rid")
-        wanted = self._logprob_request(body, prompt)
         req = Request(prompt, params, rid=str(rid) if isinstance(rid, str) else "", arrival=received)
         tracker: LogprobTracker | None = None
         if wanted is not None:
@@ -262,7 +309,8 @@ class GenerationEndpoints(HandlerBase):
         ``--enable-cache-report``, else null."""
         p, c = len(req.prompt_ids), len(req.output_ids)
         details = {"cached_tokens": req.cached_tokens} if self.state.server_args.get("enable_cache_report") else None
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
+        return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c, "prompt_tokens_details": details,
+                "reasoning_tokens": 0, "completion_tokens_details": None}
 
     def h_completions(self) -> None:
         body = self.read_json()
@@ -374,22 +422,22 @@ class GenerationEndpoints(HandlerBase):
             text = self._text(req, len(req.output_ids))
             choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason_openai(req.finish_reason), "matched_stop": (req.finish_reason or {}).get("matched")}
             if chat:
-                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None}
             else:
                 choice["text"] = text
             resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req)}
             if want_meta:
                 meta = self._meta(req)
                 choice["meta_info"] = meta
-                resp["meta_info"] = meta
             self.send_generation(resp)
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            # serving_chat.py's chunk: every delta carries reasoning_content, every choice matched_stop
+            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "matched_stop": None}
             if chat:
-                delta: dict[str, Any] = {}
+                delta: dict[str, Any] = {"reasoning_content": None}
                 if role:
                     delta["role"] = "assistant"
                 if delta_text is not None:
@@ -409,7 +457,11 @@ class GenerationEndpoints(HandlerBase):
                 sent = text
                 fin = finish_reason_openai(req.finish_reason) if ev.finished else None
                 if delta or fin:
-                    c = chunk(delta or None, fin)
+                    c = chunk(delta or None, None)
+                    if fin:  # the text first, then the finish in a chunk of its own, as SGLang sends it
+                        if delta:
+                            self.sse(c)
+                        c = chunk(None, fin)
                     if fin:
                         c["choices"][0]["matched_stop"] = (req.finish_reason or {}).get("matched")
                         if want_meta:

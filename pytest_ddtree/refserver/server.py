@@ -75,14 +75,15 @@ class Handler(AdminEndpoints, GenerationEndpoints):
             if handler is None:
                 if method in ("POST", "PUT"):
                     self._drain_body()
+                # Starlette's own answers (SGLang's app is FastAPI): {"detail": ...}
                 if any(p == path for _, p in routes):
-                    self.send_error_json(405, f"method {method} not allowed on {path}")
+                    self.send_json(405, {"detail": "Method Not Allowed"})
                 else:
-                    self.send_error_json(404, f"not found: {path}")
+                    self.send_json(404, {"detail": "Not Found"})
                 return
             handler()
         except BadRequest as exc:
-            self.send_error_json(400, str(exc))
+            self.send_bad_request(path, exc)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # a bug must not kill the server

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from .engine import Engine
-from .request_params import BadRequest
+from .request_params import BadRequest, ContractError, InvalidRequest
 from .state import ServerState
 
 MAX_BODY = 32 * 1024 * 1024
@@ -58,6 +58,21 @@ class HandlerBase(BaseHTTPRequestHandler):
         kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}.get(status, "Error")
         err = {"message": message, "type": kind, "param": None, "code": status}
         self.send_json(status, {"object": "error", **err, "error": err})
+
+    #: SGLang's own endpoints (not the OpenAI ones): a body FastAPI cannot validate is its
+    #: ``ErrorResponse`` with type "Bad Request" (sglang 0.5.23 sglang/srt/entrypoints/http_server.py:634-691).
+    NATIVE_PATHS = frozenset({"/generate", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize"})
+
+    def send_bad_request(self, path: str, exc: BadRequest) -> None:
+        """A 400 in the body shape of the SGLang handler ``path`` follows (see request_params.py)."""
+        if isinstance(exc, ContractError):
+            self.send_json(400, {"error": str(exc)})
+        elif isinstance(exc, InvalidRequest) and path == "/generate":
+            self.send_json(400, {"error": {"message": str(exc)}})
+        elif path in self.NATIVE_PATHS:
+            self.send_json(400, {"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400})
+        else:
+            self.send_error_json(400, str(exc))
 
     def read_json(self) -> Any:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
