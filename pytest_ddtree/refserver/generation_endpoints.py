@@ -106,7 +106,8 @@ class GenerationEndpoints(HandlerBase):
             vocab = models.tokenizer.vocab_size
             if any(not 0 <= x < vocab for x in ids):  # tokenizer_manager.py _validate_input_ids_in_vocab
                 shown = ids if len(ids) <= 16 else [*ids[:16], "..."]
-                raise BadRequest(f"The input_ids {shown} contains values greater than the vocab size ({vocab}).")
+                # deliberate (docs/conformance.md): 0.5.23 has no such check and its scheduler dies
+                raise InvalidRequest(f"The input_ids {shown} contains values greater than the vocab size ({vocab}).")
             return ids
         if not isinstance(text, str):
             if isinstance(text, list):
