@@ -295,6 +295,8 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("prompt over the context, streamed", {"json": {"input_ids": [5] * 33000, "stream": True,
                                                     "sampling_params": {"max_new_tokens": 2}}}),
     ("output over the context", {"json": {"input_ids": [5] * 10, "sampling_params": {"max_new_tokens": 40000}}}),
+    ("stream not a boolean", {"json": {"text": "x", "stream": "yes", "sampling_params": {"max_new_tokens": 2}}}),
+    ("batched text", {"json": {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}}}),
     ("invalid JSON", {"data": b"{not json", "headers": {"Content-Type": "application/json"}}),
     ("wrong content type", {"data": b"text=x", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}),
 ]

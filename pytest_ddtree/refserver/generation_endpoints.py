@@ -16,6 +16,7 @@ from .logprobs import LogprobRequest, LogprobTracker
 from .model import uniform
 from .request_params import (
     BadRequest,
+    ContractError,
     InvalidRequest,
     bool_field,
     check_sampling_contract,
@@ -240,7 +241,10 @@ class GenerationEndpoints(HandlerBase):
             return
         sampling = body.get("sampling_params")
         check_sampling_contract(sampling)
-        stream = bool_field(body, "stream")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool) and stream is not None:
+            raise ContractError(f"invalid type: {json.dumps(stream)[:40]}, expected a boolean")
+        stream = bool(stream)
         try:
             verify_sampling(sampling or {})
             params = parse_sampling(sampling)
