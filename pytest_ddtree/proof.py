@@ -4,8 +4,9 @@ Why: ``/server_info`` echoes the server args, and a build can accept a flag, ech
 something else (a worker that never reads it, an environment variable that lost to a default).
 A running SGLang also reveals what it really does, and this module reads those signals:
 
-* the finished response's ``meta_info.spec_correct_drafts_histogram`` (older name
-  ``spec_accept_histogram``, kept by upstream as an alias): index k counts the verifies that
+* the finished response's ``meta_info.spec_correct_drafts_histogram`` (the one name SGLang 0.5.23
+  sends, sglang/srt/managers/tokenizer_manager.py:3193-3201; builds before the 2026-05 rename
+  send ``spec_accept_histogram``, still read here for them): index k counts the verifies that
   accepted exactly k drafted tokens (python/sglang/srt/managers/schedule_batch.py
   ``Req.update_spec_correct_drafts_histogram``, sent by tokenizer_manager.py's spec-decoding
   meta). No verify can accept more than ``min(block_size - 1, budget)`` drafts, so an index above
@@ -17,7 +18,15 @@ A running SGLang also reveals what it really does, and this module reads those s
   ``Initialized DDTREE v2 worker. block_size=, tree_budget=``, ``Initialized DDTree worker.
   block_size=, tree_budget=``) and the override warning ``DFLASH only supports
   speculative_eagle_topk == 1; overriding speculative_eagle_topk=N to 1``;
-* ``/metrics`` (with ``--enable-metrics``): ``sglang:spec_num_draft_tokens``, the worker's block size.
+* ``/metrics`` (with ``--enable-metrics``): ``sglang:spec_num_draft_tokens``, the worker's
+  ``speculative_num_draft_tokens`` (upstream DFLASH: the block size, sglang 0.5.23
+  sglang/srt/speculative/dflash_worker_v2.py:524). SGLang 0.5.23 publishes it at 0 from start-up
+  (sglang/srt/observability/metrics_collector.py:131) and sets the worker's value only at every
+  ``decode_log_interval``-th (default 40) decode batch (scheduler_components/metrics_reporter.py:
+  933-934, 1017-1020, 1098); prefill and idle reports republish whatever it holds (:805-897,
+  1476-1532). So a zero, absent or idle (stale) reading is no evidence; only a non-zero value
+  read while a request decodes is the served worker's, and it fails the config when it
+  contradicts the block size (:func:`judge`'s ``metrics_text`` is that reading).
 
 Never evidence: ``spec_num_proposed_drafts`` / ``spec_accept_rate`` are verify_ct x
 (num_draft_tokens - 1), arithmetic on the config, not a measurement.
@@ -36,7 +45,8 @@ from typing import Any
 from pytest_ddtree.records import FieldEvidenceData, NoEffectFinding, ProbeData, ProofData
 from pytest_ddtree.vocabulary import Status
 
-#: The histogram keys, newest first (upstream renamed it in 2026-05 and keeps the old name).
+#: The histogram keys, newest first: 0.5.23 sends only the first; older builds (and PR 27509's
+#: branches, cut before the 2026-05 rename) the second, which is read for them.
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 #: Longest histogram accepted: far beyond any block size (a drafter block of 1024 tokens).
 MAX_HISTOGRAM_LENGTH = 1024
@@ -375,6 +385,9 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
           probe: ProbeResult | None, startup: StartupValues | None, metrics_text: str | None) -> Proof:
     """Weigh the signals for one config's field ``values`` (block_size, budget, topk, window).
 
+    ``metrics_text``: /metrics read while a request decoded (None: not read then); its
+    ``sglang:spec_num_draft_tokens`` counts only when non-zero.
+
     ``settable``: the fields the profile sets; ``reported``: those its ``applied`` keys read back
     from /server_info (already checked equal). A signal that contradicts the config is a failure
     with its evidence; one that confirms it makes the field "proven by behaviour".
@@ -420,14 +433,15 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
         if startup.topk_override is not None and topk is not None and startup.topk_override[0] == topk != startup.topk_override[1]:
             proof.failures.append(f"the build overrode topk: 'overriding speculative_eagle_topk={topk} to "
                                   f"{startup.topk_override[1]}' in its log, so the config's topk {topk} never ran")
-    if metrics_text is not None:
+    if metrics_text is not None:  # read while a request decoded (see the module docstring)
         metric = metric_value(metrics_text, "sglang:spec_num_draft_tokens")
         proof.metric_block_size = metric
-        if metric is not None and block is not None:
+        if metric and block is not None:  # 0 or absent: not set yet (a decode-log interval away): no evidence
             if metric != block:
-                proof.failures.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g}, the config's block size is {block}")
+                proof.failures.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes, "
+                                      f"the config's block size is {block}")
             else:
-                proven["block_size"].append(f"/metrics sglang:spec_num_draft_tokens is {metric:g}")
+                proven["block_size"].append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes")
     for name in values:
         if name not in settable:
             ev = FieldEvidence(NOT_SETTABLE, "fixed by the build")

@@ -158,3 +158,16 @@ def test_no_effect_needs_identical_acceptance_where_the_field_could_matter() -> 
     records.append(cell_record("bs8_b4_k1", "c2", same))
     records.append(cell_record("bs8_b4_k4", "c2", other))
     assert not [f for f in proof.no_effect(records, None) if f["configs"] == ["bs8_b4_k1", "bs8_b4_k4"]]
+
+
+def test_a_zero_or_absent_gauge_is_no_evidence() -> None:
+    """SGLang 0.5.23 publishes sglang:spec_num_draft_tokens at 0 until the decode_log_interval-th
+    decode batch (metrics_collector.py:131, metrics_reporter.py:933-934, 1098): a 0 or no sample
+    neither fails nor proves the block size; a non-zero value does either."""
+    for text in ('sglang:spec_num_draft_tokens{model_name="m"} 0.0\n', "sglang:num_running_reqs 1\n", ""):
+        result = proof.judge(BS8_B8, settable=ALL, reported=ALL, probe=None, startup=None, metrics_text=text)
+        assert not result.failures and result.fields["block_size"].status == proof.REPORTED, text
+    contradicted = proof.judge(BS8_B8, settable=ALL, reported=ALL, probe=None, startup=None,
+                               metrics_text="sglang:spec_num_draft_tokens 16.0\n")
+    assert contradicted.failures == ["/metrics sglang:spec_num_draft_tokens is 16 while a request decodes, "
+                                     "the config's block size is 8"]

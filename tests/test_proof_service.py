@@ -3,6 +3,7 @@ real reference-engine processes with the serve-* faults, driven by the service m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -87,7 +88,8 @@ def test_metrics_catch_a_smaller_block(tmp_path: Path, managers: list[ServiceMan
     m._controller_for_profile().startup_log = lambda: None  # type: ignore[method-assign]
     with pytest.raises(ConfigNotServed) as info:
         m.ensure(parse_config_name("bs8_b8_k4"))
-    assert any("/metrics sglang:spec_num_draft_tokens is 4, the config's block size is 8" in f for f in info.value.failures)
+    assert any("/metrics sglang:spec_num_draft_tokens is 4 while a request decodes, the config's block size is 8" in f
+               for f in info.value.failures), info.value.failures
 
 
 def test_startup_lines_catch_a_smaller_block_without_the_probe(tmp_path: Path, managers: list[ServiceManager]) -> None:
@@ -129,3 +131,38 @@ def test_measured_requests_above_the_bound_make_the_cell_invalid(tmp_path: Path)
         server.stop()
     assert not result.valid
     assert any("the config did not apply" in p and "more than 4 drafts" in p for p in result.problems()), result.problems()
+
+
+def _health_run(pytester: pytest.Pytester, engine_args: str) -> tuple[pytest.RunResult, list[dict[str, Any]]]:
+    """suites/test_health.py for bs8_b8_k4 through the plugin, against the shipped reference profile
+    (metrics on) with ``engine_args``; the launches it recorded."""
+    from tests.suite_helpers import run_suite
+
+    raw = yaml.safe_load(REFERENCE.read_text())
+    raw["command"] = raw["command"].replace("--clock-scale 10", f"--clock-scale 50 {engine_args}")
+    raw["pool"] = 1
+    profile = pytester.path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(raw))
+    result = run_suite(pytester, profile, suite="test_health.py")
+    launches = [json.loads(line)["launch"] for path in (pytester.path / "results").glob("records-*.jsonl")
+                for line in path.read_text().splitlines() if '"kind": "launch"' in line]
+    return result, launches
+
+
+def test_a_gauge_with_sglangs_cadence_passes_the_config(pytester: pytest.Pytester) -> None:
+    """0.5.23's cadence with a decode-log interval the probe never reaches: the gauge reads 0 while
+    the probe's request decodes; that is no evidence, and bs8_b8_k4 passes (it used to fail with
+    'spec_num_draft_tokens is 0, the config's block size is 8')."""
+    result, launches = _health_run(pytester, "--decode-log-interval 100000")
+    assert result.ret == 0 and result.parseoutcomes().get("passed") == 3, result.stdout.str()[-3000:]
+    evidence = next(launch["applied_evidence"] for launch in launches if launch.get("outcome") == "ready")
+    assert evidence["spec_num_draft_tokens"] == 0.0 and not evidence["failures"]
+    assert "spec_num_draft_tokens" not in evidence["fields"]["block_size"]["detail"]
+
+
+def test_another_block_size_served_while_decoding_fails_with_the_metric(pytester: pytest.Pytester) -> None:
+    """The same cadence with an interval the probe passes, on an engine that reports block size 8
+    and serves 4: the gauge, read while a request decodes, is the evidence in the failure."""
+    result, _ = _health_run(pytester, "--decode-log-interval 2 --fault serve-block-size=4")
+    out = result.stdout.str()
+    assert result.ret == 1 and "/metrics sglang:spec_num_draft_tokens is 4 while a request decodes, the config's block size is 8" in out, out[-3000:]

@@ -10,6 +10,7 @@ noticed on the next ``ensure`` and fails the rest of its config; the next config
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import socket
@@ -55,6 +56,8 @@ READY_HEALTH_TIMEOUT_S = 5.0
 
 
 PROBE_TIMEOUT_S = 120.0
+#: Unfinished stream chunks of the gauge's request read before /metrics is: the request decodes then.
+GAUGE_CHUNKS = 2
 """Per-request timeout of the copy probe's short requests."""
 
 PORT_RACE_RETRIES = 2
@@ -645,7 +648,8 @@ class ServiceManager:
 
     def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, object]) -> Proof:
         """After readiness: the copy probe, the start-up lines (where the controller reads the
-        log) and ``sglang:spec_num_draft_tokens`` (where /metrics is on), weighed per field."""
+        log) and ``sglang:spec_num_draft_tokens`` read while a request decodes (where /metrics is
+        on), weighed per field."""
         values = proof_values(self.profile, config)
         bound = proof_mod.accept_bound(values)
 
@@ -660,16 +664,7 @@ class ServiceManager:
         probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
         startup_text = controller.startup_log()
         startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
-        metrics_text: str | None = None
-        if server_info.get("enable_metrics") is True:
-            try:
-                if http is None:
-                    metrics_text = client.metrics(timeout=READY_HEALTH_TIMEOUT_S)
-                else:  # bounded: a /metrics body past the limit is an invalid response, no signal
-                    metrics_text = http.call("GET", "/metrics", None, READY_HEALTH_TIMEOUT_S,
-                                             max_bytes=proof_mod.MAX_TEXT_BYTES).raise_for_status().text
-            except Exception:  # noqa: BLE001 - no /metrics: no signal from it
-                metrics_text = None
+        metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
         result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
                                  probe=probe, startup=startup, metrics_text=metrics_text)
         self._say(f"{config.name}: {result.summary()}")
@@ -754,3 +749,42 @@ class ServiceManager:
     def _set_outcome(slot: _Slot, outcome: str) -> None:
         if slot.record is not None:
             slot.record["outcome"] = outcome
+
+
+def _metrics_while_decoding(http: Any) -> str | None:
+    """/metrics read while one streaming copy-probe request decodes (after GAUGE_CHUNKS unfinished
+    chunks), the only reading of ``sglang:spec_num_draft_tokens`` that is evidence (proof.py: SGLang
+    sets it every decode_log_interval decode batches and republishes what it holds at idle). None
+    where it cannot be read so: no bounded HTTP layer, an error, or the request finished first.
+    Everything read is bounded; closing the connection aborts the request, as SGLang does."""
+    if http is None:
+        return None
+    sampling = {"max_new_tokens": proof_mod.PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    body = json.dumps({"text": proof_mod.probe_prompts(1)[0], "sampling_params": sampling, "stream": True}).encode()
+    conn = http.connect(PROBE_TIMEOUT_S)
+    try:
+        conn.request("POST", http.path("/generate"), body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        unfinished = 0
+        for _ in range(4 * GAUGE_CHUNKS + 8):  # data lines and the blank lines between them
+            line = resp.readline(proof_mod.MAX_TEXT_BYTES)
+            if not line or not line.startswith(b"data:"):
+                if not line:
+                    return None
+                continue
+            chunk = json.loads(line[5:].strip() or b"null") if line[5:].strip() != b"[DONE]" else None
+            meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+            if not isinstance(meta, dict) or meta.get("finish_reason") is not None:
+                return None  # an error, the end, or a finished request: not decoding any more
+            unfinished += 1
+            if unfinished >= GAUGE_CHUNKS:
+                text: str = http.call("GET", "/metrics", None, READY_HEALTH_TIMEOUT_S,
+                                      max_bytes=proof_mod.MAX_TEXT_BYTES).raise_for_status().text
+                return text
+        return None
+    except Exception:  # noqa: BLE001 - no reading while decoding: no signal from the gauge
+        return None
+    finally:
+        conn.close()
