@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.records import HealthData
+from pytest_ddtree.service.readiness import verify_applied
 from pytest_ddtree.vocabulary import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
@@ -25,11 +26,9 @@ def test_service_answers_health(ddtree_service: RunningService, ddtree_profile: 
 
 
 def test_service_reports_the_asked_config(ddtree_service: RunningService, ddtree_config: DDTreeConfig, ddtree_profile: ServiceProfile) -> None:
-    """Re-read /server_info now: the applied check at start-up must still hold mid-session."""
-    info = ddtree_service.client.server_info()
-    expected = ddtree_profile.expected_applied(ddtree_config)
-    actual = {key: info.get(key) for key in expected}
-    assert actual == expected, f"/server_info does not show {ddtree_config.name}: expected {expected}, got {actual}"
+    """Re-read /server_info now: the applied check of start-up (the same one, readiness.verify_applied:
+    "no window" may read null, 0 or -1) must still hold mid-session."""
+    verify_applied(ddtree_config.name, ddtree_profile.expected_applied(ddtree_config), ddtree_service.client.server_info())
 
 
 def test_short_generation(ddtree_client: SGLangClient, ddtree_config: DDTreeConfig, ddtree_recorder: SessionRecorder) -> None:

@@ -495,3 +495,19 @@ def test_the_last_exception_line_of_a_dying_service_leads_its_failure() -> None:
     assert last_error_line(tail) == "ValueError: DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'."
     assert last_error_line("torch.OutOfMemoryError: CUDA out of memory\nINFO: shutting down") == "torch.OutOfMemoryError: CUDA out of memory"
     assert last_error_line("INFO: Uvicorn running\nWARNING: slow") is None
+
+
+def test_one_applied_check_takes_null_0_and_minus_1_for_no_window() -> None:
+    """readiness.verify_applied is the check of start-up and of suites/test_health.py alike: a
+    build that writes "no window" as null (SGLang 0.5.23's unset arg), 0 or -1 passes both, and
+    a real difference fails both with the diff."""
+    from pytest_ddtree.service.base import AppliedConfigMismatch
+    from pytest_ddtree.service.readiness import verify_applied
+
+    for reported in (None, 0, -1):
+        verify_applied("bs8_b8_k4_wnone", {"speculative_draft_window_size": None},
+                       {"speculative_draft_window_size": reported})
+    with pytest.raises(AppliedConfigMismatch, match="speculative_draft_window_size"):
+        verify_applied("bs8_b8_k4_wnone", {"speculative_draft_window_size": None}, {"speculative_draft_window_size": 2048})
+    health = (Path(__file__).resolve().parent.parent / "suites" / "test_health.py").read_text()
+    assert "verify_applied(" in health and "==" not in health.split("def test_service_reports_the_asked_config")[1].split("def ")[0]

@@ -24,7 +24,6 @@ from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.proof import Proof
 from pytest_ddtree.records import ControllerEntry, LaunchEntry
 from pytest_ddtree.service.base import (
-    AppliedConfigMismatch,
     ConfigNotAvailable,
     ConfigNotServed,
     Controller,
@@ -40,7 +39,7 @@ from pytest_ddtree.service.external import ExternalController
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
-from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, wait_ready
+from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, verify_applied, wait_ready
 from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
@@ -632,9 +631,7 @@ class ServiceManager:
             ) from None
         if config is not None and not external:
             silent = not_speculating(server_info, self.profile.applied)
-            diffs = applied_diff(self.profile.expected_applied(config), server_info)
-            if diffs:
-                raise AppliedConfigMismatch(config.name, diffs, not_speculating=silent)
+            verify_applied(config.name, self.profile.expected_applied(config), server_info, not_speculating=silent)
             if silent:  # every applied key matched (or none is read back), and still nothing speculates
                 raise ConfigNotServed(config.name, [f"the server does not speculate: {silent}"], controller.log_tail())
         # An external service is not ours to probe before its config is checked (_start_once).

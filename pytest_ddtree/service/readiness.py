@@ -145,11 +145,16 @@ def applied_diff(expected: Mapping[str, object], server_info: Mapping[str, objec
     return diffs
 
 
-def verify_applied(config_name: str, expected: Mapping[str, object], server_info: Mapping[str, object]) -> None:
-    """Raise AppliedConfigMismatch (with the diff) unless every expected key matches."""
+def verify_applied(config_name: str, expected: Mapping[str, object], server_info: Mapping[str, object], *,
+                   not_speculating: str | None = None) -> None:
+    """The applied check, the one the start-up (service/manager.py) and the health suite
+    (suites/test_health.py) both run: raise AppliedConfigMismatch (with the diff, and
+    ``not_speculating``'s finding where there is one) unless every expected key matches as
+    :func:`applied_diff` compares (SGLang 0.5.23 reports an unset arg as null; other builds write
+    "no window" as 0 or -1)."""
     diffs = applied_diff(expected, server_info)
     if diffs:
-        raise AppliedConfigMismatch(config_name, diffs)
+        raise AppliedConfigMismatch(config_name, diffs, not_speculating=not_speculating)
 
 
 def not_speculating(server_info: Mapping[str, object], keys: Iterable[str] = ()) -> str | None:
