@@ -109,6 +109,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "matrix": ((list, type(None)), False),
     "default": ((str, type(None)), False),
     "sources": ((dict, type(None)), False),
+    "fork_flags": ((dict, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
@@ -318,6 +319,7 @@ def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
 class _ReadBack(TypedDict):
     sources: dict[str, str]
     unverifiable: dict[str, str]
+    fork_flags: dict[str, str]
 
 
 def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> _ReadBack:
@@ -331,7 +333,24 @@ def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail)
             section = "config_args" if key in fields["config_args"] else "config_env"
             raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
                                          f"it under applied, or say why it cannot be checked under unverifiable")
-    return _ReadBack(sources=sources, unverifiable=unverifiable)
+    return _ReadBack(sources=sources, unverifiable=unverifiable, fork_flags=_parse_fork_flags(raw, fail))
+
+
+def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+    """``fork_flags: {--flag: why}``: each a ``--`` flag of the command or of a config_args
+    template (a flag the launch never passes needs no excuse), each with the fork or PR it comes from."""
+    section = raw.get("fork_flags") or {}
+    passed = " ".join([str(raw.get("command") or ""), *(str(v) for v in (raw.get("config_args") or {}).values())]).split()
+    out: dict[str, str] = {}
+    for flag, why in section.items():
+        if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
+            raise fail(f"fork_flags.{flag}", "must be a launch flag spelled --like-this")
+        if flag not in passed:
+            raise fail(f"fork_flags.{flag}", "is not passed by the command or any config_args template: drop it")
+        if not isinstance(why, str) or not why.strip():
+            raise fail(f"fork_flags.{flag}", "must say which fork or PR adds the flag (released SGLang's parser refuses it)")
+        out[flag] = why.strip()
+    return out
 
 
 def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any], fail: _Fail) -> dict[str, dict[str, str]]:

@@ -114,6 +114,10 @@ class ServiceProfile:
     #: flag / environment variable / /server_info key -> where in the build's source it was read
     #: (repository, commit or branch, path:line), or "unverified: ..." (the report and package cite it).
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: launch flags the build has and released SGLang (0.5.23) lacks -> why (the fork or PR that
+    #: adds it): tests/test_shipped_profiles.py strips exactly these before SGLang's own parser reads
+    #: the command line, so any other flag it does not know fails there.
+    fork_flags: Mapping[str, str] = field(default_factory=dict)
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
     gpu_release_timeout_s: float = 120.0
