@@ -403,6 +403,10 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
             proof.failures.append("the server does not speculate: the copy probe's answer carries no spec_* key in "
                                   "its meta_info (no spec_verify_ct: no verify ran)")
         if (violation := bound_violation(probe.histogram, bound, "the copy probe")) is not None:
+            if budget is not None and bound == budget and max_index(probe.histogram) == budget + 1:
+                violation += (f"; exactly one more than the budget {budget}: the build's budget flag does not count the "
+                              "root node, and the profile maps it as if it did (set budget_counts_root: false, "
+                              "budget to {value} and its applied key to 'budget')")
             proof.failures.append(violation)
         elif (ceiling := probe.ceiling()) is not None:
             # Not a failure on its own: a drafter trained at a smaller block size piles up the same
@@ -411,7 +415,11 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
                 f"the copy probe's verifies pile up at {ceiling} accepted drafts ({probe.histogram[ceiling]} of "
                 f"{sum(probe.histogram)}; histogram {format_histogram(probe.histogram)}) and never exceed it, while "
                 f"min(block_size - 1, budget) = {bound}: a smaller block size or budget is served, or the drafter "
-                f"was trained for no more than {ceiling} drafts")
+                f"was trained for no more than {ceiling} drafts"
+                + (f"; exactly one less than the budget {budget}: the build's budget flag may count the root node while "
+                   "the profile maps it as the non-root count (then set budget_counts_root: true, budget to {value+1} "
+                   "and its applied key to 'budget + 1')" if budget is not None and bound == budget and ceiling == budget - 1
+                   else ""))
         elif probe.reached and bound is not None:
             how = f"the copy probe reached the bound of {bound} accepted drafts (histogram {format_histogram(probe.histogram)})"
             if block is not None and bound == block - 1:

@@ -183,3 +183,35 @@ def test_an_empty_lossless_args_launches_the_command_as_written(tmp_path: Path, 
     profile = load_profile(_write(tmp_path, repo_root, lossless_args="", lossless=None))
     assert profile.lossless == "instance" and profile.lossless_args == ""
     assert profile.render_command(None, 1, profile.lossless_args).endswith("--speculative-algorithm DFLASH")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_tree_profile_says_whether_its_budget_flag_counts_the_root(repo_root: Path, name: str) -> None:
+    """bN means N non-root nodes on every build: a flag that counts the root is launched as N + 1."""
+    profile = shipped(repo_root, name)
+    if "budget" not in profile.settable_fields():
+        assert profile.budget_counts_root is None
+        return
+    assert profile.budget_counts_root is not None, f"{name} sets the budget but does not say budget_counts_root"
+    rendered = profile.render_command(parse_config_name("bs8_b4_k4"), 30000) + " " + " ".join(
+        f"{k}={v}" for k, v in profile.render_env(parse_config_name("bs8_b4_k4")).items())
+    nodes = "5" if profile.budget_counts_root else "4"
+    assert re.search(rf"(--speculative-num-draft-tokens|--speculative-ddtree-budget|_NUM_TOKENS=) ?{nodes}\b", rendered), rendered
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"budget_counts_root": True}, "must use {value+1}"),
+    ({"budget_counts_root": True, "config_args": {"block_size": "--speculative-dflash-block-size {value}",
+                                                  "budget": "--speculative-num-draft-tokens {value+1}",
+                                                  "topk": "--speculative-eagle-topk {value}",
+                                                  "window": "--speculative-draft-window-size {value}"}},
+     "read it back as budget + 1"),
+    ({"fork_flags": {"--speculative-ddtree-budget": "PR 27509"}}, "is not passed by the command"),
+    ({"fork_flags": {"--speculative-eagle-topk": " "}}, "must say which fork or PR"),
+    ({"fork_flags": {"speculative-eagle-topk": "x"}}, "spelled --like-this"),
+])
+def test_budget_counts_root_and_fork_flags_are_checked(repo_root: Path, edit: dict[str, object], message: str) -> None:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw.update(edit)
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        parse_profile(raw)

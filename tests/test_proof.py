@@ -171,3 +171,18 @@ def test_a_zero_or_absent_gauge_is_no_evidence() -> None:
                                metrics_text="sglang:spec_num_draft_tokens 16.0\n")
     assert contradicted.failures == ["/metrics sglang:spec_num_draft_tokens is 16 while a request decodes, "
                                      "the config's block size is 8"]
+
+
+def test_the_histogram_bound_tells_which_way_a_budget_flag_counts_the_root() -> None:
+    """On the first config whose budget binds (budget < block_size - 1), a budget flag read the
+    other way round serves one node more or less, and the probe says which."""
+    bs8_b4 = {"block_size": 8, "budget": 4, "topk": 4, "window": 2048}
+    one_more = proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=probe_of([[0, 0, 0, 0, 1, 5]], 4), startup=None,
+                           metrics_text=None)
+    assert len(one_more.failures) == 1 and "does not count the root node" in one_more.failures[0]
+    one_less = proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=probe_of([[1, 1, 2, 9]] * 2, 4), startup=None,
+                           metrics_text=None)
+    assert not one_less.failures and "may count the root node" in one_less.notes[0]
+    further = proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=probe_of([[0, 0, 0, 0, 0, 0, 5]], 4), startup=None,
+                          metrics_text=None)
+    assert "root" not in further.failures[0]  # two more: another fault, not the root

@@ -28,7 +28,7 @@ SERVICES = REPO / "suites" / "services"
 
 # shipped profile -> its build's dialect in the engine
 BUILDS = {
-    "reference.yaml": "subsir-flags",  # the embedded engine's profile speaks the fork's v2 dialect
+    "reference.yaml": "reference",  # the engine's own dialect (its budget flag counts no root, unlike the fork's)
     "sglang-upstream-dflash.yaml": "upstream",
     "sglang-ddtree-pr27509.yaml": "ddtree",
     "sglang-subsir-tree-verify.yaml": "subsir",

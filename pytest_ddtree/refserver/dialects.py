@@ -27,7 +27,7 @@ DIALECT_HELP = {
     "ddtree": "PR 27509 (Rancy-Wang/sglang ddtree-v2): --speculative-algorithm DDTREE, --speculative-ddtree-block-size/-budget",
     "subsir": "SubSir/sglang fork, v1 worker: DFLASH with tree verify sized by SGLANG_DFLASH_TREE_VERIFY* environment variables",
     "subsir-flags": "SubSir/sglang fork, v2 port: SGLANG_DFLASH_TREE_VERIFY=1 with --speculative-dflash-block-size, "
-                    "--speculative-num-draft-tokens (the tree budget) and --speculative-eagle-topk",
+                    "--speculative-num-draft-tokens (tree nodes, the root included) and --speculative-eagle-topk",
     "pr31069": "sgl-project/sglang PR 31069: --speculative-dflash-tree-verify, topk from --speculative-eagle-topk (4, 8 or 16)",
 }
 
@@ -206,11 +206,11 @@ def _upstream_dflash(ns: argparse.Namespace, drafter_block_size: int) -> Resolve
 
 
 def _ddtree(ns: argparse.Namespace, drafter_block_size: int) -> Resolved:
-    """Rancy-Wang/sglang (branch ddtree-v2, PR 27509) python/sglang/srt/arg_groups/speculative_hook.py
+    """Rancy-Wang/sglang (branch ddtree-v2 at 433c58ed7, PR 27509) python/sglang/srt/arg_groups/speculative_hook.py:268-332
     ``_handle_ddtree``: --speculative-ddtree-block-size wins over the other two block-size flags (a
     warning each), then ``_handle_dflash`` runs (topk forced to 1 in the server args), then the budget
     defaults to block_size - 1 and must be >= 1. The tree itself takes topk = min(budget, vocab)
-    (python/sglang/srt/speculative/ddtree_utils.py): no per-depth cap, so topk = budget here."""
+    (python/sglang/srt/speculative/ddtree_worker_v2.py:437, ddtree_utils.py:184): no per-depth cap, so topk = budget here."""
     args = _spec_args(ns)
     args["speculative_ddtree_block_size"] = ns.speculative_ddtree_block_size
     args["speculative_ddtree_budget"] = ns.speculative_ddtree_budget
@@ -284,20 +284,24 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
     --speculative-num-draft-tokens <budget>, --speculative-dflash-block-size 16, which "decouple[s] draft
     block_size ... from the verify budget") and its upstreaming, PR 31069 (--speculative-dflash-tree-verify;
     the fused expand-top-k kernel takes topk 4, 8 or 16, and a stored version raises ValueError for
-    others). The block size is --speculative-dflash-block-size (else the drafter's); the tree budget is
-    --speculative-num-draft-tokens, as the recipe writes it (``<budget>``; default block_size - 1, the
-    chain's drafts); topk is --speculative-eagle-topk, not forced to 1 in tree mode. Whether either
-    build counts the root in --speculative-num-draft-tokens, and how it reports topk in /server_info,
-    is not confirmed in its source (the acceptance histogram's bound would show a root counted)."""
+    others). The block size is --speculative-dflash-block-size (else the drafter's);
+    --speculative-num-draft-tokens is the tree's node count WITH the root, as the fork's
+    dflash_utils.py ``build_tree_verify_tokens`` documents it ("num_draft_tokens: Total number of
+    tokens in the pruned tree (including root)", every stored version), so the DDTree budget is
+    num_draft_tokens - 1 (default: the block size, i.e. the chain's block_size - 1 drafts); topk is
+    --speculative-eagle-topk, not forced to 1 in tree mode. That the builds' workers pass the flag
+    straight in, and how they report topk in /server_info, is not confirmed in their source."""
     args = _spec_args(ns)
     if args.get("speculative_num_steps") not in (None, 1):
         raise DialectError(f"DFLASH only supports speculative_num_steps == 1, got {args['speculative_num_steps']}.")
     args["speculative_num_steps"] = 1
     block = args.get("speculative_dflash_block_size") or drafter_block_size
-    budget = args.get("speculative_num_draft_tokens") or block - 1
+    nodes = args.get("speculative_num_draft_tokens") or block  # the root included
+    budget = nodes - 1
     topk = args.get("speculative_eagle_topk") or 1
-    if block < 2 or budget < 1:
-        raise DialectError(f"DFLASH tree verify needs a block size >= 2 and --speculative-num-draft-tokens >= 1, got {block} and {budget}.")
+    if block < 2 or nodes < 2:
+        raise DialectError(f"DFLASH tree verify needs a block size >= 2 and --speculative-num-draft-tokens >= 2 "
+                           f"(tree nodes, the root included), got {block} and {nodes}.")
     if topk_choices is not None and topk not in topk_choices:
         raise DialectError(f"DFLASH tree verify supports --speculative-eagle-topk in "
                            f"{{{', '.join(map(str, topk_choices))}}}, got {topk}.")
@@ -307,11 +311,11 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
             "--speculative-draft-window-size must be >= the DFLASH block size. "
             f"window_size={window}, block_size={block}."
         )
-    args.update(speculative_dflash_block_size=block, speculative_num_draft_tokens=budget, speculative_eagle_topk=topk)
+    args.update(speculative_dflash_block_size=block, speculative_num_draft_tokens=nodes, speculative_eagle_topk=topk)
     if topk_choices is not None:
         args["speculative_dflash_tree_verify"] = True
     return Resolved("DFLASH", block, budget, topk, window, args,
-                    (f"DFLASH tree verify: block_size={block}, num_draft_tokens={budget}, topk={topk}",))
+                    (f"DFLASH tree verify: block_size={block}, num_draft_tokens={nodes}, topk={topk}",))
 
 
 def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:

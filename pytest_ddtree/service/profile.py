@@ -29,6 +29,7 @@ from pytest_ddtree.service.validated_profile import (
     render_value,
     resolve_service_python,
     valid_value_template,
+    value_offset,
 )
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
@@ -110,6 +111,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "default": ((str, type(None)), False),
     "sources": ((dict, type(None)), False),
     "fork_flags": ((dict, type(None)), False),
+    "budget_counts_root": ((bool, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
@@ -173,6 +175,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     fields = _parse_config_fields(raw, fail)
     own_matrix, own_default = _own_matrix(raw, fail)
     read_back = _parse_read_back(raw, fields, fail)
+    counts_root = _parse_budget_counts_root(raw, fields, fail)
     behaviour = _parse_behaviour(raw, controller, pool, fail)
     fleet = parse_fleet_keys(raw, controller, fail)
     window = raw.get("default_window", 2048)
@@ -187,6 +190,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         default_window=window,
         **fields,
         **read_back,
+        budget_counts_root=counts_root,
         own_matrix=own_matrix,
         own_default=own_default,
         **behaviour,
@@ -228,7 +232,8 @@ def _check_key_types(raw: Mapping[str, Any], fail: _Fail) -> None:
                 raise fail(key, "missing required key")
             continue
         value = raw[key]
-        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
+        takes_bool = types is bool or (isinstance(types, tuple) and bool in types)
+        if (isinstance(value, bool) and not takes_bool) or not isinstance(value, types):
             names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
             raise fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
 
@@ -334,6 +339,31 @@ def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail)
             raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
                                          f"it under applied, or say why it cannot be checked under unverifiable")
     return _ReadBack(sources=sources, unverifiable=unverifiable, fork_flags=_parse_fork_flags(raw, fail))
+
+
+def _parse_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> bool | None:
+    """A profile that sets the budget says whether the build's flag counts the root node (every
+    shipped one does; a user's may leave it out, unchecked), and maps it so: true -> the template is ``{value+1}`` and an applied key of it ``budget + 1``; false ->
+    ``{value}`` and ``budget``. So ``bN`` means N non-root nodes on every build."""
+    counts = raw.get("budget_counts_root")
+    templates = [fields["config_args"]["budget"]] if "budget" in fields["config_args"] else []
+    templates += list(fields["config_env"].get("budget", {}).values())
+    if not templates:
+        if counts is not None:
+            raise fail("budget_counts_root", "only a profile that sets the budget (config_args / config_env) says this")
+        return None
+    if counts is None:  # undeclared (every shipped profile declares it: tests/test_shipped_profiles.py)
+        return None
+    want = 1 if counts else 0
+    for template in templates:
+        if value_offset(template) != want:
+            raise fail("budget_counts_root", f"is {str(counts).lower()}, so the budget's template must use "
+                                             f"{'{value+1}' if counts else '{value}'}, got {template!r}")
+    for key, field_name in fields["applied"].items():
+        if field_name == "budget" and fields["applied_offset"].get(key, 0) != want:
+            raise fail(f"applied.{key}", f"budget_counts_root is {str(counts).lower()}: read it back as "
+                                         f"{'budget + 1' if counts else 'budget'}")
+    return bool(counts)
 
 
 def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:

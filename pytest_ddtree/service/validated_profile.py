@@ -52,6 +52,14 @@ def render_value(template: str, value: int) -> str:
     return _VALUE_PLACEHOLDER.sub(fill, template)
 
 
+def value_offset(template: str) -> int:
+    """What a template adds to the field's value: 1 for ``{value+1}``, 0 for ``{value}``."""
+    match = _VALUE_PLACEHOLDER.search(template)
+    if match is None or match.group(1) is None:
+        return 0
+    return int(match.group(2)) * (1 if match.group(1) == "+" else -1)
+
+
 def valid_value_template(template: object) -> bool:
     if not isinstance(template, str) or not _VALUE_PLACEHOLDER.search(template):
         return False
@@ -118,6 +126,11 @@ class ServiceProfile:
     #: adds it): tests/test_shipped_profiles.py strips exactly these before SGLang's own parser reads
     #: the command line, so any other flag it does not know fails there.
     fork_flags: Mapping[str, str] = field(default_factory=dict)
+    #: Whether the build's budget flag (or variable) counts the root node as well (SubSir's tree
+    #: verify: ``num_draft_tokens`` nodes including the root) or not (DDTree's budget): the
+    #: profile maps ``bN`` to N + 1 or N so bN always means N non-root nodes. None: no budget is set,
+    #: or the profile does not say (then nothing checks its mapping).
+    budget_counts_root: bool | None = None
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
     gpu_release_timeout_s: float = 120.0
