@@ -12,7 +12,10 @@ the build would override, or a field the build would not read fails here.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ import yaml
 from pytest_ddtree.configs import load_matrix, parse_config_name
 from pytest_ddtree.selection import Selection, select
 from pytest_ddtree.service.profile import load_profile
+from tests.sglang_lane import server_env, sglang_python
 from tests.suite_helpers import MATRIX, REPO, run_suite
 
 LAUNCHER = "python -m sglang.launch_server"
@@ -138,3 +142,82 @@ def test_a_named_config_the_build_cannot_run_is_a_usage_error(pytester: pytest.P
     assert result.ret == 4, result.stdout.str()[-2000:]
     assert f"{config} asks {expected}" in result.stderr.str(), result.stderr.str()
     assert not (pytester.path / "results" / "logs").exists(), "a service was started before the usage error"
+
+
+# -- real SGLang's own argument parser ---------------------------------------------------------------
+
+#: Run in the real-SGLang venv: each argv through ``prepare_server_args`` (0.5.23's parser and its
+#: argument-time checks), one JSON answer per argv; an argparse refusal is its last stderr line.
+PARSE_SCRIPT = """
+import contextlib, io, json, sys
+from sglang.srt.server_args import prepare_server_args
+out = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            prepare_server_args(argv)
+        out.append("ok")
+    except SystemExit:
+        out.append((err.getvalue().strip().splitlines() or ["exit"])[-1])
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print("PARSED " + json.dumps(out))
+"""
+
+
+def strip_fork_flags(argv: list[str], fork_flags: set[str]) -> list[str]:
+    """``argv`` without exactly the profile's fork flags (and the value after one that takes one)."""
+    out: list[str] = []
+    skip_value = False
+    for i, token in enumerate(argv):
+        if skip_value:
+            skip_value = False
+            continue
+        if token in fork_flags:
+            skip_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(token)
+    return out
+
+
+def sglang_argvs() -> dict[str, list[str]]:
+    """Each shipped SGLang profile's command line for every config of its matrix, after the
+    launcher, fork flags stripped; and, per fork flag, the line with it kept (it must be refused)."""
+    argvs: dict[str, list[str]] = {}
+    for path in sorted(SERVICES.glob("*.yaml")):
+        profile = load_profile(path)
+        command = " ".join((profile.command or "").split())
+        if "-m sglang.launch_server " not in command:
+            continue  # the engine's own profiles
+        for config in build_selection(path.name, ["all"]).configs:
+            rendered = shlex.split(profile.render_command(config, 30000))
+            argv = rendered[rendered.index("sglang.launch_server") + 1:]
+            argvs[f"{path.name} {config.name}"] = strip_fork_flags(argv, set(profile.fork_flags))
+            for flag in profile.fork_flags:
+                argvs[f"{path.name} {config.name} keeping {flag}"] = strip_fork_flags(argv, set(profile.fork_flags) - {flag})
+    return argvs
+
+
+@pytest.mark.slow
+def test_every_shipped_command_line_parses_under_real_sglangs_parser() -> None:
+    """SGLang 0.5.23's own parser (``sglang.srt.server_args.prepare_server_args``) reads every
+    shipped profile's command line, for every config of its matrix: a misspelt flag, a value of the
+    wrong type or a flag 0.5.23 does not have fails here, unless the profile names it under
+    ``fork_flags`` with the fork that adds it; and each flag named there really is one 0.5.23 refuses."""
+    python, why = sglang_python()
+    if python is None:
+        pytest.skip(why)
+    argvs = sglang_argvs()
+    assert len({name.split()[0] for name in argvs}) >= 5, sorted(argvs)
+    done = subprocess.run([str(python), "-c", PARSE_SCRIPT], input=json.dumps(list(argvs.values())), capture_output=True,
+                          text=True, timeout=240, env={**os.environ, **server_env()}, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("PARSED ")), None)
+    assert line is not None, done.stderr[-3000:]
+    answers = dict(zip(argvs, json.loads(line[len("PARSED "):])))
+    refused = {name: answer for name, answer in answers.items() if " keeping " not in name and answer != "ok"}
+    assert not refused, f"SGLang 0.5.23's parser refuses shipped command lines: {refused}"
+    for name, answer in answers.items():
+        if " keeping " in name:
+            flag = name.split(" keeping ")[1]
+            assert "unrecognized arguments" in answer and flag in answer, (name, answer)
