@@ -441,15 +441,8 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
         if startup.topk_override is not None and topk is not None and startup.topk_override[0] == topk != startup.topk_override[1]:
             proof.failures.append(f"the build overrode topk: 'overriding speculative_eagle_topk={topk} to "
                                   f"{startup.topk_override[1]}' in its log, so the config's topk {topk} never ran")
-    if metrics_text is not None:  # read while a request decoded (see the module docstring)
-        metric = metric_value(metrics_text, "sglang:spec_num_draft_tokens")
-        proof.metric_block_size = metric
-        if metric and block is not None:  # 0 or absent: not set yet (a decode-log interval away): no evidence
-            if metric != block:
-                proof.failures.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes, "
-                                      f"the config's block size is {block}")
-            else:
-                proven["block_size"].append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes")
+    if metrics_text is not None:
+        _gauge_evidence(proof, proven, metrics_text, block)
     for name in values:
         if name not in settable:
             ev = FieldEvidence(NOT_SETTABLE, "fixed by the build")
@@ -465,6 +458,20 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
             ev.detail += "; " + "; ".join(proof.notes)
         proof.fields[name] = ev
     return proof
+
+
+def _gauge_evidence(proof: Proof, proven: dict[str, list[str]], metrics_text: str, block: int | None) -> None:
+    """``sglang:spec_num_draft_tokens`` of /metrics read while a request decoded (module docstring):
+    0 or absent is not set yet, a decode-log interval away, and no evidence."""
+    metric = metric_value(metrics_text, "sglang:spec_num_draft_tokens")
+    proof.metric_block_size = metric
+    if not metric or block is None:
+        return
+    if metric != block:
+        proof.failures.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes, "
+                              f"the config's block size is {block}")
+    else:
+        proven["block_size"].append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes")
 
 
 def _first(lines: Sequence[str]) -> str:
