@@ -23,7 +23,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -489,8 +488,8 @@ def _start_up(engines: Engines) -> None:
     server = RefServer(["--load-seconds", "1", "--fault", "slow-start=1"], engines.spec.log_path.parent, "slow")
     try:
         seen: list[str] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:  # each answer's label, once per change
             try:
                 code = server.get("/health_generate", timeout=2).status_code
             except requests.ConnectionError:
@@ -498,9 +497,9 @@ def _start_up(engines: Engines) -> None:
             label = {0: "refused", 503: "503", 200: "200"}[code]
             if not seen or seen[-1] != label:
                 seen.append(label)
-            if code == 200:
-                break
-            time.sleep(0.05)
+            return code == 200
+
+        wait_until(ready, 30, "the slow engine's /health_generate to answer 200", interval=0.05)
         assert seen == ["refused", "503", "200"], seen
     finally:
         server.stop()
