@@ -17,9 +17,10 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from tests.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SGLANG_PYTHON_ENV = "DDTREE_SGLANG_PYTHON"
@@ -142,18 +143,18 @@ def launch_real_sglang(folder: Path, port: int, *, python: Path | None = None, e
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **server_env()}, start_new_session=True)
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
+        def healthy() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"real SGLang exited with {proc.returncode} while starting:\n{_tail(log_path)}")
             try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
+                return requests.get(url + "/health", timeout=5).status_code == 200
             except requests.RequestException:
-                pass
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"real SGLang not ready after {ready_timeout_s:g} s:\n{_tail(log_path)}")
-            time.sleep(0.2)
+                return False
+
+        try:
+            wait_until(healthy, ready_timeout_s, "real SGLang's /health", interval=0.2)
+        except AssertionError as exc:
+            raise RuntimeError(f"{exc}:\n{_tail(log_path)}") from None
         yield url
     finally:
         _stop_group(proc)
