@@ -573,7 +573,7 @@ def _no_spec_fields(engines: Engines) -> None:
 
 
 @behaviour("input_ids outside the vocabulary are a 400 (deliberate: 0.5.23 has no check and its scheduler dies, "
-           "docs/conformance.md)", TOKENIZER_MANAGER + " (_validate_token_len: no vocabulary check) + "
+           "docs/conformance.md)", TOKENIZER_MANAGER + " (_validate_one_request: no vocabulary check) + "
            + HTTP_SERVER + " (generate_request: ValueError -> 400)")
 def _out_of_vocab(engines: Engines) -> None:
     r = engines.spec.post("/generate", json={"input_ids": [5, 10**9], "sampling_params": {"max_new_tokens": 2}})

@@ -117,7 +117,7 @@ class GenerationEndpoints(HandlerBase):
         return models.tokenizer.encode(text)
 
     def _check_length(self, prompt: list[int], params: SamplingParams) -> None:
-        """sglang 0.5.23 sglang/srt/managers/tokenizer_manager.py:1333-1377 ``_validate_token_len``:
+        """sglang 0.5.23 sglang/srt/managers/tokenizer_manager.py:1333-1377 (``_validate_one_request``):
         a prompt of the context length or more, then prompt + max_new_tokens over it, each a
         ValueError with SGLang's message."""
         if not prompt:

@@ -29,7 +29,7 @@ class InvalidRequest(BadRequest):
     ``data: [DONE]``, with status 200 (http_server.py:957-975)."""
 
 
-#: The sampling fields /generate's contract knows (sglang 0.5.23 sglang/api/v1/api_types.py, the
+#: The sampling fields /generate's contract knows (sglang 0.5.23 sglang/api/v1/api_types.py:1256, :108, the
 #: generated decoder; its "unknown field" text lists them in this order).
 CONTRACT_SAMPLING_FIELDS = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
