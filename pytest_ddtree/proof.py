@@ -442,7 +442,7 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
             proof.failures.append(f"the build overrode topk: 'overriding speculative_eagle_topk={topk} to "
                                   f"{startup.topk_override[1]}' in its log, so the config's topk {topk} never ran")
     if metrics_text is not None:
-        _gauge_evidence(proof, proven, metrics_text, block)
+        _gauge_evidence(proof, proven, metrics_text, block, budget)
     for name in values:
         if name not in settable:
             ev = FieldEvidence(NOT_SETTABLE, "fixed by the build")
@@ -460,12 +460,20 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
     return proof
 
 
-def _gauge_evidence(proof: Proof, proven: dict[str, list[str]], metrics_text: str, block: int | None) -> None:
+def _gauge_evidence(proof: Proof, proven: dict[str, list[str]], metrics_text: str, block: int | None,
+                    budget: int | None) -> None:
     """``sglang:spec_num_draft_tokens`` of /metrics read while a request decoded (module docstring):
-    0 or absent is not set yet, a decode-log interval away, and no evidence."""
+    0 or absent is not set yet, a decode-log interval away, and no evidence. It is the worker's
+    ``speculative_num_draft_tokens``, the block size on upstream DFLASH and PR 27509's DDTree worker
+    (a DFlashWorkerV2); a tree build whose flag of that name is the tree's node count (budget + 1,
+    the SubSir port, PR 31069) may publish that instead, unverified: that value is no evidence either."""
     metric = metric_value(metrics_text, "sglang:spec_num_draft_tokens")
     proof.metric_block_size = metric
     if not metric or block is None:
+        return
+    if budget is not None and metric == budget + 1 != block:
+        proof.notes.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes: the tree's node "
+                           f"count (budget + 1), not the block size {block}; a tree build may publish that there (no evidence)")
         return
     if metric != block:
         proof.failures.append(f"/metrics sglang:spec_num_draft_tokens is {metric:g} while a request decodes, "

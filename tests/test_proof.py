@@ -186,3 +186,14 @@ def test_the_histogram_bound_tells_which_way_a_budget_flag_counts_the_root() -> 
     further = proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=probe_of([[0, 0, 0, 0, 0, 0, 5]], 4), startup=None,
                           metrics_text=None)
     assert "root" not in further.failures[0]  # two more: another fault, not the root
+
+
+def test_a_gauge_showing_the_trees_node_count_is_no_evidence() -> None:
+    """A tree build whose speculative_num_draft_tokens is the node count may publish budget + 1
+    on the gauge: neither a failure nor a proof; any other value still fails."""
+    bs8_b4 = {"block_size": 8, "budget": 4, "topk": 4, "window": 2048}
+    nodes = proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=None, startup=None,
+                        metrics_text="sglang:spec_num_draft_tokens 5.0\n")
+    assert not nodes.failures and "node count" in nodes.notes[0]
+    assert proof.judge(bs8_b4, settable=ALL, reported=ALL, probe=None, startup=None,
+                       metrics_text="sglang:spec_num_draft_tokens 6.0\n").failures
