@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pytest_ddtree.openloop import Arrivals
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 
@@ -158,7 +159,12 @@ def name_sort_key(name: str) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class Workload:
-    """One throughput cell: closed-loop concurrency x prompt length x output length."""
+    """One throughput cell: closed-loop concurrency (or an open-loop request rate) x prompt length x
+    output length.
+
+    An open-loop cell (``open_loop``: its ``request_rate`` and arrival process) has no client
+    count; its ``concurrency`` is the most requests it can have in flight (``max_concurrency``,
+    else all of its requests), which is what the closed-loop figures that read it need."""
 
     name: str
     concurrency: int
@@ -167,6 +173,7 @@ class Workload:
     requests: int
     warmup_requests: int
     prompts: str = "documents"  # a bundled source, "random", or a ShareGPT .json path (see prompts.py)
+    open_loop: Arrivals | None = None
 
 
 @dataclass(frozen=True)
@@ -215,25 +222,39 @@ def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
     return configs
 
 
+#: Workload keys of an open-loop cell (bench_serving's --request-rate and --max-concurrency).
+OPEN_LOOP_KEYS = ("request_rate", "arrival", "burstiness", "max_concurrency", "deadline_s")
+
+
 def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Workload:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
-    allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts"}
+    allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts",
+               *OPEN_LOOP_KEYS}
     unknown = set(merged) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
+    arrivals = _arrivals(merged, where)
     try:
-        concurrency = int(merged["concurrency"])
+        if arrivals is not None:
+            if "concurrency" in merged:
+                raise ConfigError(f"{where}: an open-loop workload (request_rate) sends on its schedule, not from "
+                                  "concurrency clients: drop concurrency, or cap the requests in flight with max_concurrency")
+            requests = int(merged.get("requests", 16))
+            concurrency = arrivals.max_concurrency or requests
+        else:
+            concurrency = int(merged["concurrency"])
+            requests = int(merged.get("requests", max(concurrency * 2, 4)))
         context = int(merged["context_tokens"])
         output = int(merged.get("output_tokens", 128))
-        requests = int(merged.get("requests", max(concurrency * 2, 4)))
-        warmup = int(merged.get("warmup_requests", concurrency))
+        warmup = int(merged.get("warmup_requests", concurrency if arrivals is None else min(8, concurrency)))
     except KeyError as exc:
         raise ConfigError(f"{where}: workload needs {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: workload values must be integers ({exc})") from None
-    name = str(merged.get("name") or f"c{concurrency}_ctx{context}")
+    default_name = f"c{concurrency}_ctx{context}" if arrivals is None else f"r{arrivals.request_rate:g}_ctx{context}"
+    name = str(merged.get("name") or default_name)
     if min(concurrency, context, output, requests) < 1 or warmup < 0:
         raise ConfigError(f"{where}: workload {name!r} needs positive concurrency, context, output and requests")
     prompts = str(merged.get("prompts") or "documents")
@@ -243,7 +264,24 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
                               f"ShareGPT .json file, got {prompts!r}")
         if base is not None and not Path(prompts).is_absolute():
             prompts = str(base / prompts)
-    return Workload(name, concurrency, context, output, requests, warmup, prompts)
+    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals)
+
+
+def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
+    """The open-loop schedule a workload asks for, or None (a closed-loop cell)."""
+    given = [k for k in OPEN_LOOP_KEYS if k in merged]
+    if not given:
+        return None
+    if "request_rate" not in merged:
+        raise ConfigError(f"{where}: {', '.join(given)} describe an open-loop cell: add request_rate (requests/s)")
+    try:
+        rate = float(merged["request_rate"])
+        cap = merged.get("max_concurrency")
+        deadline = merged.get("deadline_s")
+        return Arrivals(rate, str(merged.get("arrival", "poisson")), float(merged.get("burstiness", 1.0)),
+                        int(cap) if cap is not None else None, float(deadline) if deadline is not None else None)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: open-loop workload: {exc}") from None
 
 
 def load_matrix(path: Path) -> Matrix:

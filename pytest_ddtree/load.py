@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree import proof
+from pytest_ddtree import openloop, proof
 from pytest_ddtree import prompts as prompts_mod
 from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
@@ -76,6 +76,8 @@ class WorkloadLike(Protocol):
     def warmup_requests(self) -> int: ...
     @property
     def prompts(self) -> str: ...
+    @property
+    def open_loop(self) -> openloop.Arrivals | None: ...
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Cell:
     requests: int
     warmup_requests: int = -1  # -1: one request per concurrent worker
     prompts: str = prompts_mod.DEFAULT_SOURCE
+    open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:
@@ -98,13 +101,21 @@ class Cell:
 def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> WorkloadData:
     """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
     and how it was tokenized, as measured); stored with baselines so a changed workload is seen."""
-    return {
+    out: WorkloadData = {
         "concurrency": workload.concurrency,
         "context_tokens": workload.context_tokens,
         "output_tokens": workload.output_tokens,
         "requests": workload.requests,
         "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
     }
+    arrivals = workload.open_loop
+    if arrivals is not None:  # only open-loop cells: a closed-loop cell's dict (and its baseline) is unchanged
+        out["request_rate"] = float(arrivals.request_rate)
+        out["arrival"] = arrivals.arrival
+        out["max_concurrency"] = arrivals.max_concurrency
+        if arrivals.arrival == "gamma":
+            out["burstiness"] = float(arrivals.burstiness)
+    return out
 
 
 def loaded_concurrency(requests: Sequence[RequestResult], concurrency: int | None = None) -> float | None:
@@ -186,6 +197,8 @@ class CellResult:
     #: min(block_size - 1, budget) of the config: a request whose histogram goes above it proves
     #: the service serves another tree than it reports (None: not checked)
     accept_bound: int | None = None
+    #: an open-loop cell's lateness of each sent request against its schedule (None: closed loop)
+    send_lag_s: list[float] | None = None
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -327,6 +340,8 @@ class CellResult:
         out["ddtree_loaded_concurrency"] = loaded_concurrency(
             ok, configured if isinstance(configured, int) and not isinstance(configured, bool) else None)
         out["ddtree_served_concurrency"] = served_concurrency(ok, out["ddtree_loaded_concurrency"])
+        if self.send_lag_s is not None:
+            self._open_loop_metrics(out)
         out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)
@@ -348,6 +363,19 @@ class CellResult:
         if engine is not None:
             out.update(engine)
         return out
+
+
+    def _open_loop_metrics(self, out: dict[str, float | int | None]) -> None:
+        """An open-loop repeat's figures: bench_serving's ``request_rate`` and ``max_concurrency`` (the
+        rate offered and the cap, None when uncapped) and how well the client kept its schedule. The
+        closed loop's loaded and served concurrency mean nothing here: requests in flight follow
+        the rate and the service, not a client count, so they are left out."""
+        rate = self.workload.get("request_rate")
+        out["request_rate"] = float(rate) if stats.is_number(rate) else None
+        cap = self.workload.get("max_concurrency")
+        out["max_concurrency"] = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+        out["ddtree_loaded_concurrency"] = out["ddtree_served_concurrency"] = None
+        out.update(openloop.lag_figures(self.send_lag_s or []))
 
 
 def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
@@ -590,8 +618,7 @@ def run_cell(
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
     stall_before = cpu_stall_seconds()
-    requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
-                                          extra_sampling_params, timeout_s)
+    requests, duration, lags = _run_measured(client, workload, measured, seed, extra_sampling_params, timeout_s, notes)
     stall = _stall_since(stall_before)
     server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
@@ -611,4 +638,26 @@ def run_cell(
         prompt_source=measured.label,
         speculative=speculative,
         accept_bound=accept_bound,
+        send_lag_s=lags,
     )
+
+
+def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: PromptSet, seed: int,
+                  extra_sampling_params: Mapping[str, Any] | None, timeout_s: float,
+                  notes: list[str]) -> tuple[list[RequestResult], float, list[float] | None]:
+    """The measured phase: the closed loop at the cell's concurrency, or the open loop on its
+    arrival schedule (then also each request's lateness, and a note where the deadline cut some)."""
+    arrivals = workload.open_loop
+    if arrivals is None:
+        requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
+                                              extra_sampling_params, timeout_s)
+        return requests, duration, None
+    run = openloop.run_open_loop(client.http, measured, workload.output_tokens, arrivals,
+                                 stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
+    if run.unfinished:
+        notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
+    late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
+    if late and arrivals.max_concurrency is None:
+        notes.append(f"{late} of {len(run.requests)} requests were sent more than {openloop.LATE_S * 1000:.0f} ms after "
+                     "their scheduled time (the client could not keep the schedule: the service saw less than the rate)")
+    return run.requests, run.duration_s, run.send_lag_s

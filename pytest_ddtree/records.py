@@ -268,14 +268,23 @@ class LaunchData(TypedDict):
 # is Python 3.11, the package supports 3.10, and typing_extensions is not a dependency).
 
 
-class WorkloadData(TypedDict):
-    """A cell's workload as measured (``load.workload_dict``): its numbers and the prompts used."""
-
+class _WorkloadRequired(TypedDict):
     concurrency: int
     context_tokens: int
     output_tokens: int
     requests: int
     prompts: str
+
+
+class WorkloadData(_WorkloadRequired, total=False):
+    """A cell's workload as measured (``load.workload_dict``): its numbers and the prompts used; an
+    open-loop cell's arrivals too (``openloop.Arrivals.as_dict``: bench_serving's ``request_rate``
+    and ``max_concurrency``, None when uncapped)."""
+
+    request_rate: float
+    arrival: str
+    burstiness: float
+    max_concurrency: int | None
 
 
 class SpreadData(TypedDict):

@@ -50,16 +50,19 @@ JSON_KEYS = (
     "max_itl_ms", "concurrency", "max_concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
     TOKENS_PER_VERIFY, "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct",
     "ddtree_mean_request_accept_length", "ddtree_median_request_output_throughput",
+    "request_rate", "ddtree_max_send_lag_ms", "ddtree_late_requests",
 )
 #: Counts: integers in results.json, as bench_serving's BenchmarkMetrics types them (a cell's
 #: value is the median repeat's, rounded).
 COUNT_KEYS = ("completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
               "total_output_tokens", "total_output_tokens_retokenized", "max_concurrent_requests",
-              "max_concurrency", "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct")
+              "max_concurrency", "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct",
+              "ddtree_late_requests")
 #: bench_serving's per-result arguments for a closed-loop cell of this harness: every request
 #: is sent as soon as a slot of the cell's concurrency frees (bench_serving's request_rate inf
 #: with max_concurrency C), prompts cut to exactly context_tokens and outputs forced to
-#: output_tokens (its random dataset with range ratio 0).
+#: output_tokens (its random dataset with range ratio 0). An open-loop cell's are its own: its
+#: request_rate and its max_concurrency (None when uncapped, as bench_serving writes it).
 BENCH_BACKEND = "sglang"
 
 
@@ -398,8 +401,8 @@ def bench_serving_arguments(record: ThroughputRecord) -> dict[str, Any]:
         "tag": None,
         "backend": BENCH_BACKEND,
         "dataset_name": "sharegpt" if source.endswith(".json") else source or None,
-        "request_rate": float("inf"),
-        "max_concurrency": workload.get("concurrency"),
+        "request_rate": workload.get("request_rate", float("inf")),
+        "max_concurrency": workload["max_concurrency"] if "max_concurrency" in workload else workload.get("concurrency"),
         "sharegpt_output_len": None,
         "random_input_len": workload.get("context_tokens"),
         "random_output_len": workload.get("output_tokens"),

@@ -35,6 +35,17 @@ MIN_CONCURRENCY_SHARE = 0.90
 BLESS_MAX_HALF_WIDTH = 0.05
 
 
+def open_loop(metrics: Mapping[str, Any]) -> bool:
+    """Whether a repeat was sent on an arrival schedule (bench_serving's finite ``request_rate``).
+
+    Such a repeat's engine is idle between arrivals by design, and the requests in flight follow
+    the rate, not a client count: the busy-fraction floor and the client-concurrency checks, made
+    for a closed loop that keeps the engine fed, would call every light load a starved client.
+    What still holds is the engine's clock while it had work (``ddtree_engine_clock_share``)."""
+    rate = metrics.get("request_rate")
+    return stats.is_number(rate) and math.isfinite(float(rate))
+
+
 def concurrency_shortfall(repeats: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the client's load was lighter than the cell's concurrency, or None.
 
@@ -44,6 +55,8 @@ def concurrency_shortfall(repeats: Sequence[Mapping[str, Any]]) -> str | None:
     healthy engine shows too (16 requests at concurrency 8: 6.4-7.2)."""
     shares, shown = [], []
     for m in repeats:
+        if open_loop(m):
+            continue
         configured = m.get("max_concurrency")
         achieved = m.get("ddtree_loaded_concurrency")
         if not stats.is_number(achieved):
@@ -80,6 +93,8 @@ def repeat_load_problem(metrics: Mapping[str, Any], min_busy_fraction: float = M
     if stats.is_number(kept) and kept < MIN_ENGINE_CLOCK_SHARE:
         return (f"the engine kept only {kept:.0%} of its simulated clock while it had work (below "
                 f"{MIN_ENGINE_CLOCK_SHARE:.0%}): its passes ran late on this host")
+    if open_loop(metrics):
+        return None
     busy = metrics.get("ddtree_engine_busy_fraction")
     if stats.is_number(busy) and busy < min_busy_fraction:
         return f"the engine was busy only {busy:.0%} of the measured time (below {min_busy_fraction:.0%})"
@@ -132,7 +147,7 @@ def measurement_status(
         spread = policy.spread(primary) if primary else math.inf
         return status, [f"repeats disagree after {len(primary)} repeats: output tok/s {[round(p, 1) for p in primary]} "
                         f"(robust spread {spread:.1%} > {policy.inconclusive_rel_ci:.0%}); {what_to_do}"]
-    fractions = [float(f) for m in repeats if stats.is_number(f := m.get("ddtree_engine_busy_fraction"))]
+    fractions = [float(f) for m in repeats if not open_loop(m) and stats.is_number(f := m.get("ddtree_engine_busy_fraction"))]
     if fractions and stats.median(fractions) < min_busy_fraction:
         return stats.INCONCLUSIVE, [
             f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "
