@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree import openloop, proof
+from pytest_ddtree import openloop, proof, slo as slo_mod
 from pytest_ddtree import prompts as prompts_mod
 from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
@@ -199,6 +199,8 @@ class CellResult:
     accept_bound: int | None = None
     #: an open-loop cell's lateness of each sent request against its schedule (None: closed loop)
     send_lag_s: list[float] | None = None
+    #: the latency SLO its goodput is counted against (None: no goodput figures)
+    slo: slo_mod.SLO | None = None
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -342,6 +344,8 @@ class CellResult:
         out["ddtree_served_concurrency"] = served_concurrency(ok, out["ddtree_loaded_concurrency"])
         if self.send_lag_s is not None:
             self._open_loop_metrics(out)
+        if self.slo is not None:  # bench_serving's goodput: over every request sent, failed ones too
+            out.update(slo_mod.goodput(self.requests, self.slo, self.duration_s))
         out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
         verify = [r for r in ok if r.spec_verify_ct]
         total_verify = sum(r.spec_verify_ct or 0 for r in verify)
@@ -573,6 +577,7 @@ def run_cell(
     extra_sampling_params: Mapping[str, Any] | None = None,
     speculative: bool = False,
     accept_bound: int | None = None,
+    slo: slo_mod.SLO | None = None,
 ) -> CellResult:
     """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
 
@@ -589,13 +594,14 @@ def run_cell(
     streamed request's socket waits. ``speculative``: the service runs a speculative config,
     so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
     ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
-    histogram goes above it makes the cell invalid with the histogram as evidence.
+    histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count
+    bench_serving's goodput against it (``request_goodput``, ``slo_attainment``).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=timeout_s) as own:
             return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
                             flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
-                            speculative=speculative, accept_bound=accept_bound)
+                            speculative=speculative, accept_bound=accept_bound, slo=slo)
     client = service
     maker = prompts if prompts is not None else prompt_maker(client)
     try:
@@ -639,6 +645,7 @@ def run_cell(
         speculative=speculative,
         accept_bound=accept_bound,
         send_lag_s=lags,
+        slo=slo,
     )
 
 

@@ -51,6 +51,7 @@ JSON_KEYS = (
     TOKENS_PER_VERIFY, "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct",
     "ddtree_mean_request_accept_length", "ddtree_median_request_output_throughput",
     "request_rate", "ddtree_max_send_lag_ms", "ddtree_late_requests",
+    "request_goodput", "slo_attainment", "slo_attainment_ttft", "slo_attainment_tpot", "slo_attainment_e2el",
 )
 #: Counts: integers in results.json, as bench_serving's BenchmarkMetrics types them (a cell's
 #: value is the median repeat's, rounded).

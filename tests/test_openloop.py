@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ddtree import gate, load, openloop, report
+from pytest_ddtree import slo as slo_mod
 from pytest_ddtree.configs import ConfigError, load_matrix
 from tests.load_standin import StandInConfig, standin_server
 
@@ -91,7 +92,8 @@ def test_max_concurrency_holds_requests_in_the_client_and_records_the_wait() -> 
     for r in res.requests:  # when a request was sent, at most one other was in flight
         assert sum(1 for o in res.requests if o is not r and o.start < r.start < o.end) <= 1
     # requests arrive every 25 ms and each takes two 50 ms steps: the later ones waited for a slot
-    assert res.metrics()["ddtree_late_requests"] >= 2
+    late = res.metrics()["ddtree_late_requests"]
+    assert isinstance(late, int) and late >= 2
 
 
 def test_the_cells_deadline_cuts_what_is_still_streaming() -> None:
@@ -102,3 +104,95 @@ def test_the_cells_deadline_cuts_what_is_still_streaming() -> None:
     assert not res.valid and res.failed == 3
     assert any("deadline" in n for n in res.notes)
     assert all(r.error for r in res.requests)
+
+
+# --------------------------------------------------------------------------------------
+# The reference engine under open-loop load, against its own cost model
+
+#: Simulated seconds per wall second: rates and latencies below are simulated ones, / or * this.
+SCALE = 2.0
+CONTEXT, OUTPUT = 128, 32
+
+
+def model_tpot_s(rate: float, accept: float, budget: int, block_size: int) -> float:
+    """The engine's steady-state TPOT (simulated s) at ``rate`` simulated requests/s, from its ClockModel.
+
+    Prefill has priority (engine.py ``_loop``, as SGLang's scheduler): each arrival costs one prefill
+    pass P of the decode time; the n requests decoding share passes of D(n) = decode_fixed + c n,
+    each giving every request ``accept`` tokens. In steady state n = rate x (OUTPUT - 1) x TPOT
+    (Little's law over the decode phase) and TPOT = D(n) / (accept (1 - rate P)), so
+    TPOT = decode_fixed / (accept (1 - rate P) - c rate (OUTPUT - 1)). It holds while the arrivals
+    are further apart than a decode and a prefill pass (no two prefills batched), which the rates
+    below keep."""
+    from pytest_ddtree.refserver.engine import ClockModel
+
+    m = ClockModel()
+    ctx = CONTEXT + OUTPUT / 2  # the mean context of a decoding request
+    c = m.per_verify_token * (budget + 1) + m.per_draft_token * block_size + (m.per_context_token + m.per_draft_context_token) * ctx
+    prefill = m.prefill_fixed + m.prefill_per_token * CONTEXT
+    denominator = accept * (1 - rate * prefill) - c * rate * (OUTPUT - 1)
+    return m.decode_fixed / denominator if denominator > 0 else float("inf")  # past it: the engine's capacity
+
+
+def model_sustainable_rate(tpot_s: float, accept: float, budget: int, block_size: int) -> float:
+    """The simulated rate at which :func:`model_tpot_s` reaches ``tpot_s`` (solved for the rate)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(60):  # bisect the monotone model: no algebra to get wrong twice
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model_tpot_s(mid, accept, budget, block_size) <= tpot_s else (lo, mid)
+    return lo
+
+
+def _open_cell(rate_sim: float, requests: int = 30) -> load.Cell:
+    return load.Cell(f"r{rate_sim:g}", concurrency=requests, context_tokens=CONTEXT, output_tokens=OUTPUT, requests=requests,
+                     warmup_requests=2, open_loop=openloop.Arrivals(rate_sim * SCALE, "constant"))
+
+
+def test_the_engine_queues_under_open_loop_load_as_its_cost_model_says(tmp_path: Path) -> None:
+    from tests.refserver_helpers import RefServer, config_args
+
+    server = RefServer([*config_args("bs8_b4_k4"), "--clock-scale", str(SCALE)], tmp_path).wait_ready()
+    try:
+        measured = {}
+        for rate in (3.0, 8.0):
+            res = load.run_cell(server.url, _open_cell(rate, 24), speculative=True)
+            assert res.valid, res.problems()
+            m = res.metrics()
+            accept, tpot = float(m["ddtree_tokens_per_verify"] or 0), float(m["median_tpot_ms"] or 0) * SCALE / 1000
+            measured[rate] = tpot
+            assert tpot == pytest.approx(model_tpot_s(rate, accept, 4, 8), rel=0.10), (rate, accept)
+            assert m["request_rate"] == rate * SCALE
+        assert measured[8.0] > measured[3.0] * 1.1  # the batch, and so each step, grows with the rate
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_a_step_of_the_engines_model(tmp_path: Path) -> None:
+    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.gate import throughput
+    from tests.refserver_helpers import config_args, start_many
+
+    tpot_slo_s = 0.015  # simulated: a bigger tree sustains more here (its first steps are fewer) ...
+    slo = slo_mod.parse_slo(f"tpot_ms={tpot_slo_s * 1000 / SCALE:g},percentile=50")
+    plan = slo_mod.SearchPlan(min_rate=2.0 * SCALE, max_rate=32.0 * SCALE, resolution=0.10, max_probes=9)
+    configs = {"bs8_b4_k4": (4, 8), "bs8_b16_k4": (16, 8)}
+    servers = start_many({n: [*config_args(n), "--clock-scale", str(SCALE)] for n in configs}, tmp_path)
+    found: dict[str, tuple[float, float]] = {}
+    try:
+        for name, (budget, block) in configs.items():
+            with SGLangClient(servers[name].url) as client:
+                search = throughput.sustainable_rate(client, _open_cell(1.0), slo, plan, repeats=1)
+            assert search.sustainable is not None and search.step is not None, search.probes
+            accepts = [float(a) for p in search.probes if isinstance(a := p.figures.get("ddtree_tokens_per_verify"), float)]
+            model = model_sustainable_rate(tpot_slo_s, statistics.median(accepts), budget, block) * SCALE
+            # within one bisection step at the search's resolution (the step it stops at: 10% of the rate)
+            assert abs(search.sustainable - model) <= plan.resolution * model, (name, model, search.probes)
+            assert search.step <= plan.resolution * search.sustainable
+            assert len(search.probes) <= plan.max_probes
+            found[name] = (search.sustainable, model)
+    finally:
+        for s in servers.values():
+            s.stop()
+    # ... and the model says so too: the sweep ranks the configs as the model does
+    assert (found["bs8_b16_k4"][0] > found["bs8_b4_k4"][0]) == (found["bs8_b16_k4"][1] > found["bs8_b4_k4"][1])

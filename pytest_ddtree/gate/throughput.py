@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from pytest_ddtree import gate, load, proof, report, stats
+from pytest_ddtree import gate, load, openloop, proof, report, stats
+from pytest_ddtree import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree import records as records_mod
+from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.slo import SLO, RateProbe, RateSearch, SearchPlan
 from pytest_ddtree.records import RelaunchCellData, RelaunchFailureData, RepeatData, ThroughputData, WorkloadData
 from pytest_ddtree.vocabulary import MeasurementStatus, RecordKind, Status
 
@@ -80,6 +83,7 @@ def measure_config(
     launch_spread: Mapping[str, float] | None = None,
     gated: Sequence[str] | None = None,
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
+    slo: SLO | None = None,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -98,13 +102,14 @@ def measure_config(
     baseline needs (``repeat_policy``); ``launch_spread`` is ``blessed_launch_spread`` of the
     baseline store (how much a config's common change moves between launches), ``cell_noise`` its
     ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
+    ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
                                   speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
-                                  cell_noise=cell_noise)
+                                  cell_noise=cell_noise, slo=slo)
     client = service
     policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
@@ -112,7 +117,7 @@ def measure_config(
 
     def measure(name: str, r: int) -> load.CellResult:
         return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
-                             accept_bound=accept_bound)
+                             accept_bound=accept_bound, slo=slo)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -157,6 +162,56 @@ def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: 
             if loaded is not None:
                 campaign.verdicts[name] = dataclasses.replace(campaign.verdicts[name], status=gate.INCONCLUSIVE,
                                                               reasons=(loaded,))
+
+
+#: A rate probe's figures kept with it (medians over its counted repeats).
+PROBE_FIGURES = ("request_throughput", "output_throughput", "request_goodput", "slo_attainment", "p99_ttft_ms",
+                 "p99_tpot_ms", "p99_e2e_latency_ms", "median_tpot_ms", "ddtree_median_request_output_throughput",
+                 TOKENS_PER_VERIFY)
+
+
+def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
+    """The open-loop cell of ``template`` at ``rate`` requests/s (its prompts, lengths, arrival
+    process and cap; a closed-loop template gets Poisson arrivals), named ``<template>@<rate>``."""
+    arrivals = dataclasses.replace(template.open_loop or openloop.Arrivals(rate), request_rate=rate)
+    return load.Cell(f"{template.name}@{rate:.4g}", arrivals.max_concurrency or template.requests,
+                     template.context_tokens, template.output_tokens, template.requests, template.warmup_requests,
+                     template.prompts, arrivals)
+
+
+def sustainable_rate(
+    service: SGLangClient,
+    template: load.WorkloadLike,
+    slo: SLO,
+    plan: SearchPlan,
+    repeats: int,
+    on_sample: OnSample | None = None,
+    *,
+    tokenizer_path: str | None = None,
+    vocab_size: int | None = None,
+    dataset: str | None = None,
+    accept_bound: int | None = None,
+    speculative: bool = True,
+) -> RateSearch:
+    """The highest request rate at which ``template``'s requests meet ``slo`` on this service
+    (``slo.search_rate``): each probed rate is a cell measured with the usual repeats and retakes
+    (``measure_config``); it meets the SLO when every request of its counted repeats, pooled,
+    does (``slo.slo_miss``). ``on_sample`` records each repeat as it exists."""
+
+    def probe(rate: float) -> RateProbe:
+        cell = rate_cell(template, rate)
+        campaign = measure_config(service, [cell], repeats, on_sample, tokenizer_path=tokenizer_path,
+                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
+                                  speculative=speculative, slo=slo)
+        run = campaign.runs[cell.name]
+        counted = run.counted
+        problems = [p for s in counted for p in s.problems() if "failed" not in p]
+        reason = ("; ".join(problems[:3]) if problems else None) or \
+            slo_mod.slo_miss([r for s in counted for r in s.requests], slo)
+        medians = report.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
+        return RateProbe(rate, reason is None, reason, {k: medians.get(k) for k in PROBE_FIGURES})
+
+    return slo_mod.search_rate(probe, plan)
 
 
 #: Above this median share of a cell's measured time in which some task on the host waited for a

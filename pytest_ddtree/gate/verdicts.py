@@ -76,6 +76,8 @@ GATED_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("output_throughput", "higher", 0.05, "tok/s", "output tok/s"),
     MetricSpec(TOKENS_PER_VERIFY, "higher", 0.03, "tok/step", "tokens per verify step", day_shift=0.01),
     MetricSpec("median_ttft_ms", "lower", 0.25, "ms", "TTFT p50"),
+    # only where an SLO is set (--ddtree-slo, a matrix or profile slo:): good requests per second
+    MetricSpec("request_goodput", "higher", 0.05, "req/s", "goodput"),
 )
 
 
