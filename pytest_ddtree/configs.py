@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_ddtree.openloop import Arrivals
+from pytest_ddtree.slo import SLO, SLOError, slo_from_mapping
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 
@@ -185,6 +186,7 @@ class Matrix:
     configs: tuple[DDTreeConfig, ...]
     workloads: tuple[Workload, ...]
     raw: Mapping[str, Any]
+    slo: SLO | None = None  # the matrix's ``slo:`` (--ddtree-slo beats it)
 
     def names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -292,7 +294,7 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(str(exc) if exc.syntax else f"cannot read config matrix {path}: {exc.problem}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
-    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended"}
+    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended", "slo"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
     configs: list[DDTreeConfig] = []
@@ -314,7 +316,11 @@ def load_matrix(path: Path) -> Matrix:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: workload names must be unique, got {names}")
-    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw)
+    try:
+        slo = slo_from_mapping(raw["slo"], f"{path}: slo") if raw.get("slo") is not None else None
+    except SLOError as exc:
+        raise ConfigError(str(exc)) from None
+    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw, slo=slo)
 
 
 def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTreeConfig]:

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+from pytest_ddtree.slo import SLO, SLOError, parse_slo
+
 
 class OptionError(ValueError):
     """A --ddtree-* option has a bad value; raised as a usage error (exit 4)."""
@@ -104,6 +106,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("history", "append this session's cells (samples, verdicts, build) to a history database: a file path or "
            "sqlite:///path.db (SQLite), or postgresql://user@host:port/db (the 'postgres' extra); "
            "see it with ddtree-report --history URL", metavar="URL", ini="history database URL or path"),
+    Option("slo", "latency SLO for goodput and the sustainable rate: ttft_ms=..,tpot_ms=..,e2e_ms=.. (any of them) "
+           "and percentile=.. (default 99), e.g. ttft_ms=500,tpot_ms=50; beats the matrix's and the profile's slo:",
+           metavar="TARGETS", ini="latency SLO"),
     Option("history_check", "with --ddtree-history: fail the session when its measurements start a regression change point "
            "of the history (needs the 'history' extra)", action="store_true"),
 )
@@ -160,6 +165,8 @@ class Settings:
     history: str | None = None
     """--ddtree-history: the history database (an absolute SQLite path, or a PostgreSQL URL)."""
     history_check: bool = False
+    slo: SLO | None = None
+    """--ddtree-slo: the latency SLO goodput is counted against (None: the matrix's or profile's, if any)."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -233,6 +240,11 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         raise OptionError(f"--ddtree-dataset: no such file {dataset} (give a ShareGPT JSON file, bench_serving's format)")
     max_restarts, priors = _adaptive(read)
     history, history_check = _history(read)
+    slo_text = read.value("slo")
+    try:
+        slo = parse_slo(str(slo_text)) if slo_text else None
+    except SLOError as exc:
+        raise OptionError(str(exc)) from None
     name = read.value("package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -263,6 +275,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         priors=priors,
         history=history,
         history_check=history_check,
+        slo=slo,
     )
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # imported where first used: a session is built in every pyte
     from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.sessionfiles import SessionCollector
+    from pytest_ddtree.slo import SLO
 
 ProgressFn = Callable[[str], None]
 
@@ -97,6 +98,23 @@ class DDTreeSession:
         return load_profile(self.settings.service)
 
     @functools.cached_property
+    def slo(self) -> SLO | None:
+        """The latency SLO goodput is counted against: --ddtree-slo, else the matrix's ``slo:``, else
+        the profile's (a malformed profile SLO is a ConfigError, like a malformed matrix)."""
+        from pytest_ddtree.configs import ConfigError
+        from pytest_ddtree.slo import SLOError, slo_from_mapping
+
+        if self.settings.slo is not None:
+            return self.settings.slo
+        if self.matrix.slo is not None:
+            return self.matrix.slo
+        raw = self.profile.slo
+        try:
+            return slo_from_mapping(raw, f"{self.settings.service}: slo") if raw is not None else None
+        except SLOError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @functools.cached_property
     def selection(self) -> Selection:
         """``--ddtree-config`` resolved within what the profile's build can run (selection.py)."""
         from pytest_ddtree.selection import select
@@ -117,6 +135,7 @@ class DDTreeSession:
         try:
             self.profile.check_selection(self.selected_configs)  # before any restart
             select_workloads(self.settings.workloads, self.matrix)
+            _ = self.slo
         except (ConfigError, ProfileError) as exc:
             return str(exc)
         return None

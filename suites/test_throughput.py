@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.options import Settings
     from pytest_ddtree.results import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.slo import SLO
 
 
 class MissingBaselineWarning(UserWarning):
@@ -153,10 +154,17 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
                 bless=baselines.update_mode,
                 launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
                 cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
+                slo=_slo(request),
             )
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)
     return campaigns[config.name]
+
+
+def _slo(request: pytest.FixtureRequest) -> SLO | None:
+    """The session's latency SLO (--ddtree-slo, the matrix's or the profile's): goodput is counted against it."""
+    session = session_of(request.config)
+    return session.slo if session is not None else None
 
 
 class _ReplayTimer:

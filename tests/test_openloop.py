@@ -196,3 +196,49 @@ def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_a_step_of
             s.stop()
     # ... and the model says so too: the sweep ranks the configs as the model does
     assert (found["bs8_b16_k4"][0] > found["bs8_b4_k4"][0]) == (found["bs8_b16_k4"][1] > found["bs8_b4_k4"][1])
+
+
+def test_an_slo_is_parsed_once_and_goodput_counts_as_bench_serving_does(tmp_path: Path) -> None:
+    slo = slo_mod.parse_slo("ttft_ms=100, tpot_ms=20,percentile=p95")
+    assert slo.as_dict() == {"ttft": 100.0, "tpot": 20.0} and slo.percentile == 95 and slo.label == "p95 ttft<=100ms tpot<=20ms"
+    for bad, message in (("ttft=100", "valid: ttft_ms, tpot_ms, e2e_ms"), ("percentile=90", "at least one"),
+                         ("tpot_ms=-1", "positive"), ("e2e_ms", "KEY=VALUE"), ("ttft_ms=1,percentile=101", "within")):
+        with pytest.raises(slo_mod.SLOError, match=message):
+            slo_mod.parse_slo(bad)
+
+    def request(ttft: float, e2e: float, tokens: int, ok: bool = True) -> load.RequestResult:
+        return load.RequestResult(index=0, expected_prompt_tokens=1, expected_output_tokens=tokens, ok=ok,
+                                  completion_tokens=tokens, start=0.0, end=e2e, ttft_s=ttft)
+
+    # TPOT (e2e - ttft) / (tokens - 1): 19 ms, 30 ms, 0 for one token (bench_serving's); a failed one counts as sent
+    reqs = [request(0.05, 0.05 + 0.019 * 10, 11), request(0.05, 0.05 + 0.03 * 10, 11), request(0.2, 0.2, 1),
+            request(0.01, 0.1, 11, ok=False)]
+    figures = slo_mod.goodput(reqs, slo, duration_s=2.0)
+    assert figures == {"request_goodput": 0.5, "slo_attainment": 0.25, "slo_attainment_ttft": 0.5,
+                       "slo_attainment_tpot": 0.5}
+    assert "1 of 4 requests failed" in (slo_mod.slo_miss(reqs, slo) or "")
+    assert "p95 tpot" in (slo_mod.slo_miss(reqs[:2], slo) or "") and slo_mod.slo_miss(reqs[:1], slo) is None
+    path = tmp_path / "configs.yaml"
+    path.write_text("slo: {e2e_ms: 900}\nworkloads: []\n")
+    assert load_matrix(path).slo == slo_mod.SLO((("e2el", 900.0),))
+    path.write_text("slo: {e2e: 900}\nworkloads: []\n")
+    with pytest.raises(ConfigError, match="unknown SLO key"):
+        load_matrix(path)
+
+
+def test_the_rate_search_is_bounded_and_brackets_the_rate() -> None:
+    plan = slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0, resolution=0.1, max_probes=12)
+    asked: list[float] = []
+
+    def measure(rate: float) -> slo_mod.RateProbe:
+        asked.append(rate)
+        return slo_mod.RateProbe(rate, rate <= 11.3)
+
+    search = slo_mod.search_rate(measure, plan)
+    assert asked[:5] == [1, 2, 4, 8, 16]  # doubling probes, then bisection
+    assert search.sustainable is not None and search.missed is not None and search.step is not None
+    assert search.sustainable <= 11.3 < search.missed and search.step <= 0.1 * search.sustainable
+    assert len(asked) <= plan.max_probes
+    assert slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, False), plan).sustainable is None  # not even min_rate
+    everything = slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, True), plan)
+    assert everything.sustainable == 64.0 and everything.missed is None

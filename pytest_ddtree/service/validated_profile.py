@@ -162,6 +162,7 @@ class ServiceProfile:
     relaunch_flagged: bool = True
     hardware_profile: str | None = None
     max_context: int | None = None
+    slo: dict[str, Any] | None = None  # the service's latency SLO (slo.slo_from_mapping; the matrix's and --ddtree-slo beat it)
     tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
     vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)
     draft_model_path: str | None = None
