@@ -17,11 +17,13 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from pytest_ddtree.openloop import Arrivals
-from pytest_ddtree.slo import SLO, SLOError, slo_from_mapping
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
+
+if TYPE_CHECKING:  # imported where used: configs is read by modules those two import (a cycle otherwise)
+    from pytest_ddtree.openloop import Arrivals
+    from pytest_ddtree.slo import SLO
 
 
 class ConfigError(ValueError):
@@ -271,6 +273,8 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
 
 def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
     """The open-loop schedule a workload asks for, or None (a closed-loop cell)."""
+    from pytest_ddtree.openloop import Arrivals
+
     given = [k for k in OPEN_LOOP_KEYS if k in merged]
     if not given:
         return None
@@ -316,6 +320,8 @@ def load_matrix(path: Path) -> Matrix:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: workload names must be unique, got {names}")
+    from pytest_ddtree.slo import SLOError, slo_from_mapping
+
     try:
         slo = slo_from_mapping(raw["slo"], f"{path}: slo") if raw.get("slo") is not None else None
     except SLOError as exc:

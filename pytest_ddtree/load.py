@@ -32,6 +32,7 @@ the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -594,8 +595,7 @@ def run_cell(
     streamed request's socket waits. ``speculative``: the service runs a speculative config,
     so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
     ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
-    histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count
-    bench_serving's goodput against it (``request_goodput``, ``slo_attainment``).
+    histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count goodput against it.
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=timeout_s) as own:
@@ -642,10 +642,7 @@ def run_cell(
         host_cpu_stall_s=stall,
         notes=notes,
         prompt_source=measured.label,
-        speculative=speculative,
-        accept_bound=accept_bound,
-        send_lag_s=lags,
-        slo=slo,
+        speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
     )
 
 
@@ -659,7 +656,7 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
         requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
                                               extra_sampling_params, timeout_s)
         return requests, duration, None
-    run = openloop.run_open_loop(client.http, measured, workload.output_tokens, arrivals,
+    run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
                                  stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
     if run.unfinished:
         notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
@@ -668,3 +665,114 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
         notes.append(f"{late} of {len(run.requests)} requests were sent more than {openloop.LATE_S * 1000:.0f} ms after "
                      "their scheduled time (the client could not keep the schedule: the service saw less than the rate)")
     return run.requests, run.duration_s, run.send_lag_s
+
+
+@dataclass
+class OpenLoopRun:
+    """What an open-loop phase measured: every request (in schedule order), its duration, and how
+    late each request was sent against its schedule (seconds; slot waits under
+    ``max_concurrency`` included)."""
+
+    requests: list[RequestResult]
+    duration_s: float
+    send_lag_s: list[float] = field(default_factory=list)
+    unfinished: int = 0  # requests the cell's deadline cut (failed, saying so)
+
+
+def run_open_loop(
+    service: ServiceHTTP,
+    prompts: PromptSet,
+    output_tokens: int,
+    arrivals: openloop.Arrivals,
+    seed: int,
+    extra_sampling_params: Mapping[str, Any] | None,
+    timeout_s: float,
+) -> OpenLoopRun:
+    """Send ``prompts`` on ``arrivals``' schedule, each on its own thread and connection; never raises
+    for what the service does (failures land in the requests)."""
+    n = len(prompts.prompts)
+    offsets = arrivals.offsets(n, seed)
+    deadline_s = arrivals.deadline_s if arrivals.deadline_s is not None else (offsets[-1] if offsets else 0.0) + timeout_s
+    results: list[RequestResult | None] = [None] * n
+    lags: list[float | None] = [None] * n
+    open_conns: dict[int, http.client.HTTPConnection] = {}
+    socks: dict[int, socket.socket] = {}
+    lock = threading.Lock()
+    cut = threading.Event()
+    slots = threading.BoundedSemaphore(arrivals.max_concurrency) if arrivals.max_concurrency else None
+    clock = time.perf_counter
+
+    def send(index: int, due: float) -> None:
+        if slots is not None:
+            while not slots.acquire(timeout=0.05):
+                if cut.is_set():
+                    return
+        try:
+            conn = service.connect(timeout_s)
+            with lock:
+                if cut.is_set():
+                    return
+                open_conns[index] = conn
+            try:
+                conn.connect()  # now, so the deadline can shut its socket (http.client drops it on a closing response)
+                socks[index] = conn.sock
+            except OSError:
+                pass  # stream_request connects again and records the failure
+            result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                                    prompts.tolerance)
+            lags[index] = max(0.0, result.start - due)
+            results[index] = result
+        finally:
+            with lock:
+                own = open_conns.pop(index, None)
+                socks.pop(index, None)
+            if own is not None:
+                own.close()
+            if slots is not None:
+                slots.release()
+
+    t0 = clock()
+    end_by = t0 + deadline_s
+    threads: list[threading.Thread] = []
+    for index, offset in enumerate(offsets):
+        due = t0 + offset
+        while (delay := due - clock()) > 0 and clock() < end_by:
+            time.sleep(min(delay, 0.5))
+        if clock() >= end_by:
+            break
+        thread = threading.Thread(target=send, args=(index, due), name=f"ddtree-open-{index}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(max(0.0, end_by - clock()))
+    unfinished = _cut_at_deadline(threads, socks, lock, cut)
+    out: list[RequestResult] = []
+    for index, result in enumerate(results):
+        if result is None:
+            result = RequestResult(index=index, expected_prompt_tokens=prompts.prompts[index].target_tokens,
+                                   expected_output_tokens=output_tokens, start=t0 + offsets[index], end=clock(),
+                                   error=f"not finished by the open-loop cell's deadline of {deadline_s:.1f} s "
+                                         f"(scheduled at +{offsets[index]:.2f} s)")
+        out.append(result)
+    end = max((r.end for r in out), default=t0)
+    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished)
+
+
+def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,
+                     cut: threading.Event) -> int:
+    """Shut every connection still streaming at the cell's deadline (a blocked read then fails at
+    once) and wait briefly for its thread; returns how many requests were cut."""
+    alive = [t for t in threads if t.is_alive()]
+    if not alive:
+        return 0
+    cut.set()
+    with lock:
+        streaming = list(socks.values())
+    for sock in streaming:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    for thread in alive:
+        thread.join(5.0)
+    return len(alive)

@@ -1,4 +1,5 @@
-"""Open-loop load: requests sent on an arrival schedule, whatever the service does (no pytest import).
+"""Open-loop load: the arrival schedule requests are sent on, whatever the service does (no pytest import;
+no project import: the matrix reads it, and ``load.run_open_loop`` sends on it).
 
 Why: a closed loop at concurrency C sends the next request only when one finishes, so a slow
 service is offered less load and never builds a queue; deployments meet requests that arrive on
@@ -23,19 +24,11 @@ costs one deadline, not one timeout per queued request.
 
 from __future__ import annotations
 
-import http.client
 import math
 import random
-import socket
-import threading
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-
-from pytest_ddtree.generate_stream import RequestResult, stream_request
-from pytest_ddtree.http import ServiceHTTP
-from pytest_ddtree.prompts import PromptSet
 
 #: The arrival processes an open-loop cell can ask for (bench_serving's Poisson, vLLM's gamma).
 ARRIVALS = ("poisson", "constant", "gamma")
@@ -100,117 +93,6 @@ class Arrivals:
         if self.arrival == "gamma":
             out["burstiness"] = float(self.burstiness)
         return out
-
-
-@dataclass
-class OpenLoopRun:
-    """What an open-loop phase measured: every request (in schedule order), its duration, and how
-    late each request was sent against its schedule (seconds; slot waits under
-    ``max_concurrency`` included)."""
-
-    requests: list[RequestResult]
-    duration_s: float
-    send_lag_s: list[float] = field(default_factory=list)
-    unfinished: int = 0  # requests the cell's deadline cut (failed, saying so)
-
-
-def run_open_loop(
-    service: ServiceHTTP,
-    prompts: PromptSet,
-    output_tokens: int,
-    arrivals: Arrivals,
-    seed: int,
-    extra_sampling_params: Mapping[str, Any] | None,
-    timeout_s: float,
-) -> OpenLoopRun:
-    """Send ``prompts`` on ``arrivals``' schedule, each on its own thread and connection; never raises
-    for what the service does (failures land in the requests)."""
-    n = len(prompts.prompts)
-    offsets = arrivals.offsets(n, seed)
-    deadline_s = arrivals.deadline_s if arrivals.deadline_s is not None else (offsets[-1] if offsets else 0.0) + timeout_s
-    results: list[RequestResult | None] = [None] * n
-    lags: list[float | None] = [None] * n
-    open_conns: dict[int, http.client.HTTPConnection] = {}
-    socks: dict[int, socket.socket] = {}
-    lock = threading.Lock()
-    cut = threading.Event()
-    slots = threading.BoundedSemaphore(arrivals.max_concurrency) if arrivals.max_concurrency else None
-    clock = time.perf_counter
-
-    def send(index: int, due: float) -> None:
-        if slots is not None:
-            while not slots.acquire(timeout=0.05):
-                if cut.is_set():
-                    return
-        try:
-            conn = service.connect(timeout_s)
-            with lock:
-                if cut.is_set():
-                    return
-                open_conns[index] = conn
-            try:
-                conn.connect()  # now, so the deadline can shut its socket (http.client drops it on a closing response)
-                socks[index] = conn.sock
-            except OSError:
-                pass  # stream_request connects again and records the failure
-            result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                                    prompts.tolerance)
-            lags[index] = max(0.0, result.start - due)
-            results[index] = result
-        finally:
-            with lock:
-                own = open_conns.pop(index, None)
-                socks.pop(index, None)
-            if own is not None:
-                own.close()
-            if slots is not None:
-                slots.release()
-
-    t0 = clock()
-    end_by = t0 + deadline_s
-    threads: list[threading.Thread] = []
-    for index, offset in enumerate(offsets):
-        due = t0 + offset
-        while (delay := due - clock()) > 0 and clock() < end_by:
-            time.sleep(min(delay, 0.5))
-        if clock() >= end_by:
-            break
-        thread = threading.Thread(target=send, args=(index, due), name=f"ddtree-open-{index}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join(max(0.0, end_by - clock()))
-    unfinished = _cut_at_deadline(threads, socks, lock, cut)
-    out: list[RequestResult] = []
-    for index, result in enumerate(results):
-        if result is None:
-            result = RequestResult(index=index, expected_prompt_tokens=prompts.prompts[index].target_tokens,
-                                   expected_output_tokens=output_tokens, start=t0 + offsets[index], end=clock(),
-                                   error=f"not finished by the open-loop cell's deadline of {deadline_s:.1f} s "
-                                         f"(scheduled at +{offsets[index]:.2f} s)")
-        out.append(result)
-    end = max((r.end for r in out), default=t0)
-    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished)
-
-
-def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,
-                     cut: threading.Event) -> int:
-    """Shut every connection still streaming at the cell's deadline (a blocked read then fails at
-    once) and wait briefly for its thread; returns how many requests were cut."""
-    alive = [t for t in threads if t.is_alive()]
-    if not alive:
-        return 0
-    cut.set()
-    with lock:
-        streaming = list(socks.values())
-    for sock in streaming:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-    for thread in alive:
-        thread.join(5.0)
-    return len(alive)
 
 
 def lag_figures(lags: Sequence[float]) -> dict[str, float | int | None]:

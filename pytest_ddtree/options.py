@@ -13,9 +13,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from pytest_ddtree.slo import SLO, SLOError, parse_slo
+if TYPE_CHECKING:  # parsed where read: importing the plugin loads the option declarations only
+    from pytest_ddtree.slo import SLO
 
 
 class OptionError(ValueError):
@@ -240,11 +241,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         raise OptionError(f"--ddtree-dataset: no such file {dataset} (give a ShareGPT JSON file, bench_serving's format)")
     max_restarts, priors = _adaptive(read)
     history, history_check = _history(read)
-    slo_text = read.value("slo")
-    try:
-        slo = parse_slo(str(slo_text)) if slo_text else None
-    except SLOError as exc:
-        raise OptionError(str(exc)) from None
+    slo = _slo(read.value("slo"))
     name = read.value("package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -319,6 +316,17 @@ def _adaptive(read: _Reader) -> tuple[int | None, tuple[Path, ...]]:
     if priors and max_restarts is None:
         raise OptionError("--ddtree-prior only informs the adaptive sweep: add --ddtree-max-restarts N")
     return max_restarts, priors
+
+
+def _slo(value: Any) -> SLO | None:
+    if not value:
+        return None
+    from pytest_ddtree.slo import SLOError, parse_slo
+
+    try:
+        return parse_slo(str(value))
+    except SLOError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _history(read: _Reader) -> tuple[str | None, bool]:

@@ -26,10 +26,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_ddtree import stats
-from pytest_ddtree.generate_stream import RequestResult
+
+
+class RequestResult(Protocol):
+    """What goodput reads of a request (``generate_stream.RequestResult``; a protocol, so the matrix
+    can read an SLO without importing the load generator)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def e2e_s(self) -> float: ...
+    @property
+    def completion_tokens(self) -> int: ...
 
 
 class SLOError(ValueError):
