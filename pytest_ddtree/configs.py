@@ -23,7 +23,7 @@ from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 if TYPE_CHECKING:  # imported where used: configs is read by modules those two import (a cycle otherwise)
     from pytest_ddtree.openloop import Arrivals
-    from pytest_ddtree.slo import SLO
+    from pytest_ddtree.slo import SLO, SearchPlan
 
 
 class ConfigError(ValueError):
@@ -189,6 +189,8 @@ class Matrix:
     workloads: tuple[Workload, ...]
     raw: Mapping[str, Any]
     slo: SLO | None = None  # the matrix's ``slo:`` (--ddtree-slo beats it)
+    #: ``rate_search:``: the workload whose sustainable rate each config's search finds, and the search's bounds
+    rate_search: tuple[Workload, SearchPlan] | None = None
 
     def names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -298,7 +300,7 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(str(exc) if exc.syntax else f"cannot read config matrix {path}: {exc.problem}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
-    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended", "slo"}
+    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended", "slo", "rate_search"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
     configs: list[DDTreeConfig] = []
@@ -324,9 +326,36 @@ def load_matrix(path: Path) -> Matrix:
 
     try:
         slo = slo_from_mapping(raw["slo"], f"{path}: slo") if raw.get("slo") is not None else None
+        search = _rate_search(raw.get("rate_search"), f"{path}: rate_search", workloads)
     except SLOError as exc:
         raise ConfigError(str(exc)) from None
-    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw, slo=slo)
+    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw, slo=slo,
+                  rate_search=search)
+
+
+def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple[Workload, SearchPlan] | None:
+    """``rate_search: {workload: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
+    from pytest_ddtree.slo import SearchPlan
+
+    if entry is None:
+        return None
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: must be a mapping with workload, min_rate and max_rate")
+    unknown = sorted(set(entry) - {"workload", "min_rate", "max_rate", "resolution", "max_probes"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown} (allowed: workload, min_rate, max_rate, resolution, max_probes)")
+    by_name = {w.name: w for w in workloads}
+    name = entry.get("workload")
+    if name not in by_name:
+        raise ConfigError(f"{where}: workload {name!r} is not a workload of the matrix; valid: {', '.join(by_name)}")
+    try:
+        plan = SearchPlan(float(entry["min_rate"]), float(entry["max_rate"]), float(entry.get("resolution", 0.10)),
+                          int(entry.get("max_probes", 12)))
+    except KeyError as exc:
+        raise ConfigError(f"{where}: needs {exc.args[0]!r} (requests/s)") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return by_name[str(name)], plan
 
 
 def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTreeConfig]:

@@ -357,9 +357,41 @@ class _ThroughputRequired(TypedDict):
     server_info: dict[str, object] | None
 
 
+class SLOData(TypedDict):
+    """The latency SLO goodput was counted against (``slo.SLO``): bench_serving's ``goodput_slos_ms``."""
+
+    label: str
+    goodput_slos_ms: dict[str, float]
+    percentile: float
+
+
+class RateProbeData(TypedDict):
+    """One rate of a sustainable-rate search (``slo.RateProbe``)."""
+
+    rate: float
+    met: bool
+    reason: str | None
+    figures: dict[str, float | None]
+
+
+class SustainableRateData(TypedDict):
+    """``RecordKind.SUSTAINABLE_RATE``: one config's highest rate under the SLO (``slo.RateSearch``;
+    None: not even the search's lowest rate), the first rate above it that missed, and every probe."""
+
+    workload: str
+    slo: SLOData
+    sustainable_rate: float | None
+    missed_rate: float | None
+    step: float | None
+    resolution: float
+    probes: list[RateProbeData]
+
+
 class ThroughputData(_ThroughputRequired, total=False):
     """``RecordKind.THROUGHPUT``: one measured cell with its verdict (``report.throughput_record``,
     completed by ``gate.throughput.evaluate_cell``)."""
+
+    slo: SLOData  # where the session has an SLO: the goodput figures' targets
 
     spoiled_repeats: list[SpoiledRepeatData]
     accept_histogram: list[int]  # the valid repeats' acceptance histograms summed
@@ -569,7 +601,7 @@ RawRecord = Mapping[str, object]
 #: The data a writer hands ``SessionRecorder.record``: one of the shapes.
 RecordData = Union[ThroughputData, ControlCellData, RelaunchCellData, RelaunchFailureData, ControlUnavailableData,
                    RepeatData, AdaptiveSweepData, HealthData, CodingData, HostEnvData, LosslessData,
-                   LosslessReferenceData, LaunchData, CorruptRecordData]
+                   LosslessReferenceData, LaunchData, CorruptRecordData, SustainableRateData]
 
 #: Each kind's shape: what ``check_record`` holds a record of that kind to (beside the stamp).
 SHAPES: dict[RecordKind, object] = {
@@ -588,6 +620,7 @@ SHAPES: dict[RecordKind, object] = {
     RecordKind.LAUNCH: LaunchData,
     RecordKind.HOST_ENV: HostEnvData,
     RecordKind.ADAPTIVE_SWEEP: AdaptiveSweepData,
+    RecordKind.SUSTAINABLE_RATE: SustainableRateData,
     RecordKind.CORRUPT_RECORD: CorruptRecordData,
 }
 

@@ -387,7 +387,8 @@ def results_json(records: Iterable[RawRecord]) -> dict[str, Any]:
         entry["samples"] = r.get("samples") or {}
         entry["problems"] = r.get("problems") or []
         # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
-        for key in ("verdict", "workload", "baseline", "hardware_profile", "host", "accept_histogram", "acceptance_by_depth"):
+        for key in ("verdict", "workload", "baseline", "hardware_profile", "host", "accept_histogram", "acceptance_by_depth",
+                    "slo"):
             if r.get(key) is not None:
                 entry[key] = r.get(key)
         cells.append(entry)
@@ -574,6 +575,12 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         payload["predicted"] = sweep.get("predicted") or []
         payload["adaptive_sweep"] = {k: v for k, v in sweep.items() if k != "predicted"}
         payload["recommendations"] = [*payload["recommendations"], *adaptive.summary_lines(sweep)]
+    from pytest_ddtree import frontier
+
+    deployment = frontier.deployment(throughput, records)  # for SLO S at load L deploy C; the rates; the frontier
+    if deployment:
+        payload["deployment"] = deployment
+        payload["recommendations"] = [*payload["recommendations"], *deployment["sentences"]]
     if throughput or predicted:
         text = render_sweep_table(throughput, predicted_rows=predicted)
         advice = payload["recommendations"]

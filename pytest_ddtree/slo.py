@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_ddtree import stats
+from pytest_ddtree.records import RateProbeData, SLOData, SustainableRateData
 
 
 class RequestResult(Protocol):
@@ -71,6 +72,9 @@ class SLO:
     def label(self) -> str:
         """``p99 ttft<=500ms tpot<=50ms``: how the terminal, results.json and the report name it."""
         return f"p{self.percentile:g} " + " ".join(f"{name}<={ms:g}ms" for name, ms in self.targets)
+
+    def record(self) -> SLOData:
+        return {"label": self.label, "goodput_slos_ms": self.as_dict(), "percentile": self.percentile}
 
 
 def parse_slo(text: str, where: str = "--ddtree-slo") -> SLO:
@@ -185,6 +189,13 @@ class RateSearch:
         if self.sustainable is None or self.missed is None:
             return None
         return self.missed - self.sustainable
+
+    def record(self, workload: str, slo: SLO) -> SustainableRateData:
+        """What the session records of the search (``RecordKind.SUSTAINABLE_RATE``)."""
+        probes: list[RateProbeData] = [{"rate": p.rate, "met": p.met, "reason": p.reason, "figures": dict(p.figures)}
+                                       for p in self.probes]
+        return {"workload": workload, "slo": slo.record(), "sustainable_rate": self.sustainable,
+                "missed_rate": self.missed, "step": self.step, "resolution": self.resolution, "probes": probes}
 
 
 @dataclass(frozen=True)

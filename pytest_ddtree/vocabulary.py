@@ -64,6 +64,8 @@ class RecordKind(Word):
     HOST_ENV = "host-env"
     #: The outcome of the adaptive sweep.
     ADAPTIVE_SWEEP = "adaptive-sweep"
+    #: The highest request rate one config sustains under the session's SLO, and every rate probed.
+    SUSTAINABLE_RATE = "sustainable-rate"
     #: A torn journal line (a killed process), kept so that the loss is visible.
     CORRUPT_RECORD = "corrupt-record"
 

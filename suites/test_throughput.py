@@ -239,3 +239,4 @@ def test_throughput(
         pytest.fail(outcome.message, pytrace=False)
     if outcome.decision is GateDecision.SKIP:
         pytest.skip(outcome.message)
+

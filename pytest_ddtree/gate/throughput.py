@@ -51,6 +51,7 @@ class Campaign:
     verdicts: dict[str, gate.CellVerdict] = dataclasses.field(default_factory=dict)
     confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
     gated: tuple[str, ...] | None = None  # the gated metrics judged (None: all of gate.GATED_METRICS)
+    slo: SLO | None = None  # the SLO its goodput figures were counted against
 
 
 def repeat_policy(repeats: int, bless: bool = False) -> stats.RepeatPolicy:
@@ -123,7 +124,7 @@ def measure_config(
         return None
 
     runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop, spoiled_reason)
-    campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None)
+    campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None, slo=slo)
     if baseline is None:
         return campaign
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
@@ -465,6 +466,8 @@ def evaluate_cell(
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
+    if campaign.slo is not None:
+        record["slo"] = campaign.slo.record()
     # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
     hist = cell_histogram(run.samples)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
