@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pytest_ddtree import stats
-from pytest_ddtree.records import RawRecord, SLOData, ThroughputRecord
+from pytest_ddtree.rate_records import SLOData
+from pytest_ddtree.records import RawRecord, ThroughputRecord
 from pytest_ddtree.slo import METRIC_KEYS
 from pytest_ddtree.vocabulary import RecordKind, Status
 

@@ -24,6 +24,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, TypedDict, TypeVar, Union, cast
 
+from pytest_ddtree.rate_records import SLOData, SustainableRateData
 from pytest_ddtree.vocabulary import MeasurementStatus, RecordKind, Status, Verdict
 
 class RecordStamp(TypedDict, total=False):
@@ -277,9 +278,8 @@ class _WorkloadRequired(TypedDict):
 
 
 class WorkloadData(_WorkloadRequired, total=False):
-    """A cell's workload as measured (``load.workload_dict``): its numbers and the prompts used; an
-    open-loop cell's arrivals too (``openloop.Arrivals.as_dict``: bench_serving's ``request_rate``
-    and ``max_concurrency``, None when uncapped)."""
+    """A cell's workload as measured (``load.workload_dict``): its numbers and the prompts used; an open-loop
+    cell's arrivals too (bench_serving's ``request_rate`` and ``max_concurrency``, None when uncapped)."""
 
     request_rate: float
     arrival: str
@@ -355,36 +355,6 @@ class _ThroughputRequired(TypedDict):
     hardware_profile: str | None
     baseline: dict[str, object]  # the cell's baseline gates (``gate.baseline_cell_entry``'s)
     server_info: dict[str, object] | None
-
-
-class SLOData(TypedDict):
-    """The latency SLO goodput was counted against (``slo.SLO``): bench_serving's ``goodput_slos_ms``."""
-
-    label: str
-    goodput_slos_ms: dict[str, float]
-    percentile: float
-
-
-class RateProbeData(TypedDict):
-    """One rate of a sustainable-rate search (``slo.RateProbe``)."""
-
-    rate: float
-    met: bool
-    reason: str | None
-    figures: dict[str, float | None]
-
-
-class SustainableRateData(TypedDict):
-    """``RecordKind.SUSTAINABLE_RATE``: one config's highest rate under the SLO (``slo.RateSearch``;
-    None: not even the search's lowest rate), the first rate above it that missed, and every probe."""
-
-    workload: str
-    slo: SLOData
-    sustainable_rate: float | None
-    missed_rate: float | None
-    step: float | None
-    resolution: float
-    probes: list[RateProbeData]
 
 
 class ThroughputData(_ThroughputRequired, total=False):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_ddtree import stats
-from pytest_ddtree.records import RateProbeData, SLOData, SustainableRateData
+from pytest_ddtree.rate_records import RateProbeData, SLOData, SustainableRateData
 
 
 class RequestResult(Protocol):

@@ -465,16 +465,7 @@ def evaluate_cell(
         baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
-    record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
-    if campaign.slo is not None:
-        record["slo"] = campaign.slo.record()
-    # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
-    hist = cell_histogram(run.samples)
-    if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
-        record["accept_histogram"] = hist
-        record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
-        # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
-        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
+    _complete_record(record, run, campaign.slo)
     return CellEvaluation(
         status=status,
         verdict=verdict,
@@ -487,6 +478,20 @@ def evaluate_cell(
         baseline_problem=problem,
         status_reasons=list(why),
     )
+
+
+def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
+    """The record's retaken repeats, its SLO (where the session has one) and its acceptance histograms."""
+    record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
+    if slo is not None:
+        record["slo"] = slo.record()
+    # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
+    hist = cell_histogram(run.samples)
+    if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
+        record["accept_histogram"] = hist
+        record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
+        # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
+        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
 
 
 #: Record kinds of a flagged config's relaunch (``relaunch_flagged``): one per cell, and its repeats.
