@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.bench_serving_contract import check_result
+from tests.browser_helpers import browser_missing_reason, open_page
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -58,3 +59,22 @@ def test_open_loop_cells_goodput_and_each_configs_sustainable_rate_through_the_s
     assert {e["cell"] for e in deployment["at_load"]} == {"c2_tiny", "r_tiny"}
     assert any(s.startswith("For SLO p90 tpot<=4ms at load r_tiny (20 req/s, context 48)") for s in results["recommendations"])
     result.stdout.fnmatch_lines(["*Sustainable request rate under SLO p90 tpot<=4ms on r_tiny*"])
+    # the report: a Pareto chart per context whose frontier is results.json's, and the deployment sentences
+    reason = browser_missing_reason()
+    if reason is not None:
+        pytest.skip(f"the report's Pareto chart is not checked: {reason}")
+    with open_page(pytester.path / "results" / "report.html", pytester.path / "browser") as opened:
+        panels = opened.page.eval_on_selector_all(
+            "#panels-pareto .js-plotly-plot",
+            "ds => ds.map(d => ({ctx: +d.dataset.context, traces: d.data.map(t => ({name: t.name, x: t.x, y: t.y}))}))")
+        advice = opened.page.inner_text("body")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    (panel,) = panels
+    (front,) = deployment["frontier"]
+    assert panel["ctx"] == front["context_tokens"] == 48
+    drawn = next(t for t in panel["traces"] if t["name"] == "Pareto frontier")
+    assert list(zip(drawn["x"], drawn["y"])) == [(p["output_throughput"], p["ddtree_median_request_output_throughput"])
+                                                 for p in front["points"]]
+    per_config = {t["name"]: len(t["x"]) for t in panel["traces"] if t["name"] != "Pareto frontier"}
+    assert per_config == {"bs8_b8_k4": 2, "bs8_b4_k4": 2}  # each config's points over load: c2_tiny and r_tiny
+    assert "For SLO p90 tpot<=4ms at load r_tiny" in advice and "Pareto frontier at context 48" in advice

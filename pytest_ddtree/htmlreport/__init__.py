@@ -150,7 +150,8 @@ def build_html(
     figures: dict[str, Any] = {}
     output_panels = charts.sweep_panels(cells, "output_throughput", "output tok/s")
     request_panels = charts.sweep_panels(cells, "ddtree_median_request_output_throughput", "tok/s per request (median)")
-    for p in output_panels + request_panels:
+    pareto_panels = charts.pareto_panels(cells)
+    for p in output_panels + request_panels + pareto_panels:
         figures[p["id"]] = p["figure"]
     acceptance = charts.acceptance_figure(cells)
     if acceptance:
@@ -185,6 +186,7 @@ def build_html(
         figures_json=charts.figure_json(figures if runtime else {}),
         output_panels=output_panels,
         request_panels=request_panels,
+        pareto_panels=pareto_panels,
         acceptance=acceptance,
         repeat_charts=repeat_charts,
         depth=depth,

@@ -94,6 +94,45 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
     return panels
 
 
+def pareto_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """One figure per context: tok/s per request (median request) against aggregate output tok/s, a
+    line per config through its cells (its points over load), and the Pareto frontier over every
+    config's points marked (``frontier.pareto_front``): vLLM's plot_pareto axes, per user against
+    per GPU. A context with fewer than two points draws nothing."""
+    from pytest_ddtree import frontier
+
+    by_ctx: dict[int | None, list[tuple[float, float, tuple[str, str]]]] = defaultdict(list)
+    for c in cells:
+        x, y = c.values.get(frontier.AGGREGATE), c.values.get(frontier.PER_REQUEST)
+        if c.predicted or c.measurement_status == Status.INVALID or not is_number(x) or not is_number(y):
+            continue
+        by_ctx[c.context_tokens].append((float(x), float(y), (c.config, c.cell)))
+    panels = []
+    for ctx in sorted(by_ctx, key=lambda t: t or 0):
+        points = by_ctx[ctx]
+        if len(points) < 2:
+            continue
+        traces: list[dict[str, Any]] = []
+        for config in sorted({p[2][0] for p in points}, key=name_sort_key):
+            own = sorted(p for p in points if p[2][0] == config)
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": config,
+                           "x": [p[0] for p in own], "y": [p[1] for p in own], "text": [p[2][1] for p in own],
+                           "hovertemplate": f"{config} %{{text}}<br>%{{x:.1f}} tok/s, %{{y:.1f}} tok/s per request<extra></extra>"})
+        front = frontier.pareto_front(points)
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": "Pareto frontier",
+                       "x": [p[0] for p in front], "y": [p[1] for p in front],
+                       "text": [f"{p[2][0]} {p[2][1]}" for p in front],
+                       "line": {"dash": "dash", "color": "#000", "shape": "hv"},
+                       "marker": {"symbol": "star", "size": 13, "color": "#000"},
+                       "hovertemplate": "frontier: %{text}<extra></extra>"})
+        layout = _layout("aggregate output tok/s", "tok/s per request (median)")
+        layout["xaxis"]["rangemode"] = "tozero"
+        panels.append({"id": f"pareto-ctx-{ctx}", "context": ctx, "caption": f"context {_ctx_label(ctx)}: "
+                       f"frontier {', '.join(dict.fromkeys(p[2][0] for p in front))}",
+                       "frontier": [f"{p[2][0]} {p[2][1]}" for p in front], "figure": {"data": traces, "layout": layout}})
+    return panels
+
+
 def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     """Acceptance against budget, a line per (block size, topk, window); flat last steps marked.
 
