@@ -177,6 +177,8 @@ class Workload:
     warmup_requests: int
     prompts: str = "documents"  # a bundled source, "random", or a ShareGPT .json path (see prompts.py)
     open_loop: Arrivals | None = None
+    #: sampling params of every request (temperature, top_p); empty: greedy, as the lossless gate always is
+    sampling: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,8 @@ def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
 
 #: Workload keys of an open-loop cell (bench_serving's --request-rate and --max-concurrency).
 OPEN_LOOP_KEYS = ("request_rate", "arrival", "burstiness", "max_concurrency", "deadline_s")
+#: Workload keys of a sampled cell: SGLang's sampling params (sampling_params.py: temperature >= 0, 0 < top_p <= 1).
+SAMPLING_KEYS = ("temperature", "top_p")
 
 
 def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Workload:
@@ -237,7 +241,7 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
         raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
     allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts",
-               *OPEN_LOOP_KEYS}
+               *OPEN_LOOP_KEYS, *SAMPLING_KEYS}
     unknown = set(merged) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
@@ -270,7 +274,22 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
                               f"ShareGPT .json file, got {prompts!r}")
         if base is not None and not Path(prompts).is_absolute():
             prompts = str(base / prompts)
-    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals)
+    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where))
+
+
+def _sampling(merged: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    """A sampled cell's params (SGLang's ranges), in SAMPLING_KEYS order; empty for a greedy cell."""
+    out: list[tuple[str, float]] = []
+    for key in SAMPLING_KEYS:
+        if key not in merged:
+            continue
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        if (key == "temperature" and not 0 <= value < 100) or (key == "top_p" and not 0 < value <= 1):
+            raise ConfigError(f"{where}: {key} {value!r} is out of range (temperature >= 0, 0 < top_p <= 1)")
+        out.append((key, float(value)))
+    return tuple(out)
 
 
 def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:

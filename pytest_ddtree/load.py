@@ -79,6 +79,8 @@ class WorkloadLike(Protocol):
     def prompts(self) -> str: ...
     @property
     def open_loop(self) -> openloop.Arrivals | None: ...
+    @property
+    def sampling(self) -> tuple[tuple[str, float], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Cell:
     warmup_requests: int = -1  # -1: one request per concurrent worker
     prompts: str = prompts_mod.DEFAULT_SOURCE
     open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
+    sampling: tuple[tuple[str, float], ...] = ()  # temperature, top_p of every request (empty: greedy)
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:
@@ -109,6 +112,8 @@ def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> Workloa
         "requests": workload.requests,
         "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
     }
+    if workload.sampling:  # only sampled cells: a greedy cell's dict (and its baseline) is unchanged
+        out["sampling"] = dict(workload.sampling)
     arrivals = workload.open_loop
     if arrivals is not None:  # only open-loop cells: a closed-loop cell's dict (and its baseline) is unchanged
         out["request_rate"] = float(arrivals.request_rate)
@@ -602,7 +607,7 @@ def run_cell(
             return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
                             flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
                             speculative=speculative, accept_bound=accept_bound, slo=slo)
-    client = service
+    client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
     maker = prompts if prompts is not None else prompt_maker(client)
     try:
         measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(workload.name, seed))

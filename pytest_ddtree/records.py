@@ -278,13 +278,13 @@ class _WorkloadRequired(TypedDict):
 
 
 class WorkloadData(_WorkloadRequired, total=False):
-    """A cell's workload as measured (``load.workload_dict``): its numbers and the prompts used; an open-loop
-    cell's arrivals too (bench_serving's ``request_rate`` and ``max_concurrency``, None when uncapped)."""
+    """A cell's workload as measured (``load.workload_dict``); open-loop (bench_serving's keys) and sampled cells add theirs."""
 
     request_rate: float
     arrival: str
     burstiness: float
     max_concurrency: int | None
+    sampling: dict[str, float]  # a sampled cell's temperature, top_p
 
 
 class SpreadData(TypedDict):

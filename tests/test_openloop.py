@@ -242,3 +242,42 @@ def test_the_rate_search_is_bounded_and_brackets_the_rate() -> None:
     assert slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, False), plan).sustainable is None  # not even min_rate
     everything = slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, True), plan)
     assert everything.sustainable == 64.0 and everything.missed is None
+
+
+def test_sampled_cells_run_on_the_engine_and_top_p_keeps_the_nucleus(tmp_path: Path) -> None:
+    from tests.refserver_helpers import RefServer, config_args
+
+    path = tmp_path / "configs.yaml"
+    path.write_text("workloads:\n  - {name: c2_t1, concurrency: 2, context_tokens: 64, requests: 4, temperature: 1.0, top_p: 0.9}\n")
+    (sampled_cell,) = load_matrix(path).workloads
+    assert sampled_cell.sampling == (("temperature", 1.0), ("top_p", 0.9))
+    assert load.workload_dict(sampled_cell)["sampling"] == {"temperature": 1.0, "top_p": 0.9}  # its baseline is its own
+    path.write_text("workloads:\n  - {name: bad, concurrency: 1, context_tokens: 64, top_p: 0}\n")
+    with pytest.raises(ConfigError, match="top_p 0 is out of range"):
+        load_matrix(path)
+
+    def cell(*sampling: tuple[str, float]) -> load.Cell:
+        # random token ids: the engine's target backs off to short contexts with several continuations, where
+        # sampling can choose (on corpus text its longest match has one continuation, sampled or not)
+        return load.Cell("c2_s", concurrency=2, context_tokens=64, output_tokens=48, requests=4, warmup_requests=0,
+                         prompts="random", sampling=tuple(sampling))
+
+    from pytest_ddtree.client import SGLangClient
+
+    server = RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "20"], tmp_path).wait_ready()
+    try:
+        with SGLangClient(server.url) as client:
+            maker = load.prompt_maker(client, vocab_size=1000)
+            greedy, nucleus_of_one, sampled = (
+                load.run_cell(client, cell(*sampling), prompts=maker, speculative=True)
+                for sampling in ((), (("temperature", 1.0), ("top_p", 1e-6)), (("temperature", 1.0),)))
+            refused = server.post("/generate", json={"text": "x", "sampling_params": {"top_p": 1.5}})
+    finally:
+        server.stop()
+    for res in (greedy, nucleus_of_one, sampled):
+        assert res.valid, res.problems()
+    # a nucleus of one token is the greedy token: the same tree accepts the same drafts ...
+    assert nucleus_of_one.accept_histogram() == greedy.accept_histogram()
+    # ... and sampling the whole distribution moves what the drafter's tree gets accepted
+    assert sampled.accept_histogram() != greedy.accept_histogram()
+    assert refused.status_code == 400 and "top_p must be in (0, 1]" in refused.text  # SGLang's message

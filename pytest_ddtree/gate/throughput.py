@@ -177,7 +177,7 @@ def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
     arrivals = dataclasses.replace(template.open_loop or openloop.Arrivals(rate), request_rate=rate)
     return load.Cell(f"{template.name}@{rate:.4g}", arrivals.max_concurrency or template.requests,
                      template.context_tokens, template.output_tokens, template.requests, template.warmup_requests,
-                     template.prompts, arrivals)
+                     template.prompts, arrivals, template.sampling)
 
 
 def sustainable_rate(

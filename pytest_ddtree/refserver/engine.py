@@ -191,6 +191,7 @@ class SpecConfig:
 class SamplingParams:
     max_new_tokens: int = 128
     temperature: float = 1.0
+    top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -543,7 +544,7 @@ class Engine:
         if p.temperature <= 0:
             return target.greedy(r.target.state, p.ignore_eos)
         u = uniform(self.seed, p.seed, len(r.ctx))
-        return target.sample(r.target.state, p.temperature, u, p.ignore_eos)
+        return target.sample(r.target.state, p.temperature, u, p.ignore_eos, p.top_p)
 
     def _target_push(self, r: Request, tok: int) -> None:
         """Append ``tok`` to the sequence and advance the target's view of it."""

@@ -417,8 +417,11 @@ class TargetModel:
         cache[s] = tok
         return tok
 
-    def sample(self, s: int, temperature: float, u: float, ignore_eos: bool = False) -> int:
-        """Sample the next token from counts**(1/T) of the longest match with evidence."""
+    def sample(self, s: int, temperature: float, u: float, ignore_eos: bool = False, top_p: float = 1.0) -> int:
+        """Sample the next token from counts**(1/T) of the longest match with evidence, within the
+        nucleus ``top_p``: the likeliest tokens whose probabilities before each sum below top_p, as
+        SGLang's sampler keeps them (sglang 0.5.23 sglang/srt/layers/sampler.py:1014, in
+        top_p_normalize_probs_torch: ``probs_sum - probs_sort > top_p`` is masked)."""
         sam = self.sam
         p = sam.predictive(s)
         items = [(t, c) for t, c in sam.cands(p) if not (ignore_eos and t == self.eos_id)]
@@ -427,6 +430,15 @@ class TargetModel:
         inv_t = 1.0 / max(temperature, 1e-6)
         top = items[0][1]
         weights = [math.exp(inv_t * (math.log(c) - math.log(top))) for _, c in items]
+        if top_p < 1.0:
+            order = sorted(range(len(items)), key=lambda i: -weights[i])
+            limit, before, kept = top_p * sum(weights), 0.0, []
+            for i in order:
+                if before > limit:
+                    break
+                kept.append(i)
+                before += weights[i]
+            items, weights = [items[i] for i in kept], [weights[i] for i in kept]
         total = sum(weights)
         x = u * total
         for (t, _), w in zip(items, weights):

@@ -154,11 +154,20 @@ def parse_sampling(sp: Any, *, max_key: str = "max_new_tokens", default_max: int
     return SamplingParams(
         max_new_tokens=number_field(sp, max_key, default_max, int, 0),
         temperature=number_field(sp, "temperature", 1.0, float, 0.0),
+        top_p=_top_p(sp),
         stop=stop_list(sp.get("stop")),
         stop_token_ids=int_list(sp.get("stop_token_ids"), "stop_token_ids"),
         ignore_eos=bool_field(sp, "ignore_eos"),
         seed=int(seed or 0),
     )
+
+
+def _top_p(sp: dict[str, Any]) -> float:
+    """SGLang's top_p: 1.0 by default, within (0, 1] (sampling_params.py verify: 'top_p must be in (0, 1]')."""
+    value = float(number_field(sp, "top_p", 1.0, float, 0.0))
+    if not 0.0 < value <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {value}.")
+    return value
 
 
 def finish_reason_openai(fr: dict[str, Any] | None) -> str | None:
