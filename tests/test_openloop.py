@@ -281,3 +281,21 @@ def test_sampled_cells_run_on_the_engine_and_top_p_keeps_the_nucleus(tmp_path: P
     # ... and sampling the whole distribution moves what the drafter's tree gets accepted
     assert sampled.accept_histogram() != greedy.accept_histogram()
     assert refused.status_code == 400 and "top_p must be in (0, 1]" in refused.text  # SGLang's message
+
+
+def test_long_context_cells_run_on_the_engine(tmp_path: Path) -> None:
+    """32k, 64k and 128k prompts (the draft window's range) are sent, counted and decoded at their exact length
+    (a profile's max_context skips longer cells with the reason: tests/test_throughput_suite.py's c1_huge)."""
+    from tests.refserver_helpers import RefServer, config_args
+
+    server = RefServer([*config_args("bs8_b8_k4_w2048"), "--clock-scale", "20", "--context-length", "140000"],
+                       tmp_path).wait_ready()
+    try:
+        for tokens in (32768, 65536, 131072):
+            res = load.run_cell(server.url, load.Cell(f"c1_{tokens // 1024}k", 1, tokens, 16, 1, 0), speculative=True)
+            assert res.valid, res.problems()
+            assert res.requests[0].prompt_tokens == tokens and res.metrics()["total_input_tokens"] == tokens
+            # the bundled documents are shorter than these: the note says the text repeats inside a prompt
+            assert any("repeats inside a prompt" in n for n in res.notes), res.notes
+    finally:
+        server.stop()
