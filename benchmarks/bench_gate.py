@@ -164,6 +164,8 @@ class Model:
             "output_throughput": tps * factor,
             "median_ttft_ms": ttft / math.exp(speed) / out * math.exp(self.rng.gauss(0, 2 * s)),
             report.TOKENS_PER_VERIFY: acc * math.exp(self.rng.gauss(0, s / 3)),
+            # with an SLO the cell meets with slack every request is good: goodput moves as the request rate does
+            "request_goodput": tps / 64 * factor,
         }
 
 
