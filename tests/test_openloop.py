@@ -299,3 +299,33 @@ def test_long_context_cells_run_on_the_engine(tmp_path: Path) -> None:
             assert any("repeats inside a prompt" in n for n in res.notes), res.notes
     finally:
         server.stop()
+
+
+def test_the_frontier_and_the_speedup_chart_draw_what_the_records_say() -> None:
+    from pytest_ddtree import frontier
+    from pytest_ddtree.htmlreport import charts, model
+
+    points = [(100.0, 50.0, "a"), (300.0, 20.0, "b"), (200.0, 40.0, "c"), (150.0, 30.0, "d"), (300.0, 10.0, "e")]
+    assert [p[2] for p in frontier.pareto_front(points)] == ["a", "c", "b"]  # d is beaten by c, e by b
+
+    def cell(config: str, name: str, tps: float, per_request: float, accept: float) -> model.Cell:
+        return model.Cell(config, name, 1, 128, "pass", "valid", {"output_throughput": tps,
+                          "ddtree_median_request_output_throughput": per_request, "ddtree_tokens_per_verify": accept},
+                          {}, {}, {}, [])
+
+    cells = [cell("bs8_b4_k4", "c1", 100, 100, 3.0), cell("bs8_b4_k4", "c8", 600, 75, 3.0),
+             cell("bs8_b16_k4", "c1", 130, 130, 5.0), cell("bs8_b16_k4", "c8", 500, 62, 5.0),
+             cell("bs8_b8_k4", "c1", 120, 120, 4.2), cell("bs8_b8_k4", "c8", 560, 70, 4.2)]
+    (panel,) = charts.pareto_panels(cells)
+    front = next(t for t in panel["figure"]["data"] if t["name"] == "Pareto frontier")
+    # b16 wins one request, b4 many; b8 is beaten on both at each load (by b16 at c1, by b4 at c8)
+    assert front["text"] == ["bs8_b16_k4 c1", "bs8_b4_k4 c8"]
+    control = {"groups": [{"configs": {"bs8_b4_k4": {"cells": {"c1": {"speedup": 1.8}, "c8": {"speedup": 2.2}}},
+                                       "bs8_b8_k4": {"cells": {"c1": {"speedup": 2.4}, "c8": {"speedup": 2.6}}},
+                                       "bs8_b16_k4": {"cells": {"c1": {"speedup": 2.1}, "c8": {"speedup": 2.0}}}}}]}
+    figure = charts.speedup_figure(cells, control)
+    assert figure is not None
+    (line,) = figure["data"]
+    assert line["text"] == ["b4", "b8", "b16"] and line["y"] == [3.0, 4.2, 5.0]  # acceptance rises with the budget ...
+    assert line["x"] == [2.2, 2.6, 2.1]  # ... the speedup peaks at b8 (the median of two cells: the upper one)
+    assert charts.speedup_figure(cells, None) is None

@@ -159,6 +159,9 @@ def build_html(
     depth = charts.depth_figure(cells)
     if depth:
         figures["acceptance-by-depth"] = depth
+    speedup = charts.speedup_figure(cells, payload.get("control") if isinstance(payload.get("control"), Mapping) else None)
+    if speedup:
+        figures["acceptance-speedup"] = speedup
     repeat_charts = []
     for config in dict.fromkeys(c.config for c in cells):
         fig = charts.repeats_figure(config, cells)
@@ -187,6 +190,7 @@ def build_html(
         output_panels=output_panels,
         request_panels=request_panels,
         pareto_panels=pareto_panels,
+        speedup=speedup,
         acceptance=acceptance,
         repeat_charts=repeat_charts,
         depth=depth,

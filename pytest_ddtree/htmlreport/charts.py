@@ -176,6 +176,41 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     return {"data": traces, "layout": layout}
 
 
+def speedup_figure(cells: Sequence[Cell], control: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Acceptance against speedup over the control, a line per (block size, topk, window) through its
+    budgets: acceptance rises with the budget while the speedup peaks at an intermediate one (the
+    DDTree paper's finding), so where a line turns back is where a bigger tree stops paying. Each
+    point is a config's median over its cells (speedup: config / control output tok/s per cell, from
+    the control's judgement; acceptance: tokens per verify step). None without a control."""
+    speedups: dict[str, list[float]] = defaultdict(list)
+    for group in (control or {}).get("groups") or []:
+        for name, entry in ((group or {}).get("configs") or {}).items():
+            for cell in ((entry or {}).get("cells") or {}).values():
+                if is_number((cell or {}).get("speedup")):
+                    speedups[str(name)].append(float(cell["speedup"]))
+    accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
+                                    for c in cells if not c.predicted and c.measurement_status != Status.INVALID])
+    groups: dict[tuple[int, int, str], list[tuple[int, float, float, str]]] = defaultdict(list)
+    for name, values in speedups.items():
+        config = config_or_none(name)
+        if config is None or name not in accept:
+            continue
+        window = "" if name.count("_w") == 0 else name.rsplit("_w", 1)[1]
+        groups[(config.block_size, config.topk, window)].append(
+            (config.budget, sorted(values)[len(values) // 2], accept[name], name))
+    if not groups:
+        return None
+    traces = []
+    for (bs, k, w), members in sorted(groups.items()):
+        members.sort()
+        traces.append({"type": "scatter", "mode": "lines+markers+text", "name": f"block {bs}, topk {k}" + (f", window {w}" if w else ""),
+                       "x": [m[1] for m in members], "y": [m[2] for m in members], "text": [f"b{m[0]}" for m in members],
+                       "textposition": "top center", "customdata": [m[3] for m in members],
+                       "hovertemplate": "%{customdata}: %{x:.2f}x the control, %{y:.2f} tokens per step<extra></extra>"})
+    layout = _layout("speedup over the control (output tok/s, median over cells)", "accepted tokens per step")
+    return {"data": traces, "layout": layout}
+
+
 def depth_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     """Acceptance by depth: per config and cell, the share of verifies that accepted at least d
     drafts, from the server's acceptance histograms. Where a line falls to zero is where the
