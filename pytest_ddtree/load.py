@@ -207,6 +207,8 @@ class CellResult:
     send_lag_s: list[float] | None = None
     #: the latency SLO its goodput is counted against (None: no goodput figures)
     slo: slo_mod.SLO | None = None
+    #: each measured request's prompt category, by request index (None: its prompt carries none)
+    categories: list[str | None] = field(default_factory=list)
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -252,6 +254,17 @@ class CellResult:
         for r in ok:
             total = proof.add_histograms(total, r.accept_histogram or [])
         return total
+
+    def category_counts(self) -> dict[str, tuple[int, int]]:
+        """Per prompt category, the valid requests' (completion tokens, verify steps): SPEED-Bench's
+        acceptance per category, summed so repeats pool (empty without categories or verify counts)."""
+        out: dict[str, tuple[int, int]] = {}
+        for r in self.ok_requests:
+            category = self.categories[r.index] if 0 <= r.index < len(self.categories) else None
+            if category is not None and r.spec_verify_ct:
+                tokens, steps = out.get(category, (0, 0))
+                out[category] = (tokens + r.completion_tokens, steps + r.spec_verify_ct)
+        return out
 
     @property
     def host_cpu_pressure(self) -> float | None:
@@ -648,6 +661,7 @@ def run_cell(
         notes=notes,
         prompt_source=measured.label,
         speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
+        categories=[p.category for p in measured.prompts],
     )
 
 

@@ -69,6 +69,8 @@ class Prompt:
     target_tokens: int
     input_ids: tuple[int, ...] | None = None
     text: str | None = None
+    #: the dataset's own label of the request's first conversation (a ShareGPT item's ``category``), or None
+    category: str | None = None
 
     def payload(self) -> dict[str, Any]:
         """The prompt part of a ``/generate`` body."""
@@ -124,8 +126,10 @@ def bundled_units(source: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=16)
-def sharegpt_units(path: str) -> tuple[str, ...]:
-    """First turns of a ShareGPT file's conversations that have at least two turns."""
+def sharegpt_items(path: str) -> tuple[tuple[str, str | None], ...]:
+    """First turns of a ShareGPT file's conversations that have at least two turns, each with the
+    item's ``category`` where it carries one as a string (SPEED-Bench's and other labelled sets': the
+    harness reports acceptance per category)."""
     file = Path(path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -133,20 +137,39 @@ def sharegpt_units(path: str) -> tuple[str, ...]:
         raise PromptError(f"cannot read the prompt dataset {file}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise PromptError(f"{file}: not JSON ({exc}); expected bench_serving's ShareGPT format") from None
-    units: list[str] = []
+    items: list[tuple[str, str | None]] = []
     if isinstance(data, list):
         for item in data:
             turns = item.get("conversations") if isinstance(item, dict) else None
             if isinstance(turns, list) and len(turns) >= 2 and isinstance(turns[0], dict):
                 value = turns[0].get("value")
                 if isinstance(value, str) and value.strip():
-                    units.append(value)
-    if not units:
+                    label = item.get("category")
+                    items.append((value, label[:64] if isinstance(label, str) and label.strip() else None))
+    if not items:
         raise PromptError(
             f"{file}: no usable conversations; expected bench_serving's ShareGPT format, a JSON list of "
             '{"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}'
         )
-    return tuple(units)
+    return tuple(items)
+
+
+def sharegpt_units(path: str) -> tuple[str, ...]:
+    """First turns of a ShareGPT file's conversations that have at least two turns."""
+    return tuple(value for value, _ in sharegpt_items(path))
+
+
+def categories_of(source: str) -> tuple[str | None, ...]:
+    """Each unit's category, aligned with ``units_of(source)``; empty when the source carries none."""
+    if source in BUNDLED or not (source.endswith(".json") or "/" in source):
+        return ()
+    labels = tuple(label for _, label in sharegpt_items(source))
+    return labels if any(label is not None for label in labels) else ()
+
+
+def _category(categories: Sequence[str | None], seed: int, index: int) -> str | None:
+    """Request ``index``'s category: its first unit's."""
+    return categories[_start_and_step(len(categories), seed, index)[0]] if categories else None
 
 
 def units_of(source: str) -> tuple[str, ...]:
@@ -293,7 +316,8 @@ def exact_prompts(encoder: Encoder, source: str, target: int, count: int, seed: 
     if wrapped:
         notes.append(f"{source_name(source)} is shorter than {target} tokens under this tokenizer: its text repeats "
                      "inside a prompt")
-    prompts = [Prompt(target, input_ids=tuple(t or ())) for t in ids]
+    categories = categories_of(source)
+    prompts = [Prompt(target, input_ids=tuple(t or ()), category=_category(categories, seed, i)) for i, t in enumerate(ids)]
     with _CACHE_LOCK:
         _CACHE[key] = prompts
     return prompts, notes
@@ -301,13 +325,13 @@ def exact_prompts(encoder: Encoder, source: str, target: int, count: int, seed: 
 
 def text_prompts(source: str, target: int, count: int, seed: int, chars_per_token: float) -> list[Prompt]:
     """Text prompts of about ``target`` tokens, sized by a measured characters-per-token figure."""
-    units = units_of(source)
+    units, categories = units_of(source), categories_of(source)
     out: list[Prompt] = []
     for i in range(count):
         start, step = _start_and_step(len(units), seed, i)
         want = max(1, round(target * chars_per_token))
         text, _ = request_text(units, start, step, want)
-        out.append(Prompt(target, text=text[:want]))
+        out.append(Prompt(target, text=text[:want], category=_category(categories, seed, i)))
     return out
 
 

@@ -362,6 +362,7 @@ class ThroughputData(_ThroughputRequired, total=False):
     completed by ``gate.throughput.evaluate_cell``)."""
 
     slo: SLOData  # where the session has an SLO: the goodput figures' targets
+    acceptance_by_category: dict[str, float]  # tokens per verify step per prompt category (labelled datasets)
 
     spoiled_repeats: list[SpoiledRepeatData]
     accept_histogram: list[int]  # the valid repeats' acceptance histograms summed
@@ -599,8 +600,7 @@ SHAPES: dict[RecordKind, object] = {
 
 
 class RecordError(ValueError):
-    """A record does not have its kind's shape; the message names the record, the key and what
-    was expected."""
+    """A record does not have its kind's shape; the message names the record, the key and what was expected."""
 
 
 @functools.cache

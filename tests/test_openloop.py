@@ -329,3 +329,37 @@ def test_the_frontier_and_the_speedup_chart_draw_what_the_records_say() -> None:
     assert line["text"] == ["b4", "b8", "b16"] and line["y"] == [3.0, 4.2, 5.0]  # acceptance rises with the budget ...
     assert line["x"] == [2.2, 2.6, 2.1]  # ... the speedup peaks at b8 (the median of two cells: the upper one)
     assert charts.speedup_figure(cells, None) is None
+
+
+def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path) -> None:
+    import json
+
+    from pytest_ddtree import prompts
+    from pytest_ddtree.gate import throughput
+    from tests.refserver_helpers import RefServer, config_args
+
+    code = prompts.units_of("coding")
+    chat = prompts.units_of("chat")
+    items = [{"category": "coding", "conversations": [{"from": "human", "value": c}, {"from": "gpt", "value": "ok"}]}
+             for c in code[:3]]
+    items += [{"category": "chat", "conversations": [{"from": "human", "value": c}, {"from": "gpt", "value": "ok"}]}
+              for c in chat[:3]]
+    items.append({"conversations": [{"from": "human", "value": "unlabelled"}, {"from": "gpt", "value": "ok"}]})
+    dataset = tmp_path / "labelled.json"
+    dataset.write_text(json.dumps(items))
+    assert prompts.categories_of(str(dataset)) == ("coding",) * 3 + ("chat",) * 3 + (None,)
+    assert prompts.categories_of("coding") == ()  # a bundled source is one category: the cell's own figure
+    cell = load.Cell("c2_lab", concurrency=2, context_tokens=32, output_tokens=24, requests=7, warmup_requests=0,
+                     prompts=str(dataset))
+    server = RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "20"], tmp_path).wait_ready()
+    try:
+        campaign = throughput.measure_config(server.url, [cell], 3)
+    finally:
+        server.stop()
+    evaluation = throughput.evaluate_cell("bs8_b8_k4", cell, campaign, None, tmp_path / "none.yaml", "refserver", False)
+    by_category = evaluation.record["acceptance_by_category"]
+    assert sorted(by_category) == ["chat", "coding"]  # the unlabelled request counts in the cell, in no category
+    counts = [s.category_counts() for s in campaign.runs["c2_lab"].samples if s.valid]
+    for category, value in by_category.items():  # pooled over the repeats: tokens over verify steps
+        assert value == pytest.approx(sum(c[category][0] for c in counts) / sum(c[category][1] for c in counts))
+        assert 1 <= value <= 8

@@ -481,10 +481,18 @@ def evaluate_cell(
 
 
 def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
-    """The record's retaken repeats, its SLO (where the session has one) and its acceptance histograms."""
+    """The record's retaken repeats, its SLO (where the session has one), its acceptance per prompt
+    category (a labelled dataset's) and its acceptance histograms."""
     record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
     if slo is not None:
         record["slo"] = slo.record()
+    pooled: dict[str, list[int]] = {}
+    for sample in (s for s in run.samples if s.valid):
+        for category, (tokens, steps) in sample.category_counts().items():
+            pooled.setdefault(category, [0, 0])[0] += tokens
+            pooled[category][1] += steps
+    if pooled:  # a labelled dataset's acceptance per category, over every valid repeat
+        record["acceptance_by_category"] = {c: tokens / steps for c, (tokens, steps) in sorted(pooled.items()) if steps}
     # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
     hist = cell_histogram(run.samples)
     if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
