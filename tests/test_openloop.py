@@ -363,3 +363,15 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
     for category, value in by_category.items():  # pooled over the repeats: tokens over verify steps
         assert value == pytest.approx(sum(c[category][0] for c in counts) / sum(c[category][1] for c in counts))
         assert 1 <= value <= 8
+
+
+def test_the_control_is_not_measured_on_open_loop_cells() -> None:
+    from types import SimpleNamespace
+
+    from pytest_ddtree.gate import control
+
+    closed = load.Cell("c2", 2, 48, 16, 4)
+    open_cell = load.Cell("r4", 8, 48, 16, 8, open_loop=openloop.Arrivals(4.0))
+    items = [SimpleNamespace(callspec=SimpleNamespace(params={"workload": w}), get_closest_marker=lambda name: None)
+             for w in (closed, open_cell)]
+    assert control.cells_of(items) == [closed]  # its tok/s there is the offered rate's: a speedup of ~1x

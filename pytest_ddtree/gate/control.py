@@ -662,14 +662,17 @@ def wants_end_launch(records: Sequence[RawRecord]) -> bool:
 
 def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
     """The throughput cells (``workload`` parameters) of the collected tests, each once, in order;
-    cells skipped for the profile (``max_context``) are left out."""
+    cells skipped for the profile (``max_context``) are left out, and so are open-loop cells: below
+    the service's capacity their output tok/s is the offered rate's whatever the launch, so a
+    speedup over the control there reads ~1x and would only dilute the uniform shift."""
     cells: list[WorkloadLike] = []
     seen: set[str] = set()
     for item in items:
         spec = getattr(item, "callspec", None)
         workload = spec.params.get("workload") if spec is not None else None
         name = getattr(workload, "name", None)
-        if workload is None or not isinstance(name, str) or name in seen or item.get_closest_marker("skip"):
+        if workload is None or not isinstance(name, str) or name in seen or item.get_closest_marker("skip") \
+                or getattr(workload, "open_loop", None) is not None:
             continue
         seen.add(name)
         cells.append(workload)
