@@ -167,7 +167,8 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
             tps += f" ±{spread['rel_half_width'] * 100:.0f}%"
         change = rec["change"].get("output_throughput")
         rows.append([
-            rec["config"], rec["cell"], str(w["concurrency"]), _ctx(w["context_tokens"]),
+            rec["config"], rec["cell"], f"{w['request_rate']:g}/s" if "request_rate" in w else str(w["concurrency"]),
+            _ctx(w["context_tokens"]),
             w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec["status"]),
         ])
     return rows
@@ -203,10 +204,11 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
     if not recs:
         return out
     by_cell: dict[tuple[int, int], list[ThroughputRecord]] = defaultdict(list)
-    for r in recs:
-        by_cell[(r["workload"]["concurrency"], r["workload"]["context_tokens"])].append(r)
-    top_c = max(c for c, _ in by_cell)
-    low_c = min(c for c, _ in by_cell)
+    for r in recs:  # closed-loop cells: an open-loop cell's load is its rate (frontier.py answers for those)
+        if "request_rate" not in r["workload"]:
+            by_cell[(r["workload"]["concurrency"], r["workload"]["context_tokens"])].append(r)
+    top_c = max((c for c, _ in by_cell), default=0)
+    low_c = min((c for c, _ in by_cell), default=0)
 
     def best(cands: list[ThroughputRecord], key: str) -> tuple[ThroughputRecord, ThroughputRecord | None]:
         ordered = sorted(cands, key=lambda r: -(r["metrics"].get(key) or 0.0))
