@@ -64,7 +64,8 @@ def test_bad_profile_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path
 
 @pytest.mark.parametrize(
     ("option", "message"),
-    [("--ddtree-repeats=2", "at least 3"), ("--ddtree-coding-set=nope", "unknown set 'nope'"), ("--ddtree-coding-limit=0", "at least 1")],
+    [("--ddtree-repeats=2", "at least 3"), ("--ddtree-coding-set=nope", "unknown set 'nope'"), ("--ddtree-coding-limit=0", "at least 1"),
+     ("--ddtree-slo=ttft=500", "--ddtree-slo: unknown SLO key(s)*ttft*valid: ttft_ms, tpot_ms, e2e_ms, percentile")],
 )
 def test_bad_numbers_are_usage_errors(pytester: pytest.Pytester, repo_root: Path, gate_file: None, option: str, message: str) -> None:
     result = pytester.runpytest_subprocess(option, *_args(repo_root))
