@@ -1,4 +1,4 @@
-"""Closed-loop load generator for SGLang's streaming ``/generate`` (no pytest import).
+"""Load generator for SGLang's streaming ``/generate``: closed loop, or open loop on an arrival schedule (no pytest import).
 
 Why it is written this way (see "Measuring serving performance without fooling yourself"):
 
@@ -10,6 +10,8 @@ Why it is written this way (see "Measuring serving performance without fooling y
   sum of a request's ITLs equals its decode time and TPOT and ITL agree.
 * **Closed loop at fixed concurrency**: C worker threads each send the next request as soon
   as their previous one finished, which is how the campaign's "concurrency 32" was meant.
+  An open-loop cell (``openloop.Arrivals``: bench_serving's request rate) is sent on its
+  schedule instead (:func:`run_open_loop`), one thread and connection per request.
 * **Real text of exact length** (``prompts.py``): prompts are real text cut to the cell's
   token count by the service's own tokenizer and sent as ``input_ids``, so a "4k" cell really
   sends 4096 tokens; the server's ``prompt_tokens`` is checked against it, and the output
@@ -676,7 +678,7 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
                                               extra_sampling_params, timeout_s)
         return requests, duration, None
     run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
-                                 stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
+                        stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
     if run.unfinished:
         notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
     late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
