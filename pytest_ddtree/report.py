@@ -583,6 +583,7 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
     if deployment:
         payload["deployment"] = deployment
         payload["recommendations"] = [*payload["recommendations"], *deployment["sentences"]]
+        md_parts += ["## What to deploy", "", *(f"- {line}" for line in deployment["sentences"]), ""]
     if throughput or predicted:
         text = render_sweep_table(throughput, predicted_rows=predicted)
         advice = payload["recommendations"]

@@ -61,6 +61,8 @@ def test_open_loop_cells_goodput_and_each_configs_sustainable_rate_through_the_s
     result.stdout.fnmatch_lines(["*bs8_b8_k4*r_tiny*20/s*", "*Sustainable request rate under SLO p90 tpot<=4ms on r_tiny*"])
     # the closed-loop sentences read closed-loop cells only: r_tiny's 8 requests are no concurrency
     assert not any("concurrency 8" in s for s in results["recommendations"]), results["recommendations"]
+    markdown = (pytester.path / "results" / "results.md").read_text()
+    assert "## What to deploy" in markdown and "- For SLO p90 tpot<=4ms at load r_tiny" in markdown
     # the report: a Pareto chart per context whose frontier is results.json's, and the deployment sentences
     reason = browser_missing_reason()
     if reason is not None:
