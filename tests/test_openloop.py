@@ -375,3 +375,21 @@ def test_the_control_is_not_measured_on_open_loop_cells() -> None:
     items = [SimpleNamespace(callspec=SimpleNamespace(params={"workload": w}), get_closest_marker=lambda name: None)
              for w in (closed, open_cell)]
     assert control.cells_of(items) == [closed]  # its tok/s there is the offered rate's: a speedup of ~1x
+
+
+def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
+    from pytest_ddtree.gate import throughput
+
+    workload = {"concurrency": 2, "context_tokens": 48, "output_tokens": 16, "requests": 4, "prompts": "coding via /tokenize"}
+    blessed = {"output_throughput": [100.0, 101.0, 99.0], "request_goodput": [6.0, 6.1, 5.9]}
+    entry: dict[str, object] = {}
+    for session in ("s1", "s2", "s3"):
+        entry = gate.baseline_cell_entry(workload, blessed, existing=entry or None, session=session)
+    today = {"output_throughput": [100.5, 99.5, 100.2]}  # a session without an SLO counts no goodput
+    missing = gate.compare_cell("c2", entry, today, workload=workload)
+    assert missing.status == gate.METRIC_MISSING  # judged as blessed: goodput gated, not produced
+    judged = throughput.judged_baseline(entry, None)
+    assert judged is not None and "request_goodput" not in judged["gates"] and "output_throughput" in judged["gates"]
+    assert gate.compare_cell("c2", judged, today, workload=workload).status == gate.PASS
+    slo = slo_mod.parse_slo("tpot_ms=50")
+    assert throughput.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s

@@ -342,13 +342,29 @@ def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, A
     return repeats, [p for s in run.samples for p in s.problems()]
 
 
+#: Gated metrics that exist only against an SLO: a session without one does not judge them.
+SLO_METRICS = ("request_goodput",)
+
+
+def judged_baseline(baseline_cell: Any, slo: SLO | None) -> dict[str, Any] | None:
+    """A cell's baseline as this session judges it: without an SLO, its goodput gates are left out (a
+    baseline blessed with an SLO must not fail a session without one for a figure it cannot count).
+    With another SLO than the blessed one the goodput figures differ: re-bless (docs/gates/throughput.md)."""
+    if not isinstance(baseline_cell, Mapping):
+        return None
+    gates = baseline_cell.get("gates")
+    if slo is not None or not isinstance(gates, Mapping) or not any(k in gates for k in SLO_METRICS):
+        return dict(baseline_cell)
+    return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in SLO_METRICS}}
+
+
 def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> gate.CellInput:
     """What the gate needs of one measured cell."""
     run = campaign.runs[workload.name]
     repeats, problems = _repeat_facts(run)
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
                                           spoiled=spoiled_evidence(run))
-    return gate.CellInput(baseline_cell if isinstance(baseline_cell, Mapping) else None,
+    return gate.CellInput(judged_baseline(baseline_cell, campaign.slo),
                           gate_samples(repeats, campaign.gated),
                           status, why, measured_workload(run, workload))
 
@@ -439,9 +455,10 @@ def evaluate_cell(
             section = gate.validate_section(baseline.get("metrics"), str(baseline_path))
         except (BaselineError, gate.BaselineFormatError) as exc:
             problem = str(exc)
-    cell_base = section.get(workload.name)
+    cell_base = section.get(workload.name)  # as blessed (a bless merges into it) ...
+    judged = judged_baseline(cell_base, campaign.slo)  # ... and as this session judges it
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
-        workload.name, cell_base, samples, status=status, problems=why, workload=workload_info)
+        workload.name, judged, samples, status=status, problems=why, workload=workload_info)
     if update_mode and gate.bless_refusal(status, why, run.primary) is None:
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
@@ -462,7 +479,7 @@ def evaluate_cell(
         problems=problems[:20],
         notes=notes,
         hardware_profile=hardware_profile,
-        baseline=(cell_base or {}).get("gates") if isinstance(cell_base, dict) else None,
+        baseline=(judged or {}).get("gates"),
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     _complete_record(record, run, campaign.slo)
