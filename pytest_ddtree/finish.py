@@ -177,7 +177,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
                           project_commit=history.git_commit(settings.rootdir), package_version=pytest_ddtree.__version__)
     entry = history.session_from_payload(payload, session_id=settings.session_id, started_at=min(times) if times else 0.0,
                                          results_dir=session.results_dir, build=build, exit_status=exitstatus)
-    cells = history.cells_from_payload(payload)
+    cells = history.cells_from_payload(payload) + history.control_cells(records)
     try:
         with history.HistoryStore(url) as store:
             store.append(entry, cells)
@@ -195,11 +195,12 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
             outcome.fail(f"--ddtree-history-check: {exc}")
             return
         lines.append(changepoints.summary_text(analysed, limit=5))
-        regressions = changepoints.check_session(analysed, entry.session_id)
+        regressions = [cp.describe() for cp in changepoints.check_session(analysed, entry.session_id)]
+        regressions += [c.describe() for c in changepoints.check_build(changepoints.analyse_builds(analysed), entry.session_id)]
         if regressions:
             outcome.exit_failure = True
             outcome.sections.append(("ddtree history check", "this session's measurements start a regression of the "
-                                     "history:\n" + "\n".join(f"- {cp.describe()}" for cp in regressions)))
+                                     "history:\n" + "\n".join(f"- {text}" for text in regressions)))
     outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 

@@ -45,8 +45,11 @@ LOCK_TIMEOUT_S = 60.0
 _MIGRATION_LOCK = 0x64647472656531  # "ddtree1"
 
 #: The schema, as the ordered migrations that build it. Never edit a released one: add the next.
-#: 1 is the first layout (sessions, cells, samples); 2 adds the build fingerprint, the cell's
-#: host and measurement status, the verdicts, and the series index.
+#: 1 is the first layout (sessions, cells, samples); 2 adds the build (engine build, package), the
+#: cell's host and measurement status, the verdicts, and the series index; 3 adds the session's build
+#: fingerprint and the cell's role: the session's non-speculative control is stored beside the
+#: configs (role ``control``, with the launches its samples pool), so a build that slows everything,
+#: the control included, shows as a step common to every series (``changepoints.build_changes``).
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
         "CREATE TABLE ddtree_sessions (session_id TEXT PRIMARY KEY, started_at DOUBLE PRECISION, host TEXT,"
@@ -70,7 +73,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         " PRIMARY KEY (session_id, config, cell, metric))",
         "CREATE INDEX ddtree_samples_series ON ddtree_samples (config, cell, metric)",
     )),
+    (3, (
+        "ALTER TABLE ddtree_sessions ADD COLUMN build_fingerprint TEXT",
+        "ALTER TABLE ddtree_cells ADD COLUMN role TEXT",
+        "ALTER TABLE ddtree_cells ADD COLUMN launches INTEGER",
+    )),
 )
+#: ``ddtree_cells.role``: a speculative config's cell (NULL in stores older than migration 3), or the control's.
+ROLE_CONFIG = "config"
+ROLE_CONTROL = "control"
 LATEST_VERSION = MIGRATIONS[-1][0]
 #: Sessions a reader takes by default (the session end's change-point check, ``ddtree-report
 #: --history``): a year of nightly sweeps, ~2.5 million sample rows at most in memory.
@@ -100,6 +111,13 @@ class Build:
             parts.append(f"project {self.project_commit[:10]}")
         return " ".join(parts)
 
+    def fingerprint(self) -> str:
+        """One digest of everything the build is (a label shortens hashes; two builds can share
+        one): what tells the sessions on either side of a build-level change apart."""
+        text = "\x1f".join(x or "" for x in (self.engine_version, self.engine_build, self.project_commit,
+                                               self.package_version))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 @dataclass(frozen=True)
 class SessionEntry:
@@ -122,6 +140,8 @@ class CellEntry:
     measurement_status: str | None = None
     samples: Mapping[str, Sequence[float]] = field(default_factory=dict)
     verdicts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # metric -> {status, change, message}
+    role: str = ROLE_CONFIG
+    launches: int | None = None  # the control's: how many launches its samples pool
 
 
 @dataclass
@@ -135,6 +155,8 @@ class StoredCell:
     status: str | None
     samples: dict[str, list[float]] = field(default_factory=dict)
     verdicts: dict[str, str | None] = field(default_factory=dict)
+    role: str = ROLE_CONFIG
+    launches: int | None = None
 
 
 def redact(url: str) -> str:
@@ -301,13 +323,15 @@ class HistoryStore:
                 self._execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
             self._execute(
                 "INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version, project_commit, results_dir,"
-                " engine_build, package_version, report_path, exit_status, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " engine_build, package_version, report_path, exit_status, recorded_at, build_fingerprint)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (sid, session.started_at, session.host, b.engine_version, b.project_commit, session.results_dir,
-                 b.engine_build, b.package_version, session.report_path, session.exit_status, time.time()))
+                 b.engine_build, b.package_version, session.report_path, session.exit_status, time.time(), b.fingerprint()))
             self._executemany(
-                "INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status, host, measurement_status)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(sid, c.config, c.cell, c.hardware_profile, c.status, c.host, c.measurement_status) for c in cells])
+                "INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status, host, measurement_status,"
+                " role, launches) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sid, c.config, c.cell, c.hardware_profile, c.status, c.host, c.measurement_status, c.role, c.launches)
+                 for c in cells])
             self._executemany(
                 "INSERT INTO ddtree_samples (session_id, config, cell, metric, repeat_index, value) VALUES (?, ?, ?, ?, ?, ?)",
                 [(sid, c.config, c.cell, metric, i, float(v)) for c in cells for metric, values in c.samples.items()
@@ -341,11 +365,13 @@ class HistoryStore:
                 build=Build(engine_version=row[3], engine_build=row[4], project_commit=row[5], package_version=row[6]),
                 results_dir=row[7], report_path=row[8], exit_status=row[9])
         out: dict[tuple[str, str, str], StoredCell] = {}
-        for sid, config, cell, profile, status in self._execute(
-            "SELECT session_id, config, cell, hardware_profile, status FROM ddtree_cells" + window, params
+        for sid, config, cell, profile, status, role, launches in self._execute(
+            "SELECT session_id, config, cell, hardware_profile, status, role, launches FROM ddtree_cells" + window, params
         ).fetchall():
-            if sid in sessions:
-                out[(sid, config, cell)] = StoredCell(sessions[sid], config, cell, profile, status)
+            if sid in sessions:  # role NULL: a cell stored before the control was (always a config's)
+                out[(sid, config, cell)] = StoredCell(sessions[sid], config, cell, profile, status,
+                                                      role=ROLE_CONTROL if role == ROLE_CONTROL else ROLE_CONFIG,
+                                                      launches=int(launches) if is_number(launches) else None)
         for sid, config, cell, metric, _, value in self._execute(
             "SELECT session_id, config, cell, metric, repeat_index, value FROM ddtree_samples" + window
             + " ORDER BY repeat_index", params
@@ -383,6 +409,39 @@ def cells_from_payload(payload: Mapping[str, Any]) -> list[CellEntry]:
             verdicts={str(k): dict(v) for k, v in metric_verdicts.items() if isinstance(v, Mapping)},
         ))
     return out
+
+
+def control_cells(records: Sequence[Mapping[str, Any]]) -> list[CellEntry]:
+    """The session's control cells (``RecordKind.THROUGHPUT_CONTROL``), one per hardware profile,
+    host and cell, every launch's samples pooled (results.json keeps the control's judgement, not
+    its samples, so they come from the session's records). Stored with role ``control``: the
+    series a build-level change must move too, where the speculative configs alone cannot tell a
+    slower build from a slower day."""
+    from pytest_ddtree import records as records_mod
+    from pytest_ddtree.gate import FAILING
+    from pytest_ddtree.gate.baseline_format import CONTROL
+
+    pooled: dict[tuple[str | None, str | None, str], CellEntry] = {}
+    for rec in records_mod.control_records(records):
+        if rec.get("bless_refused"):
+            continue
+        key = (_text(rec.get("hardware_profile")), _text(rec.get("host")), str(rec["cell"]))
+        samples = {str(k): [float(v) for v in values if is_number(v) and math.isfinite(float(v))]
+                   for k, values in (rec.get("samples") or {}).items() if isinstance(values, list)}
+        earlier = pooled.get(key)
+        if earlier is not None:
+            samples = {k: [*earlier.samples.get(k, ()), *samples.get(k, ())] for k in {*earlier.samples, *samples}}
+        verdict = _mapping(_mapping(rec.get("verdict")).get("metrics"))
+        status = _text(rec.get("status"))
+        if earlier is not None and earlier.status in FAILING:  # the launches disagree: a failing one stands
+            status = earlier.status
+        pooled[key] = CellEntry(
+            config=CONTROL, cell=key[2], hardware_profile=key[0], host=key[1], status=status,
+            measurement_status=_text(rec.get("measurement_status")), samples=samples,
+            verdicts=earlier.verdicts if earlier is not None else
+            {str(k): dict(v) for k, v in verdict.items() if isinstance(v, Mapping)},
+            role=ROLE_CONTROL, launches=1 if earlier is None else (earlier.launches or 1) + 1)
+    return list(pooled.values())
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -57,3 +57,29 @@ def write_synthetic_history(url: str, sessions: int = SESSIONS, results_root: Pa
     with HistoryStore(url) as store:
         for index in range(sessions):
             store.append(*synthetic_session(index, results_root=results_root))
+
+
+def write_build_history(url: str, sessions: int = 16, step_at: int = 11, step: float = -0.05, day: float = 0.01,
+                        seed: int = 3) -> None:
+    """A history where a whole build changes: from session ``step_at`` on every series, the control's
+    included, moves by ``step`` (a slower engine build), each session with its own day shift."""
+    from pytest_ddtree.gate.baseline_format import CONTROL
+    from pytest_ddtree.history import ROLE_CONTROL
+
+    rng = random.Random(seed)
+    with HistoryStore(url) as store:
+        for index in range(sessions):
+            factor = math.exp(rng.gauss(0.0, day)) * (1.0 + (step if index >= step_at else 0.0))
+            cells = []
+            for config, base in (("bs8_b8_k4", 1.0), ("bs8_b16_k4", 1.1), ("bs4_b8_k2", 0.9), (CONTROL, 0.5)):
+                for cell, speed in CELLS.items():
+                    samples = [base * speed * factor * math.exp(rng.gauss(0.0, NOISE)) for _ in range(REPEATS)]
+                    control = config == CONTROL
+                    cells.append(CellEntry(config=config, cell=cell, hardware_profile="refserver", host="ci-1", status="pass",
+                                           samples={"output_throughput": samples}, role=ROLE_CONTROL if control else "config",
+                                           launches=2 if control else None))
+            engine = "0.5.24" if index >= step_at else "0.5.23"
+            build = Build(engine_version=engine, engine_build=f"commit {'beef' if index >= step_at else 'cafe'}{index:02x}",
+                          project_commit=f"{index:040x}")
+            store.append(SessionEntry(f"20261101T{index:04d}00Z-b{index:02d}", 1.80e9 + index * 86400.0, host="ci-1",
+                                      build=build, exit_status=0), cells)

@@ -237,15 +237,20 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
                                                                                          repo_root: Path) -> None:
     import yaml
 
-    baseline = yaml.safe_load((repo_root / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())
-    median = float(baseline["metrics"]["c1_short"]["gates"]["output_throughput"]["median"])
+    from pytest_ddtree.history import ROLE_CONTROL
+
+    def median_of(name: str) -> float:
+        baseline = yaml.safe_load((repo_root / "baselines" / "refserver" / f"{name}.yaml").read_text())
+        return float(baseline["metrics"]["c1_short"]["gates"]["output_throughput"]["median"])
+
     db = pytester.path / "history.db"
-    with HistoryStore(str(db)) as store:  # ten earlier sessions of the same cell, 30% faster than today's engine
+    with HistoryStore(str(db)) as store:  # ten earlier sessions of the cell and the control, 30% faster than today's engine
         for n in range(10):
-            faster = [median * 1.3 * (1 + 0.01 * ((n + k) % 3 - 1)) for k in range(3)]
-            cell = CellEntry(config="bs8_b8_k4", cell="c1_short", hardware_profile="refserver", status="pass",
-                             samples={"output_throughput": faster})
-            store.append(SessionEntry(f"earlier-{n}", 1.0e9 + n, build=Build(engine_version="refserver-fast", project_commit=f"{n:040x}")), [cell])
+            cells = [CellEntry(config=name, cell="c1_short", hardware_profile="refserver", status="pass",
+                               samples={"output_throughput": [median_of(name) * 1.3 * (1 + 0.01 * ((n + k) % 3 - 1))
+                                                              for k in range(3)]},
+                               role=ROLE_CONTROL if name == "control" else "config") for name in ("bs8_b8_k4", "control")]
+            store.append(SessionEntry(f"earlier-{n}", 1.0e9 + n, build=Build(engine_version="refserver-fast", project_commit=f"{n:040x}")), cells)
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
         "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
@@ -256,7 +261,13 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
         "*ddtree history check*",
         f"- bs8_b8_k4 c1_short output_throughput (refserver): regression of -* began at session {session_id} (build refserver-*);"
         " the last session before it was earlier-9 (build refserver-fast project 0000000000)*",
+        # the control came slower too (today's control cells are stored as their own series): the build changed
+        f"- the build changed (refserver): every series -* from session {session_id} (build refserver-*"
+        " the last session before it was earlier-9 (build refserver-fast project 0000000000, *); 10 sessions before, 1 since*",
     ])
+    with HistoryStore(str(db)) as store:
+        (control,) = [c for c in store.cells() if c.session.session_id == session_id and c.config == "control"]
+    assert control.role == ROLE_CONTROL and control.launches == 1 and len(control.samples["output_throughput"]) >= 3
 
 
 def test_a_bad_history_option_is_a_usage_error_before_anything_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
@@ -289,3 +300,70 @@ def test_a_series_continues_across_the_gated_acceptance_rename() -> None:
     series = [s for s in build_series([old, new]) if s.key.metric == "ddtree_tokens_per_verify"]
     assert len(series) == 1 and [p.session_id for p in series[0].points] == ["s1", "s2"]
     assert not [s for s in build_series([old, new]) if s.key.metric == "accept_length"]
+
+
+def test_a_store_of_the_second_schema_is_migrated_and_the_control_gets_its_own_series(tmp_path: Path) -> None:
+    """A SQLite file exactly as the second layout wrote it (migrations 1 and 2, no role, no launches,
+    no build fingerprint): opened, migrated, its cells read as configs; a session with the control
+    stores the control's cells as their own series, with their launches and the build fingerprint."""
+    from pytest_ddtree.history import ROLE_CONFIG, ROLE_CONTROL
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE ddtree_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION)")
+    for version, statements in MIGRATIONS[:2]:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO ddtree_schema VALUES (?, 0)", (version,))
+    conn.execute("INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version, project_commit, engine_build)"
+                 " VALUES ('old', 1.0, 'h', '0.5.2', 'abc', 'commit 1234')")
+    conn.execute("INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status) VALUES"
+                 " ('old', 'bs8_b8_k4', 'c1_short', 'refserver', 'pass')")
+    conn.execute("INSERT INTO ddtree_samples VALUES ('old', 'bs8_b8_k4', 'c1_short', 'output_throughput', 0, 950.0)")
+    conn.close()
+
+    control = CellEntry(config="control", cell="c1_short", hardware_profile="refserver", status="pass",
+                        samples={"output_throughput": [500.0, 505.0, 498.0, 502.0]}, role=ROLE_CONTROL, launches=2)
+    entry, cells = _session("new", 2.0)
+    with HistoryStore(str(path)) as store:
+        assert store.schema_version() == MIGRATIONS[-1][0] == 3
+        store.append(entry, [*cells, control])
+    with HistoryStore(str(path), create=False) as store:
+        old, new_config, new_control = store.cells()
+    assert (old.role, old.launches, old.samples) == (ROLE_CONFIG, None, {"output_throughput": [950.0]})
+    assert (new_config.role, new_control.role, new_control.launches) == (ROLE_CONFIG, ROLE_CONTROL, 2)
+    fingerprints = dict(sqlite3.connect(path).execute("SELECT session_id, build_fingerprint FROM ddtree_sessions").fetchall())
+    assert fingerprints == {"old": None, "new": entry.build.fingerprint()}
+    assert new_control.session.build.fingerprint() == entry.build.fingerprint() != old.session.build.fingerprint()
+    keys = {(s.key.config, s.key.cell) for s in changepoints.build_series([old, new_config, new_control])}
+    assert keys == {("bs8_b8_k4", "c1_short"), ("control", "c1_short")}
+
+
+def test_a_whole_build_slower_the_control_included_is_one_build_level_change_through_sqlite_and_the_cli(
+        tmp_path: Path) -> None:
+    """Every series 5% slower from one build on (configs and control alike, a 1% day shift): per series
+    Otava sees nothing that young; the build-level change is found, sized, and tied to the builds on
+    either side, by ddtree-report --history; the history check of the sessions after it fails, and a
+    history without the step (the same seed) has no build-level change."""
+    url = f"sqlite:///{tmp_path / 'build.db'}"
+    synthetic.write_build_history(url)
+    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "-o",
+                          str(tmp_path / "h.html")], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("  - the build changed")]
+    assert "(refserver): every series -" in line and "from session 20261101T001100Z-b11 (build 0.5.24 beef0b" in line
+    assert "the last session before it was 20261101T001000Z-b10 (build 0.5.23 cafe0a" in line, line
+    with HistoryStore(url) as store:
+        cells = store.cells()
+    histories = changepoints.analyse_builds(changepoints.analyse(cells))
+    (change,) = histories[0].changes
+    assert change.index == 11 and change.regression and -0.07 < change.size < -0.03 and change.interval[1] < 0
+    assert change.control_size is not None and -0.08 < change.control_size < -0.02 and change.kind == changepoints.KIND_BUILD
+    (failed,) = changepoints.check_build(histories, "20261101T001500Z-b15")
+    assert failed == change and "0.5.24" in failed.describe()
+
+    flat = f"sqlite:///{tmp_path / 'flat.db'}"
+    synthetic.write_build_history(flat, step=0.0)
+    with HistoryStore(flat) as store:
+        histories = changepoints.analyse_builds(changepoints.analyse(store.cells()))
+    assert histories[0].changes == [] and len(histories[0].points) == 16

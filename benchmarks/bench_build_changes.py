@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""How soon does the history see a whole build slower, the control included, and how often does
+it cry wolf?
+
+Why: within one session a build that slows every launch by 5%, the non-speculative control too,
+cannot be told from a slower day (the gate's control moves with the configs, and the uniform
+shift over the control is zero); across sessions it can, as a step common to every series
+(``changepoints.build_changes``). This benchmark measures that detector on synthetic histories
+through the history's own reader functions (``changepoints.build_series`` on ``history.StoredCell``
+rows as ``HistoryStore.cells`` returns them, then ``analyse_builds`` and ``check_build`` exactly as
+``--ddtree-history-check`` runs them at the end of each session, on the history up to that session).
+
+A history: ``--sessions`` sessions (60) of the campaign, ``--configs`` configs (18) x ``--cells``
+cells (6) of output tok/s plus the control's cells (the same cells, its launches pooled), each cell
+``--repeats`` repeats (3) with lognormal noise ``--noise`` (3%), each session a day shift
+exp(N(0, ``--day``)) (2%) common to all its launches, each launch (every config's and each of the
+control's ``--control-launches``) exp(N(0, ``--launch``)) (2%) of its own. Scenarios:
+
+* ``unchanged``: no change; every session checked; the figure is the share of sessions the check
+  fails (false alarms per session) and of histories with any false change;
+* ``step3`` / ``step5``: from session ``--step-at`` (40) on, every series 3% / 5% slower, the
+  control included; found within k sessions when the check of the k-th session of the new level
+  (or an earlier one) fails naming a build-level regression that begins within
+  ``--tolerance`` (2) sessions of the step. Sessions checked before the step count as false alarms.
+
+Usage: python benchmarks/bench_build_changes.py [--histories 1000] [--trials 400] [--jobs N] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pytest_ddtree import changepoints  # noqa: E402
+from pytest_ddtree.gate.baseline_format import CONTROL  # noqa: E402
+from pytest_ddtree.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
+
+SCENARIOS = {"unchanged": 0.0, "step3": 0.03, "step5": 0.05}
+
+
+def history(rng: random.Random, args: argparse.Namespace, step: float) -> list[StoredCell]:
+    """One synthetic history's stored cells (what ``HistoryStore.cells`` returns)."""
+    truth = {(c, k): rng.uniform(80.0, 1200.0) for c in range(args.configs) for k in range(args.cells)}
+    control_truth = [rng.uniform(40.0, 600.0) for _ in range(args.cells)]
+    out: list[StoredCell] = []
+    for s in range(args.sessions):
+        build = Build(engine_version="0.5.23", engine_build=f"commit {s:08x}", project_commit=f"{s:040x}")
+        session = SessionEntry(f"s{s:03d}", 1.79e9 + s * 86400.0, host="gpu-1", build=build)
+        day = rng.gauss(0.0, args.day)
+        slower = math.log1p(-step) if s >= args.step_at else 0.0
+        for c in range(args.configs):
+            launch = rng.gauss(0.0, args.launch)
+            for k in range(args.cells):
+                values = [truth[(c, k)] * math.exp(day + launch + slower + rng.gauss(0.0, args.noise))
+                          for _ in range(args.repeats)]
+                out.append(StoredCell(session, f"cfg{c}", f"c{k}", "gpu", "pass", {"output_throughput": values}))
+        launches = [rng.gauss(0.0, args.launch) for _ in range(args.control_launches)]
+        for k in range(args.cells):
+            values = [control_truth[k] * math.exp(day + shift + slower + rng.gauss(0.0, args.noise))
+                      for shift in launches for _ in range(args.repeats)]
+            out.append(StoredCell(session, CONTROL, f"c{k}", "gpu", "pass", {"output_throughput": values},
+                                  role=ROLE_CONTROL, launches=args.control_launches))
+    return out
+
+
+def check_each_session(cells: list[StoredCell]) -> list[list[changepoints.BuildChange]]:
+    """What ``--ddtree-history-check`` says at the end of each session: the history up to it."""
+    full = changepoints.build_series(cells, metrics=(changepoints.BUILD_METRIC,))
+    sessions = sorted({c.session.session_id for c in cells})
+    verdicts = []
+    for n, sid in enumerate(sessions):
+        prefix = [changepoints.Series(s.key, [p for p in s.points if p.session_id <= sid]) for s in full]
+        verdicts.append(changepoints.check_build(changepoints.analyse_builds(prefix), sid) if n else [])
+    return verdicts
+
+
+def _task(job: tuple[str, int, int, dict[str, Any]]) -> dict[str, Any]:
+    scenario, seed, n, raw = job
+    args = argparse.Namespace(**raw)
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"histories": 0, "sessions_checked": 0, "false_alarms": 0, "histories_with_false": 0,
+                           "found_within": [0] * (args.sessions - args.step_at + 1), "sizes": [], "misplaced": 0}
+    for _ in range(n):
+        step = SCENARIOS[scenario]
+        verdicts = check_each_session(history(rng, args, step))
+        out["histories"] += 1
+        last = args.sessions if not step else args.step_at
+        false = sum(1 for v in verdicts[:last] if v)
+        out["sessions_checked"] += last
+        out["false_alarms"] += false
+        out["histories_with_false"] += bool(false)
+        if step:
+            for k, v in enumerate(verdicts[args.step_at:], start=1):
+                hit = [c for c in v if abs(c.index - args.step_at) <= args.tolerance]
+                if hit:
+                    out["found_within"][k] += 1
+                    out["sizes"].append(hit[0].size)
+                    break
+                if v:
+                    out["misplaced"] += 1
+    return {"scenario": scenario, **out}
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95% Wilson interval of k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    z = 1.96
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fig(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k / max(1, n):.2%} of {n} [{lo:.2%}, {hi:.2%}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--histories", type=int, default=1000, help="unchanged histories")
+    ap.add_argument("--trials", type=int, default=400, help="histories per step scenario")
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--sessions", type=int, default=60)
+    ap.add_argument("--step-at", type=int, default=40)
+    ap.add_argument("--tolerance", type=int, default=2, help="sessions a found change may be off the true step")
+    ap.add_argument("--configs", type=int, default=18)
+    ap.add_argument("--cells", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--control-launches", type=int, default=2)
+    ap.add_argument("--noise", type=float, default=0.03, help="repeat noise (log sd)")
+    ap.add_argument("--day", type=float, default=0.02, help="day-to-day shift per session (log sd)")
+    ap.add_argument("--launch", type=float, default=0.02, help="per-launch shift (log sd)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    raw = {k: v for k, v in vars(args).items() if k != "json"}
+    jobs = []
+    for ki, scenario in enumerate(args.scenarios):
+        total = args.histories if scenario == "unchanged" else args.trials
+        for ci in range(0, total, 10):
+            jobs.append((scenario, args.seed * 1_000_003 + ki * 10_007 + ci, min(10, total - ci), raw))
+    print(f"build-level change points: {args.sessions}-session histories, {args.configs} configs x {args.cells} cells "
+          f"+ the control ({args.control_launches} launches), {args.repeats} repeats at {args.noise:.0%}, day shift "
+          f"{args.day:.0%}, per-launch {args.launch:.0%}; looks {changepoints.BUILD_LOOKS}, alpha "
+          f"{changepoints.BUILD_ALPHA:g} a session, window {changepoints.BUILD_WINDOW}", flush=True)
+    t0 = time.monotonic()
+    totals: dict[str, dict[str, Any]] = {}
+    with multiprocessing.Pool(max(1, args.jobs)) as pool:
+        for part in pool.imap_unordered(_task, jobs):
+            t = totals.setdefault(part["scenario"], {})
+            for k, v in part.items():
+                if k == "scenario":
+                    continue
+                if isinstance(v, list) and k == "found_within":
+                    t[k] = [a + b for a, b in zip(t.get(k, [0] * len(v)), v)]
+                elif isinstance(v, list):
+                    t.setdefault(k, []).extend(v)
+                else:
+                    t[k] = t.get(k, 0) + v
+    print(f"{len(jobs)} chunks on {args.jobs} processes in {time.monotonic() - t0:.0f} s")
+    ok = True
+    for scenario in args.scenarios:
+        t = totals[scenario]
+        n = t["histories"]
+        print(f"{scenario}: {n} histories; sessions the check failed before any change: "
+              f"{fig(t['false_alarms'], t['sessions_checked'])} (target <= 1%); histories with any: "
+              f"{fig(t['histories_with_false'], n)}")
+        ok &= t["false_alarms"] <= 0.01 * t["sessions_checked"]
+        if SCENARIOS[scenario]:
+            cumulative = 0
+            parts = []
+            for after, count in enumerate(t["found_within"]):
+                cumulative += count
+                if after in (1, 2, 3, 5, 10, args.sessions - args.step_at):
+                    parts.append(f"{after}: {fig(cumulative, n)}")
+            within3 = sum(t["found_within"][:4])
+            sizes = sorted(t["sizes"])
+            print("  found within k sessions of the new level: " + "; ".join(parts))
+            print(f"  within 3 sessions: {within3 / n:.1%} (target >= 95%); median size reported "
+                  f"{sizes[len(sizes) // 2]:+.1%}" if sizes else "  never found")
+            ok &= within3 >= 0.95 * n
+    if args.json:
+        args.json.write_text(json.dumps({"args": raw, "totals": totals}, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
