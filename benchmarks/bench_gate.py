@@ -42,7 +42,17 @@ Scenarios, each judged as a whole session:
   its cells, by the check against its session, or by the uniform shift;
 * ``every_config_3`` / ``every_config_5``: every config 3% / 5% slower, the control unchanged:
   caught when the uniform shift fails ("only speculative configs moved", the summary's kind), or
-  any other failure of the session (counted apart).
+  any other failure of the session (counted apart);
+* ``whole_build_5``: every config and the control 5% slower (a slower build): within one session
+  it is a slower day (the control moves with the configs), so "caught" is any failure of the
+  session; across sessions the history sees it (``benchmarks/bench_build_changes.py``).
+
+Where it follows the plugin: the configs' cells are judged with the blessed launch spread and cell
+noise (what the suite's ``_campaign`` passes), the control's without them (``control.measure``
+passes neither); blessed sessions take the bless's repeat policy (``repeat_policy(bless=True)``)
+and a cell ``gate.bless_refusal`` refuses is not blessed. Where it does not: it calls the gate's
+functions on simulated repeats instead of the suite's test function and the fixtures' bodies (no
+service, recorder or baseline files), so a change to that orchestration is not seen here.
 
 Usage: python benchmarks/bench_gate.py [--sweeps 1000] [--trials 400] [--shapes ...] [--jobs N] [--json F]
 
@@ -121,6 +131,7 @@ SCENARIOS = {
     "whole_config_10": ("one", "all", 0.10),
     "every_config_3": ("all", "all", 0.03),
     "every_config_5": ("all", "all", 0.05),
+    "whole_build_5": ("build", "all", 0.05),
 }
 
 
@@ -174,13 +185,23 @@ def _samples(runs: list[dict[str, float]]) -> dict[str, list[float]]:
     return {k: [r[k] for r in runs] for k in keys}
 
 
+#: Repeats measured per sweep (first passes, extra repeats, confirmations, relaunches; configs and the
+#: control apart), counted by ``_measure`` for the figures' cost.
+COUNTS: dict[str, int] = {}
+
+
 def _measure(model: Model, config: int, cells: list[int], speed: float, repeats: int,
-             drops: dict[int, float]) -> dict[int, stats.CellRun[dict[str, float]]]:
-    """The suite's interleaved repeats (same policy, same early stop / extra repeats)."""
-    policy = throughput.repeat_policy(repeats)
-    return stats.run_interleaved(
+             drops: dict[int, float], bless: bool = False,
+             policy: stats.RepeatPolicy | None = None) -> dict[int, stats.CellRun[dict[str, float]]]:
+    """The suite's interleaved repeats (``measure_config``'s policy: ``repeat_policy(repeats, bless)``,
+    same early stop / extra repeats)."""
+    policy = policy or throughput.repeat_policy(repeats, bless)
+    runs = stats.run_interleaved(
         cells, lambda c, r: model.repeat(config, c, speed, drops.get(c, 0.0)),
         lambda s: s["output_throughput"], policy)
+    key = "control_repeats" if config == CONTROL else "config_repeats"
+    COUNTS[key] = COUNTS.get(key, 0) + sum(len(run.samples) for run in runs.values())
+    return runs
 
 
 def _launches(configs: int) -> list[tuple[int, float]]:
@@ -203,9 +224,17 @@ def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
             count = control.launches_at(CONTROL_LAUNCHES, control.START if position == 0 else control.END) \
                 if cfg == CONTROL else 1
             for _ in range(count):
-                runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {})
+                # measure_config(bless=True): the bless's repeat policy, and a cell that
+                # gate.bless_refusal refuses is not proposed (its earlier entry stays; the control's
+                # refused launch is not pooled: control._with_earlier_launches)
+                policy = throughput.repeat_policy(3, bless=True)
+                runs = _measure(model, cfg, list(range(CELLS)), model.launch(day, position), 3, {}, policy=policy)
                 launches += cfg == CONTROL
                 for cell, run in runs.items():
+                    status, why = gate.measurement_status(policy, run.primary, run.invalid, [])
+                    if gate.bless_refusal(status, why, run.primary) is not None:
+                        COUNTS["bless_refused"] = COUNTS.get("bless_refused", 0) + 1
+                        continue
                     samples = _samples(run.samples)
                     if cfg == CONTROL:
                         for k, v in samples.items():
@@ -246,7 +275,10 @@ def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
 def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     """One blessed world and today's session under ``scenario``: what failed and what caught it."""
     who, where, drop = SCENARIOS[scenario]
+    COUNTS.clear()
     baseline = bless(model, configs)
+    refused = COUNTS.get("bless_refused", 0)
+    COUNTS.clear()
     # what the suite passes: the launch-to-launch spread pooled over every config's baseline file
     sections = [{f"c{i}": e for i, e in enumerate(baseline[c])} for c in range(configs)]
     spread = gate.launch_spread(sections)
@@ -260,13 +292,15 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     blessed_launches = control.blessed_launches({f"c{i}": e for i, e in enumerate(baseline[CONTROL])})
     control_launch = 0
     for cfg, position in _launches(configs):
-        slowed = drop and cfg != CONTROL and (who == "all" or cfg == 0)
+        slowed = drop and (who == "build" or (cfg != CONTROL and (who == "all" or cfg == 0)))
         drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
         name = control.CONTROL if cfg == CONTROL else f"cfg{cfg}"
         # the control's launches at the process's start (position 0) or end (1), the plugin's measure_launches
         at = (control.START if position == 0 else control.END) if cfg == CONTROL else ""
         for _ in range(control.launches_at(CONTROL_LAUNCHES, at) if cfg == CONTROL else 1):
-            verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops, spread, noise)
+            # control.measure passes no launch_spread / cell_noise to measure_config; the suite does
+            verdicts = judge(model, cfg, baseline[cfg], model.launch(day, position), drops,
+                             None if cfg == CONTROL else spread, None if cfg == CONTROL else noise)
             control_launch += cfg == CONTROL
             for cell, v in verdicts.items():
                 rec = _record(name, cell, v)
@@ -298,7 +332,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
         # flagged configs launched once more at the session's end, all their cells, judged on all launches
         for name in names:
             cfg = int(name[3:])
-            slowed = drop and (who == "all" or cfg == 0)
+            slowed = drop and (who in ("all", "build") or cfg == 0)
             drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
             verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
             again: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
@@ -327,7 +361,12 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
         out["caught"] = dropped_config_cells or any(f.config == "cfg0" for f in findings) or uniform_failed
     elif who == "all":
         out["caught"] = uniform_failed
+    elif who == "build":  # the control moved with the configs: only a failure of some kind can say so
+        out["caught"] = any_failure
     out["caught_any"] = any_failure
+    out.update(COUNTS)
+    out["bless_refused"] = refused
+    out["restarts"] = configs + CONTROL_LAUNCHES + out["relaunches"]
     return out
 
 
@@ -342,13 +381,14 @@ def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]
     shape_name, scenario, seed, n, configs = job
     rng = random.Random(seed)
     totals: dict[str, Any] = {"trials": 0, "failed": 0, "inconclusive": 0, "caught": 0, "caught_any": 0, "relaunches": 0,
+                              "config_repeats": 0, "control_repeats": 0, "bless_refused": 0, "restarts": 0,
                               "uniform_failed": 0, "cells": 0, "failed_cells": 0, "inconclusive_cells": 0,
                               "flagged_cells": 0, "failing_metrics": {}, "kinds": {}}
     for _ in range(n):
         got = session(Model(SHAPES[shape_name], rng), configs, scenario)
         totals["trials"] += 1
         for key in ("failed", "inconclusive", "caught", "caught_any", "uniform_failed", "cells", "failed_cells", "relaunches",
-                    "inconclusive_cells", "flagged_cells"):
+                    "inconclusive_cells", "flagged_cells", "config_repeats", "control_repeats", "bless_refused", "restarts"):
             totals[key] += int(got.get(key) or 0)
         for key, count in got["failing_metrics"].items():
             totals["failing_metrics"][key] = totals["failing_metrics"].get(key, 0) + count
@@ -455,6 +495,9 @@ def main() -> int:
                 bad = c["failed"] + c["inconclusive"]
                 good = bad / n <= TARGETS["unchanged"]
                 ok &= good
+                print(f"  cost: {c['config_repeats'] / (n * args.configs * CELLS):.2f} repeats per config cell "
+                      f"(first pass, extra, confirmations, relaunches), {c['control_repeats'] / n:.1f} control repeats "
+                      f"and {c['restarts'] / n:.2f} restarts a sweep; blessed cells refused {c['bless_refused']}")
                 print(f"  unchanged: sessions failing {_fig(c['failed'], n)}, inconclusive {c['inconclusive'] / n:.1%} "
                       f"{'OK' if good else 'MISSED'} (<= 2% together); cells failing {c['failed_cells']} of {c['cells']}, "
                       f"confirmation runs {c['flagged_cells'] / max(1, c['cells']):.1%}, relaunches "
@@ -468,7 +511,8 @@ def main() -> int:
                 mark = "info" if target is None else ("OK" if good else "MISSED")
                 for example in list(c.get("examples") or {})[:args.examples]:
                     print("    missed: " + example.replace("\n", "\n      "))
-                print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}"
+                print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark} "
+                      f"({c['config_repeats'] / (n * args.configs * CELLS):.2f} repeats per config cell)"
                       f"{f' (>= {target:.0%})' if target else ''}; any failure of the session {c['caught_any'] / n:.1%}; "
                       f"relaunches {c['relaunches'] / n:.2f} a session; "
                       f"kinds {c['kinds']}")
