@@ -212,7 +212,7 @@ def _launches(configs: int) -> list[tuple[int, float]]:
     return out + ([(CONTROL, 1.0)] if control.launches_at(CONTROL_LAUNCHES, control.END) else [])
 
 
-def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
+def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any] | None]]:
     """K blessed sessions through the bless flow's own function: entries[launch][cell]."""
     entries: dict[int, list[dict[str, Any] | None]] = {c: [None] * CELLS for c in [CONTROL, *range(configs)]}
     for s in range(gate.DEFAULT_SESSIONS_KEPT):
@@ -243,10 +243,10 @@ def bless(model: Model, configs: int) -> dict[int, list[dict[str, Any]]]:
                     entries[cfg][cell] = gate.baseline_cell_entry(
                         WORKLOAD, samples, entries[cfg][cell], session=f"s{s}",
                         launches=launches if cfg == CONTROL else None)
-    return {c: [e for e in row if e is not None] for c, row in entries.items()}
+    return entries  # a cell refused in every blessed session has no baseline (None): judged as missing
 
 
-def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
+def judge(model: Model, cfg: int, entries: list[dict[str, Any] | None], speed: float,
           drops: dict[int, float], spread: dict[str, float] | None = None,
           noise: dict[str, dict[str, float]] | None = None) -> dict[str, gate.CellVerdict]:
     """One launch of today's session: first pass, confirmation of flagged cells, final verdicts."""
@@ -260,9 +260,20 @@ def judge(model: Model, cfg: int, entries: list[dict[str, Any]], speed: float,
     flagged = [int(name[1:]) for name, v in first.items() if v.flagged]
     if not flagged:
         return first
-    conf_runs = _measure(model, cfg, flagged, speed, throughput.CONFIRM_REPEATS, drops)
-    confirmations = {f"c{c}": _samples(run.samples) for c, run in conf_runs.items()}
-    return gate.judge_config(inputs, confirmations, launch_spread=spread, cell_noise=noise)
+    # measure_config's confirmation: throughput.confirm_in_stages (6 fresh repeats, 6 more unless cleared)
+    key = "control_repeats" if cfg == CONTROL else "config_repeats"
+
+    def measure(name: str, r: int) -> dict[str, float]:
+        COUNTS[key] = COUNTS.get(key, 0) + 1
+        return model.repeat(cfg, int(name[1:]), speed, drops.get(int(name[1:]), 0.0))
+
+    def judged(runs: Any) -> dict[str, gate.CellVerdict]:
+        confirmations = {name: _samples(run.samples) for name, run in runs.items()}
+        return gate.judge_config(inputs, confirmations, launch_spread=spread, cell_noise=noise)
+
+    _, verdicts = throughput.confirm_in_stages([f"c{c}" for c in flagged], measure, lambda s: s["output_throughput"],
+                                               judged)
+    return verdicts
 
 
 def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
@@ -280,7 +291,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     refused = COUNTS.get("bless_refused", 0)
     COUNTS.clear()
     # what the suite passes: the launch-to-launch spread pooled over every config's baseline file
-    sections = [{f"c{i}": e for i, e in enumerate(baseline[c])} for c in range(configs)]
+    sections = [{f"c{i}": e for i, e in enumerate(baseline[c]) if e is not None} for c in range(configs)]
     spread = gate.launch_spread(sections)
     noise = gate.cell_noise(sections)
     day = model.session()
@@ -289,7 +300,7 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
                            "failing_metrics": {}}
     dropped_cell_caught = False
     dropped_config_cells = False
-    blessed_launches = control.blessed_launches({f"c{i}": e for i, e in enumerate(baseline[CONTROL])})
+    blessed_launches = control.blessed_launches({f"c{i}": e for i, e in enumerate(baseline[CONTROL]) if e is not None})
     control_launch = 0
     for cfg, position in _launches(configs):
         slowed = drop and (who == "build" or (cfg != CONTROL and (who == "all" or cfg == 0)))
@@ -334,7 +345,10 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
             cfg = int(name[3:])
             slowed = drop and (who in ("all", "build") or cfg == 0)
             drops = {c: drop for c in (range(CELLS) if where == "all" else [0])} if slowed else {}
+            before = COUNTS.get("config_repeats", 0)
             verdicts = judge(model, cfg, baseline[cfg], model.launch(day, 1.0), drops, spread, noise)
+            COUNTS["relaunch_repeats"] = COUNTS.get("relaunch_repeats", 0) + COUNTS["config_repeats"] - before
+            COUNTS["config_repeats"] = before
             again: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
                       "relaunch": 1 + sum(m.config == name for m in relaunched)} for cell, v in verdicts.items()]
             relaunched += gate.config_moves(again)
@@ -370,11 +384,12 @@ def session(model: Model, configs: int, scenario: str) -> dict[str, Any]:
     return out
 
 
-def _settings(relaunch: bool, control_launches: int, shapes: dict[str, Shape]) -> None:
+def _settings(relaunch: bool, control_launches: int, shapes: dict[str, Shape], first_stage: int) -> None:
     """A worker process takes the command line's settings (whatever the start method)."""
     global RELAUNCH, CONTROL_LAUNCHES
     RELAUNCH, CONTROL_LAUNCHES = relaunch, control_launches
     SHAPES.update(shapes)
+    throughput.CONFIRM_FIRST_STAGE = first_stage
 
 
 def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]]:
@@ -382,13 +397,15 @@ def _task(job: tuple[str, str, int, int, int]) -> tuple[str, str, dict[str, Any]
     rng = random.Random(seed)
     totals: dict[str, Any] = {"trials": 0, "failed": 0, "inconclusive": 0, "caught": 0, "caught_any": 0, "relaunches": 0,
                               "config_repeats": 0, "control_repeats": 0, "bless_refused": 0, "restarts": 0,
+                              "relaunch_repeats": 0,
                               "uniform_failed": 0, "cells": 0, "failed_cells": 0, "inconclusive_cells": 0,
                               "flagged_cells": 0, "failing_metrics": {}, "kinds": {}}
     for _ in range(n):
         got = session(Model(SHAPES[shape_name], rng), configs, scenario)
         totals["trials"] += 1
         for key in ("failed", "inconclusive", "caught", "caught_any", "uniform_failed", "cells", "failed_cells", "relaunches",
-                    "inconclusive_cells", "flagged_cells", "config_repeats", "control_repeats", "bless_refused", "restarts"):
+                    "inconclusive_cells", "flagged_cells", "config_repeats", "control_repeats", "bless_refused", "restarts",
+                    "relaunch_repeats"):
             totals[key] += int(got.get(key) or 0)
         for key, count in got["failing_metrics"].items():
             totals["failing_metrics"][key] = totals["failing_metrics"].get(key, 0) + count
@@ -456,6 +473,8 @@ def main() -> int:
                          "sessions too (the profile's control_launches; default %(default)s)")
     ap.add_argument("--control-once", dest="control_launches", action="store_const", const=1,
                     help="the control measured at the session's start only (--control-launches 1)")
+    ap.add_argument("--confirm-first-stage", type=int, default=throughput.CONFIRM_FIRST_STAGE,
+                    help="repeats of a confirmation's first stage (throughput.CONFIRM_FIRST_STAGE; default %(default)s)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     global RELAUNCH, CONTROL_LAUNCHES
@@ -464,7 +483,7 @@ def main() -> int:
         for name in list(SHAPES):
             SHAPES[name] = replace(SHAPES[name], launch=args.launch_shift)
     print(f"gate simulation: {args.configs} configs x {CELLS} cells x {len(gate.GATED_METRICS)} metrics + a control "
-          f"launched {CONTROL_LAUNCHES} time(s) a session, "
+          f"launched {CONTROL_LAUNCHES} time(s) a session, confirmations in stages of {args.confirm_first_stage} + rest, "
           f"K={gate.DEFAULT_SESSIONS_KEPT} blessed sessions, 3 repeats + {throughput.CONFIRM_REPEATS} confirmation",
           flush=True)
     jobs = []
@@ -475,7 +494,8 @@ def main() -> int:
                 jobs.append((shape, scenario, args.seed * 1_000_003 + si * 10_007 + ki * 1_009 + ci, n, args.configs))
     t0 = time.monotonic()
     parts: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    with multiprocessing.Pool(max(1, args.jobs), _settings, (RELAUNCH, CONTROL_LAUNCHES, SHAPES)) as pool:
+    with multiprocessing.Pool(max(1, args.jobs), _settings,
+                              (RELAUNCH, CONTROL_LAUNCHES, SHAPES, args.confirm_first_stage)) as pool:
         for shape, scenario, part in pool.imap_unordered(_task, jobs):
             parts.setdefault((shape, scenario), []).append(part)
     print(f"{len(jobs)} chunks on {args.jobs} processes in {time.monotonic() - t0:.0f} s")
@@ -496,7 +516,8 @@ def main() -> int:
                 good = bad / n <= TARGETS["unchanged"]
                 ok &= good
                 print(f"  cost: {c['config_repeats'] / (n * args.configs * CELLS):.2f} repeats per config cell "
-                      f"(first pass, extra, confirmations, relaunches), {c['control_repeats'] / n:.1f} control repeats "
+                      f"(first pass, extra, confirmations) + {c['relaunch_repeats'] / (n * args.configs * CELLS):.2f} "
+                      f"in relaunches, {c['control_repeats'] / n:.1f} control repeats "
                       f"and {c['restarts'] / n:.2f} restarts a sweep; blessed cells refused {c['bless_refused']}")
                 print(f"  unchanged: sessions failing {_fig(c['failed'], n)}, inconclusive {c['inconclusive'] / n:.1%} "
                       f"{'OK' if good else 'MISSED'} (<= 2% together); cells failing {c['failed_cells']} of {c['cells']}, "
@@ -512,7 +533,8 @@ def main() -> int:
                 for example in list(c.get("examples") or {})[:args.examples]:
                     print("    missed: " + example.replace("\n", "\n      "))
                 print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark} "
-                      f"({c['config_repeats'] / (n * args.configs * CELLS):.2f} repeats per config cell)"
+                      f"({c['config_repeats'] / (n * args.configs * CELLS):.2f} + {c['relaunch_repeats'] / (n * args.configs * CELLS):.2f} "
+                      "repeats per config cell)"
                       f"{f' (>= {target:.0%})' if target else ''}; any failure of the session {c['caught_any'] / n:.1%}; "
                       f"relaunches {c['relaunches'] / n:.2f} a session; "
                       f"kinds {c['kinds']}")

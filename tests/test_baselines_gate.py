@@ -295,3 +295,33 @@ def test_a_baseline_written_before_the_rename_is_read_under_the_current_key() ->
     both = {"c8_short": {**entry, "gates": {**entry["gates"], "accept_length": entry["gates"]["ddtree_tokens_per_verify"]}}}
     with pytest.raises(gate.BaselineFormatError, match="has both 'accept_length' .* delete the 'accept_length' entry"):
         gate.validate_section(both, "bs8_b8_k4.yaml")
+
+
+def test_a_confirmation_that_clears_its_cell_early_stops_and_one_that_does_not_takes_all_its_repeats() -> None:
+    """throughput.confirm_in_stages: a cell flagged by an unlucky first pass whose first stage sits at
+    its baseline stops after CONFIRM_FIRST_STAGE repeats and passes; a cell really 15% slower takes
+    all CONFIRM_REPEATS and is a regression; the recorded repeat numbers run on across the stages."""
+    from pytest_ddtree.gate import throughput
+
+    cells = {f"c{i}": 100.0 + 50 * i for i in range(6)}
+    baseline = {c: _three_sessions({"output_throughput": [v * f for f in (0.99, 1.0, 1.01)]}) for c, v in cells.items()}
+    first = {c: gate.CellInput(baseline[c], {"output_throughput": [v * f for f in (0.99, 1.0, 1.01)]}) for c, v in cells.items()}
+    first["c1"] = gate.CellInput(baseline["c1"], {"output_throughput": [cells["c1"] * 0.85] * 3})  # unlucky: flagged
+    first["c3"] = gate.CellInput(baseline["c3"], {"output_throughput": [cells["c3"] * 0.85] * 3})  # really slower
+    flagged = [name for name, v in gate.judge_config(first).items() if v.flagged]
+    assert flagged == ["c1", "c3"]
+    truth = {"c1": 1.0, "c3": 0.85}
+    recorded: list[tuple[str, int]] = []
+
+    def measure(name: str, r: int) -> float:
+        return cells[name] * truth[name] * (0.99, 1.0, 1.01)[len([1 for n, _ in recorded if n == name]) % 3]
+
+    def judge(runs: Any) -> dict[str, gate.CellVerdict]:
+        return gate.judge_config(first, {n: {"output_throughput": list(run.primary)} for n, run in runs.items()})
+
+    runs, verdicts = throughput.confirm_in_stages(flagged, measure, lambda v: v, judge,
+                                                  lambda name, r, v: recorded.append((name, r)))
+    assert len(runs["c1"].primary) == throughput.CONFIRM_FIRST_STAGE < len(runs["c3"].primary) == throughput.CONFIRM_REPEATS
+    assert verdicts["c1"].status == gate.PASS and verdicts["c3"].status == gate.REGRESSION
+    assert [r for n, r in recorded if n == "c3"] == list(range(throughput.CONFIRM_REPEATS))
+    assert throughput.cleared_early(verdicts["c1"]) and not throughput.cleared_early(verdicts["c3"])

@@ -395,6 +395,7 @@ def _judge_metric(
                 f"from {len(base.sessions)} session(s) vs {n_now} now")
 
     first_change: float | None = None
+    confirm_change: float | None = None
     status: Verdict
     if flagged_why and confirmation is None:
         status, msg = FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
@@ -412,6 +413,7 @@ def _judge_metric(
         if config_flag is not None and conf_log is not None and not reproduced:
             reproduced = worse_by(direction, conf_log - m.base_log) > config_flag[1]
         first_change = math.expm1(m.change_log)
+        confirm_change = math.expm1(conf_rel) if conf_log is not None else None
         conf_txt = (f"confirmation ({len(confirmation)} fresh repeats): {fmt(stats.median(confirmation))} "
                     f"{base.unit}, {fmt_pct(math.expm1(conf_log - m.base_log)) if conf_log is not None else '?'}"
                     f" ({fmt_pct(math.expm1(conf_rel))} relative)")
@@ -433,7 +435,7 @@ def _judge_metric(
         (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
         shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
         baseline_samples=len(base.samples), baseline_sessions=len(base.sessions), shift_se=m.shift_se,
-        blessed_shifts=m.blessed_shifts, floor=base.tolerance)
+        blessed_shifts=m.blessed_shifts, floor=base.tolerance, confirm_change=confirm_change)
 
 
 def compare_metric(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:

@@ -143,6 +143,7 @@ class MetricVerdict:
     shift_se: float | None = None  # of the config's common change, log units (None: < 3 cells)
     blessed_shifts: tuple[tuple[str, float], ...] = ()  # the config's common change per blessed session (log)
     floor: float | None = None  # the baseline's tolerance floor for this metric
+    confirm_change: float | None = None  # the confirmation's relative change, the config's common change removed
 
     def as_dict(self) -> MetricVerdictData:
         return {
