@@ -271,7 +271,7 @@ def check_session(all_series: Sequence[Series], session_id: str, recent: int = C
 # threshold, and a CI check has to see it then. Hence a sequential test read as the check runs:
 # at each session the newest ``BUILD_LOOKS`` begin points are tested (a t-test of the sessions from
 # the begin point on against up to ``BUILD_WINDOW`` sessions before it, the spread from those
-# sessions, ``BUILD_ALPHA / BUILD_LOOKS`` per look and direction); a change found is re-tested with
+# sessions, ``BUILD_ALPHA / BUILD_LOOKS`` per look and direction, at least ``BUILD_MIN_STEP``); a change found is re-tested with
 # every later session and dropped when they no longer support it (one slow day is not a build),
 # and it is settled once ``BUILD_LOOKS`` sessions are past it. The false-alarm rate, the share of
 # sessions of an unchanged history that the check fails, and how soon a 3% and a 5% step is found
@@ -291,6 +291,9 @@ BUILD_ALPHA = 0.02
 #: The smallest session-to-session spread of the level the test assumes (a quiet reference engine
 #: would otherwise turn a 0.5% wobble into a "build change").
 BUILD_NOISE_FLOOR = 0.003
+#: The smallest step called a build-level change (log): a level that moves less is a config or two
+#: moving the median, not the build (and no CI team acts on it).
+BUILD_MIN_STEP = 0.01
 KIND_BUILD = "the build changed"
 KIND_CONFIGS_ONLY = "the speculative configs changed, the control held"
 KIND_NO_CONTROL = "the speculative configs changed (no control in the history)"
@@ -393,6 +396,10 @@ def _step(levels: Sequence[float], start: int, index: int, end: int) -> tuple[fl
     return step / se, threshold, step, se
 
 
+def _significant(test: tuple[float, float, float, float] | None) -> bool:
+    return test is not None and abs(test[0]) >= test[1] and abs(test[2]) >= BUILD_MIN_STEP
+
+
 def build_changes(profile: str, points: Sequence[BuildPoint]) -> list[BuildChange]:
     """The build-level changes of one hardware profile's sessions: the sequential test above, run
     session by session as ``--ddtree-history-check`` would have run it (so the history page and the
@@ -405,7 +412,7 @@ def build_changes(profile: str, points: Sequence[BuildPoint]) -> list[BuildChang
             index, _, before = found[-1]
             test = _step(levels, before, index, n)
             first = _step(levels, before, index, found[-1][1])
-            if test is None or first is None or abs(test[0]) < test[1] or test[0] * first[0] < 0:
+            if test is None or first is None or not _significant(test) or test[0] * first[0] < 0:
                 found.pop()  # the sessions since no longer support it
                 start = before
             else:
@@ -413,7 +420,7 @@ def build_changes(profile: str, points: Sequence[BuildPoint]) -> list[BuildChang
         best: tuple[float, int] | None = None
         for index in range(max(start + BUILD_MIN_BEFORE, n - BUILD_LOOKS + 1), n + 1):
             test = _step(levels, start, index, n)
-            if test is not None and abs(test[0]) >= test[1] and (best is None or abs(test[0]) / test[1] > best[0]):
+            if test is not None and _significant(test) and (best is None or abs(test[0]) / test[1] > best[0]):
                 best = (abs(test[0]) / test[1], index)
         if best is not None:
             found.append((best[1], n, start))
