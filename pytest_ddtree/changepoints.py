@@ -271,9 +271,10 @@ def check_session(all_series: Sequence[Series], session_id: str, recent: int = C
 # threshold, and a CI check has to see it then. Hence a sequential test read as the check runs:
 # at each session the newest ``BUILD_LOOKS`` begin points are tested (a t-test of the sessions from
 # the begin point on against up to ``BUILD_WINDOW`` sessions before it, the spread from those
-# sessions, ``BUILD_ALPHA / BUILD_LOOKS`` per look and direction, at least ``BUILD_MIN_STEP``); a change found is re-tested with
-# every later session and dropped when they no longer support it (one slow day is not a build),
-# and it is settled once ``BUILD_LOOKS`` sessions are past it. The false-alarm rate, the share of
+# sessions, ``BUILD_ALPHA / BUILD_LOOKS`` per look and direction, a step of ``BUILD_MIN_STEP`` at
+# least); a change found is re-tested with every later session and dropped when they no longer
+# support it (one slow day is not a build), and it is settled once ``BUILD_LOOKS`` sessions are
+# past it. The false-alarm rate, the share of
 # sessions of an unchanged history that the check fails, and how soon a 3% and a 5% step is found
 # are measured on synthetic histories by ``benchmarks/bench_build_changes.py``.
 
