@@ -32,10 +32,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.stats import is_number
 from pytest_ddtree.vocabulary import RecordKind
+
+if TYPE_CHECKING:
+    from pytest_ddtree.records import RawRecord
 
 #: The extra that brings the PostgreSQL driver.
 POSTGRES_EXTRA = "pytest-ddtree[postgres]"
@@ -411,7 +414,7 @@ def cells_from_payload(payload: Mapping[str, Any]) -> list[CellEntry]:
     return out
 
 
-def control_cells(records: Sequence[Mapping[str, Any]]) -> list[CellEntry]:
+def control_cells(records: Sequence[RawRecord]) -> list[CellEntry]:
     """The session's control cells (``RecordKind.THROUGHPUT_CONTROL``), one per hardware profile,
     host and cell, every launch's samples pooled (results.json keeps the control's judgement, not
     its samples, so they come from the session's records). Stored with role ``control``: the
