@@ -223,10 +223,12 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
         f"--ddtree-baselines={pytester.path / 'no-baselines'}",
         f"--ddtree-history={postgres_url}", "--ddtree-history-check", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*ddtree history*", "appended session * (1 cells, build refserver-* project *) to postgresql://*"])
+    # the config's cell and the control's (stored as a series of its own)
+    result.stdout.fnmatch_lines(["*ddtree history*", "appended session * (2 cells, build refserver-* project *) to postgresql://*"])
     session_id = json.loads((results / "results.json").read_text())["session_id"]
     with HistoryStore(postgres_url) as store:
-        (cell,) = [c for c in store.cells() if c.session.session_id == session_id]
+        cell, control = sorted((c for c in store.cells() if c.session.session_id == session_id), key=lambda c: c.config)
+    assert (control.config, control.role, control.cell) == ("control", "control", "c1_short")
     assert (cell.config, cell.cell, cell.hardware_profile) == ("bs8_b8_k4", "c1_short", "refserver")
     assert len(cell.samples["output_throughput"]) >= 3 and cell.status  # a verdict of its own: no baseline here
     assert cell.session.report_path == str(results / "report.html") and cell.session.build.engine_version
