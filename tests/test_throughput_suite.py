@@ -126,7 +126,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
 
 
 def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.Pytester, repo_root: Path) -> None:
-    flaky, matrix = _setup(pytester, repo_root, "--fault http500-rate=0.6")
+    flaky, matrix = _setup(pytester, repo_root, "--fault http500-rate=0.8")
     result = _run(pytester, repo_root, flaky, matrix, "--ddtree-require-baselines")
     result.assert_outcomes(failed=2, skipped=1)
     result.stdout.fnmatch_lines(["*INVALID measurement (not a regression, not a pass)*", "*HTTP 500*"])
