@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from pytest_ddtree import changepoints  # noqa: E402
 from pytest_ddtree.gate.baseline_format import CONTROL  # noqa: E402
 from pytest_ddtree.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
+from bench_gate import wilson  # noqa: E402  (the gate benchmark's interval, one definition)
 
 SCENARIOS = {"unchanged": 0.0, "step3": 0.03, "step5": 0.05}
 
@@ -110,17 +111,6 @@ def _task(job: tuple[str, int, int, dict[str, Any]]) -> dict[str, Any]:
                 if v:
                     out["misplaced"] += 1
     return {"scenario": scenario, **out}
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """95% Wilson interval of k / n."""
-    if n == 0:
-        return 0.0, 1.0
-    z = 1.96
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def fig(k: int, n: int) -> str:
