@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 if TYPE_CHECKING:  # imported where used: configs is read by modules those two import (a cycle otherwise)
@@ -198,15 +199,20 @@ class Matrix:
         return [c.name for c in self.configs]
 
 
+#: The keys of a matrix entry's product spec.
+CONFIG_KEYS = ("block_size", "budget", "topk", "window")
+
+
 def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
     """A matrix entry is a name, or a product spec ``{block_size: [..], budget: [..], topk: [..], window: [..]}``."""
     if isinstance(entry, str):
         return [parse_config_name(entry)]
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: each matrix entry must be a config name or a mapping of lists, got {entry!r}")
-    unknown = set(entry) - {"block_size", "budget", "topk", "window"}
+    unknown = set(entry) - set(CONFIG_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} in matrix entry (allowed: block_size, budget, topk, window)")
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} in matrix entry; "
+                          f"{did_you_mean(min(unknown), CONFIG_KEYS)}allowed: {', '.join(CONFIG_KEYS)}")
 
     def values(key: str, required: bool) -> list[Any]:
         value = entry.get(key)
@@ -244,7 +250,8 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
                *OPEN_LOOP_KEYS, *SAMPLING_KEYS}
     unknown = set(merged) - allowed
     if unknown:
-        raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
+        raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)}; "
+                          f"{did_you_mean(min(unknown), sorted(allowed))}allowed: {', '.join(sorted(allowed))}")
     arrivals = _arrivals(merged, where)
     try:
         if arrivals is not None:
@@ -319,9 +326,11 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(str(exc) if exc.syntax else f"cannot read config matrix {path}: {exc.problem}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
-    unknown = set(raw) - {"default", "matrix", "workloads", "workload_defaults", "recommended", "slo", "rate_search"}
+    top = ("default", "matrix", "workloads", "workload_defaults", "recommended", "slo", "rate_search")
+    unknown = set(raw) - set(top)
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; "
+                          f"{did_you_mean(str(min(unknown, key=str)), top)}allowed: {', '.join(top)}")
     configs: list[DDTreeConfig] = []
     for index, entry in enumerate(raw.get("matrix") or []):
         for config in expand_matrix_entry(entry, f"{path}: matrix[{index}]"):
@@ -380,8 +389,9 @@ def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple
 def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTreeConfig]:
     """Resolve ``--ddtree-config`` values (repeatable, comma lists, globs, ``all``) in matrix order.
 
-    A well-formed name outside the matrix is taken as it is (people probe one-off configs); a
-    malformed name or a glob matching nothing is an error listing the valid names, never a skip.
+    The benchmarks' and tests' plain resolution against configs.yaml alone: a well-formed name
+    outside the matrix is taken as it is. A session resolves through ``selection.select``, which
+    also knows the build and refuses an unlisted name (a typo) unless asked on purpose.
     """
     if not requested:
         return [matrix.default]
@@ -418,10 +428,11 @@ def select_workloads(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
     """
     if not patterns:
         return list(matrix.workloads)
-    names = ", ".join(w.name for w in matrix.workloads)
+    names = [w.name for w in matrix.workloads]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(w.name, pattern) for w in matrix.workloads):
-            raise ConfigError(f"--ddtree-workload {pattern!r} matches no workload of {matrix.path}; valid: {names}")
+            raise ConfigError(f"--ddtree-workload {pattern!r} matches no workload of {matrix.path}; "
+                              f"{did_you_mean(pattern, names)}valid: {', '.join(names)}")
     return [w for w in matrix.workloads if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)]
 
 

@@ -72,6 +72,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("config", "config(s) to gate: a name like bs8_b8_k4 (repeatable, comma lists, globs, or 'all': "
            "suites/configs.yaml's matrix as the profile's build runs it); default: the build's default",
            metavar="NAME", action="append", ini="default config selection", ini_type="args"),
+    Option("allow_unlisted", "run a --ddtree-config name that no matrix lists (a one-off probe); without it an "
+           "unlisted name is a usage error naming the closest listed ones (a typo must not pass as 'missing')",
+           action="store_true"),
     Option("service", "service profile YAML; default: the embedded reference engine (suites/services/reference.yaml)",
            metavar="PATH", ini="default service profile path"),
     Option("matrix", "config matrix YAML (default: suites/configs.yaml under the rootdir)", metavar="PATH",
@@ -168,6 +171,8 @@ class Settings:
     history_check: bool = False
     slo: SLO | None = None
     """--ddtree-slo: the latency SLO goodput is counted against (None: the matrix's or profile's, if any)."""
+    allow_unlisted: bool = False
+    """--ddtree-allow-unlisted: an explicit config name need not be in a matrix (selection.py)."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -273,6 +278,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         history=history,
         history_check=history_check,
         slo=slo,
+        allow_unlisted=bool(read.value("allow_unlisted")),
     )
 
 

@@ -16,8 +16,12 @@ launch under names it never ran. The rule, also in docs/profiles.md:
   the first config of the build's matrix.
 - ``all`` is the build's matrix; a glob matches names of the build's matrix (and of configs.yaml's,
   to report what it left out); a glob that selects nothing the build can run is a usage error.
-- A name given explicitly is taken as written: a build that cannot run it refuses it with the
-  field and the values it accepts (``ServiceProfile.check_selection``).
+- A name given explicitly must be listed: in the build's matrix or in configs.yaml's (a typo such
+  as ``bs8_b8_k5`` would otherwise launch a config nobody meant, find no baseline and pass as
+  ``missing``). It is a usage error naming the closest listed names, unless the user asks for an
+  unlisted config on purpose with ``--ddtree-allow-unlisted`` (a one-off probe).
+- A listed name is taken as written: a build that cannot run it refuses it with the field and the
+  values it accepts (``ServiceProfile.check_selection``).
 
 Every configs.yaml config not in the build's matrix under its own name is listed, with the field and
 the reason, in the session's header, summary and results.json.
@@ -31,6 +35,7 @@ from typing import Any, Sequence
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Matrix, parse_config_name
 from pytest_ddtree.service.profile import ServiceProfile
+from pytest_ddtree.suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -170,9 +175,9 @@ def _default(profile: ServiceProfile, matrix: Matrix, configs: list[DDTreeConfig
     return configs[0]
 
 
-def select(requested: Sequence[str] | None, matrix: Matrix, profile: ServiceProfile) -> Selection:
+def select(requested: Sequence[str] | None, matrix: Matrix, profile: ServiceProfile, allow_unlisted: bool = False) -> Selection:
     """Resolve ``--ddtree-config`` within the build's matrix (module docstring); ConfigError on a
-    malformed name or a pattern that selects nothing the build can run."""
+    malformed or unlisted name or a pattern that selects nothing the build can run."""
     build = build_matrix(profile, matrix)
     if not requested:
         left = [lo for lo in build.left_out if lo.config == matrix.default.name]
@@ -202,10 +207,22 @@ def select(requested: Sequence[str] | None, matrix: Matrix, profile: ServiceProf
             add(runs, left)
         else:
             try:
-                add([parse_config_name(token)])
+                config = parse_config_name(token)
             except ConfigError as exc:
-                raise ConfigError(f"--ddtree-config: {exc}; " + _hint(build)) from None
+                raise ConfigError(f"--ddtree-config: {exc}; " + did_you_mean(token, _listed(build, matrix)) + _hint(build)) from None
+            if not allow_unlisted and config.name not in _listed(build, matrix):
+                raise ConfigError(
+                    f"--ddtree-config: {config.name} is not in the matrix ({matrix.path}, or the profile's matrix:); "
+                    + did_you_mean(config.name, _listed(build, matrix))
+                    + "to run it on purpose add --ddtree-allow-unlisted, or list it in the matrix; " + _hint(build))
+            add([config])
     return Selection(tuple(selected), tuple(left_out), build)
+
+
+def _listed(build: BuildMatrix, matrix: Matrix) -> list[str]:
+    """Every name the matrices list: the build's first (its order ranks the suggestions), then
+    configs.yaml's (a listed config the build cannot run is refused with its reason, not as a typo)."""
+    return [*build.names(), build.default.name, *matrix.names(), matrix.default.name]
 
 
 def _hint(build: BuildMatrix) -> str:

@@ -119,7 +119,7 @@ class DDTreeSession:
         """``--ddtree-config`` resolved within what the profile's build can run (selection.py)."""
         from pytest_ddtree.selection import select
 
-        return select(self.settings.configs, self.matrix, self.profile)
+        return select(self.settings.configs, self.matrix, self.profile, self.settings.allow_unlisted)
 
     @property
     def selected_configs(self) -> list[DDTreeConfig]:

@@ -38,6 +38,60 @@ def read_yaml(path: Path) -> tuple[Any, str]:
     try:
         return yaml.safe_load(text), text
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        location = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise YAMLFileError(path, str(getattr(exc, "problem", None) or exc), location) from None
+        location, problem = _where(exc, text)
+        raise YAMLFileError(path, problem, location) from None
+
+
+#: Parser contexts that start where the mistake is: an unclosed quote or bracket is noticed only
+#: lines later (at the end of the file, or at the next key), but it was made where it opened.
+_OPENED_AT = ("quoted scalar", "flow mapping", "flow sequence", "flow collection")
+
+
+def _runaway_quote(text: str, index: int) -> Any:
+    """Where a quoted value opened, if the parser's error comes right after a quoted value that
+    spans lines: a missing closing quote swallows the lines up to the next quote, so the parser
+    complains there. None otherwise."""
+    import yaml
+
+    last = None
+    try:
+        for token in yaml.scan(text):
+            if token.end_mark.index > index:
+                break
+            last = token
+    except yaml.YAMLError:
+        pass
+    if isinstance(last, yaml.ScalarToken) and last.style in ('"', "'") and last.start_mark.line != last.end_mark.line:
+        return last.start_mark
+    return None
+
+
+def _where(exc: Any, text: str) -> tuple[str, str]:
+    """(location, problem): the line where a person fixes the file, and what is wrong there.
+
+    PyYAML marks where it noticed the error (``problem_mark``). For an unclosed quote or bracket
+    that is the end of the file or the next key, lines past the fault; its ``context_mark`` is
+    where the construct opened, so that is the line reported, with the place it was noticed. The
+    line's own text is quoted so the reader sees the fault without opening the file.
+    """
+    problem_mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    problem = str(getattr(exc, "problem", None) or exc)
+    context = str(getattr(exc, "context", None) or "")
+    mark = problem_mark
+    if context_mark is not None and problem_mark is not None and any(kind in context for kind in _OPENED_AT):
+        mark = context_mark
+        opened = context.removeprefix("while scanning ").removeprefix("while parsing ")
+        problem = (f"{opened} opens here and is not closed ({problem} at line {problem_mark.line + 1}, "
+                   f"column {problem_mark.column + 1})")
+    elif problem_mark is not None:
+        runaway = _runaway_quote(text, problem_mark.index)
+        if runaway is not None:
+            mark = runaway
+            problem = (f"a quoted value opens here and runs on to line {problem_mark.line + 1}, where {problem}: "
+                       "is its closing quote missing?")
+    if mark is None:
+        return "", problem
+    lines = text.splitlines()
+    shown = lines[mark.line].strip() if mark.line < len(lines) else ""
+    quoted = f" ({shown[:120]})" if shown else ""
+    return f" at line {mark.line + 1}, column {mark.column + 1}{quoted}", problem

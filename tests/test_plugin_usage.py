@@ -122,3 +122,62 @@ def test_workload_patterns_select_in_matrix_order(repo_root: Path) -> None:
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
     assert [w.name for w in select_workloads(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]
     assert select_workloads([], matrix) == list(matrix.workloads)
+
+
+def test_unlisted_config_is_a_usage_error_naming_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    """A typo like bs8_b8_k5 must not run the whole job, find no baseline and pass as 'missing'."""
+    result = pytester.runpytest_subprocess("--ddtree-config=bs8_b8_k5", *_args(repo_root))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*bs8_b8_k5 is not in the matrix*did you mean 'bs8_b8_k4'*--ddtree-allow-unlisted*"])
+    assert not list(pytester.path.glob(".ddtree/results/*/records-*.jsonl")), "something ran before the usage error"
+
+
+def test_unlisted_config_runs_when_asked_on_purpose(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    result = pytester.runpytest_subprocess("--ddtree-config=bs8_b8_k5", "--ddtree-allow-unlisted", "--collect-only", "-q",
+                                           *_args(repo_root))
+    assert result.ret == 0, result.stderr.str()
+    assert [line for line in result.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b8_k5]"]
+
+
+def test_a_config_the_matrix_lists_needs_no_permission(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    (pytester.path / "configs.yaml").write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4, bs8_b8_k5]\nworkloads: []\n")
+    result = pytester.runpytest_subprocess("--ddtree-config=bs8_b8_k5", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                           f"--ddtree-matrix={pytester.path / 'configs.yaml'}",
+                                           f"--ddtree-service={repo_root / 'suites' / 'services' / 'reference.yaml'}")
+    assert result.ret == 0, result.stderr.str()
+    assert [line for line in result.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b8_k5]"]
+
+
+def test_workload_typo_names_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    result = pytester.runpytest_subprocess("--ddtree-workload=c1_shrt", *_args(repo_root))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--ddtree-workload 'c1_shrt' matches no workload*did you mean 'c1_short'*"])
+
+
+def test_unknown_profile_key_names_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    import yaml
+
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["ready_timeout"] = raw.pop("ready_timeout_s", 60)
+    (pytester.path / "svc.yaml").write_text(yaml.safe_dump(raw))
+    result = pytester.runpytest_subprocess(f"--ddtree-service={pytester.path / 'svc.yaml'}",
+                                           f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*svc.yaml: ready_timeout: unknown key; did you mean 'ready_timeout_s'?*"])
+
+
+@pytest.mark.parametrize(("where", "says"), [("name:", "closing quote missing?"), ("description:", "is not closed")])
+def test_yaml_error_names_the_line_of_the_fault(pytester: pytest.Pytester, repo_root: Path, gate_file: None, where: str,
+                                                says: str) -> None:
+    """An unclosed quote is noticed lines later (at the next quote, or the end of the file); the
+    error names the line it opened on, and quotes that line."""
+    text = [line for line in (repo_root / "suites" / "services" / "reference.yaml").read_text().splitlines()
+            if not line.startswith("description:")] + ["description: last"]
+    fault = next(i for i, line in enumerate(text) if line.startswith(where))
+    text[fault] = f'{where} "1'
+    text.append("# a trailing comment, so the end of the file is past the fault")
+    (pytester.path / "svc.yaml").write_text("\n".join(text) + "\n")
+    result = pytester.runpytest_subprocess(f"--ddtree-service={pytester.path / 'svc.yaml'}",
+                                           f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*svc.yaml: YAML syntax error at line {fault + 1}, column *({where} \"1)*{says}*"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pytest_ddtree.service.ssh import SSHTarget
+from pytest_ddtree.suggest import did_you_mean
 
 COMMAND_TEMPLATES = ("start", "stop", "status", "logs", "restore")
 REQUIRED_TEMPLATES = ("start", "stop", "status")
@@ -103,7 +104,8 @@ def parse_host_pool(pool: list[Any], fail: FailFn) -> tuple[HostEntry, ...]:
             raise fail(key, "a host pool entry is user@node[:port] or a mapping with 'host' and overrides")
         unknown = sorted(set(item) - {"host", *HOST_OVERRIDES})
         if unknown:
-            raise fail(f"{key}.{unknown[0]}", f"unknown key (a pool entry may set: host, {', '.join(HOST_OVERRIDES)})")
+            raise fail(f"{key}.{unknown[0]}", f"unknown key; {did_you_mean(unknown[0], ('host', *HOST_OVERRIDES))}"
+                                              f"a pool entry may set: host, {', '.join(HOST_OVERRIDES)}")
         overrides: dict[str, Any] = {}
         for name, value in item.items():
             if name == "host":

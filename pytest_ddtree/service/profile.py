@@ -31,6 +31,7 @@ from pytest_ddtree.service.validated_profile import (
     valid_value_template,
     value_offset,
 )
+from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 __all__ = [
@@ -227,7 +228,7 @@ def _check_key_types(raw: Mapping[str, Any], fail: _Fail) -> None:
     """Every key is known, every required one is there, each has its type (a bool is no int)."""
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
-        raise fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
+        raise fail(unknown[0], f"unknown key; {did_you_mean(unknown[0], sorted(_KEYS))}allowed: {', '.join(sorted(_KEYS))}")
     for key, (types, required) in _KEYS.items():
         if key not in raw:
             if required:
@@ -305,7 +306,7 @@ def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
     config_args = raw["config_args"]
     for key, template in config_args.items():
         if key not in CONFIG_FIELDS:
-            raise fail(f"config_args.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+            raise fail(f"config_args.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
         if not valid_value_template(template):
             raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), got {template!r}")
     config_env = _parse_config_env(raw.get("config_env") or {}, config_args, fail)
@@ -389,7 +390,7 @@ def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any]
     config_env: dict[str, dict[str, str]] = {}
     for key, variables in section.items():
         if key not in CONFIG_FIELDS:
-            raise fail(f"config_env.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+            raise fail(f"config_env.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
         if not isinstance(variables, Mapping) or not variables:
             raise fail(f"config_env.{key}", f"must map environment variables to templates, e.g. {{SGLANG_X: \"{{value}}\"}}, got {variables!r}")
         if key in config_args:
@@ -405,7 +406,7 @@ def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) ->
     fixed: dict[str, FixedValue] = {}
     for key, value in section.items():
         if key not in CONFIG_FIELDS:
-            raise fail(f"fixed.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+            raise fail(f"fixed.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
         if key in settable:
             raise fail(f"fixed.{key}", "the profile also sets this field (config_args / config_env); a fixed field is one the build cannot set")
         if value is None:
@@ -473,7 +474,7 @@ def _parse_unverifiable(section: Mapping[str, Any], applied: Mapping[str, str], 
     unverifiable = {str(k): v for k, v in section.items()}
     for key, reason in unverifiable.items():
         if key not in CONFIG_FIELDS:
-            raise fail(f"unverifiable.{key}", f"unknown config field (allowed: {', '.join(CONFIG_FIELDS)})")
+            raise fail(f"unverifiable.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
         if not isinstance(reason, str) or not reason.strip():
             raise fail(f"unverifiable.{key}", "must give the reason /server_info cannot show this field (the report prints it)")
         if key in applied.values():

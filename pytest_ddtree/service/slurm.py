@@ -44,6 +44,7 @@ from pytest_ddtree.service.base import (
     ServiceStartError,
 )
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, output_tail
+from pytest_ddtree.suggest import did_you_mean
 
 LOG_LINES = 40
 LOG_BYTES = 64 * 1024
@@ -108,7 +109,8 @@ def parse_slurm_keys(raw: Any, fail: FailFn) -> SlurmKeys:
         raise fail("slurm", f"must be a mapping of job options (partition, gres, time_limit...), got {raw!r}")
     unknown = sorted(set(raw) - set(SLURM_KEYS))
     if unknown:
-        raise fail(f"slurm.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(SLURM_KEYS))})")
+        raise fail(f"slurm.{unknown[0]}", f"unknown key; {did_you_mean(unknown[0], sorted(SLURM_KEYS))}"
+                                          f"allowed: {', '.join(sorted(SLURM_KEYS))}")
     values: dict[str, Any] = {}
     for key in _STRING_KEYS:
         value = raw.get(key)
