@@ -29,18 +29,50 @@ if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
 
 
+@dataclass(frozen=True)
+class SessionFailure:
+    """A failure of the session as a whole, not of one test: which check found it and why.
+
+    The plugin reports each one as a failed test of its own (``ddtree::<check>``), so it shows
+    where pytest users look: the short test summary, the final line's count, and every plugin
+    that reads test reports (JUnit XML among them)."""
+
+    check: str
+    message: str
+
+
+#: The session-level checks, as the failures' test ids name them.
+CHECK_RECORDS = "records"
+CHECK_CONTROL = "control"
+CHECK_UNIFORM_SHIFT = "uniform-shift"
+CHECK_AGAINST_SESSION = "configs-against-session"
+CHECK_RELAUNCH = "relaunch"
+CHECK_HISTORY = "history-check"
+CHECK_OUTPUT = "session-output"
+
+
 @dataclass
 class FinishOutcome:
     """What the terminal summary prints and whether the exit status must become non-zero."""
 
     sections: list[tuple[str, str]] = field(default_factory=list)
-    exit_failure: bool = False
+    failures: list[SessionFailure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     package_path: Path | None = None
 
-    def fail(self, message: str) -> None:
-        self.exit_failure = True
+    @property
+    def exit_failure(self) -> bool:
+        return bool(self.failures)
+
+    def fail(self, message: str, check: str = CHECK_OUTPUT) -> None:
+        """A failure that also belongs in the "ddtree errors" section (writing results, the
+        package, the history, a corrupt record)."""
+        self.failures.append(SessionFailure(check, message))
         self.errors.append(message)
+
+    def failed_check(self, check: str, message: str) -> None:
+        """A failure whose detail already has its own section (control, session check, history)."""
+        self.failures.append(SessionFailure(check, message))
 
 
 def _report_field_mapping(session: DDTreeSession, outcome: FinishOutcome, results: dict[str, Any]) -> None:
@@ -83,7 +115,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     # records that came back malformed (records.screen set them aside, kept whole in results.json)
     for record in records:
         if record.get("kind") == RecordKind.CORRUPT_RECORD and "problem" in record:
-            outcome.fail(str(record["problem"]))
+            outcome.fail(str(record["problem"]), CHECK_RECORDS)
 
     # 1. Baselines first: they are what the user asked for with --ddtree-update-baselines.
     if session.settings.update_baselines:
@@ -146,11 +178,14 @@ def _judge_configs_against_session(records: list[dict[str, object]], outcome: Fi
 
     relaunches = records_mod.judged_relaunches(records)
     findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
-    failed = [f for f in findings if f.failed]
-    if failed:
-        outcome.exit_failure = True
+    for finding in findings:
+        if finding.failed:
+            outcome.failed_check(CHECK_AGAINST_SESSION, finding.message)
     shown = [f.message for f in findings if f.failed or f.relaunched]
-    shown += [f"{r.get('config')}: {r['error']}" for r in records_mod.relaunch_failures(records)]
+    for failure in records_mod.relaunch_failures(records):
+        line = f"{failure.get('config')}: relaunch failed: {failure['error']}"
+        shown.append(line)
+        outcome.failed_check(CHECK_RELAUNCH, line)
     if shown:
         outcome.sections.append(("ddtree configs against their session", "\n".join(shown)))
     return [f.as_dict() for f in findings]
@@ -183,7 +218,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
             store.append(entry, cells)
             stored = store.cells() if settings.history_check else []
     except history.HistoryError as exc:
-        outcome.fail(f"history not written: {exc}")
+        outcome.fail(f"history not written: {exc}", CHECK_HISTORY)
         return
     lines = [f"appended session {entry.session_id} ({len(cells)} cells, build {build.label()}) to {history.redact(url)}"]
     if settings.history_check:
@@ -192,13 +227,14 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
         try:
             analysed = changepoints.analyse(stored)
         except changepoints.ChangePointsUnavailable as exc:
-            outcome.fail(f"--ddtree-history-check: {exc}")
+            outcome.fail(f"--ddtree-history-check: {exc}", CHECK_HISTORY)
             return
         lines.append(changepoints.summary_text(analysed, limit=5))
         regressions = [cp.describe() for cp in changepoints.check_session(analysed, entry.session_id)]
         regressions += [c.describe() for c in changepoints.check_build(changepoints.analyse_builds(analysed), entry.session_id)]
+        for text in regressions:
+            outcome.failed_check(CHECK_HISTORY, f"this session starts a regression of the history: {text}")
         if regressions:
-            outcome.exit_failure = True
             outcome.sections.append(("ddtree history check", "this session's measurements start a regression of the "
                                      "history:\n" + "\n".join(f"- {text}" for text in regressions)))
     outcome.sections.append(("ddtree history", "\n".join(lines)))
@@ -218,8 +254,13 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     settings = session.settings
     judgement = control.judge(records, configs, require_baselines=settings.require_baselines,
                               update_mode=bool(settings.update_baselines))
-    if judgement.failed:
-        outcome.exit_failure = True
+    for group in judgement.groups:
+        for message in group.control_failures:
+            outcome.failed_check(CHECK_CONTROL, f"control {message}")
+        if group.uniform_failure:
+            outcome.failed_check(CHECK_UNIFORM_SHIFT, group.uniform_failure)
+        if group.failed and not group.control_failures and not group.uniform_failure:
+            outcome.failed_check(CHECK_CONTROL, f"the control of {group.group} failed (see the control section)")
     outcome.sections.append(("ddtree control and uniform shift", judgement.text()))
     return judgement.as_dict()
 

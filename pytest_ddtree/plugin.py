@@ -197,6 +197,22 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
         nodes.EXIT_TIMEOUT = max(nodes.EXIT_TIMEOUT, session.profile.stop_timeout_s + RESTORE_MARGIN_S)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    ddtree = session.config.stash.get(SESSION_KEY, None)
+    if ddtree is not None and ddtree.is_controller and _ddtree_in_use(ddtree, session.config):
+        _show_skip_reasons(session.config)
+
+
+def _show_skip_reasons(config: pytest.Config) -> None:
+    """An inconclusive cell is a skip whose reason says what to do ("only 6 clean repeats of the
+    12 needed: rerun on a quieter machine or raise --ddtree-repeats"); a gate run shows skip
+    reasons in the short test summary unless the user chose the summary's contents (``-r``)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    chose = any(str(arg).startswith(("-r", "--report-chars")) for arg in (*config.invocation_params.args, *config.getini("addopts")))
+    if reporter is not None and not chose and "s" not in reporter.reportchars and "N" not in reporter.reportchars:
+        reporter.reportchars += "s"
+
+
 def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:
     """--ddtree-max-restarts: serial only, needs the advisor extra and readable prior folders."""
     if session.settings.max_restarts is None:
@@ -556,6 +572,29 @@ class _LiveReportHooks:
             live.write_running(self.session.failed_tests)
 
 
+#: The node id of a session-level failure's report (``ddtree::control``...).
+SESSION_CHECK_PREFIX = "ddtree::"
+
+
+def _session_failure_reports(outcome: FinishOutcome) -> list[pytest.TestReport]:
+    """Each session-level failure as a failed test report of its own.
+
+    Why reports, not a summary line: a failure of the session as a whole (the control's cell
+    regressed, every config slowed alike, a config against its session, a relaunch that failed,
+    the history check, a corrupt record) used to exit 1 with "9 passed, 3 skipped" on the last
+    line and its reason in a section nobody reads to the end. pytest users look at the short
+    test summary, the final counts and their JUnit XML; a report is what all three read. Like
+    pytest-mypy's status check, it is a test of its own (``ddtree::<check>``), but made at the
+    session end, after the last worker's results arrived, which is where the checks can run."""
+    reports = []
+    for failure in outcome.failures:
+        reports.append(pytest.TestReport(
+            nodeid=f"{SESSION_CHECK_PREFIX}{failure.check}", location=("ddtree", None, failure.check),
+            keywords={"ddtree-session": 1}, outcome="failed", longrepr=failure.message, when="call"))
+    return reports
+
+
+@pytest.hookimpl(tryfirst=True)  # before junitxml's sessionfinish writes the XML: it gets the session's failures too
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is None:
@@ -575,6 +614,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.config.stash[FINISH_KEY] = outcome
             if outcome.exit_failure and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            # Every plugin but the terminal reporter sees them now (JUnit XML, report logs); the
+            # terminal reporter takes them in pytest_terminal_summary, where its summary is made.
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            others = session.config.pluginmanager.subset_hook_caller(
+                "pytest_runtest_logreport", remove_plugins=[reporter] if reporter is not None else [])
+            for report in _session_failure_reports(outcome):
+                others(report=report)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -591,4 +637,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         terminalreporter.write_sep("=", title)
         for line in text.rstrip("\n").splitlines():
             terminalreporter.write_line(line)
+    # The short test summary and the final counts come after this hook: the session's failures
+    # are "FAILED ddtree::control - ..." there, and counted in "1 failed".
+    terminalreporter.stats.setdefault("failed", []).extend(_session_failure_reports(outcome))
 

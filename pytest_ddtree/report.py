@@ -169,12 +169,37 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
         rows.append([
             rec["config"], rec["cell"], f"{w['request_rate']:g}/s" if "request_rate" in w else str(w["concurrency"]),
             _ctx(w["context_tokens"]),
-            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), str(rec["status"]),
+            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), status_text(rec),
         ])
     return rows
 
 
 HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
+
+#: The gated metrics as the table's columns name them, for the status column.
+SHORT_LABELS = {"output_throughput": "tok/s", TOKENS_PER_VERIFY: "accept", "median_ttft_ms": "TTFT p50"}
+#: Metric verdicts that say the metric moved (a flagged one that did not reproduce is a pass).
+_MOVED = (Status.REGRESSION, Status.IMPROVED, Status.FLAGGED)
+
+
+def status_text(record: RawRecord) -> str:
+    """A cell's status as a person reads it: the word, then which gated metric moved which way.
+
+    Why not the word alone: a cell is "improved" when any gated metric improved, so
+    ``c1_long -2.0% improved`` (its acceptance up 9.5% while tok/s fell within the noise) reads as
+    if tok/s improved. Each metric that moved is named with its change, and with its own word
+    where that differs from the cell's (``regression: tok/s -11.3%; accept +9.5% improved``)."""
+    status = str(record.get("status") or "-")
+    verdict = record.get("verdict")
+    metrics = verdict.get("metrics") if isinstance(verdict, Mapping) else None
+    moved: list[str] = []
+    for key, metric in (metrics or {}).items():
+        if not isinstance(metric, Mapping) or metric.get("status") not in _MOVED:
+            continue
+        word = str(metric.get("status"))
+        change = _pct(metric.get("change"))
+        moved.append(f"{SHORT_LABELS.get(key, key)} {change}" + ("" if word == status else f" {word}"))
+    return f"{status}: {'; '.join(moved)}" if moved else status
 
 
 def render_sweep_table(records: Iterable[RawRecord], tablefmt: str = "simple",
@@ -198,17 +223,22 @@ def _valid(records: Iterable[RawRecord]) -> list[ThroughputRecord]:
 
 
 def recommendations(records: Iterable[RawRecord]) -> list[str]:
-    """The campaign's conclusions, as sentences, from valid cells only."""
-    recs = _valid(records)
+    """The campaign's conclusions, as sentences, from the cells where two or more configs were
+    measured validly and conclusively (nothing is "best" among one)."""
+    recs = [r for r in _valid(records) if r["status"] != Status.INCONCLUSIVE]
     out: list[str] = []
-    if not recs:
-        return out
     by_cell: dict[tuple[int, int], list[ThroughputRecord]] = defaultdict(list)
     for r in recs:  # closed-loop cells: an open-loop cell's load is its rate (frontier.py answers for those)
         if "request_rate" not in r["workload"]:
             by_cell[(r["workload"]["concurrency"], r["workload"]["context_tokens"])].append(r)
-    top_c = max((c for c, _ in by_cell), default=0)
-    low_c = min((c for c, _ in by_cell), default=0)
+    # A recommendation compares configs: a cell that one config alone measured (or that only one
+    # config measured conclusively) recommends nothing.
+    by_cell = defaultdict(list, {k: v for k, v in by_cell.items() if len({r["config"] for r in v}) > 1})
+    recs = [r for cell in by_cell.values() for r in cell]
+    if not recs:
+        return out
+    top_c = max(c for c, _ in by_cell)
+    low_c = min(c for c, _ in by_cell)
 
     def best(cands: list[ThroughputRecord], key: str) -> tuple[ThroughputRecord, ThroughputRecord | None]:
         ordered = sorted(cands, key=lambda r: -(r["metrics"].get(key) or 0.0))
@@ -358,12 +388,22 @@ def render_markdown(records: Iterable[RawRecord], title: str = "Throughput sweep
     if bad:
         parts += ["### Cells that need attention", ""]
         for r in bad:
-            detail = "; ".join(r.get("problems") or []) or "; ".join(
-                m.get("message", "") for m in ((r.get("verdict") or {}).get("metrics") or {}).values() if m.get("message"))
-            detail = detail or "; ".join((r.get("verdict") or {}).get("reasons") or [])
-            parts.append(f"- **{r['config']} {r['cell']}**: {r.get('status')}" + (f": {detail}" if detail else ""))
+            parts.append(f"- **{r['config']} {r['cell']}**: {status_text(r)}" + (f": {d}" if (d := "; ".join(reasons(r))) else ""))
         parts.append("")
     return "\n".join(parts)
+
+
+def reasons(record: RawRecord) -> list[str]:
+    """Why a cell has its status, in the words of its test's message (``CellVerdict.message``):
+    the verdict's reasons, each metric's message, then any problem not said yet."""
+    found = record.get("verdict")
+    verdict: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    out = [str(x) for x in verdict.get("reasons") or []]
+    if record.get("status") != Status.INVALID:  # an invalid measurement's metrics say nothing
+        out += [str(m["message"]) for m in (verdict.get("metrics") or {}).values() if isinstance(m, Mapping) and m.get("message")]
+    problems = record.get("problems")
+    out += [str(p) for p in (problems if isinstance(problems, list) else []) if str(p) not in out]
+    return out
 
 
 def results_json(records: Iterable[RawRecord]) -> dict[str, Any]:
@@ -471,15 +511,23 @@ class SessionSummary:
     plot_path: Path | None = None
 
 
+def _launch_words(record: RawRecord) -> tuple[str, str]:
+    """(what was launched, how it went) of a launch record, in words."""
+    found = record.get("launch")
+    launch: Mapping[str, object] = found if isinstance(found, Mapping) else {}
+    outcome = str(launch.get("outcome") or "-")
+    ready = launch.get("ready_s")
+    how = f"{outcome} after {float(ready):.1f} s" if outcome == "ready" and isinstance(ready, (int, float)) else outcome
+    return str(launch.get("config") or record.get("config") or "-"), how
+
+
 def _other_records_markdown(records: Sequence[RawRecord]) -> str:
-    """A compact table of the non-throughput records (coding, lossless, health...)."""
-    rows = []
-    for r in records:
-        status = r.get("status", r.get("verdict", r.get("passed", "")))
-        if isinstance(status, (dict, list)):
-            status = "..."
-        rows.append([str(r.get("kind")), str(r.get("config")), str(status)])
-    return tabulate(rows, headers=["kind", "config", "status"], tablefmt="github", disable_numparse=True)
+    """The service's launches, in words (the gates are in the correctness table; the rest of
+    each record is in results.json)."""
+    rows = [[config, how] for r in records if r.get("kind") == RecordKind.LAUNCH for config, how in [_launch_words(r)]]
+    if not rows:
+        return ""
+    return tabulate(rows, headers=["launched", "outcome"], tablefmt="github", disable_numparse=True)
 
 
 def gate_rows(records: Sequence[RawRecord], failed_tests: Sequence[Mapping[str, str]] = ()) -> list[list[str]]:
@@ -495,7 +543,9 @@ def gate_rows(records: Sequence[RawRecord], failed_tests: Sequence[Mapping[str, 
         row = by_config.setdefault(config, {})
         kind = r.get("kind")
         if kind == RecordKind.CODING:
-            row["coding"] = f"{r.get('passed')}/{r.get('total')} ({r.get('set')})"
+            passed, total, problem_set = r.get("passed"), r.get("total"), r.get("set")
+            row["coding"] = (f"{passed}/{total}" + (f" ({problem_set})" if problem_set else "")
+                             if stats.is_number(passed) and stats.is_number(total) else str(r.get("status") or "-"))
         elif kind == RecordKind.LOSSLESS:
             diverged = r.get("diverged")
             shown = len(diverged) if isinstance(diverged, list) else 0
@@ -562,8 +612,9 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
     md_parts = ["# pytest-ddtree results", ""]
     if throughput:
         md_parts.append(render_markdown(throughput))
-    if others:
-        md_parts += ["## Other gates", "", _other_records_markdown(others), ""]
+    launches = _other_records_markdown(others)
+    if launches:
+        md_parts += ["## Service launches", "", launches, ""]
     sections: list[tuple[str, str]] = []
     gates = gate_rows(records, failed_tests)
     if gates:

@@ -155,6 +155,7 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
                 launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
                 cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
                 slo=_slo(request),
+                label=config.name,
             )
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)

@@ -96,3 +96,23 @@ def test_bad(ddtree_recorder):
     run.stdout.fnmatch_lines(["*malformed record set aside: throughput-control-unavailable (from gw0): reason is 3, expected a string*"])
     (kept,) = [r for r in json.loads((results / "results.json").read_text())["records"] if r["kind"] == "corrupt-record"]
     assert kept["record"]["reason"] == 3 and kept["worker"] == "gw0"
+
+
+def test_a_session_level_failure_is_a_failed_test_in_the_summary_the_last_line_and_junit(pytester: pytest.Pytester) -> None:
+    """A failure of the session as a whole exits 1 and shows where pytest users look: the short
+    test summary, the final counts, the JUnit XML (it once read '1 passed' and exited 1)."""
+    pytester.makepyfile(test_bad='''
+def test_bad(ddtree_recorder):
+    ddtree_recorder.record("throughput-control-unavailable", None, {"reason": 3})
+''')
+    junit = pytester.path / "junit.xml"
+    run = pytester.runpytest_subprocess("test_bad.py", f"--ddtree-results={pytester.path / 'results'}", f"--junitxml={junit}",
+                                        "-p", "no:cacheprovider")
+    assert run.ret == pytest.ExitCode.TESTS_FAILED
+    run.stdout.fnmatch_lines(["*short test summary info*",
+                              "FAILED ddtree::records - malformed record set aside: *",
+                              "*= 1 failed, 1 passed in *"])
+    import xml.etree.ElementTree as ET
+
+    cases = {case.get("name"): case for case in ET.parse(junit).iter("testcase")}
+    assert cases["records"].find("failure") is not None and cases["test_bad"].find("failure") is None

@@ -85,7 +85,7 @@ def test_markdown_and_json(tmp_path: Path) -> None:
     assert titles[:2] == ["ddtree correctness gates", "ddtree throughput sweep"]
     assert "Recommendations:" in summary.sections[1][1]
     assert "## Correctness gates" in summary.markdown
-    assert "## Other gates" in summary.markdown
+    assert "Other gates" not in summary.markdown and "None" not in summary.markdown
     assert summary.plot_error is None
 
 
@@ -116,3 +116,29 @@ def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() 
         ["bs8_b4_k4", "FAILED", "-", "identical", "0"],
         ["bs8_b8_k4", "ok", "4/5 (default)", "2/30 diverged", "2"],
     ]
+
+
+def _moved(status: Verdict, **changes: tuple[Any, float]) -> dict[str, Any]:
+    metrics = tuple(gate.MetricVerdict(key, st, "higher", 0.05, None, None, change) for key, (st, change) in changes.items())
+    return {"status": status, "verdict": gate.CellVerdict("c1_long", status, metrics).as_dict()}
+
+
+def test_status_names_the_metric_that_moved() -> None:
+    """'c1_long -2.0% improved' read as if tok/s improved; the acceptance did (issue #32)."""
+    improved = _moved(Status.IMPROVED, output_throughput=(Status.PASS, -0.02), **{report.TOKENS_PER_VERIFY: (Status.IMPROVED, 0.095)})
+    assert report.status_text(improved) == "improved: accept +9.5%"
+    both = _moved(Status.REGRESSION, output_throughput=(Status.REGRESSION, -0.113), **{report.TOKENS_PER_VERIFY: (Status.IMPROVED, 0.095)})
+    assert report.status_text(both) == "regression: tok/s -11.3%; accept +9.5% improved"
+    assert report.status_text(_moved(Status.PASS, output_throughput=(Status.PASS, 0.01))) == "pass"
+    assert report.status_text(_moved(Status.INVALID, output_throughput=(Status.INVALID, 0.01))) == "invalid"
+
+
+def test_one_config_recommends_nothing() -> None:
+    """'Best ... bs8_b8_k4' for every cell of a one-config session compares nothing."""
+    alone = [r for r in RECORDS if r.get("config") == "bs8_b8_k4" and r.get("kind") == "throughput"]
+    assert report.recommendations(alone) == []
+    # an inconclusive cell takes no part: c32 then has one config left, and recommends nothing
+    shaky = [_rec("bs8_b4_k4", 32, 128, 900.0, 3.9, status=Status.INCONCLUSIVE), _rec("bs8_b16_k4", 32, 128, 700.0, 4.8),
+             _rec("bs8_b4_k4", 1, 128, 80.0, 3.9), _rec("bs8_b16_k4", 1, 128, 95.0, 4.8)]
+    text = "\n".join(report.recommendations(shaky))
+    assert "concurrency 32" not in text and "bs16_b16_k4" not in text

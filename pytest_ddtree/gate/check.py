@@ -78,7 +78,9 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
         if require:
             return GateOutcome(Decision.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
                                "a CI run must not pass a cell it could not judge)", tuple(notes))
-        return GateOutcome(Decision.SKIP, verdict.message(config).replace("\n", " "), tuple(notes))
+        # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
+        head, *why = verdict.message(config).split("\n  - ")
+        return GateOutcome(Decision.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
     return GateOutcome(Decision.WARN if notes else Decision.PASS, "", tuple(notes))
 
 

@@ -214,6 +214,7 @@ class GroupJudgement:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     kind: str = ""
     failed: bool = False
+    uniform_failure: str = ""  # why the uniform shift fails the session, in one sentence ("" where it does not)
     lines: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -254,6 +255,10 @@ class ControlJudgement:
         return "\n\n".join("\n".join(g.lines) for g in self.groups)
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _spread(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
@@ -290,8 +295,8 @@ def _judge_group(name: str, control: list[ControlJudgedData], configs: list[Meas
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
     host = name.split("@", 1)[1] or "this host"
-    g.lines.append(f"control: {source} on {host}, {len({launch_of(r) for r in control})} launch(es) on {len(cells)} cell(s) "
-                   f"({name.split('@', 1)[0] or 'unknown hardware'})")
+    g.lines.append(f"control: {source} on {host}, {_count(len({launch_of(r) for r in control}), 'launch', 'launches')} "
+                   f"on {_count(len(cells), 'cell', 'cells')} (hardware profile {name.split('@', 1)[0] or 'unknown'})")
     _control_cell_failures(g, control, require_baselines)
     if update_mode:
         g.kind = "blessed, not judged"
@@ -319,7 +324,9 @@ def _judge_group(name: str, control: list[ControlJudgedData], configs: list[Meas
     g.kind = (KIND_BOTH if control_moved and speculative_moved else KIND_CONTROL if control_moved
               else KIND_SPECULATIVE if speculative_moved else KIND_NONE)
     if ctl is not None:
-        g.lines.append(f"  verdict: {g.kind}")
+        failing = sorted({f.split(":", 1)[0].split(" (", 1)[0] for f in g.control_failures})
+        g.lines.append(f"  verdict: the control's own cell(s) {', '.join(failing)} failed, which fails the session "
+                       f"(as a whole: {g.kind})" if failing else f"  verdict: {g.kind}")
     g.failed = g.failed or bool(g.control_failures)
     _speedup_table(g, control, configs)
     return g
@@ -387,11 +394,13 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: floa
         g.control_interval = (math.expm1(ctl.shift - half), math.expm1(ctl.shift + half))
         control_moved = abs(ctl.shift) > g.control_tolerance
         g.control_status = "moved" if control_moved else "held"
-        g.lines.append(f"  control output tok/s against its baseline ({n_ctl} launch(es) this session): "
-                       f"{_pct(g.control_change)} (95% interval {_pct(g.control_interval[0])} .. "
-                       f"{_pct(g.control_interval[1])}; tolerance {g.control_tolerance:.1%} = max(floor, "
-                       f"{gate.Z_CONFIG} x standard error; day-to-day spread {day:.1%}, launch-to-launch "
-                       f"{wobble:.1%}): {'MOVED' if control_moved else 'held'}")
+        verdict = "MOVED beyond it" if control_moved else "held"
+        g.lines.append(f"  control output tok/s against its baseline: {_pct(g.control_change)} over "
+                       f"{_count(n_ctl, 'launch', 'launches')} this session (95% interval {_pct(g.control_interval[0])} "
+                       f"to {_pct(g.control_interval[1])}). It counts as moved beyond {g.control_tolerance:.1%}: "
+                       f"{gate.Z_CONFIG:g} times its standard error, from a day-to-day spread of {day:.1%} and a "
+                       f"launch-to-launch spread of {wobble:.1%}, and never less than the {ctl.floor:.1%} floor. "
+                       f"Verdict: {verdict}")
     else:
         g.control_status = "unknown"
         g.lines.append("  control output tok/s: no judged baseline for 3 or more of its cells (create it with "
@@ -438,23 +447,25 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     for cfg, value in speedups.items():
         g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
     g.lines.append(
-        f"  uniform shift of the {len(moves)} speculative config(s): {_pct(g.uniform_shift)} (95% interval "
-        f"{_pct(g.uniform_interval[0])} .. {_pct(g.uniform_interval[1])}; tolerance {g.uniform_tolerance:.1%} "
-        f"= max({UNIFORM_FLOOR:.1%}, {Z_UNIFORM} x standard error)) = {w:.0%} x their median speedup change "
-        f"over the control {_pct(math.expm1(over_control))} + {1 - w:.0%} x their median change against the "
-        f"blessed days {_pct(math.expm1(configs_moved))} (weighted by their noise: launch-to-launch spread "
-        f"{wobble:.1%}, the control's {n_ctl} launch(es); day-to-day spread {day:.1%})")
+        f"  uniform shift of the {_count(len(moves), 'speculative config', 'speculative configs')}: "
+        f"{_pct(g.uniform_shift)} (95% interval {_pct(g.uniform_interval[0])} to {_pct(g.uniform_interval[1])}). "
+        f"It counts beyond {g.uniform_tolerance:.1%}: {Z_UNIFORM:g} times its standard error, never less than "
+        f"{UNIFORM_FLOOR:.1%}. It weighs their median speedup change over the control "
+        f"({_pct(math.expm1(over_control))}, weight {w:.0%}) against their median change against the blessed days "
+        f"({_pct(math.expm1(configs_moved))}, weight {1 - w:.0%}), each by its noise (launch-to-launch spread "
+        f"{wobble:.1%} over the control's {_count(n_ctl, 'launch', 'launches')}; day-to-day spread {day:.1%})")
     if not per_session:
         g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
                        "were blessed at is not known; bless them together (one --ddtree-update-baselines run)")
         speculative_moved = slower = False
     if slower and not control_moved and not g.control_failures:
         g.failed = True
-        g.lines.append(
-            f"  REGRESSION: every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
+        g.uniform_failure = (
+            f"every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
             f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
             "held: the speculative path slowed down as a whole (a build, a "
             "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
+        g.lines.append(f"  REGRESSION: {g.uniform_failure}")
     return speculative_moved
 
 
@@ -579,7 +590,7 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
                 **throughput.sample_record(name, r, result), "control_launch": launch, "control_at": at}),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
-            bless=baselines.update_mode, gated=GATED)
+            bless=baselines.update_mode, gated=GATED, label=f"control (launch {launch})")
     except LoadError as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
         return "unavailable"

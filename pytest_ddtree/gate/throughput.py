@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from pytest_ddtree import gate, load, openloop, proof, report, stats
+from pytest_ddtree import gate, load, openloop, progress, proof, report, stats
 from pytest_ddtree import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
@@ -88,6 +88,7 @@ def measure_config(
     gated: Sequence[str] | None = None,
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
     slo: SLO | None = None,
+    label: str = "",
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -107,21 +108,28 @@ def measure_config(
     baseline store (how much a config's common change moves between launches), ``cell_noise`` its
     ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
     ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
+    ``label`` names the config in the progress of each repeat (progress.py).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
                                   speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
-                                  cell_noise=cell_noise, slo=slo)
+                                  cell_noise=cell_noise, slo=slo, label=label)
     client = service
     policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
     by_name = {w.name: w for w in cells}
+    planned = {"repeat": policy.min_repeats}  # the phase's planned repeats (the confirmation's, once it runs)
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
-                             accept_bound=accept_bound, slo=slo)
+        workload = by_name[name]
+        (phase, n), = planned.items()
+        what = f"{phase} {r + 1}/{n}" if r < n else f"{phase} {r + 1} (an extra one: repeats disagreed or were retaken)"
+        with progress.activity(f"{label + ' ' if label else ''}{name}: {what}",
+                               requests=workload.requests + workload.warmup_requests):
+            return load.run_cell(client, workload, prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
+                                 accept_bound=accept_bound, slo=slo)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -136,6 +144,8 @@ def measure_config(
     if not flagged:
         campaign.verdicts = first
         return campaign
+    planned.clear()
+    planned["confirmation repeat"] = CONFIRM_REPEATS
     _confirm(campaign, inputs, flagged, measure, repeats, on_confirm or noop, launch_spread, cell_noise)
     return campaign
 
@@ -647,7 +657,8 @@ def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Se
             lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, _relaunched_repeat(cell, r, result, index)),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
-            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
+            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines),
+            label=f"{name} relaunch {index} (its session check flagged it)")
         for workload in cells:
             ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
                                baselines.hardware_profile, False)

@@ -77,6 +77,8 @@ class Cell:
     baseline: dict[str, Any]  # metric -> {median, samples, tolerance, direction}
     messages: list[str]
     predicted: bool = False
+    #: the status as the sweep table words it: which gated metric moved which way (report.status_text)
+    status_text: str = ""
     #: share of verifies that accepted at least d drafts, d = 1, 2, ... (the server's histograms)
     acceptance_by_depth: list[float] = field(default_factory=list)
 
@@ -132,7 +134,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
         baseline: dict[str, Any] = {}
         for key, entry in _as_dict(raw.get("baseline")).items():
             if isinstance(entry, Mapping):
-                baseline[key] = {"median": entry.get("median"), "samples": _floats(entry.get("samples")),
+                baseline[key] = {"median": entry.get("median"), "samples": _floats(entry.get("samples") or entry.get("sessions")),
                                  "tolerance": entry.get("tolerance"), "direction": entry.get("direction")}
         for key, mv in metric_verdicts.items():  # older results: only the verdict knows the baseline
             if isinstance(mv, Mapping) and key not in baseline and is_number(mv.get("baseline_median")):
@@ -158,6 +160,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             messages=messages,
             predicted=bool(raw.get("predicted")) or raw.get("status") == Status.PREDICTED,
             acceptance_by_depth=_shares(raw.get("acceptance_by_depth")),
+            status_text=report.status_text(raw) if raw.get("status") else str(Status.NOT_MEASURED),
         ))
     out.sort(key=lambda c: (name_sort_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
     return out
@@ -421,7 +424,9 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
     times: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in _as_list(payload.get("records")) + _as_list(payload.get("throughput_repeats")):
         if isinstance(r, Mapping) and r.get("kind") != RecordKind.LAUNCH and is_number(r.get("time")):
-            times[(str(r.get("config")), str(r.get("worker", "main")))].append(float(r["time"]))
+            # a record of no config (the lossless reference, the control) belongs to the launch of its kind
+            name = r.get("config") if r.get("config") is not None else r.get("kind")
+            times[(str(name), str(r.get("worker", "main")))].append(float(r["time"]))
     rows: dict[tuple[str, str], TimelineRow] = {}
     for r in records(payload, RecordKind.LAUNCH):
         launch = launch_of(r) or r
