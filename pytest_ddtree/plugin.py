@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
 FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
 SCHEDULER_KEY: pytest.StashKey[ConfigScheduling] = pytest.StashKey()
+DISPLAY_KEY: pytest.StashKey[_TerminalProgress] = pytest.StashKey()
 HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
@@ -153,18 +155,91 @@ def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Se
 
 
 def _progress(config: pytest.Config, worker_id: str | None) -> Callable[[str], None]:
-    """Progress lines: the terminal reporter's on the controller, stderr on a worker."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    """The session's lines (a start, a ready service, a dead host): the terminal's on the
+    controller (through its progress display, which clears a live status line first; none under
+    ``-q -q``), stderr on a worker."""
 
     def progress(message: str) -> None:
         line = f"[ddtree{' ' + worker_id if worker_id else ''}] {message}"
-        if reporter is not None and worker_id is None:
-            reporter.write_line(line)
-        else:
+        display = config.stash.get(DISPLAY_KEY, None)
+        if worker_id is None and display is not None:
+            display.line(line)
+        elif worker_id is not None or config.get_verbosity() > -2:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
     return progress
+
+
+class _TerminalProgress:
+    """progress.Display on pytest's terminal reporter (the controller's; see progress.py).
+
+    On a TTY the newest state is a live status line under the last test line (rewritten in place,
+    at most a few times a second, cut to the terminal's width); otherwise a line about every
+    ``INTERVAL_S`` seconds (a CI log gets a heartbeat, not a flood). After either, the next test
+    result starts its file's line again, so pytest's own lines stay whole."""
+
+    INTERVAL_S = 10.0
+    LIVE_EVERY_S = 0.25
+
+    def __init__(self, reporter: pytest.TerminalReporter, capture: Any) -> None:
+        import threading
+
+        self.reporter = reporter
+        # a test's output is captured while it runs: like pytest's live logging, write around it
+        self.capture = capture
+        self.tty = bool(reporter.isatty)
+        self.lock = threading.Lock()
+        self.live = False
+        self.last_shown = 0.0
+        self.last_line = time.monotonic()
+
+    def _fits(self, text: str) -> str:
+        import shutil
+
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+
+    def _uncaptured(self) -> Any:
+        import contextlib
+
+        return self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
+
+    def status(self, text: str) -> None:
+        now = time.monotonic()
+        with self.lock, self._uncaptured():
+            if self.tty:
+                if now - self.last_shown < self.LIVE_EVERY_S:
+                    return
+                if not self.live:
+                    self.reporter.ensure_newline()
+                    self.live = True
+                self.reporter.rewrite(self._fits(f"[ddtree] {text}"), erase=True)
+            else:
+                if now - self.last_line < self.INTERVAL_S:
+                    return
+                self._write(f"[ddtree] {text}")
+            self.last_shown = now
+
+    def clear(self) -> None:
+        with self.lock, self._uncaptured():
+            self._clear()
+
+    def _clear(self) -> None:
+        if self.live:
+            self.reporter.rewrite("", erase=True)
+            self.reporter.write("\r")
+            self.live = False
+            self.reporter.currentfspath = None  # the next result writes its file's name again
+
+    def line(self, text: str) -> None:
+        with self.lock, self._uncaptured():
+            self._clear()
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        self.reporter.write_line(text)
+        self.last_line = time.monotonic()
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
@@ -201,6 +276,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is not None and ddtree.is_controller and _ddtree_in_use(ddtree, session.config):
         _show_skip_reasons(session.config)
+
+
+def _show_progress(config: pytest.Config) -> None:
+    """The progress display on the terminal of a process that runs ddtree tests (none under
+    ``-q -q``; none on an xdist worker, which has no terminal the user sees: progress.py)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or _is_xdist_worker(config) or config.get_verbosity() <= -2 or DISPLAY_KEY in config.stash:
+        return
+    from pytest_ddtree import progress
+
+    display = config.stash[DISPLAY_KEY] = _TerminalProgress(reporter, config.pluginmanager.get_plugin("capturemanager"))
+    progress.install(display)
 
 
 def _show_skip_reasons(config: pytest.Config) -> None:
@@ -324,6 +411,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is not None and any(name.startswith("ddtree_") for item in session.items for name in getattr(item, "fixturenames", ())):
         ddtree.start()
+        _show_progress(session.config)
 
 
 def _item_config(item: pytest.Item) -> DDTreeConfig | None:
@@ -624,6 +712,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(DISPLAY_KEY, None) is not None:
+        from pytest_ddtree import progress
+
+        progress.install(None)
+        del config.stash[DISPLAY_KEY]
     ddtree = config.stash.get(SESSION_KEY, None)
     if ddtree is not None:
         ddtree.close()

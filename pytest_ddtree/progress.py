@@ -57,7 +57,7 @@ class Activity:
         if self.requests is not None:
             parts.append(f"{self.requests_done}/{self.requests} requests")
         if self.output_tokens and elapsed > 0:
-            parts.append(f"{self.output_tokens / elapsed:.0f} output tok/s so far")
+            parts.append(f"{self.output_tokens / elapsed:.0f} tok/s so far")
         return ", ".join(parts)
 
 
@@ -71,6 +71,12 @@ def install(display: Display | None) -> None:
     global _display
     with _lock:
         _display = display
+
+
+def showing() -> bool:
+    """Whether a display is installed (a wait that also reports through a callback of its own
+    leaves its periodic lines to the display then)."""
+    return _display is not None
 
 
 def _show(text: str) -> None:

@@ -40,3 +40,88 @@ def test_the_user_choice_of_summary_wins(pytester: pytest.Pytester) -> None:
     shown.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_x.py:3: because"])
     chosen = pytester.runpytest_subprocess(*args, "-rf")
     assert "SKIPPED" not in chosen.stdout.str()
+
+
+def _run_in_a_pty(argv: list[str], cwd: Path, timeout: float) -> list[tuple[float, str]]:
+    """Run ``argv`` with a pseudo-terminal as its stdout and stderr (what a person at a terminal
+    sees): every chunk it wrote, with the seconds since the start when it arrived."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    chunks: list[tuple[float, str]] = []
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < timeout:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append((time.monotonic() - start, data.decode(errors="replace")))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        os.close(leader)
+    assert proc.returncode == 0, "".join(c for _, c in chunks)[-3000:]
+    return chunks
+
+
+MATRIX_OF_ONE_CELL = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4]
+workload_defaults: {output_tokens: 64, prompts: coding}
+workloads:
+  - {name: c1_steady, concurrency: 1, context_tokens: 128, requests: 4, warmup_requests: 1}
+"""
+
+
+def test_a_cell_shows_live_progress_on_a_terminal(pytester: pytest.Pytester) -> None:
+    """On a TTY each repeat is a live status line (repeat i/n, requests done, tok/s so far),
+    rewritten in place while the cell runs; the restart shows its wait too."""
+    # clock scale 1: a request of 64 tokens takes about half a second, so each repeat is seconds long
+    profile = reference_profile(pytester.path, clock_scale=1, control="none")
+    (pytester.path / "configs.yaml").write_text(MATRIX_OF_ONE_CELL)
+    import sys
+
+    chunks = _run_in_a_pty([sys.executable, "-m", "pytest", str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}",
+                            f"--ddtree-service={profile}", f"--ddtree-matrix={pytester.path / 'configs.yaml'}",
+                            f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+                            "-p", "no:cacheprovider"], pytester.path, timeout=180)
+    text = "".join(c for _, c in chunks)
+    assert "[ddtree] waiting for service bs8_b8_k4" in text
+    live = [(t, c) for t, c in chunks if c.startswith("\r[ddtree] bs8_b8_k4 c1_steady: repeat")]
+    for n in (1, 2, 3):
+        assert f"\r[ddtree] bs8_b8_k4 c1_steady: repeat {n}/3: " in text, text[-3000:]
+    assert any("5/5 requests" in c and "tok/s so far" in c for _, c in live), live
+    # while the cell ran, the line moved at least every 30 s (here: at each request)
+    times = [t for t, _ in live]
+    assert len(times) >= 9 and max(b - a for a, b in zip(times, times[1:])) < 30, times
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_slow_restart_says_so_in_a_log_and_nothing_under_qq(pytester: pytest.Pytester, quiet: bool) -> None:
+    """Not on a TTY (a CI log): a line about every 10 s of a wait, here a restart that stays 503
+    for 11 s; ``-q -q`` asks for no progress at all."""
+    profile = reference_profile(pytester.path, "--fault slow-start=11", control="none")
+    run = pytester.runpytest_subprocess(
+        str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
+        f"--ddtree-results={pytester.path / 'results'}", "-p", "no:cacheprovider", *(["-qq"] if quiet else []), timeout=180)
+    assert run.ret == 0, run.stdout.str()[-3000:]
+    out = run.stdout.str() + run.stderr.str()
+    if quiet:
+        assert "[ddtree]" not in out, out
+    else:
+        run.stdout.fnmatch_lines(["[[]ddtree[]] waiting for service bs8_b8_k4 to be ready: 1? s of *, health HTTP 503*"])

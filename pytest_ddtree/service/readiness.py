@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
+from pytest_ddtree import progress as progress_mod
 from pytest_ddtree.http import describe_transport_error
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
@@ -43,6 +44,19 @@ def _default_gpu_memory() -> int | None:
         return None
 
 
+def _last_log_line(controller: Controller) -> str:
+    """The service log's last line, cut for a status line ("" where there is none to show)."""
+    try:
+        tail = controller.log_tail(3)
+    except Exception:  # noqa: BLE001 - progress must never fail the start
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines or lines[-1].startswith("<"):  # "<no log ...>": nothing of the service's own
+        return ""
+    shown = "".join(ch if ch.isprintable() else "?" for ch in lines[-1])  # a hostile log cannot move the cursor
+    return shown if len(shown) <= 120 else shown[:117] + "..."
+
+
 def wait_ready(
     client: HealthClient,
     controller: Controller,
@@ -65,48 +79,57 @@ def wait_ready(
     start = time.monotonic()
     deadline = start + timeout_s
     next_progress = start + progress_interval
+    next_look = start  # the status line's GPU memory and log line: at once, then every progress_interval
     last = "no answer yet"
+    mem_text, log_line = "", ""
     polls = 0
-    while True:
-        info = controller.failure()
-        if info is not None:
-            error = last_error_line(info.log_tail)
-            raise ServiceStartError(
-                f"{what} exited while starting: {info.description}" + (f": {error}" if error else ""),
-                exit_code=info.exit_code,
-                log_tail=info.log_tail,
-                elapsed=time.monotonic() - start,
-                config_name=config_name,
-                hint="read the log tail; the flags of this config may not be supported by this server build",
-            )
-        try:
-            status = client.health(health_path, timeout=health_timeout_s)
-            polls += 1
-            if status == 200:
-                return time.monotonic() - start
-            last = f"HTTP {status}"
-        except OSError as exc:  # ServiceUnreachable: refused, reset, timed out
-            polls += 1
-            last = describe_transport_error(exc)
-        now = time.monotonic()
-        if now >= deadline:
-            raise ServiceStartError(
-                f"{what} not ready after {timeout_s:.0f} s (last answer from {health_path}: {last})",
-                exit_code=None,
-                log_tail=controller.log_tail(),
-                elapsed=now - start,
-                config_name=config_name,
-                hint="raise ready_timeout_s in the profile (or --ddtree-ready-timeout) if loading is just slow",
-            )
-        if progress is not None and now >= next_progress:
-            next_progress = now + progress_interval
-            mem = gpu_memory() if gpu_memory is not None else None
-            mem_text = f", GPU memory in use {mem / 2**30:.1f} GiB" if mem is not None else ""
-            progress(
-                f"waiting for {what}{' ' + config_name if config_name else ''} ({controller.describe()}): "
-                f"{now - start:.0f} s elapsed, last: {last}{mem_text}"
-            )
-        time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
+    # the status line clears when the wait ends, ready or not
+    with progress_mod.activity(f"waiting for {what}{' ' + config_name if config_name else ''}"):
+        while True:
+            info = controller.failure()
+            if info is not None:
+                error = last_error_line(info.log_tail)
+                raise ServiceStartError(
+                    f"{what} exited while starting: {info.description}" + (f": {error}" if error else ""),
+                    exit_code=info.exit_code,
+                    log_tail=info.log_tail,
+                    elapsed=time.monotonic() - start,
+                    config_name=config_name,
+                    hint="read the log tail; the flags of this config may not be supported by this server build",
+                )
+            try:
+                status = client.health(health_path, timeout=health_timeout_s)
+                polls += 1
+                if status == 200:
+                    return time.monotonic() - start
+                last = f"HTTP {status}"
+            except OSError as exc:  # ServiceUnreachable: refused, reset, timed out
+                polls += 1
+                last = describe_transport_error(exc)
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServiceStartError(
+                    f"{what} not ready after {timeout_s:.0f} s (last answer from {health_path}: {last})",
+                    exit_code=None,
+                    log_tail=controller.log_tail(),
+                    elapsed=now - start,
+                    config_name=config_name,
+                    hint="raise ready_timeout_s in the profile (or --ddtree-ready-timeout) if loading is just slow",
+                )
+            if now >= next_look:  # the expensive parts (GPU memory, a remote log) every progress_interval
+                next_look = now + progress_interval
+                mem = gpu_memory() if gpu_memory is not None else None
+                mem_text = f", GPU memory in use {mem / 2**30:.1f} GiB" if mem is not None else ""
+                log_line = _last_log_line(controller) if progress_mod.showing() else ""
+            if now >= next_progress:
+                next_progress = now + progress_interval
+                if progress is not None and not progress_mod.showing():
+                    progress(f"waiting for {what}{' ' + config_name if config_name else ''} ({controller.describe()}): "
+                             f"{now - start:.0f} s elapsed, last: {last}{mem_text}")
+            progress_mod.status(f"waiting for {what}{' ' + config_name if config_name else ''} to be ready: "
+                                f"{now - start:.0f} s of {timeout_s:.0f} s, health {last}{mem_text}"
+                                + (f"; log: {log_line}" if log_line else ""))
+            time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
 
 
 def _lookup(info: Mapping[str, Any], key: str) -> object:
