@@ -108,3 +108,19 @@ def test_the_report_and_the_scheduler_find_the_same_config_in_a_test_id() -> Non
     assert config_scope(node) == "ddtree-config:bs8_b12_k6_w2048"
     assert config_of_nodeid(node, ["bs8_b8_k4"]) is None  # not a config of this session
     assert config_in_nodeid("suites/test_health.py::test_health") is None
+
+
+def test_the_gpu_workloads_load_with_the_campaign_matrix(pytester: pytest.Pytester) -> None:
+    """suites/configs-gpu.yaml (docs/gpu-box.md) is a matrix the harness loads: configs.yaml's
+    sweep and default, cells of bench_serving's sizes, each a throughput test of its own."""
+    repo = Path(__file__).resolve().parent.parent
+    gpu, embedded = load_matrix(repo / "suites" / "configs-gpu.yaml"), load_matrix(repo / "suites" / "configs.yaml")
+    assert gpu.names() == embedded.names() and gpu.default == embedded.default
+    assert all(w.output_tokens >= 256 and w.requests >= max(16, 4 * w.concurrency) for w in gpu.workloads)
+    assert {w.concurrency for w in gpu.workloads} == {1, 8, 32}
+    result = pytester.runpytest_subprocess(
+        str(repo / "suites" / "test_throughput.py"), f"--rootdir={repo}", f"--ddtree-matrix={repo / 'suites' / 'configs-gpu.yaml'}",
+        "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    cells = sorted(line.split("[")[1].split("-")[0] for line in result.outlines if "test_throughput[" in line)
+    assert cells == sorted(w.name for w in gpu.workloads)
