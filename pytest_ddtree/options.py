@@ -77,6 +77,9 @@ OPTIONS: tuple[Option, ...] = (
            action="store_true"),
     Option("service", "service profile YAML; default: the embedded reference engine (suites/services/reference.yaml)",
            metavar="PATH", ini="default service profile path"),
+    Option("url", "gate the SGLang service already running at URL (like bench_serving's --base-url), with no profile "
+           "file: an external profile read from its /server_info; the harness never restarts it and gates the config it "
+           "runs (not with --ddtree-service)", metavar="URL"),
     Option("matrix", "config matrix YAML (default: suites/configs.yaml under the rootdir)", metavar="PATH",
            ini="config matrix path"),
     Option("baselines", "baseline store (default: baselines/ under the rootdir)", metavar="PATH", ini="baseline store path"),
@@ -173,6 +176,8 @@ class Settings:
     """--ddtree-slo: the latency SLO goodput is counted against (None: the matrix's or profile's, if any)."""
     allow_unlisted: bool = False
     """--ddtree-allow-unlisted: an explicit config name need not be in a matrix (selection.py)."""
+    url: str | None = None
+    """--ddtree-url: a running service to gate with a profile read from its /server_info (no profile file)."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -247,6 +252,11 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     max_restarts, priors = _adaptive(read)
     history, history_check = _history(read)
     slo = _slo(read.value("slo"))
+    url = read.value("url")
+    if url is not None and (not str(url).startswith(("http://", "https://")) or service is not None):
+        raise OptionError(f"--ddtree-url {url!r}: give the service's base URL, http://host:port (as bench_serving's "
+                          "--base-url)" if service is None else
+                          "--ddtree-url and --ddtree-service both say which service to gate: give one of them")
     name = read.value("package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -254,7 +264,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         rootdir=root,
         configs=tuple(read.value("config") or ()),
         service=service or root / "suites" / "services" / "reference.yaml",
-        service_is_default=service is None,
+        service_is_default=service is None and url is None,
         matrix=read.path("matrix", root / "suites" / "configs.yaml"),
         baselines=read.path("baselines", root / "baselines"),
         update_baselines=bool(read.value("update_baselines")),
@@ -279,6 +289,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         history_check=history_check,
         slo=slo,
         allow_unlisted=bool(read.value("allow_unlisted")),
+        url=str(url).rstrip("/") if url else None,
     )
 
 

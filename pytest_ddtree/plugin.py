@@ -76,13 +76,59 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """With ``-n`` and no explicit ``--dist``, schedule by config (see scheduling.py)."""
+    """With ``-n`` and no explicit ``--dist``, schedule by config (see scheduling.py); a gate
+    run shows pytest-benchmark's table only when asked for; ``-n`` beyond the cores warns."""
+    _benchmark_table_when_asked(config)
+    _warn_workers_beyond_cores(config)
     if not getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") not in ("no", "load"):
         return
     # xdist turns "no" into "load" in its own (also tryfirst) hook; only an explicit --dist wins.
-    args = [*config.invocation_params.args, *config.getini("addopts")]
-    if not any(str(arg).startswith("--dist") or str(arg) == "-d" for arg in args):
+    if not any(arg.startswith("--dist") or arg == "-d" for arg in _args_and_addopts(config)):
         config.stash[SCHEDULE_BY_CONFIG_KEY] = True
+
+
+def _gate_run(config: pytest.Config) -> bool:
+    """Whether this run gates configs (a ``--ddtree-*`` option, or the suites' files where the
+    settings look for them), before the session exists."""
+    if _explicitly_configured(config):
+        return True
+    try:
+        settings = options.resolve_settings(config)
+    except options.OptionError:
+        return False  # pytest_configure reports it
+    return settings.matrix.exists() and settings.service.exists()
+
+
+def _args_and_addopts(config: pytest.Config) -> list[str]:
+    return [str(arg) for arg in (*config.invocation_params.args, *config.getini("addopts"))]
+
+
+def _benchmark_table_when_asked(config: pytest.Config) -> None:
+    """pytest-benchmark's table (Min Max Mean StdDev OPS Rounds of each cell's repeats, in ms per
+    round) beside the sweep's tok/s reads as a second, different result. The throughput suite
+    files every cell as a benchmark record for users of its tooling (--benchmark-json,
+    --benchmark-autosave); those users ask for it with a --benchmark-* option, and then get
+    pytest-benchmark as it always is. A gate run without one keeps the records, not the table."""
+    if not config.pluginmanager.hasplugin("benchmark") or not hasattr(config.option, "benchmark_quiet"):
+        return
+    if any(arg.startswith("--benchmark-") for arg in _args_and_addopts(config)) or not _gate_run(config):
+        return
+    config.option.benchmark_quiet = True
+
+
+def _warn_workers_beyond_cores(config: pytest.Config) -> None:
+    """``-n 4`` on 2 cores: each worker runs a service and its load generator, so workers beyond
+    the cores make every measurement describe the contention (cells come out inconclusive, or
+    slow). Said once, at the start, as a warning pytest shows in its summary."""
+    import os
+
+    asked = getattr(config.option, "numprocesses", None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if isinstance(asked, int) and asked > cores and not _is_xdist_worker(config) and _gate_run(config):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"-n {asked} runs {asked} workers on {cores} CPU core(s) here: each worker runs a service and its load "
+            f"generator, so the cores are shared and the throughput cells measure the contention (inconclusive, or "
+            f"slower than their baseline); use -n {cores} or fewer"), stacklevel=2)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -243,7 +289,7 @@ class _TerminalProgress:
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
-    return any(config.getoption(options.OPTION[name].dest) for name in ("config", "service", "matrix", "package", "workload"))
+    return any(config.getoption(options.OPTION[name].dest) for name in ("config", "service", "url", "matrix", "package", "workload"))
 
 
 def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
@@ -295,7 +341,7 @@ def _show_skip_reasons(config: pytest.Config) -> None:
     12 needed: rerun on a quieter machine or raise --ddtree-repeats"); a gate run shows skip
     reasons in the short test summary unless the user chose the summary's contents (``-r``)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    chose = any(str(arg).startswith(("-r", "--report-chars")) for arg in (*config.invocation_params.args, *config.getini("addopts")))
+    chose = any(arg.startswith(("-r", "--report-chars")) for arg in _args_and_addopts(config))
     if reporter is not None and not chose and "s" not in reporter.reportchars and "N" not in reporter.reportchars:
         reporter.reportchars += "s"
 
@@ -384,7 +430,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     names = ", ".join(c.name for c in session.selected_configs)
     left_out = session.selection.summary_lines()
     return [
-        f"ddtree: service profile {profile.name} ({settings.service}), controller {profile.controller}",
+        f"ddtree: service profile {profile.name} ({settings.url or settings.service}), controller {profile.controller}",
         *(f"ddtree:   {field}: {how}" for field, how in profile.how_fields_reach_the_service().items()),
         f"ddtree: configs {names}",
         *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]

@@ -95,7 +95,30 @@ class DDTreeSession:
     def profile(self) -> ServiceProfile:
         from pytest_ddtree.service.profile import load_profile
 
+        if self.settings.url is not None:
+            return self._profile_of_running_service(self.settings.url)
         return load_profile(self.settings.service)
+
+    @staticmethod
+    def _profile_of_running_service(url: str) -> ServiceProfile:
+        """``--ddtree-url``: the external profile of the service at ``url``, from its /server_info
+        (service/external.py); a service that does not answer is a usage error, before anything runs."""
+        from pytest_ddtree.client import SGLangClient
+        from pytest_ddtree.fingerprint import is_reference_engine
+        from pytest_ddtree.http import ServiceHTTPError
+        from pytest_ddtree.service.external import profile_from_server_info
+        from pytest_ddtree.service.profile import ProfileError, parse_profile
+
+        try:
+            with SGLangClient(url, timeout=10.0) as client:
+                info = client.server_info(timeout=10.0)
+            raw = profile_from_server_info(url, info, is_reference_engine(info))
+        except (OSError, ServiceHTTPError) as exc:
+            raise ProfileError(f"--ddtree-url {url}: cannot read its /server_info ({exc}); is the service running "
+                               "there, and is this its base URL (as bench_serving's --base-url)?") from None
+        except ValueError as exc:
+            raise ProfileError(f"--ddtree-url: {exc}") from None
+        return parse_profile(raw)
 
     @functools.cached_property
     def slo(self) -> SLO | None:
@@ -231,7 +254,9 @@ class DDTreeSession:
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""
         parts = ["pytest suites --ddtree-update-baselines"]
-        if not self.settings.service_is_default:
+        if self.settings.url is not None:
+            parts.append(f"--ddtree-url={self.settings.url}")
+        elif not self.settings.service_is_default:
             parts.append(f"--ddtree-service={self.settings.service}")
         return " ".join(parts)
 

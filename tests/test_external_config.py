@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.refserver_helpers import RefServer, config_args
-from tests.suite_helpers import REFERENCE_PROFILE, run_suite
+from tests.suite_helpers import REFERENCE_PROFILE, REPO, run_suite
 
 
 def test_external_service_on_another_config_fails_with_the_diff(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -37,3 +37,47 @@ def test_external_service_on_another_config_fails_with_the_diff(pytester: pytest
         "*speculative_num_draft_tokens*12*8*",
         "*never restarts an external service*",
     ])
+
+
+def test_ddtree_url_gates_a_running_server_with_no_profile_file(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """``--ddtree-url URL`` (bench_serving's --base-url): the config the service runs, read from
+    its /server_info, is the one gated, under its own name; the service is never restarted."""
+    server = RefServer(config_args("bs8_b12_k6_w2048"), tmp_path).wait_ready()
+    try:
+        result = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
+            f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+            "-p", "no:cacheprovider", timeout=180)
+        asked_other = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
+            "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider", timeout=60)
+        assert server.proc.poll() is None  # still the one we started: nothing restarted it
+    finally:
+        server.stop()
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"ddtree: service profile external-127.0.0.1:{server.port} ({server.url}), controller external",
+                                 "ddtree: configs bs8_b12_k6"])
+    assert result.parseoutcomes()["passed"] == 3
+    assert asked_other.ret == pytest.ExitCode.USAGE_ERROR
+    assert "bs8_b8_k4 asks budget=8" in asked_other.stderr.str(), asked_other.stderr.str()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ddtree-url=http://127.0.0.1:9"], "cannot read its /server_info"),
+    (["--ddtree-url=127.0.0.1:30000"], "give the service's base URL"),
+    (["--ddtree-url=http://127.0.0.1:9", f"--ddtree-service={REFERENCE_PROFILE}"], "give one of them"),
+])
+def test_a_ddtree_url_that_cannot_be_gated_is_a_usage_error(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    pytester.makepyfile(test_gate="def test_gate(ddtree_config):\n    pass\n")
+    result = pytester.runpytest_subprocess(*args, f"--ddtree-matrix={REPO / 'suites' / 'configs.yaml'}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str(), result.stderr.str()
+
+
+def test_a_minimal_external_profile_needs_no_launch_keys() -> None:
+    """A service the harness never launches needs no config_args, and its url no {port}."""
+    from pytest_ddtree.service.profile import parse_profile
+
+    profile = parse_profile({"name": "shared", "controller": "external", "url": "http://gpu-host:30000",
+                             "fixed": {"block_size": 8, "budget": 7, "topk": 1}, "control": "none", "lossless": "golden"})
+    assert profile.url == "http://gpu-host:30000" and profile.config_args == {}

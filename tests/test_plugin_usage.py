@@ -181,3 +181,23 @@ def test_yaml_error_names_the_line_of_the_fault(pytester: pytest.Pytester, repo_
                                            f"--ddtree-matrix={repo_root / 'suites' / 'configs.yaml'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*svc.yaml: YAML syntax error at line {fault + 1}, column *({where} \"1)*{says}*"])
+
+
+def test_more_workers_than_cores_warns_once(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    workers = len(os.sched_getaffinity(0)) + 1
+    result = pytester.runpytest_subprocess(f"-n{workers}", "--collect-only", "-q", *_args(repo_root))
+    assert result.ret == 0, result.stderr.str()
+    out = result.stdout.str()
+    assert out.count(f"-n {workers} runs {workers} workers on {workers - 1} CPU core(s)") == 1, out
+
+
+def test_the_benchmark_table_only_when_asked(pytester: pytest.Pytester, repo_root: Path) -> None:
+    """A gate run shows no pytest-benchmark table beside its sweep; any --benchmark-* option
+    (--benchmark-json for its records, say) asks for pytest-benchmark as it always is."""
+    pytest.importorskip("pytest_benchmark")
+    pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: None)\n")
+    quiet = pytester.runpytest_subprocess(*_args(repo_root))
+    assert quiet.ret == 0 and "Min" not in quiet.stdout.str(), quiet.stdout.str()
+    asked = pytester.runpytest_subprocess(*_args(repo_root), f"--benchmark-json={pytester.path / 'b.json'}")
+    assert asked.ret == 0 and (pytester.path / "b.json").is_file()
+    asked.stdout.fnmatch_lines(["*Name (time in *)*Min*Max*"])

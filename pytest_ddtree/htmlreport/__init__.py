@@ -102,7 +102,7 @@ def collect_environment(session: DDTreeSession | None = None) -> dict[str, Any]:
         settings = session.settings
         try:
             profile = session.profile
-            env["service profile"] = f"{profile.name} ({settings.service}), controller {profile.controller}"
+            env["service profile"] = f"{profile.name} ({settings.url or settings.service}), controller {profile.controller}"
         except Exception:  # noqa: BLE001 - a broken profile is reported elsewhere; the page still renders
             env["service profile"] = str(settings.service)
         try:

@@ -8,6 +8,7 @@ allowed to change it), not failed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError
@@ -66,3 +67,64 @@ class ExternalController(Controller):
 
     def describe(self) -> str:
         return f"external service {self._launch.url if self._launch else ''}".rstrip()
+
+
+#: How each build's /server_info shows the config it runs (the shipped profiles' ``applied`` maps):
+#: (the keys that show block size, budget and topk, each a key or a fixed rule). Upstream DFLASH is
+#: a chain: its block size is speculative_num_draft_tokens and topk is forced to 1 (sglang 0.5.23
+#: sglang/srt/arg_groups/speculative_hook.py:352-384, _handle_dflash); PR 27509's DDTREE reports
+#: its budget as speculative_ddtree_budget and takes topk = min(budget, vocab)
+#: (suites/services/sglang-ddtree-pr27509.yaml); the reference engine reports all three.
+_READ_BACK: dict[str, dict[str, str]] = {
+    "reference": {"block_size": "speculative_dflash_block_size", "budget": "speculative_num_draft_tokens",
+                  "topk": "speculative_eagle_topk"},
+    "DDTREE": {"block_size": "speculative_num_draft_tokens", "budget": "speculative_ddtree_budget"},
+    "DFLASH": {"block_size": "speculative_num_draft_tokens", "topk": "speculative_eagle_topk"},
+}
+_WINDOW_KEYS = ("speculative_draft_window_size", "speculative_dflash_draft_window_size")
+
+
+def profile_from_server_info(url: str, info: Mapping[str, object], is_reference: bool) -> dict[str, object]:
+    """The external profile (a YAML document's worth) of the service at ``url``, from what its
+    ``/server_info`` says it runs: ``--ddtree-url URL`` gates a running server the way
+    bench_serving's ``--base-url`` measures one, with no profile file.
+
+    Every config field is fixed at the value the service runs (the harness cannot change it), so
+    the session gates that one config, under the name the running values give it; its read-back
+    keys are checked again before it is measured. Raises ValueError, saying what was missing,
+    when the answer shows no speculative config this harness can name."""
+    algorithm = str(info.get("speculative_algorithm") or "").upper()
+    if not algorithm or algorithm == "NONE":
+        raise ValueError(f"{url}/server_info reports no speculative algorithm (speculative_algorithm: "
+                         f"{info.get('speculative_algorithm')!s}): there is no DFlash/DDTree config to gate")
+    dialect = "reference" if is_reference else "DDTREE" if algorithm == "DDTREE" else "DFLASH"
+    keys = _READ_BACK[dialect]
+    values: dict[str, int] = {}
+    for field_name, key in keys.items():
+        value = info.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{url}/server_info has no usable {key} (got {str(value)[:40]}), which shows the "
+                             f"{field_name} of a {algorithm} service; write a profile for this build instead "
+                             "(docs/profiles.md)")
+        values[field_name] = value
+    fixed: dict[str, object] = dict(values)
+    if "budget" not in values:  # a chain verifies block_size - 1 drafts
+        fixed["budget"] = "block_size - 1"
+    if "topk" not in values:  # the tree's own topk
+        fixed["topk"] = "budget"
+    window = next((info[k] for k in _WINDOW_KEYS if k in info), None)
+    default_window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    where = url.split("://", 1)[-1].rstrip("/")
+    return {
+        "name": f"external-{where}",
+        "description": f"the service already running at {url} ({algorithm}), read from its /server_info",
+        "controller": "external",
+        "url": url.rstrip("/"),
+        "default_window": default_window,
+        "fixed": fixed,
+        "fixed_because": {name: f"the service at {url} runs it; the harness never restarts an external service"
+                          for name in fixed},
+        "applied": {key: field_name for field_name, key in keys.items()},
+        "control": "none",  # the non-speculative control needs a launch of its own
+        "lossless": "golden",  # nor can the lossless reference be launched here
+    }

@@ -101,7 +101,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "url": (str, True),
     "port": ((int, str), False),
     "default_window": ((int, type(None)), False),
-    "config_args": (dict, True),
+    "config_args": (dict, False),  # required where the harness launches the service (_check_launch)
     "config_env": ((dict, type(None)), False),
     "fixed": ((dict, type(None)), False),
     "applied": (dict, False),
@@ -285,8 +285,11 @@ def _check_launch(raw: Mapping[str, Any], controller: str, port: int | str, pool
         raise fail("url", f"unknown placeholder(s) {sorted(url_fields - {'port', 'host'})}")
     if not url.startswith(("http://", "https://")):
         raise fail("url", f"must start with http:// or https://, got {url!r}")
-    if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple):
+    if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple) and controller != "external":
         raise fail("url", "must contain {port} when port is 'auto'")
+    if controller != "external" and "config_args" not in raw:
+        raise fail("config_args", "missing required key: how each config field reaches the launch ({} when the build "
+                                  "sets none by flags)")
     return slurm
 
 
@@ -303,7 +306,7 @@ class _ConfigFields(TypedDict):
 def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
     """How each config field reaches the service, what the build fixes, where it is read
     back: config_args, config_env, fixed, applied, allowed and fixed_because."""
-    config_args = raw["config_args"]
+    config_args = raw.get("config_args") or {}  # an external service's launch is not ours: none
     for key, template in config_args.items():
         if key not in CONFIG_FIELDS:
             raise fail(f"config_args.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
