@@ -54,7 +54,7 @@ def test_the_page_marks_the_change_points_filters_and_links_each_point_to_its_re
         shown = page.eval_on_selector_all("figure.trend", "fs => fs.filter(f => f.style.display !== 'none').map(f => f.dataset.config + ' ' + f.dataset.cell + ' ' + f.dataset.metric)")
         marks: dict[str, Any] = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('figure.trend')]
             .filter(f => f.style.display !== 'none')
-            .map(f => [f.dataset.config + ' ' + f.dataset.cell, (f.querySelector('.js-plotly-plot').layout.shapes || []).map(s => s.x0)]))""")
+            .map(f => [f.dataset.config + ' ' + f.dataset.cell, (f.querySelector('.js-plotly-plot').layout.shapes || []).filter(s => s.type === 'line').map(s => s.x0)]))""")
         # Filters: one config shows its two cells.
         page.select_option("#filter-config", "bs8_b8_k4")
         filtered = page.eval_on_selector_all("figure.trend", "fs => fs.filter(f => f.style.display !== 'none').length")
@@ -96,3 +96,27 @@ def test_a_series_of_one_session_is_shown_as_one_point(tmp_path: Path) -> None:
     assert "bs8_b8_k4 c8_4k: output_throughput (refserver): one session so far" in page
     assert '"xaxis": {"title": {"text": "session (oldest first)"}, "type": "category", "tickvals": [1]' in page
     assert "No change point" in page
+
+
+def test_the_history_ticks_whole_sessions_and_draws_the_noise_band(tmp_path: Path) -> None:
+    """Session 1, 2, 3 (not 1.5), and the band the level's sessions and repeats spread over, so a
+    1% wobble on an autoscaled axis does not look like a cliff."""
+    import json
+    import re
+
+    with HistoryStore(str(tmp_path / "h.db")) as store:
+        for n in range(5):
+            store.append(*synthetic.synthetic_session(n))
+        cells = store.cells()
+    analysed = changepoints.analyse(cells)
+    page = build_history_html(analysed, source="h.db", output_dir=tmp_path, summary=changepoints.summary_text(analysed))
+    found = re.search(r'<script type="application/json" id="ddtree-figures">(.*?)</script>', page, re.S)
+    assert found is not None
+    figures = json.loads(found.group(1).replace("<\\/", "</"))
+    layout = next(iter(figures.values()))["layout"]
+    assert layout["xaxis"]["tickvals"] == [1, 2, 3, 4, 5] and layout["xaxis"]["ticktext"] == ["1", "2", "3", "4", "5"]
+    band = [shape for shape in layout["shapes"] if shape.get("name") == "noise band"]
+    assert band and band[0]["layer"] == "below" and band[0]["y0"] < band[0]["y1"]
+    low, high = layout["yaxis"]["range"]
+    level = [t for t in next(iter(figures.values()))["data"] if t["name"] == "level between change points"][0]["y"][0]
+    assert low <= level * 0.95 and high >= level * 1.05

@@ -197,3 +197,24 @@ def test_a_retaken_repeat_is_shown_with_its_reason() -> None:
                and c.config == payload["throughput"][0]["config"]]
     assert "repeat 1 retaken, not counted: the service fell behind its own clock 6 times" in cell.messages
     assert "retaken, not counted" in _text(build_html(payload))
+
+
+def test_charts_fill_the_page_tick_where_measured_and_draw_depth_per_config() -> None:
+    """Charts as a person reads them: full width, concurrency ticks only at the measured ones (not
+    2 and 16 between 1 and 32), acceptance by depth as one small panel per config, not 28 lines."""
+    payload = _payload()
+    for raw in payload["throughput"]:
+        raw["acceptance_by_depth"] = [0.9, 0.7, 0.4, 0.1]
+    cells = model.cells(payload)
+    (panel,) = charts.sweep_panels(cells, "output_throughput", "tok/s")
+    xaxis = panel["figure"]["layout"]["xaxis"]
+    assert xaxis["type"] == "log" and xaxis["tickvals"] == [1, 4] and xaxis["ticktext"] == ["1", "4"] and "dtick" not in xaxis
+    depth = charts.depth_panels(cells)
+    assert [p["config"] for p in depth] == ["bs8_b4_k4", "bs8_b8_k4"]
+    assert [t["name"] for t in depth[1]["figure"]["data"]] == ["c1_s", "c4_s"]
+    # a cell keeps its colour in every panel
+    colour = {t["name"]: t["line"]["color"] for p in depth for t in p["figure"]["data"]}
+    assert all(t["line"]["color"] == colour[t["name"]] for p in depth for t in p["figure"]["data"])
+    page = build_html(payload)
+    assert page.count('data-figure="depth-') == 2 and "chart-acceptance-by-depth" not in page
+    assert "grid-template-columns" in page and "width: 460px" not in page and "width: 940px" not in page

@@ -156,9 +156,9 @@ def build_html(
     acceptance = charts.acceptance_figure(cells)
     if acceptance:
         figures["acceptance"] = acceptance
-    depth = charts.depth_figure(cells)
-    if depth:
-        figures["acceptance-by-depth"] = depth
+    depth_panels = charts.depth_panels(cells)
+    for p in depth_panels:
+        figures[p["id"]] = p["figure"]
     speedup = charts.speedup_figure(cells, payload.get("control") if isinstance(payload.get("control"), Mapping) else None)
     if speedup:
         figures["acceptance-speedup"] = speedup
@@ -193,7 +193,7 @@ def build_html(
         speedup=speedup,
         acceptance=acceptance,
         repeat_charts=repeat_charts,
-        depth=depth,
+        depth_panels=depth_panels,
         depth_cells=[c for c in cells if c.acceptance_by_depth and not c.predicted],
         drafter_bound=report.drafter_bound(accept, by_depth=report._config_depth(
             [r for r in payload.get("throughput") or [] if isinstance(r, Mapping) and "config" in r])),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -63,6 +63,14 @@ def single_x(layout: dict[str, Any], x: Any) -> None:
     layout["xaxis"] = {"title": layout["xaxis"]["title"], "type": "category", "tickvals": [x], "range": [-0.5, 0.5]}
 
 
+def measured_ticks(layout: dict[str, Any], values: Iterable[int]) -> None:
+    """Ticks on a log axis only where something was measured (1, 8, 32), not at every power of two
+    between them: a tick at 2, 4 and 16 reads as if those concurrencies had been measured."""
+    ticks = sorted(set(values))
+    layout["xaxis"].pop("dtick", None)
+    layout["xaxis"].update({"tickmode": "array", "tickvals": ticks, "ticktext": [str(t) for t in ticks]})
+
+
 def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[str, Any]]:
     """One figure per context length: ``metric`` against concurrency, a line per config."""
     by_ctx: dict[int | None, dict[str, list[tuple[int, float, str]]]] = defaultdict(lambda: defaultdict(list))
@@ -89,6 +97,8 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
             (only,) = concurrencies
             single_x(layout, only)
             caption += f": measured at concurrency {only} only"
+        else:
+            measured_ticks(layout, concurrencies)
         panels.append({"id": f"{metric}-ctx-{ctx}", "context": ctx, "caption": caption,
                        "figure": {"data": traces, "layout": layout}})
     return panels
@@ -173,6 +183,8 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     budgets = {x for t in traces for x in t["x"]}
     if len(budgets) == 1:
         single_x(layout, next(iter(budgets)))
+    else:
+        measured_ticks(layout, budgets)
     return {"data": traces, "layout": layout}
 
 
@@ -211,23 +223,40 @@ def speedup_figure(cells: Sequence[Cell], control: Mapping[str, Any] | None) -> 
     return {"data": traces, "layout": layout}
 
 
-def depth_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
-    """Acceptance by depth: per config and cell, the share of verifies that accepted at least d
-    drafts, from the server's acceptance histograms. Where a line falls to zero is where the
-    drafter stops being right, whatever the tree allows: the drafter-bound finding, drawn."""
-    traces: list[dict[str, Any]] = []
+#: One colour per cell across the acceptance-by-depth panels, so a cell reads the same in each.
+_CELL_COLORS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#c62828", "#00838f", "#5d4037", "#9e9d24", "#ad1457", "#455a64")
+
+
+def depth_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """Acceptance by depth, one small panel per config (small multiples): in each, per cell, the
+    share of verifies that accepted at least d drafts, from the server's acceptance histograms.
+    Where a line falls to zero is where the drafter stops being right, whatever the tree allows:
+    the drafter-bound finding, drawn. One panel per config, not every config x cell on one chart:
+    28 lines on one axis with a scrolling legend read as none; a cell keeps its colour in every
+    panel, and every panel the same axes, so configs compare side by side."""
+    by_config: dict[str, list[Cell]] = defaultdict(list)
     for c in cells:
-        if c.predicted or not c.acceptance_by_depth:
-            continue
-        depths = list(range(1, len(c.acceptance_by_depth) + 1))
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{c.config} {c.cell}",
-                       "legendgroup": c.config, "x": depths, "y": c.acceptance_by_depth,
-                       "hovertemplate": f"{c.config} {c.cell}<br>>= %{{x}} drafts: %{{y:.1%}}<extra></extra>"})
-    if not traces:
-        return None
-    layout = _layout("drafts accepted in one verify (at least)", "share of verifies")
-    layout["yaxis"]["tickformat"] = ".0%"
-    return {"data": traces, "layout": layout}
+        if not c.predicted and c.acceptance_by_depth:
+            by_config[c.config].append(c)
+    if not by_config:
+        return []
+    cell_names = list(dict.fromkeys(c.cell for members in by_config.values() for c in members))
+    deepest = max(len(c.acceptance_by_depth) for members in by_config.values() for c in members)
+    panels = []
+    for n, config in enumerate(sorted(by_config, key=name_sort_key)):
+        traces = []
+        for c in by_config[config]:
+            depths = list(range(1, len(c.acceptance_by_depth) + 1))
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": c.cell, "legendgroup": c.cell,
+                           "x": depths, "y": c.acceptance_by_depth,
+                           "line": {"color": _CELL_COLORS[cell_names.index(c.cell) % len(_CELL_COLORS)]},
+                           "hovertemplate": f"{config} {c.cell}<br>>= %{{x}} drafts: %{{y:.1%}}<extra></extra>"})
+        layout = _layout("drafts accepted in one verify (at least)", "share of verifies")
+        layout["yaxis"].update({"tickformat": ".0%", "range": [0, 1.02]})
+        layout["xaxis"].update({"range": [0.5, deepest + 0.5], "tickmode": "array", "tickvals": list(range(1, deepest + 1))})
+        layout.update({"height": 260, "legend": {"orientation": "h", "y": -0.3, "font": {"size": 10}}})
+        panels.append({"id": f"depth-{n}", "config": config, "caption": config, "figure": {"data": traces, "layout": layout}})
+    return panels
 
 
 def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_throughput") -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ campaign's hundreds of series do not all render at load.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddtree import gate
-from pytest_ddtree.changepoints import MAX_PVALUE, ChangePoint, Series, newest_change_points
+from pytest_ddtree.changepoints import MAX_PVALUE, ChangePoint, Point, Series, newest_change_points
 from pytest_ddtree.htmlreport import charts
 from pytest_ddtree.htmlreport.model import fmt_time
 from pytest_ddtree.history import redact
@@ -53,14 +54,27 @@ def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[s
     bounds = [0, *(cp.index for cp in series.change_points), len(points)]
     level_x: list[float | None] = []
     level_y: list[float | None] = []
+    band_x: list[float | None] = []
+    band_low: list[float | None] = []
+    band_high: list[float | None] = []
     for start, stop in zip(bounds, bounds[1:]):
-        values = [p.value for p in points[start:stop]]
-        mean = _geometric_mean(values)
+        segment = points[start:stop]
+        mean = _geometric_mean([p.value for p in segment])
+        low, high = _noise_band(segment, mean)
         level_x += [xs[start], xs[stop - 1], None]
         level_y += [mean, mean, None]
+        band_x += [xs[start] - 0.4, xs[stop - 1] + 0.4, None]
+        band_low += [low, low, None]
+        band_high += [high, high, None]
     traces.append({"type": "scatter", "mode": "lines", "name": "level between change points", "x": level_x, "y": level_y,
                    "line": {"color": "#424242", "width": 2}, "hoverinfo": "skip"})
-    shapes, annotations = [], []
+    # The noise band of each level, under the points: the range its own sessions and repeats spread
+    # over. Without it an autoscaled axis turns a 1% wobble into a cliff.
+    shapes: list[dict[str, Any]] = [
+        {"type": "rect", "layer": "below", "x0": x0, "x1": x1, "y0": y0, "y1": y1, "fillcolor": "rgba(21,101,192,0.12)",
+         "line": {"width": 0}, "name": "noise band"}
+        for x0, x1, y0, y1 in zip(band_x[0::3], band_x[1::3], band_low[0::3], band_high[0::3])]
+    annotations = []
     for cp in series.change_points:
         x = (ordinal[cp.before.session_id] + ordinal[cp.after.session_id]) / 2
         color = _REGRESSION_COLOR if cp.regression else _IMPROVEMENT_COLOR
@@ -68,8 +82,17 @@ def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[s
                        "line": {"color": color, "dash": "dash", "width": 2}})
         annotations.append({"x": x, "yref": "paper", "y": 0.98, "yanchor": "top", "xanchor": "left", "showarrow": False,
                             "text": f"{cp.size:+.1%}", "font": {"color": color, "size": 12}, "bgcolor": "rgba(255,255,255,0.8)"})
+    # whole sessions only, a tick per session up to about a dozen of them; the y axis at least +-5% of
+    # the level, so that what the band calls noise also looks like it
+    step = max(1, math.ceil(len(points) / 12))
+    values = [p.value for p in points] + [v for v in band_low + band_high if v is not None]
+    centre = _geometric_mean([p.value for p in points])
+    y_range = [min(min(values), centre * 0.95), max(max(values), centre * 1.05)]
+    pad = 0.05 * (y_range[1] - y_range[0])
     layout: dict[str, Any] = {
-        "xaxis": {"title": {"text": "session (oldest first)"}}, "yaxis": {"title": {"text": unit or series.key.metric}},
+        "xaxis": {"title": {"text": "session (oldest first)"}, "tickmode": "array", "tickvals": xs[::step],
+                  "ticktext": [str(x) for x in xs[::step]], "range": [xs[0] - 0.6, xs[-1] + 0.6]},
+        "yaxis": {"title": {"text": unit or series.key.metric}, "range": [y_range[0] - pad, y_range[1] + pad]},
         "margin": {"l": 60, "r": 10, "t": 30, "b": 45}, "height": 300, "showlegend": False, "hovermode": "closest",
         "shapes": shapes, "annotations": annotations,
     }
@@ -79,9 +102,25 @@ def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[s
 
 
 def _geometric_mean(values: Sequence[float]) -> float:
-    import math
-
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _noise_band(segment: Sequence[Point], level: float) -> tuple[float, float]:
+    """The 95% range around ``level`` of one level's sessions: the spread of their values between
+    sessions and of the repeats within each (log values; the gate's own view of noise), at least
+    the spread of one session's repeats where the level has a single session."""
+    logs = [math.log(p.value) for p in segment]
+    within = [math.log(s) - math.log(p.value) for p in segment for s in p.samples if s > 0]
+    spreads = [_sd(logs), _sd(within)]
+    sd = max(v for v in spreads if v is not None) if any(v is not None for v in spreads) else 0.0
+    return level * math.exp(-1.96 * sd), level * math.exp(1.96 * sd)
+
+
+def _sd(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _change_row(cp: ChangePoint, output_dir: Path) -> dict[str, Any]:
