@@ -249,6 +249,11 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
                                  "bs8_b4_k4: output_throughput moved -*% against its baseline (all its cells together) "
                                  "while the session's other 1 config(s) moved *: -*% relative, beyond the tolerance *"
                                  "a REGRESSION of this config against the rest of the session*Compared with: bs8_b8_k4*"])
+    # a failure of the session, where pytest users look: a failed test in the short summary and the counts
+    # (its cells fail too here: a threefold baseline is beyond any cell's tolerance as well)
+    result.stdout.fnmatch_lines(["FAILED *ddtree::configs-against-session - bs8_b4*"])
+    cells_failed = sum(1 for line in result.outlines if line.startswith("FAILED ") and "test_throughput[" in line)
+    assert result.parseoutcomes().get("failed") == cells_failed + 1, result.stdout.str()[-2000:]
     found = json.loads((pytester.path / "results" / "results.json").read_text())["configs_against_session"]
     by_config = {f["config"]: f for f in found if f["metric"] == "output_throughput"}
     assert by_config["bs8_b4_k4"]["status"] == "regression" and by_config["bs8_b4_k4"]["relative"] < -0.4
