@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddtree import proof, stats
+from pytest_ddtree import progress, proof, stats
 from pytest_ddtree.http import ServiceHTTP
 from pytest_ddtree.prompts import Prompt
 
@@ -168,6 +168,7 @@ def stream_request(
     finally:
         if own_conn:
             conn.close()
+        progress.request_done(result.completion_tokens if result.ok else 0)  # the wait's "requests done"
     return result
 
 

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree import openloop, progress, proof, slo as slo_mod
+from pytest_ddtree import openloop, proof, slo as slo_mod
 from pytest_ddtree import prompts as prompts_mod
 from pytest_ddtree import stats
 from pytest_ddtree.client import SGLangClient
@@ -569,7 +569,6 @@ def _run_closed_loop(
                 result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
                                         prompts.tolerance)
                 results[index] = result
-                progress.request_done(result.completion_tokens if result.ok else 0)
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
         finally:
@@ -744,7 +743,6 @@ def run_open_loop(
                                     prompts.tolerance)
             lags[index] = max(0.0, result.start - due)
             results[index] = result
-            progress.request_done(result.completion_tokens if result.ok else 0)
         finally:
             with lock:
                 own = open_conns.pop(index, None)
