@@ -127,8 +127,9 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
         slo_label = (rates[0].get("slo") or {}).get("label", "?")
         sentences.append(f"Sustainable request rate under SLO {slo_label} on {rates[0].get('workload')}: {shown} "
                          "(the highest rate that met it; bisected to the search's resolution).")
-    for ctx in front:
-        if len({p["config"] for p in ctx["points"]}) >= 1 and len(ctx["points"]) >= 2:
+    for ctx in front:  # a recommendation compares configs: a context one config measured recommends nothing
+        compared = {r["config"] for r in throughput if r["workload"].get("context_tokens") == ctx["context_tokens"]}
+        if len(compared) >= 2 and len(ctx["points"]) >= 2:
             shown = ", ".join(f"{p['config']} at {p['cell']}" for p in ctx["points"])
             sentences.append(f"Pareto frontier at context {ctx['context_tokens']} (tok/s per request against aggregate "
                              f"tok/s): {shown}; every other config is beaten on both somewhere on it.")
