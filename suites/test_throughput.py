@@ -38,7 +38,7 @@ import pytest
 from pytest_ddtree import gate, report
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
-from pytest_ddtree.load import LoadError
+from pytest_ddtree.load import CellDeadlineExceeded, LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gate.check import check_cell
 from pytest_ddtree.gate.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
@@ -155,7 +155,13 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
                 launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
                 cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
                 slo=_slo(request),
+                cell_timeout_s=service.profile.cell_timeout_s,
             )
+        except CellDeadlineExceeded as exc:  # wedged or too slow to measure: stop it, the next config starts fresh
+            session = session_of(request.config)
+            if session is not None:
+                session.manager.abandon(config.name, str(exc))
+            pytest.fail(f"{config.name}: {exc}", pytrace=False)
         except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
             pytest.fail(f"{config.name}: {exc}", pytrace=False)
     return campaigns[config.name]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from pytest_ddtree import gate, load, openloop, proof, report, stats
+from pytest_ddtree import gate, http, load, openloop, proof, report, stats
 from pytest_ddtree import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
@@ -39,8 +39,9 @@ INCONCLUSIVE_REL_CI = 0.12
 #: after the first ``CONFIRM_FIRST_STAGE`` a cell that is already cleared with room to spare stops.
 CONFIRM_REPEATS = 12
 CONFIRM_FIRST_STAGE = 4
-#: Per-request timeout of the load generator.
-REQUEST_TIMEOUT_S = 600.0
+#: Each request's deadline as a whole where the gate makes its own client (a URL): the profile's
+#: ``request_timeout_s`` default.
+REQUEST_TIMEOUT_S = http.REQUEST_TIMEOUT_S
 
 OnSample = Callable[[str, int, load.CellResult], None]
 
@@ -88,6 +89,7 @@ def measure_config(
     gated: Sequence[str] | None = None,
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
     slo: SLO | None = None,
+    cell_timeout_s: float = load.CELL_TIMEOUT_S,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -107,21 +109,23 @@ def measure_config(
     baseline store (how much a config's common change moves between launches), ``cell_noise`` its
     ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
     ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
+    ``cell_timeout_s`` is the profile's: a repeat not over by then raises
+    :class:`~pytest_ddtree.load.CellDeadlineExceeded` (the repeats before it are already recorded).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
                                   speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
-                                  cell_noise=cell_noise, slo=slo)
+                                  cell_noise=cell_noise, slo=slo, cell_timeout_s=cell_timeout_s)
     client = service
     policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
-                             accept_bound=accept_bound, slo=slo)
+        return load.run_cell(client, by_name[name], prompts=maker, speculative=speculative, accept_bound=accept_bound,
+                             slo=slo, cell_timeout_s=cell_timeout_s)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -647,7 +651,8 @@ def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Se
             lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, _relaunched_repeat(cell, r, result, index)),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
-            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines))
+            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines),
+            cell_timeout_s=profile.cell_timeout_s)
         for workload in cells:
             ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
                                baselines.hardware_profile, False)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
 
+from pytest_ddtree import http as http_mod
 from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.proof import Proof
@@ -51,13 +52,15 @@ REFERENCE_LABEL = "lossless-reference"
 """The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
 READY_HEALTH_TIMEOUT_S = 5.0
-"""Per-request timeout of health polls: short, so a dead service is noticed quickly."""
+"""Each health poll's deadline as a whole: short, so a dead service is noticed quickly; SGLang's
+own launcher polls ``/health_generate`` with ``timeout=5`` (sglang 0.5.23 sglang/test/test_utils.py:704)."""
 
 
 PROBE_TIMEOUT_S = 120.0
+"""Each copy probe request's deadline as a whole (the probe as a whole: ``probe_timeout_s``)."""
+
 #: Unfinished stream chunks of the gauge's request read before /metrics is: the request decodes then.
 GAUGE_CHUNKS = 2
-"""Per-request timeout of the copy probe's short requests."""
 
 PORT_RACE_RETRIES = 2
 """How often a start that lost its auto-chosen port (EADDRINUSE in the log) is retried."""
@@ -79,10 +82,10 @@ def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     record.update(cast(LaunchEntry, entry))
 
 
-def _default_client(base_url: str, timeout: float) -> SGLangClient:
+def _default_client(base_url: str, timeout: float, info_timeout: float) -> SGLangClient:
     from pytest_ddtree.client import SGLangClient
 
-    return SGLangClient(base_url, timeout=timeout)
+    return SGLangClient(base_url, timeout=timeout, info_timeout=info_timeout)
 
 
 def _default_gpu_memory() -> int | None:
@@ -182,8 +185,8 @@ class ServiceManager:
         ready_timeout_s: float | None = None,
         poll_interval: float = 0.5,
         progress_interval: float = 10.0,
-        client_factory: ClientFactory = _default_client,
-        client_timeout_s: float = 600.0,
+        client_factory: ClientFactory | None = None,
+        client_timeout_s: float | None = None,
         systemctl: tuple[str, ...] = ("systemctl",),
         journalctl: tuple[str, ...] = ("journalctl",),
         gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
@@ -198,8 +201,10 @@ class ServiceManager:
         self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
         self.poll_interval = poll_interval
         self.progress_interval = progress_interval
-        self.client_factory = client_factory
-        self.client_timeout_s = client_timeout_s
+        #: Each launch's client: its requests' deadlines are the profile's (request_timeout_s, info_timeout_s).
+        self.client_factory: ClientFactory = client_factory or (
+            lambda url, timeout: _default_client(url, timeout, profile.info_timeout_s))
+        self.client_timeout_s = client_timeout_s if client_timeout_s is not None else profile.request_timeout_s
         self.systemctl = systemctl
         self.journalctl = journalctl
         fleet = profile.fleet
@@ -322,6 +327,20 @@ class ServiceManager:
 
     def release(self) -> None:
         """Stop the current service and let other workers have the instance."""
+        self._switch_away()
+
+    def abandon(self, config_name: str, reason: str) -> None:
+        """Give up on ``config_name``'s running service (a phase of it passed its deadline: the
+        service is wedged or too slow to measure): stop it, and fail the config's remaining tests
+        at once with ``reason``; the next config starts a fresh service."""
+        err = ServiceDiedError(
+            f"the service stopped answering in time: {reason}", config_name=config_name,
+            hint="the service was stopped; the remaining tests of this config cannot run, the next config starts a fresh service",
+        )
+        self._failed[config_name] = err
+        slot = self._current
+        if slot is not None:
+            self._set_outcome(slot, f"abandoned: {reason.splitlines()[0][:300]}")
         self._switch_away()
 
     def close(self) -> list[str]:
@@ -658,10 +677,23 @@ class ServiceManager:
             payload = {"text": text, "sampling_params": dict(sampling), "stream": False}
             return http.post_json("/generate", payload, PROBE_TIMEOUT_S, max_bytes=proof_mod.MAX_TEXT_BYTES)
 
-        probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
+        probe = None
+        metrics_text: str | None = None
+        # The probe's requests and the gauge's streamed one, as a whole, end by probe_timeout_s.
+        deadline = http_mod.Deadline.after(self.profile.probe_timeout_s, "copy probe", "probe_timeout_s")
+        with http_mod.phase(deadline):
+            if self.profile.copy_probe:
+                probe = proof_mod.run_copy_probe(generate, bound)
+                if deadline.expired:
+                    raise ServiceStartError(
+                        f"{deadline.describe()} passed after {probe.requests} probe requests: "
+                        + ("; ".join(probe.failed_requests[-2:]) or "the service answered too slowly"),
+                        log_tail=controller.log_tail(), config_name=config.name, hint=deadline.advice(),
+                    )
+            if server_info.get("enable_metrics") is True:
+                metrics_text = _metrics_while_decoding(http)  # cut by the deadline: no signal from the gauge
         startup_text = controller.startup_log()
         startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
-        metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
         result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
                                  probe=probe, startup=startup, metrics_text=metrics_text)
         self._say(f"{config.name}: {result.summary()}")
@@ -759,7 +791,9 @@ def _metrics_while_decoding(http: Any) -> str | None:
     sampling = {"max_new_tokens": proof_mod.PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True}
     body = json.dumps({"text": proof_mod.probe_prompts(1)[0], "sampling_params": sampling, "stream": True}).encode()
     conn = http.connect(PROBE_TIMEOUT_S)
+    watch = http_mod.RequestWatch(http.deadline(PROBE_TIMEOUT_S))  # the stream as a whole, not each read
     try:
+        watch.begin(conn)
         conn.request("POST", http.path("/generate"), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -784,4 +818,5 @@ def _metrics_while_decoding(http: Any) -> str | None:
     except Exception:  # noqa: BLE001 - no reading while decoding: no signal from the gauge
         return None
     finally:
+        watch.end()
         conn.close()

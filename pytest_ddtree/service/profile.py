@@ -114,6 +114,10 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "budget_counts_root": ((bool, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
+    "request_timeout_s": ((int, float), False),
+    "info_timeout_s": ((int, float), False),
+    "probe_timeout_s": ((int, float), False),
+    "cell_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
     "stop_timeout_s": ((int, float), False),
     "env": ((dict, type(None)), False),
@@ -489,9 +493,22 @@ class _Behaviour(TypedDict):
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
+    request_timeout_s: float
+    info_timeout_s: float
+    probe_timeout_s: float
+    cell_timeout_s: float
     gpu_release_timeout_s: float
     stop_timeout_s: float
     copy_probe: bool
+
+
+#: The profile's time limits, in seconds (docs/profiles.md, "Time limits").
+_TIME_LIMITS = ("ready_timeout_s", "request_timeout_s", "info_timeout_s", "probe_timeout_s", "cell_timeout_s",
+                "gpu_release_timeout_s", "stop_timeout_s")
+
+
+def _seconds(raw: Mapping[str, Any], key: str) -> float:
+    return float(raw.get(key, _DEFAULTS[key]))
 
 
 #: The most launches of the control a profile may ask for per process (each one is a restart).
@@ -542,9 +559,9 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
     health_path = raw.get("health_path", _DEFAULTS["health_path"])
     if not health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {health_path!r}")
-    for key in ("ready_timeout_s", "gpu_release_timeout_s", "stop_timeout_s"):
-        if key in raw and raw[key] <= 0:
-            raise fail(key, f"must be positive, got {raw[key]}")
+    for key in _TIME_LIMITS:
+        if key in raw and not 0 < raw[key] < float("inf"):
+            raise fail(key, f"must be a positive number of seconds, got {raw[key]}")
     return _Behaviour(
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
@@ -552,9 +569,13 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         control_launches=control_launches,
         relaunch_flagged=bool(relaunch_flagged),
         health_path=health_path,
-        ready_timeout_s=float(raw.get("ready_timeout_s", _DEFAULTS["ready_timeout_s"])),
-        gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", _DEFAULTS["gpu_release_timeout_s"])),
-        stop_timeout_s=float(raw.get("stop_timeout_s", _DEFAULTS["stop_timeout_s"])),
+        ready_timeout_s=_seconds(raw, "ready_timeout_s"),
+        request_timeout_s=_seconds(raw, "request_timeout_s"),
+        info_timeout_s=_seconds(raw, "info_timeout_s"),
+        probe_timeout_s=_seconds(raw, "probe_timeout_s"),
+        cell_timeout_s=_seconds(raw, "cell_timeout_s"),
+        gpu_release_timeout_s=_seconds(raw, "gpu_release_timeout_s"),
+        stop_timeout_s=_seconds(raw, "stop_timeout_s"),
         copy_probe=bool(raw.get("copy_probe", _DEFAULTS["copy_probe"])),
     )
 
