@@ -250,3 +250,32 @@ def test_against_renders_the_gates_own_changes(sessions: Sessions, tmp_path: Pat
             assert math.isclose(got, change, rel_tol=1e-4, abs_tol=1e-5), (cell["config"], cell["cell"], metric, got, change)
             compared += 1
     assert compared >= len(results["throughput"]) * 2
+
+
+HOSTILE = "<!--<script>alert(1)</script>"
+
+
+def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(sessions: Sessions, tmp_path: Path) -> None:
+    """A cell name and an engine version holding ``<!--<script>`` (which, left raw in the charts'
+    JSON, put the HTML parser in a state that swallowed the rest of the page): the page rebuilt
+    from the session's records with them draws every chart and runs nothing injected."""
+    from pytest_ddtree.htmlreport import build_html, load_payload
+
+    folder = tmp_path / "results"
+    shutil.copytree(sessions.regressed, folder)
+    text = (folder / "results.json").read_text()
+    text = text.replace('"c1_s"', json.dumps("c1_s" + HOSTILE)).replace('"refserver-', json.dumps(HOSTILE)[:-1] + 'refserver-')
+    assert HOSTILE in json.loads(text).__repr__() or "script" in text
+    (folder / "results.json").write_text(text)
+    (folder / "report.html").write_text(build_html(load_payload(folder), source=str(folder)))
+    with open_page(folder / "report.html", tmp_path / "profile") as opened:
+        page = opened.page
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.reload(wait_until="load")
+        drawn = page.evaluate("() => [document.querySelectorAll('[data-figure]').length, document.querySelectorAll('.js-plotly-plot').length]")
+        shown = page.evaluate("() => document.body.textContent.includes('c1_s<!--<script>')")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert dialogs == []
+    assert drawn[0] > 0 and drawn[0] == drawn[1], drawn  # every chart drew: the parser did not swallow the page
+    assert shown  # the name is shown as text, escaped

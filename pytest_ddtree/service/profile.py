@@ -561,7 +561,7 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         raise fail("health_path", f"must start with '/', got {health_path!r}")
     for key in _TIME_LIMITS:
         if key in raw and not 0 < raw[key] < float("inf"):
-            raise fail(key, f"must be a positive number of seconds, got {raw[key]}")
+            raise fail(key, f"must be positive (seconds), got {raw[key]}")
     return _Behaviour(
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
