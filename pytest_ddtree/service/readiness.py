@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from pytest_ddtree.http import Deadline, describe_transport_error, phase
+from pytest_ddtree.http import Deadline, DeadlineExceeded, describe_transport_error, phase
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
@@ -95,9 +95,10 @@ def _wait_ready(client: HealthClient, controller: Controller, health_path: str, 
             if status == 200:
                 return time.monotonic() - start
             last = f"HTTP {status}"
-        except OSError as exc:  # ServiceUnreachable: refused, reset, timed out
+        except OSError as exc:  # ServiceUnreachable: refused, reset, timed out, past a deadline
             polls += 1
-            last = describe_transport_error(exc)
+            if not (polls > 1 and isinstance(exc, DeadlineExceeded) and exc.deadline.name == "readiness"):
+                last = describe_transport_error(exc)  # (a poll the readiness deadline cut short keeps the last answer)
         now = time.monotonic()
         if now >= deadline:
             raise ServiceStartError(
