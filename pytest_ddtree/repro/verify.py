@@ -112,7 +112,7 @@ def check_manifest(root: Path) -> list[str]:
         text = read_regular(root, layout.MANIFEST, MAX_PY_BYTES).decode("utf-8", "replace")
     except PatchError as exc:
         return [str(exc) if not str(exc).endswith(": missing") else f"{layout.MANIFEST} is missing"]
-    problems: list[str] = []
+    walked, problems = _walk(root)  # a link, FIFO or device anywhere fails the package
     listed: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
         m = _MANIFEST_LINE.match(line)
@@ -134,7 +134,7 @@ def check_manifest(root: Path) -> list[str]:
         problems.append(f"{layout.MANIFEST} is not sorted by path")
     if len(set(listed)) != len(listed):
         problems.append(f"{layout.MANIFEST} lists a path twice")
-    for rel in sorted(set(_package_files(root)) - set(listed)):
+    for rel in sorted(set(walked) - set(listed)):
         problems.append(f"{rel}: present but not listed in {layout.MANIFEST} (added after packaging?)")
     return problems
 
@@ -299,8 +299,7 @@ def verify_package(path: Path, site_packages: Path | None = None) -> VerifyRepor
     if not root.is_dir():
         report.problems.append(f"{root} is not a directory")
         return report
-    files, odd = _walk(root)
-    report.problems += odd
+    files, _ = _walk(root)  # its problems are check_manifest's
     for rel in layout.REQUIRED:
         present = non_regular_problem(root, rel) is None if rel == layout.MANIFEST else rel in files
         if not present:
