@@ -119,7 +119,12 @@ def test_hostile_folder_and_build_names_give_safe_links_and_every_chart_draws(tm
     with open_page(out, tmp_path / "profile") as opened:
         page = opened.page
         dialogs: list[str] = []
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.reload(wait_until="load")
         hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.getAttribute('href'))")
         drawn = page.evaluate("""() => [...document.querySelectorAll('figure.trend')].filter(f => f.style.display !== 'none')

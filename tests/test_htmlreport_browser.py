@@ -271,7 +271,12 @@ def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(se
     with open_page(folder / "report.html", tmp_path / "profile") as opened:
         page = opened.page
         dialogs: list[str] = []
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.reload(wait_until="load")
         drawn = page.evaluate("() => [document.querySelectorAll('[data-figure]').length, document.querySelectorAll('.js-plotly-plot').length]")
         shown = page.evaluate("() => document.body.textContent.includes('c1_s<!--<script>')")
