@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypedDict
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
+from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
 from pytest_ddtree.service.validated_profile import (
@@ -199,7 +200,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         own_matrix=own_matrix,
         own_default=own_default,
         **behaviour,
-        env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        env=_parse_env(raw.get("env") or {}, fail),
         pool=pool,
         # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
         instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
@@ -401,8 +402,20 @@ def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any]
         for variable, template in variables.items():
             if not valid_value_template(template):
                 raise fail(f"config_env.{key}.{variable}", f"must be a template containing {{value}} (or {{value+N}}), got {template!r}")
+        for variable in variables:
+            if not is_env_name(variable):
+                raise fail(f"config_env.{key}.{variable}", ENV_NAME_RULE)
         config_env[key] = {str(k): str(v) for k, v in variables.items()}
     return config_env
+
+
+
+def _parse_env(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+    """``env:`` the launch environment; every name a shell identifier."""
+    for name in section:
+        if not is_env_name(name):
+            raise fail(f"env.{name}", ENV_NAME_RULE)
+    return {str(k): str(v) for k, v in section.items()}
 
 
 def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, FixedValue]:
