@@ -265,7 +265,7 @@ def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(se
     shutil.copytree(sessions.regressed, folder)
     text = (folder / "results.json").read_text()
     text = text.replace('"c1_s"', json.dumps("c1_s" + HOSTILE)).replace('"refserver-', json.dumps(HOSTILE)[:-1] + 'refserver-')
-    assert HOSTILE in json.loads(text).__repr__() or "script" in text
+    assert f'"c1_s{HOSTILE}"' in text and f'"{HOSTILE}refserver-' in text  # both reach the page's data
     (folder / "results.json").write_text(text)
     (folder / "report.html").write_text(build_html(load_payload(folder), source=str(folder)))
     with open_page(folder / "report.html", tmp_path / "profile") as opened:
@@ -284,3 +284,28 @@ def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(se
     assert dialogs == []
     assert drawn[0] > 0 and drawn[0] == drawn[1], drawn  # every chart drew: the parser did not swallow the page
     assert shown  # the name is shown as text, escaped
+
+
+def test_a_running_page_whose_session_died_says_so_and_reloads_no_more(sessions: Sessions, tmp_path: Path) -> None:
+    """A running page (the blessing session's records) no process has touched for long: killed with
+    kill -9, its page would say "running" and reload for ever; it says it stopped and stays. The
+    same page freshly written reloads itself."""
+    import os
+
+    from pytest_ddtree.htmlreport import STALE_S, LiveStatus, load_payload, write_report
+
+    page_path = write_report(tmp_path / "report.html", load_payload(sessions.blessed), LiveStatus(state="running", total=2))
+    os.utime(page_path, (time.time() - STALE_S - 60,) * 2)
+    with open_page(page_path, tmp_path / "profile") as opened:
+        page = opened.page
+        page.evaluate("() => { window.__marker = 1; }")
+        state = page.evaluate("""() => [document.documentElement.dataset.live, document.getElementById('status').dataset.state,
+            document.getElementById('live-stopped').hidden, document.getElementById('live-reloading').hidden, document.title]""")
+        still_here = page.evaluate("() => new Promise(r => setTimeout(() => r(window.__marker === 1), 11000))")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert state == ["stopped", "stopped", False, True, "pytest-ddtree report (stopped)"], state
+    assert still_here  # no reload in more than one refresh interval
+    os.utime(page_path)  # as the heartbeat does
+    with open_page(page_path, tmp_path / "profile2") as opened:
+        assert opened.page.evaluate("() => document.documentElement.dataset.live") == "reloading"
+        assert opened.page.evaluate("() => document.getElementById('live-stopped').hidden")
