@@ -55,9 +55,10 @@ class RequestResult:
     #: meta_info.e2e_latency of the finished chunk: the service's own time from receiving the
     #: request to finishing it (SGLang's tokenizer_manager.py), None when absent
     server_e2e_s: float | None = None
-    #: bytes of the event stream read, and its last line's head (what a deadline's failure quotes)
+    #: bytes of the event stream read, and how many of them came after its last data chunk (SSE
+    #: comments, keep-alives): what a deadline's failure says had arrived
     stream_bytes: int = 0
-    last_line: bytes = b""
+    bytes_after_last_chunk: int = 0
 
     @property
     def e2e_s(self) -> float:
@@ -185,8 +186,9 @@ def deadline_error(deadline: Deadline, result: RequestResult) -> str:
     if not result.stream_bytes:
         arrived = "nothing of the stream had arrived"
     else:
-        arrived = (f"{result.stream_bytes:,} bytes of the stream had arrived ({result.chunks} chunks, "
-                   f"{result.completion_tokens} tokens), the last line {result.last_line[:80].decode('utf-8', 'replace')!r}")
+        arrived = (f"{result.stream_bytes:,} bytes of the stream had arrived ({result.chunks} chunks, {result.completion_tokens} "
+                   f"tokens), {result.bytes_after_last_chunk:,} of them after the last chunk and no data "
+                   "(SSE comments or keep-alives)")
     return f"DeadlineExceeded: {deadline.describe()} passed; {arrived}; {deadline.advice()}"
 
 
@@ -198,16 +200,13 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
     ``result`` however it ends (once, not per line: the loop is the client's cost per token)."""
     last: float | None = None
     last_payload = b"{}"
-    streamed = 0
-    seen = b""
+    streamed = at_chunk = 0
     try:
         while True:
             line = resp.readline(STREAM_LINE_LIMIT + 1)
             t = clock()
             if not line:
                 return False, last_payload, True
-            if len(line) > 2:  # not the blank line that ends an event
-                seen = line
             streamed += len(line)
             if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
                 raise ValueError(f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} bytes "
@@ -226,12 +225,12 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
                     raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
             if count > asked:  # a server never exceeds max_new_tokens; a hostile count would size the ITL list
                 raise ValueError(f"stream chunk claims {count} tokens, more than the {asked} asked for (max_new_tokens)")
-            last_payload = payload
+            last_payload, at_chunk = payload, streamed
             result.chunks += 1
             last = apply_chunk(result, t, count, last)
     finally:
         result.stream_bytes = streamed
-        result.last_line = seen[:200]
+        result.bytes_after_last_chunk = streamed - at_chunk
 
 
 def _read_final_meta(result: RequestResult, last_payload: bytes) -> None:

@@ -468,11 +468,12 @@ class ServiceHTTP:
             stage = "waiting for the status line and headers"
             resp = conn.getresponse()
             status, stage = resp.status, f"HTTP {resp.status}, reading the body"
-            while len(body) <= max_bytes:
-                piece = resp.read(min(65536, max_bytes + 1 - len(body)))
+            while len(body) <= max_bytes:  # read1: what has arrived is kept, whatever ends the next read
+                piece = resp.read1(min(65536, max_bytes + 1 - len(body)))
                 if not piece:
                     break
                 body += piece
+            resp.close()  # read to its end (read1 leaves a length-delimited answer open at 0 bytes left)
             reusable = not resp.will_close
         except TRANSPORT_ERRORS as exc:
             by_deadline = watch.failed_by_deadline()

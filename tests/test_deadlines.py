@@ -31,6 +31,7 @@ from tests.suite_helpers import reference_profile, run_suite
 from tests.test_service_refserver import BS8_B8_K4, managers, ref_profile  # noqa: F401 (a fixture)
 
 DEADLINE_S = 2.0
+READY_S = 6.0  # readiness includes the engine's own start, a few seconds on a loaded box
 SLACK_S = 8.0  # a loaded 2-core box: the call must be over by its deadline plus this
 
 
@@ -86,7 +87,8 @@ def test_sse_comments_after_the_first_chunk_do_not_extend_a_stream(trickling: Re
     assert isinstance(result, load.RequestResult) and not result.ok
     error = result.error or ""
     assert f"the request deadline of {DEADLINE_S:g} s (request_timeout_s in the profile) passed" in error, error
-    assert "(1 chunks, 1 tokens), the last line ': keep-alive" in error, error
+    assert "(1 chunks, 1 tokens)," in error and "of them after the last chunk and no data (SSE comments or keep-alives)" in error, error
+    assert result.bytes_after_last_chunk >= len(b": keep-alive\n\n")  # the comments arrived, and did not extend it
 
 
 def test_a_cell_ends_at_its_deadline_and_says_what_finished(trickling: RefServer) -> None:
@@ -111,11 +113,15 @@ def test_a_start_phase_that_trickles_fails_the_config_and_stops_the_service(
     non-streamed /generate): the start fails naming the deadline, and the engine is stopped."""
     # the manager's own client factory: the clients' deadlines are the profile's
     m = ServiceManager(ref_profile(f"--fault {fault}", **overrides), 0, tmp_path / "logs", None, tmp_path / "locks",
-                       poll_interval=0.1, ready_timeout_s=DEADLINE_S if key == "ready_timeout_s" else 30)
+                       poll_interval=0.1, ready_timeout_s=READY_S if key == "ready_timeout_s" else 30)
     managers.append(m)
-    err = finishes(lambda: m.ensure(BS8_B8_K4), DEADLINE_S + SLACK_S + 10)  # + the engine's own start
+    err = finishes(lambda: m.ensure(BS8_B8_K4), READY_S + SLACK_S + 10)  # + the engine's own start
     assert isinstance(err, ServiceStartError), err
-    assert f"({key} in the profile) passed" in str(err), str(err)
+    if key == "ready_timeout_s":  # each poll is cut by its own 5 s deadline or by readiness's, bytes arriving or not
+        assert f"not ready after {READY_S:g} s" in str(err) and "deadline of" in str(err) and "passed; " in str(err), str(err)
+        assert "raise ready_timeout_s in the profile" in str(err)
+    else:
+        assert f"({key} in the profile) passed" in str(err), str(err)
     assert "Traceback" not in str(err).split("log tail")[0]
     assert live_process_groups() == []  # the failed start stopped its engine
     with pytest.raises(ServiceStartError):  # and the config stays failed: no second ten-minute start
@@ -156,11 +162,13 @@ def test_a_sweep_whose_streams_trickle_fails_each_config_at_its_cell_deadline_an
 
 def test_a_readiness_that_trickles_ends_at_ready_timeout_for_each_config(pytester: pytest.Pytester) -> None:
     mark = pytester.path.name
-    profile = reference_profile(pytester.path, "--fault trickle=health:0", control="none", ready_timeout_s=DEADLINE_S,
+    profile = reference_profile(pytester.path, "--fault trickle=health:0", control="none", ready_timeout_s=READY_S,
                                 env={"DDTREE_DEADLINE_TEST": mark})
     result = run_suite(pytester, profile, suite="test_health.py", config="bs8_b8_k4,bs8_b12_k6", timeout=120)
     out = result.stdout.str()
     assert result.ret == 1, out
-    assert out.count(f"the readiness deadline of {DEADLINE_S:g} s (ready_timeout_s in the profile) passed") >= 2, out
+    for config in ("bs8_b8_k4", "bs8_b12_k6"):  # the sweep went on to the second config
+        assert f"service for config {config}: service not ready after {READY_S:g} s (last answer from /health_generate: " in out, out
+    assert out.count("raise ready_timeout_s in the profile") >= 2, out
     assert "Traceback" not in out and "INTERNALERROR" not in out
     assert _marked_processes(mark) == []
