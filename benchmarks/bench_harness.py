@@ -183,13 +183,16 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
     rows = []
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     client_cpu, server_cpu = {cpus[0]}, set(cpus[1:] or cpus)
-    cell = load.Cell("cap", concurrency, 32, output_tokens, requests, 0)
+    # random ids: the raw streamer has no /tokenize (documents via /tokenize, the default, fails there)
+    cell = load.Cell("cap", concurrency, 32, output_tokens, requests, 0, prompts="random")
 
     def measure(url: str, source: str) -> None:
         pin(client_cpu)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        res = load.run_cell(url, cell, warmup=False)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        with SGLangClient(url) as client:
+            maker = load.prompt_maker(client, vocab_size=1000)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            res = load.run_cell(client, cell, prompts=maker, warmup=False)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         pin(set(cpus))
         m = res.metrics()
         tokens = int(m["total_output_tokens"] or 0)
@@ -219,7 +222,8 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
             proc.terminate()
             proc.join()
     with refserver("--clock-scale", "1000000") as url:
-        load.run_cell(url, cell, warmup=False)  # warm the engine's caches
+        with SGLangClient(url) as client:  # warm the engine's caches
+            load.run_cell(client, cell, prompts=load.prompt_maker(client, vocab_size=1000), warmup=False)
         measure(url, "refserver --clock-scale 1e6")
     return rows
 
@@ -348,10 +352,11 @@ def main() -> int:
                   f"  {r['cpu_us_per_token']:5.1f} us CPU/token  {r['cpu_us_per_chunk']:5.1f} us CPU/chunk"
                   f"  ceiling {r['client_ceiling_tok_s']:8.0f} tok/s")
     if "deadlines" in only:
-        d = figures["deadlines"] = deadline_cost(output_tokens=2000, requests=64, concurrency=16, rounds=5)
+        # 128-token outputs (SGLang's default max_new_tokens): short requests are where a cost per request weighs most
+        d = figures["deadlines"] = deadline_cost(output_tokens=128, requests=1024, concurrency=16, rounds=5)
         good = d["watchdog_share_of_request_cpu"] < 0.01
         ok &= good
-        print("(c) whole-request deadlines (one pinned client core, raw SSE at 1 token/chunk, concurrency 16, 2000-token outputs)")
+        print("(c) whole-request deadlines (one pinned client core, raw SSE at 1 token/chunk, concurrency 16, 128-token outputs)")
         print(f"    watchdog arm + disarm: {d['watchdog_us_per_request']:.2f} us CPU per request, against "
               f"{d['client_cpu_us_per_request']:.0f} us of client CPU per request: "
               f"{d['watchdog_share_of_request_cpu']:.4%} of the client's CPU per token  {'OK' if good else 'FAIL'} (< 1%)")
