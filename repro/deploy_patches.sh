@@ -54,6 +54,19 @@ else
 fi
 
 refuse() { echo "REFUSED: $*" >&2; exit 1; }
+# The package as it was written, before any of it is read: regular files only (a FIFO would block
+# the reader, a link lead out of the package), every file's sha256, nothing added (the Python
+# deploy checks the same).
+odd="$(find "$here" ! -type f ! -type d -print -quit)"
+[ -z "$odd" ] || refuse "${odd#"$here"/}: not a regular file (a link, FIFO or device: a package holds regular files only)"
+if command -v sha256sum >/dev/null 2>&1; then
+    (cd "$here" && sha256sum -c --strict --quiet MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
+else
+    (cd "$here" && shasum -a 256 -c MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
+fi
+unlisted="$(cd "$here" && find . -type f ! -path ./MANIFEST.sha256 | sed 's|^\./||' | LC_ALL=C sort \
+    | LC_ALL=C comm -23 - <(cut -c67- MANIFEST.sha256 | LC_ALL=C sort))"
+[ -z "$unlisted" ] || refuse "${unlisted%%$'\n'*}: present but not listed in MANIFEST.sha256 (added after packaging?)"
 
 dist_name=""
 dist_version=""
@@ -89,13 +102,6 @@ else
 fi
 
 # Pass 1: check every target before touching anything.
-# The package as it was written: every file's sha256, nothing added (the Python deploy checks the same).
-if command -v sha256sum >/dev/null 2>&1; then
-    (cd "$here" && sha256sum -c --strict --quiet MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
-else
-    (cd "$here" && shasum -a 256 -c MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
-fi
-[ -L "$here/patches" ] || [ -L "$here/patches/full" ] && refuse "patches/full is a symbolic link (a package holds regular files only)"
 # The top-level folders of the installed distribution (its RECORD): the only place a new file may go.
 record=""
 for meta in "$site"/*.dist-info/METADATA; do

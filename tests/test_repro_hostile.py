@@ -11,6 +11,8 @@ clear problem, no traceback, and the install untouched.
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,8 @@ def _verify(pkg: Path) -> str:
 
 @pytest.mark.parametrize(("make", "words"), [
     (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: os.mknod(p, 0o600 | stat.S_IFCHR, os.makedev(1, 5)) if os.geteuid() == 0 else os.mkfifo(p),  # /dev/zero's
+     "not a regular file"),
     (lambda p: os.symlink("/dev/zero", p), "a symbolic link"),
     (lambda p: p.write_text("x = " + "-" * 200_000 + "1\n"), "operators in a row: not parsed"),
     (lambda p: p.write_text("x = " + "(" * 5_000 + ")" * 5_000 + "\n"), "nested deeper than 100 brackets"),
@@ -44,6 +48,15 @@ def test_verify_reads_no_fifo_no_link_and_parses_bounded(package: Path, make: ob
     target = package / "configs" / "x.py"
     make(target)  # type: ignore[operator]
     assert words in _verify(package)
+
+
+@pytest.mark.parametrize("rel", ["deploy_patches.sh", "patches/RECORD", "env/environment.json"])
+def test_verify_follows_no_link_the_package_itself_reads(package: Path, rel: str) -> None:
+    """The files verify reads beyond the .py (the scripts it checks with bash -n, the RECORD,
+    the recorded environment) replaced by a link to /dev/zero: a problem, never a read."""
+    (package / rel).unlink()
+    os.symlink("/dev/zero", package / rel)
+    assert f"{rel}: a symbolic link" in _verify(package)
 
 
 def test_verify_does_not_read_a_huge_sparse_file(package: Path) -> None:
@@ -62,10 +75,24 @@ def _deploy(pkg: Path, site: Path) -> str:
     return out
 
 
+def _bash_deploy_refuses(pkg: Path, site: Path, words: str) -> None:
+    before = _tree(site)
+    proc = subprocess.run(["bash", str(pkg / "deploy_patches.sh"), str(site)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "REFUSED" in proc.stderr and words in proc.stderr, proc.stdout + proc.stderr
+    assert _tree(site) == before
+
+
 def test_deploy_checks_the_manifest_first(package: Path, world: dict[str, Path]) -> None:
     full = next((package / "patches" / "full").rglob("*.py"))
     full.write_text(full.read_text() + "# changed after packaging\n")
     assert "MANIFEST.sha256" in _deploy(package, world["pristine"])
+    _bash_deploy_refuses(package, world["pristine"], "MANIFEST.sha256 does not match the package")
+
+
+def test_the_bash_deploy_refuses_a_file_added_after_packaging(package: Path, world: dict[str, Path]) -> None:
+    (package / "patches" / "full" / "extra.txt").write_text("not packaged\n")
+    _bash_deploy_refuses(package, world["pristine"], "patches/full/extra.txt: present but not listed in MANIFEST.sha256")
+    assert "patches/full/extra.txt: present but not listed" in _deploy(package, world["pristine"])
 
 
 def test_deploy_follows_no_link_out_of_the_package(package: Path, world: dict[str, Path], tmp_path: Path) -> None:
@@ -75,6 +102,7 @@ def test_deploy_follows_no_link_out_of_the_package(package: Path, world: dict[st
     write_manifest(package)  # even with a manifest made to match
     out = _deploy(package, world["pristine"])
     assert "patches/full: a symbolic link" in out or "patches/full is a symbolic link" in out, out
+    _bash_deploy_refuses(package, world["pristine"], "patches/full: not a regular file (a link")
 
 
 @pytest.mark.parametrize(("target", "words"), [
@@ -95,7 +123,5 @@ def test_deploy_adds_no_file_outside_the_distributions_folders(package: Path, wo
         fh.write(f"{target}\t-\t{hashlib.sha256(data).hexdigest()}\n")
     write_manifest(package)
     assert words in _deploy(package, world["pristine"])
-    import subprocess
-    proc = subprocess.run(["bash", str(package / "deploy_patches.sh"), str(world["pristine"])], capture_output=True, text=True)
-    assert proc.returncode == 1 and "REFUSED" in proc.stderr, proc.stdout + proc.stderr
+    _bash_deploy_refuses(package, world["pristine"], words.split(" (")[0])  # the same rule, the same words
     assert not (world["pristine"] / target).exists()

@@ -139,6 +139,14 @@ def check_manifest(root: Path) -> list[str]:
     return problems
 
 
+def _read_small(root: Path, rel: str) -> str:
+    """A small text file of the package, or "" when it is missing or not a regular file (check_manifest says which)."""
+    try:
+        return read_regular(root, rel, MAX_PY_BYTES).decode("utf-8", "replace")
+    except PatchError:
+        return ""
+
+
 def _load_json(root: Path, rel: str, problems: list[str]) -> Any:
     try:
         return json.loads(read_regular(root, rel, MAX_PY_BYTES))
@@ -158,13 +166,14 @@ def _read_tsv(root: Path) -> list[tuple[str, str, str]]:
 
 
 def _record_layout(root: Path) -> tuple[dict[str, str | None], set[str]] | None:
-    rec = root / layout.PATCHES_RECORD
-    if not rec.is_file():
+    try:
+        text = read_regular(root, layout.PATCHES_RECORD, MAX_PY_BYTES).decode("utf-8", "replace")
+    except PatchError:  # missing (or not a regular file: check_manifest says so)
         return None
     import csv
 
     hashes: dict[str, str | None] = {}
-    for row in csv.reader(rec.read_text(encoding="utf-8").splitlines()):
+    for row in csv.reader(text.splitlines()):
         if row:
             hashes[row[0]] = record_hash_to_hex(row[1]) if len(row) > 1 and row[1] else None
     tops = {PurePosixPath(p).parts[0] for p in hashes if len(PurePosixPath(p).parts) > 1}
@@ -179,7 +188,7 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
     recorded = _record_layout(root)
     if meta.get("mode") == "distribution" and recorded is None:
         problems.append(f"{layout.PATCHES_RECORD} is missing: the recorded layout of {meta.get('distribution')}")
-    dist_text = (root / layout.PATCHES_DIST).read_text(encoding="utf-8") if (root / layout.PATCHES_DIST).is_file() else ""
+    dist_text = _read_small(root, layout.PATCHES_DIST)
     want_dist = f"name={meta.get('distribution') or ''}\nversion={meta.get('version') or ''}\n"
     if dist_text != want_dist:
         problems.append(f"{layout.PATCHES_DIST} does not match {layout.PATCHES_JSON} (distribution/version)")
@@ -238,7 +247,7 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
 
 
 def _check_site(root: Path, site: Path, entries: list[dict[str, Any]], problems: list[str], notes: list[str]) -> None:
-    dist_text = (root / layout.PATCHES_DIST).read_text(encoding="utf-8") if (root / layout.PATCHES_DIST).is_file() else ""
+    dist_text = _read_small(root, layout.PATCHES_DIST)
     kv = dict(line.split("=", 1) for line in dist_text.splitlines() if "=" in line)
     if kv.get("name"):
         try:
@@ -270,10 +279,10 @@ def _check_site(root: Path, site: Path, entries: list[dict[str, Any]], problems:
             states["pristine"] += 1
             if e.get("diff"):
                 try:
-                    got = apply_unified_diff(dest.read_text(encoding="utf-8"), (root / str(e["diff"])).read_text(encoding="utf-8"))
-                    if got.encode("utf-8") != (root / layout.PATCHES_FULL / target).read_bytes():
+                    got = apply_unified_diff(dest.read_text(encoding="utf-8"), read_regular(root, str(e["diff"])).decode("utf-8"))
+                    if got.encode("utf-8") != read_regular(root, f"{layout.PATCHES_FULL}/{target}"):
                         problems.append(f"{e['diff']}: applied to {dest} it does not give the full copy")
-                except (DiffError, OSError, UnicodeDecodeError) as exc:
+                except (DiffError, OSError, UnicodeDecodeError, PatchError) as exc:
                     problems.append(f"{e['diff']}: does not apply to {dest}: {exc}")
         else:
             problems.append(f"site-packages: {target} is neither the pristine nor the patched version; deploy would refuse")
@@ -284,7 +293,7 @@ def _check_scripts(root: Path, problems: list[str]) -> None:
     bash = shutil.which("bash")
     for script in layout.SCRIPTS:
         p = root / script
-        if not p.is_file():
+        if non_regular_problem(root, script) is not None:  # missing, or a link/FIFO: check_manifest says so
             continue
         if bash:
             proc = subprocess.run([bash, "-n", str(p)], capture_output=True, text=True, check=False)
