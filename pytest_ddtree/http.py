@@ -36,7 +36,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -171,6 +171,18 @@ def phase(deadline: Deadline) -> Iterator[Deadline]:
 
 def current_phase() -> Deadline | None:
     return _PHASE.get()
+
+
+def phase_expired() -> bool:
+    """Whether the current phase (if any) is over: a loop of requests sends no more then."""
+    phase = _PHASE.get()
+    return phase is not None and phase.expired
+
+
+def thread_in_phase(target: Callable[..., object], *args: object, name: str) -> threading.Thread:
+    """A daemon thread running ``target(*args)`` under this thread's phase (its requests keep the
+    phase's deadline: a thread starts with an empty context otherwise)."""
+    return threading.Thread(target=contextvars.copy_context().run, args=(target, *args), name=name, daemon=True)
 
 
 def request_deadline(limit: Limit | float) -> Deadline:

@@ -33,7 +33,6 @@ the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost
 
 from __future__ import annotations
 
-import contextvars
 import http.client
 import socket
 import threading
@@ -49,8 +48,7 @@ from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.generate_stream import RequestResult as RequestResult
 from pytest_ddtree.generate_stream import apply_chunk as apply_chunk
 from pytest_ddtree.generate_stream import stream_request as stream_request
-from pytest_ddtree import http as http_mod
-from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
+from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
 from pytest_ddtree.prompts import PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
 from pytest_ddtree.records import WorkloadData
@@ -62,17 +60,6 @@ DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 DIST_PERCENTILES = (90, 95, 99)
 class LoadError(RuntimeError):
     """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
-
-
-class CellDeadlineExceeded(LoadError):
-    """One repeat of a cell was not over by its deadline (``cell_timeout_s``): the service is too
-    slow or wedged to measure; the message says what had finished and what to raise."""
-
-
-#: A repeat's deadline as a whole (warm-up, flush, measured loop, /server_info) unless the profile's
-#: ``cell_timeout_s`` says otherwise: each request has its own (``request_timeout_s``), this one ends
-#: a cell whose requests each stay just inside theirs.
-CELL_TIMEOUT_S = 3600.0
 
 
 class WorkloadLike(Protocol):
@@ -553,8 +540,7 @@ def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
                 return True
         except (OSError, ServiceHTTPError):
             pass
-        cell = http_mod.current_phase()
-        if time.monotonic() >= end or (cell is not None and cell.expired):
+        if time.monotonic() >= end or phase_expired():
             return False
         time.sleep(0.05)
 
@@ -572,14 +558,12 @@ def _run_closed_loop(
     lock = threading.Lock()
     counter = iter(range(len(prompts.prompts)))
 
-    phase = http_mod.current_phase()
-
     def worker() -> None:
         conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
         try:
             while True:
                 with lock:
-                    index = next(counter, None) if phase is None or not phase.expired else None
+                    index = None if phase_expired() else next(counter, None)
                 if index is None:
                     return
                 result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
@@ -590,9 +574,7 @@ def _run_closed_loop(
         finally:
             conn.close()
 
-    # each worker runs in a copy of this context: the cell's deadline (http.phase) bounds its requests
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(worker,), name=f"ddtree-load-{i}", daemon=True)
-               for i in range(max(1, concurrency))]
+    threads = [thread_in_phase(worker, name=f"ddtree-load-{i}") for i in range(max(1, concurrency))]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -609,7 +591,7 @@ def run_cell(
     *,
     prompts: PromptMaker | None = None,
     seed: int = 0,
-    timeout_s: float | None = None,
+    timeout_s: float = 300.0,
     warmup: bool = True,
     flush: bool = True,
     flush_deadline_s: float = 10.0,
@@ -617,7 +599,6 @@ def run_cell(
     speculative: bool = False,
     accept_bound: int | None = None,
     slo: slo_mod.SLO | None = None,
-    cell_timeout_s: float = CELL_TIMEOUT_S,
 ) -> CellResult:
     """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
 
@@ -630,37 +611,18 @@ def run_cell(
     cell's source, length, request index and ``seed``, so every repeat and every session sends
     the same prompts: the flush keeps prefix caching out of the numbers and identical prompts
     keep acceptance comparable with the baseline. A URL gets a client of its own for this
-    call, closed at the end; a client is the caller's to close. Each request ends by its own
-    deadline as a whole (the client's ``request_timeout_s``; ``timeout_s`` sets it for a URL), and
-    the repeat as a whole by ``cell_timeout_s``: past it no request is sent, those in flight are
-    cut, and :class:`CellDeadlineExceeded` says what had finished. ``speculative``: the service runs a speculative config,
+    call, closed at the end; a client is the caller's to close. A request ends by its deadline as a whole (the
+    client's) or its phase's (``http.phase``), past which none is sent. ``speculative``: the service runs a speculative config,
     so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
     ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
     histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count goodput against it.
     """
     if isinstance(service, str):
-        with SGLangClient(service, timeout=timeout_s or http_mod.REQUEST_TIMEOUT_S) as own:
-            return run_cell(own, workload, prompts=prompts, seed=seed, warmup=warmup,
+        with SGLangClient(service, timeout=timeout_s) as own:
+            return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
                             flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
-                            speculative=speculative, accept_bound=accept_bound, slo=slo, cell_timeout_s=cell_timeout_s)
-    extra_sampling_params = {**dict(workload.sampling), **(extra_sampling_params or {})}
-    deadline = http_mod.Deadline.after(cell_timeout_s, f"cell {workload.name}", "cell_timeout_s")
-    with http_mod.phase(deadline):
-        result = _run_cell(service, workload, prompts, seed, timeout_s or service.timeout, warmup, flush, flush_deadline_s,
-                           extra_sampling_params, speculative, accept_bound, slo)
-    if deadline.expired:
-        done = sum(1 for r in result.requests if r.ok)
-        cut = next((r.error for r in result.requests if not r.ok and r.error), None)
-        raise CellDeadlineExceeded(
-            f"{workload.name}: {deadline.describe()} passed with {done} of {workload.requests} measured requests done"
-            + (f" ({cut})" if cut else "") + f"; {deadline.advice()}")
-    return result
-
-
-def _run_cell(client: SGLangClient, workload: WorkloadLike, prompts: PromptMaker | None, seed: int, timeout_s: float,
-              warmup: bool, flush: bool, flush_deadline_s: float, extra_sampling_params: Mapping[str, Any] | None,
-              speculative: bool, accept_bound: int | None, slo: slo_mod.SLO | None) -> CellResult:
-    """:func:`run_cell` on a client, inside the cell's deadline."""
+                            speculative=speculative, accept_bound=accept_bound, slo=slo)
+    client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
     maker = prompts if prompts is not None else prompt_maker(client)
     try:
         measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(workload.name, seed))
@@ -799,9 +761,7 @@ def run_open_loop(
             time.sleep(min(delay, 0.5))
         if clock() >= end_by:
             break
-        # in a copy of this context: the cell's deadline (http.phase) bounds each request too
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(send, index, due), name=f"ddtree-open-{index}",
-                                  daemon=True)
+        thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
         thread.start()
         threads.append(thread)
     for thread in threads:

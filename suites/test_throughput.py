@@ -38,11 +38,11 @@ import pytest
 from pytest_ddtree import gate, report
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
-from pytest_ddtree.load import CellDeadlineExceeded, LoadError
+from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gate.check import check_cell
-from pytest_ddtree.gate.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
-                                      sample_record)
+from pytest_ddtree.gate.throughput import (Campaign, CellDeadlineExceeded, blessed_cell_noise, blessed_launch_spread, evaluate_cell,
+                                           measure_config, sample_record)
 from pytest_ddtree.vocabulary import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)

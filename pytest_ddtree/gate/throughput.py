@@ -44,6 +44,37 @@ CONFIRM_FIRST_STAGE = 4
 REQUEST_TIMEOUT_S = http.REQUEST_TIMEOUT_S
 
 OnSample = Callable[[str, int, load.CellResult], None]
+#: One repeat's deadline as a whole (warm-up, flush, measured loop, /server_info) unless the
+#: profile's ``cell_timeout_s`` says otherwise: each request has its own (``request_timeout_s``);
+#: this one ends a cell whose requests each stay just inside theirs.
+CELL_TIMEOUT_S = 3600.0
+
+
+class CellDeadlineExceeded(load.LoadError):
+    """One repeat of a cell was not over by ``cell_timeout_s``: the service is too slow or wedged to
+    measure; the message says what had finished and what to raise."""
+
+
+def run_repeat(client: SGLangClient, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+    """``load.run_cell`` as a whole by its deadline (``http.phase``): past it no request is sent
+    and those in flight are cut; :class:`CellDeadlineExceeded` then says what had finished."""
+    deadline = http.Deadline.after(cell_timeout_s, f"cell {workload.name}", "cell_timeout_s")
+    try:
+        with http.phase(deadline):
+            result = load.run_cell(client, workload, **kwargs)
+    except load.LoadError as exc:  # e.g. the prompts' /tokenize cut by the deadline
+        if deadline.expired:
+            raise CellDeadlineExceeded(f"{workload.name}: {deadline.describe()} passed making the prompts ({exc}); "
+                                       f"{deadline.advice()}") from None
+        raise
+    if deadline.expired:
+        done = sum(1 for r in result.requests if r.ok)
+        cut = next((r.error for r in result.requests if not r.ok and r.error), None)
+        raise CellDeadlineExceeded(
+            f"{workload.name}: {deadline.describe()} passed with {done} of {workload.requests} measured requests done"
+            + (f" ({cut})" if cut else "") + f"; {deadline.advice()}")
+    return result
+
 
 
 @dataclass
@@ -89,7 +120,7 @@ def measure_config(
     gated: Sequence[str] | None = None,
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
     slo: SLO | None = None,
-    cell_timeout_s: float = load.CELL_TIMEOUT_S,
+    cell_timeout_s: float = CELL_TIMEOUT_S,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -110,7 +141,7 @@ def measure_config(
     ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
     ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
     ``cell_timeout_s`` is the profile's: a repeat not over by then raises
-    :class:`~pytest_ddtree.load.CellDeadlineExceeded` (the repeats before it are already recorded).
+    :class:`CellDeadlineExceeded` (the repeats before it are already recorded).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
@@ -124,8 +155,8 @@ def measure_config(
     by_name = {w.name: w for w in cells}
 
     def measure(name: str, r: int) -> load.CellResult:
-        return load.run_cell(client, by_name[name], prompts=maker, speculative=speculative, accept_bound=accept_bound,
-                             slo=slo, cell_timeout_s=cell_timeout_s)
+        return run_repeat(client, by_name[name], cell_timeout_s, prompts=maker, timeout_s=client.timeout,
+                          speculative=speculative, accept_bound=accept_bound, slo=slo)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None

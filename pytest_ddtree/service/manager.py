@@ -17,9 +17,10 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
+from typing import Any, Callable, Mapping, Protocol, cast
 
 from pytest_ddtree import http as http_mod
+from pytest_ddtree.client import SGLangClient
 from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.proof import Proof
@@ -45,20 +46,16 @@ from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
 
-if TYPE_CHECKING:
-    from pytest_ddtree.client import SGLangClient
 
 REFERENCE_LABEL = "lossless-reference"
 """The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
 READY_HEALTH_TIMEOUT_S = 5.0
-"""Each health poll's deadline as a whole: short, so a dead service is noticed quickly; SGLang's
-own launcher polls ``/health_generate`` with ``timeout=5`` (sglang 0.5.23 sglang/test/test_utils.py:704)."""
+"""Each health poll's deadline as a whole: SGLang's launcher polls with timeout=5 (sglang 0.5.23 sglang/test/test_utils.py:704)."""
 
 
 PROBE_TIMEOUT_S = 120.0
 """Each copy probe request's deadline as a whole (the probe as a whole: ``probe_timeout_s``)."""
-
 #: Unfinished stream chunks of the gauge's request read before /metrics is: the request decodes then.
 GAUGE_CHUNKS = 2
 
@@ -80,12 +77,6 @@ def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
     another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
     record.update(cast(LaunchEntry, entry))
-
-
-def _default_client(base_url: str, timeout: float, info_timeout: float) -> SGLangClient:
-    from pytest_ddtree.client import SGLangClient
-
-    return SGLangClient(base_url, timeout=timeout, info_timeout=info_timeout)
 
 
 def _default_gpu_memory() -> int | None:
@@ -201,10 +192,8 @@ class ServiceManager:
         self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
         self.poll_interval = poll_interval
         self.progress_interval = progress_interval
-        #: Each launch's client: its requests' deadlines are the profile's (request_timeout_s, info_timeout_s).
-        self.client_factory: ClientFactory = client_factory or (
-            lambda url, timeout: _default_client(url, timeout, profile.info_timeout_s))
-        self.client_timeout_s = client_timeout_s if client_timeout_s is not None else profile.request_timeout_s
+        self.client_factory: ClientFactory = client_factory or (lambda url, t: SGLangClient(url, t, profile.info_timeout_s))
+        self.client_timeout_s = profile.request_timeout_s if client_timeout_s is None else client_timeout_s
         self.systemctl = systemctl
         self.journalctl = journalctl
         fleet = profile.fleet
@@ -330,17 +319,12 @@ class ServiceManager:
         self._switch_away()
 
     def abandon(self, config_name: str, reason: str) -> None:
-        """Give up on ``config_name``'s running service (a phase of it passed its deadline: the
-        service is wedged or too slow to measure): stop it, and fail the config's remaining tests
-        at once with ``reason``; the next config starts a fresh service."""
-        err = ServiceDiedError(
-            f"the service stopped answering in time: {reason}", config_name=config_name,
-            hint="the service was stopped; the remaining tests of this config cannot run, the next config starts a fresh service",
-        )
-        self._failed[config_name] = err
-        slot = self._current
-        if slot is not None:
-            self._set_outcome(slot, f"abandoned: {reason.splitlines()[0][:300]}")
+        """Stop ``config_name``'s service, past a deadline (wedged or too slow to measure): its remaining
+        tests fail at once with ``reason``; the next config starts a fresh service."""
+        self._failed[config_name] = ServiceDiedError(f"the service stopped answering in time: {reason}", config_name=config_name,
+                                                     hint="the service was stopped; the next config starts a fresh one")
+        if self._current is not None:
+            self._set_outcome(self._current, f"abandoned: {reason.splitlines()[0][:300]}")
         self._switch_away()
 
     def close(self) -> list[str]:
@@ -677,21 +661,14 @@ class ServiceManager:
             payload = {"text": text, "sampling_params": dict(sampling), "stream": False}
             return http.post_json("/generate", payload, PROBE_TIMEOUT_S, max_bytes=proof_mod.MAX_TEXT_BYTES)
 
-        probe = None
-        metrics_text: str | None = None
-        # The probe's requests and the gauge's streamed one, as a whole, end by probe_timeout_s.
         deadline = http_mod.Deadline.after(self.profile.probe_timeout_s, "copy probe", "probe_timeout_s")
-        with http_mod.phase(deadline):
-            if self.profile.copy_probe:
-                probe = proof_mod.run_copy_probe(generate, bound)
-                if deadline.expired:
-                    raise ServiceStartError(
-                        f"{deadline.describe()} passed after {probe.requests} probe requests: "
-                        + ("; ".join(probe.failed_requests[-2:]) or "the service answered too slowly"),
-                        log_tail=controller.log_tail(), config_name=config.name, hint=deadline.advice(),
-                    )
-            if server_info.get("enable_metrics") is True:
-                metrics_text = _metrics_while_decoding(http)  # cut by the deadline: no signal from the gauge
+        with http_mod.phase(deadline):  # the probe's requests and the gauge's stream end by probe_timeout_s
+            probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
+            if probe is not None and deadline.expired:
+                raise ServiceStartError(f"{deadline.describe()} passed after {probe.requests} probe requests: "
+                                        + ("; ".join(probe.failed_requests[-2:]) or "the service answered too slowly"),
+                                        log_tail=controller.log_tail(), config_name=config.name, hint=deadline.advice())
+            metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
         startup_text = controller.startup_log()
         startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
         result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
