@@ -11,8 +11,13 @@ false alarms and detection are measured by ``bench_gate.py``):
                  what CPU cost per token, from an engine that adds no delay? Two sources:
                  a raw SSE streamer (one token per chunk: the client's worst case) and the
                  reference engine with a huge --clock-scale (its own CPU becomes the limit).
+(c) deadlines  - what does the whole-request deadline (``http.RequestWatch``: the watchdog's
+                 arm and disarm per request) cost an honest request? Its cost per request
+                 measured alone, as a share of the client's CPU per request, and the client's
+                 CPU per token with the watchdog on and off, interleaved (the raw streamer, one
+                 token per chunk); the target is < 1% of the client's CPU per token.
 
-Usage: python benchmarks/bench_harness.py [--only fidelity,capacity] [--clock-scale 1 10]
+Usage: python benchmarks/bench_harness.py [--only fidelity,capacity,deadlines] [--clock-scale 1 10]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pytest_ddtree import http as http_mod  # noqa: E402
 from pytest_ddtree import load  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
 from pytest_ddtree.client import SGLangClient  # noqa: E402
@@ -165,7 +171,10 @@ def _raw_streamer(port: int, tokens_per_chunk: int) -> None:
             for chunk in out:
                 self.wfile.write(chunk)
 
-    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128  # 16 clients reconnecting at once (HTTP/1.0 closes each request) overflow the default 5
+
+    Server(("127.0.0.1", port), H).serve_forever()
 
 
 def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[str, Any]]:
@@ -174,13 +183,16 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
     rows = []
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     client_cpu, server_cpu = {cpus[0]}, set(cpus[1:] or cpus)
-    cell = load.Cell("cap", concurrency, 32, output_tokens, requests, 0)
+    # random ids: the raw streamer has no /tokenize (documents via /tokenize, the default, fails there)
+    cell = load.Cell("cap", concurrency, 32, output_tokens, requests, 0, prompts="random")
 
     def measure(url: str, source: str) -> None:
         pin(client_cpu)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        res = load.run_cell(url, cell, warmup=False)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        with SGLangClient(url) as client:
+            maker = load.prompt_maker(client, vocab_size=1000)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            res = load.run_cell(client, cell, prompts=maker, warmup=False)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         pin(set(cpus))
         m = res.metrics()
         tokens = int(m["total_output_tokens"] or 0)
@@ -210,14 +222,98 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
             proc.terminate()
             proc.join()
     with refserver("--clock-scale", "1000000") as url:
-        load.run_cell(url, cell, warmup=False)  # warm the engine's caches
+        with SGLangClient(url) as client:  # warm the engine's caches
+            load.run_cell(client, cell, prompts=load.prompt_maker(client, vocab_size=1000), warmup=False)
         measure(url, "refserver --clock-scale 1e6")
     return rows
 
 
+def _client_cpu_per_token(url: str, cell: load.Cell, cpu: set[int]) -> tuple[float, float]:
+    """(client CPU seconds per output token, per request) of one cell against ``url``, pinned to ``cpu``."""
+    pin(cpu)
+    with SGLangClient(url) as client:
+        maker = load.prompt_maker(client, vocab_size=1000)  # random ids: the raw streamer has no /tokenize
+        cpu0 = time.process_time()
+        res = load.run_cell(client, cell, prompts=maker, warmup=False, flush=False)
+        used = time.process_time() - cpu0
+    tokens = int(res.metrics()["total_output_tokens"] or 0)
+    assert res.valid and tokens, res.problems()
+    return used / tokens, used / len(res.requests)
+
+
+class _NoDeadline(http_mod.RequestWatch):  # (generate_stream takes its RequestWatch from http)
+    """The request without its deadline: it connects, nothing watches it."""
+
+    def begin(self, conn: Any) -> None:
+        if conn.sock is None:
+            conn.connect()
+
+    def end(self) -> bool:
+        return False
+
+
+def deadline_cost(output_tokens: int, requests: int, concurrency: int, rounds: int) -> dict[str, Any]:
+    """The deadline's cost: alone per request (arm + disarm, ``pairs`` of them), and in the client's
+    CPU per token with the watchdog on and off (``rounds`` interleaved pairs, the raw streamer)."""
+    import multiprocessing
+    import socket
+    import statistics
+
+    from pytest_ddtree import generate_stream  # its RequestWatch is swapped for the "off" rounds
+
+    pairs = 200_000
+    a, b = socket.socketpair()
+    try:
+        watch = http_mod.RequestWatch(http_mod.Deadline.after(600, "request"))
+        t0 = time.process_time()
+        for _ in range(pairs):
+            alarm = http_mod._WATCHDOG.arm(a, watch.deadline.at)
+            http_mod._WATCHDOG.disarm(alarm)
+        per_request_s = (time.process_time() - t0) / pairs
+    finally:
+        a.close()
+        b.close()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    client_cpu, server_cpu = {cpus[0]}, set(cpus[1:] or cpus)
+    cell = load.Cell("deadline", concurrency, 32, output_tokens, requests, 0, prompts="random")
+    port = free_port()
+    proc = multiprocessing.get_context("fork").Process(target=_pinned_raw_streamer, args=(server_cpu, port, 1), daemon=True)
+    proc.start()
+    time.sleep(0.5)
+    url = f"http://127.0.0.1:{port}"
+    on: list[float] = []
+    off: list[float] = []
+    per_request: list[float] = []
+    real = http_mod.RequestWatch
+    try:
+        _client_cpu_per_token(url, cell, client_cpu)  # warm-up
+        for _ in range(rounds):
+            token_s, request_s = _client_cpu_per_token(url, cell, client_cpu)
+            on.append(token_s)
+            per_request.append(request_s)
+            setattr(generate_stream, "RequestWatch", _NoDeadline)
+            try:
+                off.append(_client_cpu_per_token(url, cell, client_cpu)[0])
+            finally:
+                setattr(generate_stream, "RequestWatch", real)
+    finally:
+        pin(set(cpus))
+        proc.terminate()
+        proc.join()
+    return {
+        "watchdog_us_per_request": per_request_s * 1e6,
+        "client_cpu_us_per_request": statistics.median(per_request) * 1e6,
+        "watchdog_share_of_request_cpu": per_request_s / statistics.median(per_request),
+        "cpu_us_per_token_on": [x * 1e6 for x in on],
+        "cpu_us_per_token_off": [x * 1e6 for x in off],
+        "median_change": statistics.median(on) / statistics.median(off) - 1,
+        "spread_off": (max(off) - min(off)) / statistics.median(off),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="fidelity,capacity")
+    ap.add_argument("--only", default="fidelity,capacity,deadlines")
     ap.add_argument("--clock-scale", "--fidelity-clock-scale", dest="fidelity_clock_scale", type=float, nargs="+", metavar="S",
                     default=[1.0, 10.0], help="fidelity: reference-engine clock scales to measure, each held to the "
                     "2%% target (default: 1 and 10, the shipped reference profile's)")
@@ -255,6 +351,18 @@ def main() -> int:
             print(f"    {r['source']:<30} consumed {r['output_tok_s']:8.0f} tok/s (client core {r['client_cpu_util']:.0%} busy)"
                   f"  {r['cpu_us_per_token']:5.1f} us CPU/token  {r['cpu_us_per_chunk']:5.1f} us CPU/chunk"
                   f"  ceiling {r['client_ceiling_tok_s']:8.0f} tok/s")
+    if "deadlines" in only:
+        # 128-token outputs (SGLang's default max_new_tokens): short requests are where a cost per request weighs most
+        d = figures["deadlines"] = deadline_cost(output_tokens=128, requests=1024, concurrency=16, rounds=5)
+        good = d["watchdog_share_of_request_cpu"] < 0.01
+        ok &= good
+        print("(c) whole-request deadlines (one pinned client core, raw SSE at 1 token/chunk, concurrency 16, 128-token outputs)")
+        print(f"    watchdog arm + disarm: {d['watchdog_us_per_request']:.2f} us CPU per request, against "
+              f"{d['client_cpu_us_per_request']:.0f} us of client CPU per request: "
+              f"{d['watchdog_share_of_request_cpu']:.4%} of the client's CPU per token  {'OK' if good else 'FAIL'} (< 1%)")
+        print(f"    client CPU per token, deadline on  {', '.join(f'{x:.2f}' for x in d['cpu_us_per_token_on'])} us")
+        print(f"    client CPU per token, deadline off {', '.join(f'{x:.2f}' for x in d['cpu_us_per_token_off'])} us")
+        print(f"    median change {d['median_change']:+.2%} (the rounds' own spread, off: {d['spread_off']:.1%})")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     return 0 if ok else 1

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pytest_ddtree.http import InvalidResponse, ServiceHTTP, ServiceHTTPError, ServiceUnreachable
+from pytest_ddtree.http import (REQUEST_TIMEOUT_S, DeadlineExceeded, InvalidResponse, Limit, ServiceHTTP, ServiceHTTPError,
+                                ServiceUnreachable)
 
-__all__ = ["RESPONSE_BODY_LIMIT", "InvalidResponse", "SGLangClient", "ServiceHTTPError", "ServiceUnreachable"]
+__all__ = ["INFO_TIMEOUT_S", "RESPONSE_BODY_LIMIT", "DeadlineExceeded", "InvalidResponse", "SGLangClient", "ServiceHTTPError",
+           "ServiceUnreachable"]
+
+#: The whole-request deadline of a control call (``/server_info``, ``/model_info``, ``/metrics``,
+#: ``/flush_cache``, health) unless the profile's ``info_timeout_s`` says otherwise: SGLang's own
+#: test launcher gives its control calls ``aiohttp.ClientTimeout(total=30)``
+#: (sglang 0.5.23 sglang/test/test_utils.py:1147).
+INFO_TIMEOUT_S = 30.0
 
 #: Largest generation body read (``/generate``, chat completions): an answer of
 #: ``max_tokens`` tokens is a few KB; the coding gate refuses answers over 1,000,000
@@ -25,10 +33,14 @@ RESPONSE_BODY_LIMIT = 16 * 1024 * 1024
 class SGLangClient:
     """One service's client; its connections close with :meth:`close` (or ``with``)."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
-        self.http = ServiceHTTP(base_url, timeout=timeout)
+    def __init__(self, base_url: str, timeout: float = REQUEST_TIMEOUT_S, info_timeout: float = INFO_TIMEOUT_S) -> None:
+        """``timeout``: each generation request's deadline as a whole (``/generate``, chat,
+        ``/tokenize``, a stream to its last event; the profile's ``request_timeout_s``);
+        ``info_timeout``: each control call's (the profile's ``info_timeout_s``)."""
+        self.http = ServiceHTTP(base_url, timeout=Limit(timeout, "request_timeout_s"))
         self.base_url = self.http.base_url
         self.timeout = timeout
+        self.info_limit = Limit(info_timeout, "info_timeout_s")
 
     def __repr__(self) -> str:
         return f"SGLangClient({self.base_url!r})"
@@ -47,27 +59,30 @@ class SGLangClient:
         return self.http.closed
 
     # -- endpoints -------------------------------------------------------------------------
-    def health(self, path: str = "/health_generate", timeout: float = 30.0) -> int:
+    def _info(self, timeout: float | Limit | None) -> float | Limit:
+        return self.info_limit if timeout is None else timeout
+
+    def health(self, path: str = "/health_generate", timeout: float | Limit | None = None) -> int:
         """The status code of the health path; ServiceUnreachable when nothing answers
         (refused = not up yet)."""
-        return self.http.request("GET", path, timeout=timeout).status
+        return self.http.request("GET", path, timeout=self._info(timeout)).status
 
-    def server_info(self, timeout: float | None = 30.0) -> dict[str, object]:
-        return self.http.get_object("/server_info", timeout)
+    def server_info(self, timeout: float | Limit | None = None) -> dict[str, object]:
+        return self.http.get_object("/server_info", self._info(timeout))
 
-    def model_info(self, timeout: float | None = 30.0) -> dict[str, Any]:
-        return self.http.get_object("/model_info", timeout)
+    def model_info(self, timeout: float | Limit | None = None) -> dict[str, Any]:
+        return self.http.get_object("/model_info", self._info(timeout))
 
-    def flush_cache(self, timeout: float = 30.0) -> bool:
+    def flush_cache(self, timeout: float | Limit | None = None) -> bool:
         """True when flushed; False when the server refused because requests are running (400)."""
-        response = self.http.request("POST", "/flush_cache", timeout=timeout)
+        response = self.http.request("POST", "/flush_cache", timeout=self._info(timeout))
         if response.status == 400:
             return False
         response.raise_for_status()
         return True
 
-    def metrics(self, timeout: float = 30.0) -> str:
-        return self.http.request("GET", "/metrics", timeout=timeout).raise_for_status().text
+    def metrics(self, timeout: float | Limit | None = None) -> str:
+        return self.http.request("GET", "/metrics", timeout=self._info(timeout)).raise_for_status().text
 
     def tokenize(self, prompts: Sequence[str], add_special_tokens: bool = False, timeout: float | None = None) -> list[list[int]]:
         """Token ids of each prompt, by the served model's own tokenizer (``POST /tokenize``).

@@ -1,5 +1,7 @@
 """One streaming ``/generate``: sent, read and timed as SGLang's bench_serving times it (TTFT, ITL,
-end to end), and bounded, because the stream comes from a service the harness does not trust.
+end to end), and bounded, because the stream comes from a service the harness does not trust: in
+bytes (the limits below) and in time, as a whole (the request's deadline, ``http.RequestWatch``:
+SSE comments and keep-alives after the first chunk do not extend it).
 
 :mod:`pytest_ddtree.load` runs many of these in a closed loop and folds them into a cell's metrics.
 """
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ddtree import progress, proof, stats
-from pytest_ddtree.http import ServiceHTTP
+from pytest_ddtree.http import Deadline, RequestWatch, ServiceHTTP
 from pytest_ddtree.prompts import Prompt
 
 #: Bounds on what one streamed /generate may send. SGLang's chunks carry the text (and ids) so far,
@@ -53,6 +55,10 @@ class RequestResult:
     #: meta_info.e2e_latency of the finished chunk: the service's own time from receiving the
     #: request to finishing it (SGLang's tokenizer_manager.py), None when absent
     server_e2e_s: float | None = None
+    #: bytes of the event stream read, and how many of them came after its last data chunk (SSE
+    #: comments, keep-alives): what a deadline's failure says had arrived
+    stream_bytes: int = 0
+    bytes_after_last_chunk: int = 0
 
     @property
     def e2e_s(self) -> float:
@@ -142,9 +148,11 @@ def stream_request(
     body_limit = STREAM_BODY_LIMIT + STREAM_BYTES_PER_TOKEN_SQUARED * asked * asked
     own_conn = conn is None
     conn = service.connect() if conn is None else conn
+    watch = RequestWatch(service.deadline())
     clock = time.perf_counter
     result.start = clock()
     try:
+        watch.begin(conn)
         conn.request("POST", service.path("/generate"), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -163,49 +171,67 @@ def stream_request(
     except (OSError, http.client.HTTPException, ValueError) as exc:
         if not result.end:
             result.end = clock()
-        result.error = f"{type(exc).__name__}: {exc}"
+        result.error = deadline_error(watch.deadline, result) if watch.failed_by_deadline() else f"{type(exc).__name__}: {exc}"
         own_conn = True  # a broken connection is never reused
     finally:
+        if watch.end():  # cut after its last event: its socket is shut down
+            own_conn = True
         if own_conn:
             conn.close()
         progress.request_done(result.completion_tokens if result.ok else 0)  # the wait's "requests done"
     return result
 
 
+def deadline_error(deadline: Deadline, result: RequestResult) -> str:
+    """Why a stream failed when its deadline passed: which deadline, what had arrived, what to raise."""
+    if not result.stream_bytes:
+        arrived = "nothing of the stream had arrived"
+    else:
+        arrived = (f"{result.stream_bytes:,} bytes of the stream had arrived ({result.chunks} chunks, {result.completion_tokens} "
+                   f"tokens), {result.bytes_after_last_chunk:,} of them after the last chunk and no data "
+                   "(SSE comments or keep-alives)")
+    return f"DeadlineExceeded: {deadline.describe()} passed; {arrived}; {deadline.advice()}"
+
+
 def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: int, body_limit: int,
                  clock: Callable[[], float]) -> tuple[bool, bytes, bool]:
     """Read the event stream up to ``data: [DONE]``, timing each chunk into ``result``; a hostile
     or broken stream raises ValueError. Returns whether [DONE] came, the last chunk's payload,
-    and whether the connection may be reused."""
+    and whether the connection may be reused. The bytes read and the last line are left on
+    ``result`` however it ends (once, not per line: the loop is the client's cost per token)."""
     last: float | None = None
     last_payload = b"{}"
-    streamed = 0
-    while True:
-        line = resp.readline(STREAM_LINE_LIMIT + 1)
-        t = clock()
-        if not line:
-            return False, last_payload, True
-        streamed += len(line)
-        if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
-            raise ValueError(f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} bytes "
-                             f"for {asked} tokens: not read on (the stream is hostile or broken)")
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            result.end = t
-            # the chunked stream's terminator; more than that after [DONE]: not a connection to reuse
-            return True, last_payload, len(resp.read(STREAM_TAIL_LIMIT)) < STREAM_TAIL_LIMIT
-        count = _fast_completion_tokens(payload)
-        if count is None:  # unusual chunk (error, no meta_info): parse it fully
-            count = _chunk_meta(payload).get("completion_tokens")
-            if not isinstance(count, int):
-                raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
-        if count > asked:  # a server never exceeds max_new_tokens; a hostile count would size the ITL list
-            raise ValueError(f"stream chunk claims {count} tokens, more than the {asked} asked for (max_new_tokens)")
-        last_payload = payload
-        result.chunks += 1
-        last = apply_chunk(result, t, count, last)
+    streamed = at_chunk = 0
+    try:
+        while True:
+            line = resp.readline(STREAM_LINE_LIMIT + 1)
+            t = clock()
+            if not line:
+                return False, last_payload, True
+            streamed += len(line)
+            if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
+                raise ValueError(f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} bytes "
+                                 f"for {asked} tokens: not read on (the stream is hostile or broken)")
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                result.end = t
+                # the chunked stream's terminator; more than that after [DONE]: not a connection to reuse
+                return True, last_payload, len(resp.read(STREAM_TAIL_LIMIT)) < STREAM_TAIL_LIMIT
+            count = _fast_completion_tokens(payload)
+            if count is None:  # unusual chunk (error, no meta_info): parse it fully
+                count = _chunk_meta(payload).get("completion_tokens")
+                if not isinstance(count, int):
+                    raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
+            if count > asked:  # a server never exceeds max_new_tokens; a hostile count would size the ITL list
+                raise ValueError(f"stream chunk claims {count} tokens, more than the {asked} asked for (max_new_tokens)")
+            last_payload, at_chunk = payload, streamed
+            result.chunks += 1
+            last = apply_chunk(result, t, count, last)
+    finally:
+        result.stream_bytes = streamed
+        result.bytes_after_last_chunk = streamed - at_chunk
 
 
 def _read_final_meta(result: RequestResult, last_payload: bytes) -> None:

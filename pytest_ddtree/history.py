@@ -191,10 +191,19 @@ def check_url(url: str) -> None:
                            "(SQLite) or postgresql://user@host:port/db (PostgreSQL)")
 
 
+def _check_sqlite_folder(path: Path) -> None:
+    if path.parent and not path.parent.is_dir():
+        raise HistoryError(f"history database {path}: the folder {path.parent} does not exist (create it, or give "
+                           "another path)")
+
+
 def check_usable(url: str) -> None:
-    """What a session can check before it measures: the URL and its driver (the change-point
-    library: :func:`pytest_ddtree.changepoints.check_history_usable`)."""
+    """What a session can check before it measures: the URL, a SQLite file's folder, and the
+    driver (the change-point library: :func:`pytest_ddtree.changepoints.check_history_usable`)."""
     check_url(url)
+    path = _sqlite_path(url)
+    if path is not None:
+        _check_sqlite_folder(path)
     if is_postgres(url):
         try:
             import psycopg  # noqa: F401
@@ -235,8 +244,7 @@ class HistoryStore:
                 raise HistoryError(f"cannot connect to {redact(self.url)}: {str(exc).strip()}") from None
         path = _sqlite_path(self.url)
         assert path is not None
-        if path.parent and not path.parent.is_dir():
-            raise HistoryError(f"history database {path}: the folder {path.parent} does not exist")
+        _check_sqlite_folder(path)
         if not self.create and not path.is_file():
             raise HistoryError(f"no history database at {path} (sessions write it with --ddtree-history {path})")
         try:

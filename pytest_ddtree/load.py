@@ -48,7 +48,7 @@ from pytest_ddtree.client import SGLangClient
 from pytest_ddtree.generate_stream import RequestResult as RequestResult
 from pytest_ddtree.generate_stream import apply_chunk as apply_chunk
 from pytest_ddtree.generate_stream import stream_request as stream_request
-from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError
+from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
 from pytest_ddtree.prompts import PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
 from pytest_ddtree.records import WorkloadData
@@ -540,7 +540,7 @@ def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
                 return True
         except (OSError, ServiceHTTPError):
             pass
-        if time.monotonic() >= end:
+        if time.monotonic() >= end or phase_expired():
             return False
         time.sleep(0.05)
 
@@ -563,7 +563,7 @@ def _run_closed_loop(
         try:
             while True:
                 with lock:
-                    index = next(counter, None)
+                    index = None if phase_expired() else next(counter, None)
                 if index is None:
                     return
                 result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
@@ -574,7 +574,7 @@ def _run_closed_loop(
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=worker, name=f"ddtree-load-{i}", daemon=True) for i in range(max(1, concurrency))]
+    threads = [thread_in_phase(worker, name=f"ddtree-load-{i}") for i in range(max(1, concurrency))]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -611,8 +611,8 @@ def run_cell(
     cell's source, length, request index and ``seed``, so every repeat and every session sends
     the same prompts: the flush keeps prefix caching out of the numbers and identical prompts
     keep acceptance comparable with the baseline. A URL gets a client of its own for this
-    call, closed at the end; a client is the caller's to close. ``timeout_s`` bounds each
-    streamed request's socket waits. ``speculative``: the service runs a speculative config,
+    call, closed at the end; a client is the caller's to close. A request ends by its deadline as a whole (the
+    client's) or its phase's (``http.phase``), past which none is sent. ``speculative``: the service runs a speculative config,
     so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
     ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
     histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count goodput against it.
@@ -761,7 +761,7 @@ def run_open_loop(
             time.sleep(min(delay, 0.5))
         if clock() >= end_by:
             break
-        thread = threading.Thread(target=send, args=(index, due), name=f"ddtree-open-{index}", daemon=True)
+        thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
         thread.start()
         threads.append(thread)
     for thread in threads:

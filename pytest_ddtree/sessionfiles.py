@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +50,26 @@ def _is_session_folder(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
+def check_writable(requested: Path) -> None:
+    """``--ddtree-results`` must lie in a folder this process can create files in: checked by
+    creating (and removing) an empty folder in its nearest existing folder, before anything runs,
+    because permissions alone do not say (root ignores them, a read-only mount does not)."""
+    base = requested
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    if not base.is_dir():
+        raise ResultsDirError(f"--ddtree-results {requested}: {base} exists and is not a folder; give a folder path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ddtree-write-check-", dir=base))
+    except OSError as exc:
+        raise ResultsDirError(f"--ddtree-results {requested}: cannot write in {base} ({exc.strerror or exc}); "
+                              "give a folder you can write to") from None
+
+
 def choose_results_dir(requested: Path, session_id: str) -> Path:
-    """Where this session writes, given ``--ddtree-results`` (nothing is created here)."""
+    """Where this session writes, given ``--ddtree-results`` (nothing is created here but the
+    write check's empty folder, at once removed)."""
+    check_writable(requested)
     if not requested.exists():
         return requested
     if not requested.is_dir():

@@ -54,6 +54,19 @@ else
 fi
 
 refuse() { echo "REFUSED: $*" >&2; exit 1; }
+# The package as it was written, before any of it is read: regular files only (a FIFO would block
+# the reader, a link lead out of the package), every file's sha256, nothing added (the Python
+# deploy checks the same).
+odd="$(find "$here" ! -type f ! -type d -print -quit)"
+[ -z "$odd" ] || refuse "${odd#"$here"/}: not a regular file (a link, FIFO or device: a package holds regular files only)"
+if command -v sha256sum >/dev/null 2>&1; then
+    (cd "$here" && sha256sum -c --strict --quiet MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
+else
+    (cd "$here" && shasum -a 256 -c MANIFEST.sha256 >/dev/null 2>&1) || refuse "MANIFEST.sha256 does not match the package (run: ddtree-repro verify $here)"
+fi
+unlisted="$(cd "$here" && find . -type f ! -path ./MANIFEST.sha256 | sed 's|^\./||' | LC_ALL=C sort \
+    | LC_ALL=C comm -23 - <(cut -c67- MANIFEST.sha256 | LC_ALL=C sort))"
+[ -z "$unlisted" ] || refuse "${unlisted%%$'\n'*}: present but not listed in MANIFEST.sha256 (added after packaging?)"
 
 dist_name=""
 dist_version=""
@@ -89,10 +102,35 @@ else
 fi
 
 # Pass 1: check every target before touching anything.
+# The top-level folders of the installed distribution (its RECORD): the only place a new file may go.
+record=""
+for meta in "$site"/*.dist-info/METADATA; do
+    [ -f "$meta" ] || continue
+    [ -n "$dist_name" ] && [ "$(norm "$(sed -n 's/^Name:[[:space:]]*//p' "$meta" | head -n 1 | tr -d '\r')")" = "$(norm "$dist_name")" ] && record="$(dirname "$meta")/RECORD"
+done
+# The target rules of patchset.check_target_path and check_new_file_target, in bash.
+check_target() {
+    local target="$1" pristine="$2" part top
+    case "$target" in ''|/*|*\\*) refuse "'$target' must be a relative POSIX path inside site-packages" ;; esac
+    IFS='/' read -r -a parts <<< "$target"
+    for part in "${parts[@]}"; do
+        case "$part" in ''|.|..) refuse "'$target' must be normalized (no '.', '..' or empty components)" ;; esac
+    done
+    case "$target" in .*) refuse "'$target' is under a hidden folder of site-packages (the deploy's backups live in .ddtree-backup/)" ;; esac
+    if [ "$pristine" = "-" ]; then
+        top="${target%%/*}"
+        if [ "$top" = "$target" ] || [ -z "$record" ] || \
+           ! awk -F, -v t="$top/" 'index($1, t) == 1 { found = 1 } END { exit !found }' "$record"; then
+            refuse "'$target' is a new file outside the patched distribution's own folders; a package may add files only inside them"
+        fi
+    fi
+}
 todo=()
 while IFS=$'\t' read -r target pristine patched; do
     case "$target" in ''|'#'*) continue ;; esac
+    check_target "$target" "$pristine"
     full="$here/patches/full/$target"
+    [ -L "$full" ] && refuse "patches/full/$target is a symbolic link (a package holds regular files only)"
     [ -f "$full" ] || refuse "package is incomplete: patches/full/$target is missing"
     [ "$(hash_file "$full")" = "$patched" ] || refuse "patches/full/$target does not match its recorded sha256 (package corrupted?)"
     dest="$site/$target"

@@ -41,8 +41,8 @@ from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_wo
 from pytest_ddtree.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gate.check import check_cell
-from pytest_ddtree.gate.throughput import (Campaign, blessed_cell_noise, blessed_launch_spread, evaluate_cell, measure_config,
-                                      sample_record)
+from pytest_ddtree.gate.throughput import (Campaign, CellDeadlineExceeded, blessed_cell_noise, blessed_launch_spread, evaluate_cell,
+                                           measure_config, sample_record)
 from pytest_ddtree.vocabulary import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
@@ -156,9 +156,17 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
                 cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
                 slo=_slo(request),
                 label=config.name,
+                cell_timeout_s=service.profile.cell_timeout_s,
             )
-        except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service)
-            pytest.fail(f"{config.name}: {exc}", pytrace=False)
+        except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline
+            failure, past_deadline = f"{config.name}: {exc}", isinstance(exc, CellDeadlineExceeded)
+        else:
+            return campaigns[config.name]
+        # Outside the except block: the report shows the message, not a chained traceback.
+        session = session_of(request.config)
+        if past_deadline and session is not None:  # wedged or too slow to measure: stop it, the next config starts fresh
+            session.manager.abandon(config.name, failure)
+        pytest.fail(failure, pytrace=False)
     return campaigns[config.name]
 
 

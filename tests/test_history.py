@@ -274,7 +274,8 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
 
 def test_a_bad_history_option_is_a_usage_error_before_anything_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
     for args, said in ((["--ddtree-history=mysql://ci:secret@db/perf"], "is not a history database"),
-                       (["--ddtree-history-check"], "needs the history to check against")):
+                       (["--ddtree-history-check"], "needs the history to check against"),
+                       (["--ddtree-history=sqlite:///missing/dir/h.db"], "missing/dir does not exist (create it")):
         result = pytester.runpytest_subprocess(str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider",
                                                "--ddtree-config=bs8_b8_k4", *args, timeout=120)
         assert result.ret == pytest.ExitCode.USAGE_ERROR and said in result.stderr.str(), result.stderr.str()

@@ -120,3 +120,54 @@ def test_the_history_ticks_whole_sessions_and_draws_the_noise_band(tmp_path: Pat
     low, high = layout["yaxis"]["range"]
     level = [t for t in next(iter(figures.values()))["data"] if t["name"] == "level between change points"][0]["y"][0]
     assert low <= level * 0.95 and high >= level * 1.05
+
+
+@pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or "")
+def test_hostile_folder_and_build_names_give_safe_links_and_every_chart_draws(tmp_path: Path) -> None:
+    """A results folder named ``javascript:alert(1)`` beside the page (a relative link would have
+    read as that scheme) and an engine version holding ``<!--<script>`` (raw in the charts' JSON
+    it swallowed the page): every link is relative from ``./``, a click opens the report itself,
+    every chart draws, no injected script runs."""
+    import dataclasses
+
+    hostile = "0.5.3<!--<script>alert(1)</script>"
+    db = tmp_path / "h.db"
+    with HistoryStore(str(db)) as store:
+        for index in range(3):
+            session, cells = synthetic.synthetic_session(index, results_root=tmp_path / "javascript:alert(1)")
+            session = dataclasses.replace(session, build=dataclasses.replace(session.build, engine_version=hostile))
+            store.append(session, cells)
+        analysed = changepoints.analyse(store.cells())
+    out = tmp_path / "history.html"
+    out.write_text(build_history_html(analysed, source=str(db), output_dir=tmp_path, summary=changepoints.summary_text(analysed)))
+    with open_page(out, tmp_path / "profile") as opened:
+        page = opened.page
+        dialogs: list[str] = []
+
+        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
+        page.reload(wait_until="load")
+        hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.getAttribute('href'))")
+        drawn = page.evaluate("""() => [...document.querySelectorAll('figure.trend')].filter(f => f.style.display !== 'none')
+            .map(f => !!f.querySelector('.js-plotly-plot'))""")
+        page.evaluate("() => { window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; }; }")
+        target = page.evaluate("""() => {
+            const f = [...document.querySelectorAll('figure.trend')].find(f => f.style.display !== 'none');
+            const div = f.querySelector('.js-plotly-plot'); const trace = div.data[0]; const i = 1;
+            const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis, box = div.querySelector('.nsewdrag').getBoundingClientRect();
+            return {x: box.left + xa.l2p(trace.x[i]), y: box.top + ya.l2p(trace.y[i])};
+        }""")
+        page.mouse.move(target["x"], target["y"])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("() => window.__opened.length > 0", timeout=30_000)
+        opened_links = page.evaluate("() => window.__opened")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert dialogs == []
+    assert drawn and all(drawn)
+    assert hrefs and all(h.startswith("./javascript%3Aalert%281%29/") for h in hrefs), hrefs
+    assert len(opened_links) == 1 and opened_links[0].startswith("./javascript%3Aalert%281%29/")
+    from urllib.parse import unquote
+    assert (tmp_path / unquote(opened_links[0])).is_file()

@@ -145,10 +145,10 @@ def test_live_progress_counts_each_configs_tests_and_estimates_the_end(tmp_path:
     live.write_running()
     page = (tmp_path / "report.html").read_text()
     assert 'data-state="running"' in page and "running: config 1 of 2 done" in _text(page)
-    assert '<meta http-equiv="refresh"' in page
+    assert "location.reload()" in page and 'id="live-stopped" hidden' in page
     live.write_final(load_payload(tmp_path) if (tmp_path / "results.json").exists() else {})
     final = (tmp_path / "report.html").read_text()
-    assert 'data-state="finished"' in final and "http-equiv" not in final
+    assert 'data-state="finished"' in final and "location.reload" not in final
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -218,3 +218,23 @@ def test_charts_fill_the_page_tick_where_measured_and_draw_depth_per_config() ->
     page = build_html(payload)
     assert page.count('data-figure="depth-') == 2 and "chart-acceptance-by-depth" not in page
     assert "grid-template-columns" in page and "width: 460px" not in page and "width: 940px" not in page
+
+
+def test_the_session_keeps_touching_its_running_page_until_it_finishes(tmp_path: Path) -> None:
+    """The heartbeat the page's script reads (document.lastModified): while the process lives its
+    running page stays fresh, and the final page stops it (tests/test_htmlreport_browser.py shows
+    what a page that is no longer touched does)."""
+    import os
+
+    from tests.polling import wait_until
+
+    live = LiveReport(tmp_path, ["bs8_b8_k4"], started_at=1000.0)
+    live.write_running()
+    path = tmp_path / "report.html"
+    os.utime(path, (1_000_000_000, 1_000_000_000))  # as if written long ago
+    live.start_heartbeat(interval_s=0.05)
+    try:
+        wait_until(lambda: path.stat().st_mtime > 1_000_000_000, 10, "the heartbeat to touch the page")
+    finally:
+        live.write_final({})
+    assert live._heartbeat is None

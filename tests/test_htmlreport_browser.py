@@ -250,3 +250,62 @@ def test_against_renders_the_gates_own_changes(sessions: Sessions, tmp_path: Pat
             assert math.isclose(got, change, rel_tol=1e-4, abs_tol=1e-5), (cell["config"], cell["cell"], metric, got, change)
             compared += 1
     assert compared >= len(results["throughput"]) * 2
+
+
+HOSTILE = "<!--<script>alert(1)</script>"
+
+
+def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(sessions: Sessions, tmp_path: Path) -> None:
+    """A cell name and an engine version holding ``<!--<script>`` (which, left raw in the charts'
+    JSON, put the HTML parser in a state that swallowed the rest of the page): the page rebuilt
+    from the session's records with them draws every chart and runs nothing injected."""
+    from pytest_ddtree.htmlreport import build_html, load_payload
+
+    folder = tmp_path / "results"
+    shutil.copytree(sessions.regressed, folder)
+    text = (folder / "results.json").read_text()
+    text = text.replace('"c1_s"', json.dumps("c1_s" + HOSTILE)).replace('"refserver-', json.dumps(HOSTILE)[:-1] + 'refserver-')
+    assert f'"c1_s{HOSTILE}"' in text and f'"{HOSTILE}refserver-' in text  # both reach the page's data
+    (folder / "results.json").write_text(text)
+    (folder / "report.html").write_text(build_html(load_payload(folder), source=str(folder)))
+    with open_page(folder / "report.html", tmp_path / "profile") as opened:
+        page = opened.page
+        dialogs: list[str] = []
+
+        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
+        page.reload(wait_until="load")
+        drawn = page.evaluate("() => [document.querySelectorAll('[data-figure]').length, document.querySelectorAll('.js-plotly-plot').length]")
+        shown = page.evaluate("() => document.body.textContent.includes('c1_s<!--<script>')")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert dialogs == []
+    assert drawn[0] > 0 and drawn[0] == drawn[1], drawn  # every chart drew: the parser did not swallow the page
+    assert shown  # the name is shown as text, escaped
+
+
+def test_a_running_page_whose_session_died_says_so_and_reloads_no_more(sessions: Sessions, tmp_path: Path) -> None:
+    """A running page (the blessing session's records) no process has touched for long: killed with
+    kill -9, its page would say "running" and reload for ever; it says it stopped and stays. The
+    same page freshly written reloads itself."""
+    import os
+
+    from pytest_ddtree.htmlreport import STALE_S, LiveStatus, load_payload, write_report
+
+    page_path = write_report(tmp_path / "report.html", load_payload(sessions.blessed), LiveStatus(state="running", total=2))
+    os.utime(page_path, (time.time() - STALE_S - 60,) * 2)
+    with open_page(page_path, tmp_path / "profile") as opened:
+        page = opened.page
+        page.evaluate("() => { window.__marker = 1; }")
+        state = page.evaluate("""() => [document.documentElement.dataset.live, document.getElementById('status').dataset.state,
+            document.getElementById('live-stopped').hidden, document.getElementById('live-reloading').hidden, document.title]""")
+        still_here = page.evaluate("() => new Promise(r => setTimeout(() => r(window.__marker === 1), 11000))")
+        assert opened.console_errors == [] and opened.foreign_requests == []
+    assert state == ["stopped", "stopped", False, True, "pytest-ddtree report (stopped)"], state
+    assert still_here  # no reload in more than one refresh interval
+    os.utime(page_path)  # as the heartbeat does
+    with open_page(page_path, tmp_path / "profile2") as opened:
+        assert opened.page.evaluate("() => document.documentElement.dataset.live") == "reloading"
+        assert opened.page.evaluate("() => document.getElementById('live-stopped').hidden")

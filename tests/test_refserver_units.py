@@ -132,8 +132,10 @@ def test_fault_parsing() -> None:
     assert f.ignore_config == {"topk"}
     g = Faults.parse(["serve-block-size=4,serve-budget=8", "unused-config=topk", "unused-config=window"])
     assert (g.serve_block_size, g.serve_budget, g.unused_config) == (4, 8, {"topk", "window"})
+    assert Faults.parse(["trickle=health:0,trickle=stream:3"]).trickle == {"health": 0, "stream": 3}
     for bad in ["bogus", "exit-after", "exit-after=x", "http500-rate=2", "ignore-config=budget", "slowdown=0",
-                "serve-block-size=1", "serve-budget=0", "unused-config=budget"]:
+                "serve-block-size=1", "serve-budget=0", "unused-config=budget", "trickle=tokenize:0", "trickle=health",
+                "trickle=health:-1"]:
         with pytest.raises(FaultError):
             Faults.parse([bad])
 

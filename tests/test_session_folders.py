@@ -70,6 +70,27 @@ def test_foreign_non_empty_folder_is_a_usage_error(pytester: pytest.Pytester, mo
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
+def test_a_results_folder_that_cannot_be_written_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before anything runs, not at the first record (a ~70-line INTERNALERROR). Permissions say
+    nothing to root, so as root the folder is one on a read-only file system (/proc)."""
+    import os
+
+    pytester.makepyfile(test_probe=PROBE_TEST)
+    if os.geteuid() == 0:
+        folder = Path("/proc/ddtree-results-test")
+    else:
+        locked = pytester.path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        folder = locked / "results"
+    result = _bless(pytester, monkeypatch, folder, "X")
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + err
+    assert f"--ddtree-results {folder}: cannot write in {folder.parent}" in err and "give a folder you can write to" in err, err
+    assert "INTERNALERROR" not in result.stdout.str() + err and "Traceback" not in err
+    assert not folder.exists()
+
+
 def test_choose_and_claim(tmp_path: Path) -> None:
     assert choose_results_dir(tmp_path / "new", "s1") == tmp_path / "new"
     (tmp_path / "empty").mkdir()

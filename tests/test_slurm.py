@@ -95,6 +95,15 @@ def test_job_script_carries_the_profile_and_publishes_the_endpoint() -> None:
     assert (exit_code_number("0:15"), exit_code_number("3:0")) == (-15, 3)
 
 
+
+def test_an_environment_name_that_is_no_shell_identifier_is_refused() -> None:
+    """The job script writes ``export NAME=...``: a name such as ``X=1;touch /tmp/p;Y`` would be a
+    command. The profile refuses it (tests/test_profiles.py); the script writer never writes it."""
+    keys = parse_slurm_keys({"partition": "gpu"}, lambda k, p: ProfileError(p))
+    with pytest.raises(ServiceStartError, match="not an environment variable name"):
+        render_job_script(keys, job_name="j", output="o", command="c", env={"X=1;touch /tmp/p;Y": "v"}, port=1)
+
+
 # -- against a local cluster -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:

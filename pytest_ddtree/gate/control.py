@@ -590,7 +590,8 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
                 **throughput.sample_record(name, r, result), "control_launch": launch, "control_at": at}),
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
-            bless=baselines.update_mode, gated=GATED, label=f"control (launch {launch})")
+            bless=baselines.update_mode, gated=GATED, label=f"control (launch {launch})",
+            cell_timeout_s=profile.cell_timeout_s)
     except LoadError as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
         return "unavailable"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from pytest_ddtree import gate, load, openloop, progress, proof, report, stats
+from pytest_ddtree import gate, http, load, openloop, progress, proof, report, stats
 from pytest_ddtree import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.client import SGLangClient
@@ -39,10 +39,42 @@ INCONCLUSIVE_REL_CI = 0.12
 #: after the first ``CONFIRM_FIRST_STAGE`` a cell that is already cleared with room to spare stops.
 CONFIRM_REPEATS = 12
 CONFIRM_FIRST_STAGE = 4
-#: Per-request timeout of the load generator.
-REQUEST_TIMEOUT_S = 600.0
+#: Each request's deadline as a whole where the gate makes its own client (a URL): the profile's
+#: ``request_timeout_s`` default.
+REQUEST_TIMEOUT_S = http.REQUEST_TIMEOUT_S
 
 OnSample = Callable[[str, int, load.CellResult], None]
+#: One repeat's deadline as a whole (warm-up, flush, measured loop, /server_info) unless the
+#: profile's ``cell_timeout_s`` says otherwise: each request has its own (``request_timeout_s``);
+#: this one ends a cell whose requests each stay just inside theirs.
+CELL_TIMEOUT_S = 3600.0
+
+
+class CellDeadlineExceeded(load.LoadError):
+    """One repeat of a cell was not over by ``cell_timeout_s``: the service is too slow or wedged to
+    measure; the message says what had finished and what to raise."""
+
+
+def run_repeat(client: SGLangClient, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+    """``load.run_cell`` as a whole by its deadline (``http.phase``): past it no request is sent
+    and those in flight are cut; :class:`CellDeadlineExceeded` then says what had finished."""
+    deadline = http.Deadline.after(cell_timeout_s, f"cell {workload.name}", "cell_timeout_s")
+    try:
+        with http.phase(deadline):
+            result = load.run_cell(client, workload, **kwargs)
+    except load.LoadError as exc:  # e.g. the prompts' /tokenize cut by the deadline
+        if deadline.expired:
+            raise CellDeadlineExceeded(f"{workload.name}: {deadline.describe()} passed making the prompts ({exc}); "
+                                       f"{deadline.advice()}") from None
+        raise
+    if deadline.expired:
+        done = sum(1 for r in result.requests if r.ok)
+        cut = next((r.error for r in result.requests if not r.ok and r.error), None)
+        raise CellDeadlineExceeded(
+            f"{workload.name}: {deadline.describe()} passed with {done} of {workload.requests} measured requests done"
+            + (f" ({cut})" if cut else "") + f"; {deadline.advice()}")
+    return result
+
 
 
 @dataclass
@@ -89,6 +121,7 @@ def measure_config(
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
     slo: SLO | None = None,
     label: str = "",
+    cell_timeout_s: float = CELL_TIMEOUT_S,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
@@ -109,13 +142,15 @@ def measure_config(
     ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
     ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
     ``label`` names the config in the progress of each repeat (progress.py).
+    ``cell_timeout_s`` is the profile's: a repeat not over by then raises
+    :class:`CellDeadlineExceeded` (the repeats before it are already recorded).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
             return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
                                   speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
-                                  cell_noise=cell_noise, slo=slo, label=label)
+                                  cell_noise=cell_noise, slo=slo, label=label, cell_timeout_s=cell_timeout_s)
     client = service
     policy = repeat_policy(repeats, bless)
     maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
@@ -128,8 +163,8 @@ def measure_config(
         what = f"{phase} {r + 1}/{n}" if r < n else f"{phase} {r + 1} (an extra one: repeats disagreed or were retaken)"
         with progress.activity(f"{label + ' ' if label else ''}{name}: {what}",
                                requests=workload.requests + workload.warmup_requests):
-            return load.run_cell(client, workload, prompts=maker, timeout_s=REQUEST_TIMEOUT_S, speculative=speculative,
-                                 accept_bound=accept_bound, slo=slo)
+            return run_repeat(client, workload, cell_timeout_s, prompts=maker, timeout_s=client.timeout,
+                              speculative=speculative, accept_bound=accept_bound, slo=slo)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
@@ -658,7 +693,8 @@ def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Se
             baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
             dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
             launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines),
-            label=f"{name} relaunch {index} (its session check flagged it)")
+            label=f"{name} relaunch {index} (its session check flagged it)",
+            cell_timeout_s=profile.cell_timeout_s)
         for workload in cells:
             ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
                                baselines.hardware_profile, False)

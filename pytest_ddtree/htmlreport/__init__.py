@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,11 @@ if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the
 REPORT_HTML = "report.html"
 #: How often a page of a running session reloads itself.
 REFRESH_S = 10
+#: How often the session's process touches its running page (``live.Heartbeat``), and how old the
+#: page's modification time may be before the page says the session stopped and reloads no more: a
+#: killed session (kill -9, a lost node) leaves a page that would otherwise say "running" for ever.
+HEARTBEAT_S = REFRESH_S
+STALE_S = 6 * REFRESH_S
 
 
 @dataclass
@@ -46,10 +52,12 @@ class LiveStatus:
     current: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     updated_at: float = field(default_factory=time.time)
+    #: the process that writes (and keeps touching) the running page, and its host
+    writer: str = field(default_factory=lambda: f"pid {os.getpid()} on {socket.gethostname()}")
 
     def view(self) -> dict[str, Any]:
         return {
-            "state": self.state, "done": self.done, "total": self.total, "current": self.current,
+            "state": self.state, "done": self.done, "total": self.total, "current": self.current, "writer": self.writer,
             "started_at_text": model.fmt_time(self.started_at), "eta_text": model.fmt_time(self.eta) if self.eta else "",
             "updated_at_text": model.fmt_time(self.updated_at),
         }
@@ -177,6 +185,7 @@ def build_html(
     return str(template().render(
         live=live.view(),
         refresh_s=REFRESH_S,
+        stale_s=STALE_S,
         overall=model.overall(gate_rows),
         source=source,
         gate_names=model.GATES,

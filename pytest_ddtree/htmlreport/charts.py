@@ -313,8 +313,19 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_thr
     return {"data": traces, "layout": layout}
 
 
+#: What JSON inside a <script> element must not carry raw: ``</script`` ends the element and
+#: ``<!--`` puts the HTML parser in its "script data escaped" state, where a later ``<script``
+#: swallows the rest of the page (a workload or version string can hold either); ``&`` and ``>``
+#: for the same reasons in other contexts; U+2028/9 end a line in older JavaScript parsers.
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
 def figure_json(figure: Mapping[str, Any]) -> str:
-    """JSON safe to put inside a <script> element."""
+    """JSON safe to put inside a <script> element: those characters only occur inside JSON
+    strings, where their ``\\u`` escapes read back as the same text."""
     import json
 
-    return json.dumps(figure, default=str).replace("</", "<\\/")
+    text = json.dumps(figure, default=str)
+    for raw, escaped in _SCRIPT_ESCAPES.items():
+        text = text.replace(raw, escaped)
+    return text

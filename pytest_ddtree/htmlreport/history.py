@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from pytest_ddtree import gate
 from pytest_ddtree.changepoints import MAX_PVALUE, ChangePoint, Point, Series, newest_change_points
@@ -29,14 +30,30 @@ _REGRESSION_COLOR, _IMPROVEMENT_COLOR = "#c62828", "#2e7d32"
 
 
 def _link(report_path: str | None, output_dir: Path) -> str:
-    """A link to a session's report that works from where the page is written (relative when it can be)."""
+    """A link to a session's report that works from where the page is written: an http(s) URL as
+    it is, else a path relative to the page, percent-encoded and starting ``./`` or ``../``, so
+    that no segment reads as a scheme (a results folder named ``javascript:...``); "" for none.
+
+    A report path comes from the history database, which other sessions (or anyone) wrote."""
     if not report_path:
         return ""
-    target = Path(report_path)
+    if urlsplit(report_path).scheme in ("http", "https") and urlsplit(report_path).netloc:
+        return checked_link(quote(report_path, safe=":/?#[]@!$&'()*+,;=%"))
     try:
-        return os.path.relpath(target, output_dir)
-    except ValueError:  # another drive (Windows): an absolute URI
-        return target.as_uri()
+        relative = os.path.relpath(Path(report_path), output_dir)
+    except ValueError:  # another drive (Windows): no relative link exists
+        return ""
+    encoded = quote(relative.replace(os.sep, "/"), safe="/")
+    return checked_link(encoded if encoded.startswith(("./", "../")) else "./" + encoded)
+
+
+def checked_link(url: str) -> str:
+    """``url`` when the page may link to it (http, https, or relative starting ``./`` or ``../``),
+    else "": the one check before any link is written (the click handler repeats it)."""
+    if url.startswith(("./", "../")):
+        return url
+    parts = urlsplit(url)
+    return url if parts.scheme in ("http", "https") and parts.netloc else ""
 
 
 def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ is on disk, never a guess.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_ddtree.htmlreport import REPORT_HTML, LiveStatus, payload_from_records, write_report
+from pytest_ddtree.htmlreport import HEARTBEAT_S, REPORT_HTML, LiveStatus, payload_from_records, write_report
 from pytest_ddtree.htmlreport.model import config_of_nodeid
 from pytest_ddtree.results import read_records
 
@@ -40,6 +41,7 @@ class LiveReport:
         self._done: list[str] = []
         self._lock = threading.Lock()
         self.errors: list[str] = []
+        self._heartbeat: Heartbeat | None = None
 
     def plan(self, nodeids: Iterable[str]) -> None:
         """The collected tests (once; under xdist every worker collects the same list)."""
@@ -80,7 +82,46 @@ class LiveReport:
             self.errors.append(f"live report.html not written: {type(exc).__name__}: {exc}")
 
     def write_final(self, payload: Mapping[str, Any]) -> Path:
+        self.stop_heartbeat()
         return write_report(self.path, payload, self.status("finished"))
+
+    def start_heartbeat(self, interval_s: float = HEARTBEAT_S) -> None:
+        """Touch the running page every ``interval_s`` from now on (see :class:`Heartbeat`)."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(self.path, interval_s)
+            self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            beat.stop()
+
+
+class Heartbeat(threading.Thread):
+    """Touches the running page's modification time every ``interval_s`` while this process lives.
+
+    Why: the page is rewritten only when a config's last test ends (an hour apart on a GPU sweep),
+    so its content cannot tell a slow session from a dead one; its modification time can, and
+    the page's own script reads it (``document.lastModified``) to stop reloading and say that
+    the session stopped once no process has touched it for ``STALE_S``. A daemon thread: it dies
+    with the process, which is the point.
+    """
+
+    def __init__(self, path: Path, interval_s: float) -> None:
+        super().__init__(name="ddtree-report-heartbeat", daemon=True)
+        self.path = path
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass  # not written yet, or its folder went away: the next beat tries again
+
+    def stop(self) -> None:
+        self._stop_event.set()
 
 
 def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
@@ -92,4 +133,5 @@ def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
         live.environment = {"environment": f"not recorded ({type(exc).__name__}: {exc})"}
     live.write_running(session.failed_tests)
+    live.start_heartbeat()
     return live

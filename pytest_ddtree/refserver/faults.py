@@ -26,6 +26,15 @@ CHAT_BODY_KINDS = {
     "fence-bomb": "an answer of 50 lines of three backticks, 4,000 spaces and a backtick",
 }
 
+#: What the ``trickle`` fault can slow to a byte a second, and the requests each name covers.
+TRICKLE_KINDS = {
+    "health": "GET /health and /health_generate",
+    "server_info": "GET /server_info (and /get_server_info)",
+    "generate": "a non-streamed POST /generate (the copy probe's)",
+    "stream": "a streamed POST /generate (the load generator's)",
+    "chat": "POST /v1/chat/completions",
+}
+
 FAULT_HELP = {
     "crash-on-start": "log a traceback and exit with status 1 before opening the port",
     "exit-after=N": "exit (status 1) right after the N-th completed generation request",
@@ -42,6 +51,9 @@ FAULT_HELP = {
     "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
     "stall=K:S": "after the K-th /flush_cache, stall the scheduler S seconds of wall time before its next forward pass "
                  "(a host that took the core away during one measured phase; repeatable for several K)",
+    "trickle=K:N": "after N answers of K (one of " + ", ".join(sorted(TRICKLE_KINDS)) + ") answer every further K for ever, "
+                   "a byte a second (a stream: its first chunk, then an SSE comment a second): a wedged scheduler "
+                   "behind a live HTTP server; repeatable for several K",
     "chat-body=K[+K...]": "answer the n-th chat completion with the malformed or hostile body K[(n-1) % len]: " + ", ".join(sorted(CHAT_BODY_KINDS)),
 }
 
@@ -66,6 +78,7 @@ class Faults:
     clock_jitter: float = 0.0
     stalls: dict[int, float] = field(default_factory=dict)  # flush number -> wall seconds
     chat_body: list[str] = field(default_factory=list)
+    trickle: dict[str, int] = field(default_factory=dict)  # kind -> answers before it trickles
     specs: list[str] = field(default_factory=list)
 
     def add(self, spec: str) -> None:
@@ -130,6 +143,12 @@ class Faults:
             if not colon or k < 1 or not 0 < s <= 600:
                 raise FaultError(f"fault 'stall': K must be >= 1 and S in (0, 600], got {value!r}")
             self.stalls[k] = s
+        elif name == "trickle":
+            kind, colon, count = value.partition(":")
+            if kind not in TRICKLE_KINDS or not colon or not count.isdigit():
+                raise FaultError(f"fault 'trickle' takes K:N, K one of {', '.join(sorted(TRICKLE_KINDS))} and N the answers "
+                                 f"before it trickles, got {value!r}")
+            self.trickle[kind] = int(count)
         elif name == "chat-body":
             kinds = [k.strip() for k in value.split("+") if k.strip()]
             bad = [k for k in kinds if k not in CHAT_BODY_KINDS]

@@ -236,6 +236,8 @@ class GenerationEndpoints(HandlerBase):
         tokenizer_manager.py's ``created_time`` (the request's ``received_time``) does."""
         body = self.read_json()
         received = time.monotonic()
+        if self.trickled("stream" if body.get("stream") is True else "generate", stream=body.get("stream") is True):
+            return
         eng = self._begin_generation()
         if eng is None:
             return

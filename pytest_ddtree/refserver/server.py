@@ -71,6 +71,9 @@ class Handler(AdminEndpoints, GenerationEndpoints):
             ("POST", "/v1/detokenize"): self.h_detokenize,
         }
         handler = routes.get((method, path))
+        trickle = _TRICKLED.get(path)
+        if trickle is not None and self.trickled(trickle):
+            return
         try:
             if handler is None:
                 if method in ("POST", "PUT"):
@@ -92,6 +95,11 @@ class Handler(AdminEndpoints, GenerationEndpoints):
                 self.send_error_json(500, f"internal error: {exc!r}")
             except OSError:
                 self.close_connection = True
+
+
+#: The paths the trickle fault slows here (a /generate trickles in h_generate: stream or not).
+_TRICKLED = {"/health": "health", "/health_generate": "health", "/server_info": "server_info",
+             "/get_server_info": "server_info", "/v1/chat/completions": "chat"}
 
 
 class RefHTTPServer(ThreadingHTTPServer):

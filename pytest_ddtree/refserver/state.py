@@ -58,6 +58,7 @@ class ServerState:
     gen_requests_seen: int = 0
     gen_requests_done: int = 0
     chat_requests: int = 0
+    answered: dict[str, int] = field(default_factory=dict)  # trickle fault: answers per kind so far
     started: float = field(default_factory=time.time)
 
     @property

@@ -132,6 +132,40 @@ class HandlerBase(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def trickled(self, kind: str, stream: bool = False) -> bool:
+        """The trickle fault: once ``kind`` has had its answers, answer this request with a 200 that
+        never ends, a byte a second (a stream: one chunk, then an SSE comment a second), until the
+        client hangs up; True when it did (the request is over)."""
+        st = self.state
+        limit = st.faults.trickle.get(kind)
+        if limit is None:
+            return False
+        with st.lock:
+            st.answered[kind] = done = st.answered.get(kind, 0) + 1
+        if done <= limit:
+            return False
+        st.log(f"WARNING:  injected fault trickle={kind}:{limit}: answering a byte a second")
+        self.close_connection = True
+        try:
+            if stream:
+                self.start_stream()
+                self.sse({"text": "a", "output_ids": [1], "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}})
+                piece = b": keep-alive\n\n"
+                frame = f"{len(piece):X}\r\n".encode() + piece + b"\r\n"
+            else:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                frame = b" "  # JSON's whitespace: a body that is never complete
+            while True:
+                self.wfile.write(frame)
+                self.wfile.flush()
+                time.sleep(1.0)
+        except OSError:
+            pass  # the client hung up
+        return True
+
     def _hang(self) -> None:
         """hang-after fault: never answer (the connection stays open)."""
         while True:

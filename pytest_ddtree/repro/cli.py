@@ -15,6 +15,7 @@ from typing import Sequence
 from . import layout
 from .deploy import deploy_package
 from .envsnap import snapshot_env
+from .patchset import MAX_PY_BYTES, PatchError, read_regular
 from .verify import compare_env, verify_package
 
 EXIT_OK = 0
@@ -80,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = verify_package(pkg, args.site_packages)
         if not args.no_env:
             try:
-                recorded = json.loads((pkg / layout.ENV_JSON).read_text(encoding="utf-8"))
+                recorded = json.loads(read_regular(pkg, layout.ENV_JSON, MAX_PY_BYTES))
                 report.differences = compare_env(recorded, snapshot_env())
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, PatchError, RecursionError, AttributeError) as exc:
                 report.notes.append(f"environment comparison skipped: {exc}")
         if args.json:
             print(json.dumps({"ok": report.ok, "path": str(report.path), "problems": report.problems,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..atomicfile import write_atomic
 from . import layout
-from .patchset import PatchError, check_target_path, find_dist_info, read_metadata, sha256_file
+from .patchset import (PatchError, check_new_file_target, check_target_path, find_dist_info, read_metadata, read_regular,
+                       record_tops, sha256_bytes, sha256_file)
 
 __all__ = ["DeployReport", "deploy_package"]
 
@@ -38,7 +39,7 @@ class DeployReport:
 def _read_dist(pkg: Path) -> tuple[str, str]:
     kv = dict(
         line.split("=", 1)
-        for line in (pkg / layout.PATCHES_DIST).read_text(encoding="utf-8").splitlines()
+        for line in read_regular(pkg, layout.PATCHES_DIST).decode("utf-8").splitlines()
         if "=" in line
     )
     return kv.get("name", ""), kv.get("version", "")
@@ -50,14 +51,20 @@ def deploy_package(
     """Copy patches/full/* into ``site_packages`` after the checks; see the module docstring."""
     pkg, site = Path(package), Path(site_packages)
     rep = DeployReport(ok=False)
+    from .verify import check_manifest
+
+    broken = check_manifest(pkg)
+    if broken:  # every file deploy reads must be the one packaged (and a regular file inside the package)
+        rep.refused += [f"{layout.MANIFEST}: {problem}" for problem in broken]
+        return rep
     try:
         name, version = _read_dist(pkg)
         rows = [
             (line.split("\t") + ["", ""])[:3]
-            for line in (pkg / layout.PATCHES_TSV).read_text(encoding="utf-8").splitlines()
+            for line in read_regular(pkg, layout.PATCHES_TSV).decode("utf-8").splitlines()
             if line and not line.startswith("#")
         ]
-    except OSError as exc:
+    except (OSError, PatchError, UnicodeDecodeError) as exc:
         rep.refused.append(f"{pkg} is not a complete reproduction package: {exc}")
         return rep
     if not site.is_dir():
@@ -65,7 +72,8 @@ def deploy_package(
         return rep
     if name and not _installed_version_matches(site, name, version, rep):
         return rep
-    todo = _files_to_patch(pkg, site, rows, rep)
+    tops = record_tops(find_dist_info(site, name)) if name else set()
+    todo = _files_to_patch(pkg, site, rows, rep, tops)
     if rep.refused:
         return rep
     backup = backup_dir or site / ".ddtree-backup"
@@ -98,20 +106,28 @@ def _installed_version_matches(site: Path, name: str, version: str, rep: DeployR
     return True
 
 
-def _files_to_patch(pkg: Path, site: Path, rows: list[list[str]], rep: DeployReport) -> list[tuple[str, str]]:
+def _files_to_patch(pkg: Path, site: Path, rows: list[list[str]], rep: DeployReport, tops: set[str]) -> list[tuple[str, str]]:
     """(target, patched sha256) of each file to copy: its full copy is intact and the installed
-    file is the pristine (or absent for a new one); every other case is refused in ``rep``."""
+    file is the pristine (or absent for a new one, inside the distribution's own folders
+    ``tops``); every other case is refused in ``rep``."""
     todo: list[tuple[str, str]] = []
     for target, pristine, patched in rows:
-        why = check_target_path(target)
+        why = check_target_path(target) or (check_new_file_target(target, tops) if pristine == "-" else None)
         if why:
             rep.refused.append(f"deploy.tsv: {why}")
             continue
-        full = pkg / layout.PATCHES_FULL / target
-        if not full.is_file() or sha256_file(full) != patched:
-            rep.refused.append(f"patches/full/{target} is missing or does not match its recorded sha256 (package corrupted?)")
+        try:
+            full_ok = sha256_bytes(read_regular(pkg, f"{layout.PATCHES_FULL}/{target}")) == patched
+        except PatchError as exc:
+            rep.refused.append(f"{exc} (package corrupted?)")
+            continue
+        if not full_ok:
+            rep.refused.append(f"patches/full/{target} does not match its recorded sha256 (package corrupted?)")
             continue
         dest = site / target
+        if not dest.parent.resolve().is_relative_to(site.resolve()) or dest.is_symlink():
+            rep.refused.append(f"{target}: its folder or the file in {site} is a link out of site-packages")
+            continue
         if dest.is_file():
             current = sha256_file(dest)
             if current == patched:
@@ -143,7 +159,7 @@ def _copy_patched(pkg: Path, site: Path, todo: list[tuple[str, str]], backup: Pa
             (backup / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(dest, backup / target)
         mode = dest.stat().st_mode & 0o7777 if dest.exists() else None
-        write_atomic(dest, (pkg / layout.PATCHES_FULL / target).read_bytes(), mode)
+        write_atomic(dest, read_regular(pkg, f"{layout.PATCHES_FULL}/{target}"), mode)
         if sha256_file(dest) != patched:
             rep.refused.append(f"{dest} does not have the expected sha256 after copying")
             return False

@@ -42,6 +42,90 @@ def normalize_dist_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+#: The largest package file verify and deploy read or hash, and the largest .py they parse: a
+#: package comes from elsewhere, and a 2 GiB sparse file must cost an error, not the machine.
+MAX_FILE_BYTES = 1 << 30
+MAX_PY_BYTES = 16 << 20
+#: Deepest bracket nesting and longest run of operators a package's .py may have: CPython's parser
+#: recurses on both (200,000 unary minus signs end in a MemoryError), honest code stays far below.
+MAX_PY_NESTING = 100
+MAX_PY_OPERATOR_RUN = 200
+
+
+def non_regular_problem(root: Path, rel: str) -> str | None:
+    """Why ``root/rel`` is not a regular file inside ``root`` (a symlink anywhere on the way, a
+    FIFO, a device, a socket, missing), or None. Checked with lstat, so nothing is opened or followed."""
+    import stat
+
+    path = root
+    for part in PurePosixPath(rel).parts:
+        path = path / part
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            return f"{rel}: missing"
+        if stat.S_ISLNK(mode):
+            return f"{rel}: {path.relative_to(root).as_posix()} is a symbolic link (a package holds regular files only)"
+    if not stat.S_ISREG(mode):
+        return f"{rel}: not a regular file (a FIFO, device or socket: a package holds regular files only)"
+    return None
+
+
+def read_regular(root: Path, rel: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file inside ``root``, at most ``limit``; PatchError otherwise."""
+    import os
+    import stat
+
+    why = non_regular_problem(root, rel)
+    if why:
+        raise PatchError(why)
+    fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise PatchError(f"{rel}: not a regular file")
+        if info.st_size > limit:
+            raise PatchError(f"{rel}: {info.st_size:,} bytes, over the {limit:,} a package file may have")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PatchError(f"{rel}: over the {limit:,} bytes a package file may have")
+    return data
+
+
+def python_problem(data: bytes, name: str) -> str | None:
+    """Why ``data`` is not Python this package may hold (too large, nested too deep, a syntax
+    error), or None: parsed in a bounded way (size, then a linear token scan, then ast.parse)."""
+    import ast
+    import io
+    import tokenize
+
+    if len(data) > MAX_PY_BYTES:
+        return f"{name}: {len(data):,} bytes, over the {MAX_PY_BYTES:,} a package's .py may have"
+    depth = run = 0
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(data).readline):
+            if tok.type != tokenize.OP:
+                run = 0
+                continue
+            if tok.string in "([{":
+                depth += 1
+            elif tok.string in ")]}":
+                depth -= 1
+            run += 1
+            if depth > MAX_PY_NESTING or run > MAX_PY_OPERATOR_RUN:
+                return (f"{name}: nested deeper than {MAX_PY_NESTING} brackets or {MAX_PY_OPERATOR_RUN} operators in a row: "
+                        "not parsed (hostile or generated code)")
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError) as exc:
+        return f"{name}: does not parse: {exc}"
+    try:
+        ast.parse(data, filename=name)
+    except (SyntaxError, ValueError) as exc:
+        return f"{name}: does not parse: {exc}"
+    except (MemoryError, RecursionError):
+        return f"{name}: too complex to parse (nested too deeply)"
+    return None
+
+
 def check_target_path(target: str) -> str | None:
     """Return why ``target`` is not a safe site-packages-relative POSIX path, or None.
 
@@ -56,7 +140,36 @@ def check_target_path(target: str) -> str | None:
     parts = PurePosixPath(target).parts
     if any(p in ("", ".", "..") for p in parts) or str(PurePosixPath(*parts)) != target:
         return f"{target!r} must be normalized (no '.', '..' or empty components)"
+    if parts[0].startswith("."):
+        return f"{target!r} is under a hidden folder of site-packages (the deploy's backups live in .ddtree-backup/)"
     return None
+
+
+def check_new_file_target(target: str, tops: set[str]) -> str | None:
+    """Why a package may not add ``target`` (a file the install does not have), or None: a new
+    file goes inside one of the patched distribution's own top-level folders (``tops``, from its
+    RECORD), never beside them (a ``.pth`` at the top of site-packages runs at every start)."""
+    parts = PurePosixPath(target).parts
+    if len(parts) < 2 or parts[0] not in tops:
+        return (f"{target!r} is a new file outside the patched distribution's own folders ({', '.join(sorted(tops)) or 'none'}); "
+                "a package may add files only inside them")
+    return None
+
+
+def record_tops(dist_info: Path) -> set[str]:
+    """The top-level folders an installed distribution's RECORD lists files under (not its dist-info)."""
+    import csv
+
+    tops: set[str] = set()
+    try:
+        rows = list(csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines()))
+    except OSError:
+        return tops
+    for row in rows:
+        parts = PurePosixPath(row[0]).parts if row else ()
+        if len(parts) > 1 and not parts[0].endswith((".dist-info", ".data")) and not parts[0].startswith("."):
+            tops.add(parts[0])
+    return tops
 
 
 def find_dist_info(site_packages: Path, distribution: str) -> Path:

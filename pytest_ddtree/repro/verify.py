@@ -26,8 +26,13 @@ from typing import Any, Mapping
 from . import layout
 from .diffs import DiffError, apply_unified_diff, reverse_unified_diff
 from .patchset import (
+    MAX_FILE_BYTES,
+    MAX_PY_BYTES,
     PatchError,
     check_target_path,
+    non_regular_problem,
+    python_problem,
+    read_regular,
     find_dist_info,
     read_metadata,
     record_hash_to_hex,
@@ -62,12 +67,33 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """(regular files, problems) of the package tree, never following a link or opening a file:
+    a symlink, FIFO, device or socket is a problem, not a file to read (a FIFO blocks a reader
+    for ever, ``-> /dev/zero`` never ends)."""
+    import os
+    import stat
+
+    files: list[str] = []
+    problems: list[str] = []
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted([*dirs, *names]):
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if stat.S_ISLNK(mode):
+                problems.append(f"{rel}: a symbolic link (a package holds regular files only)")
+            elif not stat.S_ISREG(mode):
+                problems.append(f"{rel}: not a regular file (a FIFO, device or socket: a package holds regular files only)")
+            elif rel != layout.MANIFEST:
+                files.append(rel)
+    return sorted(files), problems
+
+
 def _package_files(root: Path) -> list[str]:
-    return sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if (p.is_file() or p.is_symlink()) and p.relative_to(root).as_posix() != layout.MANIFEST
-    )
+    return _walk(root)[0]
 
 
 def write_manifest(root: Path) -> None:
@@ -82,12 +108,13 @@ def write_manifest(root: Path) -> None:
 
 def check_manifest(root: Path) -> list[str]:
     """Problems with MANIFEST.sha256: unparsable, unsorted, a hash mismatch, a file missing or unlisted."""
-    mf = root / layout.MANIFEST
-    if not mf.is_file():
-        return [f"{layout.MANIFEST} is missing"]
-    problems: list[str] = []
+    try:
+        text = read_regular(root, layout.MANIFEST, MAX_PY_BYTES).decode("utf-8", "replace")
+    except PatchError as exc:
+        return [str(exc) if not str(exc).endswith(": missing") else f"{layout.MANIFEST} is missing"]
+    walked, problems = _walk(root)  # a link, FIFO or device anywhere fails the package
     listed: list[str] = []
-    for n, line in enumerate(mf.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         m = _MANIFEST_LINE.match(line)
         if not m:
             problems.append(f"{layout.MANIFEST} line {n} is not '<sha256>  <path>': {line[:80]!r}")
@@ -97,30 +124,40 @@ def check_manifest(root: Path) -> list[str]:
         p = root / rel
         if check_target_path(rel) is not None:
             problems.append(f"{layout.MANIFEST} line {n}: unsafe path {rel!r}")
-        elif p.is_symlink() or not p.is_file():
-            problems.append(f"{rel}: listed in {layout.MANIFEST} but missing")
+        elif (why := non_regular_problem(root, rel)) is not None:
+            problems.append(why if not why.endswith(": missing") else f"{rel}: listed in {layout.MANIFEST} but missing")
+        elif p.lstat().st_size > MAX_FILE_BYTES:
+            problems.append(f"{rel}: {p.lstat().st_size:,} bytes, over the {MAX_FILE_BYTES:,} a package file may have")
         elif sha256_file(p) != digest:
             problems.append(f"{rel}: sha256 does not match {layout.MANIFEST} (the file changed after packaging)")
     if listed != sorted(listed):
         problems.append(f"{layout.MANIFEST} is not sorted by path")
     if len(set(listed)) != len(listed):
         problems.append(f"{layout.MANIFEST} lists a path twice")
-    for rel in sorted(set(_package_files(root)) - set(listed)):
+    for rel in sorted(set(walked) - set(listed)):
         problems.append(f"{rel}: present but not listed in {layout.MANIFEST} (added after packaging?)")
     return problems
 
 
+def _read_small(root: Path, rel: str) -> str:
+    """A small text file of the package, or "" when it is missing or not a regular file (check_manifest says which)."""
+    try:
+        return read_regular(root, rel, MAX_PY_BYTES).decode("utf-8", "replace")
+    except PatchError:
+        return ""
+
+
 def _load_json(root: Path, rel: str, problems: list[str]) -> Any:
     try:
-        return json.loads((root / rel).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return json.loads(read_regular(root, rel, MAX_PY_BYTES))
+    except (OSError, ValueError, PatchError, RecursionError) as exc:
         problems.append(f"{rel}: cannot be read as JSON ({exc})")
         return None
 
 
 def _read_tsv(root: Path) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
-    for line in (root / layout.PATCHES_TSV).read_text(encoding="utf-8").splitlines():
+    for line in read_regular(root, layout.PATCHES_TSV, MAX_PY_BYTES).decode("utf-8", "replace").splitlines():
         if not line or line.startswith("#"):
             continue
         cols = line.split("\t") + ["", ""]
@@ -129,13 +166,14 @@ def _read_tsv(root: Path) -> list[tuple[str, str, str]]:
 
 
 def _record_layout(root: Path) -> tuple[dict[str, str | None], set[str]] | None:
-    rec = root / layout.PATCHES_RECORD
-    if not rec.is_file():
+    try:
+        text = read_regular(root, layout.PATCHES_RECORD, MAX_PY_BYTES).decode("utf-8", "replace")
+    except PatchError:  # missing (or not a regular file: check_manifest says so)
         return None
     import csv
 
     hashes: dict[str, str | None] = {}
-    for row in csv.reader(rec.read_text(encoding="utf-8").splitlines()):
+    for row in csv.reader(text.splitlines()):
         if row:
             hashes[row[0]] = record_hash_to_hex(row[1]) if len(row) > 1 and row[1] else None
     tops = {PurePosixPath(p).parts[0] for p in hashes if len(PurePosixPath(p).parts) > 1}
@@ -150,13 +188,13 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
     recorded = _record_layout(root)
     if meta.get("mode") == "distribution" and recorded is None:
         problems.append(f"{layout.PATCHES_RECORD} is missing: the recorded layout of {meta.get('distribution')}")
-    dist_text = (root / layout.PATCHES_DIST).read_text(encoding="utf-8") if (root / layout.PATCHES_DIST).is_file() else ""
+    dist_text = _read_small(root, layout.PATCHES_DIST)
     want_dist = f"name={meta.get('distribution') or ''}\nversion={meta.get('version') or ''}\n"
     if dist_text != want_dist:
         problems.append(f"{layout.PATCHES_DIST} does not match {layout.PATCHES_JSON} (distribution/version)")
     try:
         tsv = _read_tsv(root)
-    except OSError as exc:
+    except (OSError, PatchError) as exc:
         problems.append(f"{layout.PATCHES_TSV}: {exc}")
         tsv = []
     want_tsv = [(e.get("target"), e.get("pristine_sha256") or "-", e.get("patched_sha256")) for e in entries]
@@ -168,11 +206,11 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
         if why:
             problems.append(f"{layout.PATCHES_JSON}: {why}")
             continue
-        full = root / layout.PATCHES_FULL / target
-        if not full.is_file():
-            problems.append(f"{layout.PATCHES_FULL}/{target}: missing (deploy would copy it)")
+        try:
+            data = read_regular(root, f"{layout.PATCHES_FULL}/{target}")
+        except PatchError as exc:
+            problems.append(f"{exc} (deploy would copy it)")
             continue
-        data = full.read_bytes()
         if sha256_bytes(data) != e.get("patched_sha256"):
             problems.append(f"{layout.PATCHES_FULL}/{target}: sha256 differs from the recorded patched_sha256")
         if recorded is not None:
@@ -189,12 +227,8 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
             if target.endswith(".py"):
                 problems.append(f"{target}: a .py file without a diff")
             continue
-        dpath = root / str(diff_rel)
-        if not dpath.is_file():
-            problems.append(f"{diff_rel}: missing")
-            continue
         try:
-            diff = dpath.read_text(encoding="utf-8")
+            diff = read_regular(root, str(diff_rel)).decode("utf-8")
             new = data.decode("utf-8")
             old = apply_unified_diff(new, reverse_unified_diff(diff))
             if e.get("pristine_sha256") is None:
@@ -204,6 +238,8 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
                 raise DiffError("reversing it on the full copy does not give the recorded pristine file")
             if apply_unified_diff(old, diff) != new:
                 raise DiffError("applying it to the pristine file does not give the full copy")
+        except PatchError as exc:
+            problems.append(str(exc))
         except (DiffError, UnicodeDecodeError) as exc:
             problems.append(f"{diff_rel}: corrupt or inconsistent diff for {target}: {exc}")
     notes.append(f"patches: {len(entries)} file(s) checked (diff <-> full copy <-> pristine hash)")
@@ -211,7 +247,7 @@ def _check_patches(root: Path, problems: list[str], notes: list[str]) -> list[di
 
 
 def _check_site(root: Path, site: Path, entries: list[dict[str, Any]], problems: list[str], notes: list[str]) -> None:
-    dist_text = (root / layout.PATCHES_DIST).read_text(encoding="utf-8") if (root / layout.PATCHES_DIST).is_file() else ""
+    dist_text = _read_small(root, layout.PATCHES_DIST)
     kv = dict(line.split("=", 1) for line in dist_text.splitlines() if "=" in line)
     if kv.get("name"):
         try:
@@ -243,10 +279,10 @@ def _check_site(root: Path, site: Path, entries: list[dict[str, Any]], problems:
             states["pristine"] += 1
             if e.get("diff"):
                 try:
-                    got = apply_unified_diff(dest.read_text(encoding="utf-8"), (root / str(e["diff"])).read_text(encoding="utf-8"))
-                    if got.encode("utf-8") != (root / layout.PATCHES_FULL / target).read_bytes():
+                    got = apply_unified_diff(dest.read_text(encoding="utf-8"), read_regular(root, str(e["diff"])).decode("utf-8"))
+                    if got.encode("utf-8") != read_regular(root, f"{layout.PATCHES_FULL}/{target}"):
                         problems.append(f"{e['diff']}: applied to {dest} it does not give the full copy")
-                except (DiffError, OSError, UnicodeDecodeError) as exc:
+                except (DiffError, OSError, UnicodeDecodeError, PatchError) as exc:
                     problems.append(f"{e['diff']}: does not apply to {dest}: {exc}")
         else:
             problems.append(f"site-packages: {target} is neither the pristine nor the patched version; deploy would refuse")
@@ -257,7 +293,7 @@ def _check_scripts(root: Path, problems: list[str]) -> None:
     bash = shutil.which("bash")
     for script in layout.SCRIPTS:
         p = root / script
-        if not p.is_file():
+        if non_regular_problem(root, script) is not None:  # missing, or a link/FIFO: check_manifest says so
             continue
         if bash:
             proc = subprocess.run([bash, "-n", str(p)], capture_output=True, text=True, check=False)
@@ -272,20 +308,24 @@ def verify_package(path: Path, site_packages: Path | None = None) -> VerifyRepor
     if not root.is_dir():
         report.problems.append(f"{root} is not a directory")
         return report
+    files, _ = _walk(root)  # its problems are check_manifest's
     for rel in layout.REQUIRED:
-        if not (root / rel).is_file():
+        present = non_regular_problem(root, rel) is None if rel == layout.MANIFEST else rel in files
+        if not present:
             report.problems.append(f"{rel}: missing (every package has it)")
     report.problems += check_manifest(root)
     npy = 0
-    for p in sorted(root.rglob("*.py")):
+    for rel in (f for f in files if f.endswith(".py")):
         npy += 1
         try:
-            ast.parse(p.read_bytes(), filename=p.relative_to(root).as_posix())
-        except (SyntaxError, ValueError) as exc:
-            report.problems.append(f"{p.relative_to(root).as_posix()}: does not parse: {exc}")
+            problem = python_problem(read_regular(root, rel, MAX_PY_BYTES), rel)
+        except PatchError as exc:
+            problem = str(exc)
+        if problem:
+            report.problems.append(problem)
     report.notes.append(f"python: {npy} .py file(s) parse")
     entries: list[dict[str, Any]] = []
-    if (root / layout.PATCHES_JSON).is_file() and (root / layout.PATCHES_TSV).is_file():
+    if layout.PATCHES_JSON in files and layout.PATCHES_TSV in files:
         entries = _check_patches(root, report.problems, report.notes)
     _check_scripts(root, report.problems)
     if site_packages is not None:

@@ -26,6 +26,18 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines()) or "    <empty>"
 
 
+
+#: An environment variable's name as a shell can export it (POSIX: letters, digits, underscore): a
+#: launch's environment reaches a shell (the slurm job script's ``export NAME=...``, a command
+#: template), where any other name is either an error or code.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_RULE = ("not an environment variable name: letters, digits and '_', not starting with a digit "
+                 "(a shell exports it)")
+
+
+def is_env_name(name: object) -> bool:
+    return isinstance(name, str) and _ENV_NAME.fullmatch(name) is not None
+
 class ServiceError(Exception):
     """Base class of every lifecycle error; the plugin turns it into a test failure."""
 

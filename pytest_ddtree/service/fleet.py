@@ -17,6 +17,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
 from pytest_ddtree.service.ssh import SSHTarget
 from pytest_ddtree.suggest import did_you_mean
 
@@ -119,6 +120,9 @@ def parse_host_pool(pool: list[Any], fail: FailFn) -> tuple[HostEntry, ...]:
             elif name == "env":
                 if not isinstance(value, dict):
                     raise fail(f"{key}.env", f"must be a mapping, got {value!r}")
+                for variable in value:
+                    if not is_env_name(variable):
+                        raise fail(f"{key}.env.{variable}", ENV_NAME_RULE)
                 overrides[name] = {str(k): str(v) for k, v in value.items()}
             else:
                 if not isinstance(value, str):

@@ -17,8 +17,10 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
+from typing import Any, Callable, Mapping, Protocol, cast
 
+from pytest_ddtree import http as http_mod
+from pytest_ddtree.client import SGLangClient
 from pytest_ddtree import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.proof import Proof
@@ -44,20 +46,18 @@ from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 from pytest_ddtree.service.systemd import SystemdController
 
-if TYPE_CHECKING:
-    from pytest_ddtree.client import SGLangClient
 
 REFERENCE_LABEL = "lossless-reference"
 """The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
 READY_HEALTH_TIMEOUT_S = 5.0
-"""Per-request timeout of health polls: short, so a dead service is noticed quickly."""
+"""Each health poll's deadline as a whole: SGLang's launcher polls with timeout=5 (sglang 0.5.23 sglang/test/test_utils.py:704)."""
 
 
 PROBE_TIMEOUT_S = 120.0
+"""Each copy probe request's deadline as a whole (the probe as a whole: ``probe_timeout_s``)."""
 #: Unfinished stream chunks of the gauge's request read before /metrics is: the request decodes then.
 GAUGE_CHUNKS = 2
-"""Per-request timeout of the copy probe's short requests."""
 
 PORT_RACE_RETRIES = 2
 """How often a start that lost its auto-chosen port (EADDRINUSE in the log) is retried."""
@@ -77,12 +77,6 @@ def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
     another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
     record.update(cast(LaunchEntry, entry))
-
-
-def _default_client(base_url: str, timeout: float) -> SGLangClient:
-    from pytest_ddtree.client import SGLangClient
-
-    return SGLangClient(base_url, timeout=timeout)
 
 
 def _default_gpu_memory() -> int | None:
@@ -182,8 +176,8 @@ class ServiceManager:
         ready_timeout_s: float | None = None,
         poll_interval: float = 0.5,
         progress_interval: float = 10.0,
-        client_factory: ClientFactory = _default_client,
-        client_timeout_s: float = 600.0,
+        client_factory: ClientFactory | None = None,
+        client_timeout_s: float | None = None,
         systemctl: tuple[str, ...] = ("systemctl",),
         journalctl: tuple[str, ...] = ("journalctl",),
         gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
@@ -198,8 +192,8 @@ class ServiceManager:
         self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
         self.poll_interval = poll_interval
         self.progress_interval = progress_interval
-        self.client_factory = client_factory
-        self.client_timeout_s = client_timeout_s
+        self.client_factory: ClientFactory = client_factory or (lambda url, t: SGLangClient(url, t, profile.info_timeout_s))
+        self.client_timeout_s = profile.request_timeout_s if client_timeout_s is None else client_timeout_s
         self.systemctl = systemctl
         self.journalctl = journalctl
         fleet = profile.fleet
@@ -322,6 +316,15 @@ class ServiceManager:
 
     def release(self) -> None:
         """Stop the current service and let other workers have the instance."""
+        self._switch_away()
+
+    def abandon(self, config_name: str, reason: str) -> None:
+        """Stop ``config_name``'s service, past a deadline (wedged or too slow to measure): its remaining
+        tests fail at once with ``reason``; the next config starts a fresh service."""
+        self._failed[config_name] = ServiceDiedError(f"the service stopped answering in time: {reason}", config_name=config_name,
+                                                     hint="the service was stopped; the next config starts a fresh one")
+        if self._current is not None:
+            self._set_outcome(self._current, f"abandoned: {reason.splitlines()[0][:300]}")
         self._switch_away()
 
     def close(self) -> list[str]:
@@ -658,10 +661,16 @@ class ServiceManager:
             payload = {"text": text, "sampling_params": dict(sampling), "stream": False}
             return http.post_json("/generate", payload, PROBE_TIMEOUT_S, max_bytes=proof_mod.MAX_TEXT_BYTES)
 
-        probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
+        deadline = http_mod.Deadline.after(self.profile.probe_timeout_s, "copy probe", "probe_timeout_s")
+        with http_mod.phase(deadline):  # the probe's requests and the gauge's stream end by probe_timeout_s
+            probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
+            if probe is not None and deadline.expired:
+                raise ServiceStartError(f"{deadline.describe()} passed after {probe.requests} probe requests: "
+                                        + ("; ".join(probe.failed_requests[-2:]) or "the service answered too slowly"),
+                                        log_tail=controller.log_tail(), config_name=config.name, hint=deadline.advice())
+            metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
         startup_text = controller.startup_log()
         startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
-        metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
         result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
                                  probe=probe, startup=startup, metrics_text=metrics_text)
         self._say(f"{config.name}: {result.summary()}")
@@ -759,7 +768,9 @@ def _metrics_while_decoding(http: Any) -> str | None:
     sampling = {"max_new_tokens": proof_mod.PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True}
     body = json.dumps({"text": proof_mod.probe_prompts(1)[0], "sampling_params": sampling, "stream": True}).encode()
     conn = http.connect(PROBE_TIMEOUT_S)
+    watch = http_mod.RequestWatch(http.deadline(PROBE_TIMEOUT_S))  # the stream as a whole, not each read
     try:
+        watch.begin(conn)
         conn.request("POST", http.path("/generate"), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -784,4 +795,5 @@ def _metrics_while_decoding(http: Any) -> str | None:
     except Exception:  # noqa: BLE001 - no reading while decoding: no signal from the gauge
         return None
     finally:
+        watch.end()
         conn.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypedDict
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
+from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
 from pytest_ddtree.service.validated_profile import (
@@ -115,6 +116,10 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "budget_counts_root": ((bool, type(None)), False),
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
+    "request_timeout_s": ((int, float), False),
+    "info_timeout_s": ((int, float), False),
+    "probe_timeout_s": ((int, float), False),
+    "cell_timeout_s": ((int, float), False),
     "gpu_release_timeout_s": ((int, float), False),
     "stop_timeout_s": ((int, float), False),
     "env": ((dict, type(None)), False),
@@ -196,7 +201,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         own_matrix=own_matrix,
         own_default=own_default,
         **behaviour,
-        env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        env=_parse_env(raw.get("env") or {}, fail),
         pool=pool,
         # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
         instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
@@ -401,8 +406,20 @@ def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any]
         for variable, template in variables.items():
             if not valid_value_template(template):
                 raise fail(f"config_env.{key}.{variable}", f"must be a template containing {{value}} (or {{value+N}}), got {template!r}")
+        for variable in variables:
+            if not is_env_name(variable):
+                raise fail(f"config_env.{key}.{variable}", ENV_NAME_RULE)
         config_env[key] = {str(k): str(v) for k, v in variables.items()}
     return config_env
+
+
+
+def _parse_env(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+    """``env:`` the launch environment; every name a shell identifier."""
+    for name in section:
+        if not is_env_name(name):
+            raise fail(f"env.{name}", ENV_NAME_RULE)
+    return {str(k): str(v) for k, v in section.items()}
 
 
 def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, FixedValue]:
@@ -493,9 +510,22 @@ class _Behaviour(TypedDict):
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
+    request_timeout_s: float
+    info_timeout_s: float
+    probe_timeout_s: float
+    cell_timeout_s: float
     gpu_release_timeout_s: float
     stop_timeout_s: float
     copy_probe: bool
+
+
+#: The profile's time limits, in seconds (docs/profiles.md, "Time limits").
+_TIME_LIMITS = ("ready_timeout_s", "request_timeout_s", "info_timeout_s", "probe_timeout_s", "cell_timeout_s",
+                "gpu_release_timeout_s", "stop_timeout_s")
+
+
+def _seconds(raw: Mapping[str, Any], key: str) -> float:
+    return float(raw.get(key, _DEFAULTS[key]))
 
 
 #: The most launches of the control a profile may ask for per process (each one is a restart).
@@ -546,9 +576,9 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
     health_path = raw.get("health_path", _DEFAULTS["health_path"])
     if not health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {health_path!r}")
-    for key in ("ready_timeout_s", "gpu_release_timeout_s", "stop_timeout_s"):
-        if key in raw and raw[key] <= 0:
-            raise fail(key, f"must be positive, got {raw[key]}")
+    for key in _TIME_LIMITS:
+        if key in raw and not 0 < raw[key] < float("inf"):
+            raise fail(key, f"must be positive (seconds), got {raw[key]}")
     return _Behaviour(
         lossless=lossless,
         lossless_args=raw.get("lossless_args"),
@@ -556,9 +586,13 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         control_launches=control_launches,
         relaunch_flagged=bool(relaunch_flagged),
         health_path=health_path,
-        ready_timeout_s=float(raw.get("ready_timeout_s", _DEFAULTS["ready_timeout_s"])),
-        gpu_release_timeout_s=float(raw.get("gpu_release_timeout_s", _DEFAULTS["gpu_release_timeout_s"])),
-        stop_timeout_s=float(raw.get("stop_timeout_s", _DEFAULTS["stop_timeout_s"])),
+        ready_timeout_s=_seconds(raw, "ready_timeout_s"),
+        request_timeout_s=_seconds(raw, "request_timeout_s"),
+        info_timeout_s=_seconds(raw, "info_timeout_s"),
+        probe_timeout_s=_seconds(raw, "probe_timeout_s"),
+        cell_timeout_s=_seconds(raw, "cell_timeout_s"),
+        gpu_release_timeout_s=_seconds(raw, "gpu_release_timeout_s"),
+        stop_timeout_s=_seconds(raw, "stop_timeout_s"),
         copy_probe=bool(raw.get("copy_probe", _DEFAULTS["copy_probe"])),
     )
 

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from pytest_ddtree import progress as progress_mod
-from pytest_ddtree.http import describe_transport_error
+from pytest_ddtree.http import Deadline, DeadlineExceeded, describe_transport_error, phase
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
@@ -74,8 +74,18 @@ def wait_ready(
     """Poll ``health_path`` until HTTP 200; return the seconds it took.
 
     Raises ServiceStartError when the controller reports the service dead (checked before every
-    poll, so within ``poll_interval`` plus one refused connect) or when ``timeout_s`` passes.
+    poll, so within ``poll_interval`` plus one refused connect) or when ``timeout_s`` passes: it is
+    the readiness phase's deadline, so a poll that trickles bytes ends there too (``http.phase``).
     """
+    with phase(Deadline.after(timeout_s, "readiness", "ready_timeout_s")):
+        return _wait_ready(client, controller, health_path, timeout_s, progress, poll_interval, progress_interval,
+                           gpu_memory, config_name, what, health_timeout_s)
+
+
+def _wait_ready(client: HealthClient, controller: Controller, health_path: str, timeout_s: float,
+                progress: ProgressFn | None, poll_interval: float, progress_interval: float,
+                gpu_memory: Callable[[], int | None] | None, config_name: str | None, what: str,
+                health_timeout_s: float) -> float:
     start = time.monotonic()
     deadline = start + timeout_s
     next_progress = start + progress_interval
@@ -103,9 +113,10 @@ def wait_ready(
                 if status == 200:
                     return time.monotonic() - start
                 last = f"HTTP {status}"
-            except OSError as exc:  # ServiceUnreachable: refused, reset, timed out
+            except OSError as exc:  # ServiceUnreachable: refused, reset, timed out, past a deadline
                 polls += 1
-                last = describe_transport_error(exc)
+                if not (polls > 1 and isinstance(exc, DeadlineExceeded) and exc.deadline.name == "readiness"):
+                    last = describe_transport_error(exc)  # (a poll the readiness deadline cut short keeps the last answer)
             now = time.monotonic()
             if now >= deadline:
                 raise ServiceStartError(

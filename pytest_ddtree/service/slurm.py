@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pytest_ddtree.records import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
+    ENV_NAME_RULE,
     STARTUP_LOG_BYTES,
     Controller,
     ExitInfo,
@@ -42,6 +43,7 @@ from pytest_ddtree.service.base import (
     ProgressFn,
     ServiceError,
     ServiceStartError,
+    is_env_name,
 )
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, output_tail
 from pytest_ddtree.suggest import did_you_mean
@@ -178,6 +180,9 @@ def render_job_script(keys: SlurmKeys, *, job_name: str, output: str, command: s
         lines.append("set -e  # a set-up line that fails ends the job with its error in the log")
         lines.extend(keys.setup)
         lines.append("set +e")
+    for name in env:  # the profile refuses such names already; a script is never written with one
+        if not is_env_name(name):
+            raise ServiceStartError(f"environment variable {name!r}: {ENV_NAME_RULE}; the job script is not written")
     lines.extend(f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()))
     lines += [
         # The node's address as Slurm knows it (NodeAddr); its host name where scontrol cannot say.

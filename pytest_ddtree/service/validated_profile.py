@@ -133,6 +133,18 @@ class ServiceProfile:
     budget_counts_root: bool | None = None
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
+    #: Each generation request as a whole (connect, every byte, a stream's last event): /generate,
+    #: chat, /tokenize. SGLang's bench_serving allows 6 h (sglang 0.5.23 sglang/benchmark/serving.py:81);
+    #: a gate that waits that long on one request is hung, and the longest honest cell request
+    #: (16k context, 1,024 tokens on a slow build) is minutes.
+    request_timeout_s: float = 600.0
+    #: Each control call as a whole (/server_info, /model_info, /metrics, /flush_cache): 30 s, as
+    #: SGLang's own test launcher (sglang 0.5.23 sglang/test/test_utils.py:1147, ClientTimeout(total=30)).
+    info_timeout_s: float = 30.0
+    #: The copy probe as a whole (its few short requests after readiness).
+    probe_timeout_s: float = 300.0
+    #: One repeat of a throughput cell as a whole (warm-up, measured loop, /server_info).
+    cell_timeout_s: float = 3600.0
     gpu_release_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
