@@ -171,18 +171,25 @@ def measure_config(
 
     runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop, spoiled_reason)
     campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None, slo=slo)
-    if baseline is None:
-        return campaign
+    if baseline is not None:
+        _judge(campaign, cells, baseline, measure, planned, repeats, on_confirm or noop, launch_spread, cell_noise)
+    return campaign
+
+
+def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Mapping[str, Any],
+           measure: Callable[[str, int], load.CellResult], planned: dict[str, int], repeats: int, on_confirm: OnSample,
+           launch_spread: Mapping[str, float] | None, cell_noise: Mapping[str, Mapping[str, float]] | None) -> None:
+    """Judge the cells together against ``baseline``; flagged ones get their confirmation run
+    now (``planned`` names the phase in the progress of each repeat)."""
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
     first = gate.judge_config(inputs, launch_spread=launch_spread, cell_noise=cell_noise)
     flagged = [name for name, v in first.items() if v.flagged]
     if not flagged:
         campaign.verdicts = first
-        return campaign
+        return
     planned.clear()
     planned["confirmation repeat"] = CONFIRM_REPEATS
-    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm or noop, launch_spread, cell_noise)
-    return campaign
+    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, launch_spread, cell_noise)
 
 
 def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: list[str],
