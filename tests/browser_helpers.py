@@ -41,6 +41,19 @@ class OpenedPage:
     foreign_requests: list[str] = field(default_factory=list)
 
 
+def dialogs_of(page: Any) -> list[str]:
+    """The messages of every dialog the page opens from now on (an ``alert()`` of injected
+    script), each dismissed: a hostile-input test asserts the list stays empty."""
+    dialogs: list[str] = []
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    return dialogs
+
+
 @contextmanager
 def open_page(path: Path, profile_dir: Path, viewport: tuple[int, int] = (1400, 1000), scale: float = 1.0) -> Iterator[OpenedPage]:
     """``path`` loaded from disk in a fresh profile; console errors and foreign requests collected."""

@@ -18,7 +18,7 @@ from pytest_ddtree.htmlreport.history import build_history_html
 from pytest_ddtree import changepoints
 from pytest_ddtree.history import HistoryStore
 from tests import history_helpers as synthetic
-from tests.browser_helpers import browser_missing_reason, open_page
+from tests.browser_helpers import browser_missing_reason, dialogs_of, open_page
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,13 +142,7 @@ def test_hostile_folder_and_build_names_give_safe_links_and_every_chart_draws(tm
     out.write_text(build_history_html(analysed, source=str(db), output_dir=tmp_path, summary=changepoints.summary_text(analysed)))
     with open_page(out, tmp_path / "profile") as opened:
         page = opened.page
-        dialogs: list[str] = []
-
-        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
-            dialogs.append(dialog.message)
-            dialog.dismiss()
-
-        page.on("dialog", on_dialog)
+        dialogs = dialogs_of(page)
         page.reload(wait_until="load")
         hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.getAttribute('href'))")
         drawn = page.evaluate("""() => [...document.querySelectorAll('figure.trend')].filter(f => f.style.display !== 'none')

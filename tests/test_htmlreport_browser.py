@@ -32,7 +32,7 @@ import yaml
 
 from pytest_ddtree import coding, report
 from pytest_ddtree.htmlreport import model
-from tests.browser_helpers import browser_missing_reason, cell_figures, open_page
+from tests.browser_helpers import browser_missing_reason, cell_figures, dialogs_of, open_page
 from tests.suite_helpers import REPO, reference_profile
 
 CONFIGS = ("bs8_b8_k4", "bs8_b4_k4")
@@ -270,13 +270,7 @@ def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(se
     (folder / "report.html").write_text(build_html(load_payload(folder), source=str(folder)))
     with open_page(folder / "report.html", tmp_path / "profile") as opened:
         page = opened.page
-        dialogs: list[str] = []
-
-        def on_dialog(dialog: Any) -> None:  # an alert() of injected script
-            dialogs.append(dialog.message)
-            dialog.dismiss()
-
-        page.on("dialog", on_dialog)
+        dialogs = dialogs_of(page)
         page.reload(wait_until="load")
         drawn = page.evaluate("() => [document.querySelectorAll('[data-figure]').length, document.querySelectorAll('.js-plotly-plot').length]")
         shown = page.evaluate("() => document.body.textContent.includes('c1_s<!--<script>')")
