@@ -191,10 +191,13 @@ def test_more_workers_than_cores_warns_once(pytester: pytest.Pytester, repo_root
     assert out.count(f"-n {workers} runs {workers} workers on {workers - 1} CPU core(s)") == 1, out
 
 
-def test_the_benchmark_table_only_when_asked(pytester: pytest.Pytester, repo_root: Path) -> None:
+def test_the_benchmark_table_only_when_asked(pytester: pytest.Pytester, repo_root: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A gate run shows no pytest-benchmark table beside its sweep; any --benchmark-* option
     (--benchmark-json for its records, say) asks for pytest-benchmark as it always is."""
     pytest.importorskip("pytest_benchmark")
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)  # under -n, pytest-benchmark would take the inner run for a worker
     pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: None)\n")
     quiet = pytester.runpytest_subprocess(*_args(repo_root))
     assert quiet.ret == 0 and "Min" not in quiet.stdout.str(), quiet.stdout.str()
