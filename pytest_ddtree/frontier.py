@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pytest_ddtree import stats
-from pytest_ddtree.rate_records import SLOData
+from pytest_ddtree.rate_records import REBLESS, SLOData
 from pytest_ddtree.records import RawRecord, ThroughputRecord
 from pytest_ddtree.slo import METRIC_KEYS
 from pytest_ddtree.vocabulary import RecordKind, Status
@@ -109,6 +109,12 @@ def sustainable_rates(records: Iterable[RawRecord]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: -(r.get("sustainable_rate") or 0.0))
 
 
+def _reprobed(record: Mapping[str, Any]) -> bool:
+    """A sustainable-rate record of a blessed rate re-probed (one cell), not of a search."""
+    gate = record.get("gate")
+    return isinstance(gate, Mapping) and gate.get("status") != REBLESS and stats.is_number(gate.get("blessed_rate"))
+
+
 def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawRecord]) -> dict[str, Any]:
     """results.json's ``deployment``: the answer at each load, the sustainable rates, the frontier,
     and the sentences the terminal and the report show (empty dict: nothing to say)."""
@@ -121,12 +127,19 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
                              f"output tok/s; {len(entry['meeting'])} of {entry['configs']} configs meet it).")
         else:
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: no measured config meets it.")
-    if rates:
+    searched = [r for r in rates if not _reprobed(r)]
+    if searched:
         shown = ", ".join(f"{r.get('config')} {r['sustainable_rate']:g} req/s" if stats.is_number(r.get("sustainable_rate"))
-                          else f"{r.get('config')} none" for r in rates)
-        slo_label = (rates[0].get("slo") or {}).get("label", "?")
-        sentences.append(f"Sustainable request rate under SLO {slo_label} on {rates[0].get('workload')}: {shown} "
+                          else f"{r.get('config')} none" for r in searched)
+        slo_label = (searched[0].get("slo") or {}).get("label", "?")
+        sentences.append(f"Sustainable request rate under SLO {slo_label} on {searched[0].get('workload')}: {shown} "
                          "(the highest rate that met it; bisected to the search's resolution).")
+    for r in (r for r in rates if _reprobed(r)):
+        held = {"pass": "still holds", "improved": "still holds (goodput improved)", "regression": "no longer holds"}
+        gate = r["gate"]
+        sentences.append(f"{r.get('config')}: its blessed sustainable rate {gate['blessed_rate']:g} req/s under SLO "
+                         f"{(r.get('slo') or {}).get('label', '?')} on {r.get('workload')}, re-probed, "
+                         f"{held.get(gate['status'], 'could not be judged (' + str(gate['status']) + ')')}.")
     for ctx in front:  # a recommendation compares configs: a context one config measured recommends nothing
         compared = {r["config"] for r in throughput if r["workload"].get("context_tokens") == ctx["context_tokens"]}
         if len(compared) >= 2 and len(ctx["points"]) >= 2:

@@ -1,7 +1,7 @@
 """The shapes of the deployment answer's records: an SLO, a rate search and its probes.
 
 Why a module of their own: ``records.py`` holds every kind's shape and stays one readable page;
-these three are re-exported there (``records.SHAPES`` checks a ``sustainable-rate`` record
+these are re-exported there (``records.SHAPES`` checks a ``sustainable-rate`` record
 against :class:`SustainableRateData`) and written by ``slo.py``.
 """
 
@@ -27,9 +27,20 @@ class RateProbeData(TypedDict):
     figures: dict[str, float | None]
 
 
-class SustainableRateData(TypedDict):
-    """``RecordKind.SUSTAINABLE_RATE``: one config's highest rate under the SLO (``slo.RateSearch``;
-    None: not even the search's lowest rate), the first rate above it that missed, and every probe."""
+#: A rate gate's status where the session's SLO is not the blessed one: searched, not judged.
+REBLESS = "rebless"
+
+
+class RateGateData(TypedDict):
+    """The blessed rate's re-probe (``gate/rate_gate.py``): the rate the bless stored, the gate's
+    status (pass, improved, regression, inconclusive, ...; ``rebless`` for a changed SLO) and why."""
+
+    blessed_rate: float
+    status: str
+    message: str | None
+
+
+class _SustainableRateRequired(TypedDict):
 
     workload: str
     slo: SLOData
@@ -38,3 +49,11 @@ class SustainableRateData(TypedDict):
     step: float | None
     resolution: float
     probes: list[RateProbeData]
+
+
+class SustainableRateData(_SustainableRateRequired, total=False):
+    """``RecordKind.SUSTAINABLE_RATE``: one config's highest rate under the SLO (``slo.RateSearch``;
+    None: not even the search's lowest rate), the first rate above it that missed, and every probe.
+    A session that judged a blessed rate re-probed that one rate and says so in ``gate``."""
+
+    gate: RateGateData

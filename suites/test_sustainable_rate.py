@@ -4,25 +4,47 @@ Collected with the throughput suite's fixtures; runs where the matrix has a ``ra
 (the workload to search, its lowest and highest rate) and the session an SLO (``--ddtree-slo``,
 or an ``slo:`` key in the matrix or the profile), and skips saying which is missing otherwise
 (docs/gates/throughput.md).
+
+Gated like a cell: ``--ddtree-update-baselines`` searches and proposes the rate found (with its SLO
+and goodput samples) for the config's baseline file; a later session re-probes that one rate and
+fails the config when its goodput there fell beyond the gate's tolerance
+(``pytest_ddtree/gate/rate_gate.py``). Without a blessed rate, or under another SLO, it searches
+and warns (``--ddtree-require-baselines``: fails).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_ddtree import gate
+from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gate.throughput import sample_record, sustainable_rate
-from pytest_ddtree.load import LoadError
+from pytest_ddtree.gate.rate_gate import bless_entry, judge_rate, rebless_note, same_slo, unjudged
+from pytest_ddtree.gate.throughput import Campaign, CellDeadlineExceeded, sample_record, sustainable_rate
+from pytest_ddtree.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.vocabulary import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
+    from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.options import Settings
     from pytest_ddtree.results import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
 
+
+class RateBaselineWarning(UserWarning):
+    """A config's sustainable rate was searched with no blessed rate to gate (or one blessed under
+    another SLO): the message says how to bless it."""
+
+
+def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:
+    """The config's blessed ``sustainable_rate.<workload>`` entry (None: none), checked."""
+    data = baselines.load(config)
+    section = gate.validate_rate_section((data or {}).get(gate.RATE_SECTION), str(baselines.path_for(config)))
+    return section.get(workload)
 
 
 def test_sustainable_rate(
@@ -31,11 +53,13 @@ def test_sustainable_rate(
     ddtree_service: RunningService,
     ddtree_settings: Settings,
     ddtree_recorder: SessionRecorder,
+    ddtree_baselines: BaselineStore,
 ) -> None:
     """The highest request rate this config sustains under the session's SLO (the matrix's ``rate_search:``).
 
     Each probed rate is an open-loop cell of the search's workload with the usual repeats; the
-    search doubles the rate until one misses the SLO, then bisects (docs/gates/throughput.md)."""
+    search doubles the rate until one misses the SLO, then bisects (docs/gates/throughput.md). With a
+    rate blessed under this SLO, that rate alone is re-probed and its goodput judged instead."""
     session = session_of(request.config)
     search = session.matrix.rate_search if session is not None else None
     slo = session.slo if session is not None else None
@@ -49,16 +73,74 @@ def test_sustainable_rate(
         pytest.skip(f"{workload.name}: context {workload.context_tokens} tokens exceeds the profile's max_context {max_context}")
     config = ddtree_config.name
     try:
-        result = sustainable_rate(
-            ddtree_service.client, workload, slo, plan, ddtree_settings.repeats,
-            lambda name, r, res: ddtree_recorder.record(RecordKind.THROUGHPUT_REPEAT, config, sample_record(name, r, res)),
-            tokenizer_path=ddtree_service.profile.tokenizer_path(), vocab_size=ddtree_service.profile.vocab_size,
-            dataset=str(ddtree_settings.dataset) if ddtree_settings.dataset else None,
-            accept_bound=ddtree_service.accept_bound())
+        blessed = None if ddtree_baselines.update_mode else _blessed(ddtree_baselines, config, workload.name)
+    except (BaselineError, gate.BaselineFormatError) as exc:
+        blessed, problem = None, f"{config}: {exc}"
+    else:
+        problem = None
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+
+    def on_sample(name: str, r: int, res: CellResult) -> None:
+        ddtree_recorder.record(RecordKind.THROUGHPUT_REPEAT, config, sample_record(name, r, res))
+
+    measure: dict[str, Any] = dict(
+        tokenizer_path=ddtree_service.profile.tokenizer_path(), vocab_size=ddtree_service.profile.vocab_size,
+        dataset=str(ddtree_settings.dataset) if ddtree_settings.dataset else None,
+        accept_bound=ddtree_service.accept_bound())
+    if blessed is not None and same_slo(blessed["slo"], slo):
+        try:
+            outcome = judge_rate(
+                ddtree_service.client, workload, blessed, slo, ddtree_settings.repeats, plan.resolution, config=config,
+                create_command=ddtree_baselines.create_command(config), require=ddtree_settings.require_baselines,
+                on_sample=on_sample, cell_timeout_s=ddtree_service.profile.cell_timeout_s,
+                on_confirm=lambda name, r, res: ddtree_recorder.record(
+                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res)), **measure)
+        except LoadError as exc:
+            failure = f"{config}: {exc}"
+            if isinstance(exc, CellDeadlineExceeded) and session is not None:
+                session.manager.abandon(config, failure)
+        else:
+            failure = None
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+        ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, outcome.record)
+        if outcome.decision is GateDecision.FAIL:
+            pytest.fail(outcome.message, pytrace=False)
+        if outcome.decision is GateDecision.SKIP:
+            pytest.skip(outcome.message.replace("\n", " "))
+        return
+    campaigns: dict[float, Campaign] = {}
+    try:
+        result = sustainable_rate(ddtree_service.client, workload, slo, plan, ddtree_settings.repeats, on_sample,
+                                  campaigns=campaigns if ddtree_baselines.update_mode else None, **measure)
     except LoadError as exc:
         pytest.fail(f"{config}: {exc}", pytrace=False)
-    ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, result.record(workload.name, slo))
+    record = result.record(workload.name, slo)
+    if blessed is not None:  # blessed under another SLO: its goodput counted other requests as good
+        record["gate"] = rebless_note(blessed, slo)
+    ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, record)
     if result.sustainable is None:
         first = result.probes[0] if result.probes else None
         pytest.fail(f"{config} does not meet {slo.label} even at {plan.min_rate:g} req/s"
                     + (f": {first.reason}" if first is not None and first.reason else ""), pytrace=False)
+    if ddtree_baselines.update_mode:
+        entry, why = bless_entry(result, campaigns, workload, slo, _blessed_for_bless(ddtree_baselines, config, workload.name),
+                                 ddtree_settings.session_stamp)
+        if entry is None:
+            pytest.fail(f"{config}: sustainable rate not blessed: {why}", pytrace=False)
+        ddtree_recorder.propose_baseline(config, gate.RATE_SECTION, {workload.name: entry})
+        return
+    decision, why = unjudged(config, workload.name, blessed, slo, str(ddtree_baselines.path_for(config)),
+                             ddtree_baselines.create_command(config), ddtree_settings.require_baselines)
+    if decision is GateDecision.FAIL:
+        pytest.fail(why, pytrace=False)
+    warnings.warn(RateBaselineWarning(why), stacklevel=1)
+
+
+def _blessed_for_bless(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:
+    """The entry a bless adds its session to (an unreadable one is started over: the bless rewrites it)."""
+    try:
+        return _blessed(baselines, config, workload)
+    except (BaselineError, gate.BaselineFormatError):
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -82,3 +83,83 @@ def test_open_loop_cells_goodput_and_each_configs_sustainable_rate_through_the_s
     per_config = {t["name"]: len(t["x"]) for t in panel["traces"] if t["name"] != "Pareto frontier"}
     assert per_config == {"bs8_b8_k4": 2, "bs8_b4_k4": 2}  # each config's points over load: c2_tiny and r_tiny
     assert "For SLO p90 tpot<=4ms at load r_tiny" in advice and "Pareto frontier at context 48" in advice
+
+
+RATE_MATRIX = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4]
+workload_defaults: {output_tokens: 16}
+rate_search: {workload: r_tiny, min_rate: 10, max_rate: 20, resolution: 0.5, max_probes: 2}
+workloads:
+  - {name: r_tiny, request_rate: 10, arrival: constant, context_tokens: 48, requests: 8, warmup_requests: 2}
+"""
+
+
+def _rate_session(pytester: pytest.Pytester, repo_root: Path, results: str, engine_args: str, *args: str) -> pytest.RunResult:
+    """The sustainable-rate suite alone on one config against an engine at clock scale 5 (plus
+    ``engine_args``), its results in ``results/`` (a session's own folder)."""
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["control"] = "none"
+    raw["command"] = raw["command"].replace("{config_args}", f"--clock-scale 5 {engine_args} {{config_args}}")
+    profile = pytester.path / f"profile{abs(hash(engine_args))}.yaml"
+    profile.write_text(yaml.safe_dump(raw))
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text(RATE_MATRIX)
+    return pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_sustainable_rate.py"), f"--ddtree-service={profile}",
+        f"--ddtree-matrix={matrix}", f"--ddtree-results={pytester.path / results}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}", "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider",
+        "-rA", *args, timeout=300)
+
+
+def _rate_records(pytester: pytest.Pytester, results: str) -> list[dict[str, Any]]:
+    results_json = json.loads((pytester.path / results / "results.json").read_text())
+    return list(results_json["deployment"]["sustainable_rates"])
+
+
+@pytest.mark.slow  # four sessions of the rate suite: a bless's search, two re-probes and a search again
+def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    slo = "--ddtree-slo=tpot_ms=6,percentile=90"  # ~2 ms at clock scale 5 and 10-20 req/s; 8x slower: over 6
+    # 1. an unblessed session searches, reports and warns how to bless
+    first = _rate_session(pytester, repo_root, "unblessed", "", slo)
+    assert first.ret == 0, first.stdout.str()[-3000:]
+    first.stdout.fnmatch_lines(["*RateBaselineWarning*no blessed sustainable rate on r_tiny*bless it with*"])
+    # 2. the bless stores the rate the search found, its SLO and that rate's goodput samples
+    blessed = _rate_session(pytester, repo_root, "bless", "", slo, "--ddtree-update-baselines")
+    assert blessed.ret == 0, blessed.stdout.str()[-3000:]
+    (searched,) = _rate_records(pytester, "bless")
+    assert searched["sustainable_rate"] in (10, 20) and "gate" not in searched
+    baseline = yaml.safe_load((pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())
+    entry = baseline["sustainable_rate"]["r_tiny"]
+    assert entry["rate"] == searched["sustainable_rate"] and entry["slo"]["label"] == "p90 tpot<=6ms"
+    goodput = entry["cell"]["gates"]["request_goodput"]
+    assert len(goodput["sessions"][0]["samples"]) >= 3 and goodput["tolerance"] == 0.05
+    assert entry["cell"]["workload"]["request_rate"] == entry["rate"]
+    # 3. the same engine: only the blessed rate is measured (one probe), and it holds
+    same = _rate_session(pytester, repo_root, "same", "", slo)
+    assert same.ret == 0, same.stdout.str()[-3000:]
+    (judged,) = _rate_records(pytester, "same")
+    assert [p["rate"] for p in judged["probes"]] == [entry["rate"]]
+    assert judged["gate"]["status"] == "pass" and judged["sustainable_rate"] == entry["rate"], judged["gate"]
+    # 4. an engine eight times slower misses the SLO at that rate: the config fails, saying what and what to do
+    slow = _rate_session(pytester, repo_root, "slow", "--fault slowdown=8", slo)
+    assert slow.ret == 1, slow.stdout.str()[-3000:]
+    out = slow.stdout.str()
+    rate = f"{entry['rate']:g}"
+    slow.stdout.fnmatch_lines([f"*bs8_b8_k4: its blessed sustainable rate {rate} req/s on r_tiny under SLO p90 "
+                               "tpot<=6ms no longer holds: goodput * req/s against the blessed * req/s (tolerance 5%), "
+                               "SLO attainment *; p90 tpot * ms > 6 ms*"])
+    assert "If the change is intended, bless again: pytest suites --ddtree-update-baselines --ddtree-config=bs8_b8_k4" in out
+    (failed,) = _rate_records(pytester, "slow")
+    assert failed["gate"]["status"] == "regression" and failed["sustainable_rate"] is None
+    markdown = (pytester.path / "slow" / "results.md").read_text()
+    assert f"bs8_b8_k4: its blessed sustainable rate {rate} req/s under SLO p90 tpot<=6ms on r_tiny, re-probed, " \
+           "no longer holds." in markdown
+    # 5. another SLO than the blessed one is not judged: searched, and 'bless again'
+    other = _rate_session(pytester, repo_root, "other", "", "--ddtree-slo=tpot_ms=7,percentile=90")
+    assert other.ret == 0, other.stdout.str()[-3000:]
+    other.stdout.fnmatch_lines(["*RateBaselineWarning*blessed under SLO p90 tpot<=6ms, this session's is "
+                                "p90 tpot<=7ms*bless again*"])
+    (rebless,) = _rate_records(pytester, "other")
+    assert rebless["gate"]["status"] == "rebless" and rebless["probes"][0]["rate"] == 10

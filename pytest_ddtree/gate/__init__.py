@@ -134,7 +134,10 @@ from pytest_ddtree.gate.measurement import (
     repeat_load_problem,
 )
 from pytest_ddtree.gate.baseline_format import (
+    RATE_SECTION,
     baseline_cell_entry,
+    rate_entry,
+    validate_rate_section,
     validate_section,
 )
 from pytest_ddtree.gate.session_check import (
@@ -187,6 +190,7 @@ __all__ = [
     "NEW",
     "PASS",
     "REGRESSION",
+    "RATE_SECTION",
     "RENAMED_GATES",
     "SPECS",
     "SessionFinding",
@@ -216,7 +220,9 @@ __all__ = [
     "measurement_status",
     "median_chi2_share",
     "relaunch_candidates",
+    "rate_entry",
     "repeat_load_problem",
     "t_quantile",
+    "validate_rate_section",
     "validate_section",
 ]

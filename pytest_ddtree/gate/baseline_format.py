@@ -1,4 +1,6 @@
-"""The baseline file's ``metrics`` section: the entry a bless writes, and a section read back and checked."""
+"""The baseline file's ``metrics`` and ``sustainable_rate`` sections: the entries a bless writes, and
+a section read back and checked (a file without a section reads as an empty one: files written
+before a section existed keep loading unchanged)."""
 
 from __future__ import annotations
 
@@ -135,3 +137,42 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
                         f"{w}.sessions[{i}].launches must be a whole number >= 1 (how many launches the session's "
                         f"samples pool), got {n!r}: fix it or leave it out (one launch)")
     return dict(section)
+
+
+#: The baseline file's section of blessed sustainable rates: workload -> ``rate_entry``.
+RATE_SECTION = "sustainable_rate"
+
+
+def rate_entry(rate: float, slo: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``sustainable_rate.<workload>`` entry: the rate a bless found, the SLO it was found under
+    (``SLO.record()``) and that rate's cell (``baseline_cell_entry`` of its goodput samples), which a
+    later session's re-probe of the rate is judged against (``gate/rate_gate.py``). The rate is kept
+    exact: it is the re-probed cell's ``request_rate``, which its cell's workload must match."""
+    return {"rate": float(rate), "slo": dict(slo), "cell": dict(cell)}
+
+
+def validate_rate_section(section: Any, where: str) -> dict[str, dict[str, Any]]:
+    """Check a loaded ``sustainable_rate`` section; raise BaselineFormatError saying what to fix."""
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise BaselineFormatError(f"{where}: {RATE_SECTION!r} must be a mapping of workload -> entry, "
+                                  f"got {type(section).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for workload, entry in section.items():
+        w = f"{where}: {RATE_SECTION}.{workload}"
+        if not isinstance(entry, Mapping):
+            raise BaselineFormatError(f"{w} must be a mapping with 'rate', 'slo' and 'cell'")
+        rate = entry.get("rate")
+        if not stats.is_number(rate) or not 0 < float(rate) < math.inf:
+            raise BaselineFormatError(f"{w}.rate must be a positive number (requests/s), got {rate!r}")
+        slo = entry.get("slo")
+        if not isinstance(slo, Mapping) or not isinstance(slo.get("goodput_slos_ms"), Mapping) \
+                or not all(stats.is_number(v) for v in slo["goodput_slos_ms"].values()) \
+                or not stats.is_number(slo.get("percentile")):
+            raise BaselineFormatError(f"{w}.slo must be a mapping with goodput_slos_ms (target -> ms) and percentile")
+        if not isinstance(entry.get("cell"), Mapping):
+            raise BaselineFormatError(f"{w}.cell must be a mapping with 'workload' and 'gates' (the rate's goodput)")
+        cell = validate_section({"cell": entry["cell"]}, w)["cell"]
+        out[str(workload)] = {"rate": float(rate), "slo": dict(slo), "cell": dict(cell)}
+    return out

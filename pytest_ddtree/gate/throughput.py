@@ -248,26 +248,35 @@ def sustainable_rate(
     dataset: str | None = None,
     accept_bound: int | None = None,
     speculative: bool = True,
+    campaigns: dict[float, Campaign] | None = None,
 ) -> RateSearch:
     """The highest request rate at which ``template``'s requests meet ``slo`` on this service
     (``slo.search_rate``): each probed rate is a cell measured with the usual repeats and retakes
     (``measure_config``); it meets the SLO when every request of its counted repeats, pooled,
-    does (``slo.slo_miss``). ``on_sample`` records each repeat as it exists."""
+    does (``slo.slo_miss``). ``on_sample`` records each repeat as it exists; ``campaigns`` (rate ->
+    its measured cell) is filled for a bless, which keeps the found rate's goodput samples."""
 
     def probe(rate: float) -> RateProbe:
         cell = rate_cell(template, rate)
         campaign = measure_config(service, [cell], repeats, on_sample, tokenizer_path=tokenizer_path,
                                   vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
                                   speculative=speculative, slo=slo)
-        run = campaign.runs[cell.name]
-        counted = run.counted
-        problems = [p for s in counted for p in s.problems() if "failed" not in p]
-        reason = ("; ".join(problems[:3]) if problems else None) or \
-            slo_mod.slo_miss([r for s in counted for r in s.requests], slo)
-        medians = report.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
-        return RateProbe(rate, reason is None, reason, {k: medians.get(k) for k in PROBE_FIGURES})
+        if campaigns is not None:
+            campaigns[rate] = campaign
+        return rate_probe(campaign.runs[cell.name], rate, slo)
 
     return slo_mod.search_rate(probe, plan)
+
+
+def rate_probe(run: stats.CellRun[load.CellResult], rate: float, slo: SLO) -> RateProbe:
+    """One measured rate against ``slo``: met when no repeat had a problem and every request of its
+    counted repeats, pooled, meets the SLO (``slo.slo_miss``); its figures are medians over repeats."""
+    counted = run.counted
+    problems = [p for s in counted for p in s.problems() if "failed" not in p]
+    reason = ("; ".join(problems[:3]) if problems else None) or \
+        slo_mod.slo_miss([r for s in counted for r in s.requests], slo)
+    medians = report.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
+    return RateProbe(rate, reason is None, reason, {k: medians.get(k) for k in PROBE_FIGURES})
 
 
 K = TypeVar("K")
