@@ -135,7 +135,8 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
         sentences.append(f"Sustainable request rate under SLO {slo_label} on {searched[0].get('workload')}: {shown} "
                          "(the highest rate that met it; bisected to the search's resolution).")
     for r in (r for r in rates if _reprobed(r)):
-        held = {"pass": "still holds", "improved": "still holds (goodput improved)", "regression": "no longer holds"}
+        held = {Status.PASS.value: "still holds", Status.IMPROVED.value: "still holds (goodput improved)",
+                Status.REGRESSION.value: "no longer holds"}
         gate = r["gate"]
         sentences.append(f"{r.get('config')}: its blessed sustainable rate {gate['blessed_rate']:g} req/s under SLO "
                          f"{(r.get('slo') or {}).get('label', '?')} on {r.get('workload')}, re-probed, "

@@ -325,3 +325,45 @@ def test_a_confirmation_that_clears_its_cell_early_stops_and_one_that_does_not_t
     assert verdicts["c1"].status == gate.PASS and verdicts["c3"].status == gate.REGRESSION
     assert [r for n, r in recorded if n == "c3"] == list(range(throughput.CONFIRM_REPEATS))
     assert throughput.cleared_early(verdicts["c1"]) and not throughput.cleared_early(verdicts["c3"])
+
+
+RATE_WORKLOAD = {**WORKLOAD, "request_rate": 12.5, "arrival": "constant", "max_concurrency": None}
+SLO_RECORD = {"label": "p90 tpot<=6ms", "goodput_slos_ms": {"tpot": 6.0}, "percentile": 90.0}
+
+
+def test_a_blessed_rate_is_written_beside_the_metrics_and_a_file_without_it_loads_unchanged(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path, "refserver", update_mode=True)
+    store.apply_updates([BaselineUpdate("bs8_b8_k4", "metrics", {"c1": _entry()}, "refserver")])
+    old = store.load("bs8_b8_k4")
+    assert old is not None and gate.validate_rate_section(old.get(gate.RATE_SECTION), "x") == {}  # written before it
+    cell = gate.baseline_cell_entry(RATE_WORKLOAD, {"request_goodput": [11.9, 12.1, 12.0]},
+                                    specs=[gate.SPECS["request_goodput"]])
+    rate = gate.rate_entry(12.5, SLO_RECORD, cell)
+    store.apply_updates([BaselineUpdate("bs8_b8_k4", gate.RATE_SECTION, {"r8": rate}, "refserver")])
+    data = store.load("bs8_b8_k4")
+    assert data is not None and data["metrics"] == old["metrics"]  # the rate joins the file, the cells stay
+    (entry,) = gate.validate_rate_section(data[gate.RATE_SECTION], "x").values()
+    assert entry["rate"] == 12.5 and entry["slo"] == SLO_RECORD
+    assert entry["cell"]["gates"]["request_goodput"]["median"] == 12.0 and list(entry["cell"]["gates"]) == ["request_goodput"]
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ([1], "'sustainable_rate' must be a mapping"),
+    ({"r8": {"rate": 0, "slo": SLO_RECORD, "cell": {}}}, r"sustainable_rate.r8.rate must be a positive number"),
+    ({"r8": {"rate": 2, "slo": {"label": "x"}, "cell": {}}}, r"sustainable_rate.r8.slo must be a mapping"),
+    ({"r8": {"rate": 2, "slo": SLO_RECORD}}, r"sustainable_rate.r8.cell must be a mapping"),
+    ({"r8": {"rate": 2, "slo": SLO_RECORD, "cell": {"gates": {"request_goodput": {"direction": "up"}}}}}, "direction"),
+])
+def test_a_malformed_blessed_rate_errors_clearly(bad: Any, fragment: str) -> None:
+    with pytest.raises(gate.BaselineFormatError, match=fragment):
+        gate.validate_rate_section(bad, "baselines/x/bs8_b8_k4.yaml")
+
+
+def test_a_blessed_rate_is_judged_only_under_its_own_slo() -> None:
+    from pytest_ddtree.gate.rate_gate import same_slo
+    from pytest_ddtree.slo import parse_slo
+
+    assert same_slo(SLO_RECORD, parse_slo("tpot_ms=6,percentile=90"))
+    assert not same_slo(SLO_RECORD, parse_slo("tpot_ms=6"))  # p99
+    assert not same_slo(SLO_RECORD, parse_slo("tpot_ms=6,ttft_ms=500,percentile=90"))
+    assert not same_slo({"label": "?"}, parse_slo("tpot_ms=6,percentile=90"))
