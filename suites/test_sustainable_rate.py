@@ -72,12 +72,11 @@ def test_sustainable_rate(
     if max_context is not None and workload.context_tokens > max_context:
         pytest.skip(f"{workload.name}: context {workload.context_tokens} tokens exceeds the profile's max_context {max_context}")
     config = ddtree_config.name
+    problem: str | None = None
     try:
         blessed = None if ddtree_baselines.update_mode else _blessed(ddtree_baselines, config, workload.name)
     except (BaselineError, gate.BaselineFormatError) as exc:
         blessed, problem = None, f"{config}: {exc}"
-    else:
-        problem = None
     if problem is not None:
         pytest.fail(problem, pytrace=False)
 
