@@ -88,6 +88,7 @@ def test_sustainable_rate(
         dataset=str(ddtree_settings.dataset) if ddtree_settings.dataset else None,
         accept_bound=ddtree_service.accept_bound())
     if blessed is not None and same_slo(blessed["slo"], slo):
+        failure: str | None = None
         try:
             outcome = judge_rate(
                 ddtree_service.client, workload, blessed, slo, ddtree_settings.repeats, plan.resolution, config=config,
@@ -99,8 +100,6 @@ def test_sustainable_rate(
             failure = f"{config}: {exc}"
             if isinstance(exc, CellDeadlineExceeded) and session is not None:
                 session.manager.abandon(config, failure)
-        else:
-            failure = None
         if failure is not None:
             pytest.fail(failure, pytrace=False)
         ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, outcome.record)
