@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement, Planner
+from pytest_ddtree.adaptive.advisor import CellPoint, ConfigPoint, Measurement, Planner
 from pytest_ddtree.configs import load_matrix
 from pytest_ddtree.refserver.engine import ClockModel, Engine, Request, SamplingParams, SpecConfig, StepClock
 from pytest_ddtree.refserver.model import build_models

@@ -42,9 +42,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import changepoints  # noqa: E402
-from pytest_ddtree.gate.baseline_format import CONTROL  # noqa: E402
-from pytest_ddtree.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
+from pytest_ddtree.report import changepoints  # noqa: E402
+from pytest_ddtree.gates.throughput.baseline_format import CONTROL  # noqa: E402
+from pytest_ddtree.report.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
 from bench_gate import wilson  # noqa: E402  (the gate benchmark's interval, one definition)
 
 SCENARIOS = {"unchanged": 0.0, "step3": 0.03, "step5": 0.05}

@@ -2,7 +2,7 @@
 """The plugin's load generator and SGLang 0.5.23's own bench_serving, side by side (prints figures).
 
 Why: users already run ``python -m sglang.benchmark.serving`` (bench_serving); the gate's numbers
-come from ``pytest_ddtree.load``. Both are measured against the truth on two servers, with the
+come from ``pytest_ddtree.measure.load``. Both are measured against the truth on two servers, with the
 client CPU each spends per 1000 output tokens:
 
 * ``metronome``: a server of known speed (started by this script): every request gets its first
@@ -304,8 +304,8 @@ def truth(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, float |
 
 def run_ours(url: str, concurrency: int, requests_n: int, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     """The plugin's load generator, in this (child) process; CPU over run_cell."""
-    from pytest_ddtree import load
-    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.measure import load
+    from pytest_ddtree.service.client import SGLangClient
 
     cell = load.Cell("bench", concurrency, input_tokens, output_tokens, requests_n, 0, "random")
     with SGLangClient(url) as client:

@@ -77,9 +77,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import gate, report, stats  # noqa: E402
-from pytest_ddtree.gate import control, throughput  # noqa: E402
-from pytest_ddtree.records import ControlJudgedData  # noqa: E402
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.report import text as report
+from pytest_ddtree.measure import stats  # noqa: E402
+from pytest_ddtree.gates.throughput import control, throughput  # noqa: E402
+from pytest_ddtree.records.shapes import ControlJudgedData  # noqa: E402
 from pytest_ddtree.service.validated_profile import DEFAULT_CONTROL_LAUNCHES  # noqa: E402
 
 CONFIGS = 18

@@ -48,10 +48,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
-from pytest_ddtree import gate, load  # noqa: E402
-from pytest_ddtree.gate import control, throughput  # noqa: E402
-from pytest_ddtree.records import ControlJudgedData  # noqa: E402
-from pytest_ddtree.vocabulary import Status  # noqa: E402
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import load  # noqa: E402
+from pytest_ddtree.gates.throughput import control, throughput  # noqa: E402
+from pytest_ddtree.records.shapes import ControlJudgedData  # noqa: E402
+from pytest_ddtree.records.words import Status  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
 #: The control's second launch of a judged session, after the last config (a drift over the session cancels)

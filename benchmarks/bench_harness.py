@@ -38,10 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree import http as http_mod  # noqa: E402
-from pytest_ddtree import load  # noqa: E402
+from pytest_ddtree.service import http as http_mod  # noqa: E402
+from pytest_ddtree.measure import load  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
-from pytest_ddtree.client import SGLangClient  # noqa: E402
+from pytest_ddtree.service.client import SGLangClient  # noqa: E402
 
 
 @contextmanager
@@ -259,7 +259,7 @@ def deadline_cost(output_tokens: int, requests: int, concurrency: int, rounds: i
     import socket
     import statistics
 
-    from pytest_ddtree import generate_stream  # its RequestWatch is swapped for the "off" rounds
+    from pytest_ddtree.measure import generate_stream  # its RequestWatch is swapped for the "off" rounds
 
     pairs = 200_000
     a, b = socket.socketpair()

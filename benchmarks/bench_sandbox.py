@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree import coding, sandbox
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Limits, RunResult, TestPlan, Verdict, parse_tests
 from pytest_ddtree.sandbox.execute import execute_in_tier
 
@@ -122,7 +123,8 @@ JUDGE_REPEATS = 15  # the judge takes well under a millisecond: its median of re
 def _cost_child() -> None:
     """One measurement in this process (whichever pytest_ddtree is first on the path): per
     problem the judge and run seconds, as JSON on stdout."""
-    from pytest_ddtree import coding as cod, sandbox as sbx
+    from pytest_ddtree.gates import coding as cod
+    from pytest_ddtree import sandbox as sbx
     from pytest_ddtree.sandbox import calls, runner, values
 
     answers = {}

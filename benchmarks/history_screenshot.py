@@ -38,7 +38,7 @@ def main() -> int:
         root = Path(tmp)
         write_synthetic_history(str(root / "history.db"), results_root=root / "results")
         page_path = root / "ddtree-history.html"
-        subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", str(root / "history.db"),
+        subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", str(root / "history.db"),
                         "-o", str(page_path)], cwd=REPO, check=True)
         with open_page(page_path, Path(profile), viewport=(1200, args.height), scale=args.scale) as opened:
             opened.page.select_option("#filter-cell", "c8_4k")

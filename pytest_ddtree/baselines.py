@@ -19,8 +19,8 @@ from typing import Any, Iterable, Iterator
 import yaml
 
 from pytest_ddtree.atomicfile import write_atomic
-from pytest_ddtree.results import BaselineUpdate
-from pytest_ddtree.vocabulary import Word
+from pytest_ddtree.records.recorder import BaselineUpdate
+from pytest_ddtree.records.words import Word
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 SCHEMA_VERSION = 1

@@ -23,8 +23,8 @@ from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 if TYPE_CHECKING:  # imported where used: configs is read by modules those two import (a cycle otherwise)
-    from pytest_ddtree.openloop import Arrivals
-    from pytest_ddtree.slo import SLO, SearchPlan
+    from pytest_ddtree.measure.openloop import Arrivals
+    from pytest_ddtree.measure.slo import SLO, SearchPlan
 
 
 class ConfigError(ValueError):
@@ -301,7 +301,7 @@ def _sampling(merged: Mapping[str, Any], where: str) -> tuple[tuple[str, float],
 
 def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
     """The open-loop schedule a workload asks for, or None (a closed-loop cell)."""
-    from pytest_ddtree.openloop import Arrivals
+    from pytest_ddtree.measure.openloop import Arrivals
 
     given = [k for k in OPEN_LOOP_KEYS if k in merged]
     if not given:
@@ -350,7 +350,7 @@ def load_matrix(path: Path) -> Matrix:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: workload names must be unique, got {names}")
-    from pytest_ddtree.slo import SLOError, slo_from_mapping
+    from pytest_ddtree.measure.slo import SLOError, slo_from_mapping
 
     try:
         slo = slo_from_mapping(raw["slo"], f"{path}: slo") if raw.get("slo") is not None else None
@@ -363,7 +363,7 @@ def load_matrix(path: Path) -> Matrix:
 
 def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple[Workload, SearchPlan] | None:
     """``rate_search: {workload: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
-    from pytest_ddtree.slo import SearchPlan
+    from pytest_ddtree.measure.slo import SearchPlan
 
     if entry is None:
         return None

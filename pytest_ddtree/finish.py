@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, BaselineStore
-from pytest_ddtree.results import (
+from pytest_ddtree.records.recorder import (
     RESULTS_JSON,
     RESULTS_MD,
     BaselineUpdate,
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
-from pytest_ddtree.vocabulary import CONTROL_KINDS, RecordKind
+from pytest_ddtree.records.words import CONTROL_KINDS, RecordKind
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
@@ -129,7 +129,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     summary_json: dict[str, Any] | None = None
     try:
-        from pytest_ddtree import report
+        from pytest_ddtree.report import text as report
 
         try:
             default_window = session.profile.default_window
@@ -172,9 +172,9 @@ def _judge_configs_against_session(records: list[dict[str, object]], outcome: Fi
     """gate.judge_session over this session's throughput verdicts: a config that regressed as a
     whole, beyond what the other configs of the session moved, fails the run here, also when each
     of its cells passed."""
-    from pytest_ddtree import gate
-    from pytest_ddtree import records as records_mod
-    from pytest_ddtree.report import normalize
+    from pytest_ddtree.gates import throughput as gate
+    from pytest_ddtree.records import shapes as records_mod
+    from pytest_ddtree.report.text import normalize
 
     relaunches = records_mod.judged_relaunches(records)
     findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
@@ -196,7 +196,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     """Append this session to --ddtree-history; with --ddtree-history-check, fail it when its
     measurements start a regression change point of the history (naming the build)."""
     import pytest_ddtree
-    from pytest_ddtree import history
+    from pytest_ddtree.report import history
 
     settings = session.settings
     url = settings.history
@@ -222,7 +222,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
         return
     lines = [f"appended session {entry.session_id} ({len(cells)} cells, build {build.label()}) to {history.redact(url)}"]
     if settings.history_check:
-        from pytest_ddtree import changepoints
+        from pytest_ddtree.report import changepoints
 
         try:
             analysed = changepoints.analyse(stored)
@@ -245,8 +245,8 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
     throughput was measured (with the reason when there is no control)."""
-    from pytest_ddtree.gate import control
-    from pytest_ddtree.report import normalize
+    from pytest_ddtree.gates.throughput import control
+    from pytest_ddtree.report.text import normalize
 
     configs = normalize(records)
     if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):
@@ -268,7 +268,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
 def _write_html_report(session: DDTreeSession, payload: dict[str, Any], outcome: FinishOutcome) -> None:
     """The final report.html (the live one, marked finished); its failure never loses results."""
     try:
-        from pytest_ddtree.htmlreport import REPORT_HTML, write_report
+        from pytest_ddtree.report.html import REPORT_HTML, write_report
 
         live = session.live_report
         if live is not None:
@@ -284,7 +284,7 @@ def _write_html_report(session: DDTreeSession, payload: dict[str, Any], outcome:
 def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, proposals: list[BaselineUpdate]) -> None:
     """Golden transcripts: the first reference measured on each hardware profile this session
     (every proposal came from a ``lossless_args`` launch; one write per profile, by the controller)."""
-    from pytest_ddtree.lossless import write_golden
+    from pytest_ddtree.gates.lossless import write_golden
 
     lines: list[str] = []
     done: set[str] = set()
@@ -307,7 +307,7 @@ def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, pro
 
 
 def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> None:
-    from pytest_ddtree.lossless import GOLDEN_SECTION
+    from pytest_ddtree.gates.lossless import GOLDEN_SECTION
 
     updates = session.collected_updates()
     _write_golden_references(session, outcome, [u for u in updates if u.section == GOLDEN_SECTION])

@@ -15,7 +15,7 @@ import pluggy
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_ddtree.fingerprint import HardwareProfile
+    from pytest_ddtree.service.fingerprint import HardwareProfile
 
 hookspec = pluggy.HookspecMarker("pytest")
 

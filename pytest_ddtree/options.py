@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 if TYPE_CHECKING:  # parsed where read: importing the plugin loads the option declarations only
-    from pytest_ddtree.slo import SLO
+    from pytest_ddtree.measure.slo import SLO
 
 
 class OptionError(ValueError):
@@ -338,7 +338,7 @@ def _adaptive(read: _Reader) -> tuple[int | None, tuple[Path, ...]]:
 def _slo(value: Any) -> SLO | None:
     if not value:
         return None
-    from pytest_ddtree.slo import SLOError, parse_slo
+    from pytest_ddtree.measure.slo import SLOError, parse_slo
 
     try:
         return parse_slo(str(value))

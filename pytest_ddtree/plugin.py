@@ -26,11 +26,11 @@ from pytest_ddtree import options
 
 if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module docstring)
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.service.client import SGLangClient
     from pytest_ddtree.configs import DDTreeConfig, Matrix
     from pytest_ddtree.finish import FinishOutcome
-    from pytest_ddtree.lossless import Reference
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.gates.lossless import Reference
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.scheduling import ConfigScheduling, SchedulerLog, WorkerNode
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
@@ -192,7 +192,7 @@ def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Se
         return dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
     if _is_xdist_worker(config):
         return settings
-    from pytest_ddtree.sessionfiles import ResultsDirError, choose_results_dir
+    from pytest_ddtree.records.sessionfolder import ResultsDirError, choose_results_dir
 
     try:
         return dataclasses.replace(settings, results=choose_results_dir(settings.results, settings.session_id))
@@ -350,8 +350,8 @@ def _validate_adaptive(session: DDTreeSession, config: pytest.Config) -> None:
     """--ddtree-max-restarts: serial only, needs the advisor extra and readable prior folders."""
     if session.settings.max_restarts is None:
         return
-    from pytest_ddtree import adaptive
-    from pytest_ddtree.advisor import AdvisorUnavailable
+    from pytest_ddtree.adaptive import sweep as adaptive
+    from pytest_ddtree.adaptive.advisor import AdvisorUnavailable
 
     if getattr(config.option, "numprocesses", None):
         raise pytest.UsageError(adaptive.XDIST_ERROR)
@@ -368,8 +368,8 @@ def _validate_history(session: DDTreeSession) -> None:
     settings = session.settings
     if settings.history is None:
         return
-    from pytest_ddtree.changepoints import check_history_usable
-    from pytest_ddtree.history import HistoryError
+    from pytest_ddtree.report.changepoints import check_history_usable
+    from pytest_ddtree.report.history import HistoryError
 
     try:
         check_history_usable(settings.history, settings.history_check)
@@ -414,7 +414,7 @@ def pytest_configure_node(node: WorkerNode) -> None:
 def pytest_testnodedown(node: WorkerNode, error: object | None) -> None:
     """xdist worker -> controller: its records and baseline proposals (absent if it crashed;
     then the controller reads its journal)."""
-    from pytest_ddtree.sessionfiles import WORKEROUTPUT_KEY
+    from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
 
     output = getattr(node, "workeroutput", None) or {}
     _session(node.config).collector.add_worker_output(node.workerinput["workerid"], output.get(WORKEROUTPUT_KEY))
@@ -496,7 +496,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # -- the adaptive sweep (--ddtree-max-restarts) ------------------------------------------------
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
-    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (adaptive.py);
+    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (adaptive/sweep.py);
     other runs keep pytest's own loop."""
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is None or ddtree.settings.max_restarts is None or _is_xdist_worker(session.config):
@@ -505,7 +505,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
     if session.config.option.collectonly:
         return True
-    from pytest_ddtree.adaptive import SweepRun, run_sweep
+    from pytest_ddtree.adaptive.sweep import SweepRun, run_sweep
 
     items = SweepRun(*_items_by_config(session.items), lambda tests, after: _run_items(session, tests, after),
                      lambda skipped: session.config.hook.pytest_deselected(items=skipped))
@@ -614,7 +614,7 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     (transcripts and floor). In golden mode with ``--ddtree-update-baselines`` it is also
     proposed for ``golden/``; the controller writes it once per hardware profile.
     """
-    from pytest_ddtree import lossless
+    from pytest_ddtree.gates import lossless
 
     try:
         return lossless.session_reference(ddtree_session)
@@ -627,13 +627,13 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
 def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
     """The throughput gate's control, measured in each process before its first config: the
     profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
-    session, recorded and judged at session end (pytest_ddtree/gate/control.py); the profile's
+    session, recorded and judged at session end (pytest_ddtree/gates/throughput/control.py); the profile's
     ``control_launches`` launches of it, half at the process's start. Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
     configs the session-end check flags are relaunched (``throughput.relaunch_flagged``) and the
     control's other half is measured after a process of several configs (its launches at the end),
     unless the run was stopped."""
-    from pytest_ddtree.gate import control, throughput
+    from pytest_ddtree.gates.throughput import control, throughput
 
     cells = control.cells_of(request.session.items)
     done = control.measure_launches(ddtree_session, cells, control.START)
@@ -671,7 +671,7 @@ class _FailureCollector:
 
 
 class _LiveReportHooks:
-    """Controller only: report.html at the start and after each config's last test (htmlreport.live)."""
+    """Controller only: report.html at the start and after each config's last test (report/html/live.py)."""
 
     def __init__(self, session: DDTreeSession) -> None:
         self.session = session
@@ -686,7 +686,7 @@ class _LiveReportHooks:
 
         if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):
             return  # no ddtree test collected (e.g. the project's other tests): no page, no folder
-        from pytest_ddtree.htmlreport.live import LiveReport, start_report
+        from pytest_ddtree.report.html.live import LiveReport, start_report
 
         live = LiveReport(self.session.results_dir, names)
         live.plan(nodeids)
@@ -738,7 +738,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finally:
         recorder = ddtree.__dict__.get("recorder")
         if _is_xdist_worker(session.config) and recorder is not None:
-            from pytest_ddtree.sessionfiles import WORKEROUTPUT_KEY
+            from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
 
             session.config.workeroutput[WORKEROUTPUT_KEY] = recorder.handover()  # type: ignore[attr-defined]
         if ddtree.is_controller and ddtree.results_dir.exists():

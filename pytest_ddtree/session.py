@@ -15,26 +15,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.options import Settings
-from pytest_ddtree.records import HostEnvData, LaunchData
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.records.shapes import HostEnvData, LaunchData
+from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig, Matrix
-    from pytest_ddtree.fingerprint import HardwareProfile
-    from pytest_ddtree.results import BaselineUpdate, SessionRecorder
+    from pytest_ddtree.service.fingerprint import HardwareProfile
+    from pytest_ddtree.records.recorder import BaselineUpdate, SessionRecorder
     from pytest_ddtree.selection import Selection
     from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
-    from pytest_ddtree.sessionfiles import SessionCollector
-    from pytest_ddtree.slo import SLO
+    from pytest_ddtree.records.sessionfolder import SessionCollector
+    from pytest_ddtree.measure.slo import SLO
 
 ProgressFn = Callable[[str], None]
 
 
 class LivePage(Protocol):
     """What the session and its end use of the controller's live report.html
-    (``htmlreport.live.LiveReport``; a Protocol, since that module reads the session)."""
+    (``report/html/live.py LiveReport``; a Protocol, since that module reads the session)."""
 
     environment: dict[str, Any]
     errors: list[str]
@@ -61,7 +61,7 @@ class DDTreeSession:
         self._manager: ServiceManager | None = None
         self._baselines: BaselineStore | None = None
         self.failed_tests: list[dict[str, str]] = []
-        # The controller's report.html while the session runs (htmlreport.live), or None.
+        # The controller's report.html while the session runs (report/html/live.py), or None.
         self.live_report: LivePage | None = None
         self.started = False
         # The project's name for the hardware (the pytest_ddtree_hardware_profile hook), or None.
@@ -75,7 +75,7 @@ class DDTreeSession:
         if self.started:
             return
         from pytest_ddtree.service.process import install_signal_handlers
-        from pytest_ddtree.sessionfiles import claim_results_dir
+        from pytest_ddtree.records.sessionfolder import claim_results_dir
 
         claim_results_dir(self.settings.results, self.settings.session_id)
         install_signal_handlers()
@@ -103,9 +103,9 @@ class DDTreeSession:
     def _profile_of_running_service(url: str) -> ServiceProfile:
         """``--ddtree-url``: the external profile of the service at ``url``, from its /server_info
         (service/external.py); a service that does not answer is a usage error, before anything runs."""
-        from pytest_ddtree.client import SGLangClient
-        from pytest_ddtree.fingerprint import is_reference_engine
-        from pytest_ddtree.http import ServiceHTTPError
+        from pytest_ddtree.service.client import SGLangClient
+        from pytest_ddtree.service.fingerprint import is_reference_engine
+        from pytest_ddtree.service.http import ServiceHTTPError
         from pytest_ddtree.service.external import profile_from_server_info
         from pytest_ddtree.service.profile import ProfileError, parse_profile
 
@@ -125,7 +125,7 @@ class DDTreeSession:
         """The latency SLO goodput is counted against: --ddtree-slo, else the matrix's ``slo:``, else
         the profile's (a malformed profile SLO is a ConfigError, like a malformed matrix)."""
         from pytest_ddtree.configs import ConfigError
-        from pytest_ddtree.slo import SLOError, slo_from_mapping
+        from pytest_ddtree.measure.slo import SLOError, slo_from_mapping
 
         if self.settings.slo is not None:
             return self.settings.slo
@@ -166,7 +166,7 @@ class DDTreeSession:
     @functools.cached_property
     def recorder(self) -> SessionRecorder:
         """This process's recorder, in the folder :meth:`start` claimed."""
-        from pytest_ddtree.results import SessionRecorder
+        from pytest_ddtree.records.recorder import SessionRecorder
 
         if not self.started:
             raise RuntimeError("the ddtree session records only after its start (DDTreeSession.start)")
@@ -175,7 +175,7 @@ class DDTreeSession:
     @functools.cached_property
     def collector(self) -> SessionCollector:
         """The controller's collection of its workers' results (xdist ``workeroutput``)."""
-        from pytest_ddtree.sessionfiles import SessionCollector
+        from pytest_ddtree.records.sessionfolder import SessionCollector
 
         return SessionCollector(self.settings.results, self.settings.session_id)
 
@@ -222,7 +222,7 @@ class DDTreeSession:
         """The baseline store for the hardware this session measures on (fixed at first use)."""
         if self._baselines is None:
             from pytest_ddtree.baselines import BaselineStore
-            from pytest_ddtree.fingerprint import local_fingerprint, sanitize
+            from pytest_ddtree.service.fingerprint import local_fingerprint, sanitize
 
             taken = self._remote_fingerprint(server_info) or local_fingerprint(self.profile, server_info)
             named = self.name_hardware(taken) if self.name_hardware is not None else None
@@ -242,7 +242,7 @@ class DDTreeSession:
         None where the local rule applies (no remote host, a ``hardware_profile`` override, the
         reference engine), so hosts of one hardware profile share one baseline folder.
         """
-        from pytest_ddtree.fingerprint import fingerprint, is_reference_engine
+        from pytest_ddtree.service.fingerprint import fingerprint, is_reference_engine
 
         runner = self._manager.snapshot_runner() if self._manager is not None else None
         if runner is None or self.profile.hardware_profile or is_reference_engine(server_info):

@@ -5,7 +5,7 @@ through the service's chat API at temperature 0, the code is extracted from the 
 with the problem's tests in the sandbox (``pytest_ddtree.sandbox``). The per-problem verdicts
 are compared with ``coding: {<set>: [passed ids]}`` of the config's baseline file; without a
 baseline the profile's floor ``coding_min_pass`` applies (default: every problem). The logic
-lives in ``pytest_ddtree.coding``; this file only wires fixtures to it.
+lives in ``pytest_ddtree.gates.coding``; this file only wires fixtures to it.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_ddtree import coding, sandbox
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.records import CodingData
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.records.shapes import CodingData
+from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.service.client import SGLangClient
     from pytest_ddtree.options import Settings
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.profile import ServiceProfile
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.records import HealthData
+from pytest_ddtree.records.shapes import HealthData
 from pytest_ddtree.service.readiness import verify_applied
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
-    from pytest_ddtree.client import SGLangClient
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.service.client import SGLangClient
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
 

@@ -1,7 +1,7 @@
 """Lossless gate: greedy output under speculation equals the non-speculative output.
 
 For every bundled prompt (the coding prompts and ``suites/coding/lossless_prompts.yaml``) the
-config under test generates ``pytest_ddtree.lossless.MAX_NEW_TOKENS`` tokens at temperature 0
+config under test generates ``pytest_ddtree.gates.lossless.MAX_NEW_TOKENS`` tokens at temperature 0
 through ``/generate``; the token ids are compared with a non-speculative reference: a launch with
 the profile's ``lossless_args``, measured in this session (``lossless: instance``) or blessed into
 ``baselines/<hardware>/golden/`` (``lossless: golden``, written by the controller from that launch
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_ddtree import lossless
+from pytest_ddtree.gates import lossless
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.records import LosslessData
-from pytest_ddtree.vocabulary import RecordKind
+from pytest_ddtree.records.shapes import LosslessData
+from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.options import Settings
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
 

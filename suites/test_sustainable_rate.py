@@ -8,7 +8,7 @@ or an ``slo:`` key in the matrix or the profile), and skips saying which is miss
 Gated like a cell: ``--ddtree-update-baselines`` searches and proposes the rate found (with its SLO
 and goodput samples) for the config's baseline file; a later session re-probes that one rate and
 fails the config when its goodput there fell beyond the gate's tolerance
-(``pytest_ddtree/gate/rate_gate.py``). Without a blessed rate, or under another SLO, it searches
+(``pytest_ddtree/gates/throughput/rate_gate.py``). Without a blessed rate, or under another SLO, it searches
 and warns (``--ddtree-require-baselines``: fails).
 """
 
@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ddtree import gate
+from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gate.rate_gate import bless_entry, judge_rate, rebless_note, same_slo, unjudged
-from pytest_ddtree.gate.throughput import Campaign, CellDeadlineExceeded, sample_record, sustainable_rate
-from pytest_ddtree.load import CellResult, LoadError
+from pytest_ddtree.gates.throughput.rate_gate import bless_entry, judge_rate, rebless_note, same_slo, unjudged
+from pytest_ddtree.gates.throughput.throughput import Campaign, CellDeadlineExceeded, sample_record, sustainable_rate
+from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.vocabulary import GateDecision, RecordKind
+from pytest_ddtree.records.words import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.options import Settings
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
 
 

@@ -9,7 +9,7 @@ How a config is measured (docs/gates/throughput.md):
 * A cell is repeated at least ``--ddtree-repeats`` times (default 3) and at most
   ``MAX_EXTRA_REPEATS`` more, stopping as soon as the output-throughput interval is tight.
 * The config's cells are judged together against ``baselines/<hardware-profile>/<config>.yaml``
-  (``pytest_ddtree/gate/`` states the rule, ``gate/check.py`` decides each cell); a flagged cell is measured again at once, while
+  (``pytest_ddtree/gates/throughput/`` states the rule, ``check.py`` there decides each cell); a flagged cell is measured again at once, while
   the service is up, and fails only when that confirmation regresses too. A cell also fails on
   an invalid measurement (errors, wrong token counts) or a gated metric the run did not
   produce. Inconclusive cells (repeats that disagree even after extra repeats, a service that
@@ -17,7 +17,7 @@ How a config is measured (docs/gates/throughput.md):
   one too thin to trust, passes with a ``MissingBaselineWarning`` naming the command that
   creates it. ``--ddtree-require-baselines`` (CI) makes all three failures.
 * Before the first config, the session's control (``ddtree_control``: the non-speculative launch,
-  measured once per process on every cell; ``pytest_ddtree/gate/control.py``) is measured; the session end
+  measured once per process on every cell; ``pytest_ddtree/gates/throughput/control.py``) is measured; the session end
   judges it, each config's speedup over it and the session's uniform shift.
 * ``--ddtree-update-baselines`` proposes the measured samples as this session's part of the
   baseline (the last three blessed sessions are kept); the controller writes them at session
@@ -35,22 +35,23 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ddtree import gate, report
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.report import text as report
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
-from pytest_ddtree.load import LoadError
+from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.gate.check import check_cell
-from pytest_ddtree.gate.throughput import (Campaign, CellDeadlineExceeded, blessed_cell_noise, blessed_launch_spread, evaluate_cell,
+from pytest_ddtree.gates.throughput.check import check_cell
+from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, blessed_cell_noise, blessed_launch_spread, evaluate_cell,
                                            measure_config, sample_record)
-from pytest_ddtree.vocabulary import GateDecision, RecordKind
+from pytest_ddtree.records.words import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.options import Settings
-    from pytest_ddtree.results import SessionRecorder
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
-    from pytest_ddtree.slo import SLO
+    from pytest_ddtree.measure.slo import SLO
 
 
 class MissingBaselineWarning(UserWarning):

@@ -7,7 +7,7 @@ import math
 import random
 from pathlib import Path
 
-from pytest_ddtree.history import Build, CellEntry, HistoryStore, SessionEntry
+from pytest_ddtree.report.history import Build, CellEntry, HistoryStore, SessionEntry
 
 SESSIONS = 60
 STEP_AT = 40
@@ -63,8 +63,8 @@ def write_build_history(url: str, sessions: int = 16, step_at: int = 11, step: f
                         seed: int = 3) -> None:
     """A history where a whole build changes: from session ``step_at`` on every series, the control's
     included, moves by ``step`` (a slower engine build), each session with its own day shift."""
-    from pytest_ddtree.gate.baseline_format import CONTROL
-    from pytest_ddtree.history import ROLE_CONTROL
+    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.report.history import ROLE_CONTROL
 
     rng = random.Random(seed)
     with HistoryStore(url) as store:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.service.client import SGLangClient
 from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import gate, report
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import load_matrix, select_configs
-from pytest_ddtree.load import workload_dict
-from pytest_ddtree.vocabulary import RecordKind, Status
+from pytest_ddtree.measure.load import workload_dict
+from pytest_ddtree.records.words import RecordKind, Status
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, reference_profile, run_suite
 
@@ -63,7 +64,7 @@ def test_without_numpy_and_scipy_the_error_names_the_extra(pytester: pytest.Pyte
 
 
 def test_a_prior_folder_may_be_a_results_root_of_session_folders(tmp_path: Path) -> None:
-    from pytest_ddtree.adaptive import PriorError, check_prior_dirs
+    from pytest_ddtree.adaptive.sweep import PriorError, check_prior_dirs
 
     (tmp_path / "20260101T000000Z-abc").mkdir()
     with pytest.raises(PriorError, match="no results.json"):
@@ -155,7 +156,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
 def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignored_with_a_warning(tmp_path: Path) -> None:
     """--ddtree-prior: an earlier session's measured cells on this hardware profile become the
     planner's prior; cells measured on another profile are left out, and the session says so."""
-    from pytest_ddtree.adaptive import AdaptiveSweep
+    from pytest_ddtree.adaptive.sweep import AdaptiveSweep
 
     matrix = load_matrix(MATRIX)
     configs = select_configs(["all"], matrix)
@@ -191,7 +192,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
 def test_a_nan_from_an_earlier_results_file_stays_out_of_the_fit() -> None:
     """results.json written by another process may hold NaN (json reads it back as a float): the
     prior's rows go through stats.is_number, so no NaN reaches the planner's fit."""
-    from pytest_ddtree.adaptive import _measurements
+    from pytest_ddtree.adaptive.sweep import _measurements
 
     workload = {"concurrency": 8, "context_tokens": 512, "output_tokens": 128}
     rows = json.loads(json.dumps([

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from pytest_ddtree.advisor import CellPoint, ConfigPoint, Measurement, Planner, Prediction, fit  # noqa: E402
+from pytest_ddtree.adaptive.advisor import CellPoint, ConfigPoint, Measurement, Planner, Prediction, fit  # noqa: E402
 
 CONFIGS = [ConfigPoint(f"bs8_b{b}_k{k}", 8, b, k) for b in (4, 8, 12, 16) for k in (4, 6)] + [
     ConfigPoint("bs8_b8_k4_wnone", 8, 8, 4),
@@ -116,7 +116,7 @@ def test_bad_limits_and_empty_fits_are_clear_errors() -> None:
 def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from pytest_ddtree.advisor import AdvisorUnavailable
+    from pytest_ddtree.adaptive.advisor import AdvisorUnavailable
 
     monkeypatch.setitem(sys.modules, "scipy", None)
     with pytest.raises(AdvisorUnavailable, match=r"pytest-ddtree\[advisor\]"):

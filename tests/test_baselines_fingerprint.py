@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_ddtree import fingerprint
+from pytest_ddtree.service import fingerprint
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import gate
+from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError, BaselineStore
-from pytest_ddtree.results import BaselineUpdate
-from pytest_ddtree.vocabulary import Status
+from pytest_ddtree.records.recorder import BaselineUpdate
+from pytest_ddtree.records.words import Status
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 BASE = {"output_throughput": [1000.0, 1004.0, 996.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
@@ -253,7 +253,7 @@ def test_one_repeat_that_measured_the_machine_is_named_with_its_reason() -> None
 
 
 def test_measurement_status_flags_an_overloaded_host() -> None:
-    from pytest_ddtree import stats
+    from pytest_ddtree.measure import stats
 
     policy = stats.RepeatPolicy()
     ok = [{"ddtree_engine_busy_fraction": 0.97}] * 3
@@ -301,7 +301,7 @@ def test_a_confirmation_that_clears_its_cell_early_stops_and_one_that_does_not_t
     """throughput.confirm_in_stages: a cell flagged by an unlucky first pass whose first stage sits at
     its baseline stops after CONFIRM_FIRST_STAGE repeats and passes; a cell really 15% slower takes
     all CONFIRM_REPEATS and is a regression; the recorded repeat numbers run on across the stages."""
-    from pytest_ddtree.gate import throughput
+    from pytest_ddtree.gates.throughput import throughput
 
     cells = {f"c{i}": 100.0 + 50 * i for i in range(6)}
     baseline = {c: _three_sessions({"output_throughput": [v * f for f in (0.99, 1.0, 1.01)]}) for c, v in cells.items()}
@@ -360,8 +360,8 @@ def test_a_malformed_blessed_rate_errors_clearly(bad: Any, fragment: str) -> Non
 
 
 def test_a_blessed_rate_is_judged_only_under_its_own_slo() -> None:
-    from pytest_ddtree.gate.rate_gate import same_slo
-    from pytest_ddtree.slo import parse_slo
+    from pytest_ddtree.gates.throughput.rate_gate import same_slo
+    from pytest_ddtree.measure.slo import parse_slo
 
     assert same_slo(SLO_RECORD, parse_slo("tpot_ms=6,percentile=90"))
     assert not same_slo(SLO_RECORD, parse_slo("tpot_ms=6"))  # p99

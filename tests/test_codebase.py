@@ -81,15 +81,24 @@ def _architecture(repo_root: Path) -> str:
 
 
 def test_the_architecture_page_names_every_module(repo_root: Path) -> None:
-    """The architecture map stays true: a new module is listed, a listed one exists."""
+    """The architecture map stays true: a new top-level module or a new room (a package, at any
+    depth) is listed, and whatever it lists exists."""
     section = _architecture(repo_root)
     package = repo_root / "pytest_ddtree"
+    rooms = {f"pytest_ddtree/{p.parent.relative_to(package).as_posix()}/" for p in package.rglob("*/__init__.py")}
     modules = {f"pytest_ddtree/{p.name}" for p in package.glob("*.py") if p.name != "__init__.py"}
-    modules |= {f"pytest_ddtree/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
-    missing = sorted(m for m in modules if m not in section)
+    missing = sorted(m for m in modules | rooms if m not in section)
     assert not missing, f"docs/architecture.md does not name {missing}"
-    listed = set(re.findall(r"^\s+(pytest_ddtree/[\w/]+\.py|pytest_ddtree/\w+/)\s", section, re.M))
-    assert listed and not sorted(listed - modules), sorted(listed - modules)
+    existing = {f"pytest_ddtree/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")} | rooms
+    listed = set(re.findall(r"^\s+(pytest_ddtree/[\w/]+\.py|pytest_ddtree/[\w/]+/)\s", section, re.M))
+    assert listed and not sorted(listed - existing), sorted(listed - existing)
+
+
+def test_the_package_top_level_keeps_to_its_pytest_face(repo_root: Path) -> None:
+    """The top level is the plugin's face (hooks, options, session, configs, baselines and a few
+    small helpers every room uses); a job of its own goes into a room. Sixteen modules at most."""
+    top = sorted(p.name for p in (repo_root / "pytest_ddtree").glob("*.py"))
+    assert len(top) <= 16, top
 
 
 def test_every_file_the_architecture_page_names_exists(repo_root: Path) -> None:
@@ -99,7 +108,7 @@ def test_every_file_the_architecture_page_names_exists(repo_root: Path) -> None:
     page = _architecture(repo_root)
     named = set(re.findall(r"(?<![\w/.*-])([\w*-]+(?:/[\w*-]+)*\.py)\b", page))
     assert len(named) >= 30, sorted(named)
-    homes = [repo_root / "pytest_ddtree" / sub for sub in ("", "service", "refserver")] + [repo_root, repo_root / "suites"]
+    homes = [repo_root / "pytest_ddtree" / sub for sub in ("", "service", "refserver", "gates/throughput")] + [repo_root, repo_root / "suites"]
     missing = sorted(name for name in named if not any(list(home.glob(name)) for home in homes))
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
 
@@ -284,7 +293,7 @@ def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) 
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if name == "record" and node.args:  # SessionRecorder.record(kind, config, data)
                 check("kind", True, node.args[0])
-            elif name == "records" and len(node.args) > 1:  # htmlreport.model.records(payload, kind)
+            elif name == "records" and len(node.args) > 1:  # report/html/model.py records(payload, kind)
                 check("kind", True, node.args[1])
             elif name == "startswith" and isinstance(func, ast.Attribute) and node.args:
                 inner = func.value.args[0] if isinstance(func.value, ast.Call) and func.value.args else func.value
@@ -308,17 +317,17 @@ def _bare_words(tree: ast.AST, kinds: frozenset[str], statuses: frozenset[str]) 
 
 def test_record_kinds_and_status_words_are_spelled_only_in_the_vocabulary(repo_root: Path) -> None:
     """A kind or status spelled as a bare string splits silently on a rename or a typo: writers and
-    readers use ``vocabulary.RecordKind`` and ``vocabulary.Status`` (their members are the strings)."""
-    from pytest_ddtree.vocabulary import RecordKind, Status
+    readers use ``words.RecordKind`` and ``words.Status`` (their members are the strings)."""
+    from pytest_ddtree.records.words import RecordKind, Status
 
     kinds = frozenset(k.value for k in RecordKind)
     statuses = frozenset(s.value for s in Status)
-    vocabulary = repo_root / "pytest_ddtree" / "vocabulary.py"
+    vocabulary = repo_root / "pytest_ddtree" / "records" / "words.py"
     files = [p for top in _SCANNED for p in sorted((repo_root / top).rglob("*.py")) if p != vocabulary]
     assert len(files) > 50, files
     bare = [f"{path.relative_to(repo_root)}:{line}: {word!r} as a {what}"
             for path in files for line, word, what in _bare_words(ast.parse(path.read_text()), kinds, statuses)]
-    assert not bare, "use vocabulary.RecordKind / vocabulary.Status instead of:\n" + "\n".join(bare)
+    assert not bare, "use words.RecordKind / words.Status instead of:\n" + "\n".join(bare)
 
 
 def test_the_vocabulary_scan_finds_bare_words() -> None:
@@ -344,11 +353,11 @@ ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prom
         (11, "throughput-relaunch-repeat")], found
 
 
-#: The modules that write, pass or read the session's records (records.py types them).
-_RECORD_MODULES = ("pytest_ddtree/report.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive.py", "pytest_ddtree/proof.py",
-                   "pytest_ddtree/results.py", "pytest_ddtree/sessionfiles.py", "pytest_ddtree/session.py",
-                   "pytest_ddtree/gate", "pytest_ddtree/htmlreport", "pytest_ddtree/repro/plugin_bridge.py",
-                   "suites/test_throughput.py", "suites/test_coding.py", "pytest_ddtree/coding.py", "pytest_ddtree/history.py",
+#: The modules that write, pass or read the session's records (records/shapes.py types them).
+_RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
+                   "pytest_ddtree/records/recorder.py", "pytest_ddtree/records/sessionfolder.py", "pytest_ddtree/session.py",
+                   "pytest_ddtree/gates/throughput", "pytest_ddtree/report/html", "pytest_ddtree/repro/plugin_bridge.py",
+                   "suites/test_throughput.py", "suites/test_coding.py", "pytest_ddtree/gates/coding.py", "pytest_ddtree/report/history.py",
                    "pytest_ddtree/service/manager.py", "pytest_ddtree/service/base.py", "pytest_ddtree/service/process.py",
                    "pytest_ddtree/service/slurm.py", "pytest_ddtree/service/command.py", "pytest_ddtree/service/systemd.py")
 
@@ -378,14 +387,14 @@ def _untyped_records(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_records_cross_the_modules_typed_not_as_any(repo_root: Path) -> None:
-    """A record crosses modules as its TypedDict (records.py), or as ``RawRecord`` until it is checked:
+    """A record crosses modules as its TypedDict (records/shapes.py), or as ``RawRecord`` until it is checked:
     ``dict[str, Any]`` hid a renamed or missing key from mypy, and a malformed record from a worker or
     a file surfaced as a KeyError deep inside a reader."""
     files = [p for top in _RECORD_MODULES for p in ([repo_root / top] if top.endswith(".py") else sorted((repo_root / top).rglob("*.py")))]
     assert all(p.is_file() for p in files) and len(files) > 20, files
     untyped = [f"{path.relative_to(repo_root)}:{line}: {what}"
                for path in files for line, what in _untyped_records(ast.parse(path.read_text()))]
-    assert not untyped, "type these records with records.py's shapes (or RawRecord):\n" + "\n".join(untyped)
+    assert not untyped, "type these records with records/shapes.py's shapes (or RawRecord):\n" + "\n".join(untyped)
 
 
 def test_the_record_scan_finds_untyped_records() -> None:

@@ -1,4 +1,4 @@
-"""Tests of pytest_ddtree.coding: extraction, problem loading, the gate rule, corpus sync,
+"""Tests of pytest_ddtree.gates.coding: extraction, problem loading, the gate rule, corpus sync,
 and every bundled problem judged for real in the sandbox (references pass, wrong answers fail)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import coding, sandbox
-from pytest_ddtree.coding import ProblemError, ProblemResult, extract_code
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
+from pytest_ddtree.gates.coding import ProblemError, ProblemResult, extract_code
 from pytest_ddtree.sandbox import Verdict
 
 # --------------------------------------------------------------------------- extraction

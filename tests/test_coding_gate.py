@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import coding, sandbox
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
 from tests.suite_helpers import reference_profile

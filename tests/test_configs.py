@@ -101,7 +101,7 @@ def test_one_grammar_serves_parsing_sorting_and_scheduling() -> None:
 
 def test_the_report_and_the_scheduler_find_the_same_config_in_a_test_id() -> None:
     from pytest_ddtree.configs import config_in_nodeid
-    from pytest_ddtree.htmlreport.model import config_of_nodeid
+    from pytest_ddtree.report.html.model import config_of_nodeid
 
     node = "suites/test_throughput.py::test_throughput[c4_l-bs8_b12_k6_w2048]"
     assert config_in_nodeid(node) == "bs8_b12_k6_w2048" == config_of_nodeid(node, ["bs8_b8_k4", "bs8_b12_k6_w2048"])

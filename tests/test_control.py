@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import gate, load, stats
-from pytest_ddtree.gate import control
-from pytest_ddtree.records import ControlJudgedData
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import load, stats
+from pytest_ddtree.gates.throughput import control
+from pytest_ddtree.records.shapes import ControlJudgedData
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.suite_helpers import reference_profile
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import load
-from pytest_ddtree.gate import throughput
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.http import DeadlineExceeded
-from pytest_ddtree.prompts import Prompt
+from pytest_ddtree.measure import load
+from pytest_ddtree.gates.throughput import throughput
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.http import DeadlineExceeded
+from pytest_ddtree.measure.prompts import Prompt
 from pytest_ddtree.service.base import ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.process import live_process_groups

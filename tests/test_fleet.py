@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import ServiceError
 from pytest_ddtree.service.manager import ServiceManager
@@ -65,7 +65,7 @@ def _assert_default_restored(host: FakeHost) -> None:
 
 
 def test_sweep_table_names_the_host_of_each_row() -> None:
-    from pytest_ddtree import report
+    from pytest_ddtree.report import text as report
     from tests.test_report import RECORDS
 
     fleet = [{**r, "host": f"ops@gpu-{i % 2}"} for i, r in enumerate(RECORDS)]
@@ -125,7 +125,7 @@ def test_ssh_runs_writes_through_one_master_and_times_out(ssh_fleet: SshFleet) -
 
 
 def test_host_gpus_over_ssh_feed_the_hardware_profile(ssh_fleet: SshFleet) -> None:
-    from pytest_ddtree.fingerprint import fingerprint
+    from pytest_ddtree.service.fingerprint import fingerprint
     from pytest_ddtree.service.gpu import HostGpus, parse_smi_memory
 
     assert parse_smi_memory("memory.used [MiB], memory.total [MiB]\n1 MiB, 81559 MiB\n70000 MiB, 81559 MiB\n") == [

@@ -12,15 +12,15 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_ddtree import gate
+from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineStore
-from pytest_ddtree.gate.check import check_cell
-from pytest_ddtree.gate.throughput import CellEvaluation
+from pytest_ddtree.gates.throughput.check import check_cell
+from pytest_ddtree.gates.throughput.throughput import CellEvaluation
 from pytest_ddtree.options import Settings
-from pytest_ddtree.records import ThroughputData
-from pytest_ddtree.results import SessionRecorder
+from pytest_ddtree.records.shapes import ThroughputData
+from pytest_ddtree.records.recorder import SessionRecorder
 from pytest_ddtree.service.manager import RunningService
-from pytest_ddtree.vocabulary import GateDecision, MeasurementStatus, Status, Verdict
+from pytest_ddtree.records.words import GateDecision, MeasurementStatus, Status, Verdict
 
 
 def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[gate.MetricVerdict, ...] = (),

@@ -103,7 +103,7 @@ def test_memory_release_wait_sees_a_real_process_free_its_memory(tmp_path: Path)
 def test_readiness_progress_shows_gpu_memory(tmp_path: Path) -> None:
     """A slow start prints progress lines with the GPU memory in use (what a 10-minute load shows)."""
     controller = ProcessController(tmp_path, stop_timeout_s=5)
-    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.service.client import SGLangClient
     from pytest_ddtree.service.pool import free_port
 
     port = free_port()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree import changepoints
-from pytest_ddtree.history import MIGRATIONS, Build, CellEntry, HistoryError, HistoryStore, SessionEntry
+from pytest_ddtree.report import changepoints
+from pytest_ddtree.report.history import MIGRATIONS, Build, CellEntry, HistoryError, HistoryStore, SessionEntry
 from tests import history_helpers as synthetic
 from tests.postgres_helpers import postgres_server
 
@@ -68,7 +68,7 @@ _WRITER = textwrap.dedent("""
     from pathlib import Path
     from tests.history_helpers import synthetic_session
     from tests.polling import wait_until
-    from pytest_ddtree.history import HistoryStore
+    from pytest_ddtree.report.history import HistoryStore
     url, parity, meet = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     with HistoryStore(url) as store:
         (meet / f"ready-{parity}").touch()  # both writers connected: start together
@@ -115,12 +115,12 @@ def test_ddtree_report_history_sessions_draws_only_the_last_ones(tmp_path: Path)
         for k in range(6):
             store.append(*_session(f"nightly-run-{k}", 1000.0 + k))
     out = tmp_path / "history.html"
-    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "--history-sessions", "2",
+    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", url, "--history-sessions", "2",
                           "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     page = out.read_text()
     assert "nightly-run-5" in page and "nightly-run-4" in page and "nightly-run-3" not in page
-    bad = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "--history-sessions", "-1"],
+    bad = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", url, "--history-sessions", "-1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--history-sessions" in bad.stderr
 
@@ -239,7 +239,7 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
                                                                                          repo_root: Path) -> None:
     import yaml
 
-    from pytest_ddtree.history import ROLE_CONTROL
+    from pytest_ddtree.report.history import ROLE_CONTROL
 
     def median_of(name: str) -> float:
         baseline = yaml.safe_load((repo_root / "baselines" / "refserver" / f"{name}.yaml").read_text())
@@ -283,7 +283,7 @@ def test_a_bad_history_option_is_a_usage_error_before_anything_runs(pytester: py
 
 
 def test_ddtree_report_needs_a_results_folder_or_a_history(tmp_path: Path) -> None:
-    from pytest_ddtree.htmlreport.cli import USAGE_ERROR, main
+    from pytest_ddtree.report.html.cli import USAGE_ERROR, main
 
     assert main([]) == USAGE_ERROR
     assert main(["--history", f"sqlite:///{tmp_path / 'missing' / 'h.db'}"]) == USAGE_ERROR
@@ -293,8 +293,8 @@ def test_ddtree_report_needs_a_results_folder_or_a_history(tmp_path: Path) -> No
 def test_a_series_continues_across_the_gated_acceptance_rename() -> None:
     """Sessions stored before the gated acceptance was named ddtree_tokens_per_verify stored it as
     accept_length: one series holds both, with the old session's verdict."""
-    from pytest_ddtree.changepoints import build_series
-    from pytest_ddtree.history import SessionEntry, StoredCell
+    from pytest_ddtree.report.changepoints import build_series
+    from pytest_ddtree.report.history import SessionEntry, StoredCell
 
     old = StoredCell(SessionEntry("s1", 1.0), "bs8_b8_k4", "c8_4k", "refserver", "pass",
                      samples={"accept_length": [4.0, 4.1]}, verdicts={"accept_length": "pass"})
@@ -309,7 +309,7 @@ def test_a_store_of_the_second_schema_is_migrated_and_the_control_gets_its_own_s
     """A SQLite file exactly as the second layout wrote it (migrations 1 and 2, no role, no launches,
     no build fingerprint): opened, migrated, its cells read as configs; a session with the control
     stores the control's cells as their own series, with their launches and the build fingerprint."""
-    from pytest_ddtree.history import ROLE_CONFIG, ROLE_CONTROL
+    from pytest_ddtree.report.history import ROLE_CONFIG, ROLE_CONTROL
 
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -350,7 +350,7 @@ def test_a_whole_build_slower_the_control_included_is_one_build_level_change_thr
     history without the step (the same seed) has no build-level change."""
     url = f"sqlite:///{tmp_path / 'build.db'}"
     synthetic.write_build_history(url)
-    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", url, "-o",
+    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", url, "-o",
                           str(tmp_path / "h.html")], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("  - the build changed")]

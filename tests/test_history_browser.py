@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.htmlreport.history import build_history_html
-from pytest_ddtree import changepoints
-from pytest_ddtree.history import HistoryStore
+from pytest_ddtree.report.html.history import build_history_html
+from pytest_ddtree.report import changepoints
+from pytest_ddtree.report.history import HistoryStore
 from tests import history_helpers as synthetic
 from tests.browser_helpers import browser_missing_reason, dialogs_of, open_page
 
@@ -29,7 +29,7 @@ def history_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     db = root / "history.db"
     synthetic.write_synthetic_history(str(db), results_root=root / "results")
     out = root / "history.html"
-    proc = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", "--history", f"sqlite:///{db}", "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", f"sqlite:///{db}", "-o", str(out)],
                           capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     return out, proc.stdout

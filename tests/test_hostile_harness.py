@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import coding, sandbox
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
 from tests.suite_helpers import reference_profile, run_suite
@@ -157,7 +158,7 @@ def test_a_document_of_millions_of_empty_arrays_is_not_parsed() -> None:
 def test_generate_answers_of_the_wrong_shape_fail_their_prompt(body: dict[str, Any], words: str) -> None:
     """The lossless gate's /generate answers: a wrong type is that prompt's 'invalid response'
     (the gate fails it and goes on), not an AttributeError out of the gate."""
-    from pytest_ddtree import lossless
+    from pytest_ddtree.gates import lossless
 
     prompt = lossless.Prompt("p", "hello", "text")
     transcript = lossless._transcript(prompt, body, 8)

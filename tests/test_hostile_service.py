@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import http as http_mod
-from pytest_ddtree import generate_stream, load
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.http import InvalidResponse, ServiceHTTP
-from pytest_ddtree.prompts import Prompt
+from pytest_ddtree.service import http as http_mod
+from pytest_ddtree.measure import generate_stream, load
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.http import InvalidResponse, ServiceHTTP
+from pytest_ddtree.measure.prompts import Prompt
 from tests.loopback import served
 
 LIMIT = 1 << 20  # the limits are lowered to 1 MiB here so each test moves a few MB, not hundreds

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import gate, report
-from pytest_ddtree.htmlreport import LiveStatus, build_html, charts, load_payload, model, write_report
-from pytest_ddtree.htmlreport.live import LiveReport
-from pytest_ddtree.records import LaunchEntry
-from pytest_ddtree.vocabulary import Status, Verdict
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.report import text as report
+from pytest_ddtree.report.html import LiveStatus, build_html, charts, load_payload, model, write_report
+from pytest_ddtree.report.html.live import LiveReport
+from pytest_ddtree.records.shapes import LaunchEntry
+from pytest_ddtree.records.words import Status, Verdict
 
 
 def _launch(config: str, *, ready_s: float, started_at: float, engine_version: str | None = None) -> LaunchEntry:

@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import coding, report
-from pytest_ddtree.htmlreport import model
+from pytest_ddtree.gates import coding
+from pytest_ddtree.report import text as report
+from pytest_ddtree.report.html import model
 from tests.browser_helpers import browser_missing_reason, cell_figures, dialogs_of, open_page
 from tests.suite_helpers import REPO, reference_profile
 
@@ -232,7 +233,7 @@ def test_every_cell_in_the_dom_equals_results_json_and_one_chart_per_context(ses
 
 def test_against_renders_the_gates_own_changes(sessions: Sessions, tmp_path: Path) -> None:
     out = tmp_path / "compare.html"
-    proc = subprocess.run([sys.executable, "-m", "pytest_ddtree.htmlreport.cli", str(sessions.regressed), "--against",
+    proc = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", str(sessions.regressed), "--against",
                            str(sessions.blessed), "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     results = _results(sessions.regressed)
@@ -259,7 +260,7 @@ def test_hostile_cell_and_version_strings_run_no_script_and_every_chart_draws(se
     """A cell name and an engine version holding ``<!--<script>`` (which, left raw in the charts'
     JSON, put the HTML parser in a state that swallowed the rest of the page): the page rebuilt
     from the session's records with them draws every chart and runs nothing injected."""
-    from pytest_ddtree.htmlreport import build_html, load_payload
+    from pytest_ddtree.report.html import build_html, load_payload
 
     folder = tmp_path / "results"
     shutil.copytree(sessions.regressed, folder)
@@ -286,7 +287,7 @@ def test_a_running_page_whose_session_died_says_so_and_reloads_no_more(sessions:
     same page freshly written reloads itself."""
     import os
 
-    from pytest_ddtree.htmlreport import STALE_S, LiveStatus, load_payload, write_report
+    from pytest_ddtree.report.html import STALE_S, LiveStatus, load_payload, write_report
 
     page_path = write_report(tmp_path / "report.html", load_payload(sessions.blessed), LiveStatus(state="running", total=2))
     os.utime(page_path, (time.time() - STALE_S - 60,) * 2)

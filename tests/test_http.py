@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable, nodelay_of
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable, nodelay_of
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.pool import free_port
 from tests.loopback import served

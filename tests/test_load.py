@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree import generate_stream, load
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.measure import generate_stream, load
+from pytest_ddtree.service.client import SGLangClient
 from tests.load_standin import StandInConfig, standin_server
 
 

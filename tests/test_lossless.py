@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import lossless
-from pytest_ddtree.lossless import Prompt, Transcript
+from pytest_ddtree.gates import lossless
+from pytest_ddtree.gates.lossless import Prompt, Transcript
 from tests.suite_helpers import reference_profile
 from tests.suite_helpers import run_suite as run_helper
 
@@ -116,7 +116,7 @@ def test_real_engines_lossless_and_lossy(tmp_path: Path) -> None:
         tmp_path,
     )
     try:
-        from pytest_ddtree.client import SGLangClient
+        from pytest_ddtree.service.client import SGLangClient
 
         prompts = lossless.load_prompts()
         clients = {name: SGLangClient(s.url) for name, s in servers.items()}

@@ -91,7 +91,7 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
         *(f"--ddtree-workload={cell}" for cell in MAIN_JOB_CELLS),
     )
     # the session's cells landed in the history, with their samples and the build (whatever its verdicts)
-    from pytest_ddtree.history import HistoryStore
+    from pytest_ddtree.report.history import HistoryStore
 
     with HistoryStore(str(history)) as store:
         stored = store.cells()

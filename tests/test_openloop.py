@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree import gate, load, openloop, report
-from pytest_ddtree import slo as slo_mod
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import load, openloop
+from pytest_ddtree.report import text as report
+from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.configs import ConfigError, load_matrix
 from tests.load_standin import StandInConfig, standin_server
 
@@ -169,8 +171,8 @@ def test_the_engine_queues_under_open_loop_load_as_its_cost_model_says(tmp_path:
 
 @pytest.mark.slow
 def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_two_steps_of_the_engines_model(tmp_path: Path) -> None:
-    from pytest_ddtree.client import SGLangClient
-    from pytest_ddtree.gate import throughput
+    from pytest_ddtree.service.client import SGLangClient
+    from pytest_ddtree.gates.throughput import throughput
     from tests.refserver_helpers import config_args, start_many
 
     tpot_slo_s = 0.015  # simulated: a bigger tree sustains more here (its first steps are fewer) ...
@@ -265,7 +267,7 @@ def test_sampled_cells_run_on_the_engine_and_top_p_keeps_the_nucleus(tmp_path: P
         return load.Cell("c2_s", concurrency=2, context_tokens=64, output_tokens=48, requests=4, warmup_requests=0,
                          prompts="random", sampling=tuple(sampling))
 
-    from pytest_ddtree.client import SGLangClient
+    from pytest_ddtree.service.client import SGLangClient
 
     server = RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "20"], tmp_path).wait_ready()
     try:
@@ -305,8 +307,8 @@ def test_long_context_cells_run_on_the_engine(tmp_path: Path) -> None:
 
 
 def test_the_frontier_and_the_speedup_chart_draw_what_the_records_say() -> None:
-    from pytest_ddtree import frontier
-    from pytest_ddtree.htmlreport import charts, model
+    from pytest_ddtree.report import frontier
+    from pytest_ddtree.report.html import charts, model
 
     points = [(100.0, 50.0, "a"), (300.0, 20.0, "b"), (200.0, 40.0, "c"), (150.0, 30.0, "d"), (300.0, 10.0, "e")]
     assert [p[2] for p in frontier.pareto_front(points)] == ["a", "c", "b"]  # d is beaten by c, e by b
@@ -337,8 +339,8 @@ def test_the_frontier_and_the_speedup_chart_draw_what_the_records_say() -> None:
 def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path) -> None:
     import json
 
-    from pytest_ddtree import prompts
-    from pytest_ddtree.gate import throughput
+    from pytest_ddtree.measure import prompts
+    from pytest_ddtree.gates.throughput import throughput
     from tests.refserver_helpers import RefServer, config_args
 
     code = prompts.units_of("coding")
@@ -371,7 +373,7 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
 def test_the_control_is_not_measured_on_open_loop_cells() -> None:
     from types import SimpleNamespace
 
-    from pytest_ddtree.gate import control
+    from pytest_ddtree.gates.throughput import control
 
     closed = load.Cell("c2", 2, 48, 16, 4)
     open_cell = load.Cell("r4", 8, 48, 16, 8, open_loop=openloop.Arrivals(4.0))
@@ -381,7 +383,7 @@ def test_the_control_is_not_measured_on_open_loop_cells() -> None:
 
 
 def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
-    from pytest_ddtree.gate import throughput
+    from pytest_ddtree.gates.throughput import throughput
 
     workload = {"concurrency": 2, "context_tokens": 48, "output_tokens": 16, "requests": 4, "prompts": "coding via /tokenize"}
     blessed = {"output_throughput": [100.0, 101.0, 99.0], "request_goodput": [6.0, 6.1, 5.9]}

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree import load, prompts
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.http import ServiceHTTPError
+from pytest_ddtree.measure import load, prompts
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.http import ServiceHTTPError
 from tests.refserver_helpers import RefServer
 from tests.load_standin import StandInConfig, standin_server
 

@@ -1,4 +1,4 @@
-"""What the service's behaviour proves (pytest_ddtree/proof.py): hostile input is bounded and
+"""What the service's behaviour proves (pytest_ddtree/service/proof.py): hostile input is bounded and
 never crashes, and each signal confirms or contradicts a config the way SGLang's source says."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import proof
-from pytest_ddtree.proof import HistogramError
+from pytest_ddtree.service import proof
+from pytest_ddtree.service.proof import HistogramError
 
 BS8_B8 = {"block_size": 8, "budget": 8, "topk": 4, "window": 2048}
 ALL = ("block_size", "budget", "topk", "window")

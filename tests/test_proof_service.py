@@ -10,8 +10,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pytest_ddtree import proof
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.service import proof
+from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import ConfigNotServed
 from pytest_ddtree.service.manager import ServiceManager
@@ -120,7 +120,7 @@ def test_an_external_service_is_probed_once_its_server_info_matches(tmp_path: Pa
 
 def test_measured_requests_above_the_bound_make_the_cell_invalid(tmp_path: Path) -> None:
     """With the probe off, the throughput cell's own requests carry the histogram evidence."""
-    from pytest_ddtree import load
+    from pytest_ddtree.measure import load
     from tests.refserver_helpers import RefServer, config_args
 
     server = RefServer([*config_args("bs8_b4_k4"), "--clock-scale", "100", "--fault", "serve-budget=8"], tmp_path).wait_ready()

@@ -1,4 +1,4 @@
-"""records.py: a record that comes back from a worker or a file is checked against its kind's shape;
+"""records/shapes.py: a record that comes back from a worker or a file is checked against its kind's shape;
 a malformed one is set aside with a message naming the key, never a KeyError inside a reader."""
 
 from __future__ import annotations
@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree import gate, records, report
-from pytest_ddtree.coding import ProblemResult
-from pytest_ddtree.proof import PROVEN, FieldEvidence, ProbeResult, Proof
-from pytest_ddtree.records import LaunchEntry, RecordError, ThroughputData
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.records import shapes as records
+from pytest_ddtree.report import text as report
+from pytest_ddtree.gates.coding import ProblemResult
+from pytest_ddtree.service.proof import PROVEN, FieldEvidence, ProbeResult, Proof
+from pytest_ddtree.records.shapes import LaunchEntry, RecordError, ThroughputData
 from pytest_ddtree.sandbox import Verdict
-from pytest_ddtree.results import SessionRecorder
-from pytest_ddtree.sessionfiles import SessionCollector, claim_results_dir
-from pytest_ddtree.vocabulary import RecordKind, Status
+from pytest_ddtree.records.recorder import SessionRecorder
+from pytest_ddtree.records.sessionfolder import SessionCollector, claim_results_dir
+from pytest_ddtree.records.words import RecordKind, Status
 
 
 def _cell(cell: str = "c1") -> ThroughputData:

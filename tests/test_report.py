@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree import gate, report
-from pytest_ddtree.vocabulary import Status, Verdict
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.report import text as report
+from pytest_ddtree.records.words import Status, Verdict
 
 
 def _rec(config: str, conc: int, ctx: int, tps: float, accept: float, status: Verdict = Status.PASS,
@@ -100,7 +101,7 @@ def test_plot_is_optional(tmp_path: Path) -> None:
 
 
 def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() -> None:
-    from pytest_ddtree.report import gate_rows
+    from pytest_ddtree.report.text import gate_rows
 
     records: list[dict[str, Any]] = [
         {"kind": "health", "config": "bs8_b8_k4"},

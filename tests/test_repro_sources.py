@@ -144,7 +144,7 @@ def test_service_python_and_its_env() -> None:
 
 
 def test_fingerprint_takes_the_engine_version_from_the_service_interpreter(editable_service: dict[str, Path]) -> None:
-    from pytest_ddtree.fingerprint import local_fingerprint
+    from pytest_ddtree.service.fingerprint import local_fingerprint
     from pytest_ddtree.service.profile import parse_profile
 
     profile = parse_profile({"name": "src", "controller": "external", "url": "http://127.0.0.1:1", "port": 1, "config_args": {},

@@ -62,7 +62,7 @@ FORGERIES = {
     # learn the answers from the tests, the problem files or the reference solutions
     "read_sources": (
         "import os, glob\n"
-        f"SEEN = [p for p in ['tests.py', {str(REPO / 'suites/coding/slugify.yaml')!r}, {str(REPO / 'pytest_ddtree/coding.py')!r}] if os.path.exists(p)]\n"
+        f"SEEN = [p for p in ['tests.py', {str(REPO / 'suites/coding/slugify.yaml')!r}, {str(REPO / 'pytest_ddtree/gates/coding.py')!r}] if os.path.exists(p)]\n"
         f"SEEN += glob.glob({str(REPO.parent) + '/*/suites/coding/*.yaml'!r}) + glob.glob('/*/suites/coding/*.yaml')\n"
         "def f(x):\n    return x * x if SEEN else -1\n"
     ),

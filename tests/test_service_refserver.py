@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import AppliedConfigMismatch, ServiceDiedError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree.sessionfiles import MARKER, ResultsDirError, SessionCollector, choose_results_dir, claim_results_dir, session_of
+from pytest_ddtree.records.sessionfolder import MARKER, ResultsDirError, SessionCollector, choose_results_dir, claim_results_dir, session_of
 
 PROBE_TEST = '''
 import os
@@ -110,8 +110,8 @@ def test_choose_and_claim(tmp_path: Path) -> None:
 
 
 def test_collector_prefers_handover_and_reads_only_crashed_workers_journals(tmp_path: Path) -> None:
-    from pytest_ddtree.results import SessionRecorder
-    from pytest_ddtree.vocabulary import RecordKind
+    from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.records.words import RecordKind
 
     claim_results_dir(tmp_path, "me")
     gw0, gw1 = SessionRecorder(tmp_path, "gw0", "me"), SessionRecorder(tmp_path, "gw1", "me")

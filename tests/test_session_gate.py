@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pytest_ddtree import gate
-from pytest_ddtree.records import JudgedCellData
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.records.shapes import JudgedCellData
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 CELLS = {"c1": 120.0, "c2": 400.0, "c3": 900.0}

@@ -585,7 +585,7 @@ def _out_of_vocab(engines: Engines) -> None:
            WHEEL + "sglang/srt/observability/metrics_collector.py:131; " + METRICS_REPORTER + ":285, 708-717, 933-934, "
            "1017-1020, 1098, 1476-1532")
 def _draft_tokens_gauge(engines: Engines) -> None:
-    from pytest_ddtree.proof import metric_value
+    from pytest_ddtree.service.proof import metric_value
 
     interval = 40  # SGLang's default; the start-up's warm-up decodes too
     server = RefServer(["--clock-scale", "50", "--enable-metrics", "--decode-log-interval", str(interval),

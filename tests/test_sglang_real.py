@@ -28,11 +28,13 @@ from typing import Any, Iterator, cast
 import pytest
 import yaml
 
-from pytest_ddtree import coding, proof, sandbox
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree.lossless import MAX_NEW_TOKENS, load_prompts
-from pytest_ddtree.records import ThroughputRecord
-from pytest_ddtree.report import bench_serving_arguments
+from pytest_ddtree.gates import coding
+from pytest_ddtree.service import proof
+from pytest_ddtree import sandbox
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.gates.lossless import MAX_NEW_TOKENS, load_prompts
+from pytest_ddtree.records.shapes import ThroughputRecord
+from pytest_ddtree.report.text import bench_serving_arguments
 from pytest_ddtree.sandbox import Verdict
 from pytest_ddtree.service.manager import REFERENCE_LABEL, RunningService, ServiceManager
 from pytest_ddtree.service.process import _group_members

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pytest_ddtree.client import SGLangClient
+from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import DDTreeConfig, parse_config_name
 from pytest_ddtree.service.base import ServiceDiedError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager

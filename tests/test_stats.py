@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pytest_ddtree import stats
-from pytest_ddtree.vocabulary import Status
+from pytest_ddtree.measure import stats
+from pytest_ddtree.records.words import Status
 
 
 def test_percentile_matches_numpy_linear() -> None:

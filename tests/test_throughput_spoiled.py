@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree import gate, load, stats
-from pytest_ddtree.gate import baseline_format, throughput
-from pytest_ddtree.records import RepeatData
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import load, stats
+from pytest_ddtree.gates.throughput import baseline_format, throughput
+from pytest_ddtree.records.shapes import RepeatData
 from tests.refserver_helpers import RefServer, config_args
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py

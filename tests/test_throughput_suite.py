@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree import gate
+from pytest_ddtree.gates import throughput as gate
 from tests.bench_serving_contract import check_result
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py

@@ -7,6 +7,6 @@ drafter), :mod:`.ddtree` (tree build and verify), :mod:`.engine` (scheduler, clo
 accounting), :mod:`.server` (HTTP), :mod:`.faults`, :mod:`.cli`.
 """
 
-from .engine import VERSION
+from pytest_ddtree.refserver.engine import VERSION
 
 __all__ = ["VERSION"]

@@ -6,10 +6,10 @@ import time
 import urllib.parse
 from typing import Any
 
-from .engine import VERSION
-from .profiler import ProfileRefused, ProfileRequestError, ProfileSettings
-from .request_params import BadRequest, bool_field
-from .transport import HandlerBase
+from pytest_ddtree.refserver.engine import VERSION
+from pytest_ddtree.refserver.profiler import ProfileRefused, ProfileRequestError, ProfileSettings
+from pytest_ddtree.refserver.request_params import BadRequest, bool_field
+from pytest_ddtree.refserver.transport import HandlerBase
 
 
 

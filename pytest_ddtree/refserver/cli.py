@@ -22,12 +22,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .dialects import DIALECT_HELP, DIALECTS, DialectError, Resolved, add_speculative_flags, resolve
-from .engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
-from .faults import FAULT_HELP, FaultError, Faults
-from .hf_export import export_dir
-from .model import CORPUS_DIR, Models, build_models
-from .server import ServerState, make_server
+from pytest_ddtree.refserver.dialects import (
+    DIALECT_HELP,
+    DIALECTS,
+    DialectError,
+    Resolved,
+    add_speculative_flags,
+    resolve,
+)
+from pytest_ddtree.refserver.engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
+from pytest_ddtree.refserver.faults import FAULT_HELP, FaultError, Faults
+from pytest_ddtree.refserver.hf_export import export_dir
+from pytest_ddtree.refserver.model import CORPUS_DIR, Models, build_models
+from pytest_ddtree.refserver.server import ServerState, make_server
 
 DEFAULT_MODEL_PATH = "refserver/tiny-infinigram"
 

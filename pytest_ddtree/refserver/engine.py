@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ddtree import build_tree, verify
-from .faults import Faults
-from .model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
-from .prefix_cache import RadixCache
-from .profiler import Profiler
+from pytest_ddtree.refserver.ddtree import build_tree, verify
+from pytest_ddtree.refserver.faults import Faults
+from pytest_ddtree.refserver.model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
+from pytest_ddtree.refserver.prefix_cache import RadixCache
+from pytest_ddtree.refserver.profiler import Profiler
 
 VERSION = "refserver-0.1.0"
 

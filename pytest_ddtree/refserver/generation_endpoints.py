@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .engine import Engine, Request, SamplingParams, StepEvent
-from .logprobs import LogprobRequest, LogprobTracker
-from .model import uniform
-from .request_params import (
+from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, StepEvent
+from pytest_ddtree.refserver.logprobs import LogprobRequest, LogprobTracker
+from pytest_ddtree.refserver.model import uniform
+from pytest_ddtree.refserver.request_params import (
     BadRequest,
     ContractError,
     InvalidRequest,
@@ -26,7 +26,7 @@ from .request_params import (
     parse_sampling,
     verify_sampling,
 )
-from .transport import HandlerBase
+from pytest_ddtree.refserver.transport import HandlerBase
 
 STEP_TIMEOUT_S = 600.0
 

@@ -31,7 +31,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .tokenizer import ASSISTANT, END_OF_TURN, EOS, PIECE_PATTERN, SPECIAL_TOKENS, SYSTEM, USER, Tokenizer
+from pytest_ddtree.refserver.tokenizer import (
+    ASSISTANT,
+    END_OF_TURN,
+    EOS,
+    PIECE_PATTERN,
+    SPECIAL_TOKENS,
+    SYSTEM,
+    USER,
+    Tokenizer,
+)
 
 #: Bumped whenever the files' content changes for the same vocabulary.
 EXPORT_FORMAT = 1

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import Context, CopyState, MatchState, Models, follow_copy
+from pytest_ddtree.refserver.model import Context, CopyState, MatchState, Models, follow_copy
 
 #: Probability the target puts on the token its own repeated passage dictates.
 COPY_MASS = 0.9

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tokenizer import VOCAB_SIZE, Tokenizer
+from pytest_ddtree.refserver.tokenizer import VOCAB_SIZE, Tokenizer
 
 CORPUS_DIR = Path(__file__).with_name("corpus")
 MASK64 = (1 << 64) - 1

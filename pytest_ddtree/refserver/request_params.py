@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .engine import SamplingParams
+from pytest_ddtree.refserver.engine import SamplingParams
 
 
 class BadRequest(Exception):

@@ -19,10 +19,10 @@ import traceback
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 
-from .admin_endpoints import AdminEndpoints
-from .generation_endpoints import GenerationEndpoints
-from .request_params import BadRequest
-from .state import ServerState
+from pytest_ddtree.refserver.admin_endpoints import AdminEndpoints
+from pytest_ddtree.refserver.generation_endpoints import GenerationEndpoints
+from pytest_ddtree.refserver.request_params import BadRequest
+from pytest_ddtree.refserver.state import ServerState
 
 __all__ = ["Handler", "RefHTTPServer", "ServerState", "make_server"]
 

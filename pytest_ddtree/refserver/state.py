@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import Engine
-from .faults import Faults
-from .model import Models
+from pytest_ddtree.refserver.engine import Engine
+from pytest_ddtree.refserver.faults import Faults
+from pytest_ddtree.refserver.model import Models
 
 
 @dataclass(frozen=True)

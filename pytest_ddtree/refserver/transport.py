@@ -11,9 +11,9 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from .engine import Engine
-from .request_params import BadRequest, ContractError, InvalidRequest
-from .state import ServerState
+from pytest_ddtree.refserver.engine import Engine
+from pytest_ddtree.refserver.request_params import BadRequest, ContractError, InvalidRequest
+from pytest_ddtree.refserver.state import ServerState
 
 MAX_BODY = 32 * 1024 * 1024
 

@@ -5,10 +5,10 @@ it raises :class:`ReproError`) and :func:`write_package` at session end on the c
 (a non-zero exit status with :meth:`PackageReport.summary` when ``ok`` is False).
 """
 
-from .deploy import DeployReport, deploy_package
-from .patches import DiffError, PatchError, apply_unified_diff, reverse_unified_diff, unified_diff
-from .verify import VerifyReport, compare_env, verify_package
-from .writer import (
+from pytest_ddtree.repro.deploy import DeployReport, deploy_package
+from pytest_ddtree.repro.patches import DiffError, PatchError, apply_unified_diff, reverse_unified_diff, unified_diff
+from pytest_ddtree.repro.verify import VerifyReport, compare_env, verify_package
+from pytest_ddtree.repro.writer import (
     FailedTest,
     LaunchRecord,
     PackageReport,

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import layout
-from .deploy import deploy_package
-from .envsnap import snapshot_env
-from .patchset import MAX_PY_BYTES, PatchError, read_regular
-from .verify import compare_env, verify_package
+from pytest_ddtree.repro import layout
+from pytest_ddtree.repro.deploy import deploy_package
+from pytest_ddtree.repro.envsnap import snapshot_env
+from pytest_ddtree.repro.patchset import MAX_PY_BYTES, PatchError, read_regular
+from pytest_ddtree.repro.verify import compare_env, verify_package
 
 EXIT_OK = 0
 EXIT_FAILED = 1

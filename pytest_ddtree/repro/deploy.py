@@ -14,10 +14,19 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..atomicfile import write_atomic
-from . import layout
-from .patchset import (PatchError, check_new_file_target, check_target_path, find_dist_info, read_metadata, read_regular,
-                       record_tops, sha256_bytes, sha256_file)
+from pytest_ddtree.atomicfile import write_atomic
+from pytest_ddtree.repro import layout
+from pytest_ddtree.repro.patchset import (
+    PatchError,
+    check_new_file_target,
+    check_target_path,
+    find_dist_info,
+    read_metadata,
+    read_regular,
+    record_tops,
+    sha256_bytes,
+    sha256_file,
+)
 
 __all__ = ["DeployReport", "deploy_package"]
 
@@ -51,7 +60,7 @@ def deploy_package(
     """Copy patches/full/* into ``site_packages`` after the checks; see the module docstring."""
     pkg, site = Path(package), Path(site_packages)
     rep = DeployReport(ok=False)
-    from .verify import check_manifest
+    from pytest_ddtree.repro.verify import check_manifest
 
     broken = check_manifest(pkg)
     if broken:  # every file deploy reads must be the one packaged (and a regular file inside the package)

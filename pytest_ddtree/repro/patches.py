@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence
 
-from .diffs import DiffError, apply_unified_diff, reverse_unified_diff, unified_diff
-from .patchset import (
+from pytest_ddtree.repro.diffs import DiffError, apply_unified_diff, reverse_unified_diff, unified_diff
+from pytest_ddtree.repro.patchset import (
     PatchedFile,
     PatchError,
     PatchSet,
@@ -35,7 +35,7 @@ from .patchset import (
     sha256_bytes,
     sha256_file,
 )
-from .sourcetree import collect_source_install, legacy_egg_info
+from pytest_ddtree.repro.sourcetree import collect_source_install, legacy_egg_info
 
 __all__ = [
     "PatchError",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
-from .diffs import unified_diff
+from pytest_ddtree.repro.diffs import unified_diff
 
 
 class PatchError(Exception):

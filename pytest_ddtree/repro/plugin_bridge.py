@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from pytest_ddtree import records as records_mod
-from pytest_ddtree.records import HostEnvData, RawRecord
+from pytest_ddtree.records import shapes as records_mod
+from pytest_ddtree.records.shapes import HostEnvData, RawRecord
 
-from .writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
+from pytest_ddtree.repro.writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from .patchset import (
+from pytest_ddtree.repro.patchset import (
     PatchedFile,
     PatchError,
     PatchSet,

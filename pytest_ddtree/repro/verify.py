@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
-from . import layout
-from .diffs import DiffError, apply_unified_diff, reverse_unified_diff
-from .patchset import (
+from pytest_ddtree.repro import layout
+from pytest_ddtree.repro.diffs import DiffError, apply_unified_diff, reverse_unified_diff
+from pytest_ddtree.repro.patchset import (
     MAX_FILE_BYTES,
     MAX_PY_BYTES,
     PatchError,

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from . import layout
-from .envsnap import NO_GPU, is_secret_name, render_env_text, snapshot_env
-from .patches import collect_patches
-from .patchset import PatchError, PatchSet, flatten_target, iter_diff_targets, sha256_bytes
-from .verify import VerifyReport, verify_package, write_manifest
+from pytest_ddtree.repro import layout
+from pytest_ddtree.repro.envsnap import NO_GPU, is_secret_name, render_env_text, snapshot_env
+from pytest_ddtree.repro.patches import collect_patches
+from pytest_ddtree.repro.patchset import PatchError, PatchSet, flatten_target, iter_diff_targets, sha256_bytes
+from pytest_ddtree.repro.verify import VerifyReport, verify_package, write_manifest
 
 if TYPE_CHECKING:  # the session's host-env records (the writer itself takes plain data)
-    from pytest_ddtree.records import HostEnvData
+    from pytest_ddtree.records.shapes import HostEnvData
 
 __all__ = [
     "LaunchRecord",

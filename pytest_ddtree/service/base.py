@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from pytest_ddtree.records import ControllerEntry
+from pytest_ddtree.records.shapes import ControllerEntry
 
 ProgressFn = Callable[[str], None]
 """Where lifecycle progress lines go (the plugin writes them to the terminal)."""
@@ -122,7 +122,7 @@ class ConfigNotServed(ServiceError):
     """/server_info shows the config, but the service's behaviour shows another one: a verify
     accepted more drafts than the config allows, a copy probe piled up below its bound, a
     start-up line or /metrics printed other values, or the build logged that it overrode topk.
-    The message carries the evidence (``pytest_ddtree.proof``)."""
+    The message carries the evidence (``pytest_ddtree.service.proof``)."""
 
     def __init__(self, config_name: str, failures: Sequence[str], log_tail: str = "") -> None:
         self.config_name = config_name

@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 from typing import Mapping
 
-from pytest_ddtree.records import ControllerEntry
+from pytest_ddtree.records.shapes import ControllerEntry
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, ServiceStartError
 from pytest_ddtree.service.ssh import Host, output_tail
 

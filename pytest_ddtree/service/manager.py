@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, cast
 
-from pytest_ddtree import http as http_mod
-from pytest_ddtree.client import SGLangClient
-from pytest_ddtree import proof as proof_mod
+from pytest_ddtree.service import http as http_mod
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.proof import Proof
-from pytest_ddtree.records import ControllerEntry, LaunchEntry
+from pytest_ddtree.service.proof import Proof
+from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
 from pytest_ddtree.service.base import (
     ConfigNotAvailable,
     ConfigNotServed,

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Mapping
 
-from pytest_ddtree.records import ControllerEntry
+from pytest_ddtree.records.shapes import ControllerEntry
 from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, head_file, tail_file
 
 # -- global registry: every live process group we started, for emergency cleanup -----------------

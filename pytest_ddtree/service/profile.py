@@ -534,7 +534,7 @@ MAX_CONTROL_LAUNCHES = 16
 
 def _parse_control_launches(raw: Mapping[str, Any], control: str | None, relaunchable: bool, fail: _Fail) -> int:
     """``control_launches``: how many launches of the control each process measures (half at its
-    start, half at its end; gate/control.py), each one more restart of the service."""
+    start, half at its end; gates/throughput/control.py), each one more restart of the service."""
     if "control_launches" not in raw:
         return int(_DEFAULTS["control_launches"])
     n = raw["control_launches"]

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from pytest_ddtree import progress as progress_mod
-from pytest_ddtree.http import Deadline, DeadlineExceeded, describe_transport_error, phase
+from pytest_ddtree.service.http import Deadline, DeadlineExceeded, describe_transport_error, phase
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
@@ -26,7 +26,7 @@ MISSING = "<missing>"
 
 
 class HealthClient(Protocol):
-    """What readiness needs from pytest_ddtree.client.SGLangClient."""
+    """What readiness needs from pytest_ddtree.service.client.SGLangClient."""
 
     def health(self, path: str, timeout: float = ...) -> int: ...
 

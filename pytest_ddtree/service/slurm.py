@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from pytest_ddtree.records import ControllerEntry, SlurmJobEntry
+from pytest_ddtree.records.shapes import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
     ENV_NAME_RULE,
     STARTUP_LOG_BYTES,

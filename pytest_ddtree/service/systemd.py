@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from pytest_ddtree.records import ControllerEntry
+from pytest_ddtree.records.shapes import ControllerEntry
 from pytest_ddtree.service.base import STARTUP_LOG_LINES, Controller, ExitInfo, Launch, ServiceError, describe_exit_code
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
 

@@ -155,17 +155,17 @@ class ServiceProfile:
     instance_lock: bool = True
     coding_min_pass: int | None = None
     #: After readiness, a few short greedy requests whose continuation the drafter can copy prove the
-    #: block size (or budget) by the acceptance histogram (pytest_ddtree.proof); false for a service
+    #: block size (or budget) by the acceptance histogram (pytest_ddtree.service.proof); false for a service
     #: that must get no requests but the tests' own (one that counts or bills them).
     copy_probe: bool = True
     unit: str | None = None
     dropin_dir: str | None = None
     lossless: str = "golden"
     lossless_args: str | None = None
-    #: The throughput gate's control (pytest_ddtree/gate/control.py): None = the lossless_args launch,
+    #: The throughput gate's control (pytest_ddtree/gates/throughput/control.py): None = the lossless_args launch,
     #: "none" = no control, else the name of a config to measure as the control.
     control: str | None = None
-    #: Launches of the control per process, half at its start and half at its end (gate/control.py):
+    #: Launches of the control per process, half at its start and half at its end (gates/throughput/control.py):
     #: each averages away more of one launch's own speed shift, at the cost of one restart and the
     #: control's cells; the uniform shift's standard error shrinks with them (docs/benchmarks.md).
     control_launches: int = DEFAULT_CONTROL_LAUNCHES

@@ -1,0 +1,99 @@
+"""The throughput gate's one entry point for a measured cell: pass, fail, skip or warn, with why.
+
+Like pytest-regressions' ``perform_regression_check``, a suite's test measures and hands the
+result here (:func:`check_cell`); what the gate decides for the cell is decided here and
+nowhere else: a baseline file it cannot read, an invalid measurement, a bless it refuses or
+proposes, a missing or thin baseline, a metric the baseline lacks, a regression, an
+inconclusive cell, and what ``--ddtree-require-baselines`` (CI) changes. The suite only turns
+the outcome into pytest's fail, skip or warnings (this module does not import pytest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pytest_ddtree.service.fingerprint import local_fingerprint
+from pytest_ddtree.gates.throughput.baseline_format import baseline_cell_entry
+from pytest_ddtree.gates.throughput.verdicts import INCONCLUSIVE, MISSING, NEW, THIN
+from pytest_ddtree.records.words import GateDecision as Decision
+from pytest_ddtree.records.words import Status
+
+if TYPE_CHECKING:
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.gates.throughput.throughput import CellEvaluation
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.manager import RunningService
+
+
+@dataclass(frozen=True)
+class GateWarning:
+    """Something to say while the cell is not failed: no (trusted) baseline yet, or a new metric."""
+
+    kind: Literal["missing-baseline", "new-metric"]
+    message: str
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """The gate's decision for one cell, its message, and the warnings to show with it."""
+
+    decision: Decision
+    message: str = ""
+    warnings: tuple[GateWarning, ...] = ()
+
+
+def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
+               service: RunningService, settings: Settings) -> GateOutcome:
+    """Decide one measured cell (``throughput.evaluate_cell``'s evaluation, already recorded).
+
+    Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
+    of its baseline (with the hardware fingerprint); the controller writes it at session end.
+    """
+    if cell.baseline_problem is not None:
+        return GateOutcome(Decision.FAIL, f"{config} {workload}: {cell.baseline_problem}")
+    verdict = cell.verdict
+    if cell.status == Status.INVALID:
+        return GateOutcome(Decision.FAIL, verdict.message(config))
+    if baselines.update_mode:
+        return _bless(cell, config, workload, baselines, recorder, service, settings)
+    require = settings.require_baselines
+    notes: list[GateWarning] = []
+    if verdict.status in (MISSING, THIN):
+        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == THIN)])
+        msg = (f"{config} {workload}: {reasons} in {baselines.path_for(config)}; "
+               f"create it with: {baselines.create_command(config)}")
+        if require:
+            return GateOutcome(Decision.FAIL, msg + " (--ddtree-require-baselines)")
+        # A warning, not a skip: the measurement is real and must reach --benchmark-json
+        # (pytest-benchmark drops skipped tests); CI makes it a failure with --ddtree-require-baselines.
+        notes.append(GateWarning("missing-baseline", msg))
+    new = [m.message for m in verdict.metrics if m.status == NEW]
+    if new:
+        notes.append(GateWarning("new-metric", f"{config} {workload}: " + "; ".join(new)))
+    if verdict.failed:
+        return GateOutcome(Decision.FAIL, verdict.message(config), tuple(notes))
+    if verdict.status == INCONCLUSIVE:
+        if require:
+            return GateOutcome(Decision.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
+                               "a CI run must not pass a cell it could not judge)", tuple(notes))
+        # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
+        head, *why = verdict.message(config).split("\n  - ")
+        return GateOutcome(Decision.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
+    return GateOutcome(Decision.WARN if notes else Decision.PASS, "", tuple(notes))
+
+
+def _bless(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
+           service: RunningService, settings: Settings) -> GateOutcome:
+    """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
+    refusal = cell.bless_refusal()
+    if refusal is not None:
+        retry = f"{baselines.create_command(config)} --ddtree-workload={workload}"
+        return GateOutcome(Decision.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
+                                          f"  retry this cell with: {retry}")
+    fingerprint = local_fingerprint(service.profile, service.server_info)
+    entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp)
+    recorder.propose_baseline(config, "metrics", {workload: entry})
+    recorder.propose_baseline(config, "fingerprint", fingerprint.as_dict())
+    return GateOutcome(Decision.PASS, f"{config} {workload}: proposed for the baseline")

@@ -1,0 +1,692 @@
+"""The session's control: a non-speculative launch measured on the throughput cells (no pytest).
+
+Why: the campaign asks what speculation buys, and a machine's day (a slower node, another
+driver, a warmer room) moves every launch alike. Measured in the same session on the same host,
+the control cancels that day in the ratio config / control, so:
+
+* each config's **speedup over the control** is shown per cell (config tok/s / control tok/s)
+  with its change against the blessed speedup;
+* the **session's uniform shift** - the median over the configs of their common change of output
+  tok/s minus the control's, i.e. how much the speedup of every config moved together - is
+  stated with its 95% interval, and a uniform slowdown beyond its tolerance while the control
+  held fails the run ("only speculative configs moved": a DDTree build slower everywhere, which
+  the per-config rule would take for a slower day);
+* the **control's own tok/s** is gated against its baseline (``baselines/<hardware>/control.yaml``,
+  the same layout as a config's) like a config's cells, so a whole build that slows down
+  everything is seen too ("control moved").
+
+The control is the launch the lossless gate already makes (the profile's ``lossless_args``), or
+the config a profile names in ``control:``; measured in each process (per service instance and
+host, not per config) on every throughput cell of the session, the profile's ``control_launches``
+times (default 2): half before its first config, each a fresh launch, and half after its last where
+it measured 3 or more configs (``wants_end_launch``). The launches at each end weigh half, so their
+mean sits where the configs' median does and a machine that drifts over the session cancels, and
+the control's own launch shift averages over all of them (``_control_launches``); a bless records
+how many launches each blessed session pooled, so the baseline's share of it is known too. Profiles
+that cannot launch one (an external service, a pool of URLs, no ``lossless_args``, or ``control:
+none``) keep the per-config rule and the summary says so.
+
+The uniform shift is estimated twice and the two are weighed by their noise (inverse variance,
+their covariance through the configs' median counted): (a) the configs' median speedup change over
+the control - the day cancels, the control's own launch shift does not (its variance: the
+launch-to-launch spread, pooled from every config's blessed sessions against the others of its
+session, times the share of it left in the mean of the control's launches today and in its blessed
+sessions); (b) the configs' median change against their baselines - the control's launch does not
+enter, the day does (at least the assumed day shift, 2%, or the blessed days' spread). Restart noise
+widens (a), a day shift (b); together they are tighter than either. When the control moved beyond
+its own tolerance the day was no ordinary one and (a) stands alone. The tolerance is
+``max(UNIFORM_FLOOR, Z_UNIFORM x the combined standard error)``. The control moved when its common
+change is beyond ``Z_CONFIG`` of its own standard error (day and launch parts, as a config's step 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import stats
+from pytest_ddtree.gates.throughput.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
+from pytest_ddtree.gates.throughput.baseline_format import launch_counts
+from pytest_ddtree.records import shapes as records_mod
+from pytest_ddtree.records.shapes import CellRecord, ControlCellData, ControlJudgedData, MeasuredCellData, RawRecord
+from pytest_ddtree.records.words import RecordKind
+
+if TYPE_CHECKING:
+    from pytest_ddtree.measure.load import WorkloadLike
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.gates.throughput.throughput import CellEvaluation
+    from pytest_ddtree.session import DDTreeSession
+
+#: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``).
+RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
+#: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
+#: Record kinds: one per measured control cell, and one when no control could be measured.
+CONTROL_RECORD = RecordKind.THROUGHPUT_CONTROL
+CONTROL_UNAVAILABLE = RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE
+CONTROL_REPEAT = RecordKind.THROUGHPUT_CONTROL_REPEAT
+#: The uniform shift fails beyond max(UNIFORM_FLOOR, Z_UNIFORM standard errors) while the control held.
+UNIFORM_FLOOR = 0.025
+Z_UNIFORM = 3.0
+#: Assumed spread of the uniform shift between sessions when fewer than two blessed sessions show it.
+UNIFORM_PRIOR_SPREAD = 0.01
+_METRIC = "output_throughput"
+#: What the control gates: its output tok/s (its TTFT is recorded, not gated: the configs' TTFT
+#: gate covers prefill, and a second TTFT gate would only add false alarms).
+GATED = (_METRIC,)
+
+KIND_NONE = "nothing moved beyond the noise"
+KIND_CONTROL = "control moved"
+KIND_SPECULATIVE = "only speculative configs moved"
+KIND_BOTH = "control moved, and the speculative configs moved against it"
+
+#: Where in its process a launch of the control is measured (``control_at`` of its records).
+START = "start"
+END = "end"
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A common change of output tok/s (log) with its standard error and blessed sessions' values."""
+
+    shift: float
+    se: float
+    blessed: Mapping[str, float]
+    floor: float
+
+
+def _move_of(records: Sequence[CellRecord]) -> _Move | None:
+    """The common change of output tok/s of one launch (its records)."""
+    for rec in records:
+        m = rec["verdict"]["metrics"].get(_METRIC)
+        shift, shift_se = (m.get("config_shift"), m.get("config_shift_se")) if m is not None else (None, None)
+        if m is not None and shift is not None and shift_se is not None:
+            return _Move(math.log1p(float(shift)), float(shift_se),
+                         {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()},
+                         float(m.get("tolerance_floor") or 0.05))
+    return None
+
+
+def launch_of(rec: ControlJudgedData) -> str:
+    """Which launch of the control a record belongs to (its process and its number in it): a session
+    measures the control ``control_launches`` times per process, at its start and at its end (``measure``)."""
+    return f"{rec.get('worker') or ''}#{rec.get('control_launch') or 1}"
+
+
+def place_of(rec: ControlJudgedData) -> str:
+    """``start`` or ``end``: where in its process a launch of the control was measured (records
+    without ``control_at``, written before the key existed: launch 2 was the end, launch 1 the start)."""
+    at = rec.get("control_at")
+    if at in (START, END):
+        return str(at)
+    return END if rec.get("control_launch") == 2 else START
+
+
+@dataclass(frozen=True)
+class _Launches:
+    """The control's launches of one group together: their weighted common change, and the share of
+    one launch's own shift that is left in it (1 for one launch, 1 / n for n launches in one place)."""
+
+    move: _Move
+    launch_share: float
+    count: int
+
+
+def _control_launches(records: Sequence[ControlJudgedData]) -> _Launches | None:
+    """The control's launches of this group together. Within a process its launches at the start and
+    those at the end weigh half each, so a machine that drifts over the process cancels whatever the
+    number of launches in each place; the processes weigh alike. ``launch_share`` is the sum of the
+    squared weights: the variance of one launch's own shift that the weighted mean keeps."""
+    launches: dict[str, list[ControlJudgedData]] = {}
+    for rec in records:
+        launches.setdefault(launch_of(rec), []).append(rec)
+    places: dict[str, dict[str, list[_Move]]] = {}
+    for key, recs in sorted(launches.items()):
+        move = _move_of(recs)
+        if move is not None:
+            places.setdefault(key.rsplit("#", 1)[0], {}).setdefault(place_of(recs[0]), []).append(move)
+    if not places:
+        return None
+    weighted: list[tuple[float, _Move]] = []
+    for by_place in places.values():
+        for moves in by_place.values():
+            weighted.extend((1.0 / (len(places) * len(by_place) * len(moves)), m) for m in moves)
+    first = weighted[0][1]
+    move = _Move(sum(w * m.shift for w, m in weighted), math.sqrt(sum((w * m.se) ** 2 for w, m in weighted)),
+                 first.blessed, first.floor)
+    return _Launches(move, sum(w * w for w, _ in weighted), len(weighted))
+
+
+def _blessed_share(records: Sequence[ControlJudgedData], blessed: Mapping[str, float]) -> float:
+    """The share of one launch's own shift left in the control's baseline: its blessed sessions' mean,
+    each session the mean of its launches (``blessed_launches`` of the records, read from control.yaml;
+    a session blessed before the count was kept counts as one launch)."""
+    counts: dict[str, int] = {}
+    for rec in records:
+        for sid, n in (rec.get("blessed_launches") or {}).items():
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+                counts[str(sid)] = n
+    k = max(1, len(blessed))
+    return sum(1.0 / counts.get(sid, 1) for sid in blessed) / k**2 if blessed else 1.0
+
+
+def _median_value(records: Sequence[CellRecord], cell: str) -> float | None:
+    values = [float(v) for r in records if r.get("cell") == cell
+              and stats.is_number(v := (r.get("metrics") or {}).get(_METRIC)) and v > 0]
+    return stats.median(values) if values else None
+
+
+def _change(records: Sequence[CellRecord], cell: str) -> float | None:
+    for r in records:
+        if r.get("cell") == cell:
+            m = r["verdict"]["metrics"].get(_METRIC)
+            if m is not None and stats.is_number(change := m.get("change")):
+                return float(change)
+    return None
+
+
+def group_of(rec: CellRecord) -> str:
+    """Configs are compared with the control of the same hardware profile and host."""
+    return f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+@dataclass
+class GroupJudgement:
+    """The control and the uniform shift of one hardware profile and host."""
+
+    group: str
+    source: str
+    cells: int
+    control_change: float | None = None  # relative
+    control_interval: tuple[float, float] | None = None
+    control_tolerance: float | None = None
+    control_status: str = "unknown"  # held / moved / failed / unknown (no baseline)
+    control_failures: list[str] = field(default_factory=list)
+    uniform_shift: float | None = None  # relative
+    uniform_interval: tuple[float, float] | None = None
+    uniform_tolerance: float | None = None
+    uniform_parts: dict[str, float] = field(default_factory=dict)  # the two estimates and their weight
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kind: str = ""
+    failed: bool = False
+    uniform_failure: str = ""  # why the uniform shift fails the session, in one sentence ("" where it does not)
+    lines: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group, "source": self.source, "cells": self.cells,
+            "control_change": self.control_change,
+            "control_change_ci": list(self.control_interval) if self.control_interval else None,
+            "control_tolerance": self.control_tolerance, "control_status": self.control_status,
+            "control_failures": self.control_failures,
+            "uniform_shift": self.uniform_shift,
+            "uniform_shift_ci": list(self.uniform_interval) if self.uniform_interval else None,
+            "uniform_tolerance": self.uniform_tolerance, "uniform_parts": self.uniform_parts or None, "kind": self.kind, "failed": self.failed,
+            "configs": self.configs,
+        }
+
+
+@dataclass
+class ControlJudgement:
+    """Everything the session end says about the control (``judge``)."""
+
+    available: bool
+    reason: str = ""  # why there is no control
+    groups: list[GroupJudgement] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(g.failed for g in self.groups)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"available": self.available, "reason": self.reason or None,
+                "groups": [g.as_dict() for g in self.groups], "failed": self.failed}
+
+    def text(self) -> str:
+        if not self.available:
+            return (f"no control in this session: {self.reason}. The configs are judged by the per-config rule "
+                    "(each against its baseline, and against the session's other configs); a build that slows "
+                    "every config alike is seen only beyond about three day-to-day spreads.")
+        return "\n\n".join("\n".join(g.lines) for g in self.groups)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
+          require_baselines: bool = False, update_mode: bool = False) -> ControlJudgement:
+    """The control's verdict, each config's speedup over it and the session's uniform shift.
+
+    ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
+    ``configs``: the configs' throughput records (``report.normalize``)."""
+    control = records_mod.control_judged(records)
+    if not control:
+        reasons = sorted({r["reason"] for r in records_mod.control_unavailable(records)})
+        return ControlJudgement(False, "; ".join(reasons) or "no control was measured (no throughput cell ran)")
+    out = ControlJudgement(True)
+    groups: dict[str, list[ControlJudgedData]] = {}
+    for rec in control:
+        groups.setdefault(group_of(rec), []).append(rec)
+    relaunches = records_mod.judged_relaunches(records)
+    for name, members in sorted(groups.items()):
+        out.groups.append(_judge_group(name, members, [c for c in configs if group_of(c) == name],
+                                       require_baselines, update_mode,
+                                       [r for r in relaunches if group_of(r) == name]))
+    return out
+
+
+def _judge_group(name: str, control: list[ControlJudgedData], configs: list[MeasuredCellData],
+                 require_baselines: bool, update_mode: bool,
+                 relaunches: Sequence[MeasuredCellData] = ()) -> GroupJudgement:
+    cells = sorted({str(r.get("cell")) for r in control})
+    source = str(control[0].get("control_source") or "non-speculative launch")
+    g = GroupJudgement(name, source, len(cells))
+    host = name.split("@", 1)[1] or "this host"
+    g.lines.append(f"control: {source} on {host}, {_count(len({launch_of(r) for r in control}), 'launch', 'launches')} "
+                   f"on {_count(len(cells), 'cell', 'cells')} (hardware profile {name.split('@', 1)[0] or 'unknown'})")
+    _control_cell_failures(g, control, require_baselines)
+    if update_mode:
+        g.kind = "blessed, not judged"
+        g.failed = bool(g.control_failures)
+        g.lines.extend(["  " + f for f in g.control_failures] or ["  the control's cells were blessed"])
+        _speedup_table(g, control, configs)
+        return g
+    launches = _control_launches(control)
+    ctl = launches.move if launches is not None else None
+    n_ctl = launches.count if launches is not None else 0
+    # the share of one launch's own shift in the control's change: today's launches and the blessed ones
+    share = ((launches.launch_share + _blessed_share(control, launches.move.blessed)) if launches is not None else 2.0)
+    moves = _config_moves(configs, relaunches)
+    wobble, day = _spreads(configs, name, ctl)
+    control_moved = _judge_control(g, ctl, n_ctl, share, wobble, day)
+    if g.control_failures:
+        g.control_status = "failed"
+        g.lines.extend("  control " + f for f in g.control_failures)
+    speculative_moved = False
+    if ctl is not None and moves:
+        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, share, wobble, day, control_moved)
+    elif not moves:
+        g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
+                       "with baselines): no uniform shift")
+    g.kind = (KIND_BOTH if control_moved and speculative_moved else KIND_CONTROL if control_moved
+              else KIND_SPECULATIVE if speculative_moved else KIND_NONE)
+    if ctl is not None:
+        failing = sorted({f.split(":", 1)[0].split(" (", 1)[0] for f in g.control_failures})
+        g.lines.append(f"  verdict: the control's own cell(s) {', '.join(failing)} failed, which fails the session "
+                       f"(as a whole: {g.kind})" if failing else f"  verdict: {g.kind}")
+    g.failed = g.failed or bool(g.control_failures)
+    _speedup_table(g, control, configs)
+    return g
+
+
+def _control_cell_failures(g: GroupJudgement, control: list[ControlJudgedData], require_baselines: bool) -> None:
+    """The control's own cells: a failure fails the run like a config's."""
+    for rec in control:
+        verdict = rec.get("verdict") or {}
+        status = str(verdict.get("status") or rec.get("status") or "")
+        refusal = rec.get("bless_refused")
+        launch = (f" (launch {rec.get('control_launch') or 1}, at the {place_of(rec)} of {rec.get('worker') or 'the process'})"
+                  if (rec.get("control_launch") or 1) > 1 else "")
+        if refusal:
+            g.control_failures.append(f"{rec.get('cell')}: not blessed: {refusal}; retry with: {rec.get('retry')}")
+        elif status in gate.FAILING or (require_baselines and status in (gate.MISSING, gate.THIN, gate.INCONCLUSIVE)):
+            metrics = verdict.get("metrics") or {}
+            detail = "; ".join(str(m.get("message")) for m in metrics.values() if isinstance(m, Mapping) and m.get("message"))
+            detail = detail or "; ".join(str(x) for x in verdict.get("reasons") or []) or status
+            g.control_failures.append(f"{rec.get('cell')}{launch}: {status.upper()}: {detail}"
+                                      + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
+
+
+def _config_moves(configs: list[MeasuredCellData], relaunches: Sequence[MeasuredCellData]) -> dict[str, _Move]:
+    """Each speculative config's common change; a relaunched config's is the mean of its launches."""
+    moves: dict[str, _Move] = {}
+    for cfg in sorted({str(c.get("config")) for c in configs}):
+        move = _move_of([c for c in configs if c.get("config") == cfg])
+        if move is not None:
+            # a relaunched config: the mean of all its launches (its first one was the odd one out)
+            again = [m for m in gate.config_moves([r for r in relaunches if r.get("config") == cfg])
+                     if m.metric == _METRIC]
+            moves[cfg] = move if not again else _Move(
+                (move.shift + sum(m.shift for m in again)) / (1 + len(again)), move.se, move.blessed, move.floor)
+    return moves
+
+
+def _spreads(configs: list[MeasuredCellData], name: str, ctl: _Move | None) -> tuple[float, float]:
+    """How much one launch's common change moves between launches, and the blessed days' spread."""
+    # how much one launch's common change moves between launches (the configs' blessed sessions,
+    # each against the others of its session: many degrees of freedom); the control's relaunches
+    # are taken to move as much; and how much the blessed days moved (their configs' median)
+    cfg_moves = [m for m in gate.config_moves(configs) if m.metric == _METRIC and m.group == name]
+    # the control's blessed sessions against the configs' median count too: its own launch-to-launch
+    # spread is what the estimate over the control carries (and a session of two configs has few others)
+    pool = cfg_moves + ([gate.ConfigMove(CONTROL, _METRIC, "higher", ctl.floor, ctl.shift, ctl.se, ctl.blessed, name)]
+                        if ctl is not None and ctl.blessed else [])
+    wobble = max(gate.launch_wobble(pool) if len(pool) >= 3 else 0.0, UNIFORM_PRIOR_SPREAD)
+    prior_day = gate.SPECS[_METRIC].day_shift
+    day = max(prior_day, gate.day_spread([m.blessed for m in cfg_moves]) or 0.0)
+    return wobble, day
+
+
+def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: float, wobble: float, day: float) -> bool:
+    """The control's output tok/s against its baseline; whether it moved beyond its tolerance.
+    ``share``: how much of one launch's own shift (``wobble``, as a variance) its change carries, from
+    today's ``n_ctl`` launches and the blessed sessions' (``_control_launches``, ``_blessed_share``)."""
+    control_moved = False
+    if ctl is not None:
+        k = max(1, len(ctl.blessed))
+        control_se = math.sqrt(day**2 * (1.0 + 1.0 / k) + wobble**2 * share + ctl.se**2)
+        g.control_tolerance = max(ctl.floor, gate.Z_CONFIG * control_se)
+        half = 1.96 * control_se
+        g.control_change = math.expm1(ctl.shift)
+        g.control_interval = (math.expm1(ctl.shift - half), math.expm1(ctl.shift + half))
+        control_moved = abs(ctl.shift) > g.control_tolerance
+        g.control_status = "moved" if control_moved else "held"
+        verdict = "MOVED beyond it" if control_moved else "held"
+        g.lines.append(f"  control output tok/s against its baseline: {_pct(g.control_change)} over "
+                       f"{_count(n_ctl, 'launch', 'launches')} this session (95% interval {_pct(g.control_interval[0])} "
+                       f"to {_pct(g.control_interval[1])}). It counts as moved beyond {g.control_tolerance:.1%}: "
+                       f"{gate.Z_CONFIG:g} times its standard error, from a day-to-day spread of {day:.1%} and a "
+                       f"launch-to-launch spread of {wobble:.1%}, and never less than the {ctl.floor:.1%} floor. "
+                       f"Verdict: {verdict}")
+    else:
+        g.control_status = "unknown"
+        g.lines.append("  control output tok/s: no judged baseline for 3 or more of its cells (create it with "
+                       "--ddtree-update-baselines); the uniform shift cannot be stated")
+    return control_moved
+
+
+def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Move], n_ctl: int, share: float,
+                         wobble: float, day: float, control_moved: bool) -> bool:
+    """The speculative configs' common move, from their speedups over the control and their change
+    against the blessed days (weighted by their noise); a uniform slowdown while the control held
+    fails the group. Whether the speculative configs moved."""
+    speedups = {cfg: m.shift - ctl.shift for cfg, m in moves.items()}
+    over_control = stats.median(list(speedups.values()))
+    configs_moved = stats.median([m.shift for m in moves.values()])
+    # the blessed sessions the control and the configs share (else the blessed speedup is unknown)
+    per_session = [sid for sid in ctl.blessed if any(sid in m.blessed for m in moves.values())]
+    k = max(1, len(ctl.blessed))
+    n = len(moves)
+    # the median of the configs' launches (shared by both estimates), the control's launches and
+    # blessed sessions (over the control), the day and the blessed days (the configs alone)
+    config_se = stats.median([m.se for m in moves.values()])
+    shared = max(wobble**2 * (1.0 + 1.0 / k), config_se**2) * (math.pi / 2.0 if n > 2 else 1.0) / n
+    var_control = max(wobble**2 * share, ctl.se**2) + shared
+    var_days = day**2 * (1.0 + 1.0 / k) + shared
+    # inverse-variance weights of the two estimates of the speculative configs' common move
+    # (correlated through the configs' median): restart noise makes the control's estimate wide
+    # (its own launch), a day shift the blessed days' one; each is tight where the other is not
+    # (a control that moved beyond its tolerance says the day was no ordinary one: the control alone)
+    if control_moved:
+        w, se = 1.0, math.sqrt(var_control)
+    else:
+        w = (var_days - shared) / (var_control + var_days - 2.0 * shared)
+        se = math.sqrt(max(1e-12, (var_control * var_days - shared**2) / (var_control + var_days - 2.0 * shared)))
+    uniform = w * over_control + (1.0 - w) * configs_moved
+    g.uniform_shift = math.expm1(uniform)
+    g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
+    g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
+    g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
+                       "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl, "control_launch_share": share,
+                       "launch_spread": wobble, "day_spread": day}
+    speculative_moved = abs(uniform) > g.uniform_tolerance
+    slower = -uniform > g.uniform_tolerance
+    for cfg, value in speedups.items():
+        g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
+    g.lines.append(
+        f"  uniform shift of the {_count(len(moves), 'speculative config', 'speculative configs')}: "
+        f"{_pct(g.uniform_shift)} (95% interval {_pct(g.uniform_interval[0])} to {_pct(g.uniform_interval[1])}). "
+        f"It counts beyond {g.uniform_tolerance:.1%}: {Z_UNIFORM:g} times its standard error, never less than "
+        f"{UNIFORM_FLOOR:.1%}. It weighs their median speedup change over the control "
+        f"({_pct(math.expm1(over_control))}, weight {w:.0%}) against their median change against the blessed days "
+        f"({_pct(math.expm1(configs_moved))}, weight {1 - w:.0%}), each by its noise (launch-to-launch spread "
+        f"{wobble:.1%} over the control's {_count(n_ctl, 'launch', 'launches')}; day-to-day spread {day:.1%})")
+    if not per_session:
+        g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
+                       "were blessed at is not known; bless them together (one --ddtree-update-baselines run)")
+        speculative_moved = slower = False
+    if slower and not control_moved and not g.control_failures:
+        g.failed = True
+        g.uniform_failure = (
+            f"every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
+            f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
+            "held: the speculative path slowed down as a whole (a build, a "
+            "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
+        g.lines.append(f"  REGRESSION: {g.uniform_failure}")
+    return speculative_moved
+
+
+def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs: list[MeasuredCellData]) -> None:
+    """Each config's speedup over the control per cell, and its change against the blessed speedup."""
+    cells = sorted({str(r.get("cell")) for r in control})
+    rows = []
+    for cfg in sorted({str(c.get("config")) for c in configs}):
+        mine = [c for c in configs if c.get("config") == cfg]
+        per_cell: dict[str, Any] = {}
+        shown = []
+        for cell in cells:
+            num, den = _median_value(mine, cell), _median_value(control, cell)
+            if num is None or den is None:
+                continue
+            c_change, k_change = _change(mine, cell), _change(control, cell)
+            change = (1.0 + c_change) / (1.0 + k_change) - 1.0 if c_change is not None and k_change is not None else None
+            per_cell[cell] = {"speedup": num / den, "change": change}
+            shown.append(f"{cell} {num / den:.2f}x" + (f" ({_pct(change)})" if change is not None else ""))
+        if per_cell:
+            g.configs.setdefault(cfg, {})["cells"] = per_cell
+            total = g.configs[cfg].get("speedup_change")
+            rows.append(f"    {cfg}: " + ", ".join(shown)
+                        + (f"; all cells {_pct(total)}" if total is not None else ""))
+    if rows:
+        g.lines.append("  speedup over the control (config / control output tok/s; change against the blessed speedup):")
+        g.lines.extend(rows)
+
+
+def launches_at(profile_launches: int, at: str) -> int:
+    """How many of a process's ``profile_launches`` launches of the control are measured at ``at``:
+    half at its start (the odd one there) and half at its end, so their weighted mean sits where
+    the configs' median does and a drift over the process cancels (``_control_launches``)."""
+    return (profile_launches + 1) // 2 if at == START else profile_launches // 2
+
+
+def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START) -> str:
+    """The control's launches of this process at ``at`` (``launches_at`` of the profile's
+    ``control_launches``), each a fresh launch measured on every cell (``measure``); returns
+    ``measured`` when the process has a launch of the control measured, else what its first did
+    (``unavailable``, ``off``, ``no throughput cells``). Each launch
+    after the first costs one more restart of the service and the control's cells.
+
+    Why more than one: each launch of a server lands a little faster or slower (KV-cache size,
+    CUDA-graph capture, memory layout: ~2% (sd) on GPU servers), and the control's launch shift is
+    carried whole by every config's speedup over it; the mean of n launches (and of n per blessed
+    session) carries 1 / n of it, which is what lets the uniform shift see every config 5% slower."""
+    earlier = {r.get("control_launch") for r in session.recorder.records
+               if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
+    first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
+    count = launches_at(session.profile.control_launches, at)
+    done = "off"
+    for launch in range(first, first + count):
+        outcome = measure(session, cells, launch, at)
+        if outcome != "measured":  # recorded with the reason; the launches measured so far stand
+            return "measured" if launch > 1 else outcome
+        done = outcome
+    return done
+
+
+def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1, at: str = START) -> str:
+    """Measure one launch of the control in this process, on ``cells``, and record it; returns what
+    was done.
+
+    ``launch`` counts the process's launches of the control (1: its first, before its first config),
+    ``at`` says whether it belongs to the process's start or its end (``measure_launches``): the
+    launches at each end weigh half, so a machine that drifts over the session does not read as the
+    configs moving against the control, and the control's own launch-to-launch shift averages over
+    its launches. Every launch after the process's first is a fresh one (the service is released
+    first). A bless blesses every launch's samples as the session's, with their number (the latest
+    launch's proposal replaces the earlier ones, pooled), so the baseline holds what a judged session
+    compares with it and says how many launches each blessed session averaged.
+
+    ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
+    control is launched in the instance's own slot like any config (the next config restarts);
+    its cells are judged against ``control.yaml`` (first pass and confirmation of flagged cells,
+    as a config's), or proposed for it under ``--ddtree-update-baselines`` when a bless can trust
+    them. Nothing here raises: a control that cannot be launched or measured is recorded with the
+    reason (``CONTROL_UNAVAILABLE``) and the session keeps the per-config rule.
+    """
+    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.baselines import BaselineError
+    from pytest_ddtree.configs import ConfigError, parse_config_name
+    from pytest_ddtree.measure.load import LoadError
+    from pytest_ddtree.service.base import ServiceError
+
+    recorder = session.recorder
+    profile = session.profile
+    settings = session.settings
+    choice = profile.control
+    if not cells:
+        return "no throughput cells"
+    if choice == "none":
+        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"profile {profile.name} sets control: none"})
+        return "off"
+    try:
+        if launch > 1:
+            session.manager.release()  # a fresh launch of the control, not the one still running
+        if choice:
+            service = session.manager.ensure(parse_config_name(choice))
+            source = f"config {choice} (the profile's control)"
+        else:
+            service = session.manager.ensure_reference()
+            source = "non-speculative launch (the profile's lossless_args)"
+    except (ServiceError, ConfigError) as exc:
+        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
+        return "unavailable"
+    baselines = session.baselines(service.server_info)
+    section: Any = None
+    baseline_file: Any = None
+    baseline_error: str | None = None
+    try:
+        baseline_file = baselines.load(CONTROL)
+        if not baselines.update_mode:
+            section = gate.validate_section((baseline_file or {}).get("metrics"), str(baselines.path_for(CONTROL)))
+    except (BaselineError, gate.BaselineFormatError) as exc:
+        baseline_error = str(exc)
+    try:
+        campaign = throughput.measure_config(
+            service.client, cells, settings.repeats,
+            lambda name, r, result: recorder.record(CONTROL_REPEAT, CONTROL, {
+                **throughput.sample_record(name, r, result), "control_launch": launch, "control_at": at}),
+            baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
+            dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
+            bless=baselines.update_mode, gated=GATED, label=f"control (launch {launch})",
+            cell_timeout_s=profile.cell_timeout_s)
+    except LoadError as exc:
+        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
+        return "unavailable"
+    blessed = blessed_launches(section)
+    for workload in cells:
+        ev = throughput.evaluate_cell(CONTROL, workload, campaign, baseline_file, baselines.path_for(CONTROL),
+                                      baselines.hardware_profile, baselines.update_mode, baseline_error)
+        _record_cell(session, baselines, workload.name, ev, source, launch, at, blessed)
+    return "measured"
+
+
+def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
+    """How many launches of the control each blessed session averaged (session id -> count), from
+    control.yaml's ``metrics`` section (its output tok/s sessions' ``launches``; a session blessed
+    before the count was kept is left out and counts as one)."""
+    counts: dict[str, int] = {}
+    for entry in (section or {}).values():
+        gates = entry.get("gates") if isinstance(entry, Mapping) else None
+        gated = gates.get(_METRIC) if isinstance(gates, Mapping) else None
+        if isinstance(gated, Mapping):
+            counts.update({sid: n for sid, n in launch_counts(gated).items() if n >= 1})
+    return counts
+
+
+def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev: CellEvaluation, source: str, launch: int,
+                 at: str, blessed: Mapping[str, int]) -> None:
+    """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
+    earlier launches' samples pooled in, and their number) or say why it cannot be trusted."""
+    recorder, settings = session.recorder, session.settings
+    # mypy asks the cell's record for the control's optional keys too (set below where they apply)
+    record: ControlCellData = {**ev.record, "control_source": source, "control_launch": launch,  # type: ignore[typeddict-item]
+                               "control_at": at}
+    if blessed:
+        record["blessed_launches"] = dict(blessed)
+    if ev.baseline_problem:
+        record["baseline_problem"] = ev.baseline_problem
+    if baselines.update_mode:
+        refusal = ev.bless_refusal()
+        if refusal is None:
+            samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
+            entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
+                                             specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
+                                             launches=launches)
+            recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
+        else:
+            record["bless_refused"] = refusal
+            record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
+                              f"--ddtree-workload={cell}"
+    recorder.record(CONTROL_RECORD, CONTROL, record)
+
+
+def _with_earlier_launches(records: Sequence[RawRecord], cell: str,
+                           samples: Mapping[str, Sequence[float]]) -> tuple[dict[str, list[float]], int]:
+    """``samples`` with this process's earlier control launches' samples of ``cell`` before them, and
+    how many launches they are together (the refused ones left out)."""
+    pooled: dict[str, list[float]] = {}
+    launches = 1
+    for rec in records_mod.control_records(records):
+        if rec["cell"] == cell and not rec.get("bless_refused"):
+            launches += 1
+            for key, earlier in rec["samples"].items():
+                pooled.setdefault(key, []).extend(earlier)
+    for key, values in samples.items():
+        pooled.setdefault(key, []).extend(float(v) for v in values)
+    return pooled, launches
+
+
+#: A process that measured this many configs measures the control at its end too.
+END_LAUNCH_MIN_CONFIGS = 3
+
+
+def wants_end_launch(records: Sequence[RawRecord]) -> bool:
+    """Whether this process's control is measured at its end too (``records``: the process's own):
+    after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
+    the control's launch shift is shared by enough configs to be worth more launches; a process of
+    one or two configs keeps its launches at its start, beside them."""
+    configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
+    return len(configs) >= END_LAUNCH_MIN_CONFIGS
+
+
+def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
+    """The throughput cells (``workload`` parameters) of the collected tests, each once, in order;
+    cells skipped for the profile (``max_context``) are left out, and so are open-loop cells: below
+    the service's capacity their output tok/s is the offered rate's whatever the launch, so a
+    speedup over the control there reads ~1x and would only dilute the uniform shift."""
+    cells: list[WorkloadLike] = []
+    seen: set[str] = set()
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        workload = spec.params.get("workload") if spec is not None else None
+        name = getattr(workload, "name", None)
+        if workload is None or not isinstance(name, str) or name in seen or item.get_closest_marker("skip") \
+                or getattr(workload, "open_loop", None) is not None:
+            continue
+        seen.add(name)
+        cells.append(workload)
+    return cells

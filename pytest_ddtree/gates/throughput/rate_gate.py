@@ -1,0 +1,155 @@
+"""The sustainable rate's gate: a blessed rate re-probed as one open-loop cell (no pytest import).
+
+Why not search again and compare the answers: a search is several cells, and its answer moves by
+a bisection step from session to session on noise alone, so comparing two searches' rates would
+either alarm often or need a tolerance as wide as the step. Whether a config still carries the
+traffic it carried when blessed is one question that one cell answers. So a bless stores, in the
+config's baseline file (section ``sustainable_rate``, ``gate.rate_entry``), the rate its search
+found, the SLO it was found under and that rate's goodput samples as a cell entry; a later
+session measures that rate as one open-loop cell with the usual repeats and judges its goodput
+against those samples by the throughput gate's own rule, tolerance and confirmation run
+(``throughput.measure_config`` with the entry as the cell's baseline): the rate then has the
+false-alarm budget of output tok/s. Goodput at a fixed offered rate is the rate's own test: below
+capacity it is the offered rate whatever the speed, and it falls as requests start missing the SLO.
+
+A session with another SLO than the blessed one cannot judge the rate (its goodput counts other
+requests as good): it says "bless again" and searches as an unblessed session does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.measure import load, stats
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.gates.throughput import throughput
+from pytest_ddtree.records.rate_shapes import REBLESS, RateGateData, SustainableRateData
+from pytest_ddtree.measure.slo import SLO, RateSearch
+from pytest_ddtree.records.words import GateDecision
+
+#: The gated metric of a blessed rate: bench_serving's request_goodput (good requests per second).
+GOODPUT = "request_goodput"
+
+
+def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:
+    """Whether the blessed entry's SLO (``SLO.record()``) is ``slo``: the same targets and percentile."""
+    targets = blessed.get("goodput_slos_ms")
+    if not isinstance(targets, Mapping) or not stats.is_number(blessed.get("percentile")):
+        return False
+    return {str(k): float(v) for k, v in targets.items()} == slo.as_dict() \
+        and float(blessed["percentile"]) == slo.percentile
+
+
+def bless_entry(search: RateSearch, campaigns: Mapping[float, throughput.Campaign], template: load.WorkloadLike,
+                slo: SLO, existing: Mapping[str, Any] | None, session: str) -> tuple[dict[str, Any] | None, str]:
+    """The ``sustainable_rate.<workload>`` entry a bless proposes (None and why when it proposes none).
+
+    The found rate's own probe gives the samples (no extra cell); a probe whose measurement is not
+    valid is not blessed, as a cell's is not. The blessed sessions of ``existing`` are kept (the
+    last three, as a cell's) while the rate and the SLO stay; a new rate or SLO starts over."""
+    rate = search.sustainable
+    if rate is None:
+        return None, f"no rate met {slo.label}: there is no sustainable rate to bless"
+    cell = throughput.rate_cell(template, rate)
+    facts = throughput.cell_input(campaigns[rate], cell, None)
+    if facts.status != stats.VALID:
+        return None, (f"the measurement at {rate:g} req/s is {facts.status}: "
+                      + ("; ".join(facts.problems) or "see its repeats in the records"))
+    goodput = list(facts.current.get(GOODPUT) or [])
+    if not goodput or min(goodput) <= 0:
+        return None, f"a repeat at {rate:g} req/s had no request meeting {slo.label} (goodput {goodput})"
+    old = existing.get("cell") if existing is not None and same_slo(existing.get("slo") or {}, slo) else None
+    entry = gate.baseline_cell_entry(facts.workload or {}, {GOODPUT: goodput}, existing=old,
+                                     specs=[gate.SPECS[GOODPUT]], session=session)
+    return gate.rate_entry(rate, slo.record(), entry), f"{rate:g} req/s under {slo.label} proposed for the baseline"
+
+
+@dataclass(frozen=True)
+class RateGateOutcome:
+    """The gate's decision for a blessed rate, its message, and the sustainable-rate record."""
+
+    decision: GateDecision
+    message: str
+    record: SustainableRateData
+
+
+def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], slo: SLO, repeats: int,
+               resolution: float, *, config: str, create_command: str, require: bool,
+               on_sample: throughput.OnSample | None = None, on_confirm: throughput.OnSample | None = None,
+               **measure: Any) -> RateGateOutcome:
+    """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
+    under this session's SLO) and judge its goodput; ``measure`` is ``measure_config``'s keywords
+    (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``) makes an
+    inconclusive or untrusted judgement a failure, as it does a cell's."""
+    rate = float(blessed["rate"])
+    cell = throughput.rate_cell(template, rate)
+    campaign = throughput.measure_config(service, [cell], repeats, on_sample, {cell.name: blessed["cell"]}, on_confirm,
+                                         gated=(GOODPUT,), slo=slo, label=config, **measure)
+    probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
+    verdict = campaign.verdicts[cell.name]
+    base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}
+    base_median, tolerance = base.get("median"), float(base.get("tolerance", gate.SPECS[GOODPUT].tolerance))
+    now = probe.figures.get(GOODPUT)
+    status = verdict.status
+    details = "".join(f"\n  - {line}" for line in verdict.message(config).split("\n  - ")[1:])
+    measured = list(throughput.cell_input(campaign, cell, None).current.get(GOODPUT) or [])
+    if status not in gate.FAILING and measured and min(measured) <= 0 and stats.is_number(base_median) \
+            and stats.median(measured) < float(base_median) * (1 - tolerance):
+        # the rule works on logs and leaves a repeat with no good request unjudged: at a rate the
+        # blessed repeats all met, a median beyond the tolerance below them is the regression itself
+        status = gate.REGRESSION
+        details = (f"\n  - {sum(1 for v in measured if v <= 0)} of {len(measured)} repeat(s) had no request meeting "
+                   f"the SLO (goodput per repeat {[round(v, 3) for v in measured]})")
+    shown = (f"goodput {_num(now)} req/s against the blessed {_num(base_median)} req/s (tolerance {tolerance:.0%}), "
+             f"SLO attainment {_pct(probe.figures.get('slo_attainment'))}"
+             + (f"; {probe.reason}" if probe.reason else f"; {slo.label} met"))
+    where = f"{config}: its blessed sustainable rate {rate:g} req/s on {template.name} under SLO {slo.label}"
+    if status in gate.FAILING:
+        decision = GateDecision.FAIL
+        message = (f"{where} no longer holds: {shown}.{details}\n  If the change is intended, bless again: "
+                   f"{create_command} (a session without the blessed rate searches the rate this build sustains)")
+    elif status in (gate.INCONCLUSIVE, gate.THIN, gate.MISSING):
+        decision = GateDecision.FAIL if require else GateDecision.SKIP
+        message = (f"{where}: {str(status).upper()}, not judged: {shown}{details}"
+                   + (" (--ddtree-require-baselines)" if require else ""))
+    else:
+        decision = GateDecision.PASS
+        message = f"{where} still holds: {shown}"
+    held = decision is GateDecision.PASS
+    record = RateSearch(rate if held else None, None if held else rate, [probe], resolution).record(template.name, slo)
+    record["gate"] = {"blessed_rate": rate, "status": str(status), "message": message}
+    return RateGateOutcome(decision, message, record)
+
+
+def rebless_note(blessed: Mapping[str, Any], slo: SLO) -> RateGateData:
+    """The record's ``gate`` of a session whose SLO is not the blessed one (searched, not judged)."""
+    return {"blessed_rate": float(blessed["rate"]), "status": REBLESS,
+            "message": f"blessed under SLO {(blessed.get('slo') or {}).get('label', '?')}, this session's is {slo.label}: "
+                       "bless again to gate the rate under it"}
+
+
+def unjudged(config: str, workload: str, blessed: Mapping[str, Any] | None, slo: SLO, path: str, create_command: str,
+             require: bool) -> tuple[GateDecision, str]:
+    """What a searched, ungated rate says: no blessed rate, or one blessed under another SLO ("bless
+    again"); a warning, a failure under ``--ddtree-require-baselines`` (as a cell without a baseline)."""
+    if blessed is not None:
+        why = (f"{config}: its sustainable rate on {workload} was blessed under SLO "
+               f"{(blessed.get('slo') or {}).get('label', '?')}, this session's is {slo.label}: a rate is not judged "
+               f"against another SLO's goodput (searched and reported instead); bless again: {create_command}")
+    else:
+        why = (f"{config}: no blessed sustainable rate on {workload} in {path}: searched and reported, not gated; "
+               f"bless it with: {create_command}")
+    if require:
+        return GateDecision.FAIL, why + " (--ddtree-require-baselines)"
+    return GateDecision.WARN, why
+
+
+def _num(value: Any) -> str:
+    return f"{float(value):.3g}" if stats.is_number(value) else "n/a"
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value):.1%}" if stats.is_number(value) else "n/a"

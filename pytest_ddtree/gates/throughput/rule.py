@@ -1,0 +1,462 @@
+"""The cell rule (steps 1-5 of the package docstring): a config's cells against their baselines, the
+day shift removed, flagged at a lenient screen, then confirmed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_ddtree.measure import stats
+from pytest_ddtree.gates.throughput.noise import (
+    MEDIAN_VARIANCE,
+    centre_of_logs,
+    centre_variance,
+    log_centre,
+    robust_log_sd,
+)
+from pytest_ddtree.gates.throughput.verdicts import (
+    CellInput,
+    CellVerdict,
+    Direction,
+    FLAGGED,
+    IMPROVED,
+    INCONCLUSIVE,
+    INVALID,
+    METRIC_MISSING,
+    MIN_BASELINE_SAMPLES,
+    MISSING,
+    MetricBaseline,
+    MetricVerdict,
+    NEW,
+    PASS,
+    REGRESSION,
+    SPECS,
+    THIN,
+    fmt,
+    fmt_pct,
+)
+from pytest_ddtree.records.words import MeasurementStatus, Verdict
+
+
+#: Cells a config needs before its common shift is estimated and removed.
+MIN_CELLS_FOR_SHIFT = 3
+
+
+#: z (standard errors) of the first pass's flag, of the confirmation's verdict, and of the
+#: config-wide tolerance. The flag is a screen (cheap: only flagged cells are measured again);
+#: the confirmation decides, and carries the sweep-level false-alarm budget.
+Z_FLAG = 1.0
+
+
+#: The flag's floor is this share of the metric's tolerance floor.
+FLAG_FLOOR_SHARE = 0.5
+
+
+#: z of a verdict without a confirmation run (improved; a flagged cell that could not be confirmed).
+Z_CELL = 3.0
+
+
+#: The confirmation's verdict: z over its standard error, whose noise is the confirmation's own
+#: (its 12 fresh repeats, scaled MAD, between 1x and 3x the config's typical noise), and its floor,
+#: a share of the metric's tolerance floor. Chosen with ``benchmarks/bench_gate.py``: the
+#: estimated standard error of a single cell is itself noisy, and at 3% repeat noise the floor
+#: decides most confirmations, so the floor sits where an unchanged cell's confirmation rarely
+#: reaches (about 3 of its real standard errors) and a 10% drop's almost always does. In a noisier
+#: cell (concurrency 32 at 5%) the z decides, and the confirmation shares the baseline's error with
+#: the first pass that flagged it: at 2.7, 36 such cells of a sweep failed 3.5% of unchanged sweeps;
+#: at 3.2 a 3% cell whose confirmation spread wide let 10% drops through.
+Z_CONFIRM = 3.0
+
+
+CONFIRM_FLOOR_SHARE = 1.25
+
+
+#: Step 5 (a config's common change against the day-to-day spread): a flag there is confirmed by the
+#: same launch, so it reproduces a launch's or a drift's shift; a config or a build that moved as a
+#: whole is judged by the session check (relaunched) and the control, so this is a backstop.
+Z_CONFIG = 5.0
+
+
+@dataclass
+class Metric:
+    """Working state of one metric of one cell while the config is judged."""
+
+    base: MetricBaseline
+    current: list[float]
+    base_log: float
+    cur_log: float
+    sigma: float = 0.0
+    between: float = 0.0
+    shift_variance: float = 0.0  # of the config's common change that is subtracted
+    shift_se: float | None = None  # standard error of that common change (log), with >= 3 cells
+    blessed_shifts: tuple[tuple[str, float], ...] = ()  # each blessed session's common change (log)
+    typical_sigma: float = 0.0  # the config's median noise of this metric (with >= 3 cells)
+
+    @property
+    def change_log(self) -> float:
+        return self.cur_log - self.base_log
+
+    def std_error(self, n_current: int, sigma: float | None = None) -> float:
+        noise = self.sigma if sigma is None else sigma
+        within = noise**2 * (centre_variance(len(self.base.samples)) + centre_variance(n_current))
+        k = max(1, len(self.base.sessions))
+        return math.sqrt(within + self.between**2 * (1.0 + 1.0 / k) + self.shift_variance)
+
+
+def worse_by(direction: Direction, log_change: float) -> float:
+    """> 0 when the change is in the bad direction."""
+    return -log_change if direction == "higher" else log_change
+
+
+def _common_shift(values: Sequence[float]) -> float:
+    """The change all cells share: with 5+ cells the mean without the one farthest from the
+    median (one in five), with 3-4 cells the median, so one regressed cell cannot drag it; 0
+    with fewer cells.
+
+    Why not the mean without the lowest and highest: when one cell really regressed, that
+    drops it *and* the luckiest unchanged cell, so the shift comes out too low by a quarter of
+    a cell's noise and hides that much of the regression; dropping only the outlying cell
+    keeps the estimate unbiased and uses one cell more.
+    """
+    if len(values) < MIN_CELLS_FOR_SHIFT:
+        return 0.0
+    if len(values) < 5:
+        return stats.median(values)
+    centre = stats.median(values)
+    kept = sorted(values, key=lambda v: abs(v - centre))[:len(values) - len(values) // 5]
+    return sum(kept) / len(kept)
+
+
+def session_shifts(metrics: Mapping[str, Metric]) -> dict[str, float]:
+    """Each blessed session's common shift over the config's cells (log), by session id."""
+    per_session: dict[str, list[float]] = {}
+    for m in metrics.values():
+        for sid, values in m.base.sessions:
+            lm = log_centre(values) if values else None
+            if lm is not None:
+                per_session.setdefault(sid, []).append(lm - m.base_log)
+    return {sid: _common_shift(v) for sid, v in per_session.items()}
+
+
+def _confirmation_sigma(m: Metric, confirmation: Sequence[float]) -> float:
+    """The cell's repeat noise now: the confirmation's own spread (scaled MAD of its logs: one
+    wild repeat does not move it), at least the cell's own noise from its blessed sessions and
+    the config's typical noise, at most 2x the latter (the scaled MAD of 12 repeats is itself ~25%
+    off: at 3x, a confirmation that happened to spread wide waved a 10% drop through)."""
+    own = stats.scaled_mad([math.log(v) for v in confirmation if v > 0]) if len(confirmation) >= 3 else 0.0
+    typical = m.typical_sigma or m.sigma
+    return min(max(typical, m.sigma, own), 2.0 * typical) if typical > 0 else own
+
+
+def judge_config(
+    cells: Mapping[str, CellInput],
+    confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    launch_spread: Mapping[str, float] | None = None,
+    cell_noise: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, CellVerdict]:
+    """Verdicts for every measured cell of one config (see the module docstring for the rule).
+
+    Without ``confirmations`` this is the first pass: cells beyond tolerance come back
+    ``flagged``. With them (cell -> metric -> fresh repeat samples) flagged metrics are
+    decided: regression when the confirmation alone is beyond the tolerance too, pass when
+    not; a flagged cell without confirmation samples stays a regression, saying so.
+    ``launch_spread`` (metric -> log spread, ``launch_spread``): how much a config's common change
+    moves between launches, pooled over every config blessed on this hardware; step 5 judges the
+    config's common change against it instead of this config's own three sessions. ``cell_noise``
+    (metric -> cell -> log sigma, ``cell_noise``): each cell's repeat noise pooled over every config
+    blessed on this hardware, which replaces the config's own thin estimate of it.
+    """
+    verdicts: dict[str, CellVerdict] = {}
+    judged: dict[str, CellInput] = {}
+    for name, cell in cells.items():
+        early = _early_verdict(name, cell)
+        if early is not None:
+            verdicts[name] = early
+        else:
+            judged[name] = cell
+    by_metric = _metrics_of(judged)
+    shifts: dict[str, float] = {}
+    config_flags: dict[str, tuple[float, float]] = {}
+    for key, metrics in by_metric.items():
+        session_shift = session_shifts(metrics)
+        _estimate_noise(metrics, session_shift, (cell_noise or {}).get(key) or {})
+        shifts[key], flag = _config_shift(key, metrics, session_shift, (launch_spread or {}).get(key))
+        if flag is not None:
+            config_flags[key] = flag
+    for name, cell in judged.items():
+        verdicts[name] = _judge_cell(name, cell, by_metric, shifts, config_flags, confirmations)
+    return {name: verdicts[name] for name in cells}
+
+
+def _metrics_of(judged: Mapping[str, CellInput]) -> dict[str, dict[str, Metric]]:
+    """Each gated metric's cells that can be judged: a baseline with enough samples, and a log
+    centre on both sides."""
+    by_metric: dict[str, dict[str, Metric]] = {}
+    for name, cell in judged.items():
+        gates = (cell.baseline or {}).get("gates") or {}
+        for key, entry in gates.items():
+            base = MetricBaseline.from_entry(key, entry)
+            current = [float(v) for v in cell.current.get(key) or [] if v is not None]
+            if not current or len(base.samples) < MIN_BASELINE_SAMPLES:
+                continue
+            b, c = log_centre(base.samples), log_centre(current)
+            if b is None or c is None:
+                continue
+            by_metric.setdefault(key, {})[name] = Metric(base, current, b, c)
+    return by_metric
+
+
+def _estimate_noise(metrics: Mapping[str, Metric], session_shift: Mapping[str, float], pooled_noise: Mapping[str, float]) -> None:
+    """Each cell's baseline centre, repeat noise and between-session spread (steps 1 and 3), held
+    within the config's typical noise, and replaced by the noise pooled over the hardware profile."""
+    for m in metrics.values():
+        # Pool the blessed sessions after taking out each one's config-wide shift (that
+        # day's machine): otherwise trimming would weigh the sessions differently per cell.
+        own = [session_shift.get(sid, 0.0) for sid, _ in m.base.sessions]
+        aligned = [math.log(v) - shift for (_, values), shift in zip(m.base.sessions, own) for v in values]
+        m.base_log = centre_of_logs(aligned) + sum(own) / len(own)
+        groups = [list(v) for _, v in m.base.sessions] + [m.current]
+        m.sigma = robust_log_sd(groups)
+        residuals = []
+        for sid, values in m.base.sessions:
+            lm = log_centre(values) if values else None
+            if lm is not None:
+                residuals.append((lm - m.base_log - session_shift.get(sid, 0.0), len(values)))
+        if len(residuals) >= 2:
+            raw = sum(r * r for r, _ in residuals) / (len(residuals) - 1)
+            expected = stats.mean([m.sigma**2 * centre_variance(n) for _, n in residuals])
+            m.between = math.sqrt(max(0.0, raw - expected))
+    if len(metrics) >= MIN_CELLS_FOR_SHIFT:
+        # One wild repeat inflates a cell's standard deviation, and three sessions say
+        # little about one cell's wobble: a cell's noise counts between 1x and 2x the
+        # config's median, its between-session spread is the config's median.
+        typical_sigma = stats.median([m.sigma for m in metrics.values()])
+        typical_between = stats.median([m.between for m in metrics.values()])
+        for m in metrics.values():
+            m.typical_sigma = typical_sigma
+            # each cell's own noise (high concurrency is noisier than a single request), within
+            # half and three times the config's median: four groups of repeats estimate it roughly
+            m.sigma = min(max(m.sigma, 0.5 * typical_sigma), 3.0 * typical_sigma)
+            m.between = typical_between
+    for name, m in metrics.items():
+        pooled = pooled_noise.get(name)
+        if pooled is not None and pooled > 0:
+            # the same cell in every config blessed on this hardware: dozens of groups of repeats
+            m.sigma = m.typical_sigma = pooled
+
+
+def _config_shift(key: str, metrics: Mapping[str, Metric], session_shift: Mapping[str, float],
+                  launch_spread: float | None) -> tuple[float, tuple[float, float] | None]:
+    """The config's common change of one metric (step 2) with its standard error on each cell, and
+    the config-wide flag (step 5: the shift and the tolerance it went beyond), if raised."""
+    # Each cell's change for the shift uses the plain mean of today's logs (less noisy than
+    # a median of three; a cell with a wild repeat is trimmed away as a whole).
+    shift = _common_shift([sum(math.log(v) for v in m.current) / len(m.current) - m.base_log
+                           for m in metrics.values()])
+    if len(metrics) >= MIN_CELLS_FOR_SHIFT:
+        # a mean of n cells' changes without the outlying ones: ~1.2 / n of one change's variance
+        typical = stats.median([m.sigma**2 * (centre_variance(len(m.base.samples)) + 1.0 / len(m.current))
+                                + m.between**2 for m in metrics.values()])
+        for m in metrics.values():
+            m.shift_variance = typical * 1.2 / len(metrics)
+            m.shift_se = math.sqrt(m.shift_variance)
+            m.blessed_shifts = tuple(sorted(session_shift.items()))
+    if len(metrics) >= MIN_CELLS_FOR_SHIFT:
+        tolerance = _config_tolerance(key, metrics, session_shift, launch_spread)
+        direction = next(iter(metrics.values())).base.direction
+        if worse_by(direction, shift) > tolerance:
+            return shift, (shift, tolerance)
+    return shift, None
+
+
+def _config_tolerance(key: str, metrics: Mapping[str, Metric], session_shift: Mapping[str, float],
+                      pooled: float | None = None) -> float:
+    spec = SPECS.get(key)
+    floor = min(m.base.tolerance for m in metrics.values())
+    values = list(session_shift.values())
+    measured = stats.stdev(values) * math.sqrt(len(values) / (len(values) - 1)) if len(values) >= 2 else 0.0
+    # three blessed sessions say little about one config's launch-to-launch spread (2 degrees of
+    # freedom): the spread pooled over every config blessed on this hardware says it, where known
+    day = max(spec.day_shift if spec else 0.02, pooled if pooled is not None else measured)
+    k = max(1, len(values))
+    ses = [m.std_error(len(m.current)) for m in metrics.values()]
+    shift_se = stats.median(ses) * math.sqrt(MEDIAN_VARIANCE / len(ses))
+    return max(floor, Z_CONFIG * math.sqrt(day**2 * (1.0 + 1.0 / k) + shift_se**2))
+
+
+def _early_verdict(name: str, cell: CellInput) -> CellVerdict | None:
+    """Invalid, missing and changed-workload cells are never compared."""
+    if cell.status == stats.INVALID:
+        return CellVerdict(name, INVALID, (), tuple(cell.problems) or ("measurement invalid",))
+    if cell.baseline is None:
+        return CellVerdict(name, MISSING, (), ("no baseline for this cell",))
+    base_workload = cell.baseline.get("workload")
+    if cell.workload is not None and isinstance(base_workload, Mapping):
+        diff = {k: (base_workload.get(k), v) for k, v in cell.workload.items() if base_workload.get(k) != v}
+        if diff:
+            changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+            return CellVerdict(name, MISSING, (), (
+                f"the workload changed since the baseline ({changes}); the old numbers do not apply",))
+    return None
+
+
+def _judge_cell(
+    name: str,
+    cell: CellInput,
+    by_metric: Mapping[str, Mapping[str, Metric]],
+    shifts: Mapping[str, float],
+    config_flags: Mapping[str, tuple[float, float]],
+    confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None,
+) -> CellVerdict:
+    gates = (cell.baseline or {}).get("gates") or {}
+    verdicts: list[MetricVerdict] = []
+    # what to do with a better or a new number: bless it, unless the measurement is not trusted
+    advice = ("; bless it with --ddtree-update-baselines" if cell.status != stats.INCONCLUSIVE
+              else " (not to be blessed: the measurement is inconclusive)")
+    for key, entry in sorted(gates.items()):
+        base = MetricBaseline.from_entry(key, entry)
+        current = [float(v) for v in cell.current.get(key) or [] if v is not None]
+        m = by_metric.get(key, {}).get(name)
+        if not current:
+            verdicts.append(MetricVerdict(
+                key, METRIC_MISSING, base.direction, base.tolerance, stats.median(base.samples), None, None,
+                unit=base.unit, baseline_samples=len(base.samples), baseline_sessions=len(base.sessions),
+                message=f"{key}: gated in the baseline but not produced by this run (did speculation stop? "
+                        "a service that no longer reports it?); if that is intended, re-bless the config"))
+            continue
+        if m is None:
+            verdicts.append(MetricVerdict(
+                key, THIN, base.direction, base.tolerance, stats.median(base.samples) if base.samples else None,
+                stats.median(current), None, unit=base.unit, baseline_samples=len(base.samples),
+                baseline_sessions=len(base.sessions),
+                message=f"{key}: the baseline holds {len(base.samples)} sample(s), the gate needs at least "
+                        f"{MIN_BASELINE_SAMPLES}: not trusted; re-bless with --ddtree-update-baselines"))
+            continue
+        confirmation = None
+        if confirmations is not None:
+            confirmation = [float(v) for v in (confirmations.get(name) or {}).get(key) or [] if v is not None]
+        verdicts.append(_judge_metric(key, m, shifts.get(key, 0.0), config_flags.get(key), confirmation, advice))
+    for key in sorted(set(cell.current) - set(gates)):
+        values = [float(v) for v in cell.current.get(key) or [] if v is not None]
+        if values and key in SPECS:
+            spec = SPECS[key]
+            verdicts.append(MetricVerdict(
+                key, NEW, spec.direction, spec.tolerance, None, stats.median(values), None, unit=spec.unit,
+                message=f"{key}: new (measured {fmt(stats.median(values))} {spec.unit}, not in the baseline)"
+                        + advice))
+    if cell.status == stats.INCONCLUSIVE:
+        # Compared for the record, but a measurement that could not be trusted is neither a
+        # regression nor a pass, and is not worth a confirmation run.
+        verdicts = [dataclasses.replace(v, status=INCONCLUSIVE) if v.status in (FLAGGED, REGRESSION, IMPROVED) else v
+                    for v in verdicts]
+        return CellVerdict(name, INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
+    found = {v.status for v in verdicts}
+    worst_first: tuple[Verdict, ...] = (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED)
+    status: Verdict = next((s for s in worst_first if s in found), PASS)
+    return CellVerdict(name, status, tuple(verdicts), ())
+
+
+def _judge_metric(
+    key: str,
+    m: Metric,
+    shift: float,
+    config_flag: tuple[float, float] | None,
+    confirmation: list[float] | None,
+    advice: str,
+) -> MetricVerdict:
+    base = m.base
+    direction = base.direction
+    flag_at = max(FLAG_FLOOR_SHARE * base.tolerance, Z_FLAG * m.std_error(len(m.current)))
+    tolerance = max(base.tolerance, Z_CELL * m.std_error(len(m.current)))
+    relative = m.change_log - shift
+    worse = worse_by(direction, relative)
+    flagged_why = ""
+    if worse > flag_at:
+        flagged_why = (f"{fmt_pct(math.expm1(relative))} relative to the config's common change "
+                       f"{fmt_pct(math.expm1(shift))}, beyond the first pass's {flag_at:.1%} screen")
+    elif config_flag is not None:
+        flagged_why = (f"the whole config moved {fmt_pct(math.expm1(config_flag[0]))}, beyond the config-wide "
+                       f"{config_flag[1]:.1%} tolerance (day-to-day spread)")
+    base_median = stats.median(base.samples)
+    cur_median = stats.median(m.current)
+    interval = stats.log_ratio_interval(base.samples, m.current)
+    ci = (f" ({interval.label} {fmt_pct(interval.low - 1)} .. {fmt_pct(interval.high - 1)})"
+          if interval is not None else "")
+    what = (f"{key}: {fmt(base_median)} -> {fmt(cur_median)} {base.unit}, "
+            f"{fmt_pct(math.expm1(m.change_log))}{ci}")
+
+    def made_of(tol: float, n_now: int, floor: float = base.tolerance, z: float = Z_CELL,
+                noise: float = m.sigma) -> str:
+        return (f"tolerance {tol:.1%} = max(floor {floor:.1%}, {z} x standard error; "
+                f"noise {noise:.1%}, between sessions {m.between:.1%}); {len(base.samples)} baseline samples "
+                f"from {len(base.sessions)} session(s) vs {n_now} now")
+
+    first_change: float | None = None
+    confirm_change: float | None = None
+    status: Verdict
+    if flagged_why and confirmation is None:
+        status, msg = FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
+    elif flagged_why and not confirmation:
+        status = REGRESSION
+        msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; no confirmation run was "
+               f"possible ({made_of(tolerance, len(m.current))})")
+    elif flagged_why and confirmation is not None:
+        conf_log = log_centre(confirmation)
+        conf_sigma = _confirmation_sigma(m, confirmation)
+        conf_floor = CONFIRM_FLOOR_SHARE * base.tolerance
+        tolerance = max(conf_floor, Z_CONFIRM * m.std_error(len(confirmation), conf_sigma))
+        conf_rel = (conf_log - m.base_log - shift) if conf_log is not None else 0.0
+        reproduced = worse_by(direction, conf_rel) > tolerance
+        if config_flag is not None and conf_log is not None and not reproduced:
+            reproduced = worse_by(direction, conf_log - m.base_log) > config_flag[1]
+        first_change = math.expm1(m.change_log)
+        confirm_change = math.expm1(conf_rel) if conf_log is not None else None
+        conf_txt = (f"confirmation ({len(confirmation)} fresh repeats): {fmt(stats.median(confirmation))} "
+                    f"{base.unit}, {fmt_pct(math.expm1(conf_log - m.base_log)) if conf_log is not None else '?'}"
+                    f" ({fmt_pct(math.expm1(conf_rel))} relative)")
+        if reproduced:
+            status = REGRESSION
+            msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
+                   f"{conf_txt} ({made_of(tolerance, len(confirmation), conf_floor, Z_CONFIRM, conf_sigma)})")
+        else:
+            status = PASS
+            msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
+                   f"within its {tolerance:.1%} tolerance: pass")
+    elif -worse > tolerance:
+        status = IMPROVED
+        msg = f"{what}: improved beyond the {tolerance:.1%} tolerance{advice}"
+    else:
+        status, msg = PASS, ""
+    return MetricVerdict(
+        key, status, direction, tolerance, base_median, cur_median, math.expm1(m.change_log), None,
+        (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
+        shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
+        baseline_samples=len(base.samples), baseline_sessions=len(base.sessions), shift_se=m.shift_se,
+        blessed_shifts=m.blessed_shifts, floor=base.tolerance, confirm_change=confirm_change)
+
+
+def compare_metric(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
+    """One metric of two finished sessions (reports): judged alone, today's samples standing as
+    their own confirmation, since there is no service left to measure again."""
+    verdict = compare_cell("cell", {"gates": {key: entry}}, {key: current}, confirmation={key: current})
+    found = verdict.metric(key)
+    assert found is not None
+    return found
+
+
+def compare_cell(
+    cell: str,
+    baseline: Mapping[str, Any] | None,
+    current: Mapping[str, Sequence[float]],
+    *,
+    status: MeasurementStatus = stats.VALID,
+    problems: Sequence[str] = (),
+    workload: Mapping[str, Any] | None = None,
+    confirmation: Mapping[str, Sequence[float]] | None = None,
+) -> CellVerdict:
+    """One cell judged alone (no config shift to remove): the first pass, or with its confirmation."""
+    cells = {cell: CellInput(baseline, current, status, problems, workload)}
+    return judge_config(cells, None if confirmation is None else {cell: confirmation})[cell]

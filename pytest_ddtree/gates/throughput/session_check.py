@@ -1,0 +1,305 @@
+"""A config against its session (step 6): its common change against the other configs of the same
+session, and the relaunch of the configs beyond a lenient screen."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_ddtree.measure import stats
+from pytest_ddtree.gates.throughput.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_quantile
+from pytest_ddtree.gates.throughput.rule import FLAG_FLOOR_SHARE, worse_by
+from pytest_ddtree.gates.throughput.verdicts import Direction, PASS, REGRESSION, fmt_pct
+from pytest_ddtree.records.shapes import JudgedCellData
+from pytest_ddtree.records.words import Verdict
+
+
+# --- A config against the rest of its session -------------------------------------------------
+#
+# A config that is uniformly slower moves its common change, which step 5 can only judge against
+# the day-to-day spread (a 10% drop of one config competes with a 2% day shift). Every config of
+# a session shares that day's machine, though: the other configs' common changes measure it.
+# At session end each config's common change is compared with the median of the others' (same
+# hardware profile and host), and judged against the noise of both plus the config-specific
+# spread between the blessed sessions (each blessed session's change of this config against the
+# others' in that session). There is no confirmation run (the service has moved on), so the
+# rule is stricter than a cell's: Z_SESSION standard errors, at least the metric's floor, and the
+# config's own change must be in the bad direction beyond half the floor, so with two configs an
+# improvement of one is not read as a regression of the other.
+#
+# A config's launch moves its common change as a whole (KV-cache size, CUDA-graph capture, memory
+# layout on a GPU server: about 2% (sd), as much as a day), and the others' median does not cancel
+# it. With one launch, a tolerance that keeps 18 configs' false alarms under 1% sits near 8%, and a
+# config 10% slower is caught about 3 times in 4. So a config beyond a lenient screen
+# (Z_RELAUNCH_SCREEN standard errors: about 1 config in 15 of an unchanged sweep) is relaunched once
+# where the profile can (``relaunch_flagged``) and judged on the mean of both launches (the launch
+# part of the variance halves) at Z_RELAUNCHED; the relaunch alone must be beyond the screen too.
+# bench_gate.py measures the cost: about one relaunch per unchanged sweep of 18 configs.
+
+#: z of a config's common change against its session's other configs (one launch).
+Z_SESSION = 3.5
+
+
+#: The relaunch screen (``relaunch_candidates``) and the verdict on both launches' mean.
+Z_RELAUNCH_SCREEN = 1.5
+
+
+Z_RELAUNCHED = 3.6
+
+
+#: A flagged config is relaunched at most this often (again while its launches' mean stays beyond the screen).
+MAX_RELAUNCHES = 3
+
+
+@dataclass(frozen=True)
+class ConfigMove:
+    """One config's common change of one metric this session (log units), from its verdicts."""
+
+    config: str
+    metric: str
+    direction: Direction
+    floor: float
+    shift: float
+    shift_se: float
+    blessed: Mapping[str, float]  # blessed session id -> that session's common change
+    group: str = ""  # hardware profile / host: configs are compared only within one group
+
+
+@dataclass(frozen=True)
+class SessionFinding:
+    config: str
+    metric: str
+    status: Verdict  # REGRESSION or PASS
+    shift: float  # the config's common change (relative, not log)
+    others: float  # the median common change of the other configs
+    relative: float
+    tolerance: float
+    compared_with: tuple[str, ...]
+    message: str
+    relaunched: bool = False  # judged on two launches (the relaunch screen flagged the first)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == REGRESSION
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def config_moves(records: Sequence[JudgedCellData]) -> list[ConfigMove]:
+    """Each config's common change per metric, from its throughput records (``verdict.metrics``).
+
+    Only configs judged with a common change (>= 3 cells with baselines) take part. Records of
+    several relaunches of a config (their ``relaunch`` index) give one move each, in that order."""
+    found: dict[tuple[str, int, str], ConfigMove] = {}
+    for rec in records:
+        metrics = ((rec.get("verdict") or {}).get("metrics")) or {}
+        config = str(rec.get("config") or "")
+        group = f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
+        for key, m in metrics.items():
+            shift, shift_se = m.get("config_shift"), m.get("config_shift_se")
+            if shift is None or shift_se is None:
+                continue
+            launch = int(rec.get("relaunch") or 0)
+            if (config, launch, key) in found:
+                continue
+            found[(config, launch, key)] = ConfigMove(
+                config, key, m.get("direction", "higher"), float(m.get("tolerance_floor") or 0.0),
+                math.log1p(float(shift)), float(shift_se),
+                {str(k): float(v) for k, v in (m.get("config_blessed_shifts") or {}).items()}, group)
+    return [found[k] for k in sorted(found, key=lambda k: k[1])]
+
+
+def _median_se(ses: Sequence[float]) -> float:
+    """Standard error of the median of values with these standard errors."""
+    n = len(ses)
+    if n <= 2:
+        return math.sqrt(sum(s * s for s in ses)) / n
+    return stats.median(ses) * math.sqrt(MEDIAN_VARIANCE / n)
+
+
+def _wobble(moves: Sequence[ConfigMove]) -> tuple[float, int]:
+    """``config_wobble`` and its degrees of freedom."""
+    variances = []
+    dofs = []
+    for c in moves:
+        diffs = []
+        for sid, value in c.blessed.items():
+            others = [o.blessed[sid] for o in moves if o is not c and sid in o.blessed]
+            if others:
+                diffs.append(value - stats.median(others))
+        if len(diffs) >= 2:
+            m = sum(diffs) / len(diffs)
+            variances.append(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
+            dofs.append(len(diffs) - 1)
+    if not variances:
+        return 0.0, 0
+    n = len(variances)
+    dof = int(stats.median(dofs))
+    if n < 6:
+        # few configs: the median, over its expected share of the true variance (0.70 at 2 degrees
+        # of freedom), so launch-to-launch shifts are not underestimated half the time; its own
+        # uncertainty is not priced in (0: a t quantile of 4-10 degrees of freedom would make the
+        # check of a session of 2-5 configs blind)
+        return math.sqrt(stats.median(variances) / median_chi2_share(dof)), 0
+    # the mean of the configs' sample variances without the largest (one odd config), over that
+    # trimmed mean's expected share of the true variance: ~1.5x as precise as their median, and the
+    # tolerances built on it are only as good as it is
+    largest = chi2_share_quantile(dof, (n - 0.375) / (n + 0.25))
+    share = (n - largest) / (n - 1)
+    return math.sqrt(sum(sorted(variances)[:-1]) / (n - 1) / share), dof * (n - 1)
+
+
+def config_wobble(moves: Sequence[ConfigMove]) -> float:
+    """The config-specific spread between blessed sessions (log): per config, the sample standard
+    deviation of its blessed sessions' common change against the others' median in the same
+    session; pooled over the configs (three sessions say little about one config)."""
+    return _wobble(moves)[0]
+
+
+def _session_reference(c: ConfigMove, members: Sequence[ConfigMove]) -> tuple[float, float, float, tuple[str, ...]]:
+    """The other configs' median common change, its standard error, this config's standard error of
+    one launch's change against it (log), and the others' names."""
+    others = [o for o in members if o is not c]
+    ref = stats.median([o.shift for o in others])
+    ref_se = _median_se([o.shift_se for o in others])
+    k = max(1, len(c.blessed))
+    wobble = config_wobble(members)
+    se = math.sqrt(c.shift_se**2 + ref_se**2 + wobble**2 * (1.0 + 1.0 / k))
+    return ref, ref_se, se, tuple(o.config for o in others)
+
+
+def _launches_relative(c: ConfigMove, launches: Sequence[ConfigMove], ref: float, ref_se: float,
+                       wobble: float) -> tuple[float, float]:
+    """The mean of these launches' changes against the session's others (log) and its standard error."""
+    n = len(launches)
+    k = max(1, len(c.blessed))
+    mean = sum(m.shift for m in launches) / n - ref
+    se = math.sqrt(sum(m.shift_se**2 for m in launches) / n**2 + ref_se**2 + wobble**2 * (1.0 / n + 1.0 / k))
+    return mean, se
+
+
+def _by_config(relaunched: Sequence[ConfigMove]) -> dict[tuple[str, str, str], list[ConfigMove]]:
+    found: dict[tuple[str, str, str], list[ConfigMove]] = {}
+    for m in relaunched:
+        found.setdefault((m.group, m.metric, m.config), []).append(m)
+    return found
+
+
+def relaunch_candidates(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] = ()) -> list[str]:
+    """Configs to launch (once more): beyond the relaunch screen against the session's other configs.
+
+    A config's common change moves with its launch (KV-cache size, CUDA-graph capture, memory
+    layout: about as much as a day), so one launch cannot tell a config 10% slower from an unlucky
+    launch without failing too many unchanged sweeps. The screen is lenient (``Z_RELAUNCH_SCREEN``
+    standard errors, at least half the floor): a flag costs one more launch of the config, measured on
+    all its cells. ``relaunched``: the relaunches so far (``config_moves`` of their records); a config
+    relaunched fewer than ``MAX_RELAUNCHES`` times is a candidate again while the mean of its launches
+    is still beyond the screen but not yet a regression (``judge_session``)."""
+    found: set[str] = set()
+    again = _by_config(relaunched)
+    groups: dict[tuple[str, str], list[ConfigMove]] = {}
+    for move in moves:
+        groups.setdefault((move.group, move.metric), []).append(move)
+    for (group, key), members in groups.items():
+        if len(members) < 2:
+            continue
+        wobble, dof = _wobble(members)
+        for c in members:
+            ref, ref_se, se, _ = _session_reference(c, members)
+            more = again.get((group, key, c.config), [])
+            if not more:
+                if _screened(c, c.shift - ref, se):
+                    found.add(c.config)
+                continue
+            if len(more) >= MAX_RELAUNCHES or _relaunch_verdict(c, more, ref, ref_se, se, wobble, dof)[0]:
+                continue
+            mean, se_mean = _launches_relative(c, [c, *more], ref, ref_se, wobble)
+            if _screened(c, mean, se_mean):
+                found.add(c.config)
+    return sorted(found)
+
+
+def _screened(c: ConfigMove, relative: float, se: float) -> bool:
+    return (worse_by(c.direction, relative) > max(FLAG_FLOOR_SHARE * c.floor, Z_RELAUNCH_SCREEN * se)
+            and worse_by(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
+
+
+def _relaunch_verdict(c: ConfigMove, more: Sequence[ConfigMove], ref: float, ref_se: float, se: float,
+                      wobble: float, dof: int) -> tuple[bool, float, float, float]:
+    """A relaunched config: regressed?, the mean of all its launches against the others, the
+    tolerance, and the mean of its relaunches alone (log)."""
+    both, se_both = _launches_relative(c, [c, *more], ref, ref_se, wobble)
+    tolerance = max(c.floor, t_quantile(Z_RELAUNCHED, dof) * se_both)
+    later, se_later = _launches_relative(c, more, ref, ref_se, wobble)
+    regressed = (worse_by(c.direction, both) > tolerance and _screened(c, later, se_later)
+                 and worse_by(c.direction, both + ref) > FLAG_FLOOR_SHARE * c.floor)
+    return regressed, both, tolerance, later
+
+
+def launch_wobble(moves: Sequence[ConfigMove]) -> float:
+    """One launch's own spread (log): ``config_wobble`` without the others' median's share of it
+    (against N others the difference moves by 1 + (pi/2)/N launches' worth; 2 with one other)."""
+    others = len(moves) - 1
+    if others < 1:
+        return 0.0
+    return config_wobble(moves) / math.sqrt(1.0 + (MEDIAN_VARIANCE if others > 2 else 1.0) / others)
+
+
+def judge_session(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] = ()) -> list[SessionFinding]:
+    """Each config's common change against the other configs of its session (see above).
+
+    ``relaunched``: the common changes of configs launched again because ``relaunch_candidates``
+    flagged them (``config_moves`` of the relaunches' records, in order). Such a config is judged on
+    the mean of all its launches (``Z_RELAUNCHED`` standard errors of that mean, at least the floor),
+    and its relaunches alone must be beyond the screen too: one slow launch that the relaunch does not
+    reproduce is the launch, not the config. A config without a relaunch is judged on its one launch
+    by the stricter ``Z_SESSION``."""
+    second = _by_config(relaunched)
+    groups: dict[tuple[str, str], list[ConfigMove]] = {}
+    for move in moves:
+        groups.setdefault((move.group, move.metric), []).append(move)
+    findings: list[SessionFinding] = []
+    for (group, key), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        wobble, dof = _wobble(members)
+        for c in sorted(members, key=lambda m: m.config):
+            ref, ref_se, se, names = _session_reference(c, members)
+            relative = c.shift - ref
+            more = second.get((group, key, c.config), [])
+            if more:
+                regressed, judged, tolerance, later = _relaunch_verdict(c, more, ref, ref_se, se, wobble, dof)
+                shown_se = _launches_relative(c, [c, *more], ref, ref_se, wobble)[1]
+                launches = (f"; relaunched {len(more)} time(s) (its first launch {fmt_pct(math.expm1(relative))} "
+                            f"relative was beyond the screen): the relaunches {fmt_pct(math.expm1(later))}, all "
+                            f"{len(more) + 1} launches {fmt_pct(math.expm1(judged))}")
+                z = t_quantile(Z_RELAUNCHED, dof)
+            else:
+                z = t_quantile(Z_SESSION, dof)
+                tolerance = max(c.floor, z * se)
+                regressed = (worse_by(c.direction, relative) > tolerance
+                             and worse_by(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)
+                launches, judged, shown_se = "", relative, se
+            what = (f"{c.config}: {key} moved {fmt_pct(math.expm1(c.shift))} against its baseline (all its cells "
+                    f"together) while the session's other {len(names)} config(s) moved "
+                    f"{fmt_pct(math.expm1(ref))} (median): {fmt_pct(math.expm1(relative))} relative{launches}")
+            made_of = (f"tolerance {tolerance:.1%} = max(floor {c.floor:.1%}, {z:.2g} x standard error {shown_se:.1%}"
+                       f"{f' (t, {dof} degrees of freedom)' if dof else ''}; this "
+                       f"config's change ±{c.shift_se:.1%}, the others' ±{ref_se:.1%}, config-specific spread "
+                       f"between blessed sessions (launches) {wobble:.1%})")
+            if regressed:
+                message = (f"{what}, beyond the {made_of}: a REGRESSION of this config against the rest of the "
+                           "session (a config slower as a whole can pass cell by cell: each cell is judged against "
+                           f"the config's own common change). Compared with: "
+                           f"{', '.join(names)}. Re-run them together to see it again; if the change is intended, "
+                           "re-bless the config with --ddtree-update-baselines")
+            else:
+                message = f"{what}, within the {made_of}"
+            findings.append(SessionFinding(c.config, key, REGRESSION if regressed else PASS, math.expm1(c.shift),
+                                           math.expm1(ref), math.expm1(judged), tolerance, names, message,
+                                           relaunched=bool(more)))
+    return findings

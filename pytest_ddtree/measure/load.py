@@ -1,0 +1,800 @@
+"""Load generator for SGLang's streaming ``/generate``: closed loop, or open loop on an arrival schedule (no pytest import).
+
+Why it is written this way (see "Measuring serving performance without fooling yourself"):
+
+* **Tokens come from the server's accounting, never from chunk counts.** Under speculative
+  decoding one stream chunk carries several tokens (an accepted run of the tree); counting
+  chunks as tokens is the ITL / peak-throughput bug SGLang's and llmperf's benchmarks had.
+  Every chunk's ``meta_info.completion_tokens`` is cumulative, so the delta is exact.
+* **ITL spreads a chunk's inter-arrival time evenly over the tokens it carries**, so the
+  sum of a request's ITLs equals its decode time and TPOT and ITL agree.
+* **Closed loop at fixed concurrency**: C worker threads each send the next request as soon
+  as their previous one finished, which is how the campaign's "concurrency 32" was meant.
+  An open-loop cell (``openloop.Arrivals``: bench_serving's request rate) is sent on its
+  schedule instead (:func:`run_open_loop`), one thread and connection per request.
+* **Real text of exact length** (``prompts.py``): prompts are real text cut to the cell's
+  token count by the service's own tokenizer and sent as ``input_ids``, so a "4k" cell really
+  sends 4096 tokens; the server's ``prompt_tokens`` is checked against it, and the output
+  length is forced with ``ignore_eos`` and checked.
+* **Warm-up at the measured concurrency, excluded**, then ``/flush_cache`` so the server's
+  ``avg_spec_accept_length`` covers the measured requests only.
+* **Failures are counted, never hidden**: any failed request, wrong prompt length or short
+  output makes the cell *invalid*; the gate reports invalid cells as such, never as a
+  regression or a pass.
+
+Requests go through the one HTTP layer (``pytest_ddtree.service.http``): each closed-loop client
+streams on a kept-alive connection of its own, on bare ``http.client`` so the client's own CPU
+cost per token stays low. SGLang's bench_serving does not keep connections: in 0.5.23
+(python/sglang/benchmark/serving.py) every request function opens its own ``aiohttp``
+session (``async with _create_bench_client_session()``), so each request pays a TCP connect and
+the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost;
+``benchmarks/bench_client.py`` measures both clients against the truth.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_ddtree.measure import openloop, slo as slo_mod
+from pytest_ddtree.service import proof
+from pytest_ddtree.measure import prompts as prompts_mod
+from pytest_ddtree.measure import stats
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.measure.generate_stream import RequestResult as RequestResult
+from pytest_ddtree.measure.generate_stream import apply_chunk as apply_chunk
+from pytest_ddtree.measure.generate_stream import stream_request as stream_request
+from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
+from pytest_ddtree.measure.prompts import PromptMaker, PromptSet, stable_seed
+from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.records.shapes import WorkloadData
+
+#: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
+
+DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
+#: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
+DIST_PERCENTILES = (90, 95, 99)
+class LoadError(RuntimeError):
+    """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
+
+
+class WorkloadLike(Protocol):
+    """What a throughput cell needs; ``pytest_ddtree.configs.Workload`` satisfies it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def warmup_requests(self) -> int: ...
+    @property
+    def prompts(self) -> str: ...
+    @property
+    def open_loop(self) -> openloop.Arrivals | None: ...
+    @property
+    def sampling(self) -> tuple[tuple[str, float], ...]: ...
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A plain workload value (tests, benchmarks); same fields as ``configs.Workload``."""
+
+    name: str
+    concurrency: int
+    context_tokens: int
+    output_tokens: int
+    requests: int
+    warmup_requests: int = -1  # -1: one request per concurrent worker
+    prompts: str = prompts_mod.DEFAULT_SOURCE
+    open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
+    sampling: tuple[tuple[str, float], ...] = ()  # temperature, top_p of every request (empty: greedy)
+
+    def __post_init__(self) -> None:
+        if self.warmup_requests < 0:
+            object.__setattr__(self, "warmup_requests", self.concurrency)
+
+
+def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> WorkloadData:
+    """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
+    and how it was tokenized, as measured); stored with baselines so a changed workload is seen."""
+    out: WorkloadData = {
+        "concurrency": workload.concurrency,
+        "context_tokens": workload.context_tokens,
+        "output_tokens": workload.output_tokens,
+        "requests": workload.requests,
+        "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
+    }
+    if workload.sampling:  # only sampled cells: a greedy cell's dict (and its baseline) is unchanged
+        out["sampling"] = dict(workload.sampling)
+    arrivals = workload.open_loop
+    if arrivals is not None:  # only open-loop cells: a closed-loop cell's dict (and its baseline) is unchanged
+        out["request_rate"] = float(arrivals.request_rate)
+        out["arrival"] = arrivals.arrival
+        out["max_concurrency"] = arrivals.max_concurrency
+        if arrivals.arrival == "gamma":
+            out["burstiness"] = float(arrivals.burstiness)
+    return out
+
+
+def loaded_concurrency(requests: Sequence[RequestResult], concurrency: int | None = None) -> float | None:
+    """Requests in flight while requests were still waiting to be sent (first start to last start;
+    with the cell's ``concurrency``, from the start that completed the ramp, the concurrency-th,
+    to the last start).
+
+    bench_serving's ``concurrency`` (sum of latencies / duration) includes the drain at the end
+    of a finite closed loop, where fewer requests remain than clients: 16 requests at
+    concurrency 8 end with a tail in which a healthy engine shows 6.4-7.2. Before the last
+    request is sent, a closed loop that keeps up has every client's request in flight, so a
+    figure well below the configured concurrency there means the client (a starved or
+    overloaded load generator) did not, and the engine saw a lighter load than the cell says.
+    None with fewer than two requests or no time between the first and the last start, and where
+    the cell sends no more requests than its concurrency (one wave): then no request ever waits
+    for a client, and the ramp alone (requests in flight climbing 1, 2, ..., n while they are
+    sent) would read as a client that kept half of them.
+    """
+    if len(requests) < 2:
+        return None
+    starts = sorted(r.start for r in requests)
+    if concurrency is not None and concurrency > 0:
+        if len(starts) <= concurrency:
+            return None
+        first = starts[concurrency - 1]
+    else:
+        first = starts[0]
+    last = starts[-1]
+    if last <= first:
+        return None
+    busy = sum(max(0.0, min(r.end, last) - max(r.start, first)) for r in requests)
+    return busy / (last - first)
+
+
+def served_concurrency(requests: Sequence[RequestResult], loaded: float | None) -> float | None:
+    """The requests the service itself held while requests were waiting to be sent: ``loaded``
+    (:func:`loaded_concurrency`, the client's count) times the share of the client's in-flight
+    time that the service had each request (sum of meta_info.e2e_latency over sum of the client's
+    end-to-end latencies).
+
+    A client starved of CPU (threads waiting for the interpreter, another process on the cores)
+    counts a request in flight from before it is sent until after it has read the last chunk; the
+    service holds it only in between, and runs smaller batches than the cell names, while the
+    client's own count, the engine's busy time and its clock all look fine. SGLang's meta_info
+    carries e2e_latency (tokenizer_manager.py: from receiving the request to its last output),
+    so the service's count needs nothing but its responses. None when ``loaded`` is None or a
+    response has no e2e_latency.
+    """
+    if loaded is None or not requests or any(r.server_e2e_s is None for r in requests):
+        return None
+    client = sum(r.e2e_s for r in requests)
+    if client <= 0:
+        return None
+    return loaded * min(1.0, sum(r.server_e2e_s or 0.0 for r in requests) / client)
+
+
+# --------------------------------------------------------------------------------------
+# A cell
+
+
+@dataclass
+class CellResult:
+    """One repeat of one cell: every request, the wall duration, and the server's view."""
+
+    cell: str
+    workload: WorkloadData
+    requests: list[RequestResult]
+    duration_s: float
+    warmup_failed: int = 0
+    server_accept_length: float | None = None
+    server_info: dict[str, object] = field(default_factory=dict)  # /server_info after the measured loop (bench_serving's)
+    server_state: dict[str, Any] = field(default_factory=dict)
+    server_state_before: dict[str, Any] = field(default_factory=dict)
+    #: seconds in which some task on this host waited for a CPU during the measured loop (cpu_stall_seconds)
+    host_cpu_stall_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+    prompt_source: str = ""  # e.g. "documents via /tokenize": which text, tokenized how
+    speculative: bool = False  # the config speculates: every response must carry spec_verify_ct
+    #: min(block_size - 1, budget) of the config: a request whose histogram goes above it proves
+    #: the service serves another tree than it reports (None: not checked)
+    accept_bound: int | None = None
+    #: an open-loop cell's lateness of each sent request against its schedule (None: closed loop)
+    send_lag_s: list[float] | None = None
+    #: the latency SLO its goodput is counted against (None: no goodput figures)
+    slo: slo_mod.SLO | None = None
+    #: each measured request's prompt category, by request index (None: its prompt carries none)
+    categories: list[str | None] = field(default_factory=list)
+
+    @property
+    def ok_requests(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.ok]
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.requests if not r.ok)
+
+    def problems(self) -> list[str]:
+        """Reasons the repeat is invalid; empty when it is a valid measurement."""
+        out: list[str] = []
+        for r in self.requests:
+            out.extend(r.problems())
+        if not self.requests:
+            out.append("no requests were sent")
+        for r in self.ok_requests:
+            if r.accept_histogram is not None:
+                violation = proof.bound_violation(r.accept_histogram, self.accept_bound, f"request {r.index}")
+                if violation is not None:
+                    out.append(f"the config did not apply: {violation}")
+        ok = self.ok_requests
+        silent = sum(1 for r in ok if not r.spec_verify_ct)
+        if self.speculative and silent:
+            out.append(
+                f"{silent} of {len(ok)} responses carry no spec_verify_ct on their finished chunk: the server does not speculate "
+                "(was the service started without its speculative flags, or did the build ignore them?); "
+                "no accept length can be measured"
+            )
+        return out
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems()
+
+    def accept_histogram(self) -> list[int] | None:
+        """The measured requests' histograms summed (None unless every one sent one: a sum
+        over a subset would not describe the cell)."""
+        ok = self.ok_requests
+        if not ok or any(r.accept_histogram is None for r in ok):
+            return None
+        total: list[int] = []
+        for r in ok:
+            total = proof.add_histograms(total, r.accept_histogram or [])
+        return total
+
+    def category_counts(self) -> dict[str, tuple[int, int]]:
+        """Per prompt category, the valid requests' (completion tokens, verify steps): SPEED-Bench's
+        acceptance per category, summed so repeats pool (empty without categories or verify counts)."""
+        out: dict[str, tuple[int, int]] = {}
+        for r in self.ok_requests:
+            category = self.categories[r.index] if 0 <= r.index < len(self.categories) else None
+            if category is not None and r.spec_verify_ct:
+                tokens, steps = out.get(category, (0, 0))
+                out[category] = (tokens + r.completion_tokens, steps + r.spec_verify_ct)
+        return out
+
+    @property
+    def host_cpu_pressure(self) -> float | None:
+        """The share of the measured loop in which some task on this host waited for a CPU, or None."""
+        if self.host_cpu_stall_s is None or self.duration_s <= 0:
+            return None
+        return self.host_cpu_stall_s / self.duration_s
+
+    def engine_accounting(self) -> dict[str, float] | None:
+        """The engine's own view of the measured phase, where it reports one (refserver).
+
+        ``ddtree_exact_output_throughput``: output tokens the engine produced / the wall time its
+        simulated clock says it was busy (simulated busy seconds / clock scale);
+        ``ddtree_engine_busy_fraction``: that busy time / our measured duration. A fraction well
+        below 1 means the engine could not keep its simulated clock (the host is overloaded,
+        or the client could not keep up): the measurement says more about the machine than
+        about the configuration. ``ddtree_engine_clock_share``: that busy time / the wall time the
+        engine had work (``work_wall_seconds``, where it reports it): the busy fraction without the
+        gaps in which the engine had nothing to run (a single client's turn-around, long prompts
+        travelling), so it is near 1 for every cell on a host that keeps up and below it exactly
+        when the engine's passes ran late, however little each.
+        """
+        b, a = self.server_state_before, self.server_state
+        keys = ("simulated_busy_seconds", "total_output_tokens")
+        if not all(stats.is_number(b.get(k)) and stats.is_number(a.get(k)) for k in keys) or not stats.is_number(a.get("clock_scale")):
+            return None
+        busy = (float(a["simulated_busy_seconds"]) - float(b["simulated_busy_seconds"])) / float(a["clock_scale"])
+        tokens = float(a["total_output_tokens"]) - float(b["total_output_tokens"])
+        if busy <= 0 or self.duration_s <= 0:
+            return None
+        out = {
+            "ddtree_engine_busy_seconds": busy,
+            "ddtree_engine_output_tokens": tokens,
+            "ddtree_exact_output_throughput": tokens / busy,
+            "ddtree_engine_busy_fraction": busy / self.duration_s,
+        }
+        if stats.is_number(b.get("work_wall_seconds")) and stats.is_number(a.get("work_wall_seconds")):
+            worked = float(a["work_wall_seconds"]) - float(b["work_wall_seconds"])
+            if worked > 0:
+                out["ddtree_engine_clock_share"] = busy / worked
+        return out
+
+    def metrics(self) -> dict[str, float | int | None]:
+        """Aggregates under SGLang bench_serving's key names (times in ms); ours start ``ddtree_``.
+
+        bench_serving's: ``total_input_tokens`` is the tokens sent (the server's count for text
+        prompts); ``total_throughput`` is (input + output) tokens / duration; mean, median,
+        std, p90, p95, p99 of every distribution; ``concurrency`` is the *achieved*
+        concurrency (sum of latencies / duration), ``max_concurrency`` the configured one;
+        ``max_output_tokens_per_s`` and ``max_concurrent_requests`` the peaks over one-second
+        buckets, computed as bench_serving's ``calculate_metrics`` does. Counts are integers.
+        ``total_output_tokens_retokenized`` is the server's exact count: bench_serving re-encodes
+        the generated text because it has nothing better; this harness counts from meta_info.
+        ``accept_length`` means what bench_serving means: the server's ``avg_spec_accept_length``
+        (``internal_states[0]`` of /server_info after the measured loop), or None when absent;
+        information only, never gated: SGLang zeroes it on /flush_cache, omits it until decode
+        batches ran and refreshes it every 40 batches. The gated figure is
+        ``ddtree_tokens_per_verify`` (:data:`TOKENS_PER_VERIFY`): sum(completion_tokens) /
+        sum(spec_verify_ct) over the measured requests' finished chunks.
+        """
+        ok = self.ok_requests
+        dur = self.duration_s if self.duration_s > 0 else float("nan")
+        sent = [r.sent_prompt_tokens if r.sent_prompt_tokens is not None else (r.prompt_tokens or 0) for r in ok]
+        out: dict[str, float | int | None] = {
+            "duration": self.duration_s,
+            "completed": len(ok),
+            "max_concurrency": self.workload.get("concurrency"),
+            "total_input_tokens": int(sum(sent)),
+            "total_input_text_tokens": int(sum(sent)),
+            "total_input_vision_tokens": 0,
+            "total_output_tokens": int(sum(r.completion_tokens for r in ok)),
+        }
+        out["total_output_tokens_retokenized"] = out["total_output_tokens"]
+        out["request_throughput"] = len(ok) / dur
+        out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
+        out["output_throughput"] = float(out["total_output_tokens"] or 0) / dur
+        out["total_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
+        series: dict[str, list[float]] = {
+            "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+            "tpot": [t * 1000 for r in ok if (t := r.tpot_s) is not None],
+            "itl": [x * 1000 for r in ok for x in r.itl_s],
+            "e2e_latency": [r.e2e_s * 1000 for r in ok],
+        }
+        for name in DIST_METRICS:
+            values = series[name]
+            out[f"mean_{name}_ms"] = stats.mean(values) if values else None
+            out[f"median_{name}_ms"] = stats.median(values) if values else None
+            out[f"std_{name}_ms"] = stats.stdev(values) if values else None
+            for q in DIST_PERCENTILES:
+                out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
+        out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
+        out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
+        configured = self.workload.get("concurrency")
+        out["ddtree_loaded_concurrency"] = loaded_concurrency(
+            ok, configured if isinstance(configured, int) and not isinstance(configured, bool) else None)
+        out["ddtree_served_concurrency"] = served_concurrency(ok, out["ddtree_loaded_concurrency"])
+        if self.send_lag_s is not None:
+            self._open_loop_metrics(out)
+        if self.slo is not None:  # bench_serving's goodput: over every request sent, failed ones too
+            out.update(slo_mod.goodput(self.requests, self.slo, self.duration_s))
+        out["max_output_tokens_per_s"], out["max_concurrent_requests"] = peak_rates(ok)
+        verify = [r for r in ok if r.spec_verify_ct]
+        total_verify = sum(r.spec_verify_ct or 0 for r in verify)
+        # Only when every measured response says how many verify steps it took: a partial sum
+        # would be a ratio over a subset (and such a cell is invalid, see problems()).
+        complete = bool(ok) and len(verify) == len(ok)
+        out[TOKENS_PER_VERIFY] = sum(r.completion_tokens for r in ok) / total_verify if complete and total_verify else None
+        out["accept_length"] = self.server_accept_length
+        # ours
+        out["ddtree_failed"] = self.failed
+        out["ddtree_server_input_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
+        out["ddtree_spec_verify_ct"] = total_verify if verify else None
+        ratios = [a for r in verify if (a := r.accept_length) is not None]
+        out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
+        per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
+        out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
+        out["ddtree_host_cpu_pressure"] = self.host_cpu_pressure
+        engine = self.engine_accounting()
+        if engine is not None:
+            out.update(engine)
+        return out
+
+
+    def _open_loop_metrics(self, out: dict[str, float | int | None]) -> None:
+        """An open-loop repeat's figures: bench_serving's ``request_rate`` and ``max_concurrency`` (the
+        rate offered and the cap, None when uncapped) and how well the client kept its schedule. The
+        closed loop's loaded and served concurrency mean nothing here: requests in flight follow
+        the rate and the service, not a client count, so they are left out."""
+        rate = self.workload.get("request_rate")
+        out["request_rate"] = float(rate) if stats.is_number(rate) else None
+        cap = self.workload.get("max_concurrency")
+        out["max_concurrency"] = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+        out["ddtree_loaded_concurrency"] = out["ddtree_served_concurrency"] = None
+        out.update(openloop.lag_figures(self.send_lag_s or []))
+
+
+def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
+    """Peak output tokens per second and peak concurrent requests over one-second buckets from
+    the first request's start, as bench_serving's ``calculate_metrics`` computes
+    ``max_output_tokens_per_s`` / ``max_concurrent_requests`` (token times: start + TTFT, then the
+    ITLs; a request counts in every second from its start to its end)."""
+    if not requests:
+        return 0.0, 0
+    t0 = min(r.start for r in requests)
+    seconds = int(max(r.end for r in requests) - t0) + 2
+    tokens = [0] * seconds
+    running = [0] * seconds
+    for r in requests:
+        if r.ttft_s is not None:
+            t = r.start + r.ttft_s
+            for gap in [0.0, *r.itl_s]:
+                t += gap
+                bucket = int(t - t0)
+                if 0 <= bucket < seconds:
+                    tokens[bucket] += 1
+        for second in range(int(r.start - t0), min(int(r.end - t0) + 1, seconds)):
+            running[second] += 1
+    return float(max(tokens)), int(max(running))
+
+
+def server_accept_length(server_info: Mapping[str, object]) -> float | None:
+    """``internal_states[0].avg_spec_accept_length`` (or a top-level key of that name)."""
+    states = server_info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    value = server_info.get("avg_spec_accept_length")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+#: Linux's pressure stall information for the CPU (kernel >= 4.20 with PSI): cumulative
+#: microseconds in which at least one runnable task on this host waited for a CPU.
+CPU_PRESSURE_PATH = "/proc/pressure/cpu"
+
+
+def cpu_stall_seconds(path: str = CPU_PRESSURE_PATH) -> float | None:
+    """Seconds so far in which some task on this host waited for a CPU (the ``some`` line's
+    ``total``), or None where the kernel does not report it or the file is not as expected.
+
+    Differenced over a measured loop, it says how busy the host was while the numbers were
+    taken, from the kernel rather than from the service: a neighbour that delays every request's
+    first token by a few milliseconds leaves the engine's clock and the client's concurrency
+    intact, but not this. Read bounded, parsed strictly: a number or None."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:1] == ["some"]:
+            for item in fields[1:]:
+                key, _, value = item.partition("=")
+                if key == "total" and value.isdigit() and len(value) < 20:
+                    return int(value) / 1e6
+    return None
+
+
+def _stall_since(before: float | None) -> float | None:
+    """CPU stall seconds since ``before`` (a cpu_stall_seconds reading); None without two readings."""
+    after = cpu_stall_seconds()
+    return after - before if before is not None and after is not None and after >= before else None
+
+
+def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
+    """``internal_states[0]`` of /server_info (empty, with a note, when unavailable); ``keep``
+    receives the whole answer (bench_serving's ``server_info`` key)."""
+    try:
+        info = client.server_info()
+    except (OSError, ServiceHTTPError) as exc:
+        notes.append(f"/server_info unavailable: {exc}")
+        return {}
+    if keep is not None:
+        keep.update(info)
+    out: dict[str, Any] = {}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        out = dict(states[0])
+    else:
+        value = server_accept_length(info)
+        if value is not None:
+            out["avg_spec_accept_length"] = value
+    if stats.is_number(scale := info.get("clock_scale")):
+        out["clock_scale"] = float(scale)
+    return out
+
+
+def prompt_maker(
+    client: SGLangClient,
+    *,
+    tokenizer_path: str | None = None,
+    vocab_size: int | None = None,
+    dataset: str | None = None,
+) -> PromptMaker:
+    """The prompt maker of one service: its /tokenize, its prompt_tokens for calibration."""
+
+    def tokenize(texts: Sequence[str]) -> list[list[int]]:
+        try:
+            return client.tokenize(texts)
+        except ServiceHTTPError as exc:
+            if exc.status in (404, 405):
+                raise LookupError(f"{client.base_url} has no /tokenize") from None
+            raise
+
+    def count_prompt_tokens(text: str) -> int:
+        meta = client.generate(text=text, sampling_params={"max_new_tokens": 1, "temperature": 0.0}).get("meta_info") or {}
+        count = meta.get("prompt_tokens")
+        if not isinstance(count, int):
+            raise LoadError(f"{client.base_url}: /generate reports no meta_info.prompt_tokens (cannot size text prompts)")
+        return count
+
+    key = client.base_url
+    try:
+        info = client.model_info()
+        key = f"{info.get('model_path')}|{info.get('tokenizer_path')}" if info.get("model_path") else key
+    except (OSError, ServiceHTTPError):
+        pass
+    return PromptMaker(tokenize, count_prompt_tokens, key, tokenizer_path=tokenizer_path, vocab_size=vocab_size,
+                       dataset=dataset)
+
+
+def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
+    """POST /flush_cache, retrying while the server says it is busy (SGLang answers 400)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            if client.flush_cache(timeout=max(1.0, deadline_s)):
+                return True
+        except (OSError, ServiceHTTPError):
+            pass
+        if time.monotonic() >= end or phase_expired():
+            return False
+        time.sleep(0.05)
+
+
+def _run_closed_loop(
+    service: ServiceHTTP,
+    concurrency: int,
+    prompts: PromptSet,
+    output_tokens: int,
+    extra_sampling_params: Mapping[str, Any] | None,
+    timeout_s: float,
+) -> tuple[list[RequestResult], float]:
+    """C workers pull the next request index until all are sent; returns results, duration."""
+    results: list[RequestResult | None] = [None] * len(prompts.prompts)
+    lock = threading.Lock()
+    counter = iter(range(len(prompts.prompts)))
+
+    def worker() -> None:
+        conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
+        try:
+            while True:
+                with lock:
+                    index = None if phase_expired() else next(counter, None)
+                if index is None:
+                    return
+                result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                                        prompts.tolerance)
+                results[index] = result
+                if not result.ok:
+                    conn.close()  # http.client reconnects on the next request
+        finally:
+            conn.close()
+
+    threads = [thread_in_phase(worker, name=f"ddtree-load-{i}") for i in range(max(1, concurrency))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = [r for r in results if r is not None]
+    end = max((r.end for r in done), default=t0)
+    return done, end - t0
+
+
+def run_cell(
+    service: str | SGLangClient,
+    workload: WorkloadLike,
+    *,
+    prompts: PromptMaker | None = None,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    warmup: bool = True,
+    flush: bool = True,
+    flush_deadline_s: float = 10.0,
+    extra_sampling_params: Mapping[str, Any] | None = None,
+    speculative: bool = False,
+    accept_bound: int | None = None,
+    slo: slo_mod.SLO | None = None,
+) -> CellResult:
+    """Measure one repeat of ``workload`` against the SGLang service (its client, or a URL).
+
+    Order: warm-up (``warmup_requests`` at the cell's concurrency, excluded), /flush_cache
+    (resets the server's acceptance counter), the measured closed loop, /server_info.
+    ``internal_states[0]`` is read right before and after the measured loop, so exact
+    engine counters (the reference engine's token and simulated busy-time accounting) can
+    be differenced over the measured phase: see :meth:`CellResult.engine_accounting`.
+    Prompts (``prompts``, default: :func:`prompt_maker` of the service) depend only on the
+    cell's source, length, request index and ``seed``, so every repeat and every session sends
+    the same prompts: the flush keeps prefix caching out of the numbers and identical prompts
+    keep acceptance comparable with the baseline. A URL gets a client of its own for this
+    call, closed at the end; a client is the caller's to close. A request ends by its deadline as a whole (the
+    client's) or its phase's (``http.phase``), past which none is sent. ``speculative``: the service runs a speculative config,
+    so a response without ``spec_verify_ct`` makes the cell invalid (the server does not speculate).
+    ``accept_bound``: min(block_size - 1, budget) of the config; a request whose acceptance
+    histogram goes above it makes the cell invalid with the histogram as evidence. ``slo``: count goodput against it.
+    """
+    if isinstance(service, str):
+        with SGLangClient(service, timeout=timeout_s) as own:
+            return run_cell(own, workload, prompts=prompts, seed=seed, timeout_s=timeout_s, warmup=warmup,
+                            flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
+                            speculative=speculative, accept_bound=accept_bound, slo=slo)
+    client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
+    maker = prompts if prompts is not None else prompt_maker(client)
+    try:
+        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(workload.name, seed))
+        warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
+                           stable_seed(workload.name, seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
+    except prompts_mod.PromptError as exc:
+        raise LoadError(f"{workload.name}: {exc}") from None
+    except (OSError, ServiceHTTPError) as exc:
+        raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
+    notes: list[str] = list(measured.notes)
+    warmup_failed = 0
+    if warm is not None:
+        warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
+                                           extra_sampling_params, timeout_s)
+        warmup_failed = sum(1 for r in warm_results if not r.ok)
+        if warmup_failed:
+            notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
+    if flush and not flush_cache(client, flush_deadline_s):
+        notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
+    before = _internal_state(client, notes)
+    stall_before = cpu_stall_seconds()
+    requests, duration, lags = _run_measured(client, workload, measured, seed, extra_sampling_params, timeout_s, notes)
+    stall = _stall_since(stall_before)
+    server_info: dict[str, object] = {}
+    server_state = _internal_state(client, notes, keep=server_info)
+    accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
+    return CellResult(
+        cell=workload.name,
+        workload=workload_dict(workload, measured.label),
+        requests=requests,
+        duration_s=duration,
+        warmup_failed=warmup_failed,
+        server_accept_length=accept,
+        server_info=server_info,
+        server_state=server_state,
+        server_state_before=before,
+        host_cpu_stall_s=stall,
+        notes=notes,
+        prompt_source=measured.label,
+        speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
+        categories=[p.category for p in measured.prompts],
+    )
+
+
+def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: PromptSet, seed: int,
+                  extra_sampling_params: Mapping[str, Any] | None, timeout_s: float,
+                  notes: list[str]) -> tuple[list[RequestResult], float, list[float] | None]:
+    """The measured phase: the closed loop at the cell's concurrency, or the open loop on its
+    arrival schedule (then also each request's lateness, and a note where the deadline cut some)."""
+    arrivals = workload.open_loop
+    if arrivals is None:
+        requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
+                                              extra_sampling_params, timeout_s)
+        return requests, duration, None
+    run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
+                        stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
+    if run.unfinished:
+        notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
+    late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
+    if late and arrivals.max_concurrency is None:
+        notes.append(f"{late} of {len(run.requests)} requests were sent more than {openloop.LATE_S * 1000:.0f} ms after "
+                     "their scheduled time (the client could not keep the schedule: the service saw less than the rate)")
+    return run.requests, run.duration_s, run.send_lag_s
+
+
+@dataclass
+class OpenLoopRun:
+    """What an open-loop phase measured: every request (in schedule order), its duration, and how
+    late each request was sent against its schedule (seconds; slot waits under
+    ``max_concurrency`` included)."""
+
+    requests: list[RequestResult]
+    duration_s: float
+    send_lag_s: list[float] = field(default_factory=list)
+    unfinished: int = 0  # requests the cell's deadline cut (failed, saying so)
+
+
+def run_open_loop(
+    service: ServiceHTTP,
+    prompts: PromptSet,
+    output_tokens: int,
+    arrivals: openloop.Arrivals,
+    seed: int,
+    extra_sampling_params: Mapping[str, Any] | None,
+    timeout_s: float,
+) -> OpenLoopRun:
+    """Send ``prompts`` on ``arrivals``' schedule, each on its own thread and connection; never raises
+    for what the service does (failures land in the requests)."""
+    n = len(prompts.prompts)
+    offsets = arrivals.offsets(n, seed)
+    deadline_s = arrivals.deadline_s if arrivals.deadline_s is not None else (offsets[-1] if offsets else 0.0) + timeout_s
+    results: list[RequestResult | None] = [None] * n
+    lags: list[float | None] = [None] * n
+    open_conns: dict[int, http.client.HTTPConnection] = {}
+    socks: dict[int, socket.socket] = {}
+    lock = threading.Lock()
+    cut = threading.Event()
+    slots = threading.BoundedSemaphore(arrivals.max_concurrency) if arrivals.max_concurrency else None
+    clock = time.perf_counter
+
+    def send(index: int, due: float) -> None:
+        if slots is not None:
+            while not slots.acquire(timeout=0.05):
+                if cut.is_set():
+                    return
+        try:
+            conn = service.connect(timeout_s)
+            with lock:
+                if cut.is_set():
+                    return
+                open_conns[index] = conn
+            try:
+                conn.connect()  # now, so the deadline can shut its socket (http.client drops it on a closing response)
+                socks[index] = conn.sock
+            except OSError:
+                pass  # stream_request connects again and records the failure
+            result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                                    prompts.tolerance)
+            lags[index] = max(0.0, result.start - due)
+            results[index] = result
+        finally:
+            with lock:
+                own = open_conns.pop(index, None)
+                socks.pop(index, None)
+            if own is not None:
+                own.close()
+            if slots is not None:
+                slots.release()
+
+    t0 = clock()
+    end_by = t0 + deadline_s
+    threads: list[threading.Thread] = []
+    for index, offset in enumerate(offsets):
+        due = t0 + offset
+        while (delay := due - clock()) > 0 and clock() < end_by:
+            time.sleep(min(delay, 0.5))
+        if clock() >= end_by:
+            break
+        thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(max(0.0, end_by - clock()))
+    unfinished = _cut_at_deadline(threads, socks, lock, cut)
+    out: list[RequestResult] = []
+    for index, result in enumerate(results):
+        if result is None:
+            result = RequestResult(index=index, expected_prompt_tokens=prompts.prompts[index].target_tokens,
+                                   expected_output_tokens=output_tokens, start=t0 + offsets[index], end=clock(),
+                                   error=f"not finished by the open-loop cell's deadline of {deadline_s:.1f} s "
+                                         f"(scheduled at +{offsets[index]:.2f} s)")
+        out.append(result)
+    end = max((r.end for r in out), default=t0)
+    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished)
+
+
+def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,
+                     cut: threading.Event) -> int:
+    """Shut every connection still streaming at the cell's deadline (a blocked read then fails at
+    once) and wait briefly for its thread; returns how many requests were cut."""
+    alive = [t for t in threads if t.is_alive()]
+    if not alive:
+        return 0
+    cut.set()
+    with lock:
+        streaming = list(socks.values())
+    for sock in streaming:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    for thread in alive:
+        thread.join(5.0)
+    return len(alive)

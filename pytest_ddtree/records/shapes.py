@@ -1,0 +1,800 @@
+"""The shapes of a session's records, and their check where records come back from elsewhere.
+
+Why: a record crosses modules and processes. The throughput suite, the control, the relaunch and
+the adaptive sweep write records; the report, the session end, the control's and the session's
+judgement, the HTML report and the repro kit read them. Each kind's shape is one TypedDict here
+(``RecordKind`` names the kinds, ``SHAPES`` maps each kind to its shape), so writers build them and
+readers take them, and mypy holds both to one definition.
+
+A record that comes back from another process (an xdist worker's ``workeroutput``) or from a
+file (a journal, ``results.json``) is data, not code: :func:`check_record` checks it against its
+kind's shape, key by key, and says which key is wrong and how; :func:`screen` sets a malformed
+record aside as a ``corrupt-record`` that keeps it (nothing measured is lost) and says why, so a
+reader never meets a ``KeyError`` deep inside. The typed views (:func:`throughput_records` ...)
+raise :class:`RecordError` on a malformed record of their kind.
+
+On disk the records are unchanged: a TypedDict is a plain dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, TypedDict, TypeVar, Union, cast
+
+from pytest_ddtree.records.rate_shapes import SLOData, SustainableRateData
+from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status, Verdict
+
+class RecordStamp(TypedDict, total=False):
+    """What ``SessionRecorder.record`` stamps on every record besides its kind and config (``host``
+    only on a fleet or remote service; ``session`` when it is journaled)."""
+
+    worker: str
+    time: float
+    host: str
+    session: str
+
+
+class RecordEnvelope(RecordStamp, total=False):
+    """What ``SessionRecorder.record`` puts around every record's data."""
+
+    kind: str
+    config: str | None
+
+
+class HealthData(TypedDict):
+    """``RecordKind.HEALTH``: a config's short generation (suites/test_health.py)."""
+
+    completion_tokens: int | None
+    text: str
+    status: Literal["ok", "failed"]
+    passed: bool
+    problems: list[str]
+
+
+class _ProblemRequired(TypedDict):
+    id: str
+    verdict: str  # a ``sandbox.Verdict`` value
+    message: str
+    code: str
+    answer: str
+    request_s: float
+    run_s: float
+    completion_tokens: int | None
+    finish_reason: str | None
+
+
+class ProblemRecord(_ProblemRequired, total=False):
+    """One problem's outcome in a ``CodingData`` (``coding.ProblemResult.to_record``); the sandbox's
+    tier and uid once its code ran there (a failed request or an answer without code never ran)."""
+
+    sandbox_tier: str
+    sandbox_uid: int | None  # which unprivileged uid ran it (leftover checks key on it)
+
+
+class CodingGateData(TypedDict):
+    """The coding gate's decision inside a ``CodingData``."""
+
+    passed: bool
+    mode: str
+    floor: int | None
+    regressions: list[str]
+    new_passes: list[str]
+
+
+class CodingData(TypedDict):
+    """``RecordKind.CODING``: a config's coding set (suites/test_coding.py)."""
+
+    set: str
+    limit: int | None
+    max_tokens: int
+    passed: int
+    total: int
+    gate: CodingGateData
+    sandbox: str
+    speed_factor: float
+    problems: list[ProblemRecord]
+
+
+class HostEnvData(TypedDict, total=False):
+    """``RecordKind.HOST_ENV``: a remote host's environment (``snapshot``) and its systemd unit, or
+    why it could not be taken (``error``)."""
+
+    host: str
+    systemd_unit: str | None
+    snapshot: dict[str, object]
+    error: str
+
+
+class FloorData(TypedDict):
+    """How far a non-speculative launch disagrees with itself (``lossless.Floor.to_json``)."""
+
+    compared: int
+    diverged: int
+    earliest: int | None
+    batch_sizes: list[int]
+
+
+class DivergenceData(TypedDict):
+    """Where one prompt's output first left the reference's (``lossless.Divergence``)."""
+
+    prompt_id: str
+    position: int
+    unit: str
+    reference: str
+    got: str
+    detail: str
+
+
+class LosslessOutcomeData(TypedDict):
+    """The lossless gate's verdict (``lossless.LosslessOutcome.to_record``)."""
+
+    passed: bool
+    compared: int
+    diverged: list[DivergenceData]
+    missing: list[str]
+
+
+class LosslessData(LosslessOutcomeData):
+    """``RecordKind.LOSSLESS``: a config against the non-speculative reference (suites/test_lossless.py)."""
+
+    reference: str
+    floor: FloorData
+    exact: str | None  # why this service must be token-exact (lossless.exact_reason), or None
+    max_new_tokens: int
+
+
+class LosslessReferenceData(TypedDict):
+    """``RecordKind.LOSSLESS_REFERENCE``: the reference launch's command and its own floor."""
+
+    command: str
+    floor: FloorData
+
+
+class SlurmJobEntry(TypedDict, total=False):
+    """A launch's Slurm job (``service.slurm``): its name, script and Slurm's version at submission,
+    its id and log once queued, its node and endpoint once it runs, its end as Slurm said it."""
+
+    job_name: str
+    script: str
+    version: str
+    job_id: str
+    output: str
+    node: str
+    address: str
+    port: int
+    queued_s: float
+    state: str
+    exit_code: str
+    reason: str
+
+
+class ProbeData(TypedDict):
+    """What the copy probe saw (``proof.ProbeResult.as_dict``)."""
+
+    bound: int | None
+    histogram: list[int]
+    requests: int
+    reached: bool
+    errors: list[str]
+    failed_requests: list[str]
+
+
+class FieldEvidenceData(TypedDict):
+    """One config field's strongest evidence (``proof.FieldEvidence.as_dict``)."""
+
+    status: str
+    detail: str
+
+
+class ProofData(TypedDict):
+    """What a launch's behaviour proved about its config (``proof.Proof.as_dict``)."""
+
+    fields: dict[str, FieldEvidenceData]
+    failures: list[str]
+    notes: list[str]
+    probe: ProbeData | None
+    startup_lines: list[str]
+    spec_num_draft_tokens: float | None
+
+
+class NoEffectFinding(TypedDict):
+    """A config field that showed no effect on this build (``proof.no_effect``): results.json's
+    ``no_effect`` and the applied-evidence table's note."""
+
+    field: str
+    configs: list[str]
+    cells: list[str]
+    message: str
+
+
+class _ControllerKeys(TypedDict, total=False):
+    # the process controller's
+    pid: int | None
+    log: str | None
+    # the systemd controller's
+    unit: str
+    dropin_path: str
+    dropin: str | None
+    # the command controller's
+    templates: dict[str, str]
+    commands: dict[str, str]
+    # the slurm controller's
+    slurm: SlurmJobEntry
+    login_host: str
+
+
+class ControllerEntry(_ControllerKeys, total=False):
+    """What a controller adds to its launch's entry (``Controller.launch_record``): its own keys,
+    and the ``host`` it drove on a remote host (systemd, command)."""
+
+    host: str
+
+
+class _LaunchRequired(TypedDict):
+    config: str
+    host: str | None
+    instance: int
+    controller: str
+    command: str | None
+    env: dict[str, str]
+    port: int | None
+    url: str
+    started_at: float
+    pid_of_harness: int
+    outcome: str  # starting, ready, failed: ..., died: ...
+
+
+class LaunchEntry(_LaunchRequired, _ControllerKeys, total=False):
+    """One launch of the service as ``service.manager`` records it, filled in as it goes: what the
+    controller adds (a ``ControllerEntry``), then the timings and evidence once it is ready."""
+
+    ready_s: float
+    engine_version: str | None  # /server_info's version (the report's environment section)
+    applied_evidence: ProofData
+
+
+class LaunchData(TypedDict):
+    """``RecordKind.LAUNCH``: one launch of the service as the manager recorded it (its command,
+    outcome, timings and applied evidence: ``service.manager``'s launch record)."""
+
+    launch: LaunchEntry
+
+
+# --- The throughput gate's records ------------------------------------------------------------
+#
+# Optional keys are declared in a ``total=False`` subclass of the required ones (``typing.NotRequired``
+# is Python 3.11, the package supports 3.10, and typing_extensions is not a dependency).
+
+
+class _WorkloadRequired(TypedDict):
+    concurrency: int
+    context_tokens: int
+    output_tokens: int
+    requests: int
+    prompts: str
+
+
+class WorkloadData(_WorkloadRequired, total=False):
+    """A cell's workload as measured (``load.workload_dict``); open-loop (bench_serving's keys) and sampled cells add theirs."""
+
+    request_rate: float
+    arrival: str
+    burstiness: float
+    max_concurrency: int | None
+    sampling: dict[str, float]  # a sampled cell's temperature, top_p
+
+
+class SpreadData(TypedDict):
+    """The repeats' output tok/s summarised (``stats.Summary.as_dict``)."""
+
+    n: int
+    median: float
+    mad: float
+    rel_spread: float
+    ci_low: float
+    ci_high: float
+    ci_coverage: float
+    rel_half_width: float
+
+
+class MetricVerdictData(TypedDict):
+    """The gate's verdict on one metric of a cell (``gate.MetricVerdict.as_dict``)."""
+
+    metric: str
+    status: Verdict
+    direction: Literal["higher", "lower"]
+    tolerance: float
+    baseline_median: float | None
+    current_median: float | None
+    change: float | None
+    config_shift: float | None
+    tolerance_floor: float | None
+    config_shift_se: float | None
+    config_blessed_shifts: dict[str, float] | None
+    first_pass_change: float | None
+    change_ci: list[float | None] | None
+    change_ci_label: str | None
+    baseline_samples: int
+    baseline_sessions: int
+    message: str
+
+
+class CellVerdictData(TypedDict):
+    """The gate's verdict on a cell (``gate.CellVerdict.as_dict``)."""
+
+    cell: str
+    status: Verdict
+    reasons: list[str]
+    metrics: dict[str, MetricVerdictData]
+
+
+class SpoiledRepeatData(TypedDict):
+    """A repeat retaken because it measured the machine, not the config."""
+
+    repeat: int
+    reason: str
+
+
+class _ThroughputRequired(TypedDict):
+    config: str
+    cell: str
+    workload: WorkloadData
+    status: Verdict
+    measurement_status: MeasurementStatus
+    repeats: int
+    metrics: dict[str, float | None]  # each metric's median over the counted repeats
+    samples: dict[str, list[float]]  # each gated metric's repeat samples
+    output_throughput_spread: SpreadData | None
+    change: dict[str, float]  # each judged metric's relative change against its baseline
+    verdict: CellVerdictData
+    problems: list[str]
+    notes: list[str]
+    hardware_profile: str | None
+    baseline: dict[str, object]  # the cell's baseline gates (``gate.baseline_cell_entry``'s)
+    server_info: dict[str, object] | None
+
+
+class ThroughputData(_ThroughputRequired, total=False):
+    """``RecordKind.THROUGHPUT``: one measured cell with its verdict (``report.throughput_record``,
+    completed by ``gate.throughput.evaluate_cell``)."""
+
+    slo: SLOData  # where the session has an SLO: the goodput figures' targets
+    acceptance_by_category: dict[str, float]  # tokens per verify step per prompt category (labelled datasets)
+
+    spoiled_repeats: list[SpoiledRepeatData]
+    accept_histogram: list[int]  # the valid repeats' acceptance histograms summed
+    acceptance_by_depth: list[float]
+    repeat_histograms: list[list[int] | None]
+
+
+class ControlCellData(ThroughputData, total=False):
+    """``RecordKind.THROUGHPUT_CONTROL``: one cell of the session's control (``gate.control``)."""
+
+    control_source: str
+    control_launch: int  # its launch's number in its process
+    control_at: str  # where in its process that launch was measured (``gate.control.START`` or ``END``)
+    blessed_launches: dict[str, int]  # how many launches each blessed session of control.yaml averaged
+    baseline_problem: str
+    bless_refused: str  # why a bless did not propose the cell
+    retry: str  # the command that retries a refused bless
+
+
+class RelaunchCellData(ThroughputData):
+    """``RecordKind.THROUGHPUT_RELAUNCH`` of a measured cell: its config's relaunch ``relaunch``."""
+
+    relaunch: int
+
+
+class RelaunchFailureData(TypedDict):
+    """``RecordKind.THROUGHPUT_RELAUNCH`` of a relaunch that failed, with the reason."""
+
+    error: str
+    relaunch: int
+
+
+class ControlUnavailableData(TypedDict):
+    """``RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE``: why no control was measured."""
+
+    reason: str
+
+
+class _RepeatRequired(TypedDict):
+    cell: str
+    repeat: int
+    workload: WorkloadData
+    metrics: dict[str, float | None]
+    problems: list[str]
+    notes: list[str]
+    spoiled: str | None  # why it was retaken, not counted (None: it counts)
+    prompts: str
+    accept_histogram: list[int] | None
+
+
+class RepeatData(_RepeatRequired, total=False):
+    """One measured repeat of a cell (``gate.throughput.sample_record``): the kinds
+    ``THROUGHPUT_REPEAT``, ``THROUGHPUT_CONFIRM_REPEAT``, ``THROUGHPUT_CONTROL_REPEAT`` (with its
+    ``control_launch``) and ``THROUGHPUT_RELAUNCH_REPEAT`` (with its ``relaunch``)."""
+
+    control_launch: int
+    control_at: str
+    relaunch: int
+
+
+# --- The adaptive sweep's outcome -------------------------------------------------------------
+
+
+class _PredictedRequired(TypedDict):
+    config: str
+    cell: str
+    status: Literal[Status.PREDICTED]
+    predicted: bool
+    output_throughput: float
+    output_throughput_interval: list[float]  # its 95% interval: low, high
+
+
+class PredictedRowData(_PredictedRequired, total=False):
+    """A throughput cell the advisor predicted instead of measuring (never gated)."""
+
+    workload: WorkloadData
+
+
+class AdaptivePickData(TypedDict):
+    """The advisor's pick for one cell (always a measured config) and its challenger, if any."""
+
+    cell: str
+    config: str
+    output_throughput: float
+    challenger: str | None
+    challenger_high: float | None
+
+
+class _AdaptiveRequired(TypedDict):
+    restarts: int
+    full_sweep_restarts: int
+    max_restarts: int
+    measured: list[str]
+    failed: list[str]
+    not_measured: list[str]
+    predicted: list[PredictedRowData]
+    recommendations: list[AdaptivePickData]
+    prior: str | None
+
+
+class AdaptiveSweepData(_AdaptiveRequired, total=False):
+    """``RecordKind.ADAPTIVE_SWEEP``: the outcome of the adaptive sweep (``adaptive.AdaptiveSweep.outcome``)."""
+
+    error: str  # why the advisor stopped early or could not predict
+
+
+class CorruptRecordData(TypedDict, total=False):
+    """``RecordKind.CORRUPT_RECORD``: a torn journal line (its ``file`` and ``line``), or a record
+    set aside by :func:`screen` (the ``problem``, and the ``record`` as it came)."""
+
+    file: str
+    line: int
+    problem: str
+    record: dict[str, object]
+
+
+# --- Records as read back: the data beside the recorder's stamp -------------------------------
+
+
+class ThroughputRecord(ThroughputData, RecordStamp, total=False):
+    """A throughput cell's record as the session holds it."""
+
+    kind: str
+    relaunch: int  # a relaunched cell's (``RecordKind.THROUGHPUT_RELAUNCH``)
+
+
+class ControlCellRecord(ControlCellData, RecordStamp, total=False):
+    """A control cell's record as the session holds it."""
+
+    kind: str
+
+
+# --- What the session end's judgements read of a measured cell ---------------------------------
+#
+# The judgement of each config against its session (``gate.config_moves``) and of the control
+# (``gate.control.judge``) read a few keys of a cell's record; these are those keys. A full
+# ``ThroughputRecord`` is one (a TypedDict with more keys is a subtype), and so is what the gate's
+# benchmarks build for thousands of simulated sessions.
+
+
+class _JudgedRequired(TypedDict):
+    config: str
+    cell: str
+    verdict: CellVerdictData
+    hardware_profile: str | None
+
+
+class JudgedCellData(_JudgedRequired, total=False):
+    """A measured cell as ``gate.config_moves`` reads it: its verdict, config, hardware and host."""
+
+    kind: str
+    host: str
+    relaunch: int
+
+
+class _MeasuredRequired(_JudgedRequired):
+    metrics: dict[str, float | None]
+
+
+class MeasuredCellData(_MeasuredRequired, total=False):
+    """A measured cell as the control's judgement reads it: also its medians (the speedups)."""
+
+    kind: str
+    host: str
+    relaunch: int
+
+
+class ControlJudgedData(MeasuredCellData, total=False):
+    """A control cell as ``gate.control.judge`` reads it (the keys of ``ControlCellData`` it uses)."""
+
+    worker: str
+    control_source: str
+    control_launch: int
+    control_at: str
+    blessed_launches: dict[str, int]
+    bless_refused: str
+    retry: str
+
+
+#: A measured cell as the control's arithmetic reads it: a config's or the control's.
+CellRecord = Union[MeasuredCellData, ControlJudgedData]
+
+
+class RelaunchFailureRecord(RelaunchFailureData, RecordEnvelope, total=False):
+    """A failed relaunch's record as the session holds it."""
+
+
+class HostEnvRecord(HostEnvData, RecordEnvelope, total=False):
+    """A host's environment record as the session holds it."""
+
+
+class LaunchRecord(LaunchData, RecordEnvelope, total=False):
+    """A launch's record as the session holds it."""
+
+
+class RepeatRecord(RepeatData, RecordEnvelope, total=False):
+    """A repeat's record as the session holds it."""
+
+
+class AdaptiveSweepRecord(AdaptiveSweepData, RecordEnvelope, total=False):
+    """The adaptive sweep's record as the session holds it."""
+
+
+#: A record as it comes, of any kind, not yet checked (JSON from a journal, a worker or a file).
+RawRecord = Mapping[str, object]
+
+#: The data a writer hands ``SessionRecorder.record``: one of the shapes.
+RecordData = Union[ThroughputData, ControlCellData, RelaunchCellData, RelaunchFailureData, ControlUnavailableData,
+                   RepeatData, AdaptiveSweepData, HealthData, CodingData, HostEnvData, LosslessData,
+                   LosslessReferenceData, LaunchData, CorruptRecordData, SustainableRateData]
+
+#: Each kind's shape: what ``check_record`` holds a record of that kind to (beside the stamp).
+SHAPES: dict[RecordKind, object] = {
+    RecordKind.THROUGHPUT: ThroughputData,
+    RecordKind.THROUGHPUT_REPEAT: RepeatData,
+    RecordKind.THROUGHPUT_CONFIRM_REPEAT: RepeatData,
+    RecordKind.THROUGHPUT_CONTROL: ControlCellData,
+    RecordKind.THROUGHPUT_CONTROL_REPEAT: RepeatData,
+    RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE: ControlUnavailableData,
+    RecordKind.THROUGHPUT_RELAUNCH: Union[RelaunchCellData, RelaunchFailureData],
+    RecordKind.THROUGHPUT_RELAUNCH_REPEAT: RepeatData,
+    RecordKind.CODING: CodingData,
+    RecordKind.LOSSLESS: LosslessData,
+    RecordKind.LOSSLESS_REFERENCE: LosslessReferenceData,
+    RecordKind.HEALTH: HealthData,
+    RecordKind.LAUNCH: LaunchData,
+    RecordKind.HOST_ENV: HostEnvData,
+    RecordKind.ADAPTIVE_SWEEP: AdaptiveSweepData,
+    RecordKind.SUSTAINABLE_RATE: SustainableRateData,
+    RecordKind.CORRUPT_RECORD: CorruptRecordData,
+}
+
+
+# --- The check ------------------------------------------------------------------------------
+
+
+class RecordError(ValueError):
+    """A record does not have its kind's shape; the message names the record, the key and what was expected."""
+
+
+@functools.cache
+def _hints(shape: type) -> dict[str, object]:
+    return typing.get_type_hints(shape)
+
+
+def _type_name(hint: object) -> str:
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(str(a)) for a in typing.get_args(hint))
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if typing.is_typeddict(hint):
+        return "an object"
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        return f"an object of {_type_name(typing.get_args(hint)[1])}"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    return {type(None): "null", float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(
+        cast(type, hint), str(hint))
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{text[:60]}..." if len(text) > 60 else text
+
+
+def _at(where: str, key: object) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _wrong(value: object, hint: object, where: str) -> str:
+    """The message for a value that does not fit ``hint`` (built only then: naming the expected
+    type walks the hint again, and most values fit)."""
+    return f"{where or 'it'} is {_shown(value)}, expected {_type_name(hint)}"
+
+
+def _problem(value: object, hint: object, where: str) -> str | None:
+    """What is wrong with ``value`` as ``hint`` (a type of the shapes above), or None."""
+    origin = typing.get_origin(hint)
+    if hint is object:
+        return None
+    if origin in (Union, types.UnionType):
+        arms = typing.get_args(hint)
+        problems: list[str] = []
+        for arm in arms:  # the first arm that fits ends the check
+            if (arm_problem := _problem(value, arm, where)) is None:
+                return None
+            problems.append(arm_problem)
+        if isinstance(value, Mapping) and all(typing.is_typeddict(arm) for arm in arms):
+            return "; or ".join(f"as {getattr(arm, '__name__')}: {p}" for arm, p in zip(arms, problems))
+        return _wrong(value, hint, where)
+    if origin is Literal:
+        return None if any(value == a for a in typing.get_args(hint)) else _wrong(value, hint, where)
+    if typing.is_typeddict(hint):
+        if not isinstance(value, Mapping):
+            return _wrong(value, hint, where)
+        shape = cast(type, hint)
+        missing = sorted(k for k in getattr(shape, "__required_keys__") if k not in value)
+        if missing:
+            return f"{where + ' ' if where else ''}lacks {', '.join(repr(k) for k in missing)}"
+        hints = _hints(shape)
+        for key, item in value.items():
+            if key in hints and (p := _problem(item, hints[key], _at(where, key))) is not None:
+                return p
+        return None
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            return _wrong(value, hint, where)
+        item_hint = typing.get_args(hint)[1]
+        return next((p for k, v in value.items() if (p := _problem(v, item_hint, _at(where, k))) is not None), None)
+    if origin is list:
+        if not isinstance(value, list):
+            return _wrong(value, hint, where)
+        item_hint = typing.get_args(hint)[0]
+        return next((p for i, v in enumerate(value) if (p := _problem(v, item_hint, f"{where}[{i}]")) is not None), None)
+    if hint is type(None):
+        return None if value is None else _wrong(value, hint, where)
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else _wrong(value, hint, where)
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else _wrong(value, hint, where)
+    if isinstance(hint, type):
+        return None if isinstance(value, hint) else _wrong(value, hint, where)
+    raise TypeError(f"records: no check for {hint!r}")  # a shape above uses a type the check does not know
+
+
+def describe(record: RawRecord) -> str:
+    """How a message names a record: its kind, config, cell and worker where it has them."""
+    parts = [str(record.get("kind") or "record")]
+    parts += [str(record[k]) for k in ("config", "cell") if isinstance(record.get(k), str)]
+    worker = record.get("worker")
+    return " ".join(parts) + (f" (from {worker})" if isinstance(worker, str) else "")
+
+
+def check_record(record: RawRecord) -> str | None:
+    """What is wrong with ``record`` as its kind's shape (and the recorder's stamp), or None; a kind
+    this version does not know is not checked (a newer writer's)."""
+    kind = record.get("kind")
+    shape = SHAPES.get(cast(RecordKind, kind)) if isinstance(kind, str) else None
+    problem = _problem(record, RecordStamp, "")
+    if problem is None and shape is not None:
+        problem = _problem(record, shape, "")
+    return f"{describe(record)}: {problem}" if problem is not None else None
+
+
+def screen(records: Iterable[RawRecord]) -> list[dict[str, object]]:
+    """Records that came from another process or a file, each checked: a malformed one is set
+    aside as a ``corrupt-record`` that keeps it whole and says what is wrong (its ``problem``),
+    with its stamp, so it shows in the results and no reader meets it."""
+    out: list[dict[str, object]] = []
+    for record in records:
+        problem = check_record(record)
+        if problem is None:
+            out.append(dict(record))
+            continue
+        stamp = {k: record[k] for k in ("worker", "time", "session", "host") if k in record}
+        out.append({**stamp, "kind": RecordKind.CORRUPT_RECORD, "config": record.get("config"),
+                    "problem": f"malformed record set aside: {problem}", "record": dict(record)})
+    return out
+
+
+ShapeT = TypeVar("ShapeT")
+
+
+def checked(shape: Callable[..., ShapeT], record: RawRecord) -> ShapeT:
+    """``record`` as ``shape``, after checking it (``RecordError`` says what is wrong)."""
+    problem = _problem(record, shape, "")
+    if problem is not None:
+        raise RecordError(f"malformed record {describe(record)}: {problem}")
+    return cast(ShapeT, record)
+
+
+def _flat(record: RawRecord) -> RawRecord:
+    """A record as the session holds it; the older ``{"kind", "config", "data": {...}}`` wrapping
+    is flattened (its data's keys beside the kind and config)."""
+    data = record.get("data")
+    if not isinstance(data, Mapping):
+        return record
+    return {"config": record.get("config"), **data, "kind": record.get("kind")}
+
+
+def _of_kind(records: Iterable[RawRecord], kind: RecordKind) -> list[RawRecord]:
+    return [r for r in map(_flat, records) if r.get("kind") == kind]
+
+
+def throughput_records(records: Iterable[RawRecord], kind: RecordKind = RecordKind.THROUGHPUT) -> list[ThroughputRecord]:
+    """The measured throughput cells among ``records`` (``kind``: ``THROUGHPUT``, or
+    ``THROUGHPUT_RELAUNCH`` for the relaunched ones, whose failed relaunches are left out), checked."""
+    return [checked(ThroughputRecord, dict(r)) for r in _of_kind(records, kind) if "cell" in r or kind == RecordKind.THROUGHPUT]
+
+
+def relaunch_failures(records: Iterable[RawRecord]) -> list[RelaunchFailureRecord]:
+    """The relaunches that failed, with the reason."""
+    return [checked(RelaunchFailureRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" not in r]
+
+
+def control_records(records: Iterable[RawRecord]) -> list[ControlCellRecord]:
+    """The control's measured cells among ``records``, checked."""
+    return [checked(ControlCellRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
+
+
+def control_judged(records: Iterable[RawRecord]) -> list[ControlJudgedData]:
+    """The control's measured cells among ``records`` as its judgement reads them, checked."""
+    return [checked(ControlJudgedData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
+
+
+def judged_relaunches(records: Iterable[RawRecord]) -> list[MeasuredCellData]:
+    """The relaunched configs' measured cells among ``records`` as the judgements read them, checked."""
+    return [checked(MeasuredCellData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" in r]
+
+
+def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailableData]:
+    """Why no control was measured, as recorded."""
+    return [checked(ControlUnavailableData, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE)]
+
+
+def repeat_records(records: Iterable[RawRecord], kind: RecordKind = RecordKind.THROUGHPUT_REPEAT) -> list[RepeatRecord]:
+    """The repeats of ``kind`` among ``records``, checked."""
+    return [checked(RepeatRecord, r) for r in _of_kind(records, kind)]
+
+
+def host_envs(records: Iterable[RawRecord]) -> list[HostEnvRecord]:
+    """The hosts' environment records among ``records``, checked."""
+    return [checked(HostEnvRecord, r) for r in _of_kind(records, RecordKind.HOST_ENV)]
+
+
+def launch_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
+    """The launch records among ``records``, checked."""
+    return [checked(LaunchRecord, r) for r in _of_kind(records, RecordKind.LAUNCH)]
+
+
+def adaptive_outcome(records: Iterable[RawRecord]) -> AdaptiveSweepRecord | None:
+    """The session's adaptive-sweep outcome, if it ran one (the last record wins), checked."""
+    found = _of_kind(records, RecordKind.ADAPTIVE_SWEEP)
+    return checked(AdaptiveSweepRecord, found[-1]) if found else None

@@ -1,0 +1,137 @@
+"""The page of a running session: rewritten at start and each time a config's last test ends.
+
+Why count tests per config: a sweep is hours of restarts, so "config k of n, ETA" is what a
+person watching it wants, and the only moment the page can say something new about a config
+is when all of that config's tests are done. The controller sees every test report (from
+itself or, under xdist, from the workers) and knows the plan from collection, so it counts;
+the page is built from the records every worker has appended so far, so what it shows is what
+is on disk, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_ddtree.report.html import HEARTBEAT_S, REPORT_HTML, LiveStatus, payload_from_records, write_report
+from pytest_ddtree.report.html.model import config_of_nodeid
+from pytest_ddtree.records.recorder import read_records
+
+if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
+    from pytest_ddtree.session import DDTreeSession
+
+
+class LiveReport:
+    """Progress of one session and the page that shows it (controller only)."""
+
+    def __init__(self, results_dir: Path, configs: Sequence[str], environment: Mapping[str, Any] | None = None,
+                 started_at: float | None = None) -> None:
+        self.path = results_dir / REPORT_HTML
+        self.results_dir = results_dir
+        self.configs = list(configs)
+        self.environment = dict(environment or {})
+        self.started_at = started_at if started_at is not None else time.time()
+        self._planned: Counter[str] = Counter()
+        self._reported: Counter[str] = Counter()
+        self._done: list[str] = []
+        self._lock = threading.Lock()
+        self.errors: list[str] = []
+        self._heartbeat: Heartbeat | None = None
+
+    def plan(self, nodeids: Iterable[str]) -> None:
+        """The collected tests (once; under xdist every worker collects the same list)."""
+        with self._lock:
+            if not self._planned:
+                self._planned = Counter(c for n in nodeids if (c := config_of_nodeid(n, self.configs)))
+
+    def test_done(self, nodeid: str) -> bool:
+        """Count a finished test; True when it was its config's last one (the page is due)."""
+        with self._lock:
+            config = config_of_nodeid(nodeid, self.configs)
+            if config is None:
+                return False
+            self._reported[config] += 1
+            if config not in self._done and self._planned.get(config) and self._reported[config] >= self._planned[config]:
+                self._done.append(config)
+                return True
+            return False
+
+    def status(self, state: str = "running") -> LiveStatus:
+        with self._lock:
+            planned = [c for c in self.configs if self._planned.get(c)] if self._planned else list(self.configs)
+            done = len(self._done)
+            total = len(planned)
+            now = time.time()
+            eta = self.started_at + (now - self.started_at) / done * total if state == "running" and done else None
+            current = [c for c in self.configs if self._reported[c] and c not in self._done]
+            return LiveStatus(state=state, done=done, total=total, started_at=self.started_at, eta=eta,
+                              current=current if state == "running" else [], planned=planned, updated_at=now)
+
+    def write_running(self, failed_tests: Sequence[Mapping[str, str]] = ()) -> None:
+        """Rewrite the page from the records on disk; a failure is kept for the summary, never raised."""
+        try:
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+            payload = payload_from_records(read_records(self.results_dir), failed_tests, self.environment)
+            write_report(self.path, payload, self.status("running"))
+        except Exception as exc:  # noqa: BLE001 - the live page must never break the session
+            self.errors.append(f"live report.html not written: {type(exc).__name__}: {exc}")
+
+    def write_final(self, payload: Mapping[str, Any]) -> Path:
+        self.stop_heartbeat()
+        return write_report(self.path, payload, self.status("finished"))
+
+    def start_heartbeat(self, interval_s: float = HEARTBEAT_S) -> None:
+        """Touch the running page every ``interval_s`` from now on (see :class:`Heartbeat`)."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(self.path, interval_s)
+            self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            beat.stop()
+
+
+class Heartbeat(threading.Thread):
+    """Touches the running page's modification time every ``interval_s`` while this process lives.
+
+    Why: the page is rewritten only when a config's last test ends (an hour apart on a GPU sweep),
+    so its content cannot tell a slow session from a dead one; its modification time can, and
+    the page's own script reads it (``document.lastModified``) to stop reloading and say that
+    the session stopped once no process has touched it for ``STALE_S``. A daemon thread: it dies
+    with the process, which is the point.
+    """
+
+    def __init__(self, path: Path, interval_s: float) -> None:
+        super().__init__(name="ddtree-report-heartbeat", daemon=True)
+        self.path = path
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass  # not written yet, or its folder went away: the next beat tries again
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
+    """Record the environment once and write the first page ("running: config 0 of n")."""
+    from pytest_ddtree.report.html import collect_environment
+
+    try:
+        live.environment = collect_environment(session)
+    except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
+        live.environment = {"environment": f"not recorded ({type(exc).__name__}: {exc})"}
+    live.write_running(session.failed_tests)
+    live.start_heartbeat()
+    return live
