@@ -53,6 +53,7 @@ from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expi
 from pytest_ddtree.measure.prompts import PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import WorkloadData
+from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 
@@ -322,7 +323,7 @@ class CellResult:
         ``total_output_tokens_retokenized`` is the server's exact count: bench_serving re-encodes
         the generated text because it has nothing better; this harness counts from meta_info.
         ``accept_length`` means what bench_serving means: the server's ``avg_spec_accept_length``
-        (``internal_states[0]`` of /server_info after the measured loop), or None when absent;
+        (``internal_states`` of /server_info after the measured loop, every dp rank's: :func:`merge_internal_states`), or None when absent;
         information only, never gated: SGLang zeroes it on /flush_cache, omits it until decode
         batches ran and refreshes it every 40 batches. The gated figure is
         ``ddtree_tokens_per_verify`` (:data:`TOKENS_PER_VERIFY`): sum(completion_tokens) /
@@ -428,19 +429,6 @@ def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
     return float(max(tokens)), int(max(running))
 
 
-def server_accept_length(server_info: Mapping[str, object]) -> float | None:
-    """``internal_states[0].avg_spec_accept_length`` (or a top-level key of that name)."""
-    states = server_info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        value = states[0].get("avg_spec_accept_length")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    value = server_info.get("avg_spec_accept_length")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 #: Linux's pressure stall information for the CPU (kernel >= 4.20 with PSI): cumulative
 #: microseconds in which at least one runnable task on this host waited for a CPU.
 CPU_PRESSURE_PATH = "/proc/pressure/cpu"
@@ -476,7 +464,8 @@ def _stall_since(before: float | None) -> float | None:
 
 
 def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
-    """``internal_states[0]`` of /server_info (empty, with a note, when unavailable); ``keep``
+    """``internal_states`` of /server_info, every dp rank's merged (:func:`merge_internal_states`;
+    empty, with a note, when unavailable); ``keep``
     receives the whole answer (bench_serving's ``server_info`` key)."""
     try:
         info = client.server_info()
@@ -487,8 +476,8 @@ def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, obje
         keep.update(info)
     out: dict[str, Any] = {}
     states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        out = dict(states[0])
+    if isinstance(states, list) and any(isinstance(s, dict) for s in states):
+        out = merge_internal_states(states)
     else:
         value = server_accept_length(info)
         if value is not None:
