@@ -7,7 +7,7 @@ of a cell's requests (sglang PR 34743). Every reader of those states goes throug
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard
 
 
 def server_accept_length(server_info: Mapping[str, object]) -> float | None:
@@ -30,7 +30,7 @@ def server_accept_length(server_info: Mapping[str, object]) -> float | None:
     return None
 
 
-def _is_figure(value: object) -> bool:
+def _is_figure(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
