@@ -11,7 +11,6 @@ from __future__ import annotations
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.atomicfile import write_atomic
@@ -58,7 +57,6 @@ class FinishOutcome:
     sections: list[tuple[str, str]] = field(default_factory=list)
     failures: list[SessionFailure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    package_path: Path | None = None
 
     @property
     def exit_failure(self) -> bool:
@@ -343,7 +341,6 @@ def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list
         outcome.fail(f"reproduction package failed: {type(exc).__name__}: {exc}")
         outcome.sections.append(("ddtree package error", traceback.format_exc()))
         return
-    outcome.package_path = report.path
     outcome.sections.append(("ddtree reproduction package", report.summary()))
     if not report.ok:
         outcome.fail("reproduction package not published: " + "; ".join(report.problems))

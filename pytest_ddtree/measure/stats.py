@@ -6,11 +6,9 @@ slowdown through. Everything here is written for n = 3..10 samples:
 
 * the median and the MAD (median absolute deviation) instead of mean/stddev, because one
   slow repeat (a GC pause, a noisy neighbour) must not move the centre;
-* a seeded bootstrap confidence interval of the median, so "how sure" is a number and two
-  runs on the same data give the same verdict (no hidden randomness in CI);
-* an exact Mann-Whitney U test (enumeration of all splits, ties handled), because the
-  normal approximation is useless at 3 vs 3 samples, where the smallest attainable
-  one-sided p-value is 1/20 = 0.05;
+* the order-statistic interval of the median with its true (binomial) coverage, and the
+  t-interval of a mean, so "how sure" is a number and two runs on the same data give the
+  same verdict (no resampling, no hidden randomness in CI);
 * the interleaved repeat scheduler with early stop (AIPerf-style): repeat r of every cell
   runs before repeat r+1 of any cell, so a slow drift of the machine spreads over all cells
   instead of biasing the last one, and a cell whose interval is already tight stops early.
@@ -21,11 +19,9 @@ No numpy/scipy: the harness must run wherever pytest runs, and these sizes are t
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
-from typing import Final, Generic, Literal, TypeGuard, TypeVar
+from typing import Final, Generic, TypeGuard, TypeVar
 
 from pytest_ddtree.records.shapes import SpreadData
 from pytest_ddtree.records.words import MeasurementStatus, Status
@@ -36,13 +32,6 @@ INCONCLUSIVE: Final = Status.INCONCLUSIVE
 INVALID: Final = Status.INVALID
 
 CellStatus = MeasurementStatus
-
-#: Seed of every bootstrap unless the caller passes one: verdicts are reproducible.
-DEFAULT_SEED = 20240601
-
-#: Above this many splits the exact Mann-Whitney enumeration switches to the normal
-#: approximation (C(16, 8) = 12870 splits stay exact).
-_EXACT_LIMIT = 20000
 
 
 def is_number(value: object) -> TypeGuard[int | float]:
@@ -103,141 +92,6 @@ def mad(values: Sequence[float]) -> float:
     """
     m = median(values)
     return median([abs(v - m) for v in values])
-
-
-def bootstrap_ci(
-    samples: Sequence[float],
-    statistic: Callable[[Sequence[float]], float] = median,
-    *,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = DEFAULT_SEED,
-) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of ``statistic`` over ``samples``.
-
-    Seeded so the same samples always give the same interval (a CI verdict must not change
-    on a re-run of the report). With a single sample the interval is that sample.
-    """
-    if not samples:
-        raise ValueError("bootstrap of an empty sequence")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be within (0, 1), got {confidence}")
-    if len(samples) == 1 or min(samples) == max(samples):
-        v = float(statistic(samples))
-        return v, v
-    rng = random.Random(seed)
-    n = len(samples)
-    stats = sorted(statistic([samples[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    alpha = (1.0 - confidence) / 2.0
-    return percentile(stats, 100.0 * alpha), percentile(stats, 100.0 * (1.0 - alpha))
-
-
-def ratio_ci(
-    baseline: Sequence[float],
-    current: Sequence[float],
-    *,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = DEFAULT_SEED,
-) -> tuple[float, float]:
-    """Bootstrap CI of median(current) / median(baseline) (two independent resamples).
-
-    Used to say "how sure" a change is: "-9.8% (95% CI -11.0% .. -8.5%)".
-    """
-    if not baseline or not current:
-        raise ValueError("ratio_ci needs samples on both sides")
-    rng = random.Random(seed)
-    nb, nc = len(baseline), len(current)
-    ratios: list[float] = []
-    for _ in range(resamples):
-        b = median([baseline[rng.randrange(nb)] for _ in range(nb)])
-        c = median([current[rng.randrange(nc)] for _ in range(nc)])
-        ratios.append(c / b if b != 0 else math.inf)
-    ratios.sort()
-    alpha = (1.0 - confidence) / 2.0
-    return percentile(ratios, 100.0 * alpha), percentile(ratios, 100.0 * (1.0 - alpha))
-
-
-def _u_statistic(x: Sequence[float], y: Sequence[float]) -> float:
-    """U of x against y: pairs with x > y count 1, ties 0.5."""
-    u = 0.0
-    for a in x:
-        for b in y:
-            if a > b:
-                u += 1.0
-            elif a == b:
-                u += 0.5
-    return u
-
-
-def mann_whitney_u(
-    x: Sequence[float],
-    y: Sequence[float],
-    alternative: Literal["less", "greater", "two-sided"] = "two-sided",
-) -> tuple[float, float]:
-    """Mann-Whitney U test of x against y; returns (U of x, p-value).
-
-    ``alternative="less"``: x tends to be smaller than y. Exact permutation p-value (ties
-    handled by enumerating every split of the pooled samples) when the number of splits is
-    small, else the normal approximation with tie correction and continuity correction.
-    """
-    if not x or not y:
-        raise ValueError("mann_whitney_u needs samples on both sides")
-    nx, ny = len(x), len(y)
-    u_obs = _u_statistic(x, y)
-    if math.comb(nx + ny, nx) <= _EXACT_LIMIT:
-        pooled = list(x) + list(y)
-        idx = range(nx + ny)
-        total = 0
-        le = ge = 0
-        centre = nx * ny / 2.0
-        two = 0
-        eps = 1e-9
-        for chosen in combinations(idx, nx):
-            chosen_set = set(chosen)
-            xs = [pooled[i] for i in chosen]
-            ys = [pooled[i] for i in idx if i not in chosen_set]
-            u = _u_statistic(xs, ys)
-            total += 1
-            if u <= u_obs + eps:
-                le += 1
-            if u >= u_obs - eps:
-                ge += 1
-            if abs(u - centre) >= abs(u_obs - centre) - eps:
-                two += 1
-        if alternative == "less":
-            return u_obs, le / total
-        if alternative == "greater":
-            return u_obs, ge / total
-        return u_obs, two / total
-    # Normal approximation with tie correction.
-    pooled_sorted = sorted(list(x) + list(y))
-    n = nx + ny
-    tie_term = 0.0
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and pooled_sorted[j + 1] == pooled_sorted[i]:
-            j += 1
-        t = j - i + 1
-        tie_term += t**3 - t
-        i = j + 1
-    mu = nx * ny / 2.0
-    sigma = math.sqrt(nx * ny / 12.0 * ((n + 1) - tie_term / (n * (n - 1))))
-    if sigma == 0:
-        return u_obs, 1.0
-    if alternative == "less":
-        z = (u_obs - mu + 0.5) / sigma
-        return u_obs, _norm_cdf(z)
-    if alternative == "greater":
-        z = (u_obs - mu - 0.5) / sigma
-        return u_obs, 1.0 - _norm_cdf(z)
-    z = (abs(u_obs - mu) - 0.5) / sigma
-    return u_obs, min(1.0, 2.0 * (1.0 - _norm_cdf(z)))
-
-
-def _norm_cdf(z: float) -> float:
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
 #: MAD x this = a normal-consistent estimate of sigma (1 / Phi^-1(3/4)).
@@ -456,7 +310,7 @@ class Summary:
         }
 
 
-def summarize(samples: Sequence[float], *, confidence: float = 0.95, seed: int = DEFAULT_SEED) -> Summary:
+def summarize(samples: Sequence[float], *, confidence: float = 0.95) -> Summary:
     """Median, MAD and the order-statistic interval of the median with its true coverage."""
     interval = median_interval(samples, confidence)
     return Summary(n=len(samples), median=median(samples), mad=mad(samples), ci_low=interval.low,
@@ -605,13 +459,6 @@ def run_interleaved(
             still.append(cell)
         active = still
     return runs
-
-
-def relative_change(baseline: float, current: float) -> float:
-    """(current - baseline) / baseline; 0 when both are 0, inf when only baseline is 0."""
-    if baseline == 0:
-        return 0.0 if current == 0 else math.copysign(math.inf, current)
-    return (current - baseline) / abs(baseline)
 
 
 def describe(values: Mapping[str, float]) -> str:

@@ -558,10 +558,6 @@ class LaunchRecord(LaunchData, RecordEnvelope, total=False):
     """A launch's record as the session holds it."""
 
 
-class RepeatRecord(RepeatData, RecordEnvelope, total=False):
-    """A repeat's record as the session holds it."""
-
-
 class AdaptiveSweepRecord(AdaptiveSweepData, RecordEnvelope, total=False):
     """The adaptive sweep's record as the session holds it."""
 
@@ -777,11 +773,6 @@ def judged_relaunches(records: Iterable[RawRecord]) -> list[MeasuredCellData]:
 def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailableData]:
     """Why no control was measured, as recorded."""
     return [checked(ControlUnavailableData, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE)]
-
-
-def repeat_records(records: Iterable[RawRecord], kind: RecordKind = RecordKind.THROUGHPUT_REPEAT) -> list[RepeatRecord]:
-    """The repeats of ``kind`` among ``records``, checked."""
-    return [checked(RepeatRecord, r) for r in _of_kind(records, kind)]
 
 
 def host_envs(records: Iterable[RawRecord]) -> list[HostEnvRecord]:

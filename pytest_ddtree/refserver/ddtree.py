@@ -37,11 +37,6 @@ class DraftTree:
         """Non-root nodes (the budget actually used)."""
         return len(self.tokens) - 1
 
-    @property
-    def verify_tokens(self) -> int:
-        """Tokens in the verification pass: the root plus every node."""
-        return len(self.tokens)
-
     def max_depth(self) -> int:
         return max(self.depths)
 

@@ -376,7 +376,6 @@ class Engine:
         self.step_index = 0
         self.last_gen_throughput = 0.0
         self.cpu_seconds = 0.0  # scheduler CPU time over whole steps, publishing included (benchmark)
-        self.heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="refserver-scheduler", daemon=True)
 
     # -- public API (called from HTTP threads) ----------------------------------------
@@ -487,7 +486,6 @@ class Engine:
                 while not self.waiting and not self.running:
                     self._serve_flush()
                     self.step_clock.idle()
-                    self.heartbeat = time.monotonic()
                     self.cond.wait(timeout=1.0)
                 self._serve_flush()
                 self.running = [r for r in self.running if not self._drop_if_aborted(r)]
@@ -499,7 +497,6 @@ class Engine:
             if self._stall_s and (admit or self.running):
                 stall, self._stall_s = self._stall_s, 0.0
                 time.sleep(stall)  # the injected stall itself: wall time the engine's clock did not get
-            self.heartbeat = time.monotonic()
             cpu0 = time.thread_time()
             wall0, sim0 = time.time(), self.acct.simulated_busy_seconds
             if admit:

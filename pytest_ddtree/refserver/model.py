@@ -391,11 +391,6 @@ class TargetModel:
                 return tok
         return -1
 
-    def next_greedy(self, m: MatchState, copy: CopyState, ctx: Context, ignore_eos: bool = False) -> int:
-        """Greedy next token of the sequence: its own repeat, else the corpus continuation."""
-        tok = self.copied(m, copy, ctx, ignore_eos)
-        return tok if tok >= 0 else self.greedy(m.state, ignore_eos)
-
     def greedy(self, s: int, ignore_eos: bool = False) -> int:
         cache = self._greedy_no_eos if ignore_eos else self._greedy
         got = cache.get(s)

@@ -63,7 +63,6 @@ class RadixCache:
         self.stamp = 0
         self.root = _Node([], None, 0)
         self.size = 0  # tokens held
-        self.evicted_tokens = 0
 
     def reset(self) -> None:
         self.root = _Node([], None, self.stamp)
@@ -142,5 +141,4 @@ class RadixCache:
             if parent is not self.root and not parent.children:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         self.size -= freed
-        self.evicted_tokens += freed
         return freed

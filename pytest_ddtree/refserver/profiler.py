@@ -119,7 +119,6 @@ class Profiler:
         self.target_ct: int | None = None
         self.forward_ct = 0
         self.events: list[dict[str, Any]] = []
-        self.last_trace: Path | None = None
 
     def start(self, settings: ProfileSettings) -> None:
         with self.lock:
@@ -155,7 +154,6 @@ class Profiler:
         settings.output_dir.mkdir(parents=True, exist_ok=True)
         with gzip.open(settings.trace_path, "wt", encoding="utf-8") as fh:
             json.dump(trace, fh)
-        self.last_trace = settings.trace_path
         self.log(f"Profiling done. Traces are saved to: {settings.output_dir}")
         return settings.trace_path
 

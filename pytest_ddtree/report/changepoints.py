@@ -322,7 +322,6 @@ class BuildChange:
     size: float  # after / before - 1 of the sessions' level
     interval: tuple[float, float]  # 95% interval of the size
     control_size: float | None  # the control's own step at the same place
-    statistic: float  # t of the newest test
     before: BuildPoint
     after: BuildPoint
     detected_at: BuildPoint  # the session whose check first saw it
@@ -432,14 +431,14 @@ def build_changes(profile: str, points: Sequence[BuildPoint]) -> list[BuildChang
         end = bounds[k + 1] - 1
         test = _step(levels, before, index, end)
         assert test is not None
-        t, _, step, se = test
+        _, _, step, se = test
         half = 1.96 * se
         left = [p.control for p in points[max(before, index - BUILD_WINDOW):index] if p.control is not None]
         right = [p.control for p in points[index:end + 1] if p.control is not None]
         control = math.expm1(stats.mean(right) - stats.mean(left)) if left and right else None
         out.append(BuildChange(
             hardware_profile=profile, index=index, size=math.expm1(step),
-            interval=(math.expm1(step - half), math.expm1(step + half)), control_size=control, statistic=t,
+            interval=(math.expm1(step - half), math.expm1(step + half)), control_size=control,
             before=points[index - 1], after=points[index], detected_at=points[detected],
             sessions_before=index, sessions_after=len(points) - index,
             settled=len(points) - index > BUILD_LOOKS, regression=step < 0))

@@ -508,7 +508,6 @@ class SessionSummary:
     markdown: str
     sections: list[tuple[str, str]] = field(default_factory=list)
     plot_error: str | None = None
-    plot_path: Path | None = None
 
 
 def _launch_words(record: RawRecord) -> tuple[str, str]:
@@ -661,7 +660,6 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         try:
             path = results_dir / "throughput.png"
             if plot_png(throughput, path):
-                summary.plot_path = path
                 sections.append(("ddtree plot", f"wrote {path}"))
         except Exception as exc:  # the plot is optional; never lose the results over it
             summary.plot_error = f"plotting failed: {type(exc).__name__}: {exc}"

@@ -58,7 +58,6 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 class _Hunk:
     old_start: int
     old_len: int
-    new_start: int
     new_len: int
     lines: list[tuple[str, str]] = field(default_factory=list)  # (tag, text incl. newline or not)
 
@@ -80,7 +79,6 @@ def _parse_diff(diff: str) -> list[_Hunk]:
         h = _Hunk(
             int(m.group(1)),
             int(m.group(2)) if m.group(2) is not None else 1,
-            int(m.group(3)),
             int(m.group(4)) if m.group(4) is not None else 1,
         )
         header_line = i + 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -32,7 +32,3 @@ class RunResult:
     key: str = ""
     cleanup_error: str | None = None  # the work dir could not be removed (logged, never a verdict)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["verdict"] = self.verdict.value
-        return data

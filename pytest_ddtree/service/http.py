@@ -169,10 +169,6 @@ def phase(deadline: Deadline) -> Iterator[Deadline]:
         _PHASE.reset(token)
 
 
-def current_phase() -> Deadline | None:
-    return _PHASE.get()
-
-
 def phase_expired() -> bool:
     """Whether the current phase (if any) is over: a loop of requests sends no more then."""
     phase = _PHASE.get()

@@ -205,7 +205,6 @@ class ProbeResult:
     errors: list[str] = field(default_factory=list)  # invalid responses: the config fails on them
     failed_requests: list[str] = field(default_factory=list)  # transport or HTTP errors: no evidence
     requests: int = 0
-    no_histogram: int = 0
     #: answers whose meta_info has no spec_* key at all: no verify ran for them
     no_spec: int = 0
 
@@ -250,7 +249,6 @@ def run_copy_probe(generate: Callable[[str, Mapping[str, Any]], Any], bound: int
             result.errors.append(f"probe request {result.requests}: invalid response: {exc}")
             break
         if hist is None:
-            result.no_histogram += 1
             if not (isinstance(meta, Mapping) and any(str(key).startswith("spec_") for key in meta)):
                 result.no_spec += 1
             break  # this build sends no histogram: nothing more to learn from more requests
@@ -284,7 +282,6 @@ class StartupValues:
     topk: int | None = None
     window: int | None = None
     window_printed: bool = False
-    compact_cache: bool | None = None
     topk_override: tuple[int, int] | None = None  # (asked, used)
 
     @property
@@ -320,8 +317,6 @@ def parse_startup_log(text: str) -> StartupValues:
         if "draft_window_size" in values:
             out.window_printed = True
             out.window = _int_value(values["draft_window_size"])
-        if "compact_cache" in values:
-            out.compact_cache = values["compact_cache"] == "True"
     return out
 
 

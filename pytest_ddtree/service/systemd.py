@@ -104,10 +104,6 @@ class SystemdController(Controller):
     def dropin_path(self) -> Path:
         return self.dropin_dir / f"{self.unit}.d" / DROPIN_NAME
 
-    @property
-    def dropin_text(self) -> str | None:
-        return self._dropin_text
-
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         try:
             result = self.host.run(argv, timeout_s=self.command_timeout_s, privileged=True)

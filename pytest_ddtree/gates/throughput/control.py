@@ -260,13 +260,6 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _spread(values: Sequence[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-
-
 def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
           require_baselines: bool = False, update_mode: bool = False) -> ControlJudgement:
     """The control's verdict, each config's speedup over it and the session's uniform shift.

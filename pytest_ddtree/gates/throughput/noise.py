@@ -13,11 +13,6 @@ from pytest_ddtree.measure import stats
 MEDIAN_VARIANCE = math.pi / 2.0
 
 
-def _log_median(values: Sequence[float]) -> float | None:
-    m = stats.median(values)
-    return math.log(m) if m > 0 else None
-
-
 def log_centre(values: Sequence[float]) -> float | None:
     """The centre the rule uses, of log values (None when a value is not positive)."""
     if not values or min(values) <= 0:

@@ -431,7 +431,7 @@ def _judge_metric(
     else:
         status, msg = PASS, ""
     return MetricVerdict(
-        key, status, direction, tolerance, base_median, cur_median, math.expm1(m.change_log), None,
+        key, status, direction, tolerance, base_median, cur_median, math.expm1(m.change_log),
         (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
         shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
         baseline_samples=len(base.samples), baseline_sessions=len(base.sessions), shift_se=m.shift_se,

@@ -130,7 +130,6 @@ class MetricVerdict:
     baseline_median: float | None
     current_median: float | None
     change: float | None  # signed relative change of the median, (now - base) / base
-    p_value: float | None = None  # kept for readers of old records; the rule is a z-rule
     ci_low: float | None = None  # labelled interval of the relative change
     ci_high: float | None = None
     unit: str = ""
