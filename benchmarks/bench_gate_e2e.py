@@ -52,7 +52,7 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load  # noqa: E402
 from pytest_ddtree.gates.throughput import control, throughput  # noqa: E402
 from pytest_ddtree.records.shapes import ControlJudgedData  # noqa: E402
-from pytest_ddtree.records.words import Status  # noqa: E402
+from pytest_ddtree.records.words import RecordKind, Status  # noqa: E402
 
 CONFIGS = {"bs8_b4_k4": (8, 4, 4), "bs8_b8_k4": (8, 8, 4)}
 #: The control's second launch of a judged session, after the last config (a drift over the session cancels)
@@ -100,11 +100,11 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
         for attempt in range(3):  # a free port taken by a parallel session in between: try another
             try:
                 with refserver(*engine) as url:
-                    out[name] = throughput.measure_config(url, CELLS, 3,
-                                                          baseline=None if baselines is None else baselines[
-                                                              control.CONTROL if name == CONTROL_AT_END else name],
-                                                          speculative=speculative, launch_spread=spread,
-                                                          gated=None if speculative else control.GATED)
+                    out[name] = throughput.measure_config(
+                        url, CELLS, 3, throughput.Driving(speculative=speculative),
+                        baseline=None if baselines is None else baselines[
+                            control.CONTROL if name == CONTROL_AT_END else name],
+                        judging=throughput.Judging(gated=None if speculative else control.GATED, launch_spread=spread))
                 break
             except RuntimeError:
                 if attempt == 2:
@@ -163,7 +163,7 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     relaunched: list[gate.ConfigMove] = []
     while args.relaunch and (names := gate.relaunch_candidates(moves, relaunched)):
         again = session(args, rng, slow and not slow_all, baselines, slow_all, names=names, day=day)
-        new: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": control.RELAUNCH_RECORD,
+        new: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": RecordKind.THROUGHPUT_RELAUNCH,
                                          "relaunch": 1 + flagged.count(name)}
                for name, c in again.items() for cell, v in c.verdicts.items()]
         relaunched += gate.config_moves(new)

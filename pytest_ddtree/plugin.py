@@ -630,17 +630,18 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     session, recorded and judged at session end (pytest_ddtree/gates/throughput/control.py); the profile's
     ``control_launches`` launches of it, half at the process's start. Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
-    configs the session-end check flags are relaunched (``throughput.relaunch_flagged``) and the
+    configs the session-end check flags are relaunched (``cells.relaunch_flagged``) and the
     control's other half is measured after a process of several configs (its launches at the end),
     unless the run was stopped."""
-    from pytest_ddtree.gates.throughput import control, throughput
+    from pytest_ddtree.gates.throughput import control
+    from pytest_ddtree.gates.throughput.cells import relaunch_flagged
 
     cells = control.cells_of(request.session.items)
     done = control.measure_launches(ddtree_session, cells, control.START)
     yield done
     if request.session.shouldstop or request.session.shouldfail:
         return
-    throughput.relaunch_flagged(ddtree_session, request.session.items)
+    relaunch_flagged(ddtree_session, request.session.items)
     if done == "measured" and control.wants_end_launch(ddtree_session.recorder.records):
         control.measure_launches(ddtree_session, cells, control.END)
 

@@ -23,7 +23,8 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import bless_entry, judge_rate, rebless_note, same_slo, unjudged
-from pytest_ddtree.gates.throughput.throughput import Campaign, CellDeadlineExceeded, sample_record, sustainable_rate
+from pytest_ddtree.gates.throughput.cells import driving_for
+from pytest_ddtree.gates.throughput.throughput import Campaign, CellDeadlineExceeded, Recording, sample_record, sustainable_rate
 from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.records.words import GateDecision, RecordKind
@@ -83,19 +84,16 @@ def test_sustainable_rate(
     def on_sample(name: str, r: int, res: CellResult) -> None:
         ddtree_recorder.record(RecordKind.THROUGHPUT_REPEAT, config, sample_record(name, r, res))
 
-    measure: dict[str, Any] = dict(
-        tokenizer_path=ddtree_service.profile.tokenizer_path(), vocab_size=ddtree_service.profile.vocab_size,
-        dataset=str(ddtree_settings.dataset) if ddtree_settings.dataset else None,
-        accept_bound=ddtree_service.accept_bound())
+    assert session is not None  # the plugin is active: the fixtures above exist
+    driving = driving_for(session, accept_bound=ddtree_service.accept_bound(), slo=slo)
     if blessed is not None and same_slo(blessed["slo"], slo):
         failure: str | None = None
         try:
             outcome = judge_rate(
-                ddtree_service.client, workload, blessed, slo, ddtree_settings.repeats, plan.resolution, config=config,
+                ddtree_service.client, workload, blessed, ddtree_settings.repeats, plan.resolution, driving, config=config,
                 create_command=ddtree_baselines.create_command(config), require=ddtree_settings.require_baselines,
-                on_sample=on_sample, cell_timeout_s=ddtree_service.profile.cell_timeout_s,
-                on_confirm=lambda name, r, res: ddtree_recorder.record(
-                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res)), **measure)
+                recording=Recording(on_sample, lambda name, r, res: ddtree_recorder.record(
+                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res))))
         except LoadError as exc:
             failure = f"{config}: {exc}"
             if isinstance(exc, CellDeadlineExceeded) and session is not None:
@@ -110,8 +108,8 @@ def test_sustainable_rate(
         return
     campaigns: dict[float, Campaign] = {}
     try:
-        result = sustainable_rate(ddtree_service.client, workload, slo, plan, ddtree_settings.repeats, on_sample,
-                                  campaigns=campaigns if ddtree_baselines.update_mode else None, **measure)
+        result = sustainable_rate(ddtree_service.client, workload, plan, ddtree_settings.repeats, driving,
+                                  Recording(on_sample), campaigns if ddtree_baselines.update_mode else None)
     except LoadError as exc:
         pytest.fail(f"{config}: {exc}", pytrace=False)
     record = result.record(workload.name, slo)

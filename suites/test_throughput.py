@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.report import text as report
-from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
 from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
+from pytest_ddtree.gates.throughput import cells
+from pytest_ddtree.gates.throughput.cells import MeasuredCells
 from pytest_ddtree.gates.throughput.check import check_cell
-from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, blessed_cell_noise, blessed_launch_spread, evaluate_cell,
-                                           measure_config, sample_record)
+from pytest_ddtree.gates.throughput.throughput import (CellDeadlineExceeded, Judging, OnSample, Recording,
+                                                       blessed_judging, sample_record)
 from pytest_ddtree.records.words import GateDecision, RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
-    from pytest_ddtree.measure.slo import SLO
 
 
 class MissingBaselineWarning(UserWarning):
@@ -65,7 +64,7 @@ class NewMetricWarning(UserWarning):
 _WARNING_CLASS: dict[str, type[UserWarning]] = {"missing-baseline": MissingBaselineWarning, "new-metric": NewMetricWarning}
 
 
-_CAMPAIGNS = pytest.StashKey[dict[str, "Campaign"]]()
+_CAMPAIGNS = pytest.StashKey[dict[str, "MeasuredCells"]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -93,88 +92,46 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("workload", params)
 
 
-def _cells_of_config(request: pytest.FixtureRequest, config: DDTreeConfig) -> list[Workload]:
-    """The cells of ``config`` that this session will run (collected, selected, not skipped)."""
-    cells: list[Workload] = []
-    for item in request.session.items:
-        spec = getattr(item, "callspec", None)
-        if spec is None or getattr(item, "originalname", None) != request.node.originalname:
-            continue
-        cfg, w = spec.params.get("ddtree_config"), spec.params.get("workload")
-        if cfg == config and isinstance(w, Workload) and w not in cells and not item.get_closest_marker("skip"):
-            cells.append(w)
-    return cells or [request.getfixturevalue("workload")]
+_JUDGING = pytest.StashKey[Judging]()
 
 
-_LAUNCH_SPREAD = pytest.StashKey[dict[str, float]]()
-_CELL_NOISE = pytest.StashKey[dict[str, dict[str, float]]]()
-
-
-def _launch_spread(request: pytest.FixtureRequest, baselines: BaselineStore) -> dict[str, float]:
-    """How much a config's common change moves between launches, from every blessed config of this
-    hardware profile (read once per process)."""
+def _judging(request: pytest.FixtureRequest, baselines: BaselineStore) -> Judging:
+    """How much a config's common change moves between launches, and each cell's repeat noise, from
+    every blessed config of this hardware profile (read once per process)."""
     stash = request.config.stash
-    if _LAUNCH_SPREAD not in stash:
-        stash[_LAUNCH_SPREAD] = blessed_launch_spread(baselines)
-    return stash[_LAUNCH_SPREAD]
-
-
-def _cell_noise(request: pytest.FixtureRequest, baselines: BaselineStore) -> dict[str, dict[str, float]]:
-    """Each cell's repeat noise over every blessed config of this hardware profile (read once per process)."""
-    stash = request.config.stash
-    if _CELL_NOISE not in stash:
-        stash[_CELL_NOISE] = blessed_cell_noise(baselines)
-    return stash[_CELL_NOISE]
+    if _JUDGING not in stash:
+        stash[_JUDGING] = blessed_judging(baselines)
+    return stash[_JUDGING]
 
 
 def _campaign(request: pytest.FixtureRequest, service: RunningService, config: DDTreeConfig, recorder: SessionRecorder,
-              repeats: int, settings: Settings, baselines: BaselineStore) -> Campaign:
-    """Measure and judge all of ``config``'s cells once per process (the first cell test does it)."""
+              baselines: BaselineStore) -> MeasuredCells:
+    """Measure, judge and evaluate all of ``config``'s cells once per process (the first cell test
+    does it, through the gate's one cell orchestration: ``cells.run_config``)."""
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
-    if config.name not in campaigns:
-        section = None
-        if not baselines.update_mode:
-            try:
-                data = baselines.load(config.name)
-                section = gate.validate_section((data or {}).get("metrics"), str(baselines.path_for(config.name)))
-            except (BaselineError, gate.BaselineFormatError):
-                section = None  # each cell test fails on it with the message, after recording
-        try:
-            campaigns[config.name] = measure_config(
-                service.client,
-                _cells_of_config(request, config),
-                repeats,
-                lambda name, r, result: recorder.record(RecordKind.THROUGHPUT_REPEAT, config.name, sample_record(name, r, result)),
-                baseline=section,
-                on_confirm=lambda name, r, result: recorder.record(
-                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config.name, sample_record(name, r, result)),
-                tokenizer_path=service.profile.tokenizer_path(),
-                vocab_size=service.profile.vocab_size,
-                dataset=str(settings.dataset) if settings.dataset else None,
-                accept_bound=service.accept_bound(),
-                bless=baselines.update_mode,
-                launch_spread=None if baselines.update_mode else _launch_spread(request, baselines),
-                cell_noise=None if baselines.update_mode else _cell_noise(request, baselines),
-                slo=_slo(request),
-                label=config.name,
-                cell_timeout_s=service.profile.cell_timeout_s,
-            )
-        except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline
-            failure, past_deadline = f"{config.name}: {exc}", isinstance(exc, CellDeadlineExceeded)
-        else:
-            return campaigns[config.name]
-        # Outside the except block: the report shows the message, not a chained traceback.
-        session = session_of(request.config)
-        if past_deadline and session is not None:  # wedged or too slow to measure: stop it, the next config starts fresh
-            session.manager.abandon(config.name, failure)
-        pytest.fail(failure, pytrace=False)
-    return campaigns[config.name]
-
-
-def _slo(request: pytest.FixtureRequest) -> SLO | None:
-    """The session's latency SLO (--ddtree-slo, the matrix's or the profile's): goodput is counted against it."""
+    if config.name in campaigns:
+        return campaigns[config.name]
     session = session_of(request.config)
-    return session.slo if session is not None else None
+    if session is None:
+        pytest.fail("the ddtree plugin is not active in this session", pytrace=False)
+    collected = cells.collected_cells(request.session.items, request.node.originalname).of(config.name)
+
+    def record(kind: RecordKind) -> OnSample:
+        return lambda name, r, result: recorder.record(kind, config.name, sample_record(name, r, result))
+
+    try:
+        campaigns[config.name] = cells.run_config(
+            session, service, config.name, collected or [request.getfixturevalue("workload")],
+            Recording(record(RecordKind.THROUGHPUT_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT)),
+            judging=Judging() if baselines.update_mode else _judging(request, baselines))
+    except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline
+        failure, past_deadline = f"{config.name}: {exc}", isinstance(exc, CellDeadlineExceeded)
+    else:
+        return campaigns[config.name]
+    # Outside the except block: the report shows the message, not a chained traceback.
+    if past_deadline:  # wedged or too slow to measure: stop it, the next config starts fresh
+        session.manager.abandon(config.name, failure)
+    pytest.fail(failure, pytrace=False)
 
 
 class _ReplayTimer:
@@ -220,16 +177,7 @@ def test_throughput(
 ) -> None:
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name
-    campaign = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_settings.repeats,
-                         ddtree_settings, ddtree_baselines)
-    try:
-        baseline, baseline_error = ddtree_baselines.load(config), None
-    except BaselineError as exc:
-        baseline, baseline_error = None, str(exc)
-    cell = evaluate_cell(
-        config, workload, campaign, baseline, ddtree_baselines.path_for(config),
-        ddtree_baselines.hardware_profile, ddtree_baselines.update_mode, baseline_error,
-    )
+    cell = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_baselines).cells[workload.name]
     status, verdict, record = cell.status, cell.verdict, cell.record
     ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)
 

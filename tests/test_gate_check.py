@@ -14,8 +14,8 @@ import pytest
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineStore
+from pytest_ddtree.gates.throughput.cells import CellEvaluation
 from pytest_ddtree.gates.throughput.check import check_cell
-from pytest_ddtree.gates.throughput.throughput import CellEvaluation
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records.shapes import ThroughputData
 from pytest_ddtree.records.recorder import SessionRecorder

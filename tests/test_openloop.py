@@ -184,7 +184,7 @@ def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_two_steps
     try:
         for name, (budget, block) in configs.items():
             with SGLangClient(servers[name].url) as client:
-                search = throughput.sustainable_rate(client, _open_cell(1.0), slo, plan, repeats=1)
+                search = throughput.sustainable_rate(client, _open_cell(1.0), plan, 1, throughput.Driving(slo=slo))
             assert search.sustainable is not None and search.step is not None, search.probes
             accepts = [float(a) for p in search.probes if isinstance(a := p.figures.get("ddtree_tokens_per_verify"), float)]
             model = model_sustainable_rate(tpot_slo_s, statistics.median(accepts), budget, block) * SCALE
@@ -361,7 +361,10 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
         campaign = throughput.measure_config(server.url, [cell], 3)
     finally:
         server.stop()
-    evaluation = throughput.evaluate_cell("bs8_b8_k4", cell, campaign, None, tmp_path / "none.yaml", "refserver", False)
+    from pytest_ddtree.gates.throughput import cells
+
+    evaluation = cells.evaluate_cell("bs8_b8_k4", cell, campaign,
+                                     cells.CellBaseline("bs8_b8_k4", tmp_path / "none.yaml", "refserver", {}))
     by_category = evaluation.record["acceptance_by_category"]
     assert sorted(by_category) == ["chat", "coding"]  # the unlabelled request counts in the cell, in no category
     counts = [s.category_counts() for s in campaign.runs["c2_lab"].samples if s.valid]

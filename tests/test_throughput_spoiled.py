@@ -15,7 +15,7 @@ import pytest
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load, stats
-from pytest_ddtree.gates.throughput import baseline_format, throughput
+from pytest_ddtree.gates.throughput import baseline_format, cells, throughput
 from pytest_ddtree.records.shapes import RepeatData
 from tests.refserver_helpers import RefServer, config_args
 
@@ -23,6 +23,8 @@ pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput:
 
 CELL = load.Cell(name="c4_tiny", concurrency=4, context_tokens=48, output_tokens=32, requests=8, warmup_requests=4)
 ENGINE = ["--clock-scale", "5", *config_args("bs8_b8_k4")]
+#: No baseline file: the cells are measured and evaluated, never judged.
+NO_BASELINE = cells.CellBaseline("bs8_b8_k4", Path("none.yaml"), "refserver", {})
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,8 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
 def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_counted(stalled: RefServer) -> None:
     recorded: list[RepeatData] = []
     campaign = throughput.measure_config(
-        stalled.url, [CELL], 3, lambda name, r, result: recorded.append(throughput.sample_record(name, r, result)),
-        speculative=True)
+        stalled.url, [CELL], 3,
+        recording=throughput.Recording(lambda name, r, result: recorded.append(throughput.sample_record(name, r, result))))
     run = campaign.runs[CELL.name]
     # every repeat recorded as it happened, the stalled ones marked with the service's own words
     assert [r["repeat"] for r in recorded] == list(range(len(run.samples)))
@@ -54,7 +56,7 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     # more repeats took their place: three clean ones count, within the extra-repeat budget
     assert len(run.primary) == 3 and len(run.samples) == 3 + len(run.spoiled) and not run.short_of_clean
 
-    ev = throughput.evaluate_cell("bs8_b8_k4", CELL, campaign, None, Path("none.yaml"), "refserver", update_mode=True)
+    ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=True)
     assert ev.status == stats.VALID and ev.status_reasons == []
     # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
@@ -70,12 +72,12 @@ def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repe
     stalls = ",".join(f"stall={k}:0.5" for k in range(1, 2 + throughput.MAX_EXTRA_REPEATS + 1))
     server = RefServer([*ENGINE, "--fault", stalls], tmp_path, "always-stalled").wait_ready()
     try:
-        campaign = throughput.measure_config(server.url, [CELL], 1, speculative=True)
+        campaign = throughput.measure_config(server.url, [CELL], 1)
     finally:
         server.stop()
     run = campaign.runs[CELL.name]
     assert len(run.samples) == 1 + throughput.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
-    ev = throughput.evaluate_cell("bs8_b8_k4", CELL, campaign, None, Path("none.yaml"), "refserver", update_mode=False)
+    ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=False)
     assert ev.status == stats.INCONCLUSIVE and ev.samples == {}
     (why,) = ev.status_reasons
     assert "only 0 clean repeat(s) of the 1 needed" in why and "rerun on a quieter machine" in why
@@ -101,11 +103,11 @@ def _baseline_ttft_a_third_of(measured: dict[str, list[float]]) -> dict[str, Any
 def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without_them_it_fails(tmp_path: Path) -> None:
     clean = RefServer(ENGINE, tmp_path, "clean").wait_ready()
     try:
-        measured = throughput.measure_config(clean.url, [C1], 3, speculative=True)
-        ev = throughput.evaluate_cell("bs8_b8_k4", C1, measured, None, Path("none.yaml"), "refserver", update_mode=False)
+        measured = throughput.measure_config(clean.url, [C1], 3)
+        ev = cells.evaluate_cell("bs8_b8_k4", C1, measured, NO_BASELINE, bless=False)
         baseline = {C1.name: _baseline_ttft_a_third_of(ev.samples)}
         # the engine kept its clock in every repeat: the latency regression is the config's, and fails
-        judged = throughput.measure_config(clean.url, [C1], 3, baseline=baseline, speculative=True)
+        judged = throughput.measure_config(clean.url, [C1], 3, baseline=baseline)
     finally:
         clean.stop()
     verdict = judged.verdicts[C1.name]
@@ -120,7 +122,7 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     # the same engine stalled during one repeat of the first pass: the same regression is the machine's
     stalls = RefServer([*ENGINE, "--fault", "stall=2:0.5"], tmp_path, "stalled-once").wait_ready()
     try:
-        judged = throughput.measure_config(stalls.url, [C1], 3, baseline=baseline, speculative=True)
+        judged = throughput.measure_config(stalls.url, [C1], 3, baseline=baseline)
     finally:
         stalls.stop()
     verdict = judged.verdicts[C1.name]

@@ -261,9 +261,61 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
     assert by_config["bs8_b8_k4"]["status"] == "pass"
 
 
+#: A plugin for the sessions under test that logs each ``validate_section`` call and its caller.
+SPY = "ddtree_validate_spy"
+_SPY_SOURCE = """
+import json, os, sys
+import pytest_ddtree.gates.throughput as gate
+
+_real = gate.validate_section
+
+
+def _spy(section, where):
+    with open(os.environ["DDTREE_VALIDATE_SPY"], "a") as out:
+        out.write(json.dumps({"where": where, "caller": sys._getframe(1).f_code.co_name}) + "\\n")
+    return _real(section, where)
+
+
+gate.validate_section = _spy
+"""
+
+
+def _spy_on_validate_section(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the sessions' spy logs (``SPY``: pytester's folder is on their PYTHONPATH)."""
+    pytester.makepyfile(**{SPY: _SPY_SOURCE})
+    log = pytester.path / "validate_section.jsonl"
+    monkeypatch.setenv("DDTREE_VALIDATE_SPY", str(log))
+    return log
+
+
+def _each_cell_path_validates_its_baseline_once(log: Path, configs: int, relaunches: list[dict[str, Any]],
+                                                control_launches: int, judged: bool) -> None:
+    """#35: the suite's campaign of a config, each relaunch of one and each launch of the control
+    read and validate their baseline once (``cells.read_baseline``), whatever their number of cells;
+    the judged sessions' noise priors read every config's file once per process and per relaunch
+    (``blessed_judging``), and nothing else validates a baseline section."""
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    by_file: dict[tuple[str, str], int] = {}
+    for call in calls:
+        key = (call["caller"], Path(call["where"]).stem)
+        by_file[key] = by_file.get(key, 0) + 1
+    assert {caller for caller, _ in by_file} <= {"read_baseline", "_blessed_sections"}, by_file
+    relaunched = {(r["config"], r["relaunch"]) for r in relaunches}
+    read = {stem: n for (caller, stem), n in by_file.items() if caller == "read_baseline"}
+    expected = {"control": control_launches}
+    for config in ("bs8_b8_k4", "bs8_b4_k4", "bs8_b12_k4")[:configs]:
+        expected[config] = 1 + sum(1 for name, _ in relaunched if name == config)
+    assert read == expected, (read, expected, sorted(relaunched))
+    priors = {stem: n for (caller, stem), n in by_file.items() if caller == "_blessed_sections"}
+    if judged:
+        assert priors == {config: 1 + len(relaunched) for config in expected if config != "control"}, priors
+    else:  # a bless judges nothing: no priors read
+        assert priors == {}, priors
+
+
 @pytest.mark.slow  # over 20 s on a 2-core box
 def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_measures_the_control_again(
-        pytester: pytest.Pytester, repo_root: Path) -> None:
+        pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The process's end (ddtree_control's teardown), through the plugin in one process: bless three
     configs (the control at the start and the end, pooled), make one config's baseline three times
     as fast as the engine is; the judged run relaunches that config (records throughput-relaunch),
@@ -272,16 +324,20 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     profile, matrix = _setup(pytester, repo_root, control="bs16_b16_k4")
     matrix.write_text(THREE_CELLS.replace("[bs8_b8_k4, bs8_b4_k4]", "[bs8_b8_k4, bs8_b4_k4, bs8_b12_k4]"))
     three = "bs8_b8_k4,bs8_b4_k4,bs8_b12_k4"
-    result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", config=three)
+    spied = _spy_on_validate_section(pytester, monkeypatch)
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", "-p", SPY, config=three)
     result.assert_outcomes(passed=9)
     control = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
     blessed = control["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
     assert len(blessed) == 1 and len(blessed[0]["samples"]) >= 6  # both launches of the control
     _scale_blessed_throughput(pytester.path / "baselines" / "refserver" / "bs8_b4_k4.yaml", 3.0)
     shutil.rmtree(pytester.path / "results")
-    result = _run(pytester, repo_root, profile, matrix, config=three)
+    _each_cell_path_validates_its_baseline_once(spied, 3, [], control_launches=2, judged=False)
+    spied.unlink()
+    result = _run(pytester, repo_root, profile, matrix, "-p", SPY, config=three)
     assert result.ret == 1, result.stdout.str()
     relaunches = _records(pytester, "throughput-relaunch")
+    _each_cell_path_validates_its_baseline_once(spied, 3, relaunches, control_launches=2, judged=True)
     # bs8_b4_k4 is relaunched; on a busy box an unchanged config's launch can stand out by chance
     # and be relaunched too (the screen is meant to be lenient: a relaunch costs only time).
     assert "bs8_b4_k4" in {r["config"] for r in relaunches}, relaunches

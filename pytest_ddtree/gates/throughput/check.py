@@ -4,7 +4,9 @@ Like pytest-regressions' ``perform_regression_check``, a suite's test measures a
 result here (:func:`check_cell`); what the gate decides for the cell is decided here and
 nowhere else: a baseline file it cannot read, an invalid measurement, a bless it refuses or
 proposes, a missing or thin baseline, a metric the baseline lacks, a regression, an
-inconclusive cell, and what ``--ddtree-require-baselines`` (CI) changes. The suite only turns
+inconclusive cell, and what ``--ddtree-require-baselines`` (CI) changes. Whether a bless can
+trust the cell is its ``BlessDecision``, taken once as it is evaluated (``cells.evaluate_cell``,
+by ``measurement.decide_bless``); here it becomes the proposal or the refusal. The suite only turns
 the outcome into pytest's fail, skip or warnings (this module does not import pytest).
 """
 
@@ -15,13 +17,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pytest_ddtree.service.fingerprint import local_fingerprint
 from pytest_ddtree.gates.throughput.baseline_format import baseline_cell_entry
+from pytest_ddtree.gates.throughput.measurement import BlessDecision
 from pytest_ddtree.gates.throughput.verdicts import INCONCLUSIVE, MISSING, NEW, THIN
 from pytest_ddtree.records.words import GateDecision as Decision
 from pytest_ddtree.records.words import Status
 
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.gates.throughput.throughput import CellEvaluation
+    from pytest_ddtree.gates.throughput.cells import CellEvaluation
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
@@ -46,7 +49,7 @@ class GateOutcome:
 
 def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
                service: RunningService, settings: Settings) -> GateOutcome:
-    """Decide one measured cell (``throughput.evaluate_cell``'s evaluation, already recorded).
+    """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded).
 
     Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
     of its baseline (with the hardware fingerprint); the controller writes it at session end.
@@ -56,8 +59,8 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     verdict = cell.verdict
     if cell.status == Status.INVALID:
         return GateOutcome(Decision.FAIL, verdict.message(config))
-    if baselines.update_mode:
-        return _bless(cell, config, workload, baselines, recorder, service, settings)
+    if cell.bless is not None:
+        return _bless(cell, cell.bless, config, workload, baselines, recorder, service, settings)
     require = settings.require_baselines
     notes: list[GateWarning] = []
     if verdict.status in (MISSING, THIN):
@@ -84,10 +87,10 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     return GateOutcome(Decision.WARN if notes else Decision.PASS, "", tuple(notes))
 
 
-def _bless(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
-           service: RunningService, settings: Settings) -> GateOutcome:
+def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
+           recorder: SessionRecorder, service: RunningService, settings: Settings) -> GateOutcome:
     """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
-    refusal = cell.bless_refusal()
+    refusal = decision.refusal
     if refusal is not None:
         retry = f"{baselines.create_command(config)} --ddtree-workload={workload}"
         return GateOutcome(Decision.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"

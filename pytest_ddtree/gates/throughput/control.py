@@ -57,11 +57,9 @@ from pytest_ddtree.records.words import RecordKind
 if TYPE_CHECKING:
     from pytest_ddtree.measure.load import WorkloadLike
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.gates.throughput.throughput import CellEvaluation
+    from pytest_ddtree.gates.throughput.cells import CellEvaluation
     from pytest_ddtree.session import DDTreeSession
 
-#: Records of a flagged config's relaunch (``throughput.RELAUNCH_RECORD``).
-RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 #: Record kinds: one per measured control cell, and one when no control could be measured.
 CONTROL_RECORD = RecordKind.THROUGHPUT_CONTROL
@@ -540,9 +538,10 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     them. Nothing here raises: a control that cannot be launched or measured is recorded with the
     reason (``CONTROL_UNAVAILABLE``) and the session keeps the per-config rule.
     """
+    from pytest_ddtree.gates.throughput import cells as cells_mod
     from pytest_ddtree.gates.throughput import throughput
-    from pytest_ddtree.baselines import BaselineError
     from pytest_ddtree.configs import ConfigError, parse_config_name
+    from pytest_ddtree.measure.load import CellResult as LoadResult
     from pytest_ddtree.measure.load import LoadError
     from pytest_ddtree.service.base import ServiceError
 
@@ -567,33 +566,23 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     except (ServiceError, ConfigError) as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
         return "unavailable"
-    baselines = session.baselines(service.server_info)
-    section: Any = None
-    baseline_file: Any = None
-    baseline_error: str | None = None
+    store = session.baselines(service.server_info)
+    baseline = cells_mod.read_baseline(store, CONTROL)
+    driving = cells_mod.driving_for(session, speculative=bool(choice), label=f"control (launch {launch})")
+    plan = cells_mod.CellPlan(CONTROL, tuple(cells), settings.repeats, driving, throughput.Judging(gated=GATED),
+                              bless=store.update_mode)
+    blessed = blessed_launches(None if store.update_mode else baseline.section)
+
+    def on_sample(name: str, r: int, result: LoadResult) -> None:
+        recorder.record(CONTROL_REPEAT, CONTROL, {**throughput.sample_record(name, r, result), "control_launch": launch,
+                                                  "control_at": at})
+
     try:
-        baseline_file = baselines.load(CONTROL)
-        if not baselines.update_mode:
-            section = gate.validate_section((baseline_file or {}).get("metrics"), str(baselines.path_for(CONTROL)))
-    except (BaselineError, gate.BaselineFormatError) as exc:
-        baseline_error = str(exc)
-    try:
-        campaign = throughput.measure_config(
-            service.client, cells, settings.repeats,
-            lambda name, r, result: recorder.record(CONTROL_REPEAT, CONTROL, {
-                **throughput.sample_record(name, r, result), "control_launch": launch, "control_at": at}),
-            baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
-            dataset=str(settings.dataset) if settings.dataset else None, speculative=bool(choice),
-            bless=baselines.update_mode, gated=GATED, label=f"control (launch {launch})",
-            cell_timeout_s=profile.cell_timeout_s)
+        cells_mod.run_cells(service.client, plan, baseline, throughput.Recording(on_sample),
+                            lambda ev: _record_cell(session, store, ev, source, launch, at, blessed))
     except LoadError as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
         return "unavailable"
-    blessed = blessed_launches(section)
-    for workload in cells:
-        ev = throughput.evaluate_cell(CONTROL, workload, campaign, baseline_file, baselines.path_for(CONTROL),
-                                      baselines.hardware_profile, baselines.update_mode, baseline_error)
-        _record_cell(session, baselines, workload.name, ev, source, launch, at, blessed)
     return "measured"
 
 
@@ -610,11 +599,13 @@ def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
     return counts
 
 
-def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev: CellEvaluation, source: str, launch: int,
+def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: CellEvaluation, source: str, launch: int,
                  at: str, blessed: Mapping[str, int]) -> None:
     """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
-    earlier launches' samples pooled in, and their number) or say why it cannot be trusted."""
+    earlier launches' samples pooled in, and their number) or say why it cannot be trusted (the
+    cell's bless decision, ``ev.bless``)."""
     recorder, settings = session.recorder, session.settings
+    cell = ev.record["cell"]
     # mypy asks the cell's record for the control's optional keys too (set below where they apply)
     record: ControlCellData = {**ev.record, "control_source": source, "control_launch": launch,  # type: ignore[typeddict-item]
                                "control_at": at}
@@ -622,18 +613,16 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, cell: str, ev
         record["blessed_launches"] = dict(blessed)
     if ev.baseline_problem:
         record["baseline_problem"] = ev.baseline_problem
-    if baselines.update_mode:
-        refusal = ev.bless_refusal()
-        if refusal is None:
-            samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
-            entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
-                                             specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
-                                             launches=launches)
-            recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
-        else:
-            record["bless_refused"] = refusal
-            record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
-                              f"--ddtree-workload={cell}"
+    if ev.bless is not None and ev.bless.blessed:
+        samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
+        entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
+                                         specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
+                                         launches=launches)
+        recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
+    elif ev.bless is not None:
+        record["bless_refused"] = str(ev.bless.refusal)
+        record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
+                          f"--ddtree-workload={cell}"
     recorder.record(CONTROL_RECORD, CONTROL, record)
 
 
@@ -667,19 +656,10 @@ def wants_end_launch(records: Sequence[RawRecord]) -> bool:
 
 
 def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
-    """The throughput cells (``workload`` parameters) of the collected tests, each once, in order;
+    """The throughput cells of the collected tests (``cells.collected_cells``), each once, in order;
     cells skipped for the profile (``max_context``) are left out, and so are open-loop cells: below
     the service's capacity their output tok/s is the offered rate's whatever the launch, so a
     speedup over the control there reads ~1x and would only dilute the uniform shift."""
-    cells: list[WorkloadLike] = []
-    seen: set[str] = set()
-    for item in items:
-        spec = getattr(item, "callspec", None)
-        workload = spec.params.get("workload") if spec is not None else None
-        name = getattr(workload, "name", None)
-        if workload is None or not isinstance(name, str) or name in seen or item.get_closest_marker("skip") \
-                or getattr(workload, "open_loop", None) is not None:
-            continue
-        seen.add(name)
-        cells.append(workload)
-    return cells
+    from pytest_ddtree.gates.throughput.cells import collected_cells
+
+    return [w for w in collected_cells(items).all() if getattr(w, "open_loop", None) is None]

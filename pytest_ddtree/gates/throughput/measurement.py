@@ -4,6 +4,7 @@ the repeats' agreement), and whether it may be blessed."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -179,3 +180,21 @@ def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Se
                 f"+-{BLESS_MAX_HALF_WIDTH:.0%} a bless needs after {len(primary)} repeats (a loaded machine or a "
                 "noisy service); rerun on a quieter machine or with more --ddtree-repeats")
     return None
+
+
+@dataclass(frozen=True)
+class BlessDecision:
+    """Whether a bless proposes a measured cell for its baseline: ``refusal`` says why not (None:
+    it does). Taken once per cell (``decide_bless``, by ``cells.evaluate_cell``); the cell's table
+    status, its proposal (``check.check_cell``) and the control's record read it."""
+
+    refusal: str | None = None
+
+    @property
+    def blessed(self) -> bool:
+        return self.refusal is None
+
+
+def decide_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float]) -> BlessDecision:
+    """A bless trusts a cell only when its measurement does (``bless_refusal``)."""
+    return BlessDecision(bless_refusal(status, reasons, primary))

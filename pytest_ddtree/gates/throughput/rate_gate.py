@@ -18,6 +18,8 @@ requests as good): it says "bless again" and searches as an unblessed session do
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,18 +78,21 @@ class RateGateOutcome:
     record: SustainableRateData
 
 
-def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], slo: SLO, repeats: int,
-               resolution: float, *, config: str, create_command: str, require: bool,
-               on_sample: throughput.OnSample | None = None, on_confirm: throughput.OnSample | None = None,
-               **measure: Any) -> RateGateOutcome:
+def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
+               resolution: float, driving: throughput.Driving, *, config: str, create_command: str, require: bool,
+               recording: throughput.Recording = throughput.Recording()) -> RateGateOutcome:
     """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
-    under this session's SLO) and judge its goodput; ``measure`` is ``measure_config``'s keywords
-    (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``) makes an
-    inconclusive or untrusted judgement a failure, as it does a cell's."""
+    under this session's SLO, ``driving.slo``) and judge its goodput; ``driving`` is how each repeat
+    drives the service (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``)
+    makes an inconclusive or untrusted judgement a failure, as it does a cell's."""
+    slo = driving.slo
+    if slo is None:
+        raise ValueError("judge_rate needs the SLO the rate was blessed under (Driving.slo)")
     rate = float(blessed["rate"])
     cell = throughput.rate_cell(template, rate)
-    campaign = throughput.measure_config(service, [cell], repeats, on_sample, {cell.name: blessed["cell"]}, on_confirm,
-                                         gated=(GOODPUT,), slo=slo, label=config, **measure)
+    campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=config),
+                                         baseline={cell.name: blessed["cell"]},
+                                         judging=throughput.Judging(gated=(GOODPUT,)), recording=recording)
     probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
     verdict = campaign.verdicts[cell.name]
     base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}

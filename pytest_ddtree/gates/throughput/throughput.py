@@ -1,10 +1,12 @@
-"""The throughput gate's logic, between the load generator and the suite's pass/fail.
+"""The throughput gate's measurement, between the load generator and the gate's rule (no pytest).
 
-``suites/test_throughput.py`` stays a thin pytest file users can read and adapt; what it does
-for a config lives here, without pytest: measure every cell of the config with interleaved
-repeats (``measure_config``), then judge one cell against its baseline and build the record
-that results.json and the sweep table are made of (``evaluate_cell``). The same functions
-serve scripts that want the gate's verdict without pytest.
+``measure_config`` measures every cell of a config with interleaved repeats and, given its
+baseline, judges them together and confirms the flagged ones while the service is up; its
+parameters come grouped (``Driving``: how each repeat drives the service; ``Judging``: what the
+cells are judged with; ``Recording``: where each repeat goes). The steps around it (the baseline
+read once, each cell evaluated, the bless decision, the records) are ``cells.py``'s one
+orchestration, which the suite, the relaunch and the control all run; ``sustainable_rate``
+searches the highest rate a config sustains under an SLO with the same measurement.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.service import http, proof
@@ -23,15 +24,9 @@ from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY
 from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch, SearchPlan
-from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, RepeatData, ThroughputData, WorkloadData
-from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
-
-if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
+from pytest_ddtree.records.shapes import RepeatData, WorkloadData
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
@@ -107,60 +102,80 @@ def repeat_policy(repeats: int, bless: bool = False) -> stats.RepeatPolicy:
     )
 
 
+@dataclass(frozen=True)
+class Driving:
+    """How each repeat drives the service: its prompts (the profile's ``tokenizer_path`` and
+    ``vocab_size``, ``--ddtree-dataset``: see ``prompts.py``), the most a verify may accept
+    (``accept_bound``: min(block_size - 1, budget) of the config; a request above it makes its repeat
+    invalid), whether the launch speculates (``speculative=False``: the control's, whose responses
+    carry no verify counts), the SLO each repeat counts bench_serving's goodput against (gated), one
+    repeat's deadline as a whole (the profile's ``cell_timeout_s``) and the name in its progress line."""
+
+    tokenizer_path: str | None = None
+    vocab_size: int | None = None
+    dataset: str | None = None
+    accept_bound: int | None = None
+    speculative: bool = True
+    slo: SLO | None = None
+    cell_timeout_s: float = CELL_TIMEOUT_S
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What a config's cells are judged with beside their baseline: the gated metrics (None: all of
+    ``gate.GATED_METRICS``; the control gates its output tok/s only), how much a config's common
+    change moves between launches and each cell's repeat noise, over every config blessed on this
+    hardware (``blessed_judging``)."""
+
+    gated: tuple[str, ...] | None = None
+    launch_spread: Mapping[str, float] | None = None
+    cell_noise: Mapping[str, Mapping[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Where each repeat goes the moment it exists, before anything else can fail: the first pass's
+    repeats (``on_sample``) and a flagged cell's confirmation repeats (``on_confirm``)."""
+
+    on_sample: OnSample | None = None
+    on_confirm: OnSample | None = None
+
+
 def measure_config(
     service: str | SGLangClient,
     cells: Sequence[load.WorkloadLike],
     repeats: int,
-    on_sample: OnSample | None = None,
-    baseline: Mapping[str, Any] | None = None,
-    on_confirm: OnSample | None = None,
+    driving: Driving = Driving(),
     *,
-    tokenizer_path: str | None = None,
-    vocab_size: int | None = None,
-    dataset: str | None = None,
-    accept_bound: int | None = None,
-    speculative: bool = True,
+    baseline: Mapping[str, Any] | None = None,
+    judging: Judging = Judging(),
+    recording: Recording = Recording(),
     bless: bool = False,
-    launch_spread: Mapping[str, float] | None = None,
-    gated: Sequence[str] | None = None,
-    cell_noise: Mapping[str, Mapping[str, float]] | None = None,
-    slo: SLO | None = None,
-    label: str = "",
-    cell_timeout_s: float = CELL_TIMEOUT_S,
 ) -> Campaign:
     """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
 
     ``service`` is the running service's client (its connections are reused; the service
     manager closes it) or a URL (a client of its own for this call). Interleaving spreads
     slow drift (thermal, a noisy neighbour) over all cells alike instead of biasing whichever
-    cell ran last; ``on_sample`` is called as each repeat exists, so the caller can record it
+    cell ran last; ``recording`` is called as each repeat exists, so the caller can record it
     before anything else can fail. With ``baseline`` (the config's validated ``metrics``
-    section) the cells are judged together, and flagged cells get their confirmation run now,
-    while this config's service is still up (``on_confirm`` records those repeats).
-    ``tokenizer_path`` and ``vocab_size`` are the profile's, ``dataset`` is ``--ddtree-dataset``
-    (see ``prompts.py``). ``accept_bound`` is min(block_size - 1, budget) of the config: a
-    measured request whose acceptance histogram goes above it makes its repeat invalid.
-    ``speculative=False`` measures a non-speculative launch (the session's
-    control: its responses carry no verify counts); ``bless`` asks the repeats for the interval a
-    baseline needs (``repeat_policy``); ``launch_spread`` is ``blessed_launch_spread`` of the
-    baseline store (how much a config's common change moves between launches), ``cell_noise`` its
-    ``blessed_cell_noise`` (each cell's repeat noise over every config blessed on this hardware).
-    ``slo``: every repeat counts bench_serving's goodput against it (``request_goodput``, gated).
-    ``label`` names the config in the progress of each repeat (progress.py).
-    ``cell_timeout_s`` is the profile's: a repeat not over by then raises
-    :class:`CellDeadlineExceeded` (the repeats before it are already recorded).
+    section) the cells are judged together (``judging``), and flagged cells get their
+    confirmation run now, while this config's service is still up. ``bless`` asks the repeats for
+    the interval a baseline needs (``repeat_policy``). A repeat not over by ``driving.cell_timeout_s``
+    raises :class:`CellDeadlineExceeded` (the repeats before it are already recorded).
     """
     if isinstance(service, str):
         with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
-            return measure_config(own, cells, repeats, on_sample, baseline, on_confirm, tokenizer_path=tokenizer_path,
-                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
-                                  speculative=speculative, bless=bless, launch_spread=launch_spread, gated=gated,
-                                  cell_noise=cell_noise, slo=slo, label=label, cell_timeout_s=cell_timeout_s)
+            return measure_config(own, cells, repeats, driving, baseline=baseline, judging=judging,
+                                  recording=recording, bless=bless)
     client = service
     policy = repeat_policy(repeats, bless)
-    maker = load.prompt_maker(client, tokenizer_path=tokenizer_path, vocab_size=vocab_size, dataset=dataset)
+    maker = load.prompt_maker(client, tokenizer_path=driving.tokenizer_path, vocab_size=driving.vocab_size,
+                              dataset=driving.dataset)
     by_name = {w.name: w for w in cells}
     planned = {"repeat": policy.min_repeats}  # the phase's planned repeats (the confirmation's, once it runs)
+    label = driving.label
 
     def measure(name: str, r: int) -> load.CellResult:
         workload = by_name[name]
@@ -168,44 +183,45 @@ def measure_config(
         what = f"{phase} {r + 1}/{n}" if r < n else f"{phase} {r + 1} (an extra one: repeats disagreed or were retaken)"
         with progress.activity(f"{label + ' ' if label else ''}{name}: {what}",
                                requests=workload.requests + workload.warmup_requests):
-            return run_repeat(client, workload, cell_timeout_s, prompts=maker, timeout_s=client.timeout,
-                              speculative=speculative, accept_bound=accept_bound, slo=slo)
+            return run_repeat(client, workload, driving.cell_timeout_s, prompts=maker, timeout_s=client.timeout,
+                              speculative=driving.speculative, accept_bound=driving.accept_bound, slo=driving.slo)
 
     def noop(name: str, r: int, result: load.CellResult) -> None:
         return None
 
-    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, on_sample or noop, spoiled_reason)
-    campaign = Campaign(runs=runs, policy=policy, gated=tuple(gated) if gated is not None else None, slo=slo)
+    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, recording.on_sample or noop, spoiled_reason)
+    campaign = Campaign(runs=runs, policy=policy, gated=judging.gated, slo=driving.slo)
     if baseline is not None:
-        _judge(campaign, cells, baseline, measure, planned, repeats, on_confirm or noop, launch_spread, cell_noise)
+        _judge(campaign, cells, baseline, measure, planned, repeats, recording.on_confirm or noop, judging)
     return campaign
 
 
 def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Mapping[str, Any],
            measure: Callable[[str, int], load.CellResult], planned: dict[str, int], repeats: int, on_confirm: OnSample,
-           launch_spread: Mapping[str, float] | None, cell_noise: Mapping[str, Mapping[str, float]] | None) -> None:
+           judging: Judging) -> None:
     """Judge the cells together against ``baseline``; flagged ones get their confirmation run
     now (``planned`` names the phase in the progress of each repeat)."""
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
-    first = gate.judge_config(inputs, launch_spread=launch_spread, cell_noise=cell_noise)
+    first = gate.judge_config(inputs, launch_spread=judging.launch_spread, cell_noise=judging.cell_noise)
     flagged = [name for name, v in first.items() if v.flagged]
     if not flagged:
         campaign.verdicts = first
         return
     planned.clear()
     planned["confirmation repeat"] = CONFIRM_REPEATS
-    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, launch_spread, cell_noise)
+    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging)
 
 
 def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: list[str],
              measure: Callable[[str, int], load.CellResult], repeats: int, on_confirm: OnSample,
-             launch_spread: Mapping[str, float] | None, cell_noise: Mapping[str, Mapping[str, float]] | None) -> None:
+             judging: Judging) -> None:
     """The confirmation run of the flagged cells (fresh repeats, same service lifetime), and the
     config judged again with it; a confirmation that measured the machine cannot confirm a flag."""
     def judge(runs: Mapping[str, stats.CellRun[load.CellResult]]) -> dict[str, gate.CellVerdict]:
         confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], campaign.gated)
                          for name, run in runs.items()}
-        return gate.judge_config(inputs, confirmations, launch_spread=launch_spread, cell_noise=cell_noise)
+        return gate.judge_config(inputs, confirmations, launch_spread=judging.launch_spread,
+                                 cell_noise=judging.cell_noise)
 
     campaign.confirmations, campaign.verdicts = confirm_in_stages(flagged, measure, _primary, judge, on_confirm,
                                                                   spoiled_reason)
@@ -243,29 +259,25 @@ def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
 def sustainable_rate(
     service: SGLangClient,
     template: load.WorkloadLike,
-    slo: SLO,
     plan: SearchPlan,
     repeats: int,
-    on_sample: OnSample | None = None,
-    *,
-    tokenizer_path: str | None = None,
-    vocab_size: int | None = None,
-    dataset: str | None = None,
-    accept_bound: int | None = None,
-    speculative: bool = True,
+    driving: Driving,
+    recording: Recording = Recording(),
     campaigns: dict[float, Campaign] | None = None,
 ) -> RateSearch:
-    """The highest request rate at which ``template``'s requests meet ``slo`` on this service
+    """The highest request rate at which ``template``'s requests meet ``driving.slo`` on this service
     (``slo.search_rate``): each probed rate is a cell measured with the usual repeats and retakes
     (``measure_config``); it meets the SLO when every request of its counted repeats, pooled,
-    does (``slo.slo_miss``). ``on_sample`` records each repeat as it exists; ``campaigns`` (rate ->
+    does (``slo.slo_miss``). ``recording`` records each repeat as it exists; ``campaigns`` (rate ->
     its measured cell) is filled for a bless, which keeps the found rate's goodput samples."""
+    slo = driving.slo
+    if slo is None:
+        raise ValueError("sustainable_rate needs an SLO to sustain (Driving.slo)")
 
     def probe(rate: float) -> RateProbe:
         cell = rate_cell(template, rate)
-        campaign = measure_config(service, [cell], repeats, on_sample, tokenizer_path=tokenizer_path,
-                                  vocab_size=vocab_size, dataset=dataset, accept_bound=accept_bound,
-                                  speculative=speculative, slo=slo)
+        campaign = measure_config(service, [cell], repeats, dataclasses.replace(driving, label=""),
+                                  recording=Recording(recording.on_sample))
         if campaigns is not None:
             campaigns[rate] = campaign
         return rate_probe(campaign.runs[cell.name], rate, slo)
@@ -395,15 +407,13 @@ def latency_beside_a_loaded_machine(verdict: gate.CellVerdict, first: stats.Cell
     return None
 
 
-def blessed_launch_spread(store: BaselineStore) -> dict[str, float]:
-    """``gate.launch_spread`` over every config's baseline file of this hardware profile; files
-    that cannot be read are left out (their own cells report them)."""
-    return gate.launch_spread(_blessed_sections(store))
-
-
-def blessed_cell_noise(store: BaselineStore) -> dict[str, dict[str, float]]:
-    """``gate.cell_noise`` over every config's baseline file of this hardware profile."""
-    return gate.cell_noise(_blessed_sections(store))
+def blessed_judging(store: BaselineStore, gated: tuple[str, ...] | None = None) -> Judging:
+    """What a config's cells are judged with from every config's baseline file of ``store``'s
+    hardware profile, read in one pass: ``gate.launch_spread`` (how much a config's common change
+    moves between launches) and ``gate.cell_noise`` (each cell's repeat noise); files that cannot be
+    read are left out (their own cells report them)."""
+    sections = _blessed_sections(store)
+    return Judging(gated, gate.launch_spread(sections), gate.cell_noise(sections))
 
 
 def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
@@ -530,205 +540,3 @@ def cell_histogram(samples: Sequence[load.CellResult]) -> list[int] | None:
     for h in hists:
         total = proof.add_histograms(total, h or [])
     return total
-
-
-@dataclass
-class CellEvaluation:
-    """One cell judged against its baseline: what the suite reports and records."""
-
-    status: MeasurementStatus
-    verdict: gate.CellVerdict
-    record: ThroughputData
-    samples: dict[str, list[float]]
-    durations: list[float]
-    repeats: int
-    primary: list[float]
-    baseline_cell: Any
-    baseline_problem: str | None
-    status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
-
-    def bless_refusal(self) -> str | None:
-        """Why this cell must not be blessed (``gate.bless_refusal``), or None."""
-        return gate.bless_refusal(self.status, self.status_reasons, self.primary)
-
-
-def evaluate_cell(
-    config: str,
-    workload: load.WorkloadLike,
-    campaign: Campaign,
-    baseline: Mapping[str, Any] | None,
-    baseline_path: Path,
-    hardware_profile: str,
-    update_mode: bool,
-    baseline_error: str | None = None,
-) -> CellEvaluation:
-    """Status of the measurement, verdict against the baseline, and the result record.
-
-    ``baseline`` is the parsed baseline file (None when missing); ``baseline_error`` a
-    problem reading it, which the caller fails on after recording the measurement.
-    """
-    run = campaign.runs[workload.name]
-    valid = [s for s in run.counted if s.valid]
-    repeats, problems = _repeat_facts(run)
-    notes = sorted({n for s in run.samples for n in s.notes})
-    spoiled = spoiled_evidence(run)
-    if spoiled:
-        notes.append(f"{len(spoiled)} repeat(s) retaken, not counted (they measured the machine): " + "; ".join(spoiled))
-    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
-                                          spoiled=spoiled)
-    samples = gate_samples(repeats, campaign.gated)
-    workload_info = measured_workload(run, workload)
-    section: dict[str, Any] = {}
-    problem = baseline_error
-    if baseline is not None and problem is None:
-        try:
-            section = gate.validate_section(baseline.get("metrics"), str(baseline_path))
-        except (BaselineError, gate.BaselineFormatError) as exc:
-            problem = str(exc)
-    cell_base = section.get(workload.name)  # as blessed (a bless merges into it) ...
-    judged = judged_baseline(cell_base, campaign.slo)  # ... and as this session judges it
-    verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
-        workload.name, judged, samples, status=status, problems=why, workload=workload_info)
-    if update_mode and gate.bless_refusal(status, why, run.primary) is None:
-        verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
-    confirmation = campaign.confirmations.get(workload.name)
-    if confirmation is not None:
-        notes.append(f"confirmation run: {len(confirmation.primary)} fresh clean repeats, output tok/s "
-                     f"{[round(p, 1) for p in confirmation.primary]}")
-        retaken = spoiled_evidence(confirmation)
-        if retaken:
-            notes.append(f"confirmation run: {len(retaken)} repeat(s) retaken, not counted: " + "; ".join(retaken))
-    record = report.throughput_record(
-        config=config,
-        cell=workload.name,
-        workload=workload_info,
-        repeats=repeats,
-        samples=samples,
-        measurement_status=status,
-        verdict=verdict.as_dict(),
-        problems=problems[:20],
-        notes=notes,
-        hardware_profile=hardware_profile,
-        baseline=(judged or {}).get("gates"),
-        server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
-    )
-    _complete_record(record, run, campaign.slo)
-    return CellEvaluation(
-        status=status,
-        verdict=verdict,
-        record=record,
-        samples=samples,
-        durations=[s.duration_s for s in valid],
-        repeats=len(repeats),
-        primary=list(run.primary),
-        baseline_cell=cell_base,
-        baseline_problem=problem,
-        status_reasons=list(why),
-    )
-
-
-def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
-    """The record's retaken repeats, its SLO (where the session has one), its acceptance per prompt
-    category (a labelled dataset's) and its acceptance histograms."""
-    record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
-    if slo is not None:
-        record["slo"] = slo.record()
-    pooled: dict[str, list[int]] = {}
-    for sample in (s for s in run.samples if s.valid):
-        for category, (tokens, steps) in sample.category_counts().items():
-            pooled.setdefault(category, [0, 0])[0] += tokens
-            pooled[category][1] += steps
-    if pooled:  # a labelled dataset's acceptance per category, over every valid repeat
-        record["acceptance_by_category"] = {c: tokens / steps for c, (tokens, steps) in sorted(pooled.items()) if steps}
-    # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
-    hist = cell_histogram(run.samples)
-    if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
-        record["accept_histogram"] = hist
-        record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
-        # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
-        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
-
-
-#: Record kinds of a flagged config's relaunch (``relaunch_flagged``): one per cell, and its repeats.
-RELAUNCH_RECORD = RecordKind.THROUGHPUT_RELAUNCH
-RELAUNCH_REPEAT = RecordKind.THROUGHPUT_RELAUNCH_REPEAT
-
-
-def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
-    """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
-    measure all its cells again and record them (``RELAUNCH_RECORD``), so the session end judges it on
-    both launches (``gate.judge_session``). Returns the relaunched configs.
-
-    Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
-    capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
-    10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
-    shift of its own. ``session`` is the process's ``DDTreeSession``, ``items`` the collected tests
-    (their ``ddtree_config`` and ``workload`` parameters). The screen compares the configs measured in
-    this process (the plugin keeps a config's tests on one worker). Nothing here raises: a relaunch
-    that fails is recorded with the reason, and the config keeps its one-launch verdict.
-    """
-    if not session.profile.relaunch_flagged or session.settings.update_baselines:
-        return []
-    recorder = session.recorder
-    moves = gate.config_moves(report.normalize(recorder.records))
-    configs: dict[str, DDTreeConfig] = {}
-    cells: dict[str, list[load.WorkloadLike]] = {}
-    for item in items:
-        spec = getattr(item, "callspec", None)
-        params = spec.params if spec is not None else {}
-        config, workload = params.get("ddtree_config"), params.get("workload")
-        if isinstance(config, DDTreeConfig) and workload is not None and workload not in cells.setdefault(config.name, []):
-            configs[config.name] = config
-            cells[config.name].append(workload)
-    done: list[str] = []
-    failed: set[str] = set()
-    while True:
-        relaunched = gate.config_moves(records_mod.throughput_records(recorder.records, RELAUNCH_RECORD))
-        flagged = [n for n in gate.relaunch_candidates(moves, relaunched) if n in configs and n not in failed]
-        if not flagged:
-            return done
-        for name in flagged:
-            index = 1 + len({r.get("relaunch") for r in recorder.records
-                             if r.get("kind") == RELAUNCH_RECORD and r.get("config") == name})
-            if _relaunch(session, name, configs[name], cells[name], index):
-                done.append(name)
-            else:
-                failed.add(name)
-
-
-def _relaunch(session: DDTreeSession, name: str, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
-    """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
-    failed (recorded with the reason)."""
-    from pytest_ddtree.configs import ConfigError
-    from pytest_ddtree.service.base import ServiceError
-
-    profile, settings, recorder = session.profile, session.settings, session.recorder
-    try:
-        session.manager.release()  # a fresh launch, not the one still running
-        service = session.manager.ensure(config)
-        baselines = session.baselines(service.server_info)
-        section = gate.validate_section((baselines.load(name) or {}).get("metrics"), str(baselines.path_for(name)))
-        campaign = measure_config(
-            service.client, cells, settings.repeats,
-            lambda cell, r, result: recorder.record(RELAUNCH_REPEAT, name, _relaunched_repeat(cell, r, result, index)),
-            baseline=section, tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
-            dataset=str(settings.dataset) if settings.dataset else None, accept_bound=service.accept_bound(),
-            launch_spread=blessed_launch_spread(baselines), cell_noise=blessed_cell_noise(baselines),
-            label=f"{name} relaunch {index} (its session check flagged it)",
-            cell_timeout_s=profile.cell_timeout_s)
-        for workload in cells:
-            ev = evaluate_cell(name, workload, campaign, baselines.load(name), baselines.path_for(name),
-                               baselines.hardware_profile, False)
-            recorded: RelaunchCellData = {**ev.record, "relaunch": index}
-            recorder.record(RELAUNCH_RECORD, name, recorded)
-    except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
-        failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
-        recorder.record(RELAUNCH_RECORD, name, failure)
-        return False
-    return True
-
-
-def _relaunched_repeat(cell: str, repeat: int, result: load.CellResult, relaunch: int) -> RepeatData:
-    record = sample_record(cell, repeat, result)
-    record["relaunch"] = relaunch
-    return record

@@ -1,0 +1,365 @@
+"""One config's cells, from its baseline to its records: the throughput gate's one cell orchestration.
+
+Why one: the suite's cell tests, the relaunch of a flagged config and the session's control each do
+the same steps for a set of cells on one running service, and when each wrote them on its own the
+baseline file was read and validated three times per cell and a bless was decided in four places.
+Here they are written once (``run_cells``):
+
+1. read the baseline once (``read_baseline``: the file loaded and its ``metrics`` section validated;
+   a problem is kept, and the cells fail on it after they are recorded);
+2. measure every cell with interleaved repeats and confirm the flagged ones while the service is up
+   (``throughput.measure_config``; under a bless nothing is judged);
+3. evaluate each cell against that baseline (``evaluate_cell``), which takes the cell's one bless
+   decision (``measurement.decide_bless``; ``check.check_cell`` turns it into a proposal or a refusal);
+4. record each cell (``on_cell``; the suite's cell tests record their own as they run).
+
+``plan_for`` builds the plan from a session (a ``DDTreeSession``, or an object with its
+``profile``, ``settings`` and ``slo``), so a script (the gate's benchmark) drives the same path the
+suite does; ``run_config`` is the whole path for a config's cells on a running service. The pytest
+items are walked for cells once per caller (``collected_cells``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest_ddtree.baselines import BaselineError
+from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput.measurement import BlessDecision, decide_bless
+from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
+                                                       cell_histogram, gate_samples,
+                                                       judged_baseline, measure_config, measured_workload,
+                                                       repeat_metrics, sample_record, spoiled_evidence)
+from pytest_ddtree.measure import load, stats
+from pytest_ddtree.records import shapes as records_mod
+from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, ThroughputData
+from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
+from pytest_ddtree.report import text as report
+from pytest_ddtree.service import proof
+
+if TYPE_CHECKING:
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.measure.slo import SLO
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.service.profile import ServiceProfile
+    from pytest_ddtree.session import DDTreeSession
+
+
+@dataclass(frozen=True)
+class CellBaseline:
+    """A config's baseline as its cells are judged and blessed: read and validated once.
+
+    ``section`` is the file's validated ``metrics`` section (``{}`` when there is no file, or it
+    could not be read); ``problem`` says why it could not, and each cell fails on it after its
+    measurement is recorded."""
+
+    config: str
+    path: Path
+    hardware_profile: str
+    section: Mapping[str, Any]
+    problem: str | None = None
+
+    def cell(self, name: str) -> Any:
+        """The cell's entry as blessed (a bless merges into it), or None."""
+        return self.section.get(name)
+
+
+def read_baseline(store: BaselineStore, config: str) -> CellBaseline:
+    """``config``'s baseline file of ``store``, loaded and validated (the one ``validate_section``
+    of a cell path)."""
+    path = store.path_for(config)
+    try:
+        data = store.load(config)
+        section = gate.validate_section((data or {}).get("metrics"), str(path))
+    except (BaselineError, gate.BaselineFormatError) as exc:
+        return CellBaseline(config, path, store.hardware_profile, {}, str(exc))
+    return CellBaseline(config, path, store.hardware_profile, section)
+
+
+@dataclass(frozen=True)
+class CellEvaluation:
+    """One measured cell judged against its baseline: its record (what results.json and the sweep
+    table are made of) and what the gate decides on (``check.check_cell``)."""
+
+    status: MeasurementStatus
+    verdict: gate.CellVerdict
+    record: ThroughputData
+    samples: dict[str, list[float]]
+    durations: list[float]
+    repeats: int
+    primary: list[float]
+    baseline_cell: Any
+    baseline_problem: str | None
+    status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
+    #: Under a bless, whether the cell is proposed for its baseline (``measurement.decide_bless``); None otherwise.
+    bless: BlessDecision | None = None
+
+
+def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, baseline: CellBaseline,
+                  bless: bool = False) -> CellEvaluation:
+    """Status of the measurement, verdict against ``baseline``, the result record, and under a bless
+    (``bless``) the cell's bless decision (a cell it proposes shows ``updated`` in the table)."""
+    run = campaign.runs[workload.name]
+    valid = [s for s in run.counted if s.valid]
+    repeats = [repeat_metrics(s) for s in valid]
+    problems = [p for s in run.samples for p in s.problems()]
+    notes = sorted({n for s in run.samples for n in s.notes})
+    spoiled = spoiled_evidence(run)
+    if spoiled:
+        notes.append(f"{len(spoiled)} repeat(s) retaken, not counted (they measured the machine): " + "; ".join(spoiled))
+    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
+                                          spoiled=spoiled)
+    samples = gate_samples(repeats, campaign.gated)
+    workload_info = measured_workload(run, workload)
+    cell_base = baseline.cell(workload.name)  # as blessed (a bless merges into it) ...
+    judged = judged_baseline(cell_base, campaign.slo)  # ... and as this session judges it
+    verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
+        workload.name, judged, samples, status=status, problems=why, workload=workload_info)
+    decision = decide_bless(status, why, run.primary) if bless else None
+    if decision is not None and decision.blessed:
+        verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
+    confirmation = campaign.confirmations.get(workload.name)
+    if confirmation is not None:
+        notes.append(f"confirmation run: {len(confirmation.primary)} fresh clean repeats, output tok/s "
+                     f"{[round(p, 1) for p in confirmation.primary]}")
+        retaken = spoiled_evidence(confirmation)
+        if retaken:
+            notes.append(f"confirmation run: {len(retaken)} repeat(s) retaken, not counted: " + "; ".join(retaken))
+    record = report.throughput_record(
+        config=config, cell=workload.name, workload=workload_info, repeats=repeats, samples=samples,
+        measurement_status=status, verdict=verdict.as_dict(), problems=problems[:20], notes=notes,
+        hardware_profile=baseline.hardware_profile, baseline=(judged or {}).get("gates"),
+        server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
+    )
+    _complete_record(record, run, campaign.slo)
+    return CellEvaluation(status=status, verdict=verdict, record=record, samples=samples,
+                          durations=[s.duration_s for s in valid], repeats=len(repeats), primary=list(run.primary),
+                          baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
+                          bless=decision)
+
+
+def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
+    """The record's retaken repeats, its SLO (where the session has one), its acceptance per prompt
+    category (a labelled dataset's) and its acceptance histograms."""
+    record["spoiled_repeats"] = [{"repeat": i, "reason": r} for i, r in sorted(run.spoiled.items())]
+    if slo is not None:
+        record["slo"] = slo.record()
+    pooled: dict[str, list[int]] = {}
+    for sample in (s for s in run.samples if s.valid):
+        for category, (tokens, steps) in sample.category_counts().items():
+            pooled.setdefault(category, [0, 0])[0] += tokens
+            pooled[category][1] += steps
+    if pooled:  # a labelled dataset's acceptance per category, over every valid repeat
+        record["acceptance_by_category"] = {c: tokens / steps for c, (tokens, steps) in sorted(pooled.items()) if steps}
+    # acceptance from every valid repeat, retaken ones too: greedy acceptance ignores the host's speed
+    hist = cell_histogram(run.samples)
+    if hist is not None:  # acceptance by depth: share of verifies that accepted at least d drafts
+        record["accept_histogram"] = hist
+        record["acceptance_by_depth"] = proof.acceptance_by_depth(hist)
+        # each repeat's own: configs compared on the same prompts compare these, whatever their repeat counts
+        record["repeat_histograms"] = [s.accept_histogram() for s in run.samples if s.valid]
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What one run of a config's cells measures and how: the name its cells are judged and recorded
+    under (a config's, or the control's), the cells, the least repeats of each, how each repeat drives
+    the service, what the cells are judged with, and whether this is a bless."""
+
+    config: str
+    cells: tuple[load.WorkloadLike, ...]
+    repeats: int
+    driving: Driving
+    judging: Judging = Judging()
+    bless: bool = False
+
+
+@dataclass(frozen=True)
+class MeasuredCells:
+    """A run of a config's cells: the baseline read for it, the campaign, each cell's evaluation."""
+
+    baseline: CellBaseline
+    campaign: Campaign
+    cells: dict[str, CellEvaluation]
+
+
+class SessionLike(Protocol):
+    """What the orchestration reads of a session: ``DDTreeSession`` is one, and so is a script's
+    stand-in (the gate's benchmark)."""
+
+    @property
+    def profile(self) -> ServiceProfile: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def slo(self) -> SLO | None: ...
+
+    def baselines(self, server_info: Mapping[str, object]) -> BaselineStore: ...
+
+
+def driving_for(session: SessionLike, *, accept_bound: int | None = None, speculative: bool = True,
+                slo: SLO | None = None, label: str = "") -> Driving:
+    """How the repeats of ``session`` drive its service: the profile's prompts and cell deadline,
+    ``--ddtree-dataset``, and what the caller says of the launch."""
+    profile, settings = session.profile, session.settings
+    return Driving(tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
+                   dataset=str(settings.dataset) if settings.dataset else None, accept_bound=accept_bound,
+                   speculative=speculative, slo=slo, cell_timeout_s=profile.cell_timeout_s, label=label)
+
+
+def plan_for(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],
+             judging: Judging = Judging(), label: str | None = None) -> CellPlan:
+    """The plan of a config's cells on its running ``service`` as the suite measures them: the
+    session's repeats, its SLO, the config's accept bound, and a bless under
+    ``--ddtree-update-baselines`` (which judges nothing: ``judging`` is then left out)."""
+    bless = bool(session.settings.update_baselines)
+    driving = driving_for(session, accept_bound=service.accept_bound(), slo=session.slo,
+                          label=config if label is None else label)
+    return CellPlan(config, tuple(cells), session.settings.repeats, driving, Judging() if bless else judging, bless)
+
+
+def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Recording = Recording(),
+              on_cell: Callable[[CellEvaluation], None] | None = None) -> MeasuredCells:
+    """Measure, confirm and evaluate ``plan``'s cells against ``baseline`` (read once, by the caller
+    with ``read_baseline``) on the service of ``client`` (its client, or a URL); ``recording`` gets
+    each repeat as it exists, ``on_cell`` each evaluated cell in order. A bless, or a baseline that
+    could not be read, judges nothing while measuring (the cells then fail on the problem)."""
+    judged = None if plan.bless or baseline.problem is not None else baseline.section
+    campaign = measure_config(client, plan.cells, plan.repeats, plan.driving, baseline=judged,
+                              judging=plan.judging, recording=recording, bless=plan.bless)
+    evaluations: dict[str, CellEvaluation] = {}
+    for workload in plan.cells:
+        evaluations[workload.name] = evaluation = evaluate_cell(plan.config, workload, campaign, baseline, plan.bless)
+        if on_cell is not None:
+            on_cell(evaluation)
+    return MeasuredCells(baseline, campaign, evaluations)
+
+
+def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],
+               recording: Recording = Recording(), judging: Judging = Judging(),
+               on_cell: Callable[[CellEvaluation], None] | None = None) -> MeasuredCells:
+    """A config's cells on its running ``service`` as the suite measures them, from its baseline
+    (``session.baselines``, read once) to each evaluated cell: ``plan_for``, ``read_baseline``,
+    ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's)."""
+    store = session.baselines(service.server_info)
+    return run_cells(service.client, plan_for(session, service, config, cells, judging), read_baseline(store, config),
+                     recording, on_cell)
+
+
+@dataclass(frozen=True)
+class CollectedCells:
+    """The throughput cells of a session's collected tests, walked once: each config's cells in
+    order (each once), and the configs themselves."""
+
+    configs: dict[str, Any]
+    by_config: dict[str, list[load.WorkloadLike]]
+
+    def of(self, config: str) -> list[load.WorkloadLike]:
+        return list(self.by_config.get(config, []))
+
+    def all(self) -> list[load.WorkloadLike]:
+        """Every cell once (by name), in the order first collected."""
+        seen: dict[str, load.WorkloadLike] = {}
+        for cells in self.by_config.values():
+            for w in cells:
+                seen.setdefault(w.name, w)
+        return list(seen.values())
+
+
+def collected_cells(items: Sequence[Any], test: str | None = None) -> CollectedCells:
+    """The cells (``workload`` parameters) of the collected items (of the test named ``test``: the
+    suite's own; None: any test with one), by their ``ddtree_config`` parameter (cells of an item
+    without one come under ``""``); cells skipped for the profile (``max_context``) are left out:
+    they are not measured."""
+    configs: dict[str, Any] = {}
+    by_config: dict[str, list[load.WorkloadLike]] = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is None or (test is not None and getattr(item, "originalname", None) != test):
+            continue
+        config, workload = spec.params.get("ddtree_config"), spec.params.get("workload")
+        if workload is None or not isinstance(getattr(workload, "name", None), str) or item.get_closest_marker("skip"):
+            continue
+        name = getattr(config, "name", None)
+        if isinstance(name, str):
+            configs.setdefault(name, config)
+        cells = by_config.setdefault(name if isinstance(name, str) else "", [])
+        if workload not in cells:
+            cells.append(workload)
+    return CollectedCells(configs, by_config)
+
+
+def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
+    """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
+    measure all its cells again and record them (``THROUGHPUT_RELAUNCH``), so the session end judges
+    it on both launches (``gate.judge_session``). Returns the relaunched configs.
+
+    Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
+    capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
+    10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
+    shift of its own. ``session`` is the process's ``DDTreeSession``, ``items`` the collected tests
+    (their ``ddtree_config`` and ``workload`` parameters, ``collected_cells``). The screen compares the
+    configs measured in this process (the plugin keeps a config's tests on one worker). Nothing here
+    raises: a relaunch that fails is recorded with the reason, and the config keeps its one-launch verdict.
+    """
+    if not session.profile.relaunch_flagged or session.settings.update_baselines:
+        return []
+    recorder = session.recorder
+    moves = gate.config_moves(report.normalize(recorder.records))
+    collected = collected_cells(items)
+    done: list[str] = []
+    failed: set[str] = set()
+    while True:
+        relaunched = gate.config_moves(records_mod.throughput_records(recorder.records, RecordKind.THROUGHPUT_RELAUNCH))
+        flagged = [n for n in gate.relaunch_candidates(moves, relaunched) if n in collected.configs and n not in failed]
+        if not flagged:
+            return done
+        for name in flagged:
+            index = 1 + len({r.get("relaunch") for r in recorder.records
+                             if r.get("kind") == RecordKind.THROUGHPUT_RELAUNCH and r.get("config") == name})
+            if _relaunch(session, collected.configs[name], collected.of(name), index):
+                done.append(name)
+            else:
+                failed.add(name)
+
+
+def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
+    """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
+    failed (recorded with the reason)."""
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.service.base import ServiceError
+
+    name, recorder = config.name, session.recorder
+
+    def on_sample(cell: str, r: int, result: load.CellResult) -> None:
+        recorder.record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT, name, {**sample_record(cell, r, result), "relaunch": index})
+
+    def on_cell(ev: CellEvaluation) -> None:
+        recorded: RelaunchCellData = {**ev.record, "relaunch": index}
+        recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, recorded)
+
+    try:
+        session.manager.release()  # a fresh launch, not the one still running
+        service = session.manager.ensure(config)
+        store = session.baselines(service.server_info)
+        baseline = read_baseline(store, name)
+        if baseline.problem is not None:
+            raise BaselineError(baseline.problem)
+        # as the first launch was measured, less its SLO (the relaunch judges the common change of output tok/s)
+        driving = driving_for(session, accept_bound=service.accept_bound(),
+                              label=f"{name} relaunch {index} (its session check flagged it)")
+        plan = CellPlan(name, tuple(cells), session.settings.repeats, driving, blessed_judging(store))
+        run_cells(service.client, plan, baseline, Recording(on_sample), on_cell)
+    except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
+        failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
+        recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, failure)
+        return False
+    return True
