@@ -126,6 +126,7 @@ _.other_median
 # Called by the shipped suites (suites/*.py), which the package scan does not include.
 _.session_of  # plugin.session_of: suites/test_throughput.py (also records/sessionfolder.session_of: tests)
 _.check_cell  # suites/test_throughput.py
+_.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites/test_throughput.py
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
 _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sustainable_rate.py
 _.bless_entry  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
@@ -170,3 +171,7 @@ _.cpus_per_task
 _.constraint
 _.rate_search
 _.expressible
+
+# gates/throughput/cells.py
+_.relaunch  # the "relaunch" key of RelaunchCellData, RepeatData and the read-back shapes: written as a string by cells._relaunch
+_.status_reasons  # CellEvaluation.status_reasons (why a cell is not valid): tests/test_throughput_spoiled.py
