@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.adaptive.advisor import CellPoint, ConfigPoint, Measurement, Planner
 from pytest_ddtree.configs import load_matrix
 from pytest_ddtree.refserver.engine import ClockModel, Engine, Request, SamplingParams, SpecConfig, StepClock
@@ -193,13 +194,13 @@ def end_to_end(ns: list[int]) -> int:
     else:
         print(f"end to end on the reference engine (sessions under {work}); full sweep first:", flush=True)
         full = _session(work / "full")
-    truth = {(r["config"], r["cell"]): float(r["output_throughput"]) for r in full["throughput"]
-             if r.get("output_throughput")}
+    truth = {(r["config"], r["cell"]): float(r[OUTPUT_THROUGHPUT]) for r in full["throughput"]
+             if r.get(OUTPUT_THROUGHPUT)}
 
     def committed(config: str, cell: str) -> float | None:
         path = ROOT / "baselines" / "refserver" / f"{config}.yaml"
         gates = (yaml.safe_load(path.read_text()).get("metrics") or {}).get(cell, {}).get("gates", {}) if path.exists() else {}
-        value = (gates.get("output_throughput") or {}).get("median")
+        value = (gates.get(OUTPUT_THROUGHPUT) or {}).get("median")
         return float(value) if value else None
 
     cells = sorted({cell for _, cell in truth})
@@ -215,7 +216,7 @@ def end_to_end(ns: list[int]) -> int:
             picks = {r["cell"]: r["config"] for r in sweep["recommendations"]}
             within = [(values[(picks[w], w)] or 0) >= 0.97 * max(v for (c, x), v in values.items() if x == w and v)
                       for w in cells if w in picks]
-            errs = [abs(p["output_throughput"] / values[(p["config"], p["cell"])] - 1) for p in predicted if values.get((p["config"], p["cell"]))]
+            errs = [abs(p[OUTPUT_THROUGHPUT] / values[(p["config"], p["cell"])] - 1) for p in predicted if values.get((p["config"], p["cell"]))]
             inside = [p["output_throughput_interval"][0] <= values[(p["config"], p["cell"])] <= p["output_throughput_interval"][1]
                       for p in predicted if values.get((p["config"], p["cell"]))]
             rows.append(f"| {n} | {sweep['restarts']} | {name} | {sum(within)}/{len(within)} ({sum(within) / max(1, len(within)):.0%}) | "

@@ -42,6 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT  # noqa: E402
 from pytest_ddtree.report import changepoints  # noqa: E402
 from pytest_ddtree.gates.throughput.baseline_format import CONTROL  # noqa: E402
 from pytest_ddtree.report.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
@@ -65,12 +66,12 @@ def history(rng: random.Random, args: argparse.Namespace, step: float) -> list[S
             for k in range(args.cells):
                 values = [truth[(c, k)] * math.exp(day + launch + slower + rng.gauss(0.0, args.noise))
                           for _ in range(args.repeats)]
-                out.append(StoredCell(session, f"cfg{c}", f"c{k}", "gpu", "pass", {"output_throughput": values}))
+                out.append(StoredCell(session, f"cfg{c}", f"c{k}", "gpu", "pass", {OUTPUT_THROUGHPUT: values}))
         launches = [rng.gauss(0.0, args.launch) for _ in range(args.control_launches)]
         for k in range(args.cells):
             values = [control_truth[k] * math.exp(day + shift + slower + rng.gauss(0.0, args.noise))
                       for shift in launches for _ in range(args.repeats)]
-            out.append(StoredCell(session, CONTROL, f"c{k}", "gpu", "pass", {"output_throughput": values},
+            out.append(StoredCell(session, CONTROL, f"c{k}", "gpu", "pass", {OUTPUT_THROUGHPUT: values},
                                   role=ROLE_CONTROL, launches=args.control_launches))
     return out
 

@@ -53,6 +53,7 @@ import requests  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_serving_shim import PACKAGES, SGLANG  # noqa: E402
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402
 
 SHIM = REPO / "benchmarks" / "bench_serving_shim.py"
@@ -314,7 +315,7 @@ def run_ours(url: str, concurrency: int, requests_n: int, input_tokens: int, out
         res = load.run_cell(client, cell, prompts=maker)
         cpu = time.process_time() - t0
     m = res.metrics()
-    return {"output_throughput": m["output_throughput"], "mean_tpot_ms": m["mean_tpot_ms"],
+    return {OUTPUT_THROUGHPUT: m[OUTPUT_THROUGHPUT], "mean_tpot_ms": m["mean_tpot_ms"],
             "total_output_tokens": m["total_output_tokens"], "cpu_s": cpu, "valid": res.valid}
 
 
@@ -334,7 +335,7 @@ def run_bench_serving(python: Path, url: str, backend: str, concurrency: int, re
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"bench_serving {backend} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
         result = json.loads(out.read_text().splitlines()[-1])
-        return {"output_throughput": result["output_throughput"], "mean_tpot_ms": result["mean_tpot_ms"],
+        return {OUTPUT_THROUGHPUT: result[OUTPUT_THROUGHPUT], "mean_tpot_ms": result["mean_tpot_ms"],
                 "total_output_tokens": result["total_output_tokens"], "cpu_s": float(cpu_file.read_text()), "valid": True}
 
 
@@ -363,8 +364,8 @@ def report(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         per_req = 1000.0 / r["mean_tpot_ms"] if r.get("mean_tpot_ms") else float("nan")
         truth_req = r["truth_per_request"]
-        print(f"{r['server']:<10} {r['concurrency']:>4}  {r['client']:<28} {r['output_throughput']:>10.1f} {r['truth']:>10.1f} "
-              f"{r['output_throughput'] / r['truth']:>6.3f}  {per_req:>9.1f} "
+        print(f"{r['server']:<10} {r['concurrency']:>4}  {r['client']:<28} {r[OUTPUT_THROUGHPUT]:>10.1f} {r['truth']:>10.1f} "
+              f"{r[OUTPUT_THROUGHPUT] / r['truth']:>6.3f}  {per_req:>9.1f} "
               f"{(f'{truth_req:.1f}' if truth_req else '-'):>9}  {1000.0 * r['cpu_s'] / max(1, r['total_output_tokens']):>12.4f}"
               f" {r['engine_late_s']:>6.2f}")
 

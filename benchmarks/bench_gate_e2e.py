@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load  # noqa: E402
 from pytest_ddtree.gates.throughput import control, throughput  # noqa: E402
@@ -139,9 +140,9 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
 
 def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
     """A cell's record as the suite writes it (the control's with its kind and launch)."""
-    m = v.metric("output_throughput")
+    m = v.metric(OUTPUT_THROUGHPUT)
     rec: ControlJudgedData = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
-           "hardware_profile": "refserver", "metrics": {"output_throughput": m.current_median if m else None}}
+           "hardware_profile": "refserver", "metrics": {OUTPUT_THROUGHPUT: m.current_median if m else None}}
     if name in (control.CONTROL, CONTROL_AT_END):
         rec.update({"kind": control.CONTROL_RECORD, "control_launch": 2 if name == CONTROL_AT_END else 1})
     return rec
@@ -186,7 +187,7 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     by_session = any(f.config == first for f in findings) and not slow_all
     caught = by_cells or by_session or by_uniform
     # each launch's common change of output tok/s against its baseline (what a slowdown moves)
-    shifts = {name: next((m.shift for v in vs.values() if (m := v.metric("output_throughput")) and m.shift is not None),
+    shifts = {name: next((m.shift for v in vs.values() if (m := v.metric(OUTPUT_THROUGHPUT)) and m.shift is not None),
                          None) for name, vs in verdicts.items()}
     return {"bad": bad, "caught": caught, "relaunched": flagged,
             "caught_by": [w for w, yes in (("cells", by_cells), ("session", by_session), ("uniform", by_uniform)) if yes],

@@ -38,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT  # noqa: E402
 from pytest_ddtree.service import http as http_mod  # noqa: E402
 from pytest_ddtree.measure import load  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
@@ -99,7 +100,7 @@ def fidelity(clock_scale: float, output_tokens: int) -> list[dict[str, Any]]:
             res = load.run_cell(url, cell)
             m = res.metrics()
             eng = res.engine_accounting() or {}
-            measured = float(m["output_throughput"] or 0)
+            measured = float(m[OUTPUT_THROUGHPUT] or 0)
             exact = float(eng.get("ddtree_exact_output_throughput", float("nan")))
             a, b = res.server_state, res.server_state_before
             passes = sum(float(a.get(k, 0)) - float(b.get(k, 0)) for k in ("decode_forward_passes", "prefill_forward_passes"))
@@ -199,7 +200,7 @@ def capacity(output_tokens: int, requests: int, concurrency: int) -> list[dict[s
         chunks = sum(r.chunks for r in res.requests)
         rows.append({
             "source": source,
-            "output_tok_s": float(m["output_throughput"] or 0),
+            "output_tok_s": float(m[OUTPUT_THROUGHPUT] or 0),
             "tokens": tokens,
             "chunks": chunks,
             "client_cpu_s": cpu,

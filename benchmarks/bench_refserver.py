@@ -30,6 +30,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pytest_ddtree.metrics import ACCEPT_LENGTH, OUTPUT_THROUGHPUT  # noqa: E402
 from pytest_ddtree.configs import parse_config_name  # noqa: E402
 from pytest_ddtree.service.pool import free_port  # noqa: E402  (the harness's port policy)
 CONFIGS = ["bs8_b4_k4", "bs8_b8_k4", "bs8_b16_k4", "bs16_b16_k4", "bs16_b32_k8"]
@@ -148,14 +149,14 @@ def main() -> int:
         try:
             for conc in CONCURRENCY:
                 r = run_cell(url, conc, ns.requests_per_client, ns.max_tokens)
-                row = {"config": name, "concurrency": conc, "output_throughput": r["agg"] / scale,
-                       "per_request_throughput": r["per_req"] / scale, "accept_length": r["accept"],
+                row = {"config": name, "concurrency": conc, OUTPUT_THROUGHPUT: r["agg"] / scale,
+                       "per_request_throughput": r["per_req"] / scale, ACCEPT_LENGTH: r["accept"],
                        "cpu_ms_per_step": 1000 * r["cpu_per_step"], "sim_ms_per_step": 1000 * r["sim_per_step"]}
                 row["cpu_share"] = row["cpu_ms_per_step"] / row["sim_ms_per_step"] if row["sim_ms_per_step"] else 0.0
                 row["cpu_share_wall"] = row["cpu_share"] * scale
                 rows.append(row)
-                print(f"{name:<13} {conc:>4} {row['output_throughput']:>10.1f} {row['per_request_throughput']:>10.1f} "
-                      f"{row['accept_length']:>7.2f} {row['cpu_ms_per_step']:>12.2f} {row['sim_ms_per_step']:>12.1f} "
+                print(f"{name:<13} {conc:>4} {row[OUTPUT_THROUGHPUT]:>10.1f} {row['per_request_throughput']:>10.1f} "
+                      f"{row[ACCEPT_LENGTH]:>7.2f} {row['cpu_ms_per_step']:>12.2f} {row['sim_ms_per_step']:>12.1f} "
                       f"{100 * row['cpu_share']:>5.1f}% {100 * row['cpu_share_wall']:>9.1f}%", flush=True)
         finally:
             proc.terminate()
@@ -163,7 +164,7 @@ def main() -> int:
     c1 = {r["config"]: r for r in rows if r["concurrency"] == 1}
     c32 = {r["config"]: r for r in rows if r["concurrency"] == 32}
     best1 = max(c1.values(), key=lambda r: r["per_request_throughput"])["config"]
-    best32 = max(c32.values(), key=lambda r: r["output_throughput"])["config"]
+    best32 = max(c32.values(), key=lambda r: r[OUTPUT_THROUGHPUT])["config"]
     worst_cpu = max(r["cpu_share"] for r in rows if r["concurrency"] == 32)
     worst_wall = max(r["cpu_share_wall"] for r in rows if r["concurrency"] == 32)
     print(f"\nbest per-request speed at concurrency 1: {best1}; best aggregate at concurrency 32: {best32}")

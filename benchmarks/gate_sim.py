@@ -30,6 +30,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT
 from pytest_ddtree import baselines as baselines_mod
 from pytest_ddtree import finish, plugin, yamlfile
 from pytest_ddtree.configs import DDTreeConfig, Workload
@@ -94,10 +95,10 @@ class Model:
         s = self.shape.noise[cell]
         if config == CONTROL:
             tps, ttft = self.control_truth[cell]
-            return {"output_throughput": tps * factor, "median_ttft_ms": ttft / math.exp(speed) / out}
+            return {OUTPUT_THROUGHPUT: tps * factor, MEDIAN_TTFT_MS: ttft / math.exp(speed) / out}
         tps, ttft, acc = self.truth[config][cell]
-        return {"output_throughput": tps * factor,
-                "median_ttft_ms": ttft / math.exp(speed) / out * math.exp(self.rng.gauss(0, 2 * s)),
+        return {OUTPUT_THROUGHPUT: tps * factor,
+                MEDIAN_TTFT_MS: ttft / math.exp(speed) / out * math.exp(self.rng.gauss(0, 2 * s)),
                 report.TOKENS_PER_VERIFY: acc * math.exp(self.rng.gauss(0, s / 3))}
 
 
@@ -350,7 +351,7 @@ def cell_regressed(result: SessionResult, config: str, cell: str | None = None) 
     """Whether a cell of ``config`` (``cell``, or any) has its output tok/s judged a regression."""
     for rec in records_mod.throughput_records(result.records, RecordKind.THROUGHPUT):
         if rec.get("config") == config and (cell is None or rec.get("cell") == cell):
-            m: Any = (rec.get("verdict") or {}).get("metrics", {}).get("output_throughput") or {}
+            m: Any = (rec.get("verdict") or {}).get("metrics", {}).get(OUTPUT_THROUGHPUT) or {}
             if m.get("status") == gate.REGRESSION:
                 return True
     return False

@@ -379,6 +379,48 @@ ok = {"status": "ok", "kind": RecordKind.LAUNCH} and outcome == "ready" and prom
         (11, "throughput-relaunch-repeat")], found
 
 
+def _metric_names() -> frozenset[str]:
+    """The shared metric names: every upper-case string constant of pytest_ddtree/metrics.py."""
+    from pytest_ddtree import metrics
+
+    return frozenset(value for name, value in vars(metrics).items() if name.isupper() and isinstance(value, str))
+
+
+def _bare_metric_names(tree: ast.AST, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of each shared metric name spelled as a whole string literal (a fragment of an
+    f-string or of a longer text is not one)."""
+    fragments = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                  and id(node) not in fragments)
+
+
+def test_shared_metric_names_are_spelled_only_in_metrics(repo_root: Path) -> None:
+    """A metric read by name in several modules (the gate, the load generator, the reports, the
+    benchmarks) splits silently on a rename or a typo when each spells it: they use the constants
+    of pytest_ddtree/metrics.py (each the on-disk key itself)."""
+    names = _metric_names()
+    assert {"output_throughput", "ddtree_tokens_per_verify", "median_ttft_ms"} <= names, names
+    home = repo_root / "pytest_ddtree" / "metrics.py"
+    files = [p for top in _SCANNED for p in sorted((repo_root / top).rglob("*.py")) if p != home]
+    assert len(files) > 50, files
+    bare = [f"{path.relative_to(repo_root)}:{line}: {name!r}"
+            for path in files for line, name in _bare_metric_names(ast.parse(path.read_text()), names)]
+    assert not bare, "use the pytest_ddtree.metrics constant instead of:\n" + "\n".join(bare)
+
+
+def test_the_metric_name_scan_finds_bare_names() -> None:
+    """The scan above must be able to fail: a name as a key, a subscript, in a tuple, as a default."""
+    source = '''
+value = m.get("output_throughput") or m["median_ttft_ms"]
+KEYS = ("request_goodput", OUTPUT_THROUGHPUT)
+def f(metric: str = "accept_length") -> None: ...
+note, text = f"output_throughput {x}", "the output_throughput of a cell"
+'''
+    found = _bare_metric_names(ast.parse(source), frozenset({"output_throughput", "median_ttft_ms", "request_goodput", "accept_length"}))
+    assert found == [(2, "median_ttft_ms"), (2, "output_throughput"), (3, "request_goodput"), (4, "accept_length")], found
+
+
 #: The modules that write, pass or read the session's records (records/shapes.py types them).
 _RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
                    "pytest_ddtree/records/recorder.py", "pytest_ddtree/records/sessionfolder.py", "pytest_ddtree/session.py",

@@ -133,10 +133,10 @@ def test_median_interval_states_its_real_coverage() -> None:
 
 
 def test_t_quantiles_and_the_log_ratio_interval() -> None:
-    assert stats.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-5)  # scipy.stats.t.ppf
-    assert stats.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-5)
-    assert stats.t_quantile(0.995, 1) == pytest.approx(63.656741, abs=1e-4)
-    assert stats.t_quantile(0.05, 30) == pytest.approx(-1.697261, abs=1e-5)
+    assert stats.t_inverse_cdf(0.975, 2) == pytest.approx(4.302653, abs=1e-5)  # scipy.stats.t.ppf
+    assert stats.t_inverse_cdf(0.975, 10) == pytest.approx(2.228139, abs=1e-5)
+    assert stats.t_inverse_cdf(0.995, 1) == pytest.approx(63.656741, abs=1e-4)
+    assert stats.t_inverse_cdf(0.05, 30) == pytest.approx(-1.697261, abs=1e-5)
     interval = stats.log_ratio_interval([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
     assert interval is not None and interval.label == "95% t-interval on log values"
     assert interval.low < 0.9 < interval.high and interval.high < 1.0

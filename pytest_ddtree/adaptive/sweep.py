@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pytest_ddtree.metrics import tokens_per_verify
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, tokens_per_verify
 from pytest_ddtree.measure.stats import is_number
 from pytest_ddtree.records.shapes import AdaptivePickData, AdaptiveSweepData, PredictedRowData, RawRecord, WorkloadData
 from pytest_ddtree.records import shapes as records_mod
@@ -85,7 +85,7 @@ def read_prior_rows(directories: Sequence[Path], hardware_profile: str | None) -
                 raise PriorError(f"--ddtree-prior {path}: not a pytest-ddtree results.json (its 'throughput' is not a "
                                  "list of cells); give the --ddtree-results folder of a finished session")
             for row in cells:
-                if row.get("measurement_status") == Status.INVALID or not row.get("output_throughput"):
+                if row.get("measurement_status") == Status.INVALID or not row.get(OUTPUT_THROUGHPUT):
                     continue
                 profile = row.get("hardware_profile")
                 if hardware_profile is not None and profile != hardware_profile:
@@ -109,7 +109,7 @@ def _measurements(rows: Iterable[Mapping[str, object]]) -> tuple[dict[str, Any],
     for row in rows:
         given = row.get("metrics")
         metrics: Mapping[str, object] = given if isinstance(given, Mapping) else row
-        tok_s, workload = metrics.get("output_throughput"), row.get("workload")
+        tok_s, workload = metrics.get(OUTPUT_THROUGHPUT), row.get("workload")
         parsed = config_or_none(str(row.get("config")))
         numbers = {k: v for k, v in workload.items() if isinstance(v, int) and not isinstance(v, bool)} \
             if isinstance(workload, Mapping) else {}
@@ -225,7 +225,7 @@ class AdaptiveSweep:
             for (config, cell), p in sorted(self.planner.predictions().items()):
                 row: PredictedRowData = {
                     "config": config, "cell": cell, "status": Status.PREDICTED, "predicted": True,
-                    "output_throughput": round(p.tok_s, 3),
+                    OUTPUT_THROUGHPUT: round(p.tok_s, 3),
                     "output_throughput_interval": [round(p.low, 3), round(p.high, 3)],
                 }
                 if cell in workloads:
@@ -233,7 +233,7 @@ class AdaptiveSweep:
                 predicted.append(row)
             for rec in self.planner.recommendations():
                 recommendations.append({
-                    "cell": rec.cell, "config": rec.config, "output_throughput": round(rec.tok_s, 3),
+                    "cell": rec.cell, "config": rec.config, OUTPUT_THROUGHPUT: round(rec.tok_s, 3),
                     "challenger": rec.challenger,
                     "challenger_high": round(rec.challenger_high, 3) if rec.challenger_high is not None else None,
                 })
@@ -247,7 +247,7 @@ def predicted_table_rows(outcome: AdaptiveSweepData, width: int, ctx: Callable[[
     for p in outcome["predicted"]:
         w = p.get("workload")
         low, high = (p["output_throughput_interval"] + [0.0, 0.0])[:2]
-        tps = f"{p['output_throughput']:.1f} [{low:.0f}-{high:.0f}]"
+        tps = f"{p[OUTPUT_THROUGHPUT]:.1f} [{low:.0f}-{high:.0f}]"
         row = [p["config"], p["cell"], str(w["concurrency"]) if w else "-", ctx(w["context_tokens"] if w else None),
                w["prompts"] if w else "-", tps, "-", "-", "-", Status.PREDICTED]
         rows.append(row + ["-"] * (width - len(row)))
@@ -268,7 +268,7 @@ def summary_lines(outcome: AdaptiveSweepData) -> list[str]:
     if outcome["prior"]:
         lines.append(f"adaptive sweep: {outcome['prior']}")
     for rec in outcome["recommendations"]:
-        line = f"{rec['cell']}: {rec['config']} ({rec['output_throughput']:.1f} tok/s measured)"
+        line = f"{rec['cell']}: {rec['config']} ({rec[OUTPUT_THROUGHPUT]:.1f} tok/s measured)"
         if rec["challenger"]:
             high = rec["challenger_high"]
             line += (f"; {rec['challenger']} (not measured) may reach {high if high is None else f'{high:.1f}'}: "

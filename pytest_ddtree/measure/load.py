@@ -51,7 +51,7 @@ from pytest_ddtree.measure.generate_stream import apply_chunk as apply_chunk
 from pytest_ddtree.measure.generate_stream import stream_request as stream_request
 from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
 from pytest_ddtree.measure.prompts import PromptMaker, PromptSet, stable_seed
-from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.metrics import ACCEPT_LENGTH, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import WorkloadData
 from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
 
@@ -344,7 +344,7 @@ class CellResult:
         out["total_output_tokens_retokenized"] = out["total_output_tokens"]
         out["request_throughput"] = len(ok) / dur
         out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
-        out["output_throughput"] = float(out["total_output_tokens"] or 0) / dur
+        out[OUTPUT_THROUGHPUT] = float(out["total_output_tokens"] or 0) / dur
         out["total_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
         series: dict[str, list[float]] = {
             "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
@@ -376,7 +376,7 @@ class CellResult:
         # would be a ratio over a subset (and such a cell is invalid, see problems()).
         complete = bool(ok) and len(verify) == len(ok)
         out[TOKENS_PER_VERIFY] = sum(r.completion_tokens for r in ok) / total_verify if complete and total_verify else None
-        out["accept_length"] = self.server_accept_length
+        out[ACCEPT_LENGTH] = self.server_accept_length
         # ours
         out["ddtree_failed"] = self.failed
         out["ddtree_server_input_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
@@ -384,7 +384,7 @@ class CellResult:
         ratios = [a for r in verify if (a := r.accept_length) is not None]
         out["ddtree_mean_request_accept_length"] = stats.mean(ratios) if ratios else None
         per_request = [r.completion_tokens / r.e2e_s for r in ok if r.e2e_s > 0]
-        out["ddtree_median_request_output_throughput"] = stats.median(per_request) if per_request else None
+        out[PER_REQUEST_OUTPUT_THROUGHPUT] = stats.median(per_request) if per_request else None
         out["ddtree_host_cpu_pressure"] = self.host_cpu_pressure
         engine = self.engine_accounting()
         if engine is not None:

@@ -8,6 +8,7 @@ of a cell's requests (sglang PR 34743). Every reader of those states goes throug
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence, TypeGuard
+from pytest_ddtree.metrics import ACCEPT_LENGTH
 
 
 def server_accept_length(server_info: Mapping[str, object]) -> float | None:
@@ -53,7 +54,7 @@ def merge_internal_states(states: Sequence[object]) -> dict[str, Any]:
         numbers = [float(d[key]) for d in dicts if _is_figure(d.get(key))]
         if not numbers:
             out[key] = next((d[key] for d in dicts if d.get(key) is not None), None)
-        elif key.startswith("avg_") or "accept_length" in key or key.endswith("_rate") or "ratio" in key:
+        elif key.startswith("avg_") or ACCEPT_LENGTH in key or key.endswith("_rate") or "ratio" in key:
             out[key] = sum(numbers) / len(numbers)
         else:
             total = sum(numbers)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_ddtree.metrics import REQUEST_GOODPUT
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import RateProbeData, SLOData, SustainableRateData
 
@@ -140,7 +141,7 @@ def goodput(requests: Sequence[RequestResult], slo: SLO, duration_s: float) -> d
         good += len(passed) == len(slo.targets)
     sent = len(requests)
     out: dict[str, float | None] = {
-        "request_goodput": good / duration_s if duration_s > 0 else None,
+        REQUEST_GOODPUT: good / duration_s if duration_s > 0 else None,
         "slo_attainment": good / sent if sent else None,
     }
     for name, count in met.items():

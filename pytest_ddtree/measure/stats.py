@@ -215,10 +215,11 @@ def _t_pdf(t: float, df: float) -> float:
                     - (df + 1) / 2 * math.log1p(t * t / df))
 
 
-def t_quantile(p: float, df: float) -> float:
-    """Inverse of :func:`t_cdf`: Newton steps from the normal quantile, bisection as a fallback."""
+def t_inverse_cdf(p: float, df: float) -> float:
+    """The t quantile at probability ``p`` (inverse of :func:`t_cdf`): Newton steps from the normal
+    quantile, bisection as a fallback. (The gate's ``noise.t_widened_z`` takes a z instead.)"""
     if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile needs 0 < p < 1, got {p}")
+        raise ValueError(f"t_inverse_cdf needs 0 < p < 1, got {p}")
     t = _normal_quantile(p)
     for _ in range(50):
         step = (t_cdf(t, df) - p) / max(_t_pdf(t, df), 1e-300)
@@ -248,7 +249,7 @@ def log_mean_half_width(samples: Sequence[float], confidence: float = 0.95) -> f
         logs = logs[1:-1]
     m = mean(logs)
     sd = math.sqrt(sum((v - m) ** 2 for v in logs) / (len(logs) - 1))
-    return math.expm1(t_quantile(0.5 + confidence / 2.0, len(logs) - 1) * sd / math.sqrt(len(logs)))
+    return math.expm1(t_inverse_cdf(0.5 + confidence / 2.0, len(logs) - 1) * sd / math.sqrt(len(logs)))
 
 
 def log_ratio_interval(baseline: Sequence[float], current: Sequence[float], confidence: float = 0.95) -> Interval | None:
@@ -268,7 +269,7 @@ def log_ratio_interval(baseline: Sequence[float], current: Sequence[float], conf
     if vb + vc == 0:
         return Interval(math.exp(diff), math.exp(diff), 1.0, "t-interval on log values")
     df = (vb + vc) ** 2 / ((vb**2 / (len(lb) - 1) if vb else 0.0) + (vc**2 / (len(lc) - 1) if vc else 0.0))
-    half = t_quantile(0.5 + confidence / 2.0, df) * math.sqrt(vb + vc)
+    half = t_inverse_cdf(0.5 + confidence / 2.0, df) * math.sqrt(vb + vc)
     return Interval(math.exp(diff - half), math.exp(diff + half), confidence, "t-interval on log values")
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from pytest_ddtree.measure import stats
 from pytest_ddtree.report.history import HistoryError, StoredCell, check_usable
-from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.words import Status
 
 #: The extra that brings the change-point library.
@@ -45,9 +45,9 @@ WINDOW_SESSIONS = 30
 CHECK_RECENT_SESSIONS = 5
 
 #: Which way is better, per metric (the gate's gated metrics).
-DIRECTIONS: dict[str, str] = {"output_throughput": "higher", TOKENS_PER_VERIFY: "higher", "median_ttft_ms": "lower"}
+DIRECTIONS: dict[str, str] = {OUTPUT_THROUGHPUT: "higher", TOKENS_PER_VERIFY: "higher", MEDIAN_TTFT_MS: "lower"}
 #: Sample keys stored by sessions before a gate was renamed: old name -> current series name.
-OLD_METRIC_NAMES: dict[str, str] = {"accept_length": TOKENS_PER_VERIFY}
+OLD_METRIC_NAMES: dict[str, str] = {ACCEPT_LENGTH: TOKENS_PER_VERIFY}
 
 
 class ChangePointsUnavailable(RuntimeError):
@@ -173,7 +173,7 @@ def _welch_interval(left: Sequence[float], right: Sequence[float]) -> tuple[floa
         return diff, diff
     terms = (vl ** 2 / (len(left) - 1) if len(left) > 1 else 0.0) + (vr ** 2 / (len(right) - 1) if len(right) > 1 else 0.0)
     df = (vl + vr) ** 2 / terms if terms > 0 else 1.0
-    half = stats.t_quantile(0.975, max(df, 1.0)) * se
+    half = stats.t_inverse_cdf(0.975, max(df, 1.0)) * se
     return diff - half, diff + half
 
 
@@ -279,7 +279,7 @@ def check_session(all_series: Sequence[Series], session_id: str, recent: int = C
 # are measured on synthetic histories by ``benchmarks/bench_build_changes.py``.
 
 #: The metric whose series make a session's level.
-BUILD_METRIC = "output_throughput"
+BUILD_METRIC = OUTPUT_THROUGHPUT
 #: Begin points tested at each session, and sessions after which a change is settled (and
 #: ``--ddtree-history-check`` no longer fails the sessions of its new level).
 BUILD_LOOKS = CHECK_RECENT_SESSIONS
@@ -392,7 +392,7 @@ def _step(levels: Sequence[float], start: int, index: int, end: int) -> tuple[fl
     spread = max(BUILD_NOISE_FLOOR, stats.stdev(before))
     se = spread * math.sqrt(1.0 / len(after) + 1.0 / len(before))
     step = stats.mean(after) - stats.mean(before)
-    threshold = stats.t_quantile(1.0 - BUILD_ALPHA / (2 * BUILD_LOOKS), len(before) - 1)
+    threshold = stats.t_inverse_cdf(1.0 - BUILD_ALPHA / (2 * BUILD_LOOKS), len(before) - 1)
     return step / se, threshold, step, se
 
 

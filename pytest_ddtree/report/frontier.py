@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import REBLESS, SLOData
 from pytest_ddtree.records.shapes import RawRecord, ThroughputRecord
@@ -28,7 +29,7 @@ from pytest_ddtree.records.words import RecordKind, Status
 T = TypeVar("T")
 
 #: The frontier's axes: aggregate output tok/s (x) and the median request's own tok/s (y).
-AGGREGATE, PER_REQUEST = "output_throughput", "ddtree_median_request_output_throughput"
+AGGREGATE, PER_REQUEST = OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT
 
 
 def pareto_front(points: Sequence[tuple[float, float, T]]) -> list[tuple[float, float, T]]:
@@ -80,13 +81,13 @@ def at_load(throughput: Sequence[ThroughputRecord]) -> list[dict[str, Any]]:
     for cell, recs in by_cell.items():
         slo = recs[0]["slo"]
         meeting = [r for r in recs if cell_meets(r["metrics"], slo)]
-        best = max(meeting, key=lambda r: (r["metrics"].get("request_goodput") or 0.0,
+        best = max(meeting, key=lambda r: (r["metrics"].get(REQUEST_GOODPUT) or 0.0,
                                            r["metrics"].get(AGGREGATE) or 0.0), default=None)
         out.append({"cell": cell, "load": load_label(recs[0]), "slo": slo["label"],
                     "meeting": sorted(str(r["config"]) for r in meeting), "configs": len(recs),
                     "deploy": str(best["config"]) if best is not None else None,
-                    "request_goodput": best["metrics"].get("request_goodput") if best is not None else None,
-                    "output_throughput": best["metrics"].get(AGGREGATE) if best is not None else None})
+                    REQUEST_GOODPUT: best["metrics"].get(REQUEST_GOODPUT) if best is not None else None,
+                    OUTPUT_THROUGHPUT: best["metrics"].get(AGGREGATE) if best is not None else None})
     return out
 
 
@@ -123,7 +124,7 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
     for entry in loads:
         if entry["deploy"]:
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: deploy {entry['deploy']} "
-                             f"(goodput {entry['request_goodput'] or 0:.2f} req/s, {entry['output_throughput'] or 0:.1f} "
+                             f"(goodput {entry[REQUEST_GOODPUT] or 0:.2f} req/s, {entry[OUTPUT_THROUGHPUT] or 0:.1f} "
                              f"output tok/s; {len(entry['meeting'])} of {entry['configs']} configs meet it).")
         else:
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: no measured config meets it.")

@@ -25,6 +25,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT
 from pytest_ddtree.measure import stats
 from pytest_ddtree.configs import config_or_none, name_sort_key
 # Re-exported: the gate, the load generator and the HTML report read them here.
@@ -44,14 +45,14 @@ DRAFTER_BOUND_GAIN = 0.08
 JSON_KEYS = (
     "duration", "completed", "total_input_tokens", "total_input_text_tokens", "total_input_vision_tokens",
     "total_output_tokens", "total_output_tokens_retokenized",
-    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
+    "request_throughput", "input_throughput", OUTPUT_THROUGHPUT, "total_throughput",
     *(f"{stat}_{dist}_ms" for dist in ("ttft", "tpot", "itl", "e2e_latency")
       for stat in ("mean", "median", "std", "p90", "p95", "p99")),
-    "max_itl_ms", "concurrency", "max_concurrency", "accept_length", "max_output_tokens_per_s", "max_concurrent_requests",
+    "max_itl_ms", "concurrency", "max_concurrency", ACCEPT_LENGTH, "max_output_tokens_per_s", "max_concurrent_requests",
     TOKENS_PER_VERIFY, "ddtree_failed", "ddtree_server_input_tokens", "ddtree_spec_verify_ct",
-    "ddtree_mean_request_accept_length", "ddtree_median_request_output_throughput",
+    "ddtree_mean_request_accept_length", PER_REQUEST_OUTPUT_THROUGHPUT,
     "request_rate", "ddtree_max_send_lag_ms", "ddtree_late_requests",
-    "request_goodput", "slo_attainment", "slo_attainment_ttft", "slo_attainment_tpot", "slo_attainment_e2el",
+    REQUEST_GOODPUT, "slo_attainment", "slo_attainment_ttft", "slo_attainment_tpot", "slo_attainment_e2el",
 )
 #: Counts: integers in results.json, as bench_serving's BenchmarkMetrics types them (a cell's
 #: value is the median repeat's, rounded).
@@ -100,7 +101,7 @@ def throughput_record(
     ``verdict`` is ``gate.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
     (samples, median, tolerance per metric), so the report can draw repeats against them.
     """
-    primary = [float(v) for v in samples.get("output_throughput") or []]
+    primary = [float(v) for v in samples.get(OUTPUT_THROUGHPUT) or []]
     spread = stats.summarize(primary).as_dict() if primary else None
     change = {k: change for k, m in verdict["metrics"].items() if (change := m.get("change")) is not None}
     return {
@@ -162,14 +163,14 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
     rows: list[list[str]] = []
     for rec in normalize(records):
         m, w, spread = rec["metrics"], rec["workload"], rec["output_throughput_spread"]
-        tps = _f(m.get("output_throughput"))
+        tps = _f(m.get(OUTPUT_THROUGHPUT))
         if spread is not None and stats.is_number(spread["rel_half_width"]) and rec["measurement_status"] != Status.INVALID:
             tps += f" ±{spread['rel_half_width'] * 100:.0f}%"
-        change = rec["change"].get("output_throughput")
+        change = rec["change"].get(OUTPUT_THROUGHPUT)
         rows.append([
             rec["config"], rec["cell"], f"{w['request_rate']:g}/s" if "request_rate" in w else str(w["concurrency"]),
             _ctx(w["context_tokens"]),
-            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get("median_ttft_ms")), _pct(change), status_text(rec),
+            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get(MEDIAN_TTFT_MS)), _pct(change), status_text(rec),
         ])
     return rows
 
@@ -177,7 +178,7 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
 HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
 
 #: The gated metrics as the table's columns name them, for the status column.
-SHORT_LABELS = {"output_throughput": "tok/s", TOKENS_PER_VERIFY: "accept", "median_ttft_ms": "TTFT p50"}
+SHORT_LABELS = {OUTPUT_THROUGHPUT: "tok/s", TOKENS_PER_VERIFY: "accept", MEDIAN_TTFT_MS: "TTFT p50"}
 #: Metric verdicts that say the metric moved (a flagged one that did not reproduce is a pass).
 _MOVED = (Status.REGRESSION, Status.IMPROVED, Status.FLAGGED)
 
@@ -219,7 +220,7 @@ def render_sweep_table(records: Iterable[RawRecord], tablefmt: str = "simple",
 
 def _valid(records: Iterable[RawRecord]) -> list[ThroughputRecord]:
     return [r for r in normalize(records) if r["measurement_status"] != Status.INVALID
-            and stats.is_number(r["metrics"].get("output_throughput"))]
+            and stats.is_number(r["metrics"].get(OUTPUT_THROUGHPUT))]
 
 
 def recommendations(records: Iterable[RawRecord]) -> list[str]:
@@ -245,7 +246,7 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
         return ordered[0], (ordered[-1] if len(ordered) > 1 else None)
 
     def tps(r: ThroughputRecord) -> float:
-        return r["metrics"].get("output_throughput") or 0.0
+        return r["metrics"].get(OUTPUT_THROUGHPUT) or 0.0
 
     winners: dict[tuple[int, int], str] = {}
     aggregate: list[str] = []
@@ -253,14 +254,14 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
     for (c, ctx) in sorted(by_cell):
         if c not in (top_c, low_c):
             continue
-        winner, worst = best(by_cell[(c, ctx)], "output_throughput")
+        winner, worst = best(by_cell[(c, ctx)], OUTPUT_THROUGHPUT)
         winners[(c, ctx)] = str(winner["config"])
         margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
         if c == top_c:
             aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         if c == low_c and top_c != low_c:
-            per = winner["metrics"].get("ddtree_median_request_output_throughput")
+            per = winner["metrics"].get(PER_REQUEST_OUTPUT_THROUGHPUT)
             speed = f"{per:.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
                           f"{winner['config']} with {speed}{margin}.")
@@ -471,7 +472,7 @@ def plot_png(records: Iterable[RawRecord], path: Path) -> bool:
     series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
     for r in _valid(records):
         w = r["workload"]
-        series[(r["config"], w["context_tokens"])].append((w["concurrency"], r["metrics"].get("output_throughput") or 0.0))
+        series[(r["config"], w["context_tokens"])].append((w["concurrency"], r["metrics"].get(OUTPUT_THROUGHPUT) or 0.0))
     series = {k: v for k, v in series.items() if len(v) > 1}  # a line needs two concurrencies
     if not series:
         return False

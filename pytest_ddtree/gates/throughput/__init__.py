@@ -108,7 +108,7 @@ from pytest_ddtree.gates.throughput.verdicts import (
 )
 from pytest_ddtree.gates.throughput.noise import (
     median_chi2_share,
-    t_quantile,
+    t_widened_z,
 )
 from pytest_ddtree.gates.throughput.rule import (
     CONFIRM_FLOOR_SHARE,
@@ -222,7 +222,7 @@ __all__ = [
     "relaunch_candidates",
     "rate_entry",
     "repeat_load_problem",
-    "t_quantile",
+    "t_widened_z",
     "validate_rate_section",
     "validate_section",
 ]

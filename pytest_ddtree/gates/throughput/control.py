@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import stats
 from pytest_ddtree.gates.throughput.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
@@ -70,7 +71,7 @@ UNIFORM_FLOOR = 0.025
 Z_UNIFORM = 3.0
 #: Assumed spread of the uniform shift between sessions when fewer than two blessed sessions show it.
 UNIFORM_PRIOR_SPREAD = 0.01
-_METRIC = "output_throughput"
+_METRIC = OUTPUT_THROUGHPUT
 #: What the control gates: its output tok/s (its TTFT is recorded, not gated: the configs' TTFT
 #: gate covers prefill, and a second TTFT gate would only add false alarms).
 GATED = (_METRIC,)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_ddtree.metrics import REQUEST_GOODPUT
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.service.client import SGLangClient
@@ -33,7 +34,7 @@ from pytest_ddtree.measure.slo import SLO, RateSearch
 from pytest_ddtree.records.words import GateDecision
 
 #: The gated metric of a blessed rate: bench_serving's request_goodput (good requests per second).
-GOODPUT = "request_goodput"
+GOODPUT = REQUEST_GOODPUT
 
 
 def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.gates.throughput.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_quantile
+from pytest_ddtree.gates.throughput.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_widened_z
 from pytest_ddtree.gates.throughput.rule import FLAG_FLOOR_SHARE, worse_by
 from pytest_ddtree.gates.throughput.verdicts import Direction, PASS, REGRESSION, fmt_pct
 from pytest_ddtree.records.shapes import JudgedCellData
@@ -233,7 +233,7 @@ def _relaunch_verdict(c: ConfigMove, more: Sequence[ConfigMove], ref: float, ref
     """A relaunched config: regressed?, the mean of all its launches against the others, the
     tolerance, and the mean of its relaunches alone (log)."""
     both, se_both = _launches_relative(c, [c, *more], ref, ref_se, wobble)
-    tolerance = max(c.floor, t_quantile(Z_RELAUNCHED, dof) * se_both)
+    tolerance = max(c.floor, t_widened_z(Z_RELAUNCHED, dof) * se_both)
     later, se_later = _launches_relative(c, more, ref, ref_se, wobble)
     regressed = (worse_by(c.direction, both) > tolerance and _screened(c, later, se_later)
                  and worse_by(c.direction, both + ref) > FLAG_FLOOR_SHARE * c.floor)
@@ -277,9 +277,9 @@ def judge_session(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] 
                 launches = (f"; relaunched {len(more)} time(s) (its first launch {fmt_pct(math.expm1(relative))} "
                             f"relative was beyond the screen): the relaunches {fmt_pct(math.expm1(later))}, all "
                             f"{len(more) + 1} launches {fmt_pct(math.expm1(judged))}")
-                z = t_quantile(Z_RELAUNCHED, dof)
+                z = t_widened_z(Z_RELAUNCHED, dof)
             else:
-                z = t_quantile(Z_SESSION, dof)
+                z = t_widened_z(Z_SESSION, dof)
                 tolerance = max(c.floor, z * se)
                 regressed = (worse_by(c.direction, relative) > tolerance
                              and worse_by(c.direction, c.shift) > FLAG_FLOOR_SHARE * c.floor)

@@ -24,7 +24,7 @@ from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.metrics import TOKENS_PER_VERIFY
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch, SearchPlan
 from pytest_ddtree.records.shapes import RepeatData, WorkloadData
 
@@ -242,8 +242,8 @@ def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: 
 
 
 #: A rate probe's figures kept with it (medians over its counted repeats).
-PROBE_FIGURES = ("request_throughput", "output_throughput", "request_goodput", "slo_attainment", "p99_ttft_ms",
-                 "p99_tpot_ms", "p99_e2e_latency_ms", "median_tpot_ms", "ddtree_median_request_output_throughput",
+PROBE_FIGURES = ("request_throughput", OUTPUT_THROUGHPUT, REQUEST_GOODPUT, "slo_attainment", "p99_ttft_ms",
+                 "p99_tpot_ms", "p99_e2e_latency_ms", "median_tpot_ms", PER_REQUEST_OUTPUT_THROUGHPUT,
                  TOKENS_PER_VERIFY)
 
 
@@ -436,7 +436,7 @@ def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
 
 
 def _primary(result: load.CellResult) -> float | None:
-    value = result.metrics()["output_throughput"]
+    value = result.metrics()[OUTPUT_THROUGHPUT]
     return float(value) if result.valid and isinstance(value, (int, float)) else None
 
 
@@ -469,7 +469,7 @@ def spoiled_evidence(run: stats.CellRun[load.CellResult]) -> list[str]:
     """Each spoiled repeat of ``run``: its index, output tok/s and why it was not counted."""
     out = []
     for i, why in sorted(run.spoiled.items()):
-        tok_s = run.samples[i].metrics().get("output_throughput")
+        tok_s = run.samples[i].metrics().get(OUTPUT_THROUGHPUT)
         shown = f", output tok/s {tok_s:.1f}" if stats.is_number(tok_s) else ""
         out.append(f"repeat {i}{shown}: {why}")
     return out
@@ -483,7 +483,7 @@ def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, A
 
 
 #: Gated metrics that exist only against an SLO: a session without one does not judge them.
-SLO_METRICS = ("request_goodput",)
+SLO_METRICS = (REQUEST_GOODPUT,)
 
 
 def judged_baseline(baseline_cell: Any, slo: SLO | None) -> dict[str, Any] | None:

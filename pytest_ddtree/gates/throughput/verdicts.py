@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT
 from pytest_ddtree.measure import stats
 from pytest_ddtree.report.text import TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import CellVerdictData, MetricVerdictData
@@ -73,11 +74,11 @@ class MetricSpec:
 #: What the gate checks. Throughput is the headline; acceptance catches a drafter/verify
 #: change even when the clock hides it; TTFT p50 catches prefill/scheduling regressions.
 GATED_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("output_throughput", "higher", 0.05, "tok/s", "output tok/s"),
+    MetricSpec(OUTPUT_THROUGHPUT, "higher", 0.05, "tok/s", "output tok/s"),
     MetricSpec(TOKENS_PER_VERIFY, "higher", 0.03, "tok/step", "tokens per verify step", day_shift=0.01),
-    MetricSpec("median_ttft_ms", "lower", 0.25, "ms", "TTFT p50"),
+    MetricSpec(MEDIAN_TTFT_MS, "lower", 0.25, "ms", "TTFT p50"),
     # only where an SLO is set (--ddtree-slo, a matrix or profile slo:): good requests per second
-    MetricSpec("request_goodput", "higher", 0.05, "req/s", "goodput"),
+    MetricSpec(REQUEST_GOODPUT, "higher", 0.05, "req/s", "goodput"),
 )
 
 
@@ -86,7 +87,7 @@ SPECS: dict[str, MetricSpec] = {s.key: s for s in GATED_METRICS}
 
 #: Gate keys renamed since baselines were first written: old name -> current. A baseline file
 #: with the old key is read as the current one (and rewritten with it at the next bless).
-RENAMED_GATES = {"accept_length": TOKENS_PER_VERIFY}
+RENAMED_GATES = {ACCEPT_LENGTH: TOKENS_PER_VERIFY}
 
 
 #: Statuses that fail a cell's test.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import charts, model
 from pytest_ddtree.atomicfile import write_atomic
@@ -156,8 +157,8 @@ def build_html(
         live.total = len(gate_rows)
     runtime = charts.plotly_runtime()
     figures: dict[str, Any] = {}
-    output_panels = charts.sweep_panels(cells, "output_throughput", "output tok/s")
-    request_panels = charts.sweep_panels(cells, "ddtree_median_request_output_throughput", "tok/s per request (median)")
+    output_panels = charts.sweep_panels(cells, OUTPUT_THROUGHPUT, "output tok/s")
+    request_panels = charts.sweep_panels(cells, PER_REQUEST_OUTPUT_THROUGHPUT, "tok/s per request (median)")
     pareto_panels = charts.pareto_panels(cells)
     for p in output_panels + request_panels + pareto_panels:
         figures[p["id"]] = p["figure"]

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import config_or_none, name_sort_key
 from pytest_ddtree.report.html.model import Cell, is_number
@@ -259,7 +260,7 @@ def depth_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
     return panels
 
 
-def repeats_figure(config: str, cells: Sequence[Cell], metric: str = "output_throughput") -> dict[str, Any] | None:
+def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THROUGHPUT) -> dict[str, Any] | None:
     """Each cell's repeats and its baseline's samples, relative to the baseline median, with the band.
 
     Relative (1.0 = the baseline median) so cells of very different speeds share one axis; the

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT
 from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import config_in_nodeid, config_or_none, name_sort_key
 from pytest_ddtree.records.words import GateStatus, RecordKind, Status
@@ -30,10 +31,10 @@ _GATE_OF_TEST = {"test_health": "health", "test_coding": "coding", "test_lossles
 
 #: Cell metrics shown in the sweep table: (key in results.json, header, digits).
 CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("output_throughput", "out tok/s", 1),
-    ("ddtree_median_request_output_throughput", "tok/s per request", 1),
+    (OUTPUT_THROUGHPUT, "out tok/s", 1),
+    (PER_REQUEST_OUTPUT_THROUGHPUT, "tok/s per request", 1),
     (report.TOKENS_PER_VERIFY, "tokens per verify", 2),
-    ("median_ttft_ms", "TTFT p50 ms", 1),
+    (MEDIAN_TTFT_MS, "TTFT p50 ms", 1),
     ("median_itl_ms", "ITL p50 ms", 2),
     ("median_e2e_latency_ms", "E2E p50 ms", 1),
 )
@@ -493,7 +494,7 @@ def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> li
     mine_keys = {(c.config, c.cell) for c in cells(payload)}
     for c in cells(other):
         if (c.config, c.cell) not in mine_keys:
-            out.append(Comparison(c.config, c.cell, "output_throughput", None, _median(c.samples.get("output_throughput") or []),
+            out.append(Comparison(c.config, c.cell, OUTPUT_THROUGHPUT, None, _median(c.samples.get(OUTPUT_THROUGHPUT) or []),
                                   None, Status.MISSING, "only in the other session"))
     return out
 
