@@ -270,20 +270,21 @@ def main() -> int:
             scenarios = [s for s in args.scenarios if s == "unchanged" or start < args.trials]
             jobs.append((shape, args.seed * 1_000_003 + si * 10_007 + ci, n, scenarios, args.configs, extra))
     t0 = time.monotonic()
-    parts: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with multiprocessing.Pool(max(1, args.jobs)) as pool:
-        for shape, part in pool.imap_unordered(_task, jobs):
-            for scenario, counts in part.items():
-                parts.setdefault(shape, {}).setdefault(scenario, []).append(counts)
-    print(f"{len(jobs)} tasks on {args.jobs} processes in {time.monotonic() - t0:.0f} s")
     ok = True
     figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "shapes": {}}
-    for shape in args.shapes:
-        merged = {k: _merge(v) for k, v in parts.get(shape, {}).items()}
-        figures["shapes"][shape] = merged
-        ok &= _print_shape(shape, merged, args.configs)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+    with multiprocessing.Pool(max(1, args.jobs)) as pool:
+        for shape in args.shapes:  # one shape at a time, printed and written as it is done
+            parts: dict[str, list[dict[str, Any]]] = {}
+            for _, part in pool.imap_unordered(_task, [j for j in jobs if j[0] == shape]):
+                for scenario, counts in part.items():
+                    parts.setdefault(scenario, []).append(counts)
+            merged = {k: _merge(v) for k, v in parts.items()}
+            figures["shapes"][shape] = merged
+            print(f"[{time.monotonic() - t0:.0f} s]", end=" ")
+            ok &= _print_shape(shape, merged, args.configs)
+            sys.stdout.flush()
+            if args.json:
+                args.json.write_text(json.dumps(figures, indent=2))
     return 0 if ok else 1
 
 

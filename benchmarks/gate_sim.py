@@ -15,6 +15,7 @@ recorder, baseline store and results folder; the one thing faked is what needs a
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import random
 import shutil
@@ -252,8 +253,16 @@ def _items(world: World) -> list[Any]:
             for c in world.configs for w in world.cells]
 
 
-_CONTROL_BODY = plugin.ddtree_control._get_wrapped_function()
-_SERVICE_BODY = plugin.ddtree_service._get_wrapped_function()
+def _body(fixture: Any) -> Any:
+    """A fixture's own function (pytest 8.4+: ``_get_wrapped_function``; earlier: ``__pytest_wrapped__``)."""
+    if hasattr(fixture, "_get_wrapped_function"):
+        return fixture._get_wrapped_function()
+    wrapped = getattr(fixture, "__pytest_wrapped__", None)
+    return wrapped.obj if wrapped is not None else fixture
+
+
+_CONTROL_BODY = _body(plugin.ddtree_control)
+_SERVICE_BODY = _body(plugin.ddtree_service)
 
 
 def _suite_test() -> Any:
@@ -304,6 +313,8 @@ def install() -> None:
     throughput.run_repeat = sim_run_repeat
     load.prompt_maker = lambda client, **kw: None  # type: ignore[assignment]
     setattr(baselines_mod, "read_yaml", _read_yaml_once)
+    # the simulation's files live in memory and die with it: no fsync (gVisor makes each one costly)
+    os.fsync = lambda fd: None
 
 
 def run_session(world: World, index: int, bless: bool, repeats: int = 3) -> SessionResult:

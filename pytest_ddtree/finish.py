@@ -243,15 +243,19 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
     throughput was measured (with the reason when there is no control)."""
-    from pytest_ddtree.gates.throughput import control
+    from pytest_ddtree.gates.throughput import control, control_policy
     from pytest_ddtree.report.text import normalize
 
     configs = normalize(records)
     if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):
         return None
     settings = session.settings
+    try:  # a process that took further launches of the control is judged at the later looks' z
+        z_uniform = control_policy.uniform_z(session.profile, control_policy.launches_of(records))
+    except (ProfileError, OSError):
+        z_uniform = control.Z_UNIFORM
     judgement = control.judge(records, configs, require_baselines=settings.require_baselines,
-                              update_mode=bool(settings.update_baselines))
+                              update_mode=bool(settings.update_baselines), z_uniform=z_uniform)
     for group in judgement.groups:
         for message in group.control_failures:
             outcome.failed_check(CHECK_CONTROL, f"control {message}")

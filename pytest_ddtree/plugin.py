@@ -630,10 +630,11 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     session, recorded and judged at session end (pytest_ddtree/gates/throughput/control.py); the profile's
     ``control_launches`` launches of it, half at the process's start. Yields what was done:
     ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
-    configs the session-end check flags are relaunched (``cells.relaunch_flagged``) and the
+    configs the session-end check flags are relaunched (``cells.relaunch_flagged``), the
     control's other half is measured after a process of several configs (its launches at the end),
-    unless the run was stopped."""
-    from pytest_ddtree.gates.throughput import control
+    and further launches of it only while the uniform shift is inconclusive, up to the profile's
+    ``control_max_launches`` (``control_policy.further_launches``), unless the run was stopped."""
+    from pytest_ddtree.gates.throughput import control, control_policy
     from pytest_ddtree.gates.throughput.cells import relaunch_flagged
 
     cells = control.cells_of(request.session.items)
@@ -644,6 +645,8 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     relaunch_flagged(ddtree_session, request.session.items)
     if done == "measured" and control.wants_end_launch(ddtree_session.recorder.records):
         control.measure_launches(ddtree_session, cells, control.END)
+    if done == "measured":
+        control_policy.further_launches(ddtree_session, cells)
 
 
 @pytest.fixture

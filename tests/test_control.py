@@ -303,13 +303,13 @@ def test_a_bless_keeps_each_sessions_launch_count_and_a_bad_count_is_refused() -
 
 def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_all(
         pytester: pytest.Pytester, repo_root: Path) -> None:
-    """Through the plugin in one process: ``control_launches: 3`` and one config measure the control
+    """Through the plugin in one process: ``bless_control_launches: 3`` and one config measure the control
     twice at the process's start (the third would be at its end, after three configs or more), each
     a fresh launch of the reference, and the bless writes both launches' samples with their count."""
     matrix = pytester.path / "configs.yaml"
     matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
-    profile = reference_profile(pytester.path, clock_scale=5, control_launches=3)
+    profile = reference_profile(pytester.path, clock_scale=5, control_launches=3, bless_control_launches=3)
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
         f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",

@@ -131,6 +131,8 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "lossless_args": ((str, type(None)), False),
     "control": ((str, type(None)), False),
     "control_launches": (int, False),
+    "control_max_launches": (int, False),
+    "bless_control_launches": (int, False),
     "relaunch_flagged": (bool, False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
@@ -507,6 +509,8 @@ class _Behaviour(TypedDict):
     lossless_args: str | None
     control: str | None
     control_launches: int
+    control_max_launches: int
+    bless_control_launches: int
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
@@ -550,6 +554,27 @@ def _parse_control_launches(raw: Mapping[str, Any], control: str | None, relaunc
     return int(n)
 
 
+def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bool, fail: _Fail) -> tuple[int, int]:
+    """``control_max_launches`` (the launch policy's cap in a judged process, at least
+    ``control_launches``) and ``bless_control_launches``; a service that cannot be relaunched keeps
+    its one launch of the control for both."""
+    out = []
+    for key, default, least in (("control_max_launches", max(launches, int(_DEFAULTS["control_max_launches"])), launches),
+                                ("bless_control_launches", int(_DEFAULTS["bless_control_launches"]), 1)):
+        if key not in raw:
+            out.append(default if relaunchable else launches if key == "control_max_launches" else 1)
+            continue
+        n = raw[key]
+        if not least <= n <= MAX_CONTROL_LAUNCHES:
+            raise fail(key, f"must be a whole number from {least} to {MAX_CONTROL_LAUNCHES}"
+                            f"{' (control_launches is ' + str(launches) + ')' if key == 'control_max_launches' else ''}, got {n}")
+        if n > (launches if key == "control_max_launches" else 1) and not relaunchable:
+            raise fail(key, "an external service or a pool of URLs cannot be relaunched, so its control cannot be "
+                            f"launched more than once: leave {key} out")
+        out.append(int(n))
+    return out[0], out[1]
+
+
 def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
     """How the harness treats the service: the lossless check, the control, relaunches,
     readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
@@ -569,6 +594,7 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
             raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
     relaunchable = controller != "external" and not isinstance(pool, tuple)
     control_launches = _parse_control_launches(raw, control, relaunchable, fail)
+    control_max_launches, bless_control_launches = _parse_more_launches(raw, control_launches, relaunchable, fail)
     relaunch_flagged = raw.get("relaunch_flagged", relaunchable)
     if relaunch_flagged and not relaunchable:
         raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
@@ -584,6 +610,8 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
         lossless_args=raw.get("lossless_args"),
         control=control,
         control_launches=control_launches,
+        control_max_launches=control_max_launches,
+        bless_control_launches=bless_control_launches,
         relaunch_flagged=bool(relaunch_flagged),
         health_path=health_path,
         ready_timeout_s=_seconds(raw, "ready_timeout_s"),

@@ -67,8 +67,14 @@ def valid_value_template(template: object) -> bool:
     return "{" not in rest and "}" not in rest
 
 
-#: A profile's ``control_launches`` when it does not set them: one at the process's start, one at its end.
-DEFAULT_CONTROL_LAUNCHES = 2
+#: A profile's ``control_launches`` when it does not set them: two at the process's start, one at its end
+#: (the start's launches bound how much of one launch's shift the drift-cancelling mean keeps: 1 / (4 x n_start)).
+DEFAULT_CONTROL_LAUNCHES = 3
+#: The most launches of the control the launch policy takes in a judged process (``control_max_launches``):
+#: further launches at its end only while the uniform shift is inconclusive (gates/throughput/control_policy.py).
+DEFAULT_CONTROL_MAX_LAUNCHES = 11
+#: Launches of the control in a bless (``bless_control_launches``), half at its start and half at its end.
+DEFAULT_BLESS_CONTROL_LAUNCHES = 10
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,13 @@ class ServiceProfile:
     #: each averages away more of one launch's own speed shift, at the cost of one restart and the
     #: control's cells; the uniform shift's standard error shrinks with them (docs/benchmarks.md).
     control_launches: int = DEFAULT_CONTROL_LAUNCHES
+    #: At most this many launches of the control in a judged process: after its ``control_launches``
+    #: the launch policy takes further ones at its end, a few at a time, only while the session's
+    #: uniform shift is inconclusive (gates/throughput/control_policy.py); = control_launches: never.
+    control_max_launches: int = DEFAULT_CONTROL_MAX_LAUNCHES
+    #: Launches of the control in a bless, half at its start and half at its end: each later session's
+    #: uniform shift carries the blessed sessions' share of one launch's shift (1 for an external service).
+    bless_control_launches: int = DEFAULT_BLESS_CONTROL_LAUNCHES
     #: Configs the session-end check flags are launched once more at the end of their process and
     #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
     relaunch_flagged: bool = True

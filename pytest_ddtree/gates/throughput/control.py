@@ -260,11 +260,13 @@ def _count(n: int, one: str, many: str) -> str:
 
 
 def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
-          require_baselines: bool = False, update_mode: bool = False) -> ControlJudgement:
+          require_baselines: bool = False, update_mode: bool = False, z_uniform: float = Z_UNIFORM) -> ControlJudgement:
     """The control's verdict, each config's speedup over it and the session's uniform shift.
 
     ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
-    ``configs``: the configs' throughput records (``report.normalize``)."""
+    ``configs``: the configs' throughput records (``report.normalize``); ``z_uniform``: the standard
+    errors a uniform slowdown must pass (``control_policy.uniform_z``: more where the launch policy
+    looked more than once, so the looks together spend no more than their error budget)."""
     control = records_mod.control_judged(records)
     if not control:
         reasons = sorted({r["reason"] for r in records_mod.control_unavailable(records)})
@@ -277,13 +279,13 @@ def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
     for name, members in sorted(groups.items()):
         out.groups.append(_judge_group(name, members, [c for c in configs if group_of(c) == name],
                                        require_baselines, update_mode,
-                                       [r for r in relaunches if group_of(r) == name]))
+                                       [r for r in relaunches if group_of(r) == name], z_uniform))
     return out
 
 
 def _judge_group(name: str, control: list[ControlJudgedData], configs: list[MeasuredCellData],
                  require_baselines: bool, update_mode: bool,
-                 relaunches: Sequence[MeasuredCellData] = ()) -> GroupJudgement:
+                 relaunches: Sequence[MeasuredCellData] = (), z_uniform: float = Z_UNIFORM) -> GroupJudgement:
     cells = sorted({str(r.get("cell")) for r in control})
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
@@ -310,7 +312,7 @@ def _judge_group(name: str, control: list[ControlJudgedData], configs: list[Meas
         g.lines.extend("  control " + f for f in g.control_failures)
     speculative_moved = False
     if ctl is not None and moves:
-        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, share, wobble, day, control_moved)
+        speculative_moved = _judge_uniform_shift(g, ctl, moves, n_ctl, share, wobble, day, control_moved, z_uniform)
     elif not moves:
         g.lines.append("  no speculative config of this host was judged with a common change (3 or more cells "
                        "with baselines): no uniform shift")
@@ -402,7 +404,7 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: floa
 
 
 def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Move], n_ctl: int, share: float,
-                         wobble: float, day: float, control_moved: bool) -> bool:
+                         wobble: float, day: float, control_moved: bool, z_uniform: float = Z_UNIFORM) -> bool:
     """The speculative configs' common move, from their speedups over the control and their change
     against the blessed days (weighted by their noise); a uniform slowdown while the control held
     fails the group. Whether the speculative configs moved."""
@@ -431,7 +433,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     uniform = w * over_control + (1.0 - w) * configs_moved
     g.uniform_shift = math.expm1(uniform)
     g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
-    g.uniform_tolerance = max(UNIFORM_FLOOR, Z_UNIFORM * se)
+    g.uniform_tolerance = max(UNIFORM_FLOOR, z_uniform * se)
     g.uniform_parts = {"over_control": math.expm1(over_control), "over_control_weight": w,
                        "against_blessed_days": math.expm1(configs_moved), "control_launches": n_ctl, "control_launch_share": share,
                        "launch_spread": wobble, "day_spread": day}
@@ -442,7 +444,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     g.lines.append(
         f"  uniform shift of the {_count(len(moves), 'speculative config', 'speculative configs')}: "
         f"{_pct(g.uniform_shift)} (95% interval {_pct(g.uniform_interval[0])} to {_pct(g.uniform_interval[1])}). "
-        f"It counts beyond {g.uniform_tolerance:.1%}: {Z_UNIFORM:g} times its standard error, never less than "
+        f"It counts beyond {g.uniform_tolerance:.1%}: {z_uniform:.3g} times its standard error, never less than "
         f"{UNIFORM_FLOOR:.1%}. It weighs their median speedup change over the control "
         f"({_pct(math.expm1(over_control))}, weight {w:.0%}) against their median change against the blessed days "
         f"({_pct(math.expm1(configs_moved))}, weight {1 - w:.0%}), each by its noise (launch-to-launch spread "
@@ -495,9 +497,10 @@ def launches_at(profile_launches: int, at: str) -> int:
     return (profile_launches + 1) // 2 if at == START else profile_launches // 2
 
 
-def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START) -> str:
+def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START, count: int | None = None) -> str:
     """The control's launches of this process at ``at`` (``launches_at`` of the profile's
-    ``control_launches``), each a fresh launch measured on every cell (``measure``); returns
+    ``control_launches``, a bless's ``bless_control_launches``; ``count`` launches where given: the
+    launch policy's further ones), each a fresh launch measured on every cell (``measure``); returns
     ``measured`` when the process has a launch of the control measured, else what its first did
     (``unavailable``, ``off``, ``no throughput cells``). Each launch
     after the first costs one more restart of the service and the control's cells.
@@ -509,7 +512,9 @@ def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: 
     earlier = {r.get("control_launch") for r in session.recorder.records
                if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
     first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
-    count = launches_at(session.profile.control_launches, at)
+    if count is None:  # a bless: its own number of launches (each later session compares with their mean)
+        launches = session.profile.bless_control_launches if session.settings.update_baselines else session.profile.control_launches
+        count = launches_at(launches, at)
     done = "off"
     for launch in range(first, first + count):
         outcome = measure(session, cells, launch, at)

@@ -1,0 +1,144 @@
+"""The control's launch policy (gates/throughput/control_policy.py): further launches of the control
+only while the uniform shift is inconclusive, with the later looks judged at a stricter z."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from pathlib import Path
+from statistics import NormalDist
+
+import pytest
+import yaml
+
+from pytest_ddtree.gates.throughput import control, control_policy
+from pytest_ddtree.service.profile import ProfileError, load_profile
+from pytest_ddtree.service.validated_profile import ServiceProfile
+from tests.suite_helpers import reference_profile
+
+
+def _profile(tmp_path: Path, **overrides: Any) -> ServiceProfile:
+    """The reference profile with ``overrides``, without its own launch-policy keys (the defaults apply)."""
+    path = reference_profile(tmp_path, **overrides)
+    raw = yaml.safe_load(path.read_text())
+    for key in ("control_launches", "control_max_launches", "bless_control_launches"):
+        if key not in overrides:
+            raw.pop(key, None)
+    path.write_text(yaml.safe_dump(raw))
+    return load_profile(path)
+
+
+def test_the_looks_are_the_profiles_launches_then_a_step_at_a_time_up_to_its_cap(tmp_path: Path) -> None:
+    assert control_policy.planned_looks(_profile(tmp_path, control_launches=3, control_max_launches=11)) == [3, 11]
+    assert control_policy.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=16)) == [2, 10, 16]
+    assert control_policy.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=2)) == [2]
+
+
+def test_the_later_looks_share_the_first_looks_error_so_the_sequence_spends_at_most_twice_it(tmp_path: Path) -> None:
+    alpha = NormalDist().cdf(-control.Z_UNIFORM)
+    two = _profile(tmp_path, control_launches=3, control_max_launches=11)
+    assert control_policy.uniform_z(two, 3) == control.Z_UNIFORM  # the first look: the rule without the policy
+    assert control_policy.uniform_z(two, 11) == pytest.approx(control.Z_UNIFORM)  # one later look: alpha again
+    three = _profile(tmp_path, control_launches=2, control_max_launches=16)  # two later looks: alpha / 2 each
+    z = control_policy.uniform_z(three, 10)
+    assert NormalDist().cdf(-z) == pytest.approx(alpha / 2) and z > control.Z_UNIFORM
+    assert control_policy.uniform_z(_profile(tmp_path, control_launches=2, control_max_launches=2), 2) == control.Z_UNIFORM
+
+
+def _group(shift: float, tolerance: float, failed: bool = False) -> control.ControlJudgement:
+    g = control.GroupJudgement("hw@node", "non-speculative launch", 3, uniform_shift=math.expm1(-shift),
+                               uniform_tolerance=tolerance, failed=failed)
+    return control.ControlJudgement(True, groups=[g])
+
+
+@pytest.mark.parametrize(("slower", "failed", "more"), [
+    (0.030, False, True),   # beyond half the 4% tolerance, not beyond it: more launches can decide
+    (0.041, False, False),  # beyond it: the look fails the session, nothing to add
+    (0.015, False, False),  # within half of it: an unchanged session, it passes
+    (-0.030, False, False),  # faster: the uniform shift fails only a slowdown
+    (0.030, True, False),   # the group failed already (its control's own cells)
+])
+def test_a_look_continues_only_between_half_the_tolerance_and_the_tolerance(slower: float, failed: bool, more: bool) -> None:
+    assert control_policy.inconclusive(_group(slower, 0.04, failed)) is more
+
+
+def test_the_launches_of_the_control_are_counted_per_process() -> None:
+    records = [{"kind": control.CONTROL_RECORD, "worker": "gw0", "control_launch": n, "cell": c}
+               for n in (1, 2, 3) for c in ("c1", "c2")]
+    records += [{"kind": control.CONTROL_RECORD, "worker": "gw1", "control_launch": 1, "cell": "c1"},
+                {"kind": "throughput", "worker": "gw1", "control_launch": 7}]
+    assert control_policy.launches_of(records) == 3
+    assert control_policy.launches_of([]) == 0
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"control_launches": 3, "control_max_launches": 2}, r"control_max_launches: must be a whole number from 3 to 16 \(control_launches is 3\), got 2"),
+    ({"bless_control_launches": 0}, r"bless_control_launches: must be a whole number from 1 to 16, got 0"),
+    ({"pool": ["http://127.0.0.1:30000"], "control_launches": 1, "control_max_launches": 4},
+     r"control_max_launches: an external service or a pool of URLs cannot be relaunched"),
+    ({"pool": ["http://127.0.0.1:30000"], "control_launches": 1, "bless_control_launches": 2},
+     r"bless_control_launches: an external service or a pool of URLs cannot be relaunched"),
+])
+def test_the_launch_policys_keys_are_checked(tmp_path: Path, changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        _profile(tmp_path, **changes)
+
+
+def test_a_pool_of_urls_keeps_one_launch_of_the_control_for_the_policy_and_the_bless(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, pool=["http://127.0.0.1:30000"], control_launches=1)
+    assert (profile.control_max_launches, profile.bless_control_launches) == (1, 1)
+    defaults = _profile(tmp_path)  # a GPU profile's: two at the start and one at the end, up to 11, a bless 10
+    assert (defaults.control_launches, defaults.control_max_launches, defaults.bless_control_launches) == (3, 11, 10)
+
+
+def _records(results: Path, kind: str) -> list[dict[str, object]]:
+    return [r for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()
+            if (r := json.loads(line)).get("kind") == kind]
+
+
+def _run(pytester: pytest.Pytester, repo_root: Path, profile: Path, matrix: Path, *args: str) -> pytest.RunResult:
+    results = pytester.path / "results"
+    if results.exists():
+        import shutil
+
+        shutil.rmtree(results)
+    return pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
+        f"--ddtree-results={results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider", *args, timeout=240)
+
+
+@pytest.mark.slow  # a bless and two judged sessions of the reference engine
+def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclusive(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """Through the plugin in one process (one config, three cells): an unchanged judged session
+    takes no further launch of the control; then the config's blessed output tok/s is raised so
+    that its uniform shift lands between half its tolerance and the tolerance, and the next session
+    measures the control again at its end, up to the profile's control_max_launches (4), and says
+    so in the control's section."""
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+                      + "".join(f"  - {{name: c{i}_tiny, concurrency: {i}, context_tokens: 32, requests: {2 * i}, "
+                                f"warmup_requests: 1}}\n" for i in (1, 2, 4)))
+    profile = reference_profile(pytester.path, clock_scale=5, control_launches=2, control_max_launches=4)
+    _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines").assert_outcomes(passed=3)
+    result = _run(pytester, repo_root, profile, matrix)
+    results = pytester.path / "results"
+    assert {r.get("control_launch") for r in _records(results, control.CONTROL_RECORD)} == {1}, result.stdout.str()
+    (group,) = json.loads((results / "results.json").read_text())["control"]["groups"]
+    shift, tolerance = math.log1p(group["uniform_shift"]), group["uniform_tolerance"]
+    assert -0.5 * tolerance < shift, group  # unchanged: within half its tolerance
+    # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it
+    path = pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml"
+    data = yaml.safe_load(path.read_text())
+    factor = math.exp(shift + 0.75 * tolerance)
+    for cell in data["metrics"].values():
+        for s in cell["gates"]["output_throughput"]["sessions"]:
+            s["samples"] = [v * factor for v in s["samples"]]
+    path.write_text(yaml.safe_dump(data))
+    result = _run(pytester, repo_root, profile, matrix)
+    measured = _records(results, control.CONTROL_RECORD)
+    assert {r.get("control_launch") for r in measured} == {1, 2, 3, 4}, result.stdout.str()
+    assert {r.get("control_at") for r in measured if r.get("control_launch") != 1} == {control.END}
+    result.stdout.fnmatch_lines(["*control output tok/s against its baseline*over 4 launches this session*"])
