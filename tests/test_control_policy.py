@@ -129,16 +129,38 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     (group,) = json.loads((results / "results.json").read_text())["control"]["groups"]
     shift, tolerance = math.log1p(group["uniform_shift"]), group["uniform_tolerance"]
     assert -0.5 * tolerance < shift, group  # unchanged: within half its tolerance
-    # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it
+    # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it; the
+    # engine's speed wanders on a loaded box, so a session whose first look missed the band is retried
     path = pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml"
-    data = yaml.safe_load(path.read_text())
-    factor = math.exp(shift + 0.75 * tolerance)
-    for cell in data["metrics"].values():
-        for s in cell["gates"]["output_throughput"]["sessions"]:
-            s["samples"] = [v * factor for v in s["samples"]]
-    path.write_text(yaml.safe_dump(data))
-    result = _run(pytester, repo_root, profile, matrix)
-    measured = _records(results, control.CONTROL_RECORD)
-    assert {r.get("control_launch") for r in measured} == {1, 2, 3, 4}, result.stdout.str()
-    assert {r.get("control_at") for r in measured if r.get("control_launch") != 1} == {control.END}
-    result.stdout.fnmatch_lines(["*control output tok/s against its baseline*over 4 launches this session*"])
+    for _ in range(3):
+        data = yaml.safe_load(path.read_text())
+        factor = math.exp(shift + 0.75 * tolerance)
+        for cell in data["metrics"].values():
+            for s in cell["gates"]["output_throughput"]["sessions"]:
+                s["samples"] = [v * factor for v in s["samples"]]
+        path.write_text(yaml.safe_dump(data))
+        result = _run(pytester, repo_root, profile, matrix)
+        first, more = _first_look(results)
+        (group,) = first.groups
+        assert group.uniform_shift is not None and group.uniform_tolerance is not None, first.text()
+        shift, tolerance = math.log1p(group.uniform_shift), group.uniform_tolerance
+        measured = _records(results, control.CONTROL_RECORD)
+        if not control_policy.inconclusive(first):  # decided at its first look: no further launch
+            assert more == set(), result.stdout.str()
+            continue
+        assert {r.get("control_launch") for r in measured} == {1, 2, 3, 4}, result.stdout.str()
+        assert {r.get("control_at") for r in measured if r.get("control_launch") != 1} == {control.END}
+        result.stdout.fnmatch_lines(["*control output tok/s against its baseline*over 4 launches this session*"])
+        return
+    pytest.fail("no session's first look landed between half the tolerance and the tolerance")
+
+
+def _first_look(results: Path) -> tuple[control.ControlJudgement, set[object]]:
+    """The session's uniform shift as the policy's first look judged it (the control's first launch
+    only), and the control's further launches."""
+    from pytest_ddtree.report.text import normalize
+
+    records = [json.loads(line) for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()]
+    first = [r for r in records if r.get("kind") != control.CONTROL_RECORD or r.get("control_launch") == 1]
+    more = {r.get("control_launch") for r in records if r.get("kind") == control.CONTROL_RECORD} - {1}
+    return control.judge(first, normalize(first)), more
