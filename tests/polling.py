@@ -13,14 +13,16 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
+def wait_until(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str],
+               interval: float = 0.02) -> T:
     """The first truthy value of ``condition()``; AssertionError naming ``what`` after ``timeout`` s.
-    (A condition that answers None until it holds gives its value without the None.)"""
+    (A condition that answers None until it holds gives its value without the None.) ``what`` may
+    be a function, called at the timeout: a message with what the state was then (a log's tail)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         time.sleep(interval)

@@ -10,12 +10,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import requests
+from typing import Any, Iterator
 
+import pytest
+import requests
+import yaml
+
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.pool import free_port  # one port-picking policy for tests and harness
+from pytest_ddtree.service.process import live_process_groups
+from pytest_ddtree.service.profile import ServiceProfile, parse_profile
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,21 +82,22 @@ class RefServer:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 30.0) -> RefServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                if "Address already in use" in self.log() and self._attempts < self.PORT_ATTEMPTS:
-                    self._log.close()
-                    self._launch()
-                    continue
-                raise RuntimeError(f"refserver exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.03)
-        raise RuntimeError(f"refserver not ready after {timeout} s:\n{self.log()[-3000:]}")
+        wait_until(self._healthy, timeout, lambda: f"refserver {self.url} to be ready:\n{self.log()[-3000:]}", interval=0.03)
+        return self
+
+    def _healthy(self) -> bool:
+        """Whether /health answers 200; a start that lost its port to another process starts again
+        on a fresh one (up to ``PORT_ATTEMPTS``), any other exit is an error with the log."""
+        if self.proc.poll() is not None:
+            if "Address already in use" in self.log() and self._attempts < self.PORT_ATTEMPTS:
+                self._log.close()
+                self._launch()
+                return False
+            raise RuntimeError(f"refserver exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        try:
+            return requests.get(self.url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
 
     def get(self, path: str, **kw: object) -> requests.Response:
         return requests.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)  # type: ignore[arg-type]
@@ -122,3 +131,24 @@ def start_many(specs: dict[str, list[str]], log_dir: Path) -> dict[str, RefServe
             s.stop()
         raise
     return servers
+
+
+REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
+
+BS8_B8_K4 = parse_config_name("bs8_b8_k4")
+
+
+def ref_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
+    raw = yaml.safe_load(REFERENCE.read_text())
+    raw["command"] = raw["command"] + (" " + extra if extra else "")
+    raw.update(overrides)
+    return parse_profile(raw)
+
+
+@pytest.fixture
+def managers(tmp_path: Path) -> Iterator[list[ServiceManager]]:
+    made: list[ServiceManager] = []
+    yield made
+    for m in made:
+        m.close()
+    assert live_process_groups() == []

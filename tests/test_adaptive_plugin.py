@@ -22,8 +22,8 @@ from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import load_matrix, select_configs
 from pytest_ddtree.measure.load import workload_dict
 from pytest_ddtree.records.words import RecordKind, Status
-from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, reference_profile, run_suite
+from tests.adaptive_helpers import check_sweep, sweep_matrix
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -73,55 +73,6 @@ def test_a_prior_folder_may_be_a_results_root_of_session_folders(tmp_path: Path)
     check_prior_dirs([tmp_path])
 
 
-# -- end to end: the real plugin, real engines -------------------------------------------------
-SWEEP = {"block_size": 8, "budget": [4, 8, 12, 16], "topk": [4, 6], "window": ["default", "none"]}
-LIMIT_LINE = re.compile(r"adaptive sweep: (\d+) restarts spent \(service launches\) of (\d+) a full sweep would take")
-
-
-def _matrix(directory: Path, workloads: list[dict[str, Any]]) -> Path:
-    """The shipped 18-config matrix with this test's (few, short) cells."""
-    path = directory / "configs.yaml"
-    defaults = yaml.safe_load(MATRIX.read_text())["workload_defaults"]  # output length, prompts
-    path.write_text(yaml.safe_dump({"default": "bs8_b8_k4", "matrix": [SWEEP, "bs16_b16_k4", "bs16_b32_k8"],
-                                    "workload_defaults": defaults, "workloads": workloads}))
-    return path
-
-
-def _records(results: Path, kind: str) -> list[dict[str, Any]]:
-    return [r for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()
-            if (r := json.loads(line)).get("kind") == kind]
-
-
-def _check_sweep(result: pytest.RunResult, results: Path, limit: int, cells: int) -> dict[str, Any]:
-    """What every adaptive session must show: launches == the printed count (at most the limit:
-    the advisor stops early once every cell's best is decided), predicted rows with intervals in
-    results.json, recommendations among the measured configs."""
-    text = result.stdout.str()
-    printed = LIMIT_LINE.search(text)
-    assert printed, text[-3000:]
-    launches = [r for r in _records(results, "launch") if r.get("config") != REFERENCE_LABEL]
-    restarts = len(launches)
-    assert restarts == int(printed.group(1)) and 3 <= restarts <= limit, (restarts, printed.group(0))
-    assert int(printed.group(2)) == 18
-    payload: dict[str, Any] = json.loads((results / "results.json").read_text())
-    sweep = payload["adaptive_sweep"]
-    assert sweep["restarts"] == restarts == len(sweep["measured"])
-    assert sorted(sweep["measured"]) == sorted({r["config"] for r in launches})
-    predicted = payload["predicted"]
-    assert len(predicted) == (18 - restarts) * cells
-    for row in predicted:
-        low, high = row["output_throughput_interval"]
-        assert row["predicted"] is True and row["status"] == "predicted"
-        assert row["config"] not in sweep["measured"]
-        assert 0 < low <= row["output_throughput"] <= high
-    assert {r["config"] for r in payload["throughput"]} == set(sweep["measured"])  # predicted rows are apart
-    assert len(sweep["recommendations"]) == cells
-    assert all(rec["config"] in sweep["measured"] for rec in sweep["recommendations"])
-    assert f"{(18 - restarts) * cells} deselected" in text
-    assert text.count(" predicted\n") >= len(predicted)  # the sweep table's rows
-    return payload
-
-
 @pytest.mark.slow  # over 20 s on a 2-core box
 def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytester) -> None:
     """--ddtree-config=all --ddtree-max-restarts 6 with the bless flow on: six launches counted by
@@ -130,7 +81,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
     against a full sweep of the same engine are benchmarks/bench_advisor.py --end-to-end."""
     shipped = {w["name"]: w for w in yaml.safe_load(MATRIX.read_text())["workloads"]}
     cells = [shipped["c1_short"], shipped["c8_short"]]
-    matrix = _matrix(pytester.path, cells)
+    matrix = sweep_matrix(pytester.path, cells)
     results, baselines = pytester.path / "results", pytester.path / "baselines"
     # no control: it is not what the sweep plans, and measuring it at both ends of the session was a
     # third of this test's time (test_control.py has its own)
@@ -142,7 +93,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
     # the bless flow refuses a cell it cannot trust (a loaded box); nothing else may fail
     assert result.ret == 0 or failed or "not blessed:" in text, text[-3000:]
     assert all(f"{config} {cell}: not blessed, the measurement cannot be trusted" in text for cell, config in failed), text[-3000:]
-    payload = _check_sweep(result, results, limit=6, cells=len(cells))
+    payload = check_sweep(result, results, limit=6, cells=len(cells))
     assert payload["adaptive_sweep"]["restarts"] == 6  # two cells, 18 configs: not decided before the limit
     measured = set(payload["adaptive_sweep"]["measured"])
     blessed = {p.stem for p in (baselines / "refserver").glob("*.yaml")}

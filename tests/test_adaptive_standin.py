@@ -14,8 +14,8 @@ import pytest
 from pytest_ddtree.configs import load_matrix, select_configs
 from tests.fakes.standin_server import odd_tok_s  # the stand-in's own surface: the truth
 from tests.suite_helpers import run_suite
-from tests.test_adaptive_plugin import _check_sweep, _matrix
-from tests.test_upstream_standin import standin_profile
+from tests.adaptive_helpers import check_sweep, sweep_matrix
+from tests.service_helpers import standin_profile
 
 # the picks are judged on measured tok/s: take turns with other test runs on this machine
 pytestmark = pytest.mark.usefixtures("measurement_turn")
@@ -29,12 +29,12 @@ def test_a_cost_shape_outside_the_model_still_gets_picks_within_five_percent(pyt
     concurrencies = (1, 2, 4, 8, 16)
     cells = [{"name": f"c{n}", "concurrency": n, "context_tokens": 64, "output_tokens": 32,
               "requests": n, "warmup_requests": max(1, n // 2), "prompts": "coding"} for n in concurrencies]
-    matrix = _matrix(pytester.path, cells)
+    matrix = sweep_matrix(pytester.path, cells)
     profile = standin_profile(pytester.path, "--cost-shape odd")
     result = run_suite(pytester, profile, f"--ddtree-matrix={matrix}", "--ddtree-max-restarts", "8",
                        suite="test_throughput.py", config="all", timeout=400)
     assert result.ret == 0, result.stdout.str()[-3000:]
-    payload = _check_sweep(result, pytester.path / "results", limit=8, cells=len(cells))
+    payload = check_sweep(result, pytester.path / "results", limit=8, cells=len(cells))
     configs = {c.name: c for c in select_configs(["all"], load_matrix(matrix))}
 
     def truth(name: str, n: int) -> float:

@@ -421,6 +421,49 @@ note, text = f"output_throughput {x}", "the output_throughput of a cell"
     assert found == [(2, "median_ttft_ms"), (2, "output_throughput"), (3, "request_goodput"), (4, "accept_length")], found
 
 
+def _test_module_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of each import of a test module (``tests.test_*`` or a bare ``test_*``),
+    anywhere in the file (a function's lazy import included)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[-1].startswith("test_")
+                  and name.split(".")[0] in ("tests", name)]
+    return sorted(found)
+
+
+def test_no_test_module_imports_another(repo_root: Path) -> None:
+    """What two test modules share lives in a helper module of tests/ (``*_helpers.py``,
+    ``polling.py``), not in one of them: importing a test module ties the two files together (its
+    module-level set-up runs wherever it is imported, a rename there breaks tests elsewhere)."""
+    files = sorted((repo_root / "tests").rglob("*.py")) + sorted((repo_root / "suites").rglob("*.py")) \
+        + sorted((repo_root / "benchmarks").rglob("*.py"))
+    assert len(files) > 50, files
+    found = [f"{path.relative_to(repo_root)}:{line}: imports {module}"
+             for path in files for line, module in _test_module_imports(ast.parse(path.read_text()))]
+    assert not found, "move what is shared into a tests/ helper module:\n" + "\n".join(found)
+
+
+def test_the_test_import_scan_finds_imports_of_test_modules() -> None:
+    """The scan above must be able to fail: a from-import, a plain import, a lazy one."""
+    source = '''
+from tests.test_service import make_manager
+import tests.test_repro
+from tests.service_helpers import make_profile
+from pytest_ddtree.gates import throughput
+def f() -> None:
+    from tests.test_report import RECORDS
+    import test_local
+'''
+    found = _test_module_imports(ast.parse(source))
+    assert found == [(2, "tests.test_service"), (3, "tests.test_repro"), (7, "tests.test_report"), (8, "test_local")], found
+
+
 #: The modules that write, pass or read the session's records (records/shapes.py types them).
 _RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
                    "pytest_ddtree/records/recorder.py", "pytest_ddtree/records/sessionfolder.py", "pytest_ddtree/session.py",

@@ -16,39 +16,8 @@ import pytest
 
 from pytest_ddtree.service.base import AppliedConfigMismatch, AppliedDiff, ServiceError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
-from pytest_ddtree.service.profile import ProfileError, ServiceProfile, parse_profile
-from tests.test_service import APPLIED, BS8_B8_K4, BS8_B12_K6, CONFIG_ARGS, STANDIN, make_manager, pid_alive
-
-
-def command_profile(work: Path, extra: str = "", prefix: str = "", **overrides: Any) -> ServiceProfile:
-    work.mkdir(parents=True, exist_ok=True)
-    pid, rc, log = work / "pid", work / "rc", work / "svc.log"
-    raw: dict[str, Any] = {
-        "name": "standin-cmd",
-        "controller": "command",
-        "start": (
-            f"{prefix}rm -f {rc}; echo '{{name}} {{block_size}} {{budget}} {{topk}} {{window}} {{config_env}}' >> {work}/starts; "
-            f"setsid sh -c '{{python}} {STANDIN} --port {{port}} {{config_args}} {extra} > {log} 2>&1; echo $? > {rc}' "
-            f"< /dev/null > /dev/null 2>&1 & echo $! > {pid}"
-        ),
-        "status": f'if [ -e {rc} ]; then c=$(cat {rc}); echo "service exited with code $c"; [ "$c" -ne 0 ] && exit "$c"; exit 1; fi',
-        "stop": (
-            f"g=$(cat {pid}); kill -TERM -$g 2>/dev/null; "
-            f"for i in $(seq 50); do kill -0 -$g 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -$g 2>/dev/null; true"
-        ),
-        "logs": f"tail -n 40 {log}",
-        "restore": f"echo 'restore [{{config_args}}] {{url}}' >> {work}/restores",
-        "url": "http://127.0.0.1:{port}",
-        "port": "auto",
-        "config_args": CONFIG_ARGS,
-        "applied": APPLIED,
-        "env": {"SGLANG_X": "1"},
-        "ready_timeout_s": 15,
-        "stop_timeout_s": 2,
-        "command_timeout_s": 10,
-    }
-    raw.update(overrides)
-    return parse_profile(raw)
+from pytest_ddtree.service.profile import ProfileError, parse_profile
+from tests.service_helpers import APPLIED, BS8_B8_K4, BS8_B12_K6, CONFIG_ARGS, command_profile, make_manager, pid_alive
 
 
 def _group_alive(work: Path) -> bool:

@@ -27,9 +27,8 @@ from pytest_ddtree.service.base import ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.process import live_process_groups
 from tests.polling import wait_until
-from tests.refserver_helpers import RefServer
 from tests.suite_helpers import reference_profile, run_suite
-from tests.test_service_refserver import BS8_B8_K4, managers, ref_profile  # noqa: F401 (a fixture)
+from tests.refserver_helpers import BS8_B8_K4, RefServer, managers, ref_profile  # noqa: F401 (a fixture)
 
 DEADLINE_S = 2.0
 READY_S = 6.0  # readiness includes the engine's own start, a few seconds on a loaded box

@@ -66,7 +66,7 @@ def _assert_default_restored(host: FakeHost) -> None:
 
 def test_sweep_table_names_the_host_of_each_row() -> None:
     from pytest_ddtree.report import text as report
-    from tests.test_report import RECORDS
+    from tests.report_helpers import RECORDS
 
     fleet = [{**r, "host": f"ops@gpu-{i % 2}"} for i, r in enumerate(RECORDS)]
     lines = report.render_sweep_table(fleet).splitlines()
@@ -242,7 +242,7 @@ def test_crash_on_remote_host_reports_its_journal(ssh_fleet: SshFleet, tmp_path:
 
 def test_command_controller_runs_its_templates_on_the_host(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     from pytest_ddtree.service.pool import free_port
-    from tests.test_command import command_profile
+    from tests.service_helpers import command_profile
 
     fake, work = ssh_fleet.hosts[2], tmp_path / "svc"
     profile = command_profile(work, prefix=f'echo "$DDTREE_FAKE_SYSTEMD" > {work}/where; ', host=fake.target,

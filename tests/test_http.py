@@ -22,7 +22,7 @@ from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, ServiceUnr
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.pool import free_port
 from tests.loopback import served
-from tests.test_service import BS8_B8_K4, BS8_B12_K6, make_profile
+from tests.service_helpers import BS8_B8_K4, BS8_B12_K6, make_profile
 
 
 class _Counting(ThreadingHTTPServer):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_repro import expected_patched, make_site, patch_site
+from tests.repro_helpers import expected_patched, make_site, patch_site
 
 pytestmark = pytest.mark.usefixtures("measurement_alone")  # judged against the committed baselines: see tests/xdist_turns.py
 

@@ -194,11 +194,9 @@ def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, preexec_fn=default_sigint,
     )
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            if "READY" in line or time.monotonic() > deadline:
-                break
+        stdout = proc.stdout
+        assert stdout is not None
+        wait_until(lambda: (line := stdout.readline()) == "" or "READY" in line, 60, "the test's READY line", interval=0)
         assert _engine_processes(marker), "the engine should be running while the test sleeps"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

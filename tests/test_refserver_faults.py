@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.polling import wait_until
 from tests.refserver_helpers import RefServer, start_many
 
 FAST = ["--clock-scale", "200"]
@@ -119,22 +120,22 @@ def _start_phases(srv: RefServer, started: float, generate_refused: bool) -> tup
     """Seconds refused (port closed), then seconds answering 503, until health says 200."""
     first_answer = None
     codes: list[int] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
+        nonlocal first_answer
         try:
             code = srv.get("/health", timeout=2).status_code
         except requests.ConnectionError:  # the port is not open yet: normal
-            time.sleep(0.02)
-            continue
+            return False
         if first_answer is None:
             first_answer = time.monotonic()
             if generate_refused:  # a long warm-up: generation is refused too, with a message
                 r = srv.post("/generate", json=BODY)
                 assert r.status_code == 503 and r.json()["error"]["message"]
         codes.append(code)
-        if code == 200:
-            break
-        time.sleep(0.05)
+        return code == 200
+
+    wait_until(healthy, 60, lambda: f"/health to answer 200 (answers so far: {codes})")
     assert first_answer is not None and codes[-1] == 200, codes
     assert set(codes[:-1]) <= {503}  # never an error or a hang
     return first_answer - started, time.monotonic() - first_answer

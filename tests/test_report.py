@@ -8,32 +8,7 @@ from typing import Any
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.report import text as report
 from pytest_ddtree.records.words import Status, Verdict
-
-
-def _rec(config: str, conc: int, ctx: int, tps: float, accept: float, status: Verdict = Status.PASS,
-         change: float | None = 0.01, per_req: float | None = None) -> dict[str, Any]:
-    cell = f"c{conc}_{'short' if ctx < 1024 else f'{ctx // 1024}k'}"
-    repeat = {"output_throughput": tps, report.TOKENS_PER_VERIFY: accept, "median_ttft_ms": 12.0,
-              "ddtree_median_request_output_throughput": per_req or tps / conc, "completed": 4}
-    verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
-                                                                 message="m"),)).as_dict()
-    data = report.throughput_record(
-        config=config, cell=cell,
-        workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 64, "requests": 4, "prompts": "documents"},
-        repeats=[repeat, repeat, repeat], samples={"output_throughput": [tps] * 3},
-        measurement_status=Status.INVALID if status == Status.INVALID else Status.VALID, verdict=verdict,
-        problems=["request 1 failed: HTTP 500"] if status == Status.INVALID else [])
-    return {"kind": "throughput", "worker": "gw0", "time": 1.0, **data}
-
-
-RECORDS = [
-    _rec("bs8_b4_k4", 32, 128, 900.0, 3.9), _rec("bs8_b16_k4", 32, 128, 700.0, 4.8),
-    _rec("bs8_b4_k4", 1, 128, 80.0, 3.9), _rec("bs8_b16_k4", 1, 128, 95.0, 4.8),
-    _rec("bs8_b8_k4", 1, 128, 90.0, 4.7), _rec("bs8_b8_k4", 32, 128, 850.0, 4.7),
-    _rec("bs16_b16_k4", 1, 128, 96.0, 5.0, status=Status.REGRESSION, change=-0.09),
-    _rec("bs16_b16_k4", 32, 128, 10.0, 5.0, status=Status.INVALID),
-    {"kind": "coding", "config": "bs8_b8_k4", "status": "pass"},
-]
+from tests.report_helpers import RECORDS, throughput_rec
 
 
 def test_sweep_table_rows_and_order() -> None:
@@ -139,7 +114,7 @@ def test_one_config_recommends_nothing() -> None:
     alone = [r for r in RECORDS if r.get("config") == "bs8_b8_k4" and r.get("kind") == "throughput"]
     assert report.recommendations(alone) == []
     # an inconclusive cell takes no part: c32 then has one config left, and recommends nothing
-    shaky = [_rec("bs8_b4_k4", 32, 128, 900.0, 3.9, status=Status.INCONCLUSIVE), _rec("bs8_b16_k4", 32, 128, 700.0, 4.8),
-             _rec("bs8_b4_k4", 1, 128, 80.0, 3.9), _rec("bs8_b16_k4", 1, 128, 95.0, 4.8)]
+    shaky = [throughput_rec("bs8_b4_k4", 32, 128, 900.0, 3.9, status=Status.INCONCLUSIVE), throughput_rec("bs8_b16_k4", 32, 128, 700.0, 4.8),
+             throughput_rec("bs8_b4_k4", 1, 128, 80.0, 3.9), throughput_rec("bs8_b16_k4", 1, 128, 95.0, 4.8)]
     text = "\n".join(report.recommendations(shaky))
     assert "concurrency 32" not in text and "bs16_b16_k4" not in text

@@ -6,9 +6,7 @@ each test, patched, packaged, verified elsewhere and deployed onto a pristine co
 
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -17,15 +15,11 @@ import sys
 import types
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
 from pytest_ddtree.repro import (
     DiffError,
-    FailedTest,
-    LaunchRecord,
-    PackageRequest,
     ReproError,
     apply_unified_diff,
     check_package_dir_writable,
@@ -37,142 +31,10 @@ from pytest_ddtree.repro import (
 )
 from pytest_ddtree.repro import envsnap, writer
 from pytest_ddtree.repro.layout import kit_dir
-
-REPO = Path(__file__).resolve().parent.parent
-VERSION = "0.5.3"
-
-PRISTINE_FILES = {
-    "sglang/__init__.py": "__version__ = '0.5.3'\n",
-    "sglang/srt/__init__.py": "",
-    "sglang/srt/speculative/dflash_worker.py": "".join(f"line_{i} = {i}\n" for i in range(40)),
-    "sglang/srt/speculative/dflash_info.py": "class DFlashInfo:\n    block_size = 8\n\n\ndef f():\n    return 1",
-    "sglang/srt/layers/triton_backend.py": "import math\n\n\ndef attn(x):\n    return math.sqrt(x)\n",
-}
-PATCHED_CHANGES = {
-    "sglang/srt/speculative/dflash_worker.py": "".join(
-        (f"line_{i} = {i}  # ddtree\n" if i in (3, 30) else f"line_{i} = {i}\n") for i in range(40)
-    ) + "TREE = True\n",
-    # no trailing newline before and after: exercises the '\ No newline' marker
-    "sglang/srt/speculative/dflash_info.py": "class DFlashInfo:\n    block_size = 8\n    tree = True\n\n\ndef f():\n    return 2",
-}
-ADDED = {"sglang/srt/speculative/ddtree_utils.py": "def build_tree(budget):\n    return list(range(budget))\n"}
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def make_site(root: Path, version: str = VERSION) -> Path:
-    """A pristine site-packages with sglang-<version>.dist-info/{METADATA,RECORD}."""
-    site = root
-    site.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for rel, text in PRISTINE_FILES.items():
-        p = site / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
-        rows.append(f"{rel},{_record_hash(text.encode())},{len(text.encode())}")
-    di = site / f"sglang-{version}.dist-info"
-    di.mkdir()
-    meta = f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\nSummary: fake\n\nbody\n"
-    (di / "METADATA").write_text(meta, encoding="utf-8")
-    rows.append(f"{di.name}/METADATA,{_record_hash(meta.encode())},{len(meta)}")
-    rows.append(f"{di.name}/RECORD,,")
-    (di / "RECORD").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    # a compiled cache file that RECORD does not list: must not count as "added"
-    cache = site / "sglang/__pycache__/__init__.cpython-311.pyc"
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_bytes(b"\x00junk")
-    return site
-
-
-def patch_site(site: Path) -> None:
-    for rel, text in {**PATCHED_CHANGES, **ADDED}.items():
-        (site / rel).write_text(text, encoding="utf-8")
-
-
-def expected_patched() -> dict[str, str]:
-    return {**PRISTINE_FILES, **PATCHED_CHANGES, **ADDED}
-
-
-def make_results(root: Path) -> Path:
-    rd = root / "results"
-    rd.mkdir(parents=True)
-    (rd / "results.json").write_text(json.dumps({"configs": {"bs8_b8_k4": {"output_throughput": 897.0}}}), encoding="utf-8")
-    (rd / "results.md").write_text(
-        "| config | output tok/s | accept |\n| --- | --- | --- |\n| bs8_b8_k4 | 897.0 | 4.1 |\n", encoding="utf-8")
-    (rd / "records-gw0.jsonl").write_text('{"kind": "throughput", "config": "bs8_b8_k4"}\n', encoding="utf-8")
-    return rd
-
-
-def make_request(tmp: Path, out: Path, patches: dict[str, Any], **kw: Any) -> PackageRequest:
-    drafter = tmp / "hub/models--x--drafter/snapshots/abc123def"
-    drafter.mkdir(parents=True, exist_ok=True)
-    (drafter / "config.json").write_text(
-        json.dumps({"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8}), encoding="utf-8")
-    profile = {
-        "name": "k26-ddtree",
-        "controller": "systemd",
-        "unit": "sglang-k26.service",
-        "command": "python -m sglang.launch_server --port {port} {config_args}",
-        "draft_model_path": str(drafter),
-        "patches": patches,
-    }
-    args: dict[str, Any] = dict(
-        out_dir=out,
-        profile=profile,
-        profile_text="name: k26-ddtree\ncontroller: systemd\n# as given\n",
-        name="pkg",
-        launches=[
-            LaunchRecord("bs8_b8_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 8",
-                         {"CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "hf_secret"},
-                         "[Service]\nExecStart=\nExecStart=/usr/bin/python -m sglang.launch_server\n"),
-            LaunchRecord("bs8_b4_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 4"),
-        ],
-        systemd_unit_text="[Unit]\nDescription=sglang\n[Service]\nExecStart=/usr/bin/false\n",
-        results_dir=make_results(tmp) if not (tmp / "results").exists() else tmp / "results",
-        matrix=["bs8_b4_k4", "bs8_b8_k4"],
-        default_config="bs8_b8_k4",
-        recommended_config="bs8_b8_k4",
-        configs_run=["bs8_b4_k4", "bs8_b8_k4"],
-        failed_tests=[FailedTest("suites/test_coding.py::test_pass[bs8_b4_k4]", "3/5 passed, floor 4")],
-        command_line="pytest suites --ddtree-package out",
-    )
-    args.update(kw)
-    return PackageRequest(**args)
-
-
-@pytest.fixture(scope="module")
-def _snap_cache() -> dict[str, Any]:
-    return envsnap.snapshot_env()
-
-
-@pytest.fixture
-def fast_env(monkeypatch: pytest.MonkeyPatch, _snap_cache: dict[str, Any]) -> None:
-    """Reuse one real snapshot (pip freeze costs ~1 s) in tests that are not about the env."""
-    monkeypatch.setattr(writer, "snapshot_env", lambda environ=None, **kw: copy.deepcopy(_snap_cache))
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    pristine = make_site(tmp_path / "pristine")
-    installed = make_site(tmp_path / "installed")
-    patch_site(installed)
-    yield {"tmp": tmp_path, "pristine": pristine, "installed": installed, "out": tmp_path / "out"}
-
-
-def _dist_spec(w: dict[str, Path], pristine: Path | None = None) -> dict[str, Any]:
-    return {"distribution": "sglang", "site_packages": str(w["installed"]), "pristine": str(pristine or w["pristine"])}
-
-
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_ddtree.repro", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
+from tests.repro_helpers import (  # noqa: F401 (fixtures: fast_env, snap_cache, world)
+    ADDED, PATCHED_CHANGES, PRISTINE_FILES, REPO, VERSION, dist_spec, expected_patched, fast_env, file_tree, make_request,
+    make_site, repro_cli, snap_cache, world,
+)
 
 # --------------------------------------------------------------------------- diff applier
 
@@ -224,7 +86,7 @@ def test_diff_applier_rejects_mismatch_and_corruption() -> None:
 def test_round_trip_write_verify_deploy(world: dict[str, Path]) -> None:
     """The issue's 'done when': package, verify elsewhere, deploy (CLI and bash), twice."""
     tmp = world["tmp"]
-    report = write_package(make_request(tmp, world["out"], _dist_spec(world)))
+    report = write_package(make_request(tmp, world["out"], dist_spec(world)))
     assert report.ok, report.summary()
     pkg = world["out"] / "pkg"
     assert report.path == pkg
@@ -269,24 +131,24 @@ def test_round_trip_write_verify_deploy(world: dict[str, Path]) -> None:
     elsewhere = tmp / "elsewhere" / "pkg"
     shutil.copytree(pkg, elsewhere)
     target = make_site(tmp / "target")
-    proc = _cli("verify", str(elsewhere), "--site-packages", str(target))
+    proc = repro_cli("verify", str(elsewhere), "--site-packages", str(target))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 file(s) pristine" in proc.stdout
 
     # deploy via the CLI, twice
-    proc = _cli("deploy", str(elsewhere), "--site-packages", str(target), "--dry-run")
+    proc = repro_cli("deploy", str(elsewhere), "--site-packages", str(target), "--dry-run")
     assert proc.returncode == 0 and "would patch" in proc.stdout
     assert (target / "sglang/srt/speculative/dflash_worker.py").read_text() == PRISTINE_FILES[
         "sglang/srt/speculative/dflash_worker.py"]
     for _ in range(2):
-        proc = _cli("deploy", str(elsewhere), "--site-packages", str(target))
+        proc = repro_cli("deploy", str(elsewhere), "--site-packages", str(target))
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "nothing to do" in proc.stdout
     for rel, text in expected_patched().items():
         assert (target / rel).read_text() == text, rel
     assert (target / ".ddtree-backup/sglang/srt/speculative/dflash_worker.py").read_text() == PRISTINE_FILES[
         "sglang/srt/speculative/dflash_worker.py"]
-    assert _cli("verify", str(elsewhere), "--site-packages", str(target), "--no-env").returncode == 0
+    assert repro_cli("verify", str(elsewhere), "--site-packages", str(target), "--no-env").returncode == 0
 
     # deploy via the bash script for real, twice
     target2 = make_site(tmp / "target2")
@@ -300,14 +162,14 @@ def test_round_trip_write_verify_deploy(world: dict[str, Path]) -> None:
 
 
 def test_tampered_file_fails_verify_naming_it(world: dict[str, Path], fast_env: None) -> None:
-    assert write_package(make_request(world["tmp"], world["out"], _dist_spec(world))).ok
+    assert write_package(make_request(world["tmp"], world["out"], dist_spec(world))).ok
     pkg = world["out"] / "pkg"
     p = pkg / "patches/full/sglang/srt/speculative/dflash_worker.py"
     p.write_text(p.read_text() + "x = 1\n")
     report = verify_package(pkg)
     assert not report.ok
     assert any("patches/full/sglang/srt/speculative/dflash_worker.py" in prob for prob in report.problems)
-    proc = _cli("verify", str(pkg), "--no-env")
+    proc = repro_cli("verify", str(pkg), "--no-env")
     assert proc.returncode == 1 and "dflash_worker.py: sha256 does not match MANIFEST" in proc.stdout
     (pkg / "extra.txt").write_text("x")
     assert any("extra.txt: present but not listed" in prob for prob in verify_package(pkg).problems)
@@ -316,7 +178,7 @@ def test_tampered_file_fails_verify_naming_it(world: dict[str, Path], fast_env: 
 def test_corrupt_diff_fails_even_with_a_regenerated_manifest(world: dict[str, Path], fast_env: None) -> None:
     from pytest_ddtree.repro.verify import write_manifest
 
-    assert write_package(make_request(world["tmp"], world["out"], _dist_spec(world))).ok
+    assert write_package(make_request(world["tmp"], world["out"], dist_spec(world))).ok
     pkg = world["out"] / "pkg"
     d = pkg / "patches/diffs/sglang__srt__speculative__dflash_worker.py.diff"
     d.write_text(d.read_text().replace("+line_3 = 3  # ddtree", "+line_3 = 3  # tree"))
@@ -333,58 +195,58 @@ def test_corrupt_diff_fails_even_with_a_regenerated_manifest(world: dict[str, Pa
 
 
 def test_deploy_refuses_version_mismatch_and_foreign_files(world: dict[str, Path], fast_env: None) -> None:
-    assert write_package(make_request(world["tmp"], world["out"], _dist_spec(world))).ok
+    assert write_package(make_request(world["tmp"], world["out"], dist_spec(world))).ok
     pkg = world["out"] / "pkg"
     other = make_site(world["tmp"] / "other", version="0.5.4")
-    before = _tree(other)
-    proc = _cli("deploy", str(pkg), "--site-packages", str(other))
+    before = file_tree(other)
+    proc = repro_cli("deploy", str(pkg), "--site-packages", str(other))
     assert proc.returncode == 1 and "sglang 0.5.4 is installed" in proc.stderr and "0.5.3" in proc.stderr
     proc = subprocess.run(["bash", str(pkg / "deploy_patches.sh"), str(other)], capture_output=True, text=True)
     assert proc.returncode == 1 and "REFUSED" in proc.stderr and "0.5.4" in proc.stderr
-    assert _tree(other) == before
-    assert "deploy would refuse" in _cli("verify", str(pkg), "--site-packages", str(other), "--no-env").stdout
+    assert file_tree(other) == before
+    assert "deploy would refuse" in repro_cli("verify", str(pkg), "--site-packages", str(other), "--no-env").stdout
 
     # right version, but a file edited by someone else: refuse before touching anything
     edited = make_site(world["tmp"] / "edited")
     (edited / "sglang/srt/layers/triton_backend.py").write_text("changed\n")  # not a patched file: fine
     (edited / "sglang/srt/speculative/dflash_info.py").write_text("local edit\n")
-    before = _tree(edited)
-    proc = _cli("deploy", str(pkg), "--site-packages", str(edited))
+    before = file_tree(edited)
+    proc = repro_cli("deploy", str(pkg), "--site-packages", str(edited))
     assert proc.returncode == 1 and "neither the pristine nor the patched" in proc.stderr
     proc = subprocess.run(["bash", str(pkg / "deploy_patches.sh"), str(edited)], capture_output=True, text=True)
     assert proc.returncode == 1 and "neither the pristine nor the patched" in proc.stderr
-    assert _tree(edited) == before
+    assert file_tree(edited) == before
     # usage errors
-    assert _cli("deploy", str(pkg)).returncode == 2
-    assert _cli("verify", str(world["tmp"] / "nope")).returncode == 2
+    assert repro_cli("deploy", str(pkg)).returncode == 2
+    assert repro_cli("verify", str(world["tmp"] / "nope")).returncode == 2
     assert subprocess.run(["bash", str(pkg / "deploy_patches.sh")], capture_output=True).returncode == 2
 
 
 def test_deterministic_with_source_date_epoch(world: dict[str, Path], fast_env: None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    r1 = write_package(make_request(world["tmp"], world["tmp"] / "o1", _dist_spec(world), name=None))
-    r2 = write_package(make_request(world["tmp"], world["tmp"] / "o2", _dist_spec(world), name=None))
+    r1 = write_package(make_request(world["tmp"], world["tmp"] / "o1", dist_spec(world), name=None))
+    r2 = write_package(make_request(world["tmp"], world["tmp"] / "o2", dist_spec(world), name=None))
     assert r1.ok and r2.ok and r1.path and r2.path
     assert r1.path.name == r2.path.name == "k26-ddtree-20231114"
-    assert _tree(r1.path) == _tree(r2.path)
+    assert file_tree(r1.path) == file_tree(r2.path)
     assert json.loads((r1.path / "package.json").read_text())["created"] == "2023-11-14T22:13:20Z"
     # a later write differs only in the one timestamp (and so in the manifest)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000100")
-    r3 = write_package(make_request(world["tmp"], world["tmp"] / "o3", _dist_spec(world), name="k26-ddtree-20231114"))
+    r3 = write_package(make_request(world["tmp"], world["tmp"] / "o3", dist_spec(world), name="k26-ddtree-20231114"))
     assert r3.path is not None
-    t1, t3 = _tree(r1.path), _tree(r3.path)
+    t1, t3 = file_tree(r1.path), file_tree(r3.path)
     assert sorted(k for k in t1 if t1[k] != t3.get(k)) == ["MANIFEST.sha256", "REPRODUCE.md", "package.json"]
 
 
 def test_existing_package_needs_force_and_is_replaced(world: dict[str, Path], fast_env: None) -> None:
-    req = make_request(world["tmp"], world["out"], _dist_spec(world))
+    req = make_request(world["tmp"], world["out"], dist_spec(world))
     assert write_package(req).ok
     (world["out"] / "pkg/marker").write_text("old")
     again = write_package(req)
     assert not again.ok and "already exists" in again.problems[0] and "--ddtree-package-force" in again.problems[0]
     assert (world["out"] / "pkg/marker").exists()
-    forced = write_package(make_request(world["tmp"], world["out"], _dist_spec(world), force=True))
+    forced = write_package(make_request(world["tmp"], world["out"], dist_spec(world), force=True))
     assert forced.ok and not (world["out"] / "pkg/marker").exists()
     assert sorted(p.name for p in world["out"].iterdir()) == ["pkg"]
     with pytest.raises(ReproError, match="already exists"):
@@ -407,7 +269,7 @@ def test_wheel_and_git_pristine_and_file_list(world: dict[str, Path], fast_env: 
     with zipfile.ZipFile(whl, "w") as zf:
         for rel, text in PRISTINE_FILES.items():
             zf.writestr(rel, text)
-    r = write_package(make_request(tmp, tmp / "w", _dist_spec(world, whl)))
+    r = write_package(make_request(tmp, tmp / "w", dist_spec(world, whl)))
     assert r.ok, r.summary()
     assert json.loads((tmp / "w/pkg/patches/patches.json").read_text())["pristine"] == {
         "kind": "wheel", "name": whl.name}
@@ -420,7 +282,7 @@ def test_wheel_and_git_pristine_and_file_list(world: dict[str, Path], fast_env: 
         subprocess.run(["git", "init", "-q", str(repo)], check=True)
         subprocess.run([*git, "add", "."], check=True)
         subprocess.run([*git, "commit", "-qm", "pristine"], check=True)
-        r = write_package(make_request(tmp, tmp / "g", _dist_spec(world, repo)))
+        r = write_package(make_request(tmp, tmp / "g", dist_spec(world, repo)))
         assert r.ok, r.summary()
     # an explicit list, relative to the profile's folder
     (tmp / "prof").mkdir()
@@ -434,14 +296,14 @@ def test_wheel_and_git_pristine_and_file_list(world: dict[str, Path], fast_env: 
     # a pristine of another version is caught at write time
     bad = make_site(tmp / "bad")
     (bad / "sglang/srt/speculative/dflash_info.py").write_text("other version\n")
-    r = write_package(make_request(tmp, tmp / "b", _dist_spec(world, bad)))
+    r = write_package(make_request(tmp, tmp / "b", dist_spec(world, bad)))
     assert not r.ok and "does not match sglang 0.5.3's RECORD" in r.problems[0]
     r = write_package(make_request(tmp, tmp / "b", {"distribution": "sglang", "site_packages": str(world["installed"])}))
     assert not r.ok and "`pristine:` is required" in r.problems[0]
     # the same problems are found at session start
-    assert check_profile_patches({"patches": _dist_spec(world)}) == 3
+    assert check_profile_patches({"patches": dist_spec(world)}) == 3
     with pytest.raises(ReproError, match="RECORD"):
-        check_profile_patches({"patches": _dist_spec(world, bad)})
+        check_profile_patches({"patches": dist_spec(world, bad)})
     with pytest.raises(ReproError, match="unknown key"):
         check_profile_patches({"patches": {"distribution": "sglang", "pristin": "x"}})
 
@@ -502,7 +364,7 @@ def test_kit_scripts_pass_bash_n_and_shellcheck() -> None:
 
 
 def test_setup_env_check_only(world: dict[str, Path], fast_env: None) -> None:
-    assert write_package(make_request(world["tmp"], world["out"], _dist_spec(world))).ok
+    assert write_package(make_request(world["tmp"], world["out"], dist_spec(world))).ok
     proc = subprocess.run(["bash", str(world["out"] / "pkg/setup_env.sh"), "--check-only", "--python", sys.executable],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -511,7 +373,7 @@ def test_setup_env_check_only(world: dict[str, Path], fast_env: None) -> None:
 
 
 def test_cli_help_documents_exit_codes() -> None:
-    proc = _cli("--help")
+    proc = repro_cli("--help")
     assert proc.returncode == 0 and "exit codes:" in proc.stdout and "usage error" in proc.stdout
 
 

@@ -19,17 +19,17 @@ import pytest
 
 from pytest_ddtree.repro import write_package
 from pytest_ddtree.repro.verify import write_manifest
-from tests.test_repro import _cli, _dist_spec, _snap_cache, _tree, fast_env, make_request, world  # noqa: F401 (fixtures)
+from tests.repro_helpers import dist_spec, fast_env, file_tree, make_request, repro_cli, snap_cache, world  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
 def package(world: dict[str, Path], fast_env: None) -> Path:
-    assert write_package(make_request(world["tmp"], world["out"], _dist_spec(world))).ok
+    assert write_package(make_request(world["tmp"], world["out"], dist_spec(world))).ok
     return world["out"] / "pkg"
 
 
 def _verify(pkg: Path) -> str:
-    proc = _cli("verify", str(pkg), "--no-env")
+    proc = repro_cli("verify", str(pkg), "--no-env")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "Traceback" not in out and "MemoryError" not in out, out
@@ -67,19 +67,19 @@ def test_verify_does_not_read_a_huge_sparse_file(package: Path) -> None:
 
 
 def _deploy(pkg: Path, site: Path) -> str:
-    before = _tree(site)
-    proc = _cli("deploy", str(pkg), "--site-packages", str(site))
+    before = file_tree(site)
+    proc = repro_cli("deploy", str(pkg), "--site-packages", str(site))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "REFUSED" in out and "Traceback" not in out, out
-    assert _tree(site) == before  # nothing written
+    assert file_tree(site) == before  # nothing written
     return out
 
 
 def _bash_deploy_refuses(pkg: Path, site: Path, words: str) -> None:
-    before = _tree(site)
+    before = file_tree(site)
     proc = subprocess.run(["bash", str(pkg / "deploy_patches.sh"), str(site)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "REFUSED" in proc.stderr and words in proc.stderr, proc.stdout + proc.stderr
-    assert _tree(site) == before
+    assert file_tree(site) == before
 
 
 def test_deploy_checks_the_manifest_first(package: Path, world: dict[str, Path]) -> None:

@@ -21,7 +21,7 @@ import pytest
 from pytest_ddtree.repro import envsnap, verify_package, write_package
 from pytest_ddtree.repro.patches import collect_patches
 from pytest_ddtree.service.profile import resolve_service_python
-from tests.test_repro import make_request
+from tests.repro_helpers import make_request
 
 PYPROJECT = """\
 [build-system]

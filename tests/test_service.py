@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
@@ -23,7 +21,7 @@ from pytest_ddtree.service.base import (
     ServiceDiedError,
     ServiceStartError,
 )
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import RunningService, ServiceManager
 from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, resolve_instance, worker_index
 from pytest_ddtree.service.process import ProcessController, live_process_groups
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
@@ -31,65 +29,7 @@ from pytest_ddtree.service.readiness import applied_diff
 from pytest_ddtree.service.systemd import parse_show, render_dropin
 from tests.polling import wait_until
 from tests.suite_helpers import default_sigint, wait_healthy
-
-FAKES = Path(__file__).parent / "fakes"
-STANDIN = FAKES / "standin_server.py"
-CONFIG_ARGS = {
-    "block_size": "--speculative-dflash-block-size {value}",
-    "budget": "--speculative-num-draft-tokens {value}",
-    "topk": "--speculative-eagle-topk {value}",
-    "window": "--speculative-draft-window-size {value}",
-}
-APPLIED = {"speculative_dflash_block_size": "block_size", "speculative_num_draft_tokens": "budget",
-           "speculative_eagle_topk": "topk", "speculative_draft_window_size": "window"}
-BS8_B8_K4 = parse_config_name("bs8_b8_k4")
-BS8_B12_K6 = parse_config_name("bs8_b12_k6")
-
-
-def make_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
-    raw: dict[str, Any] = {
-        "name": "standin",
-        "controller": "process",
-        "command": f"{{python}} {STANDIN} --port {{port}} {{config_args}} {extra}",
-        "url": "http://127.0.0.1:{port}",
-        "port": "auto",
-        "config_args": CONFIG_ARGS,
-        "applied": APPLIED,
-        "ready_timeout_s": 15,
-        "stop_timeout_s": 2,
-    }
-    raw.update(overrides)
-    return parse_profile(raw)
-
-
-def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | None = None, **kw: Any) -> ServiceManager:
-    kw.setdefault("poll_interval", 0.1)
-    kw.setdefault("progress_interval", 0.5)
-    return ServiceManager(
-        profile,
-        0,
-        tmp_path / "logs",
-        (lines.append if lines is not None else None),
-        tmp_path / "locks",
-        client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout),
-        **kw,
-    )
-
-
-def pid_alive(pid: int) -> bool:
-    """True while /proc has a process with this pid that has not finished exiting.
-
-    The leader of a process whose other threads are still running shows as a zombie before
-    the process is done (a server that calls os._exit from a handler thread): only when no
-    thread is left can its parent reap it, so that is when it counts as gone.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        threads = len(os.listdir(f"/proc/{pid}/task"))
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" or threads > 1
-
+from tests.service_helpers import APPLIED, BS8_B12_K6, BS8_B8_K4, CONFIG_ARGS, STANDIN, fake_systemd, make_manager, make_profile, pid_alive, systemd_profile  # noqa: F401 (fixtures)
 
 @pytest.fixture
 def managers() -> Iterator[list[ServiceManager]]:
@@ -223,8 +163,7 @@ def test_sigint_to_harness_leaves_no_orphan(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_service import make_profile, make_manager, BS8_B8_K4
+        from tests.service_helpers import make_profile, make_manager, BS8_B8_K4
         from pathlib import Path
         m = make_manager(make_profile("--spawn-child"), Path({str(tmp_path)!r}))
         svc = m.ensure(BS8_B8_K4)
@@ -254,16 +193,17 @@ def test_external_other_config_fails_with_the_diff(tmp_path: Path) -> None:
             "name": "ext", "controller": "external", "url": f"http://127.0.0.1:{port}", "port": port,
             "config_args": CONFIG_ARGS, "applied": APPLIED, "health_path": "/health",
         })
-        m = make_manager(profile, tmp_path)
-        deadline = time.monotonic() + 10
-        while True:
+        managers = [make_manager(profile, tmp_path)]
+
+        def started() -> RunningService | None:
             try:
-                svc = m.ensure(BS8_B8_K4)
-                break
-            except ServiceStartError:
-                assert time.monotonic() < deadline
-                m = make_manager(profile, tmp_path)
-                time.sleep(0.1)
+                return managers[-1].ensure(BS8_B8_K4)
+            except ServiceStartError:  # not up yet: a fresh manager, as a new session would have
+                managers.append(make_manager(profile, tmp_path))
+                return None
+
+        svc = wait_until(started, 10, "the external service to answer", interval=0.1)
+        m = managers[-1]
         assert svc.launch_command is None and svc.config == BS8_B8_K4
         with pytest.raises(ExternalConfigMismatch) as info:
             m.ensure(BS8_B12_K6)
@@ -280,28 +220,6 @@ def test_external_other_config_fails_with_the_diff(tmp_path: Path) -> None:
     m2 = make_manager(profile, tmp_path)
     with pytest.raises(ServiceStartError, match="does not answer"):
         m2.ensure(BS8_B8_K4)
-
-
-# -- systemd (fake systemctl/journalctl that really run the unit) -------------------------------
-@pytest.fixture
-def fake_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    state = tmp_path / "systemd"
-    (state / "system").mkdir(parents=True)
-    monkeypatch.setenv("DDTREE_FAKE_SYSTEMD", str(state))
-    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
-    yield state
-    subprocess.run([str(FAKES / "systemctl"), "stop", "standin.service"], check=False)
-
-
-def systemd_profile(state: Path, port: int, extra: str = "") -> ServiceProfile:
-    return make_profile(
-        extra,
-        controller="systemd",
-        unit="standin.service",
-        dropin_dir=str(state / "system"),
-        port=port,
-        command=f"{sys.executable} {STANDIN} --port {{port}} {{config_args}} {extra}",
-    )
 
 
 def test_fake_systemd_round_trip_restores_default(tmp_path: Path, fake_systemd: Path) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -17,29 +17,11 @@ from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import AppliedConfigMismatch, ServiceDiedError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
-from pytest_ddtree.service.process import live_process_groups
-from pytest_ddtree.service.profile import ServiceProfile, parse_profile
+from pytest_ddtree.service.profile import ServiceProfile
+from tests.polling import wait_until
+from tests.refserver_helpers import BS8_B8_K4, managers, ref_profile  # noqa: F401 (fixtures)
 
-REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
-
-BS8_B8_K4 = parse_config_name("bs8_b8_k4")
 BS8_B4_K4 = parse_config_name("bs8_b4_k4_wnone")
-
-
-def ref_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
-    raw = yaml.safe_load(REFERENCE.read_text())
-    raw["command"] = raw["command"] + (" " + extra if extra else "")
-    raw.update(overrides)
-    return parse_profile(raw)
-
-
-@pytest.fixture
-def managers(tmp_path: Path) -> Iterator[list[ServiceManager]]:
-    made: list[ServiceManager] = []
-    yield made
-    for m in made:
-        m.close()
-    assert live_process_groups() == []
 
 
 def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager], lines: list[str] | None = None, **kw: Any) -> ServiceManager:
@@ -89,16 +71,16 @@ def test_refserver_exit_after_n_then_next_config(tmp_path: Path, managers: list[
     m = manager(ref_profile("--fault exit-after=1", copy_probe=False), tmp_path, managers)  # it counts requests
     svc = m.ensure(BS8_B8_K4)
     svc.client.generate("def add(a, b):", sampling_params={"max_new_tokens": 4, "temperature": 0})
-    deadline = time.monotonic() + 5
-    while m.current is not None and time.monotonic() < deadline:
+
+    def died() -> ServiceDiedError | None:
         try:
             m.ensure(BS8_B8_K4)
         except ServiceDiedError as err:
-            assert err.exit_code not in (None, 0) and "exit-after" in str(err)
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the service did not exit after 1 request")
+            return err
+        return None
+
+    err = wait_until(died, 5, "the service to exit after 1 request", interval=0.1)
+    assert err.exit_code not in (None, 0) and "exit-after" in str(err)
     with pytest.raises(ServiceDiedError):
         m.ensure(BS8_B8_K4)
     svc2 = m.ensure(BS8_B4_K4)

@@ -10,15 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pytest_ddtree.service.pool import free_port
+from tests.polling import wait_until
 from tests.suite_helpers import MATRIX, wait_healthy
-from tests.test_service import APPLIED, BS8_B8_K4, CONFIG_ARGS, STANDIN, fake_systemd, make_manager, systemd_profile  # noqa: F401
+from tests.service_helpers import APPLIED, BS8_B8_K4, CONFIG_ARGS, STANDIN, fake_systemd, make_manager, systemd_profile  # noqa: F401
 
 UNIT = "standin.service"
 DEFAULT_ARGS = "--speculative-num-draft-tokens 8 --speculative-eagle-topk 4"
@@ -96,10 +96,8 @@ def test_sigterm_restores_dropin_and_unit_state(pytester: pytest.Pytester, fake_
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)[0]
-            time.sleep(0.05)
+        wait_until(lambda: marker.exists() or proc.poll() is not None, 30, "the held test to write its marker", interval=0.05)
+        assert proc.poll() is None, proc.communicate(timeout=5)[0]
         test_config_pid = int(marker.read_text())
         assert "--speculative-num-draft-tokens 8" in dropin.read_text()  # the session's config is in force
         proc.send_signal(signal.SIGTERM)

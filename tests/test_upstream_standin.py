@@ -10,7 +10,6 @@ and with speculation off, the cells must fail saying so.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,34 +17,9 @@ import yaml
 
 from tests.fakes.standin_server import verify_steps  # the stand-in's own rule, for the expected ratio
 from tests.suite_helpers import MATRIX, run_suite
-
-FAKES = Path(__file__).parent / "fakes"
+from tests.service_helpers import standin_profile
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
-
-
-def standin_profile(directory: Path, extra: str = "", **overrides: Any) -> Path:
-    raw: dict[str, Any] = {
-        "name": "upstream-standin",
-        "controller": "process",
-        "command": f"{{python}} {FAKES / 'standin_server.py'} --port {{port}} {{config_args}} {extra}",
-        "url": "http://127.0.0.1:{port}",
-        "port": "auto",
-        "config_args": {
-            "block_size": "--speculative-dflash-block-size {value}",
-            "budget": "--speculative-num-draft-tokens {value}",
-            "topk": "--speculative-eagle-topk {value}",
-            "window": "--speculative-draft-window-size {value}",
-        },
-        "applied": {"speculative_dflash_block_size": "block_size", "speculative_num_draft_tokens": "budget",
-                    "speculative_eagle_topk": "topk", "speculative_draft_window_size": "window"},
-        "ready_timeout_s": 30,
-        "stop_timeout_s": 5,
-        **overrides,
-    }
-    path = directory / "upstream-standin.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def records(pytester: pytest.Pytester, kind: str) -> list[dict[str, Any]]:
