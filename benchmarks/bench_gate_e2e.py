@@ -175,14 +175,14 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     group = judged.groups[0] if judged and judged.groups else None
     # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
     bad = sorted(f"{name} {cell}: {v.status}" for name, vs in verdicts.items() for cell, v in vs.items()
-                 if v.failed or v.status in (gate.INCONCLUSIVE, gate.MISSING, gate.THIN))
+                 if v.failed or v.status in (Status.INCONCLUSIVE, Status.MISSING, Status.THIN))
     bad += [f"{f.config} {f.metric} against the session: {f.relative:+.1%} (tolerance {f.tolerance:.1%})"
             for f in findings]
     by_uniform = bool(group and group.failed and not group.control_failures)
     if by_uniform and group is not None:
         bad.append(f"uniform shift {group.uniform_shift:+.1%} (tolerance {group.uniform_tolerance:.1%}), control held")
     first = next(iter(CONFIGS))
-    by_cells = any(v.status == gate.REGRESSION for name, vs in verdicts.items() if slow_all or name == first
+    by_cells = any(v.status == Status.REGRESSION for name, vs in verdicts.items() if slow_all or name == first
                    for v in vs.values())
     by_session = any(f.config == first for f in findings) and not slow_all
     caught = by_cells or by_session or by_uniform

@@ -35,13 +35,12 @@ from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT
 from pytest_ddtree import baselines as baselines_mod
 from pytest_ddtree import finish, plugin, yamlfile
 from pytest_ddtree.configs import DDTreeConfig, Workload
-from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.gates.throughput import throughput
 from pytest_ddtree.measure import load
 from pytest_ddtree.options import Settings, session_stamp
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.sessionfolder import claim_results_dir
-from pytest_ddtree.records.words import RecordKind
+from pytest_ddtree.records.words import RecordKind, Status
 from pytest_ddtree.report import text as report
 from pytest_ddtree.service.manager import RunningService
 from pytest_ddtree.session import DDTreeSession
@@ -363,6 +362,6 @@ def cell_regressed(result: SessionResult, config: str, cell: str | None = None) 
     for rec in records_mod.throughput_records(result.records, RecordKind.THROUGHPUT):
         if rec.get("config") == config and (cell is None or rec.get("cell") == cell):
             m: Any = (rec.get("verdict") or {}).get("metrics", {}).get(OUTPUT_THROUGHPUT) or {}
-            if m.get("status") == gate.REGRESSION:
+            if m.get("status") == Status.REGRESSION:
                 return True
     return False

@@ -27,7 +27,7 @@ from pytest_ddtree.gates.throughput.cells import driving_for
 from pytest_ddtree.gates.throughput.throughput import Campaign, CellDeadlineExceeded, Recording, sample_record, sustainable_rate
 from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
-from pytest_ddtree.records.words import GateDecision, RecordKind
+from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
@@ -101,9 +101,9 @@ def test_sustainable_rate(
         if failure is not None:
             pytest.fail(failure, pytrace=False)
         ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, outcome.record)
-        if outcome.decision is GateDecision.FAIL:
+        if outcome.decision is Status.FAIL:
             pytest.fail(outcome.message, pytrace=False)
-        if outcome.decision is GateDecision.SKIP:
+        if outcome.decision is Status.SKIP:
             pytest.skip(outcome.message.replace("\n", " "))
         return
     campaigns: dict[float, Campaign] = {}
@@ -129,7 +129,7 @@ def test_sustainable_rate(
         return
     decision, why = unjudged(config, workload.name, blessed, slo, str(ddtree_baselines.path_for(config)),
                              ddtree_baselines.create_command(config), ddtree_settings.require_baselines)
-    if decision is GateDecision.FAIL:
+    if decision is Status.FAIL:
         pytest.fail(why, pytrace=False)
     warnings.warn(RateBaselineWarning(why), stacklevel=1)
 

@@ -44,7 +44,7 @@ from pytest_ddtree.gates.throughput.cells import MeasuredCells
 from pytest_ddtree.gates.throughput.check import check_cell
 from pytest_ddtree.gates.throughput.throughput import (CellDeadlineExceeded, Judging, OnSample, Recording,
                                                        blessed_judging, sample_record)
-from pytest_ddtree.records.words import GateDecision, RecordKind
+from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
@@ -193,8 +193,8 @@ def test_throughput(
                          service=ddtree_service, settings=ddtree_settings)
     for note in outcome.warnings:
         warnings.warn(_WARNING_CLASS[note.kind](note.message), stacklevel=1)
-    if outcome.decision is GateDecision.FAIL:
+    if outcome.decision is Status.FAIL:
         pytest.fail(outcome.message, pytrace=False)
-    if outcome.decision is GateDecision.SKIP:
+    if outcome.decision is Status.SKIP:
         pytest.skip(outcome.message)
 

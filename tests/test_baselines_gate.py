@@ -61,7 +61,7 @@ def test_old_single_session_entries_are_read_and_migrated_by_bless() -> None:
                                                "samples": [20.0, 21.0, 19.5], "tolerance": 0.25, "unit": "ms"}}}
     gate.validate_section({"c8_short": old}, "x")
     assert gate.compare_cell("c8_short", old, {"output_throughput": [1001.0] * 3,
-                                               "median_ttft_ms": [20.0] * 3}).status == gate.PASS
+                                               "median_ttft_ms": [20.0] * 3}).status == Status.PASS
     migrated = gate.baseline_cell_entry(WORKLOAD, BASE, existing=old, session="new")
     assert [s["session"] for s in migrated["gates"]["output_throughput"]["sessions"]] == ["legacy", "new"]
     assert "samples" not in migrated["gates"]["output_throughput"]
@@ -71,7 +71,7 @@ def test_unchanged_engine_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.5, 19.8, 20.1]}
     v = gate.compare_cell("c8_short", _three_sessions(BASE), now, workload=WORKLOAD)
-    assert v.status == gate.PASS and not v.failed
+    assert v.status == Status.PASS and not v.failed
 
 
 def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_agrees() -> None:
@@ -79,9 +79,9 @@ def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_a
     now = {"output_throughput": [905.0, 910.0, 900.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.0, 20.0, 20.0]}
     first = gate.compare_cell("c8_short", base, now, workload=WORKLOAD)
-    assert first.status == gate.FLAGGED and first.flagged and not first.failed
+    assert first.status == Status.FLAGGED and first.flagged and not first.failed
     confirmed = gate.compare_cell("c8_short", base, now, confirmation={"output_throughput": [903.0, 907.0, 901.0] * 2})
-    assert confirmed.status == gate.REGRESSION and confirmed.failed
+    assert confirmed.status == Status.REGRESSION and confirmed.failed
     msg = confirmed.message("bs8_b8_k4")
     assert "bs8_b8_k4 c8_short: REGRESSION" in msg
     assert "output_throughput: 1000 -> 905 tok/s, -9.5% (95% t-interval on log values" in msg
@@ -89,12 +89,12 @@ def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_a
     m = confirmed.metric("output_throughput")
     assert m is not None and m.change == pytest.approx(-0.095, abs=1e-3) and m.first_change is not None
     passed = gate.compare_cell("c8_short", base, now, confirmation={"output_throughput": [1001.0, 999.0, 1000.0]})
-    assert passed.status == gate.PASS
+    assert passed.status == Status.PASS
     assert "not reproduced by the confirmation" in passed.metrics[0].message or any(
         "not reproduced" in x.message for x in passed.metrics)
     # a flag that could not be confirmed (the service died) is not a pass
     lost = gate.compare_cell("c8_short", base, now, confirmation={})
-    assert lost.status == gate.REGRESSION and "no confirmation run was possible" in lost.message()
+    assert lost.status == Status.REGRESSION and "no confirmation run was possible" in lost.message()
 
 
 def test_a_day_shift_common_to_the_config_is_not_a_regression_but_one_cell_beyond_it_is() -> None:
@@ -102,40 +102,40 @@ def test_a_day_shift_common_to_the_config_is_not_a_regression_but_one_cell_beyon
     baseline = {c: _three_sessions({"output_throughput": [v * f for f in (0.99, 1.0, 1.01)]}) for c, v in cells.items()}
     slower_day = {c: gate.CellInput(baseline[c], {"output_throughput": [v * 0.95 * f for f in (0.99, 1.0, 1.01)]})
                   for c, v in cells.items()}
-    assert {v.status for v in gate.judge_config(slower_day).values()} == {gate.PASS}
+    assert {v.status for v in gate.judge_config(slower_day).values()} == {Status.PASS}
     one_cell = dict(slower_day, c3=gate.CellInput(baseline["c3"], {"output_throughput": [cells["c3"] * 0.85] * 3}))
     verdicts = gate.judge_config(one_cell)
-    assert verdicts["c3"].status == gate.FLAGGED and "relative to the config's common change -5.0%" in verdicts["c3"].message()
-    assert {verdicts[c].status for c in cells if c != "c3"} == {gate.PASS}
+    assert verdicts["c3"].status == Status.FLAGGED and "relative to the config's common change -5.0%" in verdicts["c3"].message()
+    assert {verdicts[c].status for c in cells if c != "c3"} == {Status.PASS}
     # the whole config 20% slower is a config-wide move, beyond the day-to-day allowance
     whole = {c: gate.CellInput(baseline[c], {"output_throughput": [v * 0.8] * 3}) for c, v in cells.items()}
     verdicts = gate.judge_config(whole)
-    assert {v.status for v in verdicts.values()} == {gate.FLAGGED}
+    assert {v.status for v in verdicts.values()} == {Status.FLAGGED}
     assert "the whole config moved -20.0%" in verdicts["c0"].message()
     confirmed = gate.judge_config(whole, {c: {"output_throughput": [v * 0.8] * 6} for c, v in cells.items()})
-    assert {v.status for v in confirmed.values()} == {gate.REGRESSION}
+    assert {v.status for v in confirmed.values()} == {Status.REGRESSION}
 
 
 def test_ttft_has_no_absolute_floor_a_3x_slowdown_of_4_ms_fails() -> None:
     base = _three_sessions({"median_ttft_ms": [4.0, 4.1, 3.9]})
     now = {"median_ttft_ms": [12.0, 12.2, 11.9]}
-    assert gate.compare_cell("c", base, now).status == gate.FLAGGED
-    assert gate.compare_cell("c", base, now, confirmation={"median_ttft_ms": [12.0] * 6}).status == gate.REGRESSION
+    assert gate.compare_cell("c", base, now).status == Status.FLAGGED
+    assert gate.compare_cell("c", base, now, confirmation={"median_ttft_ms": [12.0] * 6}).status == Status.REGRESSION
     # +15% of a noisy TTFT may be screened, but stays inside its 25% floor
     small = {"median_ttft_ms": [4.6, 4.5, 4.7]}
-    assert gate.compare_cell("c", base, small, confirmation=small).status == gate.PASS
+    assert gate.compare_cell("c", base, small, confirmation=small).status == Status.PASS
 
 
 def test_improvement_is_reported() -> None:
     now = {"output_throughput": [1200.0, 1210.0, 1190.0]}
     v = gate.compare_cell("c8_short", _three_sessions({"output_throughput": BASE["output_throughput"]}), now)
-    assert v.status == gate.IMPROVED and "--ddtree-update-baselines" in v.message()
+    assert v.status == Status.IMPROVED and "--ddtree-update-baselines" in v.message()
 
 
 def test_invalid_measurement_is_never_compared() -> None:
     v = gate.compare_cell("c8_short", _entry(), {"output_throughput": [1.0, 1.0, 1.0]},
                           status=Status.INVALID, problems=["request 3 failed: HTTP 500: injected"])
-    assert v.status == gate.INVALID and v.failed and not v.metrics
+    assert v.status == Status.INVALID and v.failed and not v.metrics
     assert "INVALID measurement (not a regression, not a pass)" in v.message("cfg")
     assert "HTTP 500" in v.message()
 
@@ -143,41 +143,41 @@ def test_invalid_measurement_is_never_compared() -> None:
 def test_unstable_cell_never_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0]}
     only = _entry({"output_throughput": BASE["output_throughput"]})
-    assert gate.compare_cell("c", only, now, status=Status.INCONCLUSIVE).status == gate.INCONCLUSIVE
+    assert gate.compare_cell("c", only, now, status=Status.INCONCLUSIVE).status == Status.INCONCLUSIVE
     # far better, but untrusted: reported as inconclusive, and nothing tells the reader to bless it
     better = gate.compare_cell("c", _three_sessions({"output_throughput": BASE["output_throughput"]}),
                                {"output_throughput": [1500.0, 1400.0, 1600.0]}, status=Status.INCONCLUSIVE,
                                problems=["repeats disagree"])
-    assert better.status == gate.INCONCLUSIVE and {m.status for m in better.metrics} == {gate.INCONCLUSIVE}
+    assert better.status == Status.INCONCLUSIVE and {m.status for m in better.metrics} == {Status.INCONCLUSIVE}
     assert "bless it" not in better.message() and "not to be blessed: the measurement is inconclusive" in better.message()
 
 
 def test_missing_and_changed_workload() -> None:
-    assert gate.compare_cell("c", None, {"output_throughput": [1.0]}).status == gate.MISSING
+    assert gate.compare_cell("c", None, {"output_throughput": [1.0]}).status == Status.MISSING
     changed = dict(WORKLOAD, requests=32)
     v = gate.compare_cell("c", _entry(), {"output_throughput": [1000.0] * 3}, workload=changed)
-    assert v.status == gate.MISSING and "requests 16 -> 32" in v.reasons[0]
+    assert v.status == Status.MISSING and "requests 16 -> 32" in v.reasons[0]
 
 
 def test_a_gated_metric_missing_from_the_run_fails_naming_it() -> None:
     now = {"output_throughput": [1001.0] * 3, "median_ttft_ms": [20.0] * 3}  # speculation silently stopped
     v = gate.compare_cell("c8_short", _three_sessions(BASE), now)
-    assert v.status == gate.METRIC_MISSING and v.failed
+    assert v.status == Status.METRIC_MISSING and v.failed
     assert "ddtree_tokens_per_verify: gated in the baseline but not produced by this run" in v.message()
 
 
 def test_a_metric_the_baseline_lacks_is_reported_as_new() -> None:
     base = _three_sessions({"output_throughput": BASE["output_throughput"]})
     v = gate.compare_cell("c8_short", base, {"output_throughput": [1001.0] * 3, "ddtree_tokens_per_verify": [4.0] * 3})
-    assert v.status == gate.PASS
+    assert v.status == Status.PASS
     new = v.metric("ddtree_tokens_per_verify")
-    assert new is not None and new.status == gate.NEW and "new (measured 4 tok/step, not in the baseline)" in new.message
+    assert new is not None and new.status == Status.NEW and "new (measured 4 tok/step, not in the baseline)" in new.message
 
 
 def test_a_one_sample_baseline_is_too_thin_to_trust() -> None:
     thin = _entry({"output_throughput": [1000.0]})
     v = gate.compare_cell("c", thin, {"output_throughput": [500.0] * 3})  # even a halving
-    assert v.status == gate.THIN and not v.failed
+    assert v.status == Status.THIN and not v.failed
     assert "holds 1 sample(s), the gate needs at least 3" in v.message()
 
 
@@ -279,7 +279,7 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
     # an overloaded measurement is never a regression, even when it is far off
     v = gate.compare_cell("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
                           status=Status.INCONCLUSIVE, problems=why)
-    assert v.status == gate.INCONCLUSIVE and not v.failed
+    assert v.status == Status.INCONCLUSIVE and not v.failed
 
 
 def test_a_baseline_written_before_the_rename_is_read_under_the_current_key() -> None:
@@ -291,7 +291,7 @@ def test_a_baseline_written_before_the_rename_is_read_under_the_current_key() ->
                                            for k, v in entry["gates"].items()}}}
     section = gate.validate_section(old, "bs8_b8_k4.yaml")
     assert set(section["c8_short"]["gates"]) == {"output_throughput", "ddtree_tokens_per_verify", "median_ttft_ms"}
-    assert gate.compare_cell("c8_short", section["c8_short"], BASE).status == gate.PASS
+    assert gate.compare_cell("c8_short", section["c8_short"], BASE).status == Status.PASS
     both = {"c8_short": {**entry, "gates": {**entry["gates"], "accept_length": entry["gates"]["ddtree_tokens_per_verify"]}}}
     with pytest.raises(gate.BaselineFormatError, match="has both 'accept_length' .* delete the 'accept_length' entry"):
         gate.validate_section(both, "bs8_b8_k4.yaml")
@@ -322,7 +322,7 @@ def test_a_confirmation_that_clears_its_cell_early_stops_and_one_that_does_not_t
     runs, verdicts = throughput.confirm_in_stages(flagged, measure, lambda v: v, judge,
                                                   lambda name, r, v: recorded.append((name, r)))
     assert len(runs["c1"].primary) == throughput.CONFIRM_FIRST_STAGE < len(runs["c3"].primary) == throughput.CONFIRM_REPEATS
-    assert verdicts["c1"].status == gate.PASS and verdicts["c3"].status == gate.REGRESSION
+    assert verdicts["c1"].status == Status.PASS and verdicts["c3"].status == Status.REGRESSION
     assert [r for n, r in recorded if n == "c3"] == list(range(throughput.CONFIRM_REPEATS))
     assert throughput.cleared_early(verdicts["c1"]) and not throughput.cleared_early(verdicts["c3"])
 

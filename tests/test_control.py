@@ -18,6 +18,7 @@ from pytest_ddtree.measure import load, stats
 from pytest_ddtree.gates.throughput import control
 from pytest_ddtree.records.shapes import ControlJudgedData
 from pytest_ddtree.service.manager import REFERENCE_LABEL
+from pytest_ddtree.records.words import Status
 from tests.suite_helpers import reference_profile
 
 CELLS = ("c1", "c2", "c3", "c4")
@@ -108,7 +109,7 @@ def test_without_a_control_the_summary_says_the_per_config_rule_applies() -> Non
 
 def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None:
     rec: ControlJudgedData = {"kind": control.CONTROL_RECORD, "config": control.CONTROL, "cell": "c1", "hardware_profile": "hw",
-                              "metrics": {}, "verdict": gate.CellVerdict("c1", gate.MISSING, (), ("no baseline for this cell",)).as_dict()}
+                              "metrics": {}, "verdict": gate.CellVerdict("c1", Status.MISSING, (), ("no baseline for this cell",)).as_dict()}
     assert not control.judge([rec], []).failed
     judged = control.judge([rec], [], require_baselines=True)
     assert judged.failed and "c1: MISSING" in judged.text()
@@ -118,10 +119,10 @@ def test_a_client_that_kept_too_few_requests_in_flight_is_inconclusive() -> None
     policy = stats.RepeatPolicy()
     short = [{"max_concurrency": 32, "concurrency": 20.0, "ddtree_loaded_concurrency": 24.0}] * 3
     status, why = gate.measurement_status(policy, [870.0, 880.0, 875.0], False, short)
-    assert status == stats.INCONCLUSIVE and "25% short" in why[0] and "of the configured 32" in why[0]
+    assert status == Status.INCONCLUSIVE and "25% short" in why[0] and "of the configured 32" in why[0]
     # the drain at the end of a finite closed loop does not count: the loaded figure decides
     drained = [{"max_concurrency": 8, "concurrency": 6.4, "ddtree_loaded_concurrency": 7.9}] * 3
-    assert gate.measurement_status(policy, [870.0, 880.0, 875.0], False, drained)[0] == stats.VALID
+    assert gate.measurement_status(policy, [870.0, 880.0, 875.0], False, drained)[0] == Status.VALID
 
 
 def test_loaded_concurrency_counts_requests_in_flight_until_the_last_one_is_sent() -> None:
@@ -167,11 +168,11 @@ def test_served_concurrency_is_what_the_service_held_of_the_clients_count() -> N
 
 def test_a_bless_refuses_two_slow_repeats_of_three_that_the_robust_spread_misses() -> None:
     primary = [1330.0, 870.0, 870.0]
-    assert stats.RepeatPolicy().status(primary) == stats.VALID  # the judged run's rule lets it through
-    refusal = gate.bless_refusal(stats.VALID, [], primary)
+    assert stats.RepeatPolicy().status(primary) == Status.VALID  # the judged run's rule lets it through
+    refusal = gate.bless_refusal(Status.VALID, [], primary)
     assert refusal is not None and "wider than the +-5% a bless needs" in refusal
-    assert gate.bless_refusal(stats.VALID, [], [1000.0, 1010.0, 995.0]) is None
-    assert gate.bless_refusal(stats.INCONCLUSIVE, ["engine busy 70%"], [1000.0] * 3) == "engine busy 70%"
+    assert gate.bless_refusal(Status.VALID, [], [1000.0, 1010.0, 995.0]) is None
+    assert gate.bless_refusal(Status.INCONCLUSIVE, ["engine busy 70%"], [1000.0] * 3) == "engine busy 70%"
     # a bless asks the repeat policy for the tighter interval: more repeats until then
     assert not stats.RepeatPolicy(target_rel_ci=0.12, target_half_width=0.05).is_tight(primary)
 

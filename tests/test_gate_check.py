@@ -25,8 +25,9 @@ from pytest_ddtree.records.words import GateDecision, MeasurementStatus, Status,
 
 def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[gate.MetricVerdict, ...] = (),
           problem: str | None = None) -> CellEvaluation:
-    return CellEvaluation(status=status, verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record=cast(ThroughputData, {}), samples={},
-                          durations=[], repeats=3, primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
+    record = cast(ThroughputData, {"measurement_status": status, "samples": {}, "repeats": 3})
+    return CellEvaluation(verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record=record, durations=[],
+                          primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
 
 
 def _check(cell: CellEvaluation, tmp_path: Path, require: bool = False) -> Any:
@@ -36,13 +37,13 @@ def _check(cell: CellEvaluation, tmp_path: Path, require: bool = False) -> Any:
 
 
 @pytest.mark.parametrize(("verdict", "status", "require", "decision", "words"), [
-    (Status.PASS, Status.VALID, False, GateDecision.PASS, ""),
-    (Status.REGRESSION, Status.VALID, False, GateDecision.FAIL, "REGRESSION"),
-    (Status.INVALID, Status.INVALID, False, GateDecision.FAIL, "INVALID measurement"),
-    (Status.MISSING, Status.VALID, False, GateDecision.WARN, ""),
-    (Status.MISSING, Status.VALID, True, GateDecision.FAIL, "--ddtree-require-baselines"),
-    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, False, GateDecision.SKIP, "INCONCLUSIVE"),
-    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, True, GateDecision.FAIL, "a CI run must not pass a cell it could not judge"),
+    (Status.PASS, Status.VALID, False, Status.PASS, ""),
+    (Status.REGRESSION, Status.VALID, False, Status.FAIL, "REGRESSION"),
+    (Status.INVALID, Status.INVALID, False, Status.FAIL, "INVALID measurement"),
+    (Status.MISSING, Status.VALID, False, Status.WARN, ""),
+    (Status.MISSING, Status.VALID, True, Status.FAIL, "--ddtree-require-baselines"),
+    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, False, Status.SKIP, "INCONCLUSIVE"),
+    (Status.INCONCLUSIVE, Status.INCONCLUSIVE, True, Status.FAIL, "a CI run must not pass a cell it could not judge"),
 ])
 def test_each_verdict_becomes_one_decision_with_its_message(tmp_path: Path, verdict: Verdict, status: MeasurementStatus, require: bool,
                                                             decision: GateDecision, words: str) -> None:
@@ -58,4 +59,4 @@ def test_a_missing_baseline_warns_with_the_command_that_creates_it(tmp_path: Pat
 
 def test_a_baseline_file_that_cannot_be_read_fails_before_anything_else(tmp_path: Path) -> None:
     outcome = _check(_cell(Status.PASS, problem="baselines/refserver/bs8_b8_k4.yaml: not YAML"), tmp_path)
-    assert outcome.decision is GateDecision.FAIL and outcome.message == "bs8_b8_k4 c8: baselines/refserver/bs8_b8_k4.yaml: not YAML"
+    assert outcome.decision is Status.FAIL and outcome.message == "bs8_b8_k4 c8: baselines/refserver/bs8_b8_k4.yaml: not YAML"

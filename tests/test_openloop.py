@@ -13,6 +13,7 @@ from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.configs import ConfigError, load_matrix
+from pytest_ddtree.records.words import Status
 from tests.load_standin import StandInConfig, standin_server
 
 
@@ -395,9 +396,9 @@ def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
         entry = gate.baseline_cell_entry(workload, blessed, existing=entry or None, session=session)
     today = {"output_throughput": [100.5, 99.5, 100.2]}  # a session without an SLO counts no goodput
     missing = gate.compare_cell("c2", entry, today, workload=workload)
-    assert missing.status == gate.METRIC_MISSING  # judged as blessed: goodput gated, not produced
+    assert missing.status == Status.METRIC_MISSING  # judged as blessed: goodput gated, not produced
     judged = throughput.judged_baseline(entry, None)
     assert judged is not None and "request_goodput" not in judged["gates"] and "output_throughput" in judged["gates"]
-    assert gate.compare_cell("c2", judged, today, workload=workload).status == gate.PASS
+    assert gate.compare_cell("c2", judged, today, workload=workload).status == Status.PASS
     slo = slo_mod.parse_slo("tpot_ms=50")
     assert throughput.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s

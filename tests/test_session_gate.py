@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.records.shapes import JudgedCellData
+from pytest_ddtree.records.words import Status
 
 WORKLOAD = {"concurrency": 8, "context_tokens": 128, "output_tokens": 64, "requests": 16}
 CELLS = {"c1": 120.0, "c2": 400.0, "c3": 900.0}
@@ -49,7 +50,7 @@ def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1
         verdicts = gate.judge_config(inputs, {cell: {"output_throughput": _noisy(rng, value * day * factor, 12)}
                                               for cell, value in cells.items()})
         records += [{"kind": kind, "config": config, "cell": cell, "host": host, "hardware_profile": "refserver",
-                     "verdict": v.as_dict()} for cell, v in verdicts.items()]
+                     "verdict": v.as_dict(), "metrics": {}} for cell, v in verdicts.items()]
     return records
 
 
@@ -57,11 +58,11 @@ def test_a_config_slower_as_a_whole_fails_against_its_session_though_every_cell_
     records = _session_records({"bs8_b4_k4": 0.92, "bs8_b8_k4": 1.0, "bs8_b12_k4": 1.0}, day=1.02)
     # each cell alone is within the per-config rule: an 8% drop on a 2% faster day moves the
     # config by -6%, within the day-to-day allowance of the config's common change
-    assert {r["verdict"]["status"] for r in records} == {gate.PASS}
+    assert {r["verdict"]["status"] for r in records} == {Status.PASS}
     findings = {f.config: f for f in gate.judge_session(gate.config_moves(records))}
     assert sorted(findings) == ["bs8_b12_k4", "bs8_b4_k4", "bs8_b8_k4"]
     slow = findings["bs8_b4_k4"]
-    assert slow.failed and slow.status == gate.REGRESSION and slow.metric == "output_throughput"
+    assert slow.failed and slow.status == Status.REGRESSION and slow.metric == "output_throughput"
     assert -0.10 < slow.relative < -0.06 and set(slow.compared_with) == {"bs8_b12_k4", "bs8_b8_k4"}
     assert "bs8_b4_k4: output_throughput moved -" in slow.message and "a REGRESSION of this config against the rest of the session" in slow.message
     assert "--ddtree-update-baselines" in slow.message and "tolerance 5.0% = max(floor 5.0%" in slow.message

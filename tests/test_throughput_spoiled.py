@@ -17,6 +17,7 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.gates.throughput import baseline_format, cells, throughput
 from pytest_ddtree.records.shapes import RepeatData
+from pytest_ddtree.records.words import Status
 from tests.refserver_helpers import RefServer, config_args
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
@@ -57,7 +58,7 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     assert len(run.primary) == 3 and len(run.samples) == 3 + len(run.spoiled) and not run.short_of_clean
 
     ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=True)
-    assert ev.status == stats.VALID and ev.status_reasons == []
+    assert ev.status == Status.VALID and ev.status_reasons == []
     # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
     entry = gate.baseline_cell_entry(ev.record["workload"], ev.samples)
@@ -78,7 +79,7 @@ def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repe
     run = campaign.runs[CELL.name]
     assert len(run.samples) == 1 + throughput.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
     ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=False)
-    assert ev.status == stats.INCONCLUSIVE and ev.samples == {}
+    assert ev.status == Status.INCONCLUSIVE and ev.samples == {}
     (why,) = ev.status_reasons
     assert "only 0 clean repeat(s) of the 1 needed" in why and "rerun on a quieter machine" in why
     for i in range(len(run.samples)):
@@ -115,10 +116,10 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     pressure = throughput.host_cpu_pressure(*runs)
     if any(run.spoiled for run in runs) or (pressure or 0.0) > throughput.MAX_HOST_CPU_PRESSURE:
         # a loaded test machine: then the rules below apply, rightly
-        assert verdict.status == gate.INCONCLUSIVE, verdict.message()
+        assert verdict.status == Status.INCONCLUSIVE, verdict.message()
         return
     ttft = verdict.metric("median_ttft_ms")
-    assert verdict.status == gate.REGRESSION and ttft is not None and ttft.status == gate.REGRESSION, verdict.message()
+    assert verdict.status == Status.REGRESSION and ttft is not None and ttft.status == Status.REGRESSION, verdict.message()
     # the same engine stalled during one repeat of the first pass: the same regression is the machine's
     stalls = RefServer([*ENGINE, "--fault", "stall=2:0.5"], tmp_path, "stalled-once").wait_ready()
     try:
@@ -127,7 +128,7 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
         stalls.stop()
     verdict = judged.verdicts[C1.name]
     assert judged.runs[C1.name].spoiled, "the stall did not spoil its repeat"
-    assert verdict.status == gate.INCONCLUSIVE and not verdict.failed, verdict.message()
+    assert verdict.status == Status.INCONCLUSIVE and not verdict.failed, verdict.message()
     assert "median_ttft_ms" in verdict.reasons[0] and "not a verdict on the config" in verdict.reasons[0]
 
 
@@ -139,8 +140,8 @@ def _repeats(pressure: float | None) -> stats.CellRun[load.CellResult]:
 
 
 def _regressed(metric: str, unit: str) -> gate.CellVerdict:
-    m = gate.MetricVerdict(metric, gate.REGRESSION, "lower" if unit == "ms" else "higher", 0.25, 4.0, 6.0, 0.5, unit=unit)
-    return gate.CellVerdict(C1.name, gate.REGRESSION, (m,))
+    m = gate.MetricVerdict(metric, Status.REGRESSION, "lower" if unit == "ms" else "higher", 0.25, 4.0, 6.0, 0.5, unit=unit)
+    return gate.CellVerdict(C1.name, Status.REGRESSION, (m,))
 
 
 @pytest.mark.parametrize(("pressure", "machine"), [(0.30, True), (0.05, False), (None, False)])

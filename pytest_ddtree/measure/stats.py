@@ -21,15 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeGuard, TypeVar
+from typing import Generic, TypeGuard, TypeVar
 
 from pytest_ddtree.records.shapes import SpreadData
 from pytest_ddtree.records.words import MeasurementStatus, Status
-
-#: A cell's measurement status (the words are words.Status's; the names stay for the callers).
-VALID: Final = Status.VALID
-INCONCLUSIVE: Final = Status.INCONCLUSIVE
-INVALID: Final = Status.INVALID
 
 CellStatus = MeasurementStatus
 
@@ -368,12 +363,12 @@ class RepeatPolicy:
     def status(self, samples: Sequence[float], invalid: bool = False) -> CellStatus:
         """valid / inconclusive / invalid for a finished cell's primary-metric samples."""
         if invalid or not samples:
-            return INVALID
+            return Status.INVALID
         if len(samples) < min(3, self.min_repeats):
-            return INCONCLUSIVE
+            return Status.INCONCLUSIVE
         if self.spread(samples) > self.inconclusive_rel_ci:
-            return INCONCLUSIVE
-        return VALID
+            return Status.INCONCLUSIVE
+        return Status.VALID
 
 
 K = TypeVar("K", bound=Hashable)

@@ -508,29 +508,19 @@ class _JudgedRequired(TypedDict):
     cell: str
     verdict: CellVerdictData
     hardware_profile: str | None
-
-
-class JudgedCellData(_JudgedRequired, total=False):
-    """A measured cell as ``gate.config_moves`` reads it: its verdict, config, hardware and host."""
-
-    kind: str
-    host: str
-    relaunch: int
-
-
-class _MeasuredRequired(_JudgedRequired):
     metrics: dict[str, float | None]
 
 
-class MeasuredCellData(_MeasuredRequired, total=False):
-    """A measured cell as the control's judgement reads it: also its medians (the speedups)."""
+class JudgedCellData(_JudgedRequired, total=False):
+    """A measured cell as the session end's judgements read it (a config's, a relaunched one's or
+    the control's): its verdict, config, hardware and host, and its medians (the speedups)."""
 
     kind: str
     host: str
     relaunch: int
 
 
-class ControlJudgedData(MeasuredCellData, total=False):
+class ControlJudgedData(JudgedCellData, total=False):
     """A control cell as ``gate.control.judge`` reads it (the keys of ``ControlCellData`` it uses)."""
 
     worker: str
@@ -540,10 +530,6 @@ class ControlJudgedData(MeasuredCellData, total=False):
     blessed_launches: dict[str, int]
     bless_refused: str
     retry: str
-
-
-#: A measured cell as the control's arithmetic reads it: a config's or the control's.
-CellRecord = Union[MeasuredCellData, ControlJudgedData]
 
 
 class RelaunchFailureRecord(RelaunchFailureData, RecordEnvelope, total=False):
@@ -765,9 +751,9 @@ def control_judged(records: Iterable[RawRecord]) -> list[ControlJudgedData]:
     return [checked(ControlJudgedData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
 
 
-def judged_relaunches(records: Iterable[RawRecord]) -> list[MeasuredCellData]:
+def judged_relaunches(records: Iterable[RawRecord]) -> list[JudgedCellData]:
     """The relaunched configs' measured cells among ``records`` as the judgements read them, checked."""
-    return [checked(MeasuredCellData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" in r]
+    return [checked(JudgedCellData, dict(r)) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" in r]
 
 
 def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailableData]:

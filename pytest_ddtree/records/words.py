@@ -83,9 +83,11 @@ CONTROL_KINDS = (RecordKind.THROUGHPUT_CONTROL, RecordKind.THROUGHPUT_CONTROL_RE
 class Status(Word):
     """Every status word of the harness, defined once.
 
-    Three vocabularies share it: a cell's measurement (``MeasurementStatus``: valid,
-    inconclusive, invalid), the gate's verdict on a cell or metric (``Verdict``), and the HTML
-    report's result of a gate (``GateStatus``); the aliases below say which words each may use.
+    Four vocabularies share it: a cell's measurement (``MeasurementStatus``: valid,
+    inconclusive, invalid), the gate's verdict on a cell or metric (``Verdict``), what a cell's
+    test does (``GateDecision``) and the HTML report's result of a gate (``GateStatus``); the
+    ``Literal`` types below say which words each may use. No module keeps a second name for a
+    word (tests/test_words.py).
     """
 
     #: The measurement can be judged.
@@ -120,6 +122,10 @@ class Status(Word):
     NOT_MEASURED = "not measured"
     #: A gate of the HTML report whose session is still running.
     PENDING = "pending"
+    #: A cell's test skipped by the gate (inconclusive, not judged either way).
+    SKIP = "skip"
+    #: A cell's test passed with warnings (no trusted baseline yet, a metric the baseline lacks).
+    WARN = "warn"
 
 
 #: A cell's measurement status (``stats.RepeatPolicy.status``, ``measurement_status`` in records).
@@ -128,18 +134,11 @@ MeasurementStatus = Literal[Status.VALID, Status.INCONCLUSIVE, Status.INVALID]
 Verdict = Literal[Status.PASS, Status.IMPROVED, Status.FLAGGED, Status.REGRESSION, Status.INCONCLUSIVE,
                   Status.INVALID, Status.MISSING, Status.THIN, Status.NEW, Status.METRIC_MISSING, Status.UPDATED,
                   Status.PREDICTED]
+#: What a throughput cell's test does (``gate.check.check_cell``, ``rate_gate.judge_rate``): pass,
+#: fail, skip (inconclusive), or pass with warnings.
+GateDecision = Literal[Status.PASS, Status.FAIL, Status.SKIP, Status.WARN]
 #: A gate's result on the HTML report.
 GateStatus = Literal[Status.PASS, Status.FAIL, Status.INCONCLUSIVE, Status.INVALID, Status.NOT_MEASURED, Status.PENDING]
 
 #: Verdicts that make a throughput cell need attention (the report lists them with their reasons).
 ATTENTION = (Status.REGRESSION, Status.INVALID, Status.INCONCLUSIVE, Status.MISSING, Status.THIN, Status.METRIC_MISSING)
-
-
-class GateDecision(str, enum.Enum):
-    """What a throughput cell's test does (``gate.check.check_cell``): pass, fail, skip
-    (inconclusive), or pass with warnings."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
-    WARN = "warn"

@@ -84,21 +84,32 @@ def read_baseline(store: BaselineStore, config: str) -> CellBaseline:
 
 @dataclass(frozen=True)
 class CellEvaluation:
-    """One measured cell judged against its baseline: its record (what results.json and the sweep
-    table are made of) and what the gate decides on (``check.check_cell``)."""
+    """One measured cell judged against its baseline: its record (``ThroughputData``: what
+    results.json and the sweep table are made of, and what the measurement's status, samples and
+    repeats are read from) and what the gate decides on beside it (``check.check_cell``)."""
 
-    status: MeasurementStatus
     verdict: gate.CellVerdict
     record: ThroughputData
-    samples: dict[str, list[float]]
     durations: list[float]
-    repeats: int
     primary: list[float]
     baseline_cell: Any
     baseline_problem: str | None
     status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
     #: Under a bless, whether the cell is proposed for its baseline (``measurement.decide_bless``); None otherwise.
     bless: BlessDecision | None = None
+
+    @property
+    def status(self) -> MeasurementStatus:
+        return self.record["measurement_status"]
+
+    @property
+    def samples(self) -> dict[str, list[float]]:
+        """Each gated metric's counted repeat samples (what a bless proposes)."""
+        return self.record["samples"]
+
+    @property
+    def repeats(self) -> int:
+        return self.record["repeats"]
 
 
 def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, baseline: CellBaseline,
@@ -138,8 +149,7 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     _complete_record(record, run, campaign.slo)
-    return CellEvaluation(status=status, verdict=verdict, record=record, samples=samples,
-                          durations=[s.duration_s for s in valid], repeats=len(repeats), primary=list(run.primary),
+    return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
                           bless=decision)
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_ddtree.service.fingerprint import local_fingerprint
 from pytest_ddtree.gates.throughput.baseline_format import baseline_cell_entry
 from pytest_ddtree.gates.throughput.measurement import BlessDecision
-from pytest_ddtree.gates.throughput.verdicts import INCONCLUSIVE, MISSING, NEW, THIN
-from pytest_ddtree.records.words import GateDecision as Decision
+from pytest_ddtree.records.words import GateDecision
 from pytest_ddtree.records.words import Status
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ class GateWarning:
 class GateOutcome:
     """The gate's decision for one cell, its message, and the warnings to show with it."""
 
-    decision: Decision
+    decision: GateDecision
     message: str = ""
     warnings: tuple[GateWarning, ...] = ()
 
@@ -55,36 +54,36 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     of its baseline (with the hardware fingerprint); the controller writes it at session end.
     """
     if cell.baseline_problem is not None:
-        return GateOutcome(Decision.FAIL, f"{config} {workload}: {cell.baseline_problem}")
+        return GateOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
     verdict = cell.verdict
     if cell.status == Status.INVALID:
-        return GateOutcome(Decision.FAIL, verdict.message(config))
+        return GateOutcome(Status.FAIL, verdict.message(config))
     if cell.bless is not None:
         return _bless(cell, cell.bless, config, workload, baselines, recorder, service, settings)
     require = settings.require_baselines
     notes: list[GateWarning] = []
-    if verdict.status in (MISSING, THIN):
-        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == THIN)])
+    if verdict.status in (Status.MISSING, Status.THIN):
+        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == Status.THIN)])
         msg = (f"{config} {workload}: {reasons} in {baselines.path_for(config)}; "
                f"create it with: {baselines.create_command(config)}")
         if require:
-            return GateOutcome(Decision.FAIL, msg + " (--ddtree-require-baselines)")
+            return GateOutcome(Status.FAIL, msg + " (--ddtree-require-baselines)")
         # A warning, not a skip: the measurement is real and must reach --benchmark-json
         # (pytest-benchmark drops skipped tests); CI makes it a failure with --ddtree-require-baselines.
         notes.append(GateWarning("missing-baseline", msg))
-    new = [m.message for m in verdict.metrics if m.status == NEW]
+    new = [m.message for m in verdict.metrics if m.status == Status.NEW]
     if new:
         notes.append(GateWarning("new-metric", f"{config} {workload}: " + "; ".join(new)))
     if verdict.failed:
-        return GateOutcome(Decision.FAIL, verdict.message(config), tuple(notes))
-    if verdict.status == INCONCLUSIVE:
+        return GateOutcome(Status.FAIL, verdict.message(config), tuple(notes))
+    if verdict.status == Status.INCONCLUSIVE:
         if require:
-            return GateOutcome(Decision.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
+            return GateOutcome(Status.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
                                "a CI run must not pass a cell it could not judge)", tuple(notes))
         # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
         head, *why = verdict.message(config).split("\n  - ")
-        return GateOutcome(Decision.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
-    return GateOutcome(Decision.WARN if notes else Decision.PASS, "", tuple(notes))
+        return GateOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
+    return GateOutcome(Status.WARN if notes else Status.PASS, "", tuple(notes))
 
 
 def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
@@ -93,10 +92,10 @@ def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload:
     refusal = decision.refusal
     if refusal is not None:
         retry = f"{baselines.create_command(config)} --ddtree-workload={workload}"
-        return GateOutcome(Decision.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
+        return GateOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
                                           f"  retry this cell with: {retry}")
     fingerprint = local_fingerprint(service.profile, service.server_info)
     entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp)
     recorder.propose_baseline(config, "metrics", {workload: entry})
     recorder.propose_baseline(config, "fingerprint", fingerprint.as_dict())
-    return GateOutcome(Decision.PASS, f"{config} {workload}: proposed for the baseline")
+    return GateOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")

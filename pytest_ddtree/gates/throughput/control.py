@@ -52,8 +52,8 @@ from pytest_ddtree.measure import stats
 from pytest_ddtree.gates.throughput.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
 from pytest_ddtree.gates.throughput.baseline_format import launch_counts
 from pytest_ddtree.records import shapes as records_mod
-from pytest_ddtree.records.shapes import CellRecord, ControlCellData, ControlJudgedData, MeasuredCellData, RawRecord
-from pytest_ddtree.records.words import RecordKind
+from pytest_ddtree.records.shapes import ControlCellData, ControlJudgedData, JudgedCellData, RawRecord
+from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:
     from pytest_ddtree.measure.load import WorkloadLike
@@ -96,7 +96,7 @@ class _Move:
     floor: float
 
 
-def _move_of(records: Sequence[CellRecord]) -> _Move | None:
+def _move_of(records: Sequence[JudgedCellData]) -> _Move | None:
     """The common change of output tok/s of one launch (its records)."""
     for rec in records:
         m = rec["verdict"]["metrics"].get(_METRIC)
@@ -171,13 +171,13 @@ def _blessed_share(records: Sequence[ControlJudgedData], blessed: Mapping[str, f
     return sum(1.0 / counts.get(sid, 1) for sid in blessed) / k**2 if blessed else 1.0
 
 
-def _median_value(records: Sequence[CellRecord], cell: str) -> float | None:
+def _median_value(records: Sequence[JudgedCellData], cell: str) -> float | None:
     values = [float(v) for r in records if r.get("cell") == cell
               and stats.is_number(v := (r.get("metrics") or {}).get(_METRIC)) and v > 0]
     return stats.median(values) if values else None
 
 
-def _change(records: Sequence[CellRecord], cell: str) -> float | None:
+def _change(records: Sequence[JudgedCellData], cell: str) -> float | None:
     for r in records:
         if r.get("cell") == cell:
             m = r["verdict"]["metrics"].get(_METRIC)
@@ -186,7 +186,7 @@ def _change(records: Sequence[CellRecord], cell: str) -> float | None:
     return None
 
 
-def group_of(rec: CellRecord) -> str:
+def group_of(rec: JudgedCellData) -> str:
     """Configs are compared with the control of the same hardware profile and host."""
     return f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
 
@@ -259,7 +259,7 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
+def judge(records: Sequence[RawRecord], configs: Sequence[JudgedCellData], *,
           require_baselines: bool = False, update_mode: bool = False, z_uniform: float = Z_UNIFORM) -> ControlJudgement:
     """The control's verdict, each config's speedup over it and the session's uniform shift.
 
@@ -283,9 +283,9 @@ def judge(records: Sequence[RawRecord], configs: Sequence[MeasuredCellData], *,
     return out
 
 
-def _judge_group(name: str, control: list[ControlJudgedData], configs: list[MeasuredCellData],
+def _judge_group(name: str, control: list[ControlJudgedData], configs: list[JudgedCellData],
                  require_baselines: bool, update_mode: bool,
-                 relaunches: Sequence[MeasuredCellData] = (), z_uniform: float = Z_UNIFORM) -> GroupJudgement:
+                 relaunches: Sequence[JudgedCellData] = (), z_uniform: float = Z_UNIFORM) -> GroupJudgement:
     cells = sorted({str(r.get("cell")) for r in control})
     source = str(control[0].get("control_source") or "non-speculative launch")
     g = GroupJudgement(name, source, len(cells))
@@ -337,7 +337,7 @@ def _control_cell_failures(g: GroupJudgement, control: list[ControlJudgedData], 
                   if (rec.get("control_launch") or 1) > 1 else "")
         if refusal:
             g.control_failures.append(f"{rec.get('cell')}: not blessed: {refusal}; retry with: {rec.get('retry')}")
-        elif status in gate.FAILING or (require_baselines and status in (gate.MISSING, gate.THIN, gate.INCONCLUSIVE)):
+        elif status in gate.FAILING or (require_baselines and status in (Status.MISSING, Status.THIN, Status.INCONCLUSIVE)):
             metrics = verdict.get("metrics") or {}
             detail = "; ".join(str(m.get("message")) for m in metrics.values() if isinstance(m, Mapping) and m.get("message"))
             detail = detail or "; ".join(str(x) for x in verdict.get("reasons") or []) or status
@@ -345,7 +345,7 @@ def _control_cell_failures(g: GroupJudgement, control: list[ControlJudgedData], 
                                       + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
 
 
-def _config_moves(configs: list[MeasuredCellData], relaunches: Sequence[MeasuredCellData]) -> dict[str, _Move]:
+def _config_moves(configs: list[JudgedCellData], relaunches: Sequence[JudgedCellData]) -> dict[str, _Move]:
     """Each speculative config's common change; a relaunched config's is the mean of its launches."""
     moves: dict[str, _Move] = {}
     for cfg in sorted({str(c.get("config")) for c in configs}):
@@ -359,7 +359,7 @@ def _config_moves(configs: list[MeasuredCellData], relaunches: Sequence[Measured
     return moves
 
 
-def _spreads(configs: list[MeasuredCellData], name: str, ctl: _Move | None) -> tuple[float, float]:
+def _spreads(configs: list[JudgedCellData], name: str, ctl: _Move | None) -> tuple[float, float]:
     """How much one launch's common change moves between launches, and the blessed days' spread."""
     # how much one launch's common change moves between launches (the configs' blessed sessions,
     # each against the others of its session: many degrees of freedom); the control's relaunches
@@ -464,7 +464,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     return speculative_moved
 
 
-def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs: list[MeasuredCellData]) -> None:
+def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs: list[JudgedCellData]) -> None:
     """Each config's speedup over the control per cell, and its change against the blessed speedup."""
     cells = sorted({str(r.get("cell")) for r in control})
     rows = []

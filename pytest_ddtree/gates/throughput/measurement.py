@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.records.words import MeasurementStatus
+from pytest_ddtree.records.words import MeasurementStatus, Status
 
 
 #: Below this median engine busy fraction (engines that report their simulated clock: the
@@ -134,33 +134,33 @@ def measurement_status(
     ``min_busy_fraction``: the numbers would describe the machine, not the config.
     """
     if invalid:
-        return stats.INVALID, list(problems)[:20] or ["measurement invalid"]
+        return Status.INVALID, list(problems)[:20] or ["measurement invalid"]
     if spoiled and len(primary) < policy.min_repeats:
         shown = "; ".join(spoiled[:8]) + (f"; ... and {len(spoiled) - 8} more" if len(spoiled) > 8 else "")
-        return stats.INCONCLUSIVE, [
+        return Status.INCONCLUSIVE, [
             f"only {len(primary)} clean repeat(s) of the {policy.min_repeats} needed: {len(spoiled)} repeat(s) measured "
             f"the machine, not the config, and were retaken as far as the extra repeats allow ({shown}); {WHAT_TO_DO}"]
     status = policy.status(primary, invalid=invalid)
-    if status == stats.INVALID:
+    if status == Status.INVALID:
         return status, list(problems)[:20] or ["measurement invalid"]
     what_to_do = WHAT_TO_DO
-    if status == stats.INCONCLUSIVE:
+    if status == Status.INCONCLUSIVE:
         spread = policy.spread(primary) if primary else math.inf
         return status, [f"repeats disagree after {len(primary)} repeats: output tok/s {[round(p, 1) for p in primary]} "
                         f"(robust spread {spread:.1%} > {policy.inconclusive_rel_ci:.0%}); {what_to_do}"]
     fractions = [float(f) for m in repeats if not open_loop(m) and stats.is_number(f := m.get("ddtree_engine_busy_fraction"))]
     if fractions and stats.median(fractions) < min_busy_fraction:
-        return stats.INCONCLUSIVE, [
+        return Status.INCONCLUSIVE, [
             f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "
             f"client too slow): the numbers describe the machine, not the config; {what_to_do}"]
     overruns = [float(o) for m in repeats if stats.is_number(o := m.get("clock_overruns"))]
     if overruns and stats.median(overruns) > 1:
-        return stats.INCONCLUSIVE, [
+        return Status.INCONCLUSIVE, [
             f"the service fell behind its own clock in most repeats (clock_overruns per repeat {overruns}): "
             f"the numbers describe the machine, not the config; {what_to_do}"]
     short = concurrency_shortfall(repeats)
     if short is not None:
-        return stats.INCONCLUSIVE, [f"{short}; {what_to_do}"]
+        return Status.INCONCLUSIVE, [f"{short}; {what_to_do}"]
     return status, []
 
 
@@ -171,7 +171,7 @@ def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Se
     run: a valid measurement (not invalid, not inconclusive: repeats that agree, an engine that
     kept its clock, a client that kept the cell's concurrency) whose output tok/s interval is
     within ``BLESS_MAX_HALF_WIDTH``."""
-    if status != stats.VALID:
+    if status != Status.VALID:
         return "; ".join(reasons) or f"the measurement is {status}"
     half = stats.log_mean_half_width(primary)
     if half > BLESS_MAX_HALF_WIDTH:

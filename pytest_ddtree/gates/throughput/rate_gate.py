@@ -31,7 +31,7 @@ from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.gates.throughput import throughput
 from pytest_ddtree.records.rate_shapes import REBLESS, RateGateData, SustainableRateData
 from pytest_ddtree.measure.slo import SLO, RateSearch
-from pytest_ddtree.records.words import GateDecision
+from pytest_ddtree.records.words import GateDecision, Status
 
 #: The gated metric of a blessed rate: bench_serving's request_goodput (good requests per second).
 GOODPUT = REQUEST_GOODPUT
@@ -58,7 +58,7 @@ def bless_entry(search: RateSearch, campaigns: Mapping[float, throughput.Campaig
         return None, f"no rate met {slo.label}: there is no sustainable rate to bless"
     cell = throughput.rate_cell(template, rate)
     facts = throughput.cell_input(campaigns[rate], cell, None)
-    if facts.status != stats.VALID:
+    if facts.status != Status.VALID:
         return None, (f"the measurement at {rate:g} req/s is {facts.status}: "
                       + ("; ".join(facts.problems) or "see its repeats in the records"))
     goodput = list(facts.current.get(GOODPUT) or [])
@@ -106,25 +106,26 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
             and stats.median(measured) < float(base_median) * (1 - tolerance):
         # the rule works on logs and leaves a repeat with no good request unjudged: at a rate the
         # blessed repeats all met, a median beyond the tolerance below them is the regression itself
-        status = gate.REGRESSION
+        status = Status.REGRESSION
         details = (f"\n  - {sum(1 for v in measured if v <= 0)} of {len(measured)} repeat(s) had no request meeting "
                    f"the SLO (goodput per repeat {[round(v, 3) for v in measured]})")
     shown = (f"goodput {_num(now)} req/s against the blessed {_num(base_median)} req/s (tolerance {tolerance:.0%}), "
              f"SLO attainment {_pct(probe.figures.get('slo_attainment'))}"
              + (f"; {probe.reason}" if probe.reason else f"; {slo.label} met"))
     where = f"{config}: its blessed sustainable rate {rate:g} req/s on {template.name} under SLO {slo.label}"
+    decision: GateDecision
     if status in gate.FAILING:
-        decision = GateDecision.FAIL
+        decision = Status.FAIL
         message = (f"{where} no longer holds: {shown}.{details}\n  If the change is intended, bless again: "
                    f"{create_command} (a session without the blessed rate searches the rate this build sustains)")
-    elif status in (gate.INCONCLUSIVE, gate.THIN, gate.MISSING):
-        decision = GateDecision.FAIL if require else GateDecision.SKIP
+    elif status in (Status.INCONCLUSIVE, Status.THIN, Status.MISSING):
+        decision = Status.FAIL if require else Status.SKIP
         message = (f"{where}: {str(status).upper()}, not judged: {shown}{details}"
                    + (" (--ddtree-require-baselines)" if require else ""))
     else:
-        decision = GateDecision.PASS
+        decision = Status.PASS
         message = f"{where} still holds: {shown}"
-    held = decision is GateDecision.PASS
+    held = decision is Status.PASS
     record = RateSearch(rate if held else None, None if held else rate, [probe], resolution).record(template.name, slo)
     record["gate"] = {"blessed_rate": rate, "status": str(status), "message": message}
     return RateGateOutcome(decision, message, record)
@@ -149,8 +150,8 @@ def unjudged(config: str, workload: str, blessed: Mapping[str, Any] | None, slo:
         why = (f"{config}: no blessed sustainable rate on {workload} in {path}: searched and reported, not gated; "
                f"bless it with: {create_command}")
     if require:
-        return GateDecision.FAIL, why + " (--ddtree-require-baselines)"
-    return GateDecision.WARN, why
+        return Status.FAIL, why + " (--ddtree-require-baselines)"
+    return Status.WARN, why
 
 
 def _num(value: Any) -> str:

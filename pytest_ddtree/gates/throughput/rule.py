@@ -21,24 +21,14 @@ from pytest_ddtree.gates.throughput.verdicts import (
     CellInput,
     CellVerdict,
     Direction,
-    FLAGGED,
-    IMPROVED,
-    INCONCLUSIVE,
-    INVALID,
-    METRIC_MISSING,
     MIN_BASELINE_SAMPLES,
-    MISSING,
     MetricBaseline,
     MetricVerdict,
-    NEW,
-    PASS,
-    REGRESSION,
     SPECS,
-    THIN,
     fmt,
     fmt_pct,
 )
-from pytest_ddtree.records.words import MeasurementStatus, Verdict
+from pytest_ddtree.records.words import MeasurementStatus, Status, Verdict
 
 
 #: Cells a config needs before its common shift is estimated and removed.
@@ -289,16 +279,16 @@ def _config_tolerance(key: str, metrics: Mapping[str, Metric], session_shift: Ma
 
 def _early_verdict(name: str, cell: CellInput) -> CellVerdict | None:
     """Invalid, missing and changed-workload cells are never compared."""
-    if cell.status == stats.INVALID:
-        return CellVerdict(name, INVALID, (), tuple(cell.problems) or ("measurement invalid",))
+    if cell.status == Status.INVALID:
+        return CellVerdict(name, Status.INVALID, (), tuple(cell.problems) or ("measurement invalid",))
     if cell.baseline is None:
-        return CellVerdict(name, MISSING, (), ("no baseline for this cell",))
+        return CellVerdict(name, Status.MISSING, (), ("no baseline for this cell",))
     base_workload = cell.baseline.get("workload")
     if cell.workload is not None and isinstance(base_workload, Mapping):
         diff = {k: (base_workload.get(k), v) for k, v in cell.workload.items() if base_workload.get(k) != v}
         if diff:
             changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
-            return CellVerdict(name, MISSING, (), (
+            return CellVerdict(name, Status.MISSING, (), (
                 f"the workload changed since the baseline ({changes}); the old numbers do not apply",))
     return None
 
@@ -314,7 +304,7 @@ def _judge_cell(
     gates = (cell.baseline or {}).get("gates") or {}
     verdicts: list[MetricVerdict] = []
     # what to do with a better or a new number: bless it, unless the measurement is not trusted
-    advice = ("; bless it with --ddtree-update-baselines" if cell.status != stats.INCONCLUSIVE
+    advice = ("; bless it with --ddtree-update-baselines" if cell.status != Status.INCONCLUSIVE
               else " (not to be blessed: the measurement is inconclusive)")
     for key, entry in sorted(gates.items()):
         base = MetricBaseline.from_entry(key, entry)
@@ -322,14 +312,14 @@ def _judge_cell(
         m = by_metric.get(key, {}).get(name)
         if not current:
             verdicts.append(MetricVerdict(
-                key, METRIC_MISSING, base.direction, base.tolerance, stats.median(base.samples), None, None,
+                key, Status.METRIC_MISSING, base.direction, base.tolerance, stats.median(base.samples), None, None,
                 unit=base.unit, baseline_samples=len(base.samples), baseline_sessions=len(base.sessions),
                 message=f"{key}: gated in the baseline but not produced by this run (did speculation stop? "
                         "a service that no longer reports it?); if that is intended, re-bless the config"))
             continue
         if m is None:
             verdicts.append(MetricVerdict(
-                key, THIN, base.direction, base.tolerance, stats.median(base.samples) if base.samples else None,
+                key, Status.THIN, base.direction, base.tolerance, stats.median(base.samples) if base.samples else None,
                 stats.median(current), None, unit=base.unit, baseline_samples=len(base.samples),
                 baseline_sessions=len(base.sessions),
                 message=f"{key}: the baseline holds {len(base.samples)} sample(s), the gate needs at least "
@@ -344,18 +334,18 @@ def _judge_cell(
         if values and key in SPECS:
             spec = SPECS[key]
             verdicts.append(MetricVerdict(
-                key, NEW, spec.direction, spec.tolerance, None, stats.median(values), None, unit=spec.unit,
+                key, Status.NEW, spec.direction, spec.tolerance, None, stats.median(values), None, unit=spec.unit,
                 message=f"{key}: new (measured {fmt(stats.median(values))} {spec.unit}, not in the baseline)"
                         + advice))
-    if cell.status == stats.INCONCLUSIVE:
+    if cell.status == Status.INCONCLUSIVE:
         # Compared for the record, but a measurement that could not be trusted is neither a
         # regression nor a pass, and is not worth a confirmation run.
-        verdicts = [dataclasses.replace(v, status=INCONCLUSIVE) if v.status in (FLAGGED, REGRESSION, IMPROVED) else v
+        verdicts = [dataclasses.replace(v, status=Status.INCONCLUSIVE) if v.status in (Status.FLAGGED, Status.REGRESSION, Status.IMPROVED) else v
                     for v in verdicts]
-        return CellVerdict(name, INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
+        return CellVerdict(name, Status.INCONCLUSIVE, tuple(verdicts), tuple(cell.problems or ["repeats disagree"]))
     found = {v.status for v in verdicts}
-    worst_first: tuple[Verdict, ...] = (REGRESSION, METRIC_MISSING, FLAGGED, THIN, IMPROVED)
-    status: Verdict = next((s for s in worst_first if s in found), PASS)
+    worst_first: tuple[Verdict, ...] = (Status.REGRESSION, Status.METRIC_MISSING, Status.FLAGGED, Status.THIN, Status.IMPROVED)
+    status: Verdict = next((s for s in worst_first if s in found), Status.PASS)
     return CellVerdict(name, status, tuple(verdicts), ())
 
 
@@ -398,9 +388,9 @@ def _judge_metric(
     confirm_change: float | None = None
     status: Verdict
     if flagged_why and confirmation is None:
-        status, msg = FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
+        status, msg = Status.FLAGGED, f"{what}: flagged: {flagged_why}; a confirmation run decides"
     elif flagged_why and not confirmation:
-        status = REGRESSION
+        status = Status.REGRESSION
         msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; no confirmation run was "
                f"possible ({made_of(tolerance, len(m.current))})")
     elif flagged_why and confirmation is not None:
@@ -418,18 +408,18 @@ def _judge_metric(
                     f"{base.unit}, {fmt_pct(math.expm1(conf_log - m.base_log)) if conf_log is not None else '?'}"
                     f" ({fmt_pct(math.expm1(conf_rel))} relative)")
         if reproduced:
-            status = REGRESSION
+            status = Status.REGRESSION
             msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
                    f"{conf_txt} ({made_of(tolerance, len(confirmation), conf_floor, Z_CONFIRM, conf_sigma)})")
         else:
-            status = PASS
+            status = Status.PASS
             msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
                    f"within its {tolerance:.1%} tolerance: pass")
     elif -worse > tolerance:
-        status = IMPROVED
+        status = Status.IMPROVED
         msg = f"{what}: improved beyond the {tolerance:.1%} tolerance{advice}"
     else:
-        status, msg = PASS, ""
+        status, msg = Status.PASS, ""
     return MetricVerdict(
         key, status, direction, tolerance, base_median, cur_median, math.expm1(m.change_log),
         (interval.low - 1) if interval else None, (interval.high - 1) if interval else None, base.unit, msg,
@@ -452,7 +442,7 @@ def compare_cell(
     baseline: Mapping[str, Any] | None,
     current: Mapping[str, Sequence[float]],
     *,
-    status: MeasurementStatus = stats.VALID,
+    status: MeasurementStatus = Status.VALID,
     problems: Sequence[str] = (),
     workload: Mapping[str, Any] | None = None,
     confirmation: Mapping[str, Sequence[float]] | None = None,

@@ -12,9 +12,9 @@ from typing import Any
 from pytest_ddtree.measure import stats
 from pytest_ddtree.gates.throughput.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_widened_z
 from pytest_ddtree.gates.throughput.rule import FLAG_FLOOR_SHARE, worse_by
-from pytest_ddtree.gates.throughput.verdicts import Direction, PASS, REGRESSION, fmt_pct
+from pytest_ddtree.gates.throughput.verdicts import Direction, fmt_pct
 from pytest_ddtree.records.shapes import JudgedCellData
-from pytest_ddtree.records.words import Verdict
+from pytest_ddtree.records.words import Status, Verdict
 
 
 # --- A config against the rest of its session -------------------------------------------------
@@ -72,7 +72,7 @@ class ConfigMove:
 class SessionFinding:
     config: str
     metric: str
-    status: Verdict  # REGRESSION or PASS
+    status: Verdict  # Status.REGRESSION or Status.PASS
     shift: float  # the config's common change (relative, not log)
     others: float  # the median common change of the other configs
     relative: float
@@ -83,7 +83,7 @@ class SessionFinding:
 
     @property
     def failed(self) -> bool:
-        return self.status == REGRESSION
+        return self.status == Status.REGRESSION
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -299,7 +299,7 @@ def judge_session(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] 
                            "re-bless the config with --ddtree-update-baselines")
             else:
                 message = f"{what}, within the {made_of}"
-            findings.append(SessionFinding(c.config, key, REGRESSION if regressed else PASS, math.expm1(c.shift),
+            findings.append(SessionFinding(c.config, key, Status.REGRESSION if regressed else Status.PASS, math.expm1(c.shift),
                                            math.expm1(ref), math.expm1(judged), tolerance, names, message,
                                            relaunched=bool(more)))
     return findings

@@ -27,6 +27,7 @@ from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch, SearchPlan
 from pytest_ddtree.records.shapes import RepeatData, WorkloadData
+from pytest_ddtree.records.words import Status
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
@@ -226,18 +227,18 @@ def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: 
     campaign.confirmations, campaign.verdicts = confirm_in_stages(flagged, measure, _primary, judge, on_confirm,
                                                                   spoiled_reason)
     for name, run in campaign.confirmations.items():
-        cleared = campaign.verdicts[name].status in (gate.PASS, gate.IMPROVED) and len(run.primary) >= repeats
+        cleared = campaign.verdicts[name].status in (Status.PASS, Status.IMPROVED) and len(run.primary) >= repeats
         if run.short_of_clean and not cleared:
             # a confirmation that measured the machine cannot confirm a flag (nor clear it on a few repeats)
             campaign.verdicts[name] = dataclasses.replace(
-                campaign.verdicts[name], status=gate.INCONCLUSIVE,
+                campaign.verdicts[name], status=Status.INCONCLUSIVE,
                 reasons=(f"flagged in the first pass, but its confirmation run got only {len(run.primary)} clean "
                          f"repeat(s) of the {CONFIRM_REPEATS} needed: {len(run.spoiled)} measured the machine, not "
                          f"the config ({'; '.join(spoiled_evidence(run)[:8])}); {gate.WHAT_TO_DO}",))
         else:
             loaded = latency_beside_a_loaded_machine(campaign.verdicts[name], campaign.runs[name], run)
             if loaded is not None:
-                campaign.verdicts[name] = dataclasses.replace(campaign.verdicts[name], status=gate.INCONCLUSIVE,
+                campaign.verdicts[name] = dataclasses.replace(campaign.verdicts[name], status=Status.INCONCLUSIVE,
                                                               reasons=(loaded,))
 
 
@@ -346,7 +347,7 @@ def cleared_early(verdict: gate.CellVerdict) -> bool:
     """Whether a flagged cell's first confirmation stage clears it with room to spare: it passes,
     and every confirmed metric's confirmation (the config's common change removed) is on the bad
     side by at most half its tolerance."""
-    if verdict.status not in (gate.PASS, gate.IMPROVED):
+    if verdict.status not in (Status.PASS, Status.IMPROVED):
         return False
     for m in verdict.metrics:
         if m.confirm_change is None:
@@ -386,9 +387,9 @@ def latency_beside_a_loaded_machine(verdict: gate.CellVerdict, first: stats.Cell
     contended (``MAX_HOST_CPU_PRESSURE``): there every repeat can be clean, the engine on its
     clock and the client at its concurrency, while each first token waits for a CPU (CI: the main
     job's c8_short TTFT +46%, +61% in its confirmation, beside other timing-sensitive tests)."""
-    if verdict.status != gate.REGRESSION:
+    if verdict.status != Status.REGRESSION:
         return None
-    regressed = [m for m in verdict.metrics if m.status == gate.REGRESSION]
+    regressed = [m for m in verdict.metrics if m.status == Status.REGRESSION]
     if not regressed or any(m.unit != "ms" for m in regressed):
         return None
     shown = "; ".join(f"{m.metric} {m.change:+.1%}" if m.change is not None else m.metric for m in regressed)

@@ -4,47 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT
-from pytest_ddtree.measure import stats
 from pytest_ddtree.report.text import TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import CellVerdictData, MetricVerdictData
 from pytest_ddtree.records.words import MeasurementStatus, Status, Verdict
 
 
 Direction = Literal["higher", "lower"]
-
-
-#: Verdict vocabulary (cell and metric level): words.Status's words, under the gate's names.
-PASS: Final = Status.PASS
-
-
-IMPROVED: Final = Status.IMPROVED
-
-
-FLAGGED: Final = Status.FLAGGED  # beyond tolerance in the first pass; waits for its confirmation run
-
-
-REGRESSION: Final = Status.REGRESSION
-
-
-INCONCLUSIVE: Final = Status.INCONCLUSIVE
-
-
-INVALID: Final = Status.INVALID
-
-
-MISSING: Final = Status.MISSING
-
-
-THIN: Final = Status.THIN  # baseline with fewer samples than the gate needs: reported, not trusted
-
-
-NEW: Final = Status.NEW  # metric measured now, absent from the baseline: reported
-
-
-METRIC_MISSING: Final = Status.METRIC_MISSING  # gated in the baseline, not produced by the run: fails
 
 
 #: Blessed sessions a baseline keeps (bless appends one and drops the oldest).
@@ -91,7 +59,7 @@ RENAMED_GATES = {ACCEPT_LENGTH: TOKENS_PER_VERIFY}
 
 
 #: Statuses that fail a cell's test.
-FAILING = (REGRESSION, INVALID, METRIC_MISSING)
+FAILING = (Status.REGRESSION, Status.INVALID, Status.METRIC_MISSING)
 
 
 @dataclass(frozen=True)
@@ -181,7 +149,7 @@ class CellVerdict:
 
     @property
     def flagged(self) -> bool:
-        return any(m.status == FLAGGED for m in self.metrics)
+        return any(m.status == Status.FLAGGED for m in self.metrics)
 
     def metric(self, key: str) -> MetricVerdict | None:
         return next((m for m in self.metrics if m.metric == key), None)
@@ -189,7 +157,7 @@ class CellVerdict:
     def message(self, config: str = "") -> str:
         """One human-readable paragraph: what happened and what to do."""
         where = f"{config} {self.cell}".strip()
-        if self.status == INVALID:
+        if self.status == Status.INVALID:
             head = f"{where}: INVALID measurement (not a regression, not a pass):"
             shown = [f"  - {r if len(r) <= 200 else r[:197] + '...'}" for r in self.reasons[:5]]
             if len(self.reasons) > 5:
@@ -215,7 +183,7 @@ class CellInput:
 
     baseline: Mapping[str, Any] | None  # the ``metrics.<cell>`` entry, None when missing
     current: Mapping[str, Sequence[float]]  # gated metric -> repeat samples
-    status: MeasurementStatus = stats.VALID  # the measurement's own status (measurement_status)
+    status: MeasurementStatus = Status.VALID  # the measurement's own status (measurement_status)
     problems: Sequence[str] = ()
     workload: Mapping[str, Any] | None = None
 
