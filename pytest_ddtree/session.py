@@ -249,7 +249,7 @@ class DDTreeSession:
             return None
         from pytest_ddtree.service.gpu import HostGpus
 
-        return fingerprint(server_info, None, HostGpus(runner).inventory())
+        return fingerprint(server_info, None, HostGpus(runner).inventory(), swept=self.profile.settable_fields())
 
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""

@@ -57,3 +57,20 @@ def test_sanitize() -> None:
     assert fingerprint.sanitize("../../etc") == "etc"
     assert fingerprint.sanitize("") == "unknown"
     assert "/" not in fingerprint.sanitize("a/b c")
+
+
+def test_backend_page_size_overlap_and_dp_enter_the_fingerprint_unless_swept() -> None:
+    """Two deployments that differ only in attention backend, page size, overlap scheduling or dp
+    are different baseline folders; a profile that sweeps one as an axis leaves it to the names."""
+    inv = _Inventory(tuple(_Gpu("NVIDIA H200") for _ in range(8)))
+    base = dict(SGLANG, attention_backend="fa3", page_size=1, disable_overlap_schedule=False, dp_size=1)
+    fp = fingerprint.fingerprint(base, inventory=inv)
+    assert {k: fp.details[k] for k in fingerprint.SETUP_KEYS} == {
+        "attention_backend": "fa3", "page_size": 1, "disable_overlap_schedule": False, "dp_size": 1}
+    for key, other in (("attention_backend", "trtllm_mha"), ("page_size", 64), ("disable_overlap_schedule", True),
+                       ("dp_size", 8)):
+        changed = fingerprint.fingerprint(dict(base, **{key: other}), inventory=inv)
+        assert changed.name != fp.name, key
+        swept = fingerprint.fingerprint(dict(base, **{key: other}), inventory=inv, swept=[fingerprint.SETUP_KEYS[key]])
+        assert key not in swept.details
+        assert swept.name == fingerprint.fingerprint(base, inventory=inv, swept=[fingerprint.SETUP_KEYS[key]]).name

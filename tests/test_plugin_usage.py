@@ -24,7 +24,9 @@ def gate_file(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("bs8_b8", "malformed config name 'bs8_b8'"),
+        ("bs8_b8_kx", "malformed config name 'bs8_b8_kx'"),
+        # well-formed since the axes (topk left out: the build's own), but not listed: a typo
+        ("bs8_b8", "bs8_b8 is not in the matrix*did you mean 'bs8_b8_k4'"),
         ("bs9_*", "pattern 'bs9_*' matches no config"),
         ("bs8_b8_k4,garbage", "malformed config name 'garbage'"),
     ],

@@ -302,9 +302,10 @@ def _depth_evidence(name: str, by_depth: Mapping[str, Sequence[float]], from_dep
     """Where the drafter stops being right in ``name``, from the server's histograms."""
     shares = by_depth.get(name)
     config = config_or_none(name)
-    if not shares or config is None:
+    shape = config.tree_shape() if config is not None else None
+    if not shares or shape is None:
         return None
-    bound = min(config.block_size - 1, config.budget)
+    bound = min(shape[0] - 1, shape[1])
     if from_depth is not None:
         return (f"the server's acceptance histograms show why: in {name} {_share(shares, from_depth):.0%} of verifies "
                 f"accepted {from_depth} or more drafts, though its tree allows {bound}")
@@ -337,11 +338,12 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
     drafter stops being right: the server's own data for the finding.
     """
     by_depth = by_depth or {}
-    parsed = {n: c for n in accept if (c := config_or_none(n))}
+    parsed = {n: c for n in accept if (c := config_or_none(n)) and c.tree_shape() is not None}
     out: list[str] = []
     groups: dict[tuple[int, int, int], list[tuple[int, str]]] = defaultdict(list)
     for name, c in parsed.items():
-        groups[(c.block_size, c.topk, c.sort_key()[3])].append((c.budget, name))
+        bs, budget, topk = c.tree_shape() or (0, 0, 0)
+        groups[(bs, topk, c.sort_key()[3])].append((budget, name))
     findings: list[str] = []
     flat_steps: list[tuple[float, int, int, str, str, float, float]] = []
     for _group, members in sorted(groups.items()):
@@ -361,7 +363,7 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
             findings.append(why)
     by_bs: dict[int, list[tuple[float, str]]] = defaultdict(list)
     for name, c in parsed.items():
-        by_bs[c.block_size].append((accept[name], name))
+        by_bs[(c.tree_shape() or (0, 0, 0))[0]].append((accept[name], name))
     if len(by_bs) >= 2:
         sizes = sorted(by_bs)
         lo_best = max(by_bs[sizes[0]])
@@ -573,6 +575,15 @@ GATE_HEADERS = ["config", "health", "coding passed", "lossless", "failed tests"]
 proof_fields = ("block_size", "budget", "topk", "window")
 
 
+def applied_columns(applied: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """The applied table's columns: DDTree's four, then every other axis a launch's evidence names
+    (steps, a tree width, the attention backend...), in catalogue order."""
+    from pytest_ddtree import axes as axes_mod
+
+    more = {name for fields in applied.values() for name in fields if name not in proof_fields}
+    return [*proof_fields, *axes_mod.order(more)]
+
+
 def applied_by_evidence(records: Sequence[RawRecord], no_effect: Sequence[NoEffectFinding] = ()
                         ) -> dict[str, dict[str, dict[str, str]]]:
     """Per launched config, each field's evidence (the last ready launch's ``applied_evidence``):
@@ -650,12 +661,13 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         md_parts += ["## Config fields without effect", "", *(f"- {line}" for line in lines), ""]
     payload["applied"] = applied_by_evidence(records, no_effect)
     if payload["applied"]:
-        rows = [[config, *(str(fields.get(f, {}).get("status", "-")) for f in proof_fields)]
+        columns = applied_columns(payload["applied"])
+        rows = [[config, *(str(fields.get(f, {}).get("status", "-")) for f in columns)]
                 for config, fields in payload["applied"].items()]
-        table = tabulate(rows, headers=["config", *proof_fields], disable_numparse=True)
+        table = tabulate(rows, headers=["config", *columns], disable_numparse=True)
         sections.append(("ddtree applied, by evidence", table))
         md_parts += ["## Applied, by evidence", "",
-                     tabulate(rows, headers=["config", *proof_fields], tablefmt="github", disable_numparse=True), ""]
+                     tabulate(rows, headers=["config", *columns], tablefmt="github", disable_numparse=True), ""]
     summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
     if throughput and results_dir is not None:
         try:

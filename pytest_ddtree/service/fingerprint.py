@@ -3,7 +3,9 @@
 Why: a tok/s number means nothing without the machine, engine and model that produced it
 (pytest-benchmark's machine id has no GPU in it, which its users complain about). So the
 baseline folder is named after a fingerprint: GPU model and count (NVML), engine version,
-target model and drafter. The folder name is short and readable (``8xH200-sglang-0.5.3-
+target model and drafter, and what of the launch changes the numbers without being a config
+axis of the profile: attention backend, page size, overlap scheduling and data parallelism
+(:data:`SETUP_KEYS`; a profile that sweeps one as an axis leaves it to the config's name). The folder name is short and readable (``8xH200-sglang-0.5.3-
 kimi-k2.6-1a2b3c4d``); the full details and their hash are recorded inside every baseline
 file, so a reviewer sees what the numbers belong to.
 
@@ -78,17 +80,30 @@ def is_reference_engine(server_info: Mapping[str, object]) -> bool:
     return isinstance(version, str) and version.startswith("refserver")
 
 
+#: /server_info keys (SGLang 0.5.23 server args, resolved at start-up) that change the numbers a
+#: gate compares -> the axis (pytest_ddtree.axes) that sweeps them: the stored tree-width hook rejects
+#: trtllm_mha, which would verify the tree as a chain; DDTree disables overlap scheduling.
+SETUP_KEYS = {
+    "attention_backend": "attention_backend",
+    "page_size": "page_size",
+    "disable_overlap_schedule": "overlap",
+    "dp_size": "dp",
+}
+
+
 def fingerprint(
     server_info: Mapping[str, object],
     model_info: Mapping[str, Any] | None = None,
     inventory: InventoryLike | None = None,
     override: str | None = None,
+    swept: Sequence[str] = (),
 ) -> HardwareProfile:
     """The fingerprint of a running service (pure: every fact is passed in).
 
     ``server_info``/``model_info`` are the service's /server_info and /model_info answers;
     ``inventory`` is :func:`pytest_ddtree.service.gpu.gpu_inventory` (None or no GPUs:
-    ``cpu``); ``override`` is the profile's ``hardware_profile`` key.
+    ``cpu``); ``override`` is the profile's ``hardware_profile`` key; ``swept``: the axes the
+    profile sets per config (a :data:`SETUP_KEYS` key they cover stays out: the name carries it).
     """
     model_info = model_info or {}
     gpus = list(inventory.gpus) if inventory is not None else []
@@ -101,7 +116,8 @@ def fingerprint(
         "model": _basename(model_info.get("model_path") or server_info.get("model_path")),
         "drafter": _basename(server_info.get("speculative_draft_model_path")),
         "speculative_algorithm": server_info.get("speculative_algorithm"),
-        "tp_size": server_info.get("tp_size"),
+        "tp_size": server_info.get("tp_size") if "tp" not in swept else None,
+        **{key: server_info.get(key) for key, axis in SETUP_KEYS.items() if axis not in swept},
     }
     details = {k: v for k, v in details.items() if v is not None}
     digest = hashlib.sha256(json.dumps(details, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -153,5 +169,7 @@ def local_fingerprint(profile: _ProfileLike | None, server_info: Mapping[str, ob
         from pytest_ddtree.service.gpu import gpu_inventory
 
         inventory = gpu_inventory()
-    return fingerprint(server_info, None, inventory, override)
+    settable = getattr(profile, "settable_fields", None) if profile is not None else None
+    swept = tuple(settable()) if callable(settable) else ()
+    return fingerprint(server_info, None, inventory, override, swept)
 

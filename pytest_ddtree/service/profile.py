@@ -15,6 +15,7 @@ import string
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypedDict
 
+from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
 from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
@@ -88,13 +89,29 @@ def _expand_environment(value: Any, key: str, fail: Callable[[str, str], Profile
     return value
 
 
-# A fixed value that follows another field, e.g. ``block_size - 1`` (upstream DFLASH's chain).
-_FIXED_EXPRESSION = re.compile(r"^\s*(block_size|budget|topk)\s*(?:([+-])\s*(\d+))?\s*$")
+# A fixed value that follows another axis, e.g. ``block_size - 1`` (upstream DFLASH's chain) or
+# ``steps + 1``; an applied key may also read a bool axis negated (``not overlap``).
+_FIXED_EXPRESSION = re.compile(r"^\s*([a-z][a-z_]*)\s*(?:([+-])\s*(\d+))?\s*$")
+_NEGATED = re.compile(r"^\s*not\s+([a-z][a-z_]*)\s*$")
+
+
+def _axis_key(key: object, section: str, fail: Callable[[str, str], ProfileError]) -> str:
+    """``key`` of a per-axis section, checked to be an axis (pytest_ddtree.axes or the profile's ``axes:``)."""
+    if not axes_mod.is_axis(key):
+        names = [a.name for a in axes_mod.catalogue()]
+        raise fail(f"{section}.{key}", f"unknown config field; {did_you_mean(str(key), names)}allowed: {', '.join(names)} "
+                                       "(an axis of your own: declare it under axes:)")
+    return str(key)
+
+
+def _int_axis(name: str) -> bool:
+    return axes_mod.is_axis(name) and axes_mod.axis(name).type in ("int", "window")
 
 
 _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     # key: (accepted types, required)
     "name": (str, True),
+    "axes": ((list, type(None)), False),
     "controller": (str, True),
     "command": (str, False),
     "unit": (str, False),
@@ -171,6 +188,10 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         raise ProfileError(f"{where}: a service profile must be a YAML mapping (see docs/profiles.md)")
     raw = _expand_environment(raw, "", fail)
     _check_key_types(raw, fail)
+    try:
+        declared = axes_mod.declare(raw.get("axes"), f"{where}: axes")
+    except axes_mod.AxisError as exc:
+        raise ProfileError(str(exc)) from None
     controller = raw["controller"]
     if controller not in CONTROLLERS:
         raise fail("controller", f"must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
@@ -223,6 +244,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         slurm=slurm,
         source=source,
         text=text,
+        declared_axes=declared,
     )
 
 
@@ -302,29 +324,40 @@ def _check_launch(raw: Mapping[str, Any], controller: str, port: int | str, pool
 
 class _ConfigFields(TypedDict):
     config_args: dict[str, str]
+    config_choices: dict[str, dict[Any, str]]
+    applied_negated: frozenset[str]
     config_env: dict[str, dict[str, str]]
     fixed: dict[str, FixedValue]
     applied: dict[str, str]
     applied_offset: dict[str, int]
-    allowed: dict[str, tuple[int, ...]]
+    allowed: dict[str, tuple[Any, ...]]
     fixed_because: dict[str, str]
 
 
 def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
     """How each config field reaches the service, what the build fixes, where it is read
     back: config_args, config_env, fixed, applied, allowed and fixed_because."""
-    config_args = raw.get("config_args") or {}  # an external service's launch is not ours: none
-    for key, template in config_args.items():
-        if key not in CONFIG_FIELDS:
-            raise fail(f"config_args.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
+    config_args: dict[str, str] = {}
+    choices: dict[str, dict[Any, str]] = {}
+    for key, template in (raw.get("config_args") or {}).items():  # an external service's launch is not ours: none
+        key = _axis_key(key, "config_args", fail)
+        if isinstance(template, Mapping):
+            choices[key] = _parse_choice_flags(key, template, fail)
+            continue
         if not valid_value_template(template):
-            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), got {template!r}")
-    config_env = _parse_config_env(raw.get("config_env") or {}, config_args, fail)
-    settable = set(config_args) | set(config_env)
+            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), or for a "
+                                             f"choice or bool axis a mapping of each value to its flags, got {template!r}")
+        if value_offset(template) and not _int_axis(key):
+            raise fail(f"config_args.{key}", f"{{value+N}} adds to a number; {key} is a {axes_mod.axis(key).type} axis")
+        config_args[key] = str(template)
+    config_env = _parse_config_env(raw.get("config_env") or {}, {**config_args, **choices}, fail)
+    settable = set(config_args) | set(config_env) | set(choices)
     fixed = _parse_fixed(raw.get("fixed") or {}, settable, fail)
-    applied, applied_offset = _parse_applied(raw.get("applied") or {}, fail)
+    applied, applied_offset, negated = _parse_applied(raw.get("applied") or {}, fail)
     return _ConfigFields(
-        config_args=dict(config_args),
+        config_args=config_args,
+        config_choices=choices,
+        applied_negated=negated,
         config_env=config_env,
         fixed=fixed,
         applied=applied,
@@ -346,9 +379,9 @@ def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail)
     sources = _parse_sources(raw.get("sources") or {}, fail)
     applied = fields["applied"]
     unverifiable = _parse_unverifiable(raw.get("unverifiable") or {}, applied, fail)
-    for key in CONFIG_FIELDS:
-        if (key in fields["config_args"] or key in fields["config_env"]) and key not in applied.values() and key not in unverifiable:
-            section = "config_args" if key in fields["config_args"] else "config_env"
+    for key in (*fields["config_args"], *fields["config_choices"], *fields["config_env"]):
+        if key not in applied.values() and key not in unverifiable:
+            section = "config_env" if key in fields["config_env"] else "config_args"
             raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
                                          f"it under applied, or say why it cannot be checked under unverifiable")
     return _ReadBack(sources=sources, unverifiable=unverifiable, fork_flags=_parse_fork_flags(raw, fail))
@@ -383,7 +416,8 @@ def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
     """``fork_flags: {--flag: why}``: each a ``--`` flag of the command or of a config_args
     template (a flag the launch never passes needs no excuse), each with the fork or PR it comes from."""
     section = raw.get("fork_flags") or {}
-    passed = " ".join([str(raw.get("command") or ""), *(str(v) for v in (raw.get("config_args") or {}).values())]).split()
+    templates = [t for v in (raw.get("config_args") or {}).values() for t in (v.values() if isinstance(v, Mapping) else [v])]
+    passed = " ".join([str(raw.get("command") or ""), *map(str, templates)]).split()
     out: dict[str, str] = {}
     for flag, why in section.items():
         if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
@@ -399,8 +433,7 @@ def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
 def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any], fail: _Fail) -> dict[str, dict[str, str]]:
     config_env: dict[str, dict[str, str]] = {}
     for key, variables in section.items():
-        if key not in CONFIG_FIELDS:
-            raise fail(f"config_env.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
+        key = _axis_key(key, "config_env", fail)
         if not isinstance(variables, Mapping) or not variables:
             raise fail(f"config_env.{key}", f"must map environment variables to templates, e.g. {{SGLANG_X: \"{{value}}\"}}, got {variables!r}")
         if key in config_args:
@@ -427,15 +460,15 @@ def _parse_env(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
 def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, FixedValue]:
     fixed: dict[str, FixedValue] = {}
     for key, value in section.items():
-        if key not in CONFIG_FIELDS:
-            raise fail(f"fixed.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
+        key = _axis_key(key, "fixed", fail)
         if key in settable:
             raise fail(f"fixed.{key}", "the profile also sets this field (config_args / config_env); a fixed field is one the build cannot set")
         if value is None:
             fixed[key] = FixedValue()
         elif isinstance(value, int) and not isinstance(value, bool):
             fixed[key] = FixedValue(number=value)
-        elif isinstance(value, str) and (match := _FIXED_EXPRESSION.match(value)) and match.group(1) != key:
+        elif (isinstance(value, str) and (match := _FIXED_EXPRESSION.match(value)) and match.group(1) != key
+              and _int_axis(match.group(1))):
             amount = int(match.group(3) or 0)
             fixed[key] = FixedValue(follows=match.group(1), offset=-amount if match.group(2) == "-" else amount)
         else:
@@ -444,40 +477,69 @@ def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) ->
     return fixed
 
 
-def _parse_applied(section: Mapping[str, Any], fail: _Fail) -> tuple[dict[str, str], dict[str, int]]:
+def _parse_applied(section: Mapping[str, Any], fail: _Fail) -> tuple[dict[str, str], dict[str, int], frozenset[str]]:
     applied: dict[str, str] = {}
     applied_offset: dict[str, int] = {}
+    negated: set[str] = set()
     for key, field_name in section.items():
         match = _FIXED_EXPRESSION.match(field_name) if isinstance(field_name, str) else None
-        if field_name in CONFIG_FIELDS:
-            applied[str(key)] = field_name
-        elif match is not None:  # "budget + 1": the key counts differently (e.g. the root node too)
+        if match is not None and not axes_mod.is_axis(match.group(1)):
+            match = None
+        negation = _NEGATED.match(field_name) if isinstance(field_name, str) else None
+        if axes_mod.is_axis(field_name):
+            applied[str(key)] = str(field_name)
+        elif negation is not None and axes_mod.is_axis(negation.group(1)) and axes_mod.axis(negation.group(1)).type == "bool":
+            applied[str(key)] = negation.group(1)  # "not overlap": /server_info's disable_overlap_schedule
+            negated.add(str(key))
+        elif match is not None and _int_axis(match.group(1)):  # "budget + 1": the key counts differently (e.g. the root node too)
             applied[str(key)] = match.group(1)
             amount = int(match.group(3) or 0)
             if amount:
                 applied_offset[str(key)] = -amount if match.group(2) == "-" else amount
         else:
-            raise fail(f"applied.{key}", f"must name a config field ({', '.join(CONFIG_FIELDS)}), optionally with an "
-                                         f"offset such as 'budget + 1', got {field_name!r}")
-    return applied, applied_offset
+            raise fail(f"applied.{key}", f"must name a config field (an axis: {', '.join(a.name for a in axes_mod.catalogue())}), "
+                                         f"optionally with an offset such as 'budget + 1' (or 'not overlap' for a bool "
+                                         f"axis), got {field_name!r}")
+    return applied, applied_offset, frozenset(negated)
+
+
+def _parse_choice_flags(key: str, section: Mapping[Any, Any], fail: _Fail) -> dict[Any, str]:
+    """``config_args.<axis>: {value: flags}``: a choice or bool axis mapped value by value; the
+    values listed are the ones the build accepts (``overlap: {on: "", off: --disable-overlap-schedule}``)."""
+    axis = axes_mod.axis(key)
+    if axis.type not in ("choice", "bool") or not section:
+        raise fail(f"config_args.{key}", f"a mapping of values to flags is for a choice or bool axis with at least one "
+                                         f"value; {key} is a {axis.type} axis: write a template with {{value}}")
+    out: dict[Any, str] = {}
+    for value, flags in section.items():
+        try:
+            checked = axis.check(value)
+        except axes_mod.AxisError as exc:
+            raise fail(f"config_args.{key}.{value}", str(exc)) from None
+        if not isinstance(flags, str) or "{" in flags:
+            raise fail(f"config_args.{key}.{value}", f"must be the flags for this value as text ('' for none), got {flags!r}")
+        out[checked] = flags
+    return out
 
 
 def _parse_allowed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, tuple[int, ...]]:
-    allowed: dict[str, tuple[int, ...]] = {}
+    allowed: dict[str, tuple[Any, ...]] = {}
     for key, values in section.items():
         if key not in settable:
             raise fail(f"allowed.{key}", "only a field the profile sets (config_args / config_env) has allowed values")
-        if (not isinstance(values, list) or not values
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
-            raise fail(f"allowed.{key}", f"must list the positive integers the build accepts, e.g. [4, 8, 16], got {values!r}")
-        allowed[str(key)] = tuple(values)
+        if not isinstance(values, list) or not values:
+            raise fail(f"allowed.{key}", f"must list the values the build accepts, e.g. [4, 8, 16], got {values!r}")
+        try:
+            allowed[str(key)] = tuple(axes_mod.axis(key).check(v) for v in values)
+        except axes_mod.AxisError as exc:
+            raise fail(f"allowed.{key}", f"must list values the build accepts: {exc}") from None
     return allowed
 
 
 def _parse_fixed_because(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, str]:
     fixed_because: dict[str, str] = {}
     for key, reason in section.items():
-        if key not in CONFIG_FIELDS or key in settable:
+        if not axes_mod.is_axis(key) or key in settable:
             raise fail(f"fixed_because.{key}", "must name a config field the profile does not set")
         if not isinstance(reason, str) or not reason.strip():
             raise fail(f"fixed_because.{key}", "must say why the build cannot set this field")
@@ -495,8 +557,7 @@ def _parse_sources(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
 def _parse_unverifiable(section: Mapping[str, Any], applied: Mapping[str, str], fail: _Fail) -> dict[str, str]:
     unverifiable = {str(k): v for k, v in section.items()}
     for key, reason in unverifiable.items():
-        if key not in CONFIG_FIELDS:
-            raise fail(f"unverifiable.{key}", f"unknown config field; {did_you_mean(str(key), CONFIG_FIELDS)}allowed: {', '.join(CONFIG_FIELDS)}")
+        _axis_key(key, "unverifiable", fail)
         if not isinstance(reason, str) or not reason.strip():
             raise fail(f"unverifiable.{key}", "must give the reason /server_info cannot show this field (the report prints it)")
         if key in applied.values():

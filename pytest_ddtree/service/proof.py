@@ -135,15 +135,17 @@ def acceptance_by_depth(hist: Sequence[int]) -> list[float]:
     return out
 
 
-def accept_bound(values: Mapping[str, int | None]) -> int | None:
-    """The most drafts one verify can accept under ``values``: min(block_size - 1, budget)
-    (a chain's budget is block_size - 1; an unknown budget leaves the block size's bound)."""
-    block = values.get("block_size")
-    if block is None:
+def accept_bound(values: Mapping[str, Any]) -> int | None:
+    """The most drafts one verify can accept under ``values``: min(block_size - 1, budget), and for
+    an EAGLE-style drafter min(steps, budget): EAGLE drafts ``steps`` tokens deep, so no path of its
+    tree is longer (a chain's budget is block_size - 1; an unknown budget leaves the depth's bound)."""
+    depths = [v - 1 for v in (values.get("block_size"),) if isinstance(v, int)]
+    depths += [v for v in (values.get("steps"),) if isinstance(v, int)]
+    if not depths:
         return None
-    bound = block - 1
+    bound = min(depths)
     budget = values.get("budget")
-    if budget is not None:
+    if isinstance(budget, int):
         bound = min(bound, budget)
     return bound
 
@@ -376,7 +378,7 @@ class Proof:
         }
 
 
-def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported: Iterable[str],
+def judge(values: Mapping[str, Any], *, settable: Iterable[str], reported: Iterable[str],
           probe: ProbeResult | None, startup: StartupValues | None, metrics_text: str | None) -> Proof:
     """Weigh the signals for one config's field ``values`` (block_size, budget, topk, window).
 
@@ -419,6 +421,8 @@ def judge(values: Mapping[str, int | None], *, settable: Iterable[str], reported
             how = f"the copy probe reached the bound of {bound} accepted drafts (histogram {format_histogram(probe.histogram)})"
             if block is not None and bound == block - 1:
                 proven["block_size"].append(how)
+            if values.get("steps") is not None and bound == values["steps"]:
+                proven["steps"].append(how)
             if budget is not None and bound == budget:
                 proven["budget"].append(how)
     if startup is not None:
@@ -487,7 +491,18 @@ def _first(lines: Sequence[str]) -> str:
 
 #: Fields no build shows by behaviour (no histogram bound, no start-up value that a worker
 #: must honour): only configs that differ in them alone can say whether they had any effect.
-A_B_FIELDS = ("topk", "window")
+def _a_b_fields() -> tuple[str, ...]:
+    """The axes an A/B of greedy acceptance may find without effect: topk, the window, and every
+    speculative axis of the catalogue beyond DDTree's four (a tree width, steps, the tree algorithm);
+    not block size or budget (the copy probe proves those), nor a non-speculative axis (a backend,
+    page size, overlap: greedy acceptance must not move with them, so equal acceptance proves nothing)."""
+    from pytest_ddtree import axes as axes_mod
+
+    extra = [a.name for a in axes_mod.catalogue() if a.speculative and a.name not in ("block_size", "budget", "topk", "window")]
+    return ("topk", "window", *extra)
+
+
+A_B_FIELDS = _a_b_fields()
 
 
 def _acceptance_key(record: Mapping[str, object]) -> tuple[str, Any] | None:
@@ -506,21 +521,22 @@ def _acceptance_key(record: Mapping[str, object]) -> tuple[str, Any] | None:
     return None
 
 
-def _could_matter(name: str, a: Mapping[str, int | None], b: Mapping[str, int | None], context: int | None) -> bool:
+def _could_matter(name: str, a: Mapping[str, Any], b: Mapping[str, Any], context: int | None) -> bool:
     """Whether the two values of ``name`` could change a greedy result at all: topk only binds
-    below the budget (a depth holds at most budget nodes); a window only past its length."""
+    below the budget (a depth holds at most budget nodes); a window only past its length; any other
+    speculative axis always may."""
     if name == "topk":
         budget = a.get("budget")
         ta, tb = a.get("topk"), b.get("topk")
         if budget is None or ta is None or tb is None:
             return False
-        return min(ta, budget) != min(tb, budget)
+        return bool(min(ta, budget) != min(tb, budget))
     if name == "window":
         if context is None:
             return False
         windows = [w for w in (a.get("window"), b.get("window")) if w is not None]
         return bool(windows) and context > min(windows)
-    return False
+    return name not in ("block_size", "budget")
 
 
 def _workload(record: Mapping[str, object]) -> Mapping[str, object]:
@@ -540,7 +556,7 @@ def no_effect(records: Iterable[Mapping[str, object]], default_window: int | Non
     from pytest_ddtree.configs import DEFAULT_WINDOW, config_or_none
 
     cells: dict[str, dict[str, Mapping[str, object]]] = {}
-    values: dict[str, dict[str, int | None]] = {}
+    values: dict[str, dict[str, Any]] = {}
     for r in records:
         name = str(r.get("config"))
         config = config_or_none(name)
@@ -553,11 +569,11 @@ def no_effect(records: Iterable[Mapping[str, object]], default_window: int | Non
         cells.setdefault(name, {})[str(r.get("cell"))] = r
     findings: list[NoEffectFinding] = []
     names = sorted(values)
-    for field_name in A_B_FIELDS:
+    for field_name in _a_b_fields():
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 va, vb = values[a], values[b]
-                if va[field_name] == vb[field_name] or any(va[f] != vb[f] for f in va if f != field_name):
+                if va.get(field_name) == vb.get(field_name) or any(va.get(f) != vb.get(f) for f in {*va, *vb} if f != field_name):
                     continue
                 if field_name == "window" and -1 in (va["window"], vb["window"]):
                     continue
@@ -576,7 +592,7 @@ def no_effect(records: Iterable[Mapping[str, object]], default_window: int | Non
                         identical = False
                         break
                 if compared and identical:
-                    shown = "/".join(str(v[field_name]) if v[field_name] is not None else "none" for v in (va, vb))
+                    shown = "/".join(str(v.get(field_name)) if v.get(field_name) is not None else "none" for v in (va, vb))
                     findings.append({
                         "field": field_name,
                         "configs": [a, b],

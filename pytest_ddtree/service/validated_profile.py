@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree import axes as axes_mod
+from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
 from pytest_ddtree.service.fleet import FleetKeys
 from pytest_ddtree.service.slurm import SlurmKeys
 from pytest_ddtree.service.ssh import SSHTarget
 
 CONTROLLERS = ("process", "systemd", "external", "command", "slurm")
-CONFIG_FIELDS = ("block_size", "budget", "topk", "window")
+#: The DDTree axes every profile speaks of (a profile may map any other axis of pytest_ddtree.axes too).
+CONFIG_FIELDS = CORE_FIELDS
 LOSSLESS_MODES = ("instance", "golden")
 
 
@@ -40,12 +42,15 @@ class SelectionError(ProfileError):
 _VALUE_PLACEHOLDER = re.compile(r"\{value(?:([+-])(\d+))?\}")
 
 
-def render_value(template: str, value: int) -> str:
-    """Fill ``{value}`` / ``{value+N}`` / ``{value-N}`` in a flag or environment template."""
+def render_value(template: str, value: object) -> str:
+    """Fill ``{value}`` / ``{value+N}`` / ``{value-N}`` in a flag or environment template (an offset
+    only for a number; a bool is written true / false)."""
 
     def fill(match: re.Match[str]) -> str:
         sign, amount = match.group(1), match.group(2)
-        if sign is None:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if sign is None or not isinstance(value, int):
             return str(value)
         return str(value + int(amount) if sign == "+" else value - int(amount))
 
@@ -86,10 +91,10 @@ class FixedValue:
     follows: str | None = None
     offset: int = 0
 
-    def value_for(self, values: Mapping[str, int | None]) -> int | None:
+    def value_for(self, values: Mapping[str, Any]) -> int | None:
         if self.follows is not None:
-            base = values[self.follows]
-            return None if base is None else base + self.offset
+            base = values.get(self.follows)
+            return None if not isinstance(base, int) or isinstance(base, bool) else base + self.offset
         return self.number
 
     def describe(self) -> str:
@@ -112,11 +117,18 @@ class ServiceProfile:
     default_window: int | None
     config_args: Mapping[str, str]
     applied: Mapping[str, str]
+    #: axis -> value -> the flags for it, for a choice or bool axis mapped value by value
+    #: (``overlap: {on: "", off: --disable-overlap-schedule}``): its values are the ones it accepts.
+    config_choices: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
+    #: /server_info keys that show a bool axis negated (``disable_overlap_schedule: not overlap``)
+    applied_negated: frozenset[str] = frozenset()
+    #: the axes the profile's ``axes:`` declares (beyond those pytest_ddtree.axes ships)
+    declared_axes: tuple[axes_mod.Axis, ...] = ()
     config_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     fixed: Mapping[str, FixedValue] = field(default_factory=dict)
     unverifiable: Mapping[str, str] = field(default_factory=dict)
     #: field -> the values this build accepts for it (e.g. topk in (4, 8, 16)); others are refused.
-    allowed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    allowed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     #: field -> why the build cannot set it (printed where a config is left out for that field).
     fixed_because: Mapping[str, str] = field(default_factory=dict)
     #: /server_info key -> what it shows beyond the field's value (``budget + 1``: it counts the root).
@@ -210,16 +222,26 @@ class ServiceProfile:
         return str(path)
 
     # -- rendering -------------------------------------------------------------------------
+    def fields(self) -> tuple[str, ...]:
+        """The axes this profile speaks of: DDTree's four, then every other it maps, fixes or reads back."""
+        named = {*self.config_args, *self.config_choices, *self.config_env, *self.fixed, *self.applied.values(),
+                 *self.unverifiable, *self.fixed_because}
+        return (*CONFIG_FIELDS, *axes_mod.order(n for n in named if n not in CONFIG_FIELDS))
+
     def render_config_args(self, config: DDTreeConfig) -> list[str]:
-        """The launch flags for ``config``; a field whose value is None (no window) is omitted."""
+        """The launch flags for ``config``; an axis whose value is None (left out, or no window) is omitted."""
         values = config.field_values(self.default_window)
         args: list[str] = []
-        for field_name in CONFIG_FIELDS:
-            template = self.config_args.get(field_name)
-            value = values[field_name]
-            if template is None or value is None:
+        for field_name in self.fields():
+            value = values.get(field_name)
+            if value is None:
                 continue
-            args.extend(shlex.split(render_value(template, value)))
+            if field_name in self.config_choices:
+                args.extend(shlex.split(self.config_choices[field_name].get(value, "")))
+                continue
+            template = self.config_args.get(field_name)
+            if template is not None:
+                args.extend(shlex.split(render_value(template, value)))
         return args
 
     def render_env(self, config: DDTreeConfig | None) -> dict[str, str]:
@@ -229,8 +251,8 @@ class ServiceProfile:
         if config is None:
             return env
         values = config.field_values(self.default_window)
-        for field_name in CONFIG_FIELDS:
-            value = values[field_name]
+        for field_name in self.fields():
+            value = values.get(field_name)
             if value is None:
                 continue
             for variable, template in self.config_env.get(field_name, {}).items():
@@ -240,7 +262,7 @@ class ServiceProfile:
     # -- what the build can set ------------------------------------------------------------
     def settable_fields(self) -> tuple[str, ...]:
         """Fields that reach the service through a launch flag or an environment variable."""
-        return tuple(f for f in CONFIG_FIELDS if f in self.config_args or f in self.config_env)
+        return tuple(f for f in self.fields() if f in self.config_args or f in self.config_env or f in self.config_choices)
 
     def fixed_field(self, field_name: str) -> FixedValue | None:
         """How the build decides a field the profile cannot set (None: the profile sets it).
@@ -252,11 +274,16 @@ class ServiceProfile:
     def how_fields_reach_the_service(self) -> dict[str, str]:
         """field -> one line: the flag, the variable, or what the build uses instead."""
         out: dict[str, str] = {}
-        for name in CONFIG_FIELDS:
-            if name in self.config_args:
+        for name in self.fields():
+            if name in self.config_choices:
+                how = "flags " + ", ".join(f"{axes_mod.axis(name).format(v)}: {f or '(none)'}"
+                                           for v, f in self.config_choices[name].items())
+            elif name in self.config_args:
                 how = f"flag {self.config_args[name]}"
             elif name in self.config_env:
                 how = "env " + ", ".join(f"{k}={v}" for k, v in self.config_env[name].items())
+            elif name not in CONFIG_FIELDS and name not in self.fixed:
+                how = "not settable: this build has no flag for it (the profile maps none)"
             else:
                 fixed = self.fixed_field(name)
                 assert fixed is not None
@@ -296,14 +323,23 @@ class ServiceProfile:
         the build decides otherwise, or a value outside the field's ``allowed`` list. Empty: the
         build can run the config (it may still share its launch with another config)."""
         values = config.field_values(self.default_window)
+        given = set(config.set_axes())
         out: list[tuple[str, str]] = []
-        for name in CONFIG_FIELDS:
+        for name in (*self.fields(), *axes_mod.order(given - set(self.fields()))):
+            shown = axes_mod.axis(name).format(values.get(name)) if name in given else values.get(name)
             fixed = self.fixed_field(name)
             if fixed is None:
-                allowed = self.allowed.get(name)
-                if allowed is not None and values[name] not in allowed:
-                    out.append((name, f"{name}={values[name]}, but this build accepts {name} "
-                                      f"{', '.join(map(str, allowed))} only (allowed.{name} in the profile)"))
+                allowed = self.allowed.get(name) or (tuple(self.config_choices[name]) if name in self.config_choices else None)
+                if allowed is not None and name in given and values[name] not in allowed:
+                    out.append((name, f"{name}={shown}, but this build accepts {name} "
+                                      f"{', '.join(axes_mod.axis(name).format(v) for v in allowed)} only "
+                                      f"({'allowed' if name in self.allowed else 'config_args'}.{name} in the profile)"))
+                continue
+            if name not in given and name != "window":
+                continue  # left out of the name: whatever the build uses
+            if name not in CONFIG_FIELDS and name not in self.fixed:
+                out.append((name, f"{name}={shown}, but this build has no flag for {name} (the profile maps none: "
+                                  f"config_args.{name} or config_env.{name})"))
                 continue
             expected = fixed.value_for(values)
             if expected is not None and values[name] != expected:
@@ -318,15 +354,15 @@ class ServiceProfile:
         exists (a settable field's value is not allowed, or a derived value cannot be known)."""
         values = config.field_values(self.default_window)
         changed: dict[str, int] = {}
-        for name in ("block_size", "budget", "topk"):
+        for name in self.fields():
             fixed = self.fixed_field(name)
-            if fixed is None:
+            if fixed is None or name == "window" or (name not in CONFIG_FIELDS and name not in self.fixed):
                 continue
             expected = fixed.value_for({**values, **changed})
-            if expected is not None:
+            if expected is not None and (name in config.set_axes() or name in CONFIG_FIELDS):
                 changed[name] = expected
         try:
-            projected = dataclasses.replace(config, **changed) if changed else config
+            projected = config.replaced(changed) if changed else config
         except ValueError:  # e.g. a budget of 0 on a block size of 1
             return None
         return None if self.why_not(projected) else projected
@@ -351,13 +387,14 @@ class ServiceProfile:
             if len(distinct) < 2:
                 continue
             differing = [
-                name for name in CONFIG_FIELDS
-                if len({c.field_values(self.default_window)[name] for c in distinct.values()}) > 1
+                name for name in {n: None for c in distinct.values() for n in c.field_values(self.default_window)}
+                if len({c.field_values(self.default_window).get(name) for c in distinct.values()}) > 1
             ]
+            how = self.how_fields_reach_the_service()
             names = ", ".join(c.name for c in distinct.values())
             problems.append(
                 f"{names} would run the same launch (command and environment): this profile cannot set "
-                f"{', '.join(differing)} ({'; '.join(f'{f}: {self.how_fields_reach_the_service()[f]}' for f in differing)}); "
+                f"{', '.join(differing)} ({'; '.join(f + ': ' + how.get(f, 'not mapped') for f in differing)}); "
                 "select one of them, or map the field in config_args / config_env if your build can set it"
             )
         if problems:
@@ -437,8 +474,15 @@ class ServiceProfile:
         values = config.field_values(self.default_window)
         out: dict[str, object] = {}
         for key, field_name in self.applied.items():
-            value = values[field_name]
-            out[key] = value if value is None else value + self.applied_offset.get(key, 0)
+            value = values.get(field_name)
+            if value is None and field_name != "window" and field_name not in config.set_axes():
+                continue  # an axis the name leaves out: the build's own, nothing to expect
+            if key in self.applied_negated:
+                out[key] = not value
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out[key] = value + self.applied_offset.get(key, 0)
+            else:
+                out[key] = value
         return out
 
     @property

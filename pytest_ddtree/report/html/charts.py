@@ -154,9 +154,9 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
                                     for c in cells if not c.predicted and c.measurement_status != Status.INVALID])
     groups: dict[tuple[int, int, str], list[tuple[int, float, str]]] = defaultdict(list)
     for name, value in accept.items():
-        if c := config_or_none(name):
+        if (c := config_or_none(name)) and (shape := c.tree_shape()):
             window = "" if name.count("_w") == 0 else name.rsplit("_w", 1)[1]
-            groups[(c.block_size, c.topk, window)].append((c.budget, value, name))
+            groups[(shape[0], shape[2], window)].append((shape[1], value, name))
     if not groups:
         return None
     traces: list[dict[str, Any]] = []
@@ -206,11 +206,11 @@ def speedup_figure(cells: Sequence[Cell], control: Mapping[str, Any] | None) -> 
     groups: dict[tuple[int, int, str], list[tuple[int, float, float, str]]] = defaultdict(list)
     for name, values in speedups.items():
         config = config_or_none(name)
-        if config is None or name not in accept:
+        shape = config.tree_shape() if config is not None else None
+        if shape is None or name not in accept:
             continue
         window = "" if name.count("_w") == 0 else name.rsplit("_w", 1)[1]
-        groups[(config.block_size, config.topk, window)].append(
-            (config.budget, sorted(values)[len(values) // 2], accept[name], name))
+        groups[(shape[0], shape[2], window)].append((shape[1], sorted(values)[len(values) // 2], accept[name], name))
     if not groups:
         return None
     traces = []
