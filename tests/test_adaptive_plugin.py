@@ -121,7 +121,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
 
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    rows = [row(c.name, w, 900.0 + 10 * c.budget * w.concurrency, "refserver") for c in configs[:6] for w in cells]
+    rows = [row(c.name, w, 900.0 + 10 * (c.budget or 0) * w.concurrency, "refserver") for c in configs[:6] for w in cells]
     rows += [row(configs[0].name, w, 50.0, "h100-other") for w in cells]
     (earlier / "results.json").write_text(json.dumps({"throughput": rows}))
     lines: list[str] = []

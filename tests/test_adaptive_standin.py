@@ -38,8 +38,9 @@ def test_a_cost_shape_outside_the_model_still_gets_picks_within_five_percent(pyt
     configs = {c.name: c for c in select_configs(["all"], load_matrix(matrix))}
 
     def truth(name: str, n: int) -> float:
-        c = configs[name]
-        return odd_tok_s(c.block_size, c.budget, c.topk, n, 32)
+        shape = configs[name].tree_shape()
+        assert shape is not None
+        return odd_tok_s(*shape, n, 32)
 
     picks = {rec["cell"]: rec["config"] for rec in payload["adaptive_sweep"]["recommendations"]}
     within = [truth(picks[f"c{n}"], n) >= 0.95 * max(truth(name, n) for name in configs) for n in concurrencies]
