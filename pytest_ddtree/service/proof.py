@@ -502,8 +502,6 @@ def _a_b_fields() -> tuple[str, ...]:
     return ("topk", "window", *extra)
 
 
-A_B_FIELDS = _a_b_fields()
-
 
 def _acceptance_key(record: Mapping[str, object]) -> tuple[str, Any] | None:
     """What greedy acceptance a cell measured: its repeats' distinct histograms where the server
