@@ -60,3 +60,30 @@ def test_a_missing_baseline_warns_with_the_command_that_creates_it(tmp_path: Pat
 def test_a_baseline_file_that_cannot_be_read_fails_before_anything_else(tmp_path: Path) -> None:
     outcome = _check(_cell(Status.PASS, problem="baselines/refserver/bs8_b8_k4.yaml: not YAML"), tmp_path)
     assert outcome.decision is Status.FAIL and outcome.message == "bs8_b8_k4 c8: baselines/refserver/bs8_b8_k4.yaml: not YAML"
+
+
+def _validate_section_callers(root: Path) -> set[tuple[str, str]]:
+    """(module file, enclosing function) of every call of ``validate_section`` under ``root``."""
+    import ast
+
+    found: set[tuple[str, str]] = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "validate_section"
+                                                   or getattr(node.func, "id", None) == "validate_section"):
+                    found.add((path.name, func.name))
+    return found
+
+
+def test_a_cell_path_validates_its_baseline_in_one_place(repo_root: Path) -> None:
+    """#35: the suite, the relaunch and the control read a cell's baseline through
+    ``cells.read_baseline`` alone (a real session counts the calls: tests/test_throughput_suite.py);
+    the only other reader is the pass over every config's file for the noise priors, and the rate
+    section's check of its own cell entry."""
+    callers = _validate_section_callers(repo_root / "pytest_ddtree") | _validate_section_callers(repo_root / "suites")
+    assert callers == {("cells.py", "read_baseline"), ("throughput.py", "_blessed_sections"),
+                       ("baseline_format.py", "validate_rate_section")}, callers
