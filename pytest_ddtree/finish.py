@@ -202,7 +202,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     times = [float(when) for r in records if isinstance(when := r.get("time"), (int, float))]
     try:
         profile = session.profile
-        local = profile.controller == "process" and not profile.host
+        local = profile.capabilities.service_python_here and not profile.host
         python = profile.service_python if local else None
     except (ProfileError, OSError):
         python = None

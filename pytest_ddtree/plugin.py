@@ -314,7 +314,7 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
     nodes = getattr(config.pluginmanager.get_plugin("dsession"), "nodemanager", None)
     if session is None or nodes is None or not _ddtree_in_use(session, config) or session.setup_problem is not None:
         return
-    if session.profile.controller != "external":
+    if session.profile.capabilities.relaunch:
         nodes.EXIT_TIMEOUT = max(nodes.EXIT_TIMEOUT, session.profile.stop_timeout_s + RESTORE_MARGIN_S)
 
 

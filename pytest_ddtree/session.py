@@ -199,22 +199,21 @@ class DDTreeSession:
     def manager(self) -> ServiceManager:
         """The service manager of this process, created on first use (starts nothing by itself)."""
         if self._manager is None:
-            from pytest_ddtree.service.manager import ServiceManager
+            from pytest_ddtree.service.manager import Hooks, Pacing, Placement, ServiceManager
             from pytest_ddtree.service.pool import instance_for_worker, worker_index
 
             profile = self.profile
-            # A slurm profile has no pool: each worker submits its own jobs (pytest -n N: N jobs at once).
-            instance = worker_index(self.worker_id) if profile.controller == "slurm" else instance_for_worker(self.worker_id, profile.pool_size)
+            # A scheduler's profile has no pool: each worker submits its own jobs (pytest -n N: N jobs at once).
+            placed = profile.capabilities.placed_by_scheduler
+            instance = worker_index(self.worker_id) if placed else instance_for_worker(self.worker_id, profile.pool_size)
             self.recorder.host = profile.for_instance(instance).host
             self._manager = ServiceManager(
                 profile,
-                instance_index=instance,
-                log_dir=self.results_dir / "logs",
-                progress=self.progress,
-                lock_dir=self.settings.rootdir / ".ddtree" / "locks" if profile.instance_lock else None,
-                ready_timeout_s=self.settings.ready_timeout,
-                # A slurm job's node is known once it runs: the records of its config name it.
-                on_ready=lambda node: setattr(self.recorder, "host", node),
+                Placement(instance, self.results_dir / "logs",
+                          self.settings.rootdir / ".ddtree" / "locks" if profile.instance_lock else None),
+                pacing=Pacing(ready_timeout_s=self.settings.ready_timeout),
+                # A scheduled job's node is known once it runs: the records of its config name it.
+                hooks=Hooks(self.progress, on_ready=lambda node: setattr(self.recorder, "host", node)),
             )
         return self._manager
 
@@ -273,9 +272,9 @@ class DDTreeSession:
             return
         runner = manager.snapshot_runner()  # an ssh host, or a step in the running slurm job (its node)
         if runner is None:
-            if manager.profile.controller == "slurm":
+            if manager.profile.capabilities.placed_by_scheduler:
                 missing: HostEnvData = {
-                    "host": f"slurm-worker-{manager.instance}",
+                    "host": f"{manager.profile.controller}-worker-{manager.instance}",
                     "error": "no job of this worker was running at session end (its last config failed), so "
                              "nothing ran on a node to take the snapshot there"}
                 self.recorder.record(RecordKind.HOST_ENV, None, missing)

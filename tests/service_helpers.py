@@ -20,7 +20,7 @@ import yaml
 
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Hooks, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 
 
@@ -54,17 +54,14 @@ def make_profile(extra: str = "", **overrides: Any) -> ServiceProfile:
     return parse_profile(raw)
 
 
-def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | None = None, **kw: Any) -> ServiceManager:
-    kw.setdefault("poll_interval", 0.1)
-    kw.setdefault("progress_interval", 0.5)
+def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | None = None,
+                 ready_timeout_s: float | None = None) -> ServiceManager:
     return ServiceManager(
         profile,
-        0,
-        tmp_path / "logs",
-        (lines.append if lines is not None else None),
-        tmp_path / "locks",
-        client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout),
-        **kw,
+        Placement(0, tmp_path / "logs", tmp_path / "locks"),
+        pacing=Pacing(ready_timeout_s, poll_interval=0.1, progress_interval=0.5),
+        hooks=Hooks(lines.append if lines is not None else None),
+        clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)),
     )
 
 

@@ -24,7 +24,7 @@ from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.http import DeadlineExceeded
 from pytest_ddtree.measure.prompts import Prompt
 from pytest_ddtree.service.base import ServiceStartError
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Pacing, Placement, ServiceManager
 from pytest_ddtree.service.process import live_process_groups
 from tests.polling import wait_until
 from tests.suite_helpers import reference_profile, run_suite
@@ -112,8 +112,8 @@ def test_a_start_phase_that_trickles_fails_the_config_and_stops_the_service(
     """Readiness (/health_generate), the applied check (/server_info) and the copy probe (a
     non-streamed /generate): the start fails naming the deadline, and the engine is stopped."""
     # the manager's own client factory: the clients' deadlines are the profile's
-    m = ServiceManager(ref_profile(f"--fault {fault}", **overrides), 0, tmp_path / "logs", None, tmp_path / "locks",
-                       poll_interval=0.1, ready_timeout_s=READY_S if key == "ready_timeout_s" else 30)
+    m = ServiceManager(ref_profile(f"--fault {fault}", **overrides), Placement(0, tmp_path / "logs", tmp_path / "locks"),
+                       pacing=Pacing(READY_S if key == "ready_timeout_s" else 30, poll_interval=0.1))
     managers.append(m)
     err = finishes(lambda: m.ensure(BS8_B8_K4), READY_S + SLACK_S + 10)  # + the engine's own start
     assert isinstance(err, ServiceStartError), err

@@ -19,7 +19,7 @@ import yaml
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import ServiceError
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Hooks, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import HostLock, SSHError, SSHHost, SSHTarget
 from tests.fleet_helpers import UNIT, FakeHost, SshFleet, sshd_binary
@@ -203,8 +203,8 @@ def test_remote_systemd_round_trip_restores_default(ssh_fleet: SshFleet, tmp_pat
     raw["env"] = {"SGLANG_DFLASH_TREE_VERIFY": "1"}
     profile = parse_profile(raw)
     lines: list[str] = []
-    manager = ServiceManager(profile, 0, tmp_path / "logs", lines.append, tmp_path / "locks", poll_interval=0.2,
-                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    manager = ServiceManager(profile, Placement(0, tmp_path / "logs", tmp_path / "locks"), pacing=Pacing(poll_interval=0.2),
+                             hooks=Hooks(lines.append), clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
     starts_before = len(fake.starts())
     try:
         service = manager.ensure(parse_config_name("bs8_b12_k6"))
@@ -227,8 +227,8 @@ def test_remote_systemd_round_trip_restores_default(ssh_fleet: SshFleet, tmp_pat
 def test_crash_on_remote_host_reports_its_journal(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     raw = ssh_fleet.pool_profile(hosts=[1])
     raw["command"] = raw["command"].replace("{config_args}", "{config_args} --fault crash-on-start")
-    manager = ServiceManager(parse_profile(raw), 0, tmp_path / "logs", None, None, poll_interval=0.2,
-                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    manager = ServiceManager(parse_profile(raw), Placement(0, tmp_path / "logs"), pacing=Pacing(poll_interval=0.2),
+                             clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
     try:
         with pytest.raises(ServiceError) as info:
             manager.ensure(parse_config_name("bs8_b8_k4"))
@@ -247,8 +247,8 @@ def test_command_controller_runs_its_templates_on_the_host(ssh_fleet: SshFleet, 
     fake, work = ssh_fleet.hosts[2], tmp_path / "svc"
     profile = command_profile(work, prefix=f'echo "$DDTREE_FAKE_SYSTEMD" > {work}/where; ', host=fake.target,
                               port=free_port(), url="http://{host}:{port}", ssh_options=ssh_fleet.ssh_options())
-    manager = ServiceManager(profile, 0, tmp_path / "logs", None, None, poll_interval=0.2,
-                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    manager = ServiceManager(profile, Placement(0, tmp_path / "logs"), pacing=Pacing(poll_interval=0.2),
+                             clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
     try:
         service = manager.ensure(parse_config_name("bs8_b12_k6"))
         assert service.server_info["speculative_num_draft_tokens"] == 12

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, ServiceUnreachable, nodelay_of
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.pool import free_port
 from tests.loopback import served
 from tests.service_helpers import BS8_B8_K4, BS8_B12_K6, make_profile
@@ -148,8 +148,8 @@ def test_the_manager_closes_each_services_client_when_it_stops_it(tmp_path: Path
         made.append(SGLangClient(url, timeout=timeout))
         return made[-1]
 
-    m = ServiceManager(make_profile(), 0, tmp_path / "logs", None, tmp_path / "locks",
-                       poll_interval=0.1, client_factory=factory)
+    m = ServiceManager(make_profile(), Placement(0, tmp_path / "logs", tmp_path / "locks"),
+                       pacing=Pacing(poll_interval=0.1), clients=Clients(factory))
     try:
         first = m.ensure(BS8_B8_K4)
         assert len(made) == 1 and first.client is made[0]  # one client per launch: health polls, then tests

@@ -14,7 +14,7 @@ from pytest_ddtree.service import proof
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import ConfigNotServed
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
 
 REFERENCE = Path(__file__).resolve().parent.parent / "suites" / "services" / "reference.yaml"
@@ -36,8 +36,8 @@ def managers() -> Iterator[list[ServiceManager]]:
 
 
 def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager]) -> ServiceManager:
-    m = ServiceManager(profile, 0, tmp_path / "logs", None, tmp_path / "locks", poll_interval=0.1,
-                       client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    m = ServiceManager(profile, Placement(0, tmp_path / "logs", tmp_path / "locks"), pacing=Pacing(poll_interval=0.1),
+                       clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
     made.append(m)
     return m
 

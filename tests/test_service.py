@@ -21,7 +21,7 @@ from pytest_ddtree.service.base import (
     ServiceDiedError,
     ServiceStartError,
 )
-from pytest_ddtree.service.manager import RunningService, ServiceManager
+from pytest_ddtree.service.manager import Pacing, Placement, RunningService, ServiceManager
 from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, resolve_instance, worker_index
 from pytest_ddtree.service.process import ProcessController, live_process_groups
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
@@ -306,8 +306,8 @@ def test_pool_assignment() -> None:
 
 def test_two_managers_get_distinct_ports(tmp_path: Path, managers: list[ServiceManager]) -> None:
     profile = make_profile(pool=2)
-    a = ServiceManager(profile, 0, tmp_path / "a", None, tmp_path / "locks", poll_interval=0.1)
-    b = ServiceManager(profile, 1, tmp_path / "b", None, tmp_path / "locks", poll_interval=0.1)
+    a = ServiceManager(profile, Placement(0, tmp_path / "a", tmp_path / "locks"), pacing=Pacing(poll_interval=0.1))
+    b = ServiceManager(profile, Placement(1, tmp_path / "b", tmp_path / "locks"), pacing=Pacing(poll_interval=0.1))
     managers += [a, b]
     assert a.ensure(BS8_B8_K4).url != b.ensure(BS8_B12_K6).url
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +15,7 @@ import yaml
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.service.base import AppliedConfigMismatch, ServiceDiedError, ServiceStartError
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Hooks, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ServiceProfile
 from tests.polling import wait_until
 from tests.refserver_helpers import BS8_B8_K4, managers, ref_profile  # noqa: F401 (fixtures)
@@ -24,11 +23,13 @@ from tests.refserver_helpers import BS8_B8_K4, managers, ref_profile  # noqa: F4
 BS8_B4_K4 = parse_config_name("bs8_b4_k4_wnone")
 
 
-def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager], lines: list[str] | None = None, **kw: Any) -> ServiceManager:
+def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager], lines: list[str] | None = None,
+            ready_timeout_s: float | None = None) -> ServiceManager:
     m = ServiceManager(
-        profile, 0, tmp_path / "logs", lines.append if lines is not None else None, tmp_path / "locks",
-        poll_interval=0.1, progress_interval=0.5,
-        client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout), **kw,
+        profile, Placement(0, tmp_path / "logs", tmp_path / "locks"),
+        pacing=Pacing(ready_timeout_s, poll_interval=0.1, progress_interval=0.5),
+        hooks=Hooks(lines.append if lines is not None else None),
+        clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)),
     )
     made.append(m)
     return m

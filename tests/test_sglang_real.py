@@ -36,7 +36,7 @@ from pytest_ddtree.gates.lossless import MAX_NEW_TOKENS, load_prompts
 from pytest_ddtree.records.shapes import ThroughputRecord
 from pytest_ddtree.report.text import bench_serving_arguments
 from pytest_ddtree.sandbox import Verdict
-from pytest_ddtree.service.manager import REFERENCE_LABEL, RunningService, ServiceManager
+from pytest_ddtree.service.manager import REFERENCE_LABEL, Hooks, Pacing, Placement, RunningService, ServiceManager
 from pytest_ddtree.service.process import _group_members
 from pytest_ddtree.service.profile import load_profile
 from pytest_ddtree.service.readiness import not_speculating
@@ -123,8 +123,8 @@ class Served:
 def served(lane: Lane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The non-speculative launch of the profile, by the service manager (progress each second)."""
     progress: list[str] = []
-    manager = ServiceManager(load_profile(PROFILE), 0, tmp_path_factory.mktemp("sglang-logs"), progress.append,
-                             progress_interval=1.0)
+    manager = ServiceManager(load_profile(PROFILE), Placement(0, tmp_path_factory.mktemp("sglang-logs")),
+                             pacing=Pacing(progress_interval=1.0), hooks=Hooks(progress.append))
     try:
         yield Served(manager, manager.ensure_reference(), progress)
     finally:

@@ -21,7 +21,7 @@ import yaml
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.configs import DDTreeConfig, parse_config_name
 from pytest_ddtree.service.base import ServiceDiedError, ServiceStartError
-from pytest_ddtree.service.manager import ServiceManager
+from pytest_ddtree.service.manager import Clients, Hooks, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.slurm import (
     exit_code_number,
@@ -46,9 +46,10 @@ def _profile_raw(**slurm: Any) -> dict[str, Any]:
 
 
 def _manager(tmp_path: Path, lines: list[str] | None = None, **slurm: Any) -> ServiceManager:
-    return ServiceManager(parse_profile(_profile_raw(**slurm)), 0, tmp_path / "logs", (lines.append if lines is not None else None),
-                          None, poll_interval=0.2, progress_interval=0.5,
-                          client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    return ServiceManager(parse_profile(_profile_raw(**slurm)), Placement(0, tmp_path / "logs"),
+                          pacing=Pacing(poll_interval=0.2, progress_interval=0.5),
+                          hooks=Hooks(lines.append if lines is not None else None),
+                          clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
 
 
 # -- without a cluster ------------------------------------------------------------------------------
@@ -224,8 +225,8 @@ def test_behind_a_login_node_every_slurm_command_runs_there_over_ssh(slurm: Slur
     fleet = SshFleet(tmp_path / "login", n=1, session_env={"SLURM_CONF": str(slurm.conf)}).start()
     raw = _profile_raw(output=str(tmp_path / "jobs" / "%x-%j.out"))
     raw.update(host=fleet.hosts[0].target, ssh_options=fleet.ssh_options())
-    manager = ServiceManager(parse_profile(raw), 0, tmp_path / "logs", None, None, poll_interval=0.2,
-                             client_factory=lambda url, timeout: SGLangClient(url, timeout=timeout))
+    manager = ServiceManager(parse_profile(raw), Placement(0, tmp_path / "logs"), pacing=Pacing(poll_interval=0.2),
+                             clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)))
     try:
         service = manager.ensure(parse_config_name("bs8_b12_k6"))
         record = manager.launches[0]

@@ -90,7 +90,7 @@ def request_from_session(session: DDTreeSession, records: Sequence[RawRecord], e
     failed = [FailedTest(str(f.get("nodeid", "")), str(f.get("reason", ""))) for f in session.failed_tests]
     host_envs: dict[str, HostEnvData] = {r["host"]: r for r in records_mod.host_envs(records) if r.get("host")}
     unit_text = None
-    if profile.controller == "systemd":
+    if profile.capabilities.unit:
         # A fleet's unit lives on its hosts: never read this machine's unit of the same name.
         remote = bool(profile.host or profile.fleet.hosts)
         unit_text = _hosts_unit_text(host_envs) if remote else _systemd_unit_text(profile.unit)

@@ -145,6 +145,17 @@ def package_timestamp(request_time: _dt.datetime | None = None) -> _dt.datetime:
     return t.astimezone(_dt.timezone.utc).replace(microsecond=0)
 
 
+def _drives_a_unit(prof: Mapping[str, Any]) -> bool:
+    """Whether the profile's controller drives a unit whose text and drop-ins the package keeps
+    (its kind's capability, service/kinds.py; an unknown name: no)."""
+    from pytest_ddtree.service.kinds import kind_named
+
+    try:
+        return kind_named(str(prof.get("controller"))).capabilities.unit
+    except KeyError:
+        return False
+
+
 def _profile_dict(profile: Any) -> dict[str, Any]:
     if profile is None:
         return {}
@@ -321,7 +332,7 @@ def _write_services(tree: _Tree, req: PackageRequest, prof: Mapping[str, Any]) -
         lines.append(((f"env {env} ") if env else "") + (r.command or "(no command: controller did not start it)"))
         lines.append("")
     tree.put("services/launch-commands.txt", "\n".join(lines))
-    if prof.get("controller") == "systemd":
+    if _drives_a_unit(prof):
         unit = str(prof.get("unit") or "service.service")
         if "/" in unit or unit.startswith("."):
             unit = unit.replace("/", "_").lstrip(".")
@@ -341,8 +352,7 @@ def _write_services(tree: _Tree, req: PackageRequest, prof: Mapping[str, Any]) -
             if rel not in written:
                 written[rel] = r.dropin
                 tree.put(rel, r.dropin)
-    if prof.get("controller") == "slurm":
-        _write_job_scripts(tree, launches)
+    _write_job_scripts(tree, launches)  # nothing without a scheduler's job script or version
     return warnings
 
 
@@ -556,7 +566,7 @@ def _render_reproduce(
         "patches_text": patches_text,
         "dist_label": ps.distribution or "engine",
         "python_minor": py_minor,
-        "systemd_hint": "; systemd units and drop-ins in `services/systemd/`" if prof.get("controller") == "systemd" else "",
+        "systemd_hint": "; systemd units and drop-ins in `services/systemd/`" if _drives_a_unit(prof) else "",
         "recommended_command": rec_cmd or "(see services/launch-commands.txt)",
         "recommended": rec or "bs8_b8_k4",
         "sweep_table": _demote_headings(sweep.strip()) if sweep else "No results table was recorded (see `bench/`).",

@@ -1,4 +1,4 @@
-"""Service lifecycle: profiles, controllers (process, systemd, external), readiness, the manager.
+"""Service lifecycle: profiles, controllers (one module each behind protocol.py), readiness, the manager.
 
 The plugin uses :class:`ServiceManager` (one per xdist worker) and catches
 :class:`ServiceError` (fail the config's tests, among them :class:`ExternalConfigMismatch`:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
         AppliedConfigMismatch,
         AppliedDiff,
         ConfigNotAvailable,
-        Controller,
         ExitInfo,
         ExternalConfigMismatch,
         Launch,
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
         ServiceStartError,
     )
     from pytest_ddtree.service.manager import RunningService, ServiceManager
+    from pytest_ddtree.service.protocol import Controller, ControllerKind
     from pytest_ddtree.service.pool import InstanceLock, free_port, instance_for_worker, worker_index
     from pytest_ddtree.service.process import install_signal_handlers, kill_all_groups
 
@@ -36,7 +36,8 @@ _HOME = {
     "AppliedConfigMismatch": "base",
     "AppliedDiff": "base",
     "ConfigNotAvailable": "base",
-    "Controller": "base",
+    "Controller": "protocol",
+    "ControllerKind": "protocol",
     "ExitInfo": "base",
     "ExternalConfigMismatch": "base",
     "Launch": "base",

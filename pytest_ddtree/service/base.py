@@ -1,22 +1,22 @@
-"""The controller interface and the errors of the service lifecycle.
+"""The errors and records of the service lifecycle, and what a controller can do.
 
-Three very different ways of running a service (a child process, a systemd unit, somebody else's
-server) sit behind one small interface so that the manager's logic - stop, wait for the GPU,
-start, wait until ready, verify the applied config, cache failures - is written and tested once.
+The controller protocol itself (``Controller``, ``ControllerKind``) is in protocol.py; this
+module keeps what every layer below it shares: the lifecycle's errors, a launch, how a service
+ended, log reading, and the :class:`Capabilities` a controller declares (the validated profile
+carries them, so it needs nothing of the controllers' modules).
+
 A controller only *launches*; readiness is decided by the manager through HTTP, because only the
 service itself knows when its model is loaded.
 """
 
 from __future__ import annotations
 
-import abc
+import enum
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
-
-from pytest_ddtree.records.shapes import ControllerEntry
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 ProgressFn = Callable[[str], None]
 """Where lifecycle progress lines go (the plugin writes them to the terminal)."""
@@ -255,54 +255,64 @@ def head_file(path: Path | None, max_bytes: int = STARTUP_LOG_BYTES) -> str | No
         return None
 
 
-class Controller(abc.ABC):
-    """Launches and stops one service instance; knows when it has died.
+class Runner(Protocol):
+    """Runs a command where the service runs (an ssh host, a step of a Slurm job), for the
+    package's environment snapshot (repro/envsnap.py)."""
 
-    ``start`` returns as soon as the launch was handed over (a process spawned, a restart queued),
-    never after the model is loaded: readiness is the manager's job so that it can show progress,
-    apply one deadline and notice a crash through ``failure()`` within a poll interval.
-    """
+    name: str
 
-    kind: str = "abstract"
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None) -> Any: ...
 
-    @abc.abstractmethod
-    def start(self, launch: Launch) -> None:
-        """Launch the service described by ``launch``; return once launched, not once ready."""
 
-    def await_placement(self, launch: Launch, progress: ProgressFn | None, *, ready_timeout_s: float,
-                        progress_interval: float = 10.0) -> Launch:
-        """Wait until the launch has a place to run and return it with its final URL and port.
+class LaunchFrom(enum.Enum):
+    """What a controller launches a config from."""
 
-        Nothing to wait for where the place is known beforehand (the default); a batch job is
-        placed by its scheduler (slurm.py), and its URL follows the node it got.
-        """
-        return launch
+    NOTHING = "nothing"
+    """Somebody else's service: adopted as it runs, never started, stopped or relaunched."""
+    PROFILE_COMMAND = "command"
+    """The profile's ``command:`` with ``{config_args}`` (it is required)."""
+    OWN_TEMPLATES = "templates"
+    """The controller's own profile keys (the command controller's start/stop/status templates)."""
 
-    @abc.abstractmethod
-    def failure(self) -> ExitInfo | None:
-        """Non-None once the launched service has exited or its unit has failed."""
 
-    @abc.abstractmethod
-    def stop(self) -> None:
-        """Stop what this controller started; safe to call twice or before start."""
+class GpuWait(enum.Enum):
+    """Which GPU-release wait comes before a launch (gpu.py)."""
 
-    @abc.abstractmethod
-    def log_tail(self, n: int = 40) -> str:
-        """The last ``n`` lines of the current launch's log."""
+    NONE = "none"
+    """None: the GPUs are not the harness's to watch (a batch job's node, somebody else's server)."""
+    SINCE_FIRST_LAUNCH = "baseline"
+    """Until the memory is back to what was in use before this manager's first launch."""
+    DRIVER_ONLY = "driver"
+    """Until only the driver's overhead is left: the service held the GPU before the session did
+    (a systemd unit running its default config)."""
 
-    def startup_log(self) -> str | None:
-        """The current launch's log from its start, as far as the controller can read it (bounded),
-        for the start-up lines that print the effective speculative values; None: no log here."""
-        text = self.log_tail(STARTUP_LOG_LINES)
-        return None if text.startswith("<") else text
 
-    def restore_default(self) -> None:
-        """Put the service back on the profile's default config (systemd); nothing for others."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a controller can do, asked by everything outside its module instead of its name."""
 
-    @abc.abstractmethod
-    def describe(self) -> str:
-        """A short human description (``process pid 123``, ``systemd unit x.service``)."""
+    launch: LaunchFrom
+    gpu_wait: GpuWait
+    log_file: bool = False
+    """The launch writes its log to a file the manager names in its log folder (a child process)."""
+    placed_by_scheduler: bool = False
+    """A scheduler picks the node (and with ``port: auto`` the port) once the launch runs: no
+    pool, each xdist worker its own instance, no lock on this machine or the host."""
+    remote_hosts: bool = False
+    """Runs on a profile's ``host:`` (or a pool of hosts) over ssh."""
+    unit: bool = False
+    """Drives a unit whose text the package records (``systemctl cat``)."""
+    service_python_here: bool = False
+    """Without a ``host:`` the service runs the profile's ``python`` on this machine (its build
+    can be read here for the history)."""
 
-    def launch_record(self) -> ControllerEntry:
-        """Controller-specific details of the last launch for the repro package."""
-        return {}
+    @property
+    def relaunch(self) -> bool:
+        """The harness starts, stops and relaunches the service (not somebody else's)."""
+        return self.launch is not LaunchFrom.NOTHING
+
+
+FailFn = Callable[[str, str], Exception]
+"""``fail(key, problem)``: the profile validator's error naming the file and the key."""
+KeyTypes = Mapping[str, tuple[type | tuple[type, ...], bool]]
+"""A profile key's accepted types and whether it is required, as profile.py checks them."""

@@ -17,12 +17,26 @@ the background process must redirect its output, or ssh waits for it.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from pytest_ddtree.records.shapes import ControllerEntry
-from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceError, ServiceStartError
+from pytest_ddtree.service.base import (
+    Capabilities,
+    ExitInfo,
+    GpuWait,
+    Launch,
+    LaunchFrom,
+    ServiceError,
+    ServiceStartError,
+)
+from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.ssh import Host, output_tail
+
+if TYPE_CHECKING:
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.service.validated_profile import ServiceProfile
 
 LOG_LINES = 40
 
@@ -58,6 +72,11 @@ class CommandController(Controller):
         values.update(launch.fields)
         values.update({"port": "" if launch.port is None else launch.port, "url": launch.url, "name": launch.name})
         return values
+
+    def plan(self, launch: Launch, profile: ServiceProfile, config: DDTreeConfig | None, extra_args: str | None) -> Launch:
+        """The launch's template values and its rendered ``start`` (the launch record's command)."""
+        planned = dataclasses.replace(launch, fields=template_fields(profile, config, extra_args))
+        return dataclasses.replace(planned, command=self.render("start", self.values_for(planned)))
 
     def _run(self, verb: str) -> tuple[int, str, str]:
         command = self.render(verb)
@@ -130,3 +149,26 @@ class CommandController(Controller):
         if self.host.name != "local":
             record["host"] = self.host.name
         return record
+
+
+def template_fields(profile: ServiceProfile, config: DDTreeConfig | None, extra_args: str | None = None) -> dict[str, object]:
+    """The templates' values for ``config`` (None with ``extra_args``: the non-speculative reference)."""
+    fields: dict[str, object] = dict(config.field_values(profile.default_window)) if config is not None else {}
+    args = profile.render_config_args(config) if config is not None else []
+    config_args = " ".join(part for part in (shlex.join(args), extra_args or "") if part)
+    fields.update(config_args=config_args, config_env=render_env(profile.render_env(config)),
+                  host=profile.node, unit=profile.unit or "", python=shlex.quote(profile.launch_python))
+    return fields
+
+
+def _make(context: ControllerContext) -> Controller:
+    fleet = context.profile.fleet
+    return CommandController(fleet.commands, context.host, command_timeout_s=fleet.command_timeout_s)
+
+
+KIND = ControllerKind(
+    name="command",
+    capabilities=Capabilities(launch=LaunchFrom.OWN_TEMPLATES, gpu_wait=GpuWait.SINCE_FIRST_LAUNCH, remote_hosts=True),
+    make=_make,
+)
+"""``controller: command``: the profile's start/stop/status templates (fleet.py checks them)."""

@@ -9,9 +9,24 @@ allowed to change it), not failed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError
+from pytest_ddtree.service.base import (
+    Capabilities,
+    ExitInfo,
+    GpuWait,
+    Launch,
+    LaunchFrom,
+    ServiceStartError,
+)
+from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
+
+if TYPE_CHECKING:
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.service.validated_profile import ServiceProfile
+
+HEALTH_TIMEOUT_S = 5.0
+"""Each reachability poll's deadline (the manager's READY_HEALTH_TIMEOUT_S, SGLang's own 5 s)."""
 
 
 class _Health(Protocol):
@@ -46,6 +61,13 @@ class ExternalController(Controller):
                 config_name=launch.name,
                 hint="check the service's own logs",
             )
+
+    def plan(self, launch: Launch, profile: ServiceProfile, config: DDTreeConfig | None, extra_args: str | None) -> Launch:
+        """Nothing to run: the service is somebody else's."""
+        return launch
+
+    def close(self) -> None:
+        self.close_client()
 
     def close_client(self) -> None:
         """Close the health client's connections (the manager calls it at session end)."""
@@ -128,3 +150,18 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
         "control": "none",  # the non-speculative control needs a launch of its own
         "lossless": "golden",  # nor can the lossless reference be launched here
     }
+
+
+def _make(context: ControllerContext) -> Controller:
+    from pytest_ddtree.service.pool import resolve_instance  # pool reads profiles, which read the kinds
+
+    slot = resolve_instance(context.profile, context.instance)
+    return ExternalController(context.health_client(slot.url, HEALTH_TIMEOUT_S), context.profile.health_path)
+
+
+KIND = ControllerKind(
+    name="external",
+    capabilities=Capabilities(launch=LaunchFrom.NOTHING, gpu_wait=GpuWait.NONE),
+    make=_make,
+)
+"""``controller: external``: a running service (or a pool of URLs), adopted and never restarted."""

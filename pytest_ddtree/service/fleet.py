@@ -17,7 +17,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
+from pytest_ddtree.service.base import ENV_NAME_RULE, Capabilities, LaunchFrom, is_env_name
 from pytest_ddtree.service.ssh import SSHTarget
 from pytest_ddtree.suggest import did_you_mean
 
@@ -136,8 +136,10 @@ def parse_host_pool(pool: list[Any], fail: FailFn) -> tuple[HostEntry, ...]:
     return tuple(entries)
 
 
-def parse_fleet_keys(raw: Mapping[str, Any], controller: str, fail: FailFn) -> FleetKeys:
-    """Validate the fleet keys of a raw profile (types were checked by the caller)."""
+def parse_fleet_keys(raw: Mapping[str, Any], controller: str, can: Capabilities, fail: FailFn, *,
+                     remote_kinds: tuple[str, ...] = ()) -> FleetKeys:
+    """Validate the fleet keys of a raw profile (types were checked by the caller) against what
+    its ``controller`` can do (``can``); ``remote_kinds`` name the controllers that run on hosts."""
     host = raw.get("host")
     if host is not None:
         _parse_target(host, "host", fail)
@@ -145,18 +147,19 @@ def parse_fleet_keys(raw: Mapping[str, Any], controller: str, fail: FailFn) -> F
     if host is not None and hosts:
         raise fail("host", "give either host (one host) or pool (a list of hosts), not both")
     remote = bool(host or hosts)
-    if remote and controller not in ("systemd", "command", "slurm"):
-        raise fail("host" if host else "pool", f"remote hosts need controller systemd or command (or slurm: its login node), not {controller}")
-    if hosts and controller == "slurm":
-        raise fail("pool", "a slurm profile has no pool: give the login node as host; Slurm chooses the nodes")
-    # A slurm job picks its port on its node: auto is fine behind a login host.
-    if remote and controller != "slurm" and raw.get("port", "auto") == "auto" and not (hosts and all("port" in e.overrides or "url" in e.overrides for e in hosts)):
+    if remote and not can.remote_hosts:
+        able = " or ".join(remote_kinds)
+        raise fail("host" if host else "pool", f"remote hosts need controller {able}, not {controller}")
+    if hosts and can.placed_by_scheduler:
+        raise fail("pool", f"a {controller} profile has no pool: give the login node as host; the scheduler chooses the nodes")
+    # A scheduler's job picks its port on its node: auto is fine behind a login host.
+    if remote and not can.placed_by_scheduler and raw.get("port", "auto") == "auto" and not (hosts and all("port" in e.overrides or "url" in e.overrides for e in hosts)):
         raise fail("port", "a remote service listens on a fixed port: set port (a free port here says nothing about the host)")
     commands = {name: raw[name] for name in COMMAND_TEMPLATES if raw.get(name)}
-    if controller == "command":
+    if can.launch is LaunchFrom.OWN_TEMPLATES:
         missing = [name for name in REQUIRED_TEMPLATES if name not in commands]
         if missing:
-            raise fail(missing[0], "the command controller needs start, stop and status command templates")
+            raise fail(missing[0], f"the {controller} controller needs start, stop and status command templates")
     elif commands:
         name = next(iter(commands))
         raise fail(name, f"command templates belong to controller: command (this profile's controller is {controller})")

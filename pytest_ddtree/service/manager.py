@@ -9,15 +9,13 @@ noticed on the next ``ensure`` and fails the rest of its config; the next config
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shlex
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, cast
+from typing import Any, Mapping, cast
 
 from pytest_ddtree.service import http as http_mod
 from pytest_ddtree.service.client import SGLangClient
@@ -28,29 +26,40 @@ from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
 from pytest_ddtree.service.base import (
     ConfigNotAvailable,
     ConfigNotServed,
-    Controller,
     ExternalConfigMismatch,
+    GpuWait,
     Launch,
-    ProgressFn,
+    LaunchFrom,
+    Runner,
     ServiceDiedError,
     ServiceError,
     ServiceStartError,
 )
-from pytest_ddtree.service.command import CommandController, render_env
-from pytest_ddtree.service.external import ExternalController
+from pytest_ddtree.service.protocol import Controller, ControllerContext
+from pytest_ddtree.service import kinds
+from pytest_ddtree.service.external import HEALTH_TIMEOUT_S
+from pytest_ddtree.service.manager_params import (
+    ClientFactory,
+    Clients as Clients,
+    GpuMemoryFn,
+    GpuReleaseFn,
+    Hooks as Hooks,
+    HostTools as HostTools,
+    Pacing as Pacing,
+    Placement as Placement,
+    default_gpu_memory,
+    default_gpu_release,
+)
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
-from pytest_ddtree.service.process import ProcessController
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, verify_applied, wait_ready
-from pytest_ddtree.service.slurm import JobStep, SlurmController
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
-from pytest_ddtree.service.systemd import SystemdController
 
 
 REFERENCE_LABEL = "lossless-reference"
 """The launch name of the non-speculative reference (``lossless_args``) in logs and records."""
 
-READY_HEALTH_TIMEOUT_S = 5.0
+READY_HEALTH_TIMEOUT_S = HEALTH_TIMEOUT_S
 """Each health poll's deadline as a whole: SGLang's launcher polls with timeout=5 (sglang 0.5.23 sglang/test/test_utils.py:704)."""
 
 
@@ -69,26 +78,10 @@ def _lost_port_race(err: ServiceStartError) -> bool:
     return err.exit_code is not None and any(marker in err.log_tail.lower() for marker in _PORT_TAKEN)
 
 
-class ClientFactory(Protocol):
-    def __call__(self, base_url: str, timeout: float, /) -> SGLangClient: ...
-
-
 def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
     another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
     record.update(cast(LaunchEntry, entry))
-
-
-def _default_gpu_memory() -> int | None:
-    from pytest_ddtree.service import gpu
-
-    return gpu.gpu_memory_used_bytes()
-
-
-def _default_gpu_release(baseline: int | None, timeout_s: float, progress: ProgressFn | None) -> bool:
-    from pytest_ddtree.service import gpu
-
-    return gpu.wait_for_gpu_memory_release(baseline, timeout_s, progress)
 
 
 def proof_values(profile: ServiceProfile, config: DDTreeConfig) -> dict[str, int | None]:
@@ -155,73 +148,47 @@ class _Slot:
 class ServiceManager:
     """Owns one pool instance for one worker: restarts, readiness, verification, cleanup.
 
-    Parameters:
-        profile: the validated service profile.
-        instance_index: which pool instance (``pool.instance_for_worker``).
-        log_dir: where process logs go (``<results>/logs``), one file per start.
-        progress: where progress lines go (None: silent).
-        lock_dir: where the instance lock files live; when given, the instance is locked from
-            ``ensure`` until a switch, ``release`` or ``close`` (needed when workers share one).
-        ready_timeout_s: overrides the profile's ``ready_timeout_s`` (``--ddtree-ready-timeout``).
+    It holds the profile's controller (made by the profile's kind, service/kinds.py) and asks
+    the kind's capabilities at each step, never its name: whether to relaunch or adopt, which
+    GPU wait, whether a scheduler places the launch.
     """
 
     def __init__(
         self,
         profile: ServiceProfile,
-        instance_index: int = 0,
-        log_dir: Path | str = Path(".ddtree") / "logs",
-        progress: ProgressFn | None = None,
-        lock_dir: Path | str | None = None,
+        placement: Placement = Placement(),
         *,
-        ready_timeout_s: float | None = None,
-        poll_interval: float = 0.5,
-        progress_interval: float = 10.0,
-        client_factory: ClientFactory | None = None,
-        client_timeout_s: float | None = None,
-        systemctl: tuple[str, ...] = ("systemctl",),
-        journalctl: tuple[str, ...] = ("journalctl",),
-        gpu_memory: Callable[[], int | None] | None = _default_gpu_memory,
-        gpu_release: Callable[[int | None, float, ProgressFn | None], bool] | None = _default_gpu_release,
-        on_ready: Callable[[str], None] | None = None,
+        pacing: Pacing = Pacing(),
+        hooks: Hooks = Hooks(),
+        clients: Clients = Clients(),
+        tools: HostTools = HostTools(),
     ) -> None:
         # A host pool's entry (host, url, unit...) applied: one ordinary profile from here on.
-        self.profile = profile = profile.for_instance(instance_index)
-        self.instance = instance_index
-        self.log_dir = Path(log_dir)
-        self.progress = progress
-        self.ready_timeout_s = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
-        self.poll_interval = poll_interval
-        self.progress_interval = progress_interval
-        self.client_factory: ClientFactory = client_factory or (lambda url, t: SGLangClient(url, t, profile.info_timeout_s))
-        self.client_timeout_s = profile.request_timeout_s if client_timeout_s is None else client_timeout_s
-        self.systemctl = systemctl
-        self.journalctl = journalctl
+        self.profile = profile = profile.for_instance(placement.instance_index)
+        self.can = profile.capabilities
+        """What this profile's controller can do (base.Capabilities)."""
+        self.instance = placement.instance_index
+        self.log_dir = Path(placement.log_dir)
+        self.progress = hooks.progress
+        self.ready_timeout_s = pacing.ready_timeout_s if pacing.ready_timeout_s is not None else profile.ready_timeout_s
+        self.poll_interval = pacing.poll_interval
+        self.progress_interval = pacing.progress_interval
+        self.client_factory: ClientFactory = clients.factory or (lambda url, t: SGLangClient(url, t, profile.info_timeout_s))
+        self.client_timeout_s = profile.request_timeout_s if clients.timeout_s is None else clients.timeout_s
+        self.tools = tools
         fleet = profile.fleet
         self.host: LocalHost | SSHHost = make_host(
             profile.host, fleet.ssh_options, connect_timeout_s=fleet.connect_timeout_s,
             command_timeout_s=fleet.command_timeout_s, sudo=fleet.sudo,
         )
-        if profile.controller == "slurm":
-            # The GPUs are the job's, on a node Slurm picks: a new job only gets GPUs nobody holds,
-            # and the GPUs of this machine (or of the login node) say nothing about them.
-            gpu_memory = gpu_release = None
-        elif isinstance(self.host, SSHHost):
-            # The GPUs that matter are the host's: nvidia-smi there, not NVML here.
-            from pytest_ddtree.service.gpu import HostGpus
-
-            host_gpus = HostGpus(self.host)
-            if gpu_memory is _default_gpu_memory:
-                gpu_memory = host_gpus.memory_used_bytes
-            if gpu_release is _default_gpu_release:
-                gpu_release = host_gpus.wait_release
-        self._gpu_memory = gpu_memory
-        self._gpu_release = gpu_release
-        self._on_ready = on_ready
-        """Told where each ready launch runs (a slurm job's node), so results say which node measured."""
-        self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{instance_index}") if lock_dir is not None else None
-        self._host_lock = (
-            HostLock(self.host, fleet.lock_path or f"/tmp/pytest-ddtree-{profile.unit or profile.name}.lock")
-            if isinstance(self.host, SSHHost) and profile.controller != "slurm" else None
+        self._gpu_memory, self._gpu_release = self._gpu_readers(tools)
+        self._on_ready = hooks.on_ready
+        lock_dir = placement.lock_dir
+        self._lock = InstanceLock(Path(lock_dir), f"{profile.name}-{self.instance}") if lock_dir is not None else None
+        # A scheduler's job is its own allocation: nothing on the host to take turns on.
+        self._host_lock: HostLock | None = (
+            None if self.can.placed_by_scheduler
+            else self.host.lock(fleet.lock_path or f"/tmp/pytest-ddtree-{profile.unit or profile.name}.lock")
         )
         self._controller: Controller | None = None
         self._current: _Slot | None = None
@@ -231,6 +198,25 @@ class ServiceManager:
         self._baseline_taken = False
         self.launches: list[LaunchEntry] = []
         """Every launch (config, command, env, drop-in, outcome), for the repro package."""
+        self._config_launches = 0
+
+    def _gpu_readers(self, tools: HostTools) -> tuple[GpuMemoryFn | None, GpuReleaseFn | None]:
+        """The GPU memory reading and release wait before a launch, as the controller can take it."""
+        if self.can.gpu_wait is GpuWait.NONE:
+            # Not the harness's GPUs: a batch job's (a new job only gets GPUs nobody holds, and
+            # this machine's or the login node's say nothing about them), or somebody else's server.
+            return None, None
+        gpu_memory, gpu_release = tools.gpu_memory, tools.gpu_release
+        if self.host.remote:
+            # The GPUs that matter are the host's: nvidia-smi there, not NVML here.
+            from pytest_ddtree.service.gpu import HostGpus
+
+            host_gpus = HostGpus(self.host)
+            if gpu_memory is default_gpu_memory:
+                gpu_memory = host_gpus.memory_used_bytes
+            if gpu_release is default_gpu_release:
+                gpu_release = host_gpus.wait_release
+        return gpu_memory, gpu_release
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -238,8 +224,7 @@ class ServiceManager:
         """How many times this manager launched a speculative config (a restart each; the
         non-speculative reference and adopted external services are not counted): the figure
         the adaptive sweep reports as restarts spent."""
-        return sum(1 for launch in self.launches
-                   if launch.get("config") != REFERENCE_LABEL and launch.get("controller") != "external")
+        return self._config_launches
 
     @property
     def current(self) -> RunningService | None:
@@ -248,17 +233,17 @@ class ServiceManager:
 
     @property
     def systemd_unit_text(self) -> str | None:
-        """``systemctl cat`` of the unit as the systemd controller found it on its host (None for
-        other controllers, or before the first start)."""
-        controller = self._controller
-        return controller.unit_text if isinstance(controller, SystemdController) else None
+        """``systemctl cat`` of the unit as its controller found it on its host (None for
+        controllers without a unit, or before the first start)."""
+        return self._controller.unit_text if self._controller is not None else None
 
-    def snapshot_runner(self) -> LocalHost | SSHHost | JobStep | None:
-        """Where the package's environment snapshot is taken: the ssh host that ran the service,
-        the node of the running slurm job (a step in its allocation), or None (this machine)."""
-        if isinstance(self._controller, SlurmController):
-            return self._controller.job_step()
-        return self.host if isinstance(self.host, SSHHost) else None
+    def snapshot_runner(self) -> Runner | None:
+        """Where the package's environment snapshot is taken, as the controller says: the ssh
+        host that ran the service, the node of the running job (a step in its allocation), or
+        None (this machine)."""
+        if self._controller is None:
+            return self.host if self.host.remote else None
+        return self._controller.snapshot_runner(self.host)
 
     def ensure(self, config: DDTreeConfig) -> RunningService:
         """A ready service running ``config``; restart only when the config changes.
@@ -276,7 +261,7 @@ class ServiceManager:
                 self._check_alive(slot, name)
                 slot.service.config = config
                 return slot.service
-            if self.profile.controller == "external":
+            if not self.can.relaunch:
                 # Nothing to restart: just check that the running config is the asked one.
                 return self._adopt_external(slot, config)
         self._switch_away()
@@ -294,8 +279,8 @@ class ServiceManager:
         name = REFERENCE_LABEL
         if name in self._failed:
             raise self._failed[name]
-        launches = bool(self.profile.command) or self.profile.controller == "command"
-        if self.profile.controller == "external" or isinstance(self.profile.pool, tuple) or not launches:
+        launches = bool(self.profile.command) or self.can.launch is LaunchFrom.OWN_TEMPLATES
+        if not self.can.relaunch or isinstance(self.profile.pool, tuple) or not launches:
             raise ConfigNotAvailable(
                 f"profile {self.profile.name} cannot launch the non-speculative reference (it has no launch "
                 "command: an external service or a pool of URLs); compare against golden transcripts "
@@ -347,8 +332,10 @@ class ServiceManager:
                 controller.restore_default()
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"restoring the default config of {controller.describe()}: {exc}")
-            if isinstance(controller, ExternalController):
-                controller.close_client()
+            try:
+                controller.close()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"closing {controller.describe()}: {exc}")
         if self._lock is not None:
             self._lock.release()
         if self._host_lock is not None:
@@ -373,35 +360,11 @@ class ServiceManager:
 
     def _controller_for_profile(self) -> Controller:
         if self._controller is None:
-            p = self.profile
-            if p.controller == "process":
-                self._controller = ProcessController(self.log_dir, stop_timeout_s=p.stop_timeout_s)
-            elif p.controller == "systemd":
-                assert p.unit is not None, "profile validation guarantees a unit for systemd"
-                self._controller = SystemdController(
-                    p.unit,
-                    dropin_dir=p.dropin_dir,
-                    systemctl=self.systemctl,
-                    journalctl=self.journalctl,
-                    stop_timeout_s=p.stop_timeout_s,
-                    command_timeout_s=p.fleet.command_timeout_s,
-                    host=self.host,
-                )
-            elif p.controller == "slurm":
-                assert p.slurm is not None, "profile validation guarantees the slurm keys"
-                # Without an output path the job log goes beside the process logs (a cluster's shared
-                # filesystem); behind a login host, to sbatch's own default place there (the home).
-                log_dir = str(self.log_dir.resolve()) if isinstance(self.host, LocalHost) else "."
-                self._controller = SlurmController(
-                    p.slurm, self.host, log_dir=log_dir, url_template=p.url, port=p.port,
-                    command_timeout_s=p.fleet.command_timeout_s, stop_timeout_s=p.stop_timeout_s, progress=self.progress,
-                )
-            elif p.controller == "command":
-                self._controller = CommandController(p.fleet.commands, self.host, command_timeout_s=p.fleet.command_timeout_s)
-            else:
-                slot = resolve_instance(p, self.instance)
-                health_client = self.client_factory(slot.url, READY_HEALTH_TIMEOUT_S)
-                self._controller = ExternalController(health_client, p.health_path)
+            context = ControllerContext(
+                profile=self.profile, host=self.host, instance=self.instance, log_dir=self.log_dir, progress=self.progress,
+                health_client=self.client_factory, systemctl=self.tools.systemctl, journalctl=self.tools.journalctl,
+            )
+            self._controller = kinds.make_controller(context)
         return self._controller
 
     def _check_alive(self, slot: _Slot, name: str) -> None:
@@ -434,7 +397,7 @@ class ServiceManager:
 
     def _switch_away(self) -> None:
         slot, self._current = self._current, None
-        if slot is not None and self.profile.controller != "external":
+        if slot is not None and self.can.relaunch:
             self._say(f"stopping {slot.controller.describe()}")
             try:
                 slot.stop()
@@ -457,7 +420,7 @@ class ServiceManager:
         if self._gpu_memory is None or self._gpu_release is None:
             return
         threshold: int | None
-        if self.profile.controller == "systemd":
+        if self.can.gpu_wait is GpuWait.DRIVER_ONLY:
             threshold = None
         else:
             if not self._baseline_taken:
@@ -499,28 +462,24 @@ class ServiceManager:
             self._lock.acquire(self.progress)
         controller = self._controller_for_profile()
         instance_slot = resolve_instance(self.profile, self.instance)
-        if isinstance(controller, SlurmController):  # the job's node (and with port auto, its port) comes later
-            instance_slot = dataclasses.replace(instance_slot, port=self.profile.port if isinstance(self.profile.port, int) else None, url="")
         extra_args = self.profile.lossless_args if config is None else None
-        launch = Launch(
+        unplanned = Launch(
             name=name,
-            command=self._launch_command(config, instance_slot.port, extra_args) or "",
+            command="",
             port=instance_slot.port,
             url=instance_slot.url,
             env=self.profile.render_env(config),
-            log_path=self._log_path(name) if self.profile.controller == "process" else None,
-            fields=self._template_fields(config, extra_args),
+            log_path=self._log_path(name) if self.can.log_file else None,
         )
+        launch = controller.plan(unplanned, self.profile, config, extra_args)
         slot = _Slot(controller, launch)
         try:
             if self._host_lock is not None:
                 self._host_lock.acquire(self._lock_owner(), self.progress, timeout_s=self.ready_timeout_s)
-            if isinstance(controller, SystemdController):
-                controller.take_over()  # stop the unit (even its default config) before the wait
-            if self.profile.controller != "external":
-                self._wait_gpu_release()
+            controller.prepare()  # e.g. stop a unit (even its default config) before the GPU wait
+            self._wait_gpu_release()
             service = self._launch_and_wait(slot, config, label=name)
-            if self.profile.controller == "external" and config is not None:
+            if not self.can.relaunch and config is not None:
                 self._check_external_config(service, config)
                 self._prove_external(slot, service, config)
         except ExternalConfigMismatch as err:
@@ -544,11 +503,13 @@ class ServiceManager:
 
     def _launch_and_wait(self, slot: _Slot, config: DDTreeConfig | None, label: str) -> RunningService:
         launch, controller = slot.launch, slot.controller
-        external = isinstance(controller, ExternalController)
+        external = not self.can.relaunch  # adopted: not ours to start, wait for or probe before its check
         if not external:
             self._say(f"starting {label} on {launch.url or 'a node the scheduler picks'}: {launch.command}")
         record = slot.record = self._launch_record(slot, label)
         self.launches.append(record)
+        if not external and config is not None:
+            self._config_launches += 1
         begin = time.monotonic()
         controller.start(launch)
         _add_controller_entry(record, controller.launch_record())
@@ -621,7 +582,7 @@ class ServiceManager:
         service this session launched) the proof that it serves ``config``: the applied fields,
         then the behaviour's evidence."""
         controller = slot.controller
-        external = isinstance(controller, ExternalController)
+        external = not self.can.relaunch
         try:
             server_info: dict[str, object] = client.server_info()
         except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"
@@ -720,33 +681,10 @@ class ServiceManager:
         launch are refused at start (ServiceProfile.check_selection) and never share a service.
         """
         running = slot.service.config if slot.service is not None else None
-        if self.profile.controller == "external" or not slot.launch.command or running is None:
+        if not self.can.relaunch or not slot.launch.command or running is None:
             return False
         window = self.profile.default_window
         return running.field_values(window) == config.field_values(window)
-
-    def _template_fields(self, config: DDTreeConfig | None, extra_args: str | None = None) -> dict[str, object]:
-        """The command controller's template values for ``config`` (see command.py); None with
-        ``extra_args``: the non-speculative reference."""
-        if self.profile.controller != "command":
-            return {}
-        fields: dict[str, object] = dict(config.field_values(self.profile.default_window)) if config is not None else {}
-        args = self.profile.render_config_args(config) if config is not None else []
-        config_args = " ".join(part for part in (shlex.join(args), extra_args or "") if part)
-        fields.update(config_args=config_args, config_env=render_env(self.profile.render_env(config)),
-                      host=self.profile.node, unit=self.profile.unit or "", python=shlex.quote(self.profile.launch_python))
-        return fields
-
-    def _launch_command(self, config: DDTreeConfig | None, port: int | None, extra_args: str | None = None) -> str | None:
-        """What a launch runs: the profile's command, or the command controller's start."""
-        if self.profile.controller == "external":
-            return None
-        if self.profile.controller == "command":
-            name = config.name if config is not None else REFERENCE_LABEL
-            probe = Launch(name=name, command="", port=port, url=self.profile.render_url(port), env=self.profile.render_env(config),
-                           fields=self._template_fields(config, extra_args))
-            return CommandController(self.profile.fleet.commands, self.host).render("start", CommandController.values_for(probe))
-        return self.profile.render_command(config, port, extra_args=extra_args)
 
     def _lock_owner(self) -> str:
         return f"pytest-ddtree pid {os.getpid()} on {socket.gethostname()} worker {os.environ.get('PYTEST_XDIST_WORKER', '-')}"

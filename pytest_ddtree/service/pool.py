@@ -21,7 +21,7 @@ from typing import IO
 from urllib.parse import urlparse
 
 from pytest_ddtree.service.base import ProgressFn
-from pytest_ddtree.service.profile import ServiceProfile
+from pytest_ddtree.service.validated_profile import ServiceProfile
 
 
 def worker_index(worker_id: str | None) -> int:

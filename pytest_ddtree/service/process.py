@@ -22,7 +22,18 @@ from types import FrameType
 from typing import Callable, Mapping
 
 from pytest_ddtree.records.shapes import ControllerEntry
-from pytest_ddtree.service.base import Controller, ExitInfo, Launch, ServiceStartError, describe_exit_code, head_file, tail_file
+from pytest_ddtree.service.base import (
+    Capabilities,
+    ExitInfo,
+    GpuWait,
+    Launch,
+    LaunchFrom,
+    ServiceStartError,
+    describe_exit_code,
+    head_file,
+    tail_file,
+)
+from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 
 # -- global registry: every live process group we started, for emergency cleanup -----------------
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
@@ -331,3 +342,16 @@ class ProcessController(Controller):
 
     def launch_record(self) -> ControllerEntry:
         return {"pid": self.pid, "log": str(self._log_path) if self._log_path else None}
+
+
+def _make(context: ControllerContext) -> Controller:
+    return ProcessController(context.log_dir, stop_timeout_s=context.profile.stop_timeout_s)
+
+
+KIND = ControllerKind(
+    name="process",
+    capabilities=Capabilities(launch=LaunchFrom.PROFILE_COMMAND, gpu_wait=GpuWait.SINCE_FIRST_LAUNCH, log_file=True,
+                              service_python_here=True),
+    make=_make,
+)
+"""``controller: process``: the profile's command as a child of this session, on this machine."""

@@ -17,12 +17,12 @@ from typing import Any, Callable, Mapping, TypedDict
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
-from pytest_ddtree.service.base import ENV_NAME_RULE, is_env_name
+from pytest_ddtree.service import kinds
+from pytest_ddtree.service.base import ENV_NAME_RULE, LaunchFrom, is_env_name
+from pytest_ddtree.service.protocol import ControllerKind
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
-from pytest_ddtree.service.slurm import SlurmKeys, parse_slurm_keys
 from pytest_ddtree.service.validated_profile import (
     CONFIG_FIELDS,
-    CONTROLLERS,
     LOSSLESS_MODES,
     FixedValue,
     ProfileError,
@@ -38,7 +38,6 @@ from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 __all__ = [
     "CONFIG_FIELDS",
-    "CONTROLLERS",
     "LOSSLESS_MODES",
     "FixedValue",
     "ProfileError",
@@ -160,7 +159,6 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "patches": ((dict, type(None)), False),
     "python": ((str, type(None)), False),
     "description": (str, False),
-    "slurm": ((dict, type(None)), False),
     **FLEET_KEY_TYPES,
 }
 
@@ -193,27 +191,28 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     except axes_mod.AxisError as exc:
         raise ProfileError(str(exc)) from None
     controller = raw["controller"]
-    if controller not in CONTROLLERS:
-        raise fail("controller", f"must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    kind = _controller_kind(raw, fail)
     port = raw.get("port", "auto")
     if isinstance(port, str) and port != "auto":
         raise fail("port", f"must be an integer or 'auto', got {port!r}")
     if isinstance(port, int) and not 0 < port < 65536:
         raise fail("port", f"must be a TCP port 1-65535, got {port}")
     pool = _parse_pool(raw.get("pool", 1), fail)
-    slurm = _check_launch(raw, controller, port, pool, fail)
+    controller_keys = _check_launch(raw, kind, port, pool, fail)
     fields = _parse_config_fields(raw, fail)
     own_matrix, own_default = _own_matrix(raw, fail)
     read_back = _parse_read_back(raw, fields, fail)
     counts_root = _parse_budget_counts_root(raw, fields, fail)
-    behaviour = _parse_behaviour(raw, controller, pool, fail)
-    fleet = parse_fleet_keys(raw, controller, fail)
+    behaviour = _parse_behaviour(raw, kind, pool, fail)
+    fleet = parse_fleet_keys(raw, kind.name, kind.capabilities, fail,
+                             remote_kinds=tuple(k.name for k in kinds.kinds_that(lambda can: can.remote_hosts)))
     window = raw.get("default_window", 2048)
     if window is not None and window < 1:
         raise fail("default_window", f"must be positive or null, got {window}")
     return ServiceProfile(
         name=raw["name"],
         controller=controller,
+        capabilities=kind.capabilities,
         command=raw.get("command"),
         url=raw["url"],
         port=port,
@@ -227,7 +226,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         env=_parse_env(raw.get("env") or {}, fail),
         pool=pool,
         # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
-        instance_lock=bool(raw.get("instance_lock", controller != "slurm")),
+        instance_lock=bool(raw.get("instance_lock", not kind.capabilities.placed_by_scheduler)),
         coding_min_pass=raw.get("coding_min_pass"),
         unit=raw.get("unit"),
         dropin_dir=raw.get("dropin_dir"),
@@ -241,7 +240,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         python=raw.get("python"),
         description=raw.get("description", _DEFAULTS["description"]),
         fleet=fleet,
-        slurm=slurm,
+        controller_keys=controller_keys,
         source=source,
         text=text,
         declared_axes=declared,
@@ -255,10 +254,11 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Servi
 
 def _check_key_types(raw: Mapping[str, Any], fail: _Fail) -> None:
     """Every key is known, every required one is there, each has its type (a bool is no int)."""
-    unknown = sorted(set(raw) - set(_KEYS))
+    known = {**_KEYS, **kinds.key_types()}
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise fail(unknown[0], f"unknown key; {did_you_mean(unknown[0], sorted(_KEYS))}allowed: {', '.join(sorted(_KEYS))}")
-    for key, (types, required) in _KEYS.items():
+        raise fail(unknown[0], f"unknown key; {did_you_mean(unknown[0], sorted(known))}allowed: {', '.join(sorted(known))}")
+    for key, (types, required) in known.items():
         if key not in raw:
             if required:
                 raise fail(key, "missing required key")
@@ -283,10 +283,29 @@ def _parse_pool(pool_raw: Any, fail: _Fail) -> int | tuple[str, ...]:
     return int(pool_raw)
 
 
-def _check_launch(raw: Mapping[str, Any], controller: str, port: int | str, pool: int | tuple[str, ...], fail: _Fail) -> SlurmKeys | None:
-    """The launch command, the controller's own keys and the URL fit together; the slurm keys."""
+def _controller_kind(raw: Mapping[str, Any], fail: _Fail) -> ControllerKind:
+    """The one place a profile's ``controller:`` name is mapped to the module that runs it
+    (service/kinds.py); a key owned by another controller is refused, naming its owner."""
+    controller = raw["controller"]
+    try:
+        kind = kinds.kind_named(controller)
+    except KeyError:
+        hint = did_you_mean(str(controller), kinds.names()).strip()
+        raise fail("controller", f"must be one of {', '.join(kinds.names())}, got {controller!r}"
+                                 + (f"; {hint}" if hint else "")) from None
+    for key, owner in kinds.owned_keys().items():
+        if owner is not kind and raw.get(key) is not None:
+            raise fail(key, f"{owner.keys_meaning} belong to controller: {owner.name} (this profile's controller is {controller})")
+    return kind
+
+
+def _check_launch(raw: Mapping[str, Any], kind: ControllerKind, port: int | str, pool: int | tuple[str, ...], fail: _Fail) -> object:
+    """The launch command, the controller's own keys and the URL fit together; returns the
+    controller's own keys as its kind parsed them."""
     command = raw.get("command")
-    if controller in ("process", "systemd", "slurm"):
+    controller = kind.name
+    relaunch = kind.capabilities.relaunch
+    if kind.capabilities.launch is LaunchFrom.PROFILE_COMMAND:
         if not command:
             raise fail("command", f"the {controller} controller needs a launch command")
         fields = _template_fields(command)
@@ -297,29 +316,19 @@ def _check_launch(raw: Mapping[str, Any], controller: str, port: int | str, pool
             raise fail("command", "must contain {config_args}: otherwise no config reaches the service")
         if "port" not in fields and not (isinstance(port, int) and pool == 1):
             raise fail("command", "must contain {port} (needed for port: auto and for pools of several instances)")
-    slurm: SlurmKeys | None = None
-    if controller == "slurm":
-        slurm = parse_slurm_keys(raw.get("slurm"), fail)
-        if "pool" in raw:
-            raise fail("pool", "a slurm profile has no pool: every xdist worker submits its own job (pytest -n N: N jobs)")
-        if "host" not in url_fields_of(raw["url"]):
-            raise fail("url", "must contain {host}: Slurm chooses the job's node (its NodeAddr fills {host})")
-    elif raw.get("slurm") is not None:
-        raise fail("slurm", f"job options belong to controller: slurm (this profile's controller is {controller})")
-    if controller == "systemd" and not raw.get("unit"):
-        raise fail("unit", "the systemd controller needs the unit name, e.g. sglang-k26.service")
+    controller_keys = kind.check_profile(raw, fail)
     url = raw["url"]
     url_fields = _template_fields(url)
     if url_fields - {"port", "host"}:
         raise fail("url", f"unknown placeholder(s) {sorted(url_fields - {'port', 'host'})}")
     if not url.startswith(("http://", "https://")):
         raise fail("url", f"must start with http:// or https://, got {url!r}")
-    if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple) and controller != "external":
+    if port == "auto" and "port" not in url_fields and not isinstance(pool, tuple) and relaunch:
         raise fail("url", "must contain {port} when port is 'auto'")
-    if controller != "external" and "config_args" not in raw:
+    if relaunch and "config_args" not in raw:
         raise fail("config_args", "missing required key: how each config field reaches the launch ({} when the build "
                                   "sets none by flags)")
-    return slurm
+    return controller_keys
 
 
 class _ConfigFields(TypedDict):
@@ -636,7 +645,7 @@ def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bo
     return out[0], out[1]
 
 
-def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
+def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
     """How the harness treats the service: the lossless check, the control, relaunches,
     readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
     # "" is an answer: the command without config_args is already non-speculative (a profile whose
@@ -653,7 +662,7 @@ def _parse_behaviour(raw: Mapping[str, Any], controller: str, pool: int | tuple[
             parse_config_name(control)
         except ConfigError as exc:
             raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
-    relaunchable = controller != "external" and not isinstance(pool, tuple)
+    relaunchable = kind.capabilities.relaunch and not isinstance(pool, tuple)
     control_launches = _parse_control_launches(raw, control, relaunchable, fail)
     control_max_launches, bless_control_launches = _parse_more_launches(raw, control_launches, relaunchable, fail)
     relaunch_flagged = raw.get("relaunch_flagged", relaunchable)

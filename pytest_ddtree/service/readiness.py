@@ -16,11 +16,11 @@ from pytest_ddtree.service.http import Deadline, DeadlineExceeded, describe_tran
 from pytest_ddtree.service.base import (
     AppliedConfigMismatch,
     AppliedDiff,
-    Controller,
     ProgressFn,
     ServiceStartError,
     last_error_line,
 )
+from pytest_ddtree.service.protocol import Controller
 
 MISSING = "<missing>"
 

@@ -26,26 +26,36 @@ slurmctld still holds the job: ``MinJobAge``, 300 s by default).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import shlex
+import string
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.service.validated_profile import ServiceProfile
 
 from pytest_ddtree.records.shapes import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
     ENV_NAME_RULE,
     STARTUP_LOG_BYTES,
-    Controller,
+    Capabilities,
     ExitInfo,
+    FailFn,
+    GpuWait,
     Launch,
+    LaunchFrom,
     ProgressFn,
     ServiceError,
     ServiceStartError,
     is_env_name,
 )
-from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, output_tail
+from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
+from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, SSHHost, output_tail
 from pytest_ddtree.suggest import did_you_mean
 
 LOG_LINES = 40
@@ -58,7 +68,6 @@ SQUEUE_ERRORS_TOLERATED = 5
 LIVE_STATES = WAITING_STATES | {"RUNNING", "SUSPENDED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
 """States in which a job still holds or waits for resources: ``squeue`` lists it."""
 
-FailFn = Callable[[str, str], Exception]
 
 # The job picks its port the way pool.free_port does here: at random below the kernel's ephemeral
 # range (where outgoing connections take theirs), checked by a bind. Plain python3 of the node.
@@ -565,9 +574,53 @@ class SlurmController(Controller):
             record["login_host"] = self.host.name
         return record
 
+    def plan(self, launch: Launch, profile: ServiceProfile, config: DDTreeConfig | None, extra_args: str | None) -> Launch:
+        """The job's node (and with ``port: auto``, its port) comes once it runs (``await_placement``):
+        no URL yet; the command reads both from the job script's environment."""
+        unplaced = dataclasses.replace(launch, port=profile.port if isinstance(profile.port, int) else None, url="")
+        return super().plan(unplaced, profile, config, extra_args)
+
+    def snapshot_runner(self, host: LocalHost | SSHHost) -> JobStep | None:
+        """A step of the running job, on its node (None: no job runs now)."""
+        return self.job_step()
+
     def job_step(self) -> JobStep | None:
         """A runner on the node of the running job (None when no job runs now)."""
         job = self._job
         if job is None or job.job_id is None or job.ended is not None or not job.node:
             return None
         return JobStep(self.host, job.job_id, job.node)
+
+
+def _check_profile(raw: Mapping[str, Any], fail: FailFn) -> SlurmKeys:
+    """The ``slurm:`` job options, and a profile that lets Slurm choose the node."""
+    keys = parse_slurm_keys(raw.get("slurm"), fail)
+    if "pool" in raw:
+        raise fail("pool", "a slurm profile has no pool: every xdist worker submits its own job (pytest -n N: N jobs)")
+    if "host" not in {name for _, name, _, _ in string.Formatter().parse(str(raw["url"])) if name is not None}:
+        raise fail("url", "must contain {host}: Slurm chooses the job's node (its NodeAddr fills {host})")
+    return keys
+
+
+def _make(context: ControllerContext) -> Controller:
+    p = context.profile
+    keys = p.controller_keys
+    assert isinstance(keys, SlurmKeys), "the slurm profile check keeps the job options"
+    # Without an output path the job log goes beside the process logs (a cluster's shared
+    # filesystem); behind a login host, to sbatch's own default place there (the home).
+    log_dir = "." if context.host.remote else str(context.log_dir.resolve())
+    return SlurmController(keys, context.host, log_dir=log_dir, url_template=p.url, port=p.port,
+                           command_timeout_s=p.fleet.command_timeout_s, stop_timeout_s=p.stop_timeout_s,
+                           progress=context.progress)
+
+
+KIND = ControllerKind(
+    name="slurm",
+    capabilities=Capabilities(launch=LaunchFrom.PROFILE_COMMAND, gpu_wait=GpuWait.NONE, placed_by_scheduler=True,
+                              remote_hosts=True),
+    make=_make,
+    profile_keys={"slurm": ((dict, type(None)), False)},
+    check_profile=_check_profile,
+    keys_meaning="job options",
+)
+"""``controller: slurm``: one batch job per launch, on a node Slurm picks (its GPUs are the job's)."""

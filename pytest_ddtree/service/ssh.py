@@ -179,10 +179,16 @@ class LocalHost(_FileOps):
     """This machine: the commands run as children, with the same timeouts as remote ones."""
 
     name = "local"
+    remote = False
+    """Commands run on this machine: its GPUs (NVML) and its environment are the service's."""
 
     def __init__(self, command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, sudo: bool = False) -> None:
         self.command_timeout_s = command_timeout_s
         self.prefix = ["sudo", "-n"] if sudo else []
+
+    def lock(self, path: str) -> HostLock | None:
+        """None: on this machine the pool's instance lock (pool.py) already keeps sessions apart."""
+        return None
 
     def run(
         self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
@@ -270,6 +276,9 @@ class SSHHost(_FileOps):
     they override the defaults here.
     """
 
+    remote = True
+    """Commands run on another machine: its GPUs (nvidia-smi there), its lock and its environment."""
+
     def __init__(
         self,
         target: str,
@@ -297,6 +306,10 @@ class SSHHost(_FileOps):
             if self._control_dir is None:
                 self._control_dir = tempfile.mkdtemp(prefix="ddtree-ssh-", dir="/tmp" if os.path.isdir("/tmp") else None)
             return os.path.join(self._control_dir, "%C")
+
+    def lock(self, path: str) -> HostLock:
+        """The host's lock at ``path`` (not taken yet): two sessions never drive one service."""
+        return HostLock(self, path)
 
     def ssh_argv(self, remote_command: str, *, master: bool = True) -> list[str]:
         """The full local argv that runs ``remote_command`` (a shell command line) on the host."""

@@ -18,10 +18,21 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pytest_ddtree.records.shapes import ControllerEntry
-from pytest_ddtree.service.base import STARTUP_LOG_LINES, Controller, ExitInfo, Launch, ServiceError, describe_exit_code
+from pytest_ddtree.service.base import (
+    STARTUP_LOG_LINES,
+    Capabilities,
+    ExitInfo,
+    FailFn,
+    GpuWait,
+    Launch,
+    LaunchFrom,
+    ServiceError,
+    describe_exit_code,
+)
+from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
 
 DEFAULT_DROPIN_DIR = Path("/etc/systemd/system")
@@ -191,6 +202,10 @@ class SystemdController(Controller):
             self.log_tail(),
         )
 
+    def prepare(self) -> None:
+        """Take the unit over before the GPU-release wait (``take_over``)."""
+        self.take_over()
+
     def take_over(self) -> None:
         """Stop the unit before our first start, so its GPU memory can be freed first.
 
@@ -264,3 +279,32 @@ class SystemdController(Controller):
         if self.host.name != "local":
             record["host"] = self.host.name
         return record
+
+
+def _check_profile(raw: Mapping[str, Any], fail: FailFn) -> object:
+    if not raw.get("unit"):
+        raise fail("unit", "the systemd controller needs the unit name, e.g. sglang-k26.service")
+    return None
+
+
+def _make(context: ControllerContext) -> Controller:
+    p = context.profile
+    assert p.unit is not None, "the systemd profile check guarantees a unit"
+    return SystemdController(
+        p.unit,
+        dropin_dir=p.dropin_dir,
+        systemctl=context.systemctl,
+        journalctl=context.journalctl,
+        stop_timeout_s=p.stop_timeout_s,
+        command_timeout_s=p.fleet.command_timeout_s,
+        host=context.host,
+    )
+
+
+KIND = ControllerKind(
+    name="systemd",
+    capabilities=Capabilities(launch=LaunchFrom.PROFILE_COMMAND, gpu_wait=GpuWait.DRIVER_ONLY, remote_hosts=True, unit=True),
+    make=_make,
+    check_profile=_check_profile,
+)
+"""``controller: systemd``: the profile's command as a drop-in of an existing unit (here or on a host)."""

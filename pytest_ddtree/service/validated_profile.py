@@ -20,10 +20,9 @@ from typing import Any, Iterable, Mapping
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
 from pytest_ddtree.service.fleet import FleetKeys
-from pytest_ddtree.service.slurm import SlurmKeys
+from pytest_ddtree.service.base import Capabilities
 from pytest_ddtree.service.ssh import SSHTarget
 
-CONTROLLERS = ("process", "systemd", "external", "command", "slurm")
 #: The DDTree axes every profile speaks of (a profile may map any other axis of pytest_ddtree.axes too).
 CONFIG_FIELDS = CORE_FIELDS
 LOSSLESS_MODES = ("instance", "golden")
@@ -117,6 +116,9 @@ class ServiceProfile:
     default_window: int | None
     config_args: Mapping[str, str]
     applied: Mapping[str, str]
+    capabilities: Capabilities
+    """What the ``controller:`` can do, as the validator found its kind (service/kinds.py): asked
+    by everything that would otherwise branch on the controller's name."""
     #: axis -> value -> the flags for it, for a choice or bool axis mapped value by value
     #: (``overlap: {on: "", off: --disable-overlap-schedule}``): its values are the ones it accepts.
     config_choices: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
@@ -207,7 +209,8 @@ class ServiceProfile:
     python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
     description: str = ""
     fleet: FleetKeys = field(default_factory=FleetKeys)
-    slurm: SlurmKeys | None = None  # controller: slurm only (service/slurm.py)
+    controller_keys: object = None
+    """The controller's own profile keys as its kind's ``check_profile`` parsed them (slurm: ``SlurmKeys``)."""
     source: Path | None = None
     text: str = ""
 
@@ -415,7 +418,7 @@ class ServiceProfile:
             config_args = f"{config_args} {extra_args}".strip()
         port_text: object = "" if port is None else port
         host_text = self.node
-        if self.controller == "slurm":  # the job's own node and port, known only once it runs (slurm.py)
+        if self.capabilities.placed_by_scheduler:  # the job's own node and port, known once it runs (slurm.py)
             port_text, host_text = "${DDTREE_PORT}", "${DDTREE_HOST}"
         return self.command.format(
             port=port_text,
