@@ -594,3 +594,71 @@ def test_mypy_checks_every_folder_of_python_code(repo_root: Path) -> None:
     folders = {path.split("/", 1)[0] for path in tracked.stdout.split()}  # a top-level file stands for itself
     assert folders >= {"pytest_ddtree", "suites", "tests", "benchmarks", "conftest.py"}, folders
     assert folders <= checked, f"mypy does not check {sorted(folders - checked)} (pyproject.toml [tool.mypy] files)"
+
+
+#: Classes whose isinstance test is a branch on how the service runs (a controller or a host).
+_KIND_CLASSES = re.compile(r"^(?!Controller$)\w*Controller$|^(SSHHost|LocalHost)$")
+
+
+def _controller_kind_branches(tree: ast.AST, kind_names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, code) of each branch on how the service runs: a comparison of a controller's name
+    (``profile.controller``, ``x.kind``, ``record["controller"]``, ``.get("controller")``) with
+    a kind's name, a kind's name compared with anything named ``controller``, or an ``isinstance``
+    test against a controller or host class. Such a branch must ask ``profile.kind.capabilities``
+    (service/base.py) or call a controller hook instead."""
+    def names_controller(node: ast.expr) -> bool:
+        text = ast.unparse(node)
+        return "controller" in text or text.endswith(".kind")
+
+    def names_a_kind(node: ast.expr) -> bool:
+        values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(v, ast.Constant) and v.value in kind_names for v in values)
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names_a_kind(a) for a in sides) and any(names_controller(a) for a in sides if not names_a_kind(a)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+            classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            if any(_KIND_CLASSES.match(ast.unparse(c).rsplit(".", 1)[-1]) for c in classes):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+#: Where the profile's ``controller:`` name may be mapped to its module (and nowhere else).
+_KIND_MAPPERS = ("pytest_ddtree/service/kinds.py",)
+
+
+def test_no_branch_on_the_controller_kind_outside_the_registry(repo_root: Path) -> None:
+    """Adding a controller is one module plus its profile keys: a branch on a kind's name (or an
+    isinstance on a controller or host class) elsewhere is a place the next controller would
+    have to be added by hand, and silently fall through where nobody did."""
+    from pytest_ddtree.service import kinds
+
+    names = frozenset(kinds.names())
+    files = [p for top in _SCANNED for p in sorted((repo_root / top).rglob("*.py"))
+             if str(p.relative_to(repo_root)) not in _KIND_MAPPERS]
+    assert len(files) > 50, files
+    branches = [f"{path.relative_to(repo_root)}:{line}: {code}"
+                for path in files for line, code in _controller_kind_branches(ast.parse(path.read_text()), names)]
+    assert not branches, "ask profile.kind.capabilities or a controller hook instead of:\n" + "\n".join(branches)
+
+
+def test_the_controller_kind_scan_finds_branches() -> None:
+    """The scan above must be able to fail: each form of a branch on the kind, and none of the
+    capability questions that replace them."""
+    source = '''
+if profile.controller == "slurm": pass
+if self.profile.controller != "external" and x: pass
+if controller in ("process", "systemd"): pass
+if isinstance(controller, SlurmController) or isinstance(self.host, SSHHost): pass
+if launch.get("controller") != "external": pass
+ok = isinstance(c, (int, service.systemd.SystemdController))
+if "command" == p.controller: pass
+fine = profile.kind.capabilities.relaunch and isinstance(c, Controller) and verb == "command"
+also_fine = self.can.gpu_wait is GpuWait.NONE and controller.kind_of() and isinstance(h, Host)
+'''
+    found = _controller_kind_branches(ast.parse(source), frozenset({"process", "systemd", "external", "command", "slurm"}))
+    assert sorted({line for line, _ in found}) == [2, 3, 4, 5, 6, 7, 8], found
