@@ -173,8 +173,10 @@ _.rate_search
 _.expressible
 
 # gates/throughput/cells.py
-_.relaunch  # the "relaunch" key of RelaunchCellData, RepeatData and the read-back shapes: written as a string by cells._relaunch
 _.status_reasons  # CellEvaluation.status_reasons (why a cell is not valid): tests/test_throughput_spoiled.py
 
 # service/validated_profile.py
 _.declared_axes  # ServiceProfile.declared_axes: the axes its axes: key declared (tests/test_axes_profiles.py reads it)
+
+# service/kinds.py
+_.unregister  # forgets a controller kind registered from outside the package: tests/test_controller_protocol.py's own
