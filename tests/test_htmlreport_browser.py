@@ -33,6 +33,7 @@ import yaml
 from pytest_ddtree.gates import coding
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import model
+from tests.polling import wait_until
 from tests.browser_helpers import browser_missing_reason, cell_figures, dialogs_of, open_page
 from tests.suite_helpers import REPO, reference_profile
 
@@ -84,11 +85,14 @@ def _run(root: Path, profile: Path, results: Path, *extra: str, watch: bool = Fa
     torn = 0
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 420
         page_path = results / "report.html"
         last = ""
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, f"session did not end: {log.read_text()[-3000:]}"
+
+        def ended() -> bool:
+            """Whether the session ended; meanwhile each distinct page written is read."""
+            nonlocal last, torn
+            if proc.poll() is not None:
+                return True
             if watch and page_path.exists():
                 text = page_path.read_text()
                 if text != last:
@@ -99,7 +103,9 @@ def _run(root: Path, profile: Path, results: Path, *extra: str, watch: bool = Fa
                         state = re.search(r'data-state="(\w+)"', text)
                         done = re.search(r"running: config (\d+) of", text)
                         states.append((state.group(1) if state else "?", int(done.group(1)) if done else -1, _cells_table_counts(text)))
-            time.sleep(0.05)
+            return False
+
+        wait_until(ended, 420, lambda: f"the session to end: {log.read_text()[-3000:]}", interval=0.05)
     return proc.returncode, log.read_text(), states, torn
 
 
