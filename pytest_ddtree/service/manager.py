@@ -542,7 +542,7 @@ class ServiceManager:
         version = server_info.get("version")  # the report's environment section
         record["engine_version"] = None if version is None else str(version)
         self._say(f"{label} ready on {launch.url} after {ready_s:.1f} s")
-        node = record.get("slurm", {}).get("node")
+        node = controller.placed_on()
         if self._on_ready is not None and node:
             self._on_ready(str(node))
         return RunningService(

@@ -60,6 +60,11 @@ class Controller(abc.ABC):
         reference with ``extra_args``)."""
         return dataclasses.replace(launch, command=profile.render_command(config, launch.port, extra_args=extra_args))
 
+    def placed_on(self) -> str | None:
+        """The node the ready launch runs on where the controller chose it (a scheduler's job), so
+        results say which node measured; None: the profile's host says it (the default)."""
+        return None
+
     def prepare(self) -> None:
         """Before the GPU-release wait of a launch: take the service over (systemd stops its unit,
         even its default config, so that its memory is released); nothing by default."""

@@ -580,6 +580,10 @@ class SlurmController(Controller):
         unplaced = dataclasses.replace(launch, port=profile.port if isinstance(profile.port, int) else None, url="")
         return super().plan(unplaced, profile, config, extra_args)
 
+    def placed_on(self) -> str | None:
+        """The running job's node (``BatchHost``)."""
+        return (self._job.node or None) if self._job is not None else None
+
     def snapshot_runner(self, host: LocalHost | SSHHost) -> JobStep | None:
         """A step of the running job, on its node (None: no job runs now)."""
         return self.job_step()
