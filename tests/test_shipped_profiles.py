@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,6 +39,7 @@ BUILDS = {
     "sglang-subsir-tree-verify.yaml": "subsir",
     "sglang-subsir-tree-verify-flags.yaml": "subsir-flags",
     "sglang-dflash-tree-pr31069.yaml": "pr31069",
+    "sglang-eagle3.yaml": "eagle3",
 }
 
 
@@ -80,7 +82,9 @@ def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name
         text = next(t for n, t in logs.items() if n.startswith(config_name + "-"))
         line = re.search(r"Speculative: algorithm=DFLASH block_size=(\d+) budget=(\d+) topk=(\d+)", text)
         assert line is not None, text[-2000:]
-        assert tuple(map(int, line.groups())) == (config.block_size, config.budget, config.topk), config_name
+        # EAGLE's depth is its steps: the engine runs it as block size steps + 1
+        block = config.block_size if config.block_size is not None else int(config.values()["steps"]) + 1
+        assert tuple(map(int, line.groups())) == (block, config.budget, config.topk), config_name
 
 
 @pytest.mark.parametrize("name", sorted(BUILDS))
@@ -221,3 +225,46 @@ def test_every_shipped_command_line_parses_under_real_sglangs_parser() -> None:
         if " keeping " in name:
             flag = name.split(" keeping ")[1]
             assert "unrecognized arguments" in answer and flag in answer, (name, answer)
+
+
+# -- a config with a non-DDTree axis (EAGLE3's steps), gated end to end and blessed --------------------
+
+EAGLE3_CONFIG = "b7_k4_steps3"  # num_steps 3, topk 4, 8 draft tokens (the root counted)
+
+
+def _eagle3_launch_evidence(results: Path) -> dict[str, Any]:
+    for path in results.glob("records-*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            launch = rec.get("launch") if isinstance(rec, dict) else None
+            if isinstance(launch, dict) and launch.get("config") == EAGLE3_CONFIG and "applied_evidence" in launch:
+                return dict(launch["applied_evidence"])
+    raise AssertionError(f"no launch record of {EAGLE3_CONFIG} with applied evidence in {results}")
+
+
+def test_an_eagle3_config_is_proven_gated_and_blessed(pytester: pytest.Pytester) -> None:
+    profile = as_refserver("sglang-eagle3.yaml", pytester.path)
+    raw = yaml.safe_load(profile.read_text())  # a non-speculative launch to check losslessness against
+    raw.update(lossless="instance", lossless_args="--speculative-algorithm NONE", coding_min_pass=None)
+    profile.write_text(yaml.safe_dump(raw))
+    suites = [str(REPO / "suites" / name) for name in ("test_health.py", "test_coding.py", "test_lossless.py")]
+    bless = run_suite(pytester, profile, *suites, "--ddtree-update-baselines", config=EAGLE3_CONFIG, timeout=400)
+    out = bless.stdout.str()
+    assert bless.ret == 0, out[-3000:]
+    assert f"ddtree: configs {EAGLE3_CONFIG}" in out
+    baseline = yaml.safe_load((pytester.path / "baselines" / "refserver" / f"{EAGLE3_CONFIG}.yaml").read_text())
+    assert baseline["coding"]["default"], baseline
+    # the steps were proven by behaviour: the copy probe reached min(steps, budget) = 3 accepted
+    # drafts and never more; /server_info showed the three EAGLE keys
+    fields = _eagle3_launch_evidence(pytester.path / "results")["fields"]
+    assert fields["steps"]["status"] == "proven by behaviour", fields["steps"]
+    assert "bound of 3 accepted drafts" in fields["steps"]["detail"]
+    assert fields["budget"]["status"] in ("reported", "proven by behaviour") and fields["topk"]["status"] == "reported"
+    assert fields["block_size"]["status"] == "not settable"
+    # gated against what was blessed: the same config passes with baselines required
+    gate = run_suite(pytester, profile, *suites, "--ddtree-require-baselines", config=EAGLE3_CONFIG, timeout=400)
+    assert gate.ret == 0, gate.stdout.str()[-3000:]
+    assert "missing" not in gate.parseoutcomes()
+    # and a DDTree name the build cannot run is refused before anything starts
+    refused = run_suite(pytester, profile, suites[0], "--ddtree-allow-unlisted", config="b7_k4_steps3_tw2", timeout=120)
+    assert refused.ret == 4 and "has no flag for tree_width" in refused.stderr.str(), refused.stderr.str()[-2000:]

@@ -235,6 +235,8 @@ def startup_lines(dialect: str, resolved: Resolved, spec: SpecConfig, faults: Fa
     backend = attention_backend or "triton"
     dflash = (f"Initialized DFLASH draft runner. attention_backend={backend}, model=DFlashDraftModel, "
               f"block_size={spec.block_size}, draft_window_size={window}, compact_cache={compact}")
+    if dialect == "eagle3":
+        return []  # no line of the EAGLE worker is parsed by the harness (service/proof.py reads DFLASH's and DDTree's)
     if dialect == "ddtree":
         return [f"Initialized DDTREE v2 worker. block_size={spec.block_size}, tree_budget={spec.budget}, "
                 f"draft_window_size={window}, compact_cache={compact}"]

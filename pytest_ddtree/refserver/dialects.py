@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DIALECTS = ("reference", "upstream", "ddtree", "subsir", "subsir-flags", "pr31069")
+DIALECTS = ("reference", "upstream", "ddtree", "subsir", "subsir-flags", "pr31069", "eagle3")
 DIALECT_HELP = {
     "reference": "the engine's own flags: block size, budget (--speculative-num-draft-tokens), topk, window",
     "upstream": "upstream SGLang DFLASH (sgl-project/sglang main): a chain; topk forced to 1, block size = num draft tokens",
@@ -29,6 +29,8 @@ DIALECT_HELP = {
     "subsir-flags": "SubSir/sglang fork, v2 port: SGLANG_DFLASH_TREE_VERIFY=1 with --speculative-dflash-block-size, "
                     "--speculative-num-draft-tokens (tree nodes, the root included) and --speculative-eagle-topk",
     "pr31069": "sgl-project/sglang PR 31069: --speculative-dflash-tree-verify, topk from --speculative-eagle-topk (4, 8 or 16)",
+    "eagle3": "SGLang 0.5.23 EAGLE / EAGLE3: --speculative-num-steps (depth), --speculative-eagle-topk, "
+              "--speculative-num-draft-tokens (tree nodes, the root included); the engine's drafter stands in for EAGLE's",
 }
 
 
@@ -92,7 +94,7 @@ def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None
                        help="drafter sees only the last W tokens (compact cache); absent = no window")
         s.add_argument("--speculative-num-steps", type=_positive, default=1, help="accepted for SGLang compatibility (DFLASH uses 1)")
         return
-    choices = ("DFLASH", "DDTREE", "NONE") if dialect == "ddtree" else ("DFLASH", "NONE")
+    choices = {"ddtree": ("DFLASH", "DDTREE", "NONE"), "eagle3": ("EAGLE", "EAGLE3", "NEXTN", "NONE")}.get(dialect, ("DFLASH", "NONE"))
     s.add_argument("--speculative-algorithm", type=_algorithm(choices), default="NONE",
                    help=f"{', '.join(choices)} (default: no speculation, as SGLang)")
     s.add_argument("--speculative-num-draft-tokens", type=_positive, default=None, help="DFLASH: the block size (verify width)")
@@ -135,6 +137,8 @@ def resolve(dialect: str, ns: argparse.Namespace, env: Mapping[str, str], *, dra
         if not _env_int(env, "SGLANG_DFLASH_TREE_VERIFY", 0):
             return _upstream_dflash(ns, drafter_block_size)
         return _dflash_tree_from_flags(ns, drafter_block_size, topk_choices=None)
+    if dialect == "eagle3":
+        return _eagle_family(ns)
     if dialect == "pr31069":
         if not ns.speculative_dflash_tree_verify:
             return _upstream_dflash(ns, drafter_block_size)
@@ -316,6 +320,37 @@ def _dflash_tree_from_flags(ns: argparse.Namespace, drafter_block_size: int, top
         args["speculative_dflash_tree_verify"] = True
     return Resolved("DFLASH", block, budget, topk, window, args,
                     (f"DFLASH tree verify: block_size={block}, num_draft_tokens={nodes}, topk={topk}",))
+
+
+def _eagle_family(ns: argparse.Namespace) -> Resolved:
+    """SGLang 0.5.23 (the PyPI wheel) sglang/srt/arg_groups/speculative_hook.py ``_handle_eagle_family``:
+    with no --speculative-num-steps the three EAGLE knobs must all be unset and are chosen by
+    ``_auto_choose_speculative_params`` (:1430-1462; (3, 1, 4) for an architecture it does not list),
+    else given (:1159-1171); with topk 1, num_draft_tokens becomes num_steps + 1 with a warning
+    (:1255-1266); NEXTN is an alias of EAGLE (``_resolve_speculative_algorithm_alias``, :109-116); trtllm_mha refuses topk > 1 (:1176-1180, not modelled: the engine has one attention path).
+    EAGLE drafts ``num_steps`` tokens deep with ``topk`` candidates per step and verifies
+    ``num_draft_tokens`` tree nodes, the root included: on the engine's DDTree that is depth
+    num_steps (block size num_steps + 1), budget num_draft_tokens - 1 and that topk. The engine's
+    block drafter stands in for the EAGLE head (its acceptance is not EAGLE's; the knobs' meaning is)."""
+    args = _spec_args(ns)
+    algorithm = "EAGLE" if ns.speculative_algorithm == "NEXTN" else ns.speculative_algorithm
+    steps, topk, tokens = ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens
+    warnings: list[str] = []
+    if steps is None:
+        if topk is not None or tokens is not None:
+            raise DialectError("AssertionError: --speculative-eagle-topk and --speculative-num-draft-tokens need "
+                               "--speculative-num-steps (without it all three are chosen automatically)")
+        steps, topk, tokens = 3, 1, 4
+    topk = 1 if topk is None else topk
+    if tokens is None or (topk == 1 and tokens != steps + 1):
+        if tokens is not None:
+            warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
+        tokens = steps + 1
+    if tokens < 2:
+        raise DialectError(f"speculative_num_draft_tokens must be >= 2 (the root and one draft), got {tokens}")
+    args.update(speculative_algorithm=algorithm, speculative_num_steps=steps, speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=tokens, speculative_dflash_block_size=None, speculative_draft_window_size=None)
+    return Resolved("DFLASH", steps + 1, tokens - 1, topk, None, args, tuple(warnings))
 
 
 def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:
