@@ -96,3 +96,15 @@ def test_a_profile_declares_an_axis_of_its_own(tmp_path: Path) -> None:
     path.write_text("name: x\ncontroller: external\nurl: http://h:1\naxes: [{name: steps, token: st, type: int}]\n")
     with pytest.raises(ProfileError, match="already"):
         load_profile(path)
+
+
+def test_the_forks_tree_algorithm_is_an_axis_of_its_profile(repo_root: Path) -> None:
+    """SubSir's sweep sets SGLANG_DFLASH_TREE_ALGO per launch: named, it reaches the environment and
+    makes another launch; left out, the variable is not set (the fork's own default)."""
+    profile = load_profile(repo_root / "suites" / "services" / "sglang-subsir-tree-verify-flags.yaml")
+    fused, ddtree, plain = (parse_config_name(n) for n in ("bs8_b8_k4_algofused", "bs8_b8_k4_algoddtree", "bs8_b8_k4"))
+    assert profile.render_env(ddtree)["SGLANG_DFLASH_TREE_ALGO"] == "ddtree"
+    assert "SGLANG_DFLASH_TREE_ALGO" not in profile.render_env(plain)
+    assert len({profile.launch_identity(c) for c in (fused, ddtree, plain)}) == 3
+    profile.check_selection([fused, ddtree, plain])
+    assert "tree_algo" in profile.unverifiable

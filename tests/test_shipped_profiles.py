@@ -40,6 +40,9 @@ BUILDS = {
     "sglang-subsir-tree-verify-flags.yaml": "subsir-flags",
     "sglang-dflash-tree-pr31069.yaml": "pr31069",
     "sglang-eagle3.yaml": "eagle3",
+    "sglang-ddtree-pr29907.yaml": "pr29907",
+    "sglang-dflash-tree-width-pr36196.yaml": "pr36196",
+    "sglang-dflash-verify-budget-pr32053.yaml": "pr32053",
 }
 
 
@@ -82,9 +85,14 @@ def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name
         text = next(t for n, t in logs.items() if n.startswith(config_name + "-"))
         line = re.search(r"Speculative: algorithm=DFLASH block_size=(\d+) budget=(\d+) topk=(\d+)", text)
         assert line is not None, text[-2000:]
-        # EAGLE's depth is its steps: the engine runs it as block size steps + 1
-        block = config.block_size if config.block_size is not None else int(config.values()["steps"]) + 1
-        assert tuple(map(int, line.groups())) == (block, config.budget, config.topk), config_name
+        # EAGLE's depth is its steps: the engine runs it as block size steps + 1; an axis the name
+        # leaves out (a width the build derives) is the build's own, compared where it follows
+        values = config.values()
+        want = {"block_size": config.block_size if config.block_size is not None
+                else int(values["steps"]) + 1 if "steps" in values else None,
+                "budget": config.budget, "topk": config.topk if config.topk is not None else values.get("tree_width")}
+        got = dict(zip(("block_size", "budget", "topk"), map(int, line.groups())))
+        assert {k: got[k] for k, v in want.items() if v is not None} == {k: v for k, v in want.items() if v is not None}, config_name
 
 
 @pytest.mark.parametrize("name", sorted(BUILDS))
@@ -198,7 +206,7 @@ def sglang_argvs() -> dict[str, list[str]]:
             rendered = shlex.split(profile.render_command(config, 30000))
             argv = rendered[rendered.index("sglang.launch_server") + 1:]
             argvs[f"{path.name} {config.name}"] = strip_fork_flags(argv, set(profile.fork_flags))
-            for flag in profile.fork_flags:
+            for flag in (f for f in profile.fork_flags if f in argv):  # a config may leave its axis out
                 argvs[f"{path.name} {config.name} keeping {flag}"] = strip_fork_flags(argv, set(profile.fork_flags) - {flag})
     return argvs
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DIALECTS = ("reference", "upstream", "ddtree", "subsir", "subsir-flags", "pr31069", "eagle3")
+DIALECTS = ("reference", "upstream", "ddtree", "subsir", "subsir-flags", "pr31069", "eagle3", "pr29907", "pr36196", "pr32053")
 DIALECT_HELP = {
     "reference": "the engine's own flags: block size, budget (--speculative-num-draft-tokens), topk, window",
     "upstream": "upstream SGLang DFLASH (sgl-project/sglang main): a chain; topk forced to 1, block size = num draft tokens",
@@ -31,6 +31,12 @@ DIALECT_HELP = {
     "pr31069": "sgl-project/sglang PR 31069: --speculative-dflash-tree-verify, topk from --speculative-eagle-topk (4, 8 or 16)",
     "eagle3": "SGLang 0.5.23 EAGLE / EAGLE3: --speculative-num-steps (depth), --speculative-eagle-topk, "
               "--speculative-num-draft-tokens (tree nodes, the root included); the engine's drafter stands in for EAGLE's",
+    "pr29907": "sgl-project/sglang PR 29907 (open): --speculative-algorithm DDTREE, --speculative-ddtree-budget, "
+               "SGLANG_DDTREE_MAX_TOPK caps the derived width; page size 1 only, overlap scheduling off",
+    "pr36196": "sgl-project/sglang PR 36196 (open): DFLASH --speculative-dflash-tree-width W (topk W, 1 + (bs-1)W nodes), "
+               "SGLANG_DFLASH_MAX_NUM_NODES; --speculative-eagle-topk refused",
+    "pr32053": "sgl-project/sglang PR 32053 (open): DFLASH --speculative-dflash-verify-budget V in [1, block size]: "
+               "the target verifies V tokens of the block",
 }
 
 
@@ -94,7 +100,8 @@ def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None
                        help="drafter sees only the last W tokens (compact cache); absent = no window")
         s.add_argument("--speculative-num-steps", type=_positive, default=1, help="accepted for SGLang compatibility (DFLASH uses 1)")
         return
-    choices = {"ddtree": ("DFLASH", "DDTREE", "NONE"), "eagle3": ("EAGLE", "EAGLE3", "NEXTN", "NONE")}.get(dialect, ("DFLASH", "NONE"))
+    choices = {"ddtree": ("DFLASH", "DDTREE", "NONE"), "pr29907": ("DFLASH", "DDTREE", "NONE"),
+               "eagle3": ("EAGLE", "EAGLE3", "NEXTN", "NONE")}.get(dialect, ("DFLASH", "NONE"))
     s.add_argument("--speculative-algorithm", type=_algorithm(choices), default="NONE",
                    help=f"{', '.join(choices)} (default: no speculation, as SGLang)")
     s.add_argument("--speculative-num-draft-tokens", type=_positive, default=None, help="DFLASH: the block size (verify width)")
@@ -111,6 +118,15 @@ def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None
     if dialect == "pr31069":
         s.add_argument("--speculative-dflash-tree-verify", action="store_true",
                        help="DFLASH: verify a top-k draft tree instead of the chain (default off)")
+    if dialect == "pr29907":
+        s.add_argument("--speculative-ddtree-budget", type=int, default=None,
+                       help="DDTREE: non-root tree nodes B, verify width B + 1")
+    if dialect == "pr36196":
+        s.add_argument("--speculative-dflash-tree-width", type=_positive, default=None,
+                       help="DFLASH: candidates kept per draft depth (1: the chain)")
+    if dialect == "pr32053":
+        s.add_argument("--speculative-dflash-verify-budget", type=_positive, default=None,
+                       help="DFLASH: tokens of the block the target verifies (1..block size)")
     if dialect == "ddtree":
         s.add_argument("--speculative-ddtree-block-size", type=_positive, default=None,
                        help="DDTREE: draft block size; wins over --speculative-num-draft-tokens (a warning)")
@@ -139,6 +155,12 @@ def resolve(dialect: str, ns: argparse.Namespace, env: Mapping[str, str], *, dra
         return _dflash_tree_from_flags(ns, drafter_block_size, topk_choices=None)
     if dialect == "eagle3":
         return _eagle_family(ns)
+    if dialect == "pr29907":
+        return _ddtree_pr29907(ns, env, drafter_block_size) if ns.speculative_algorithm == "DDTREE" else _upstream_dflash(ns, drafter_block_size)
+    if dialect == "pr36196":
+        return _dflash_tree_width(ns, env, drafter_block_size)
+    if dialect == "pr32053":
+        return _dflash_verify_budget(ns, drafter_block_size)
     if dialect == "pr31069":
         if not ns.speculative_dflash_tree_verify:
             return _upstream_dflash(ns, drafter_block_size)
@@ -351,6 +373,72 @@ def _eagle_family(ns: argparse.Namespace) -> Resolved:
     args.update(speculative_algorithm=algorithm, speculative_num_steps=steps, speculative_eagle_topk=topk,
                 speculative_num_draft_tokens=tokens, speculative_dflash_block_size=None, speculative_draft_window_size=None)
     return Resolved("DFLASH", steps + 1, tokens - 1, topk, None, args, tuple(warnings))
+
+
+def _ddtree_pr29907(ns: argparse.Namespace, env: Mapping[str, str], drafter_block_size: int) -> Resolved:
+    """sgl-project/sglang PR 29907 (open, read through its description and review threads, not its
+    final diff): DDTREE on the DFlashWorkerV2 draft path; ``--speculative-ddtree-budget`` B non-root
+    nodes (target verify ``draft_token_num = ddtree_budget + 1``); ``page_size != 1`` is a ValueError
+    and ``disable_overlap_schedule`` is forced on (arg_groups/speculative_hook.py, the review thread
+    at :298); the tree's width is derived, ``min(max(B // L + 1, 2), V, SGLANG_DDTREE_MAX_TOPK)``
+    (default 6; ddtree_utils.py, a stored version), L the drafted positions (block_size - 1 here:
+    unverified), and B == L is the chain. The block size follows upstream's DFLASH handling
+    (unverified for DDTREE); the budget's default block_size - 1 is PR 27509's (unverified)."""
+    args = _spec_args(ns)
+    warnings: list[str] = []
+    block = _handle_dflash(args, drafter_block_size, "speculative_draft_window_size", warnings)
+    if int(getattr(ns, "page_size", None) or 1) != 1:
+        raise DialectError(f"DDTREE currently supports only page_size == 1. Got page_size={ns.page_size}.")
+    budget = ns.speculative_ddtree_budget if ns.speculative_ddtree_budget is not None else block - 1
+    if budget < 1:
+        raise DialectError(f"--speculative-ddtree-budget must be >= 1, got {budget}.")
+    depth = max(block - 1, 1)
+    max_topk = _env_int(env, "SGLANG_DDTREE_MAX_TOPK", 6)
+    topk = 1 if budget == depth else max(1, min(max(budget // depth + 1, 2), max_topk))
+    args.update(speculative_algorithm="DDTREE", speculative_ddtree_budget=budget, disable_overlap_schedule=True)
+    return Resolved("DFLASH", block, budget, topk, args["speculative_draft_window_size"], args, tuple(warnings))
+
+
+def _dflash_tree_width(ns: argparse.Namespace, env: Mapping[str, str], drafter_block_size: int) -> Resolved:
+    """sgl-project/sglang PR 36196 (open; a stored version of its hook, arg_groups/speculative_hook.py
+    ``_resolve_dflash_tree_width``): under DFLASH ``--speculative-eagle-topk`` is a ValueError ("EAGLE-only
+    ... Use --speculative-dflash-tree-width"), the width W defaults to 1 (the chain, exactly upstream's
+    DFLASH) and must be >= 1; a tree keeps W candidates per depth of the block, 1 + (bs - 1)W nodes
+    (the issue's reading of the stored hook: num_draft_tokens = 1 + (bs - 1)W, topk = W); a stored
+    tree path rejects trtllm_mha; ``SGLANG_DFLASH_MAX_NUM_NODES`` caps the nodes (its exact meaning,
+    root counted or not, unverified: here the cap includes the root)."""
+    if ns.speculative_eagle_topk is not None:
+        raise DialectError("--speculative-eagle-topk is EAGLE-only and has no meaning for DFLASH, which drafts a whole "
+                           "block in parallel rather than expanding one token at a time. Use --speculative-dflash-tree-width "
+                           f"to widen the DFLASH draft tree instead. Got --speculative-eagle-topk={ns.speculative_eagle_topk}.")
+    width = ns.speculative_dflash_tree_width or 1
+    if width > 1 and getattr(ns, "attention_backend", None) == "trtllm_mha":
+        raise DialectError("--speculative-dflash-tree-width > 1 needs a backend that takes a tree mask; trtllm_mha "
+                           "verifies a causal chain")
+    args = _spec_args(ns)
+    warnings: list[str] = []
+    block = _handle_dflash(args, drafter_block_size, "speculative_draft_window_size", warnings)
+    nodes = 1 + (block - 1) * width
+    cap = _env_int(env, "SGLANG_DFLASH_MAX_NUM_NODES", nodes)
+    nodes = max(2, min(nodes, cap))
+    args.update(speculative_dflash_tree_width=width, speculative_eagle_topk=width, speculative_num_draft_tokens=nodes,
+                speculative_dflash_block_size=block)
+    return Resolved("DFLASH", block, nodes - 1, width, args["speculative_draft_window_size"], args, tuple(warnings))
+
+
+def _dflash_verify_budget(ns: argparse.Namespace, drafter_block_size: int) -> Resolved:
+    """sgl-project/sglang PR 32053 (open; its stored tests, ``_resolve_dflash_verify_budget``): the target
+    verifies ``--speculative-dflash-verify-budget`` V tokens of the block, V in [1, num_draft_tokens]
+    (else ValueError "... to be in ..."), independent of the draft width; absent, the whole block.
+    Read here as a chain of V - 1 drafts after the root (whether V counts the root: unverified)."""
+    args = _spec_args(ns)
+    warnings: list[str] = []
+    block = _handle_dflash(args, drafter_block_size, "speculative_draft_window_size", warnings)
+    verify = ns.speculative_dflash_verify_budget or block
+    if not 1 <= verify <= block:
+        raise DialectError(f"--speculative-dflash-verify-budget expects the verify budget to be in [1, {block}], got {verify}.")
+    args["speculative_dflash_verify_budget"] = ns.speculative_dflash_verify_budget
+    return Resolved("DFLASH", block, max(verify - 1, 1), 1, args["speculative_draft_window_size"], args, tuple(warnings))
 
 
 def _spec_args(ns: argparse.Namespace) -> dict[str, Any]:

@@ -141,6 +141,9 @@ def accept_bound(values: Mapping[str, Any]) -> int | None:
     tree is longer (a chain's budget is block_size - 1; an unknown budget leaves the depth's bound)."""
     depths = [v - 1 for v in (values.get("block_size"),) if isinstance(v, int)]
     depths += [v for v in (values.get("steps"),) if isinstance(v, int)]
+    # PR 32053's verify budget: the target verifies that many tokens of the block, the root among them
+    # (the profile's reading, unverified), so at most verify_budget - 1 drafts
+    depths += [v - 1 for v in (values.get("verify_budget"),) if isinstance(v, int)]
     if not depths:
         return None
     bound = min(depths)
