@@ -100,10 +100,19 @@ class Cell:
     prompts: str = prompts_mod.DEFAULT_SOURCE
     open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
     sampling: tuple[tuple[str, float], ...] = ()  # temperature, top_p of every request (empty: greedy)
+    seed_name: str = ""  # what its prompts and arrival gaps are seeded by (empty: name); see seed_name()
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:
             object.__setattr__(self, "warmup_requests", self.concurrency)
+
+
+def seed_name(workload: WorkloadLike) -> str:
+    """What ``workload``'s prompts and arrivals are seeded by: its ``seed_name`` where it has one, else
+    its name. A rate search's probes (``<template>@<rate>``) send their template's prompts at every rate,
+    as bench_serving's one ``--seed`` does across a ``--request-rate`` sweep; else each probe's acceptance
+    (so its TPOT) moves with its prompts, and the highest passing rate is the luckiest prompt set's."""
+    return getattr(workload, "seed_name", "") or workload.name
 
 
 def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> WorkloadData:
@@ -615,9 +624,9 @@ def run_cell(
     client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
     maker = prompts if prompts is not None else prompt_maker(client)
     try:
-        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(workload.name, seed))
+        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(seed_name(workload), seed))
         warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
-                           stable_seed(workload.name, seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
+                           stable_seed(seed_name(workload), seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
     except prompts_mod.PromptError as exc:
         raise LoadError(f"{workload.name}: {exc}") from None
     except (OSError, ServiceHTTPError) as exc:
@@ -668,7 +677,7 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
                                               extra_sampling_params, timeout_s)
         return requests, duration, None
     run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
-                        stable_seed(workload.name, seed, "arrivals"), extra_sampling_params, timeout_s)
+                        stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s)
     if run.unfinished:
         notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
     late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
