@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, cast
@@ -331,12 +330,16 @@ def test_ctrl_c_with_the_server_up_leaves_nothing_running(pytester: pytest.Pytes
     )
     seen: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 400  # a start-up under CI load; the loop ends at the first SERVING line
-        for line in proc.stdout:
+        stdout = proc.stdout
+        assert stdout is not None
+
+        def serving() -> bool:
+            line = stdout.readline()
             seen.append(line)
-            if line.startswith("SERVING") or time.monotonic() > deadline:
-                break
+            return line == "" or line.startswith("SERVING")
+
+        # a start-up under CI load; the wait ends at the first SERVING line (or the end of the output)
+        wait_until(serving, 400, lambda: "the SERVING line:\n" + "".join(seen)[-3000:], interval=0)
         assert seen and seen[-1].startswith("SERVING"), "".join(seen)[-3000:]
         held = json.loads(seen[-1].split(" ", 1)[1])
         # every lossless prompt generated twice (all at once, then one at a time), none of them empty
