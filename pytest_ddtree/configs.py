@@ -242,6 +242,10 @@ class Workload:
     open_loop: Arrivals | None = None
     #: sampling params of every request (temperature, top_p); empty: greedy, as the lossless gate always is
     sampling: tuple[tuple[str, float], ...] = ()
+    #: the endpoint it measures: ``generate`` (raw /generate, no template) or ``chat`` (/v1/chat/completions)
+    api: str = "generate"
+    #: a chat cell's ``chat_template_kwargs.enable_thinking`` (None: not sent, the template's default)
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,9 @@ def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
 OPEN_LOOP_KEYS = ("request_rate", "arrival", "burstiness", "max_concurrency", "deadline_s")
 #: Workload keys of a sampled cell: SGLang's sampling params (sampling_params.py: temperature >= 0, 0 < top_p <= 1).
 SAMPLING_KEYS = ("temperature", "top_p")
+#: Workload keys of the endpoint a cell measures: ``api: generate | chat``, ``thinking: on | off`` (chat only).
+API_KEYS = ("api", "thinking")
+APIS = ("generate", "chat")
 
 
 def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Workload:
@@ -305,7 +312,7 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
         raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
     allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts",
-               *OPEN_LOOP_KEYS, *SAMPLING_KEYS}
+               *OPEN_LOOP_KEYS, *SAMPLING_KEYS, *API_KEYS}
     unknown = set(merged) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)}; "
@@ -339,7 +346,28 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
                               f"ShareGPT .json file, got {prompts!r}")
         if base is not None and not Path(prompts).is_absolute():
             prompts = str(base / prompts)
-    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where))
+    api, thinking = _api(merged, f"{where}: workload {name!r}")
+    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where),
+                    api, thinking)
+
+
+def _api(merged: Mapping[str, Any], where: str) -> tuple[str, bool | None]:
+    """The endpoint a cell measures and, for chat, whether thinking is asked on or off. Raw /generate
+    skips the chat template, and thinking on or off moves acceptance (issue #33), so both are the cell's."""
+    api = merged.get("api", "generate")
+    if api not in APIS:
+        raise ConfigError(f"{where}: api must be one of {', '.join(APIS)}, got {api!r}; {did_you_mean(str(api), APIS)}".rstrip("; "))
+    if "thinking" not in merged or merged["thinking"] is None:
+        return str(api), None
+    raw = merged["thinking"]
+    # YAML reads a bare on/off as a boolean; the quoted words mean the same
+    value = raw if isinstance(raw, bool) else {"on": True, "off": False}.get(str(raw).lower()) if isinstance(raw, str) else None
+    if value is None:
+        raise ConfigError(f"{where}: thinking must be on or off, got {raw!r}; {did_you_mean(str(raw), ('on', 'off'))}".rstrip("; "))
+    if api != "chat":
+        raise ConfigError(f"{where}: thinking: {'on' if value else 'off'} needs api: chat (raw /generate has no chat "
+                          "template to switch thinking in)")
+    return str(api), value
 
 
 def _sampling(merged: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:

@@ -42,6 +42,9 @@ class RequestResult:
     expected_output_tokens: int
     prompt_tolerance: float = 0.0  # allowed relative error of the server's count (text prompts)
     sent_prompt_tokens: int | None = None  # tokens sent (None: text, the server counts)
+    #: the server's prompt count includes a chat template's tokens (a chat cell): it is checked to be
+    #: at least the message's, as the template's own count is the server's to know
+    templated: bool = False
     ok: bool = False
     error: str | None = None
     prompt_tokens: int | None = None
@@ -85,7 +88,12 @@ class RequestResult:
         if not self.ok:
             return [f"request {self.index} failed: {self.error}"]
         out: list[str] = []
-        if self.prompt_tokens is not None and self.prompt_tolerance > 0:
+        if self.templated:
+            floor = self.expected_prompt_tokens * (1 - self.prompt_tolerance)
+            if self.prompt_tokens is not None and self.prompt_tokens < floor:
+                out.append(f"request {self.index}: server counted {self.prompt_tokens} prompt tokens for a chat message "
+                           f"of {self.expected_prompt_tokens} tokens and its template (the message was cut?)")
+        elif self.prompt_tokens is not None and self.prompt_tolerance > 0:
             if abs(self.prompt_tokens - self.expected_prompt_tokens) > self.prompt_tolerance * self.expected_prompt_tokens:
                 out.append(
                     f"request {self.index}: server counted {self.prompt_tokens} prompt tokens for a text prompt "

@@ -1,4 +1,5 @@
-"""Load generator for SGLang's streaming ``/generate``: closed loop, or open loop on an arrival schedule (no pytest import).
+"""Load generator for SGLang's streaming ``/generate`` (or, for a chat cell, ``/v1/chat/completions``:
+``chat_stream.py``): closed loop, or open loop on an arrival schedule (no pytest import).
 
 Why it is written this way (see "Measuring serving performance without fooling yourself"):
 
@@ -37,7 +38,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,16 +51,31 @@ from pytest_ddtree.measure.generate_stream import RequestResult as RequestResult
 from pytest_ddtree.measure.generate_stream import apply_chunk as apply_chunk
 from pytest_ddtree.measure.generate_stream import stream_request as stream_request
 from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
-from pytest_ddtree.measure.prompts import PromptMaker, PromptSet, stable_seed
+from pytest_ddtree.measure.prompts import Prompt, PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import ACCEPT_LENGTH, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import WorkloadData
 from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
+from pytest_ddtree.measure.host_pressure import cpu_stall_seconds as cpu_stall_seconds, stall_since
+from pytest_ddtree.measure.chat_stream import chat_prompts, stream_chat
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 #: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
 DIST_PERCENTILES = (90, 95, 99)
+#: One streamed request, sent and timed: /generate's (stream_request) or a chat cell's (stream_chat).
+Sender = Callable[[ServiceHTTP, int, Prompt, int, "Mapping[str, Any] | None", "http.client.HTTPConnection | None", float],
+                  RequestResult]
+
+
+def sender(workload: object) -> Sender:
+    """How ``workload``'s requests go out: /generate, or /v1/chat/completions for ``api: chat`` (with its thinking)."""
+    if getattr(workload, "api", "generate") != "chat":
+        return stream_request
+    thinking = getattr(workload, "thinking", None)
+    return lambda svc, i, p, n, extra, conn, tol: stream_chat(svc, i, p, n, extra, conn, tol, thinking)
+
+
 class LoadError(RuntimeError):
     """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
 
@@ -101,6 +117,8 @@ class Cell:
     open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
     sampling: tuple[tuple[str, float], ...] = ()  # temperature, top_p of every request (empty: greedy)
     seed_name: str = ""  # what its prompts and arrival gaps are seeded by (empty: name); see seed_name()
+    api: str = "generate"  # "chat": sent through /v1/chat/completions (chat_stream.py)
+    thinking: bool | None = None  # a chat cell's enable_thinking (None: not sent)
 
     def __post_init__(self) -> None:
         if self.warmup_requests < 0:
@@ -125,6 +143,10 @@ def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> Workloa
         "requests": workload.requests,
         "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
     }
+    if getattr(workload, "api", "generate") == "chat":  # only chat cells: a /generate cell's dict is unchanged
+        out["api"] = "chat"
+        thinking = getattr(workload, "thinking", None)
+        out["thinking"] = None if thinking is None else ("on" if thinking else "off")
     if workload.sampling:  # only sampled cells: a greedy cell's dict (and its baseline) is unchanged
         out["sampling"] = dict(workload.sampling)
     arrivals = workload.open_loop
@@ -438,40 +460,6 @@ def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
     return float(max(tokens)), int(max(running))
 
 
-#: Linux's pressure stall information for the CPU (kernel >= 4.20 with PSI): cumulative
-#: microseconds in which at least one runnable task on this host waited for a CPU.
-CPU_PRESSURE_PATH = "/proc/pressure/cpu"
-
-
-def cpu_stall_seconds(path: str = CPU_PRESSURE_PATH) -> float | None:
-    """Seconds so far in which some task on this host waited for a CPU (the ``some`` line's
-    ``total``), or None where the kernel does not report it or the file is not as expected.
-
-    Differenced over a measured loop, it says how busy the host was while the numbers were
-    taken, from the kernel rather than from the service: a neighbour that delays every request's
-    first token by a few milliseconds leaves the engine's clock and the client's concurrency
-    intact, but not this. Read bounded, parsed strictly: a number or None."""
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        fields = line.split()
-        if fields[:1] == ["some"]:
-            for item in fields[1:]:
-                key, _, value = item.partition("=")
-                if key == "total" and value.isdigit() and len(value) < 20:
-                    return int(value) / 1e6
-    return None
-
-
-def _stall_since(before: float | None) -> float | None:
-    """CPU stall seconds since ``before`` (a cpu_stall_seconds reading); None without two readings."""
-    after = cpu_stall_seconds()
-    return after - before if before is not None and after is not None and after >= before else None
-
-
 def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
     """``internal_states`` of /server_info, every dp rank's merged (:func:`merge_internal_states`;
     empty, with a note, when unavailable); ``keep``
@@ -551,6 +539,7 @@ def _run_closed_loop(
     output_tokens: int,
     extra_sampling_params: Mapping[str, Any] | None,
     timeout_s: float,
+    send: Sender = stream_request,
 ) -> tuple[list[RequestResult], float]:
     """C workers pull the next request index until all are sent; returns results, duration."""
     results: list[RequestResult | None] = [None] * len(prompts.prompts)
@@ -565,8 +554,8 @@ def _run_closed_loop(
                     index = None if phase_expired() else next(counter, None)
                 if index is None:
                     return
-                result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                                        prompts.tolerance)
+                result = send(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                              prompts.tolerance)
                 results[index] = result
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
@@ -627,15 +616,17 @@ def run_cell(
         measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(seed_name(workload), seed))
         warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
                            stable_seed(seed_name(workload), seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
+        if getattr(workload, "api", "generate") == "chat":  # a chat message is text: the exact ids, decoded
+            measured = chat_prompts(measured, client.detokenize)
+            warm = chat_prompts(warm, client.detokenize) if warm is not None else None
     except prompts_mod.PromptError as exc:
         raise LoadError(f"{workload.name}: {exc}") from None
     except (OSError, ServiceHTTPError) as exc:
         raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
-    notes: list[str] = list(measured.notes)
-    warmup_failed = 0
+    notes, warmup_failed, send = list(measured.notes), 0, sender(workload)
     if warm is not None:
         warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
-                                           extra_sampling_params, timeout_s)
+                                           extra_sampling_params, timeout_s, send)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
         if warmup_failed:
             notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
@@ -644,7 +635,7 @@ def run_cell(
     before = _internal_state(client, notes)
     stall_before = cpu_stall_seconds()
     requests, duration, lags = _run_measured(client, workload, measured, seed, extra_sampling_params, timeout_s, notes)
-    stall = _stall_since(stall_before)
+    stall = stall_since(stall_before)
     server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
@@ -674,10 +665,10 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
     arrivals = workload.open_loop
     if arrivals is None:
         requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
-                                              extra_sampling_params, timeout_s)
+                                              extra_sampling_params, timeout_s, sender(workload))
         return requests, duration, None
     run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
-                        stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s)
+                        stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s, sender(workload))
     if run.unfinished:
         notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
     late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
@@ -707,6 +698,7 @@ def run_open_loop(
     seed: int,
     extra_sampling_params: Mapping[str, Any] | None,
     timeout_s: float,
+    request: Sender = stream_request,
 ) -> OpenLoopRun:
     """Send ``prompts`` on ``arrivals``' schedule, each on its own thread and connection; never raises
     for what the service does (failures land in the requests)."""
@@ -738,8 +730,8 @@ def run_open_loop(
                 socks[index] = conn.sock
             except OSError:
                 pass  # stream_request connects again and records the failure
-            result = stream_request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                                    prompts.tolerance)
+            result = request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                          prompts.tolerance)
             lags[index] = max(0.0, result.start - due)
             results[index] = result
         finally:

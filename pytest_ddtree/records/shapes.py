@@ -285,6 +285,8 @@ class WorkloadData(_WorkloadRequired, total=False):
     burstiness: float
     max_concurrency: int | None
     sampling: dict[str, float]  # a sampled cell's temperature, top_p
+    api: str  # "chat": a chat cell through /v1/chat/completions (absent: /generate)
+    thinking: str | None  # a chat cell's enable_thinking: "on", "off", None (not sent: the template's default)
 
 
 class SpreadData(TypedDict):

@@ -110,6 +110,8 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
                    help="decode batches per log line and per refresh of avg_spec_accept_length (default: %(default)s)")
     g.add_argument("--enable-cache-report", action="store_true",
                    help="report the prefix cache's cached_tokens in OpenAI usage.prompt_tokens_details (as SGLang)")
+    g.add_argument("--reasoning-parser", default=None, choices=("qwen3",),
+                   help="split a chat's thinking into reasoning_content, as SGLang's --reasoning-parser qwen3 (default: none)")
     g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus text on /metrics (without it /metrics is 404, as in SGLang)")
     g.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR, help="corpus to build the models from (default: the bundled one)")
     # SGLang launch flags the shipped profiles pass: accepted and reported in /server_info, as SGLang
@@ -176,6 +178,7 @@ def server_args_dict(ns: argparse.Namespace, faults: Faults, resolved: Resolved,
         "decode_log_interval": ns.decode_log_interval,
         "enable_metrics": bool(ns.enable_metrics),
         "enable_cache_report": ns.enable_cache_report,
+        "reasoning_parser": ns.reasoning_parser,
         "random_seed": ns.seed,
         "seed": ns.seed,
         "tp_size": ns.tp_size,

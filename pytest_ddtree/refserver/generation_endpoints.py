@@ -368,11 +368,18 @@ class GenerationEndpoints(HandlerBase):
             if not isinstance(content, str):
                 raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
             turns.append((m["role"], content))
+        thinking = _enable_thinking(body)
         prompt = models.tokenizer.render_chat(turns)
+        if thinking is False:  # Qwen3's chat template: thinking off closes an empty think block after the header
+            prompt.extend(models.tokenizer.encode(THINK_OFF_SUFFIX))
         if params.max_new_tokens == 1024 and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             params.max_new_tokens = max(1, min(1024, self.state.context_length - len(prompt)))
         self._check_length(prompt, params)
-        self._openai_run(eng, body, prompt, params, chat=True)
+        # serving_chat.py _get_reasoning_from_request: with a parser whose template has the toggle on by
+        # default, the text opens in reasoning unless enable_thinking is false
+        parser = self.state.server_args.get("reasoning_parser")
+        split = ReasoningSplit(forced=thinking is not False) if parser and body.get("separate_reasoning", True) is not False else None
+        self._openai_run(eng, body, prompt, params, chat=True, split=split)
 
     def _send_chat_fault(self) -> None:
         """The ``chat-body`` fault: a 200 whose body is malformed or hostile (not SGLang's
@@ -412,7 +419,8 @@ class GenerationEndpoints(HandlerBase):
         self._count_completion()
         self._send(200, data, "application/json")
 
-    def _openai_run(self, eng: Engine, body: dict[str, Any], prompt: list[int], params: SamplingParams, chat: bool) -> None:
+    def _openai_run(self, eng: Engine, body: dict[str, Any], prompt: list[int], params: SamplingParams, chat: bool,
+                    split: ReasoningSplit | None = None) -> None:
         stream = bool_field(body, "stream")
         want_meta = bool_field(body, "return_meta_info")
         opts = body.get("stream_options") or {}
@@ -429,7 +437,8 @@ class GenerationEndpoints(HandlerBase):
             text = self._text(req, len(req.output_ids))
             choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason_openai(req.finish_reason), "matched_stop": (req.finish_reason or {}).get("matched")}
             if chat:
-                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None}
+                reasoning, answer = split.feed(text, final=True) if split is not None else (None, text)
+                choice["message"] = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
             else:
                 choice["text"] = text
             resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req)}
@@ -440,11 +449,11 @@ class GenerationEndpoints(HandlerBase):
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-            # serving_chat.py's chunk: every delta carries reasoning_content, every choice matched_stop
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False, reasoning: str | None = None) -> dict[str, Any]:
+            # serving_chat.py's chunk (sse_utils.py StreamDelta): every delta carries reasoning_content, every choice matched_stop
             c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "matched_stop": None}
             if chat:
-                delta: dict[str, Any] = {"reasoning_content": None}
+                delta: dict[str, Any] = {"reasoning_content": reasoning}
                 if role:
                     delta["role"] = "assistant"
                 if delta_text is not None:
@@ -463,6 +472,10 @@ class GenerationEndpoints(HandlerBase):
                 delta = text[len(sent):] if text.startswith(sent) else text
                 sent = text
                 fin = finish_reason_openai(req.finish_reason) if ev.finished else None
+                if split is not None:  # serving_chat.py _generate_stream_content: the reasoning chunk, then the content's
+                    thought, delta = split.feed(delta, final=ev.finished)
+                    if thought:
+                        self.sse(chunk(None, None, reasoning=thought))
                 if delta or fin:
                     c = chunk(delta or None, None)
                     if fin:  # the text first, then the finish in a chunk of its own, as SGLang sends it
@@ -474,5 +487,73 @@ class GenerationEndpoints(HandlerBase):
                         if want_meta:
                             c["choices"][0]["meta_info"] = self._meta(req)
                     self.sse(c)
+            if chat and bool_field(body, "return_spec_tokens_details"):
+                self._send_spec_details(req, obj, created, model)
             if include_usage:
                 self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req)})
+
+    def _send_spec_details(self, req: Request, obj: str, created: int, model: str) -> None:
+        """serving_chat.py's sglext chunk (``return_spec_tokens_details``), before the usage chunk: the request's
+        SpecTokensDetails (utils.py spec_tokens_details_from_meta_info: 0 and [] for what meta_info lacks;
+        none without spec fields, so a request that did not speculate sends no chunk)."""
+        meta = self._meta(req)
+        if "spec_verify_ct" not in meta:
+            return
+        details = {"spec_accept_rate": meta.get("spec_accept_rate") or 0.0, "spec_accept_length": meta.get("spec_accept_length") or 0.0,
+                   "spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
+                   "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
+                   "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
+                   "spec_verify_ct": meta["spec_verify_ct"],
+                   "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram") or [], "spec_cap_lens_histogram": []}
+        self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": None,
+                  "sglext": {"spec_tokens_details": details}})
+
+
+#: What Qwen3's chat template writes after the assistant header when ``enable_thinking`` is false.
+THINK_OFF_SUFFIX = "<think>\n\n</think>\n\n"
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def _enable_thinking(body: dict[str, Any]) -> bool | None:
+    """``chat_template_kwargs.enable_thinking`` (protocol.py: an optional dict; serving_chat.py merges it into the
+    template's arguments); None when not sent."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+    value = kwargs.get("enable_thinking")
+    return None if value is None else bool(value)
+
+
+class ReasoningSplit:
+    """A streamed answer's reasoning and content, as SGLang's Qwen3Detector splits them (reasoning_parser.py,
+    ``(<think>)*(.*)</think>``): forced, the text is reasoning from its start; else from a ``<think>`` it
+    opens with; reasoning ends at ``</think>``. A tail that may be the start of a tag is held back
+    until the next delta (or the end), as the detector buffers it."""
+
+    def __init__(self, forced: bool) -> None:
+        self.in_reasoning = forced
+        self.started = False
+        self.held = ""
+
+    def feed(self, text: str, final: bool = False) -> tuple[str | None, str]:
+        """(reasoning, content) of the next piece of the answer."""
+        text, self.held = self.held + text, ""
+        if not self.started:
+            if not final and len(text) < len(THINK_START) and THINK_START.startswith(text):
+                self.held = text
+                return None, ""
+            self.started = True
+            if text.startswith(THINK_START):
+                self.in_reasoning, text = True, text[len(THINK_START):]
+        if not self.in_reasoning:
+            return None, text
+        end = text.find(THINK_END)
+        if end >= 0:
+            self.in_reasoning = False
+            return text[:end] or None, text[end + len(THINK_END):]
+        keep = next((k for k in range(min(len(THINK_END) - 1, len(text)), 0, -1) if THINK_END.startswith(text[-k:])), 0)
+        if keep and not final:
+            text, self.held = text[:-keep], text[-keep:]
+        return text or None, ""
