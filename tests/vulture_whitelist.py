@@ -139,12 +139,10 @@ _.to_record  # coding.ProblemResult, lossless.LosslessOutcome: suites/test_codin
 _.coding_max_tokens  # Settings: suites/test_coding.py
 _.select_configs  # configs.py: benchmarks/bench_fleet.py and the tests
 
-# Read by the tests only, as probes of what the package does: the client's /detokenize (a prompt's
-# tokens round-trip, tests/test_prompts.py), the tokenizer's special ids (test_refserver_units.py),
+# Read by the tests only, as probes of what the package does: the tokenizer's special ids (test_refserver_units.py),
 # the HTTP pool's idle connections and TCP_NODELAY (test_http.py), the process groups left behind
 # (test_service.py and others), the history store's sessions (test_history.py), how many
 # observations the adaptive prior was fit to (test_adaptive_plugin.py).
-_.detokenize
 _.is_special
 _.idle_connections
 _.nodelay_of

@@ -611,18 +611,7 @@ def run_cell(
                             flush=flush, flush_deadline_s=flush_deadline_s, extra_sampling_params=extra_sampling_params,
                             speculative=speculative, accept_bound=accept_bound, slo=slo)
     client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
-    maker = prompts if prompts is not None else prompt_maker(client)
-    try:
-        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(seed_name(workload), seed))
-        warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
-                           stable_seed(seed_name(workload), seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
-        if getattr(workload, "api", "generate") == "chat":  # a chat message is text: the exact ids, decoded
-            measured = chat_prompts(measured, client.detokenize)
-            warm = chat_prompts(warm, client.detokenize) if warm is not None else None
-    except prompts_mod.PromptError as exc:
-        raise LoadError(f"{workload.name}: {exc}") from None
-    except (OSError, ServiceHTTPError) as exc:
-        raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
+    measured, warm = _cell_prompts(client, prompts if prompts is not None else prompt_maker(client), workload, seed, warmup)
     notes, warmup_failed, send = list(measured.notes), 0, sender(workload)
     if warm is not None:
         warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
@@ -655,6 +644,22 @@ def run_cell(
         speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
         categories=[p.category for p in measured.prompts],
     )
+
+
+def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: WorkloadLike, seed: int,
+                  warmup: bool) -> tuple[PromptSet, PromptSet | None]:
+    """The measured phase's prompts and the warm-up's (None: no warm-up); a chat cell's as message text."""
+    try:
+        measured = maker.build(workload.prompts, workload.context_tokens, workload.requests, stable_seed(seed_name(workload), seed))
+        warm = maker.build(workload.prompts, workload.context_tokens, workload.warmup_requests,
+                           stable_seed(seed_name(workload), seed, "warmup")) if warmup and workload.warmup_requests > 0 else None
+        if getattr(workload, "api", "generate") == "chat":  # a chat message is text: the exact ids, decoded
+            return chat_prompts(measured, client.detokenize), chat_prompts(warm, client.detokenize) if warm else None
+        return measured, warm
+    except prompts_mod.PromptError as exc:
+        raise LoadError(f"{workload.name}: {exc}") from None
+    except (OSError, ServiceHTTPError) as exc:
+        raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
 
 
 def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: PromptSet, seed: int,

@@ -1,0 +1,175 @@
+"""Chat cells (issue #33): the matrix's api/thinking keys, the chat stream reader against hostile
+input, the reference engine's thinking and reasoning_content, and chat cells measured on it."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddtree.configs import ConfigError, load_matrix
+from pytest_ddtree.measure import chat_stream, load
+from pytest_ddtree.measure.generate_stream import RequestResult
+from pytest_ddtree.refserver.generation_endpoints import ReasoningSplit
+from pytest_ddtree.service.client import SGLangClient
+from tests.refserver_helpers import RefServer, config_args
+
+
+# -- the matrix's keys --------------------------------------------------------------------------
+
+
+def _workloads(tmp_path: Path, line: str) -> Any:
+    path = tmp_path / "configs.yaml"
+    path.write_text(f"workloads:\n  - {line}\n")
+    return load_matrix(path).workloads
+
+
+def test_api_and_thinking_keys_are_parsed_and_bad_values_say_the_closest(tmp_path: Path) -> None:
+    (plain,) = _workloads(tmp_path, "{name: c1, concurrency: 1, context_tokens: 64}")
+    assert (plain.api, plain.thinking) == ("generate", None)
+    assert "api" not in load.workload_dict(plain)  # a /generate cell's workload (its baseline) is unchanged
+    for text, value in (("on", True), ("off", False), ("'on'", True), ("'OFF'", False)):
+        (cell,) = _workloads(tmp_path, f"{{name: c1, concurrency: 1, context_tokens: 64, api: chat, thinking: {text}}}")
+        assert (cell.api, cell.thinking) == ("chat", value)
+        assert load.workload_dict(cell)["thinking"] == ("on" if value else "off")
+    (chat,) = _workloads(tmp_path, "{name: c1, concurrency: 1, context_tokens: 64, api: chat}")
+    assert load.workload_dict(chat)["api"] == "chat" and load.workload_dict(chat)["thinking"] is None
+    for line, message in (
+        ("{concurrency: 1, context_tokens: 64, api: chta}", "api must be one of generate, chat, got 'chta'; did you mean 'chat'"),
+        ("{concurrency: 1, context_tokens: 64, api: chat, thinking: onn}", "thinking must be on or off, got 'onn'; did you mean 'on'"),
+        ("{concurrency: 1, context_tokens: 64, thinking: on}", "thinking: on needs api: chat"),
+        ("{concurrency: 1, context_tokens: 64, api: chat, thinkng: on}", "did you mean 'thinking'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            _workloads(tmp_path, line)
+
+
+# -- the stream reader against hostile input ------------------------------------------------------
+
+
+def _lines(*chunks: Any, done: bool = True) -> bytes:
+    out = b"".join(b"data: " + (c if isinstance(c, bytes) else json.dumps(c).encode()) + b"\n\n" for c in chunks)
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _delta(content: str | None = None, reasoning: str | None = None) -> dict[str, Any]:
+    delta: dict[str, Any] = {"reasoning_content": reasoning}
+    if content is not None:
+        delta["content"] = content
+    return {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+def _usage(completion: int, prompt: int = 20) -> dict[str, Any]:
+    return {"id": "x", "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+
+
+def _read(data: bytes, asked: int = 4) -> RequestResult:
+    result = RequestResult(index=0, expected_prompt_tokens=16, expected_output_tokens=asked, templated=True)
+    ticks = iter(range(1, 10**6))
+    chat_stream.read_chat_events(io.BytesIO(data), result, asked, lambda: float(next(ticks)))
+    return result
+
+
+def test_the_reader_times_content_and_reasoning_deltas_and_counts_tokens_from_usage() -> None:
+    spec = {"id": "x", "choices": [], "sglext": {"spec_tokens_details": {"spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 1, 1]}}}
+    result = _read(_lines(_delta(content=""), _delta(reasoning="ab"), _delta(reasoning="c"), _delta(content="d"),
+                          spec, _usage(4)))
+    # one tick per line read (each event ends with a blank line): the role chunk's empty content is no
+    # token, the first reasoning delta (the third line) is the first token
+    assert result.ttft_s == 3.0
+    assert result.itl_s == [2.0, 2.0] and result.completion_tokens == 4 and result.prompt_tokens == 20
+    assert result.spec_verify_ct == 2 and result.accept_histogram == [0, 1, 1]
+    assert result.problems() == ["request 0 failed: None"]  # ok is stream_chat's to set
+    result.ok = True
+    assert result.problems() == []
+    result.prompt_tokens = 10  # a template only adds: fewer than the message's tokens is a cut message
+    assert "chat message of 16 tokens" in result.problems()[0]
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (_lines(_delta(content="a"), done=False), "without 'data: \\[DONE\\]'"),
+    (_lines(_delta(content="a")), "no usage chunk"),
+    (_lines(_usage(4)), "no content or reasoning_content"),
+    (_lines(_delta(content="a"), _usage(5)), "more than the 4 asked"),
+    (_lines(_delta(content="a"), {"choices": [], "usage": {"completion_tokens": "4"}}), "not a count"),
+    (_lines(b"{not json"), "not JSON"),
+    (_lines(b"[1, 2]"), "not a JSON object"),
+    (_lines({"error": {"message": "boom"}}), "server error in stream: .*boom"),
+    (_lines({"object": "error", "message": "overloaded"}), "server error in stream: overloaded"),
+    (_lines(*[_delta(content="a")] * 20, _usage(4)), "more than 12 text deltas"),
+    (b"data: " + b"x" * (chat_stream.CHAT_LINE_LIMIT + 10) + b"\n", "stream line over"),
+    (b": keep-alive\n" * (chat_stream.CHAT_BODY_BASE // 13 + chat_stream.CHAT_BYTES_PER_TOKEN * 4 // 13 + 2), "stream over"),
+    (_lines(_delta(content="a"), {"choices": [], "sglext": {"spec_tokens_details": {
+        "spec_verify_ct": 2, "spec_correct_drafts_histogram": [5]}}}, _usage(4)), "invalid response"),
+])
+def test_the_reader_refuses_a_hostile_or_broken_stream(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _read(data)
+
+
+def test_reasoning_split_follows_the_qwen3_detector_across_deltas() -> None:
+    forced = ReasoningSplit(forced=True)
+    assert [forced.feed(t) for t in ("let me", " think</th", "ink>The", " answer")] == [
+        ("let me", ""), (" think", ""), (None, "The"), (None, " answer")]
+    opened = ReasoningSplit(forced=False)
+    assert [opened.feed(t) for t in ("<thi", "nk>hm</think>", "ok")] == [(None, ""), ("hm", ""), (None, "ok")]
+    plain = ReasoningSplit(forced=False)
+    assert plain.feed("<", final=True) == (None, "<") and plain.feed("x") == (None, "x")
+
+
+# -- on the reference engine ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
+    s = RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "50", "--reasoning-parser", "qwen3"],
+                  tmp_path_factory.mktemp("chat")).wait_ready()
+    yield s
+    s.stop()
+
+
+def _stream(engine: RefServer, thinking: bool | None) -> list[dict[str, Any]]:
+    body = {"messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 12, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+    if thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": thinking}
+    lines = [line for line in engine.post("/v1/chat/completions", json=body).text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def test_the_engine_streams_reasoning_when_thinking_is_on_and_content_when_off(engine: RefServer) -> None:
+    def texts(chunks: list[dict[str, Any]], key: str) -> str:
+        return "".join(c["choices"][0]["delta"].get(key) or "" for c in chunks if c["choices"])
+
+    on, off, default = _stream(engine, True), _stream(engine, False), _stream(engine, None)
+    assert texts(on, "reasoning_content") and not texts(on, "content")
+    assert texts(off, "content") and not texts(off, "reasoning_content")
+    assert texts(default, "reasoning_content") == texts(on, "reasoning_content")  # the template's default is on
+    usage_on, usage_off = on[-1]["usage"], off[-1]["usage"]
+    assert usage_on["completion_tokens"] == usage_off["completion_tokens"] == 12
+    assert usage_off["prompt_tokens"] > usage_on["prompt_tokens"]  # off: the template's empty think block
+    (ext,) = [c["sglext"]["spec_tokens_details"] for c in on if "sglext" in c]
+    assert ext["spec_verify_ct"] == sum(ext["spec_correct_drafts_histogram"]) > 0
+
+
+def test_chat_cells_thinking_on_and_off_are_valid_and_carry_their_api(engine: RefServer) -> None:
+    with SGLangClient(engine.url) as client:
+        results = {}
+        for thinking in (True, False):
+            cell = load.Cell(f"chat_{thinking}", concurrency=2, context_tokens=64, output_tokens=16, requests=4,
+                             warmup_requests=1, api="chat", thinking=thinking)
+            res = load.run_cell(client, cell, speculative=True, accept_bound=7)
+            assert res.valid, res.problems()
+            assert res.workload["api"] == "chat" and res.workload["thinking"] == ("on" if thinking else "off")
+            assert res.prompt_source == "documents via /tokenize, as chat text"
+            assert all(r.prompt_tokens is not None and r.prompt_tokens > 64 for r in res.requests)  # the template's too
+            assert all(r.completion_tokens == 16 and r.spec_verify_ct for r in res.requests)
+            results[thinking] = res.metrics()
+        assert results[True]["ddtree_tokens_per_verify"] and results[False]["ddtree_tokens_per_verify"]
+        sent_on, sent_off = results[True]["total_input_tokens"], results[False]["total_input_tokens"]
+        assert isinstance(sent_on, int) and isinstance(sent_off, int) and sent_off > sent_on
