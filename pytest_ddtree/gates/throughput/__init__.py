@@ -141,6 +141,7 @@ from pytest_ddtree.gates.throughput.session_check import (
     config_wobble,
     judge_session,
     launch_wobble,
+    launch_wobble_dof,
     relaunch_candidates,
 )
 from pytest_ddtree.gates.throughput.blessed_noise import (
@@ -197,6 +198,7 @@ __all__ = [
     "judge_session",
     "launch_spread",
     "launch_wobble",
+    "launch_wobble_dof",
     "measurement_status",
     "median_chi2_share",
     "relaunch_candidates",

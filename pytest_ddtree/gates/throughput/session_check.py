@@ -243,10 +243,17 @@ def _relaunch_verdict(c: ConfigMove, more: Sequence[ConfigMove], ref: float, ref
 def launch_wobble(moves: Sequence[ConfigMove]) -> float:
     """One launch's own spread (log): ``config_wobble`` without the others' median's share of it
     (against N others the difference moves by 1 + (pi/2)/N launches' worth; 2 with one other)."""
+    return launch_wobble_dof(moves)[0]
+
+
+def launch_wobble_dof(moves: Sequence[ConfigMove]) -> tuple[float, int]:
+    """``launch_wobble`` and the degrees of freedom it was estimated from (0: not priced, see
+    ``_wobble``): a test whose standard error rests on it takes a t quantile of them."""
     others = len(moves) - 1
     if others < 1:
-        return 0.0
-    return config_wobble(moves) / math.sqrt(1.0 + (MEDIAN_VARIANCE if others > 2 else 1.0) / others)
+        return 0.0, 0
+    wobble, dof = _wobble(moves)
+    return wobble / math.sqrt(1.0 + (MEDIAN_VARIANCE if others > 2 else 1.0) / others), dof
 
 
 def judge_session(moves: Sequence[ConfigMove], relaunched: Sequence[ConfigMove] = ()) -> list[SessionFinding]:
