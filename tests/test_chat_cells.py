@@ -16,6 +16,7 @@ from pytest_ddtree.measure import chat_stream, load
 from pytest_ddtree.measure.generate_stream import RequestResult
 from pytest_ddtree.refserver.generation_endpoints import ReasoningSplit
 from pytest_ddtree.service.client import SGLangClient
+from tests.bench_serving_contract import check_result
 from tests.refserver_helpers import RefServer, config_args
 
 
@@ -173,3 +174,43 @@ def test_chat_cells_thinking_on_and_off_are_valid_and_carry_their_api(engine: Re
         assert results[True]["ddtree_tokens_per_verify"] and results[False]["ddtree_tokens_per_verify"]
         sent_on, sent_off = results[True]["total_input_tokens"], results[False]["total_input_tokens"]
         assert isinstance(sent_on, int) and isinstance(sent_off, int) and sent_off > sent_on
+
+
+# -- a session through suites/test_throughput.py ---------------------------------------------------
+
+CHAT_MATRIX = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4]
+workload_defaults: {output_tokens: 16}
+workloads:
+  - {name: c2_think, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 1, api: chat, thinking: on}
+  - {name: c2_nothink, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 1, api: chat, thinking: off}
+"""
+
+
+@pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
+def test_a_session_measures_chat_cells_thinking_on_and_off_through_the_throughput_suite(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    from tests.suite_helpers import reference_profile
+
+    profile = reference_profile(pytester.path, "--reasoning-parser qwen3", clock_scale=5, control="none")
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text(CHAT_MATRIX)
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
+        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider", "-rA", timeout=240)
+    result.assert_outcomes(passed=2, warnings=2)  # no baselines yet: a warning each
+    results = json.loads((pytester.path / "results" / "results.json").read_text())
+    cells = {c["cell"]: c for c in results["throughput"]}
+    for name, thinking in (("c2_think", "on"), ("c2_nothink", "off")):
+        cell = cells[name]
+        assert (cell["backend"], cell["ddtree_api"], cell["ddtree_thinking"]) == ("sglang-oai-chat", "chat", thinking)
+        assert cell["measurement_status"] == "valid" and cell["completed"] == 4 and cell["ddtree_tokens_per_verify"] > 1
+        assert check_result(cell) == [], check_result(cell)  # bench_serving's keys and types, as a /generate cell's
+    # the template's think block is in the prompt: thinking off sends more tokens than on
+    assert cells["c2_nothink"]["ddtree_server_input_tokens"] > cells["c2_think"]["ddtree_server_input_tokens"]
+    records = [json.loads(line) for path in (pytester.path / "results").glob("records-*.jsonl")
+               for line in path.read_text().splitlines()]
+    workloads = {r["cell"]: r["workload"] for r in records if r.get("kind") == "throughput"}
+    assert workloads["c2_think"]["thinking"] == "on" and workloads["c2_nothink"]["api"] == "chat"

@@ -66,6 +66,8 @@ COUNT_KEYS = ("completed", "total_input_tokens", "total_input_text_tokens", "tot
 #: output_tokens (its random dataset with range ratio 0). An open-loop cell's are its own: its
 #: request_rate and its max_concurrency (None when uncapped, as bench_serving writes it).
 BENCH_BACKEND = "sglang"
+#: bench_serving's backend for /v1/chat/completions (serving.py ASYNC_REQUEST_FUNCS): a chat cell's
+BENCH_CHAT_BACKEND = "sglang-oai-chat"
 
 
 def aggregate_repeats(repeats: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
@@ -446,7 +448,9 @@ def bench_serving_arguments(record: ThroughputRecord) -> dict[str, Any]:
     source = str(workload.get("prompts") or "").split(" via ", 1)[0]
     return {
         "tag": None,
-        "backend": BENCH_BACKEND,
+        "backend": BENCH_CHAT_BACKEND if workload.get("api") == "chat" else BENCH_BACKEND,
+        "ddtree_api": workload.get("api", "generate"),  # which endpoint, and a chat cell's thinking (None: not sent)
+        "ddtree_thinking": workload.get("thinking"),
         "dataset_name": "sharegpt" if source.endswith(".json") else source or None,
         "request_rate": workload.get("request_rate", float("inf")),
         "max_concurrency": workload["max_concurrency"] if "max_concurrency" in workload else workload.get("concurrency"),
