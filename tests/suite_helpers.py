@@ -35,13 +35,21 @@ def reference_profile(
     if clock_scale is not None:
         command = command.replace("--clock-scale 10", f"--clock-scale {clock_scale:g}")
     raw["command"] = command_prefix + command.replace("{config_args}", f"{engine_args} {{config_args}}".strip())
-    if overrides.get("control") == "none":  # no control: the profile's control launch keys are refused then
-        for key in ("control_launches", "control_max_launches", "bless_control_launches"):
-            raw.pop(key, None)
+    if "control" in overrides:
+        set_control(raw, str(overrides.pop("control")))
     raw.update(overrides)
     path = directory / filename
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def set_control(raw: dict[str, Any], control: str) -> None:
+    """Name a profile's control; ``none`` also drops the control launch keys, which a profile
+    without a control is refused (there is nothing to launch)."""
+    raw["control"] = control
+    if control == "none":
+        for key in ("control_launches", "control_max_launches", "bless_control_launches"):
+            raw.pop(key, None)
 
 
 def run_suite(

@@ -12,6 +12,7 @@ import yaml
 
 from tests.bench_serving_contract import check_result
 from tests.browser_helpers import browser_missing_reason, open_page
+from tests.suite_helpers import set_control
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -31,7 +32,7 @@ workloads:
 def test_open_loop_cells_goodput_and_each_configs_sustainable_rate_through_the_suites(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    raw["control"] = "none"  # the control is not what is tested here (test_control.py)
+    set_control(raw, "none")  # the control is not what is tested here (test_control.py)
     raw["command"] = raw["command"].replace("{config_args}", "--clock-scale 5 {config_args}")
     profile = pytester.path / "profile.yaml"
     profile.write_text(yaml.safe_dump(raw))
@@ -99,7 +100,7 @@ def _rate_session(pytester: pytest.Pytester, repo_root: Path, results: str, engi
     """The sustainable-rate suite alone on one config against an engine at clock scale 5 (plus
     ``engine_args``), its results in ``results/`` (a session's own folder)."""
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    raw["control"] = "none"
+    set_control(raw, "none")
     raw["command"] = raw["command"].replace("{config_args}", f"--clock-scale 5 {engine_args} {{config_args}}")
     profile = pytester.path / f"profile{abs(hash(engine_args))}.yaml"
     profile.write_text(yaml.safe_dump(raw))

@@ -16,6 +16,7 @@ import yaml
 
 from pytest_ddtree.gates import throughput as gate
 from tests.bench_serving_contract import check_result
+from tests.suite_helpers import set_control
 
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 
@@ -38,7 +39,7 @@ def _setup(pytester: pytest.Pytester, repo_root: Path, engine_args: str = "", po
     session was most of each test's time; the test of the control's second launch names a config
     as the control, and test_control.py measures the non-speculative one."""
     raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
-    raw["control"] = control
+    set_control(raw, control)
     extra = f"--clock-scale 5 {engine_args}".strip()
     raw["command"] = raw["command"].replace("{config_args}", f"{extra} {{config_args}}")
     raw["pool"] = pool
