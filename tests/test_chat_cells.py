@@ -214,3 +214,69 @@ def test_a_session_measures_chat_cells_thinking_on_and_off_through_the_throughpu
                for line in path.read_text().splitlines()]
     workloads = {r["cell"]: r["workload"] for r in records if r.get("kind") == "throughput"}
     assert workloads["c2_think"]["thinking"] == "on" and workloads["c2_nothink"]["api"] == "chat"
+
+
+# -- against real SGLang 0.5.23 (the CPU lane) -----------------------------------------------------
+
+
+#: The lane's tiny template with Qwen3's thinking switch (off: an empty think block after the header).
+THINK_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant: {% if enable_thinking is defined and enable_thinking is false %}"
+                  "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def _texts(url: str, thinking: bool | None) -> tuple[str, str, int]:
+    """(reasoning_content, content, usage.prompt_tokens) of one streamed chat, read raw."""
+    import requests
+
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_completion_tokens": 6,
+                            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": thinking}
+    chunks = [json.loads(line[6:]) for line in requests.post(url + "/v1/chat/completions", json=body, timeout=60).text.splitlines()
+              if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    return ("".join(d.get("reasoning_content") or "" for d in deltas), "".join(d.get("content") or "" for d in deltas),
+            chunks[-1]["usage"]["prompt_tokens"])
+
+
+@pytest.mark.sglang
+@pytest.mark.slow  # real SGLang's start-up, ~20 s alone
+def test_the_chat_reader_and_thinking_agree_with_real_sglang(tmp_path: Path) -> None:
+    """Real SGLang 0.5.23 with a template that has the thinking switch and --reasoning-parser qwen3,
+    beside the engine with the same parser: the harness's own request (chat_template_kwargs, ignore_eos,
+    return_spec_tokens_details) reads alike from both (a text delta, usage's counts, [DONE]), and thinking
+    on (or not sent: the template's default) streams reasoning_content only, off content only, with
+    the template's think block in the prompt (serving_chat.py, reasoning_parser.py Qwen3Detector)."""
+    from pytest_ddtree.measure.prompts import Prompt
+    from pytest_ddtree.service.pool import free_port
+    from tests.sglang_lane import launch_real_sglang, sglang_python
+
+    python, why = sglang_python()
+    if python is None:
+        pytest.skip(why)
+    template = tmp_path / "think.jinja"
+    template.write_text(THINK_TEMPLATE)
+    engine = RefServer(["--clock-scale", "50", "--reasoning-parser", "qwen3"], tmp_path, "engine")
+    try:
+        with launch_real_sglang(tmp_path, free_port(), python=python,
+                                extra_args=["--chat-template", str(template), "--reasoning-parser", "qwen3"]) as real:
+            engine.wait_ready()
+            for url in (real, engine.url):
+                with SGLangClient(url) as client:
+                    for thinking in (True, False, None):
+                        result = chat_stream.stream_chat(client.http, 0, Prompt(4, text="Hello there"), 8, thinking=thinking)
+                        assert result.ok, (url, result.error)
+                        assert result.completion_tokens == 8 and result.ttft_s is not None and result.ttft_s > 0
+                        assert isinstance(result.prompt_tokens, int) and result.prompt_tokens >= 4  # the template's too
+                        if url == real:  # CPU SGLang does not speculate: no sglext chunk, no verify counts
+                            assert result.spec_verify_ct is None and result.accept_histogram is None
+                        else:  # the engine speculates (DFLASH by default): its sglext chunk carries them
+                            assert result.spec_verify_ct and sum(result.accept_histogram or []) == result.spec_verify_ct
+                (on, on_content, on_prompt), (off_reasoning, off, off_prompt) = _texts(url, True), _texts(url, False)
+                default_reasoning, default_content, _ = _texts(url, None)
+                assert on and not on_content and default_reasoning and not default_content, url
+                assert off and not off_reasoning, url
+                assert off_prompt > on_prompt, url
+    finally:
+        engine.stop()
