@@ -154,6 +154,7 @@ def test_the_engine_streams_reasoning_when_thinking_is_on_and_content_when_off(e
     usage_on, usage_off = on[-1]["usage"], off[-1]["usage"]
     assert usage_on["completion_tokens"] == usage_off["completion_tokens"] == 12
     assert usage_off["prompt_tokens"] > usage_on["prompt_tokens"]  # off: the template's empty think block
+    assert (usage_on["reasoning_tokens"], usage_off["reasoning_tokens"]) == (12, 0)  # as real SGLang counts them
     (ext,) = [c["sglext"]["spec_tokens_details"] for c in on if "sglext" in c]
     assert ext["spec_verify_ct"] == sum(ext["spec_correct_drafts_histogram"]) > 0
 

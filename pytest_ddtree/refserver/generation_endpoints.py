@@ -311,13 +311,13 @@ class GenerationEndpoints(HandlerBase):
         params = parse_sampling(body, max_key=max_key, default_max=default_max)
         return params
 
-    def _usage(self, req: Request) -> dict[str, Any]:
+    def _usage(self, req: Request, reasoning_tokens: int = 0) -> dict[str, Any]:
         """entrypoints/openai/usage_processor.py: ``prompt_tokens_details.cached_tokens`` only with
         ``--enable-cache-report``, else null."""
         p, c = len(req.prompt_ids), len(req.output_ids)
         details = {"cached_tokens": req.cached_tokens} if self.state.server_args.get("enable_cache_report") else None
         return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c, "prompt_tokens_details": details,
-                "reasoning_tokens": 0, "completion_tokens_details": None}
+                "reasoning_tokens": reasoning_tokens, "completion_tokens_details": None}
 
     def h_completions(self) -> None:
         body = self.read_json()
@@ -432,6 +432,9 @@ class GenerationEndpoints(HandlerBase):
         prefix = "chatcmpl-" if chat else "cmpl-"
         req = Request(prompt, params, rid=prefix + uuid.uuid4().hex[:24])
         eng.submit(req)
+        # usage.reasoning_tokens (tokenizer_manager.py counts the output up to the reasoning's end): the tokens
+        # out while the split was still in reasoning, at a step's granularity
+        thought = 0
         if not stream:
             self._wait(eng, req)
             text = self._text(req, len(req.output_ids))
@@ -439,9 +442,11 @@ class GenerationEndpoints(HandlerBase):
             if chat:
                 reasoning, answer = split.feed(text, final=True) if split is not None else (None, text)
                 choice["message"] = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+                if split is not None and split.in_reasoning:  # it never closed: every output token was reasoning
+                    thought = len(req.output_ids)
             else:
                 choice["text"] = text
-            resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req)}
+            resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req, thought)}
             if want_meta:
                 meta = self._meta(req)
                 choice["meta_info"] = meta
@@ -473,9 +478,11 @@ class GenerationEndpoints(HandlerBase):
                 sent = text
                 fin = finish_reason_openai(req.finish_reason) if ev.finished else None
                 if split is not None:  # serving_chat.py _generate_stream_content: the reasoning chunk, then the content's
-                    thought, delta = split.feed(delta, final=ev.finished)
-                    if thought:
-                        self.sse(chunk(None, None, reasoning=thought))
+                    reasoning, delta = split.feed(delta, final=ev.finished)
+                    if split.in_reasoning:
+                        thought = ev.n_visible
+                    if reasoning:
+                        self.sse(chunk(None, None, reasoning=reasoning))
                 if delta or fin:
                     c = chunk(delta or None, None)
                     if fin:  # the text first, then the finish in a chunk of its own, as SGLang sends it
@@ -490,7 +497,7 @@ class GenerationEndpoints(HandlerBase):
             if chat and bool_field(body, "return_spec_tokens_details"):
                 self._send_spec_details(req, obj, created, model)
             if include_usage:
-                self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req)})
+                self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req, thought)})
 
     def _send_spec_details(self, req: Request, obj: str, created: int, model: str) -> None:
         """serving_chat.py's sglext chunk (``return_spec_tokens_details``), before the usage chunk: the request's
