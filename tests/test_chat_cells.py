@@ -177,6 +177,19 @@ def test_chat_cells_thinking_on_and_off_are_valid_and_carry_their_api(engine: Re
         assert isinstance(sent_on, int) and isinstance(sent_off, int) and sent_off > sent_on
 
 
+def test_an_open_loop_chat_cell_sends_its_schedule_through_the_chat_endpoint(engine: RefServer) -> None:
+    from pytest_ddtree.measure.openloop import Arrivals
+
+    cell = load.Cell("r20_chat", concurrency=6, context_tokens=64, output_tokens=8, requests=6, warmup_requests=0,
+                     open_loop=Arrivals(20.0, "constant"), api="chat", thinking=False)
+    with SGLangClient(engine.url) as client:
+        res = load.run_cell(client, cell, speculative=True)
+    assert res.valid, res.problems()
+    assert res.send_lag_s is not None and len(res.send_lag_s) == 6
+    assert all(r.prompt_tokens is not None and r.prompt_tokens > 64 and r.spec_verify_ct for r in res.requests)
+    assert res.metrics()["request_rate"] == 20.0 and res.workload["thinking"] == "off"
+
+
 # -- a session through suites/test_throughput.py ---------------------------------------------------
 
 CHAT_MATRIX = """\

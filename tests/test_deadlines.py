@@ -91,6 +91,16 @@ def test_sse_comments_after_the_first_chunk_do_not_extend_a_stream(trickling: Re
     assert result.bytes_after_last_chunk >= len(b": keep-alive\n\n")  # the comments arrived, and did not extend it
 
 
+def test_a_chat_cells_stream_ends_at_the_request_deadline(trickling: RefServer) -> None:
+    from pytest_ddtree.measure.chat_stream import stream_chat
+
+    with SGLangClient(trickling.url, timeout=DEADLINE_S) as client:
+        result = finishes(lambda: stream_chat(client.http, 0, Prompt(target_tokens=3, text="hi"), 8, thinking=True),
+                          DEADLINE_S + SLACK_S)
+    assert isinstance(result, load.RequestResult) and not result.ok
+    assert f"the request deadline of {DEADLINE_S:g} s (request_timeout_s in the profile) passed" in (result.error or ""), result.error
+
+
 def test_a_cell_ends_at_its_deadline_and_says_what_finished(trickling: RefServer) -> None:
     cell = load.Cell("c1_tiny", concurrency=1, context_tokens=16, output_tokens=8, requests=20)
     with SGLangClient(trickling.url, timeout=1.0) as client:
