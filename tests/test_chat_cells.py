@@ -39,6 +39,10 @@ def test_api_and_thinking_keys_are_parsed_and_bad_values_say_the_closest(tmp_pat
         assert load.workload_dict(cell)["thinking"] == ("on" if value else "off")
     (chat,) = _workloads(tmp_path, "{name: c1, concurrency: 1, context_tokens: 64, api: chat}")
     assert load.workload_dict(chat)["api"] == "chat" and load.workload_dict(chat)["thinking"] is None
+    from pytest_ddtree.gates.throughput.throughput import rate_cell
+
+    probe = rate_cell(cell, 4.0)  # a rate search's probe of a chat template sends chat, with its thinking
+    assert (probe.api, probe.thinking, load.workload_dict(probe)["thinking"]) == ("chat", False, "off")
     for line, message in (
         ("{concurrency: 1, context_tokens: 64, api: chta}", "api must be one of generate, chat, got 'chta'; did you mean 'chat'"),
         ("{concurrency: 1, context_tokens: 64, api: chat, thinking: onn}", "thinking must be on or off, got 'onn'; did you mean 'on'"),

@@ -250,12 +250,13 @@ PROBE_FIGURES = ("request_throughput", OUTPUT_THROUGHPUT, REQUEST_GOODPUT, "slo_
 
 def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
     """The open-loop cell of ``template`` at ``rate`` requests/s (its prompts, lengths, arrival
-    process and cap; a closed-loop template gets Poisson arrivals), named ``<template>@<rate>`` and
+    process and cap, its endpoint and thinking; a closed-loop template gets Poisson arrivals), named ``<template>@<rate>`` and
     seeded by the template (``load.seed_name``): every rate sends the same prompts and arrival gaps."""
     arrivals = dataclasses.replace(template.open_loop or openloop.Arrivals(rate), request_rate=rate)
     return load.Cell(f"{template.name}@{rate:.4g}", arrivals.max_concurrency or template.requests,
                      template.context_tokens, template.output_tokens, template.requests, template.warmup_requests,
-                     template.prompts, arrivals, template.sampling, load.seed_name(template))
+                     template.prompts, arrivals, template.sampling, load.seed_name(template),
+                     getattr(template, "api", "generate"), getattr(template, "thinking", None))  # a chat template's probes chat
 
 
 def sustainable_rate(
