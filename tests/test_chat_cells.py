@@ -126,6 +126,18 @@ def test_reasoning_split_follows_the_qwen3_detector_across_deltas() -> None:
     assert plain.feed("<", final=True) == (None, "<") and plain.feed("x") == (None, "x")
 
 
+def test_the_exported_chat_template_switches_thinking_as_the_engine_renders_it() -> None:
+    jinja2 = pytest.importorskip("jinja2")
+    from pytest_ddtree.refserver.generation_endpoints import THINK_OFF_SUFFIX
+    from pytest_ddtree.refserver.hf_export import CHAT_TEMPLATE
+
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    messages = [{"role": "user", "content": "hi"}]
+    on, off, unsent = (template.render(messages=messages, add_generation_prompt=True, **kw)
+                       for kw in ({"enable_thinking": True}, {"enable_thinking": False}, {}))
+    assert on == unsent and off == on + THINK_OFF_SUFFIX
+
+
 # -- on the reference engine ----------------------------------------------------------------------
 
 

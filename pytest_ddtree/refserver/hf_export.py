@@ -43,7 +43,7 @@ from pytest_ddtree.refserver.tokenizer import (
 )
 
 #: Bumped whenever the files' content changes for the same vocabulary.
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2  # 2: the chat template has the enable_thinking switch
 
 #: The engine's chat template (Tokenizer.render_chat) in Jinja, for clients that apply it themselves.
 CHAT_TEMPLATE = (
@@ -55,7 +55,10 @@ CHAT_TEMPLATE = (
     "{%- if message['content'] is string -%}{{ message['content'] }}"
     "{%- else -%}{%- for part in message['content'] -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}"
     + END_OF_TURN + "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}" + ASSISTANT + "{{ '\\n' }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}" + ASSISTANT + "{{ '\\n' }}"
+    # Qwen3's switch, as the engine's chat endpoint renders it (generation_endpoints.THINK_OFF_SUFFIX)
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif -%}"
+    "{%- endif -%}"
 )
 
 
