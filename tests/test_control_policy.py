@@ -128,10 +128,11 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines").assert_outcomes(passed=3)
     result = _run(pytester, repo_root, profile, matrix)
     results = pytester.path / "results"
-    assert {r.get("control_launch") for r in _records(results, control.CONTROL_RECORD)} == {1}, result.stdout.str()
+    # unchanged: no further launch unless its first look read in the band (a loaded box's engine can)
+    first, more = _first_look(results)
+    assert bool(more) == control_policy.inconclusive(first), result.stdout.str()
     (group,) = json.loads((results / "results.json").read_text())["control"]["groups"]
     shift, tolerance = math.log1p(group["uniform_shift"]), group["uniform_tolerance"]
-    assert -0.5 * tolerance < shift, group  # unchanged: within half its tolerance
     # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it; the
     # engine's speed wanders on a loaded box, so a session whose first look missed the band is retried
     path = pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml"

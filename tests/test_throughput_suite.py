@@ -348,6 +348,10 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     # and be relaunched too (the screen is meant to be lenient: a relaunch costs only time).
     assert "bs8_b4_k4" in {r["config"] for r in relaunches}, relaunches
     assert {r["cell"] for r in relaunches if r["config"] == "bs8_b4_k4"} == {"c1_tiny", "c2_tiny", "c4_tiny"}
-    assert {r.get("control_launch") for r in _records(pytester, "throughput-control")} == {1, 2}
+    # the control at the start and the end (launches 1 and 2); the launch policy may add end launches
+    # while the uniform shift reads inconclusive (a config three times slower pulls it), up to the
+    # reference profile's control_max_launches, numbered on
+    launches = {r.get("control_launch") for r in _records(pytester, "throughput-control")}
+    assert {1, 2} <= launches and launches == set(range(1, len(launches) + 1)) and len(launches) <= 6, launches
     result.stdout.fnmatch_lines(["*ddtree configs against their session*",
                                  "bs8_b4_k4: output_throughput moved -*relaunched * time(s)*a REGRESSION*"])
