@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_ddtree import progress
-from pytest_ddtree.measure.generate_stream import STREAM_TAIL_LIMIT, RequestResult, deadline_error
+from pytest_ddtree.measure.generate_stream import STREAM_TAIL_LIMIT, RequestResult, send_stream
 from pytest_ddtree.measure.prompts import Prompt, PromptSet
 from pytest_ddtree.service import proof
-from pytest_ddtree.service.http import RequestWatch, ServiceHTTP
+from pytest_ddtree.service.http import ServiceHTTP
 
 CHAT_LINE_LIMIT = 1024 * 1024
 CHAT_BODY_BASE = 1024 * 1024
@@ -83,35 +81,8 @@ def stream_chat(service: ServiceHTTP, index: int, prompt: Prompt, output_tokens:
                            prompt_tolerance=tolerance, templated=True)
     body = chat_body(prompt, output_tokens, extra_sampling_params, thinking)
     asked = body["max_completion_tokens"] if isinstance(body["max_completion_tokens"], int) else output_tokens
-    own_conn = conn is None
-    conn = service.connect() if conn is None else conn
-    watch = RequestWatch(service.deadline())
-    clock = time.perf_counter
-    result.start = clock()
-    try:
-        watch.begin(conn)
-        conn.request("POST", service.path(CHAT_PATH), body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            result.end = clock()
-            result.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace').strip()}"
-            return result
-        if not read_chat_events(resp, result, asked, clock):
-            own_conn = True
-        result.ok = True
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        if not result.end:
-            result.end = clock()
-        result.error = deadline_error(watch.deadline, result) if watch.failed_by_deadline() else f"{type(exc).__name__}: {exc}"
-        own_conn = True
-    finally:
-        if watch.end():
-            own_conn = True
-        if own_conn:
-            conn.close()
-        progress.request_done(result.completion_tokens if result.ok else 0)
-    return result
+    return send_stream(service, conn, CHAT_PATH, json.dumps(body).encode(), result,
+                       lambda resp, clock: read_chat_events(resp, result, asked, clock))
 
 
 def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callable[[], float]) -> bool:

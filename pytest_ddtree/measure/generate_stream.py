@@ -156,6 +156,25 @@ def stream_request(
     body = json.dumps({**prompt.payload(), "sampling_params": sampling, "stream": True}).encode()
     asked = sampling["max_new_tokens"] if isinstance(sampling["max_new_tokens"], int) else output_tokens
     body_limit = STREAM_BODY_LIMIT + STREAM_BYTES_PER_TOKEN_SQUARED * asked * asked
+
+    def read(resp: Any, clock: Callable[[], float]) -> bool:
+        done, last_payload, reusable = _read_events(resp, result, asked, body_limit, clock)
+        if not done:
+            result.end = clock()
+            raise ValueError("stream ended without 'data: [DONE]'")
+        _read_final_meta(result, last_payload)
+        return reusable  # more than a terminator after [DONE]: not a connection to reuse
+
+    return send_stream(service, conn, "/generate", body, result, read)
+
+
+def send_stream(service: ServiceHTTP, conn: http.client.HTTPConnection | None, path: str, body: bytes,
+                result: RequestResult, read: Callable[[Any, Callable[[], float]], bool]) -> RequestResult:
+    """POST one streamed request under its whole-request deadline and time it into ``result``;
+    never raises. ``read(resp, clock)`` reads the 200 response's stream (raising ValueError on a
+    hostile, broken or incomplete one) and says whether the connection may be reused. One place
+    for what every streamed endpoint shares: the deadline's watch, the error words, which
+    connections are closed, the progress count."""
     own_conn = conn is None
     conn = service.connect() if conn is None else conn
     watch = RequestWatch(service.deadline())
@@ -163,20 +182,15 @@ def stream_request(
     result.start = clock()
     try:
         watch.begin(conn)
-        conn.request("POST", service.path("/generate"), body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", service.path(path), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             detail = resp.read(300).decode("utf-8", "replace").strip()
             result.end = clock()
             result.error = f"HTTP {resp.status}: {detail}"
             return result
-        done, last_payload, reusable = _read_events(resp, result, asked, body_limit, clock)
-        if not reusable:
-            own_conn = True  # more than a terminator after [DONE]: not a connection to reuse
-        if not done:
-            result.end = clock()
-            raise ValueError("stream ended without 'data: [DONE]'")
-        _read_final_meta(result, last_payload)
+        if not read(resp, clock):
+            own_conn = True
         result.ok = True
     except (OSError, http.client.HTTPException, ValueError) as exc:
         if not result.end:
