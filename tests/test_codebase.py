@@ -662,3 +662,90 @@ also_fine = self.can.gpu_wait is GpuWait.NONE and controller.kind_of() and isins
 '''
     found = _controller_kind_branches(ast.parse(source), frozenset({"process", "systemd", "external", "command", "slurm"}))
     assert sorted({line for line, _ in found}) == [2, 3, 4, 5, 6, 7, 8], found
+
+
+#: The comment that lets an assert on a measured wall time stand: the timing bound is the feature
+#: itself and cannot be observed otherwise (it says why, relative to the configured deadline).
+WALL_TIME_ESCAPE = "# wall-time:"
+_CLOCKS = frozenset({"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns"})
+
+
+def _is_clock_reading(node: ast.AST, readings: frozenset[str] = frozenset()) -> bool:
+    """``time.monotonic()`` (or perf_counter, time.time, a bare imported ``monotonic()``), or a name
+    that holds one."""
+    if isinstance(node, ast.Name):
+        return node.id in readings
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in _CLOCKS and not node.args
+
+
+def _is_clock_difference(node: ast.AST, readings: frozenset[str] = frozenset()) -> bool:
+    """``time.monotonic() - t0``, ``end - t0`` where ``t0 = time.monotonic()``: a measured duration."""
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) \
+        and (_is_clock_reading(node.left, readings) or _is_clock_reading(node.right, readings))
+
+
+def _wall_time_asserts(source: str) -> list[int]:
+    """Lines of each assert on a wall time measured by the test: a clock difference in the assert,
+    or a name assigned one in the same function (``elapsed = time.monotonic() - t0; assert elapsed < 5``),
+    unless the assert carries the escape comment."""
+    lines = source.splitlines()
+    found = []
+    for scope in ast.walk(ast.parse(source)):
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = list(ast.walk(scope))
+        assigns = [node for node in body if isinstance(node, ast.Assign)]
+        readings = frozenset(target.id for node in assigns if _is_clock_reading(node.value)
+                             for target in node.targets if isinstance(target, ast.Name))
+        timed = {target.id for node in assigns if any(_is_clock_difference(n, readings) for n in ast.walk(node.value))
+                 for target in node.targets if isinstance(target, ast.Name)}
+        for node in body:
+            if not isinstance(node, ast.Assert):
+                continue
+            parts = list(ast.walk(node.test))
+            if any(_is_clock_difference(n, readings) for n in parts) or any(isinstance(n, ast.Name) and n.id in timed for n in parts):
+                if not any(WALL_TIME_ESCAPE in line for line in lines[node.lineno - 1:(node.end_lineno or node.lineno)]):
+                    found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_test_asserts_a_wall_time(repo_root: Path) -> None:
+    """A bound on how long something took fails on a loaded box and passes on a fast one whatever the
+    mechanism did: a test asserts the mechanism instead (which deadline fired: its error names it;
+    the process was killed: its exit status; a cache was hit: the same object, no second request)."""
+    files = sorted((repo_root / "tests").rglob("*.py")) + sorted((repo_root / "suites").rglob("*.py"))
+    assert len(files) > 50, files
+    found = [f"{path.relative_to(repo_root)}:{line}" for path in files for line in _wall_time_asserts(path.read_text())]
+    assert not found, (f"assert the mechanism, not the time it took (or, where the time is the feature, "
+                       f"say so with {WALL_TIME_ESCAPE!r} and bound it relative to the deadline):\n" + "\n".join(found))
+
+
+def test_the_wall_time_scan_finds_timed_asserts() -> None:
+    """The scan above must be able to fail: the difference in the assert, through a name, each clock,
+    over several lines; the escape comment and a deadline computed from the clock pass."""
+    source = '''
+def test_a() -> None:
+    t0 = time.monotonic()
+    assert time.monotonic() - t0 < 5
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 300, "too slow"
+    assert (
+        time.time() - t0
+        < 2)
+    assert monotonic() - t0 < 1  # wall-time: the feature (the 1 s deadline, times 10)
+    deadline = time.monotonic() + 5
+    assert deadline > 0 and len(seen) == 2
+def test_b() -> None:
+    took = wait_ready()
+    assert took >= 0
+    start = time.perf_counter()
+    run()
+    wall = max(ends) - start
+    assert wall < 2
+    assert deadline - now > 0
+'''
+    assert _wall_time_asserts(source) == [4, 6, 7, 19], _wall_time_asserts(source)

@@ -8,7 +8,6 @@ tails its log, ``restore`` records that it ran.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +55,11 @@ def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[
 def test_crash_on_start_reported_fast_with_exit_code_and_log(tmp_path: Path, closing: list[ServiceManager]) -> None:
     manager = make_manager(command_profile(tmp_path / "svc", "--fault crash-on-start"), tmp_path)
     closing.append(manager)
-    started = time.monotonic()
     with pytest.raises(ServiceStartError) as info:
         manager.ensure(BS8_B8_K4)
-    assert time.monotonic() - started < manager.ready_timeout_s / 2
     message = str(info.value)
+    # the status template's exit ended the wait, not the readiness deadline ("not ready after")
+    assert "exited while starting" in message and "not ready after" not in message, message
     assert info.value.exit_code == 3 and "service exited with code 3" in message
     assert "simulated crash while loading weights" in message  # the logs template's tail
     with pytest.raises(ServiceStartError) as again:
@@ -95,12 +94,12 @@ def test_start_command_failure_and_timeout(tmp_path: Path, closing: list[Service
     with pytest.raises(ServiceStartError) as info:
         failing.ensure(BS8_B8_K4)
     assert info.value.exit_code == 7 and "kubectl: no such deployment" in str(info.value)
-    hanging = make_manager(command_profile(tmp_path / "b", start="sleep 60", command_timeout_s=1), tmp_path)
+    pid_file = tmp_path / "hanging.pid"
+    hanging = make_manager(command_profile(tmp_path / "b", start=f"echo $$ > {pid_file}; exec sleep 60", command_timeout_s=1), tmp_path)
     closing.append(hanging)
-    started = time.monotonic()
-    with pytest.raises(ServiceError, match="did not finish within 1 s"):
+    with pytest.raises(ServiceError, match=r"did not finish within 1 s \(killed\)"):  # the command's deadline
         hanging.ensure(BS8_B8_K4)
-    assert time.monotonic() - started < 10 * hanging.profile.fleet.command_timeout_s  # killed at its deadline
+    assert not pid_alive(int(pid_file.read_text()))  # killed at its deadline, not left sleeping
 
 
 def test_profile_errors_name_the_template() -> None:

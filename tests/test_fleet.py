@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -116,10 +115,10 @@ def test_ssh_runs_writes_through_one_master_and_times_out(ssh_fleet: SshFleet) -
         # Every call went through one ControlMaster: one socket, one sshd session process tree.
         sockets = os.listdir(Path(host._control_path()).parent)
         assert len(sockets) == 1, sockets
-        started = time.monotonic()
-        with pytest.raises(SSHError, match="no answer within"):
+        # The call's deadline ended it (its 1 s + the 5 s connect allowance), not ssh's own timeouts
+        # (those exit 255) and not the host's default command deadline.
+        with pytest.raises(SSHError, match=r"no answer within 6 s \(ssh killed\)"):
             host.run(["sleep", "60"], timeout_s=1)
-        assert time.monotonic() - started < 3 * (1 + host.connect_timeout_s)  # the call's deadline, not ssh's
     finally:
         host.close()
 

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +55,10 @@ def write_profile(directory: Path, repo_root: Path, engine_args: str = "", comma
     return reference_profile(directory, engine_args, command_prefix=command_prefix, **overrides)
 
 
-def run_gate(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, timeout: float = 120) -> tuple[pytest.RunResult, float]:
+def run_gate(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: str, timeout: float = 120) -> pytest.RunResult:
     pytester.makepyfile(test_gate=GATE)
     out = pytester.path / "gate-out"
     out.mkdir(exist_ok=True)
-    start = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:  # the variable reaches the subprocess and no later test
         mp.setenv("GATE_OUT", str(out))
         result = pytester.runpytest_subprocess(
@@ -71,7 +69,7 @@ def run_gate(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: s
             *args,
             timeout=timeout,
         )
-    return result, time.monotonic() - start
+    return result
 
 
 def notes(pytester: pytest.Pytester) -> list[dict[str, Any]]:
@@ -80,7 +78,7 @@ def notes(pytester: pytest.Pytester) -> list[dict[str, Any]]:
 
 def test_two_configs_each_started_once_and_verified(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root)
-    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b12_k6")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b12_k6")
     result.assert_outcomes(passed=8)
     starts = [line for line in result.outlines + result.errlines if "starting bs8_" in line]
     assert len(starts) == 2, starts
@@ -90,8 +88,10 @@ def test_two_configs_each_started_once_and_verified(pytester: pytest.Pytester, r
 
 
 def test_crash_on_start_fails_fast_with_log_tail_and_the_sweep_goes_on(pytester: pytest.Pytester, repo_root: Path) -> None:
+    # A readiness deadline longer than the run's own 120 s limit: a run that waited it out would end
+    # there (pytester's timeout), not pass.
     profile = write_profile(pytester.path, repo_root, "--fault crash-on-start", ready_timeout_s=300)
-    result, elapsed = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
     result.assert_outcomes(errors=8)  # a fixture that cannot provide the service errors the test
     text = result.stdout.str()
     assert "During handling of the above exception" not in text
@@ -99,20 +99,20 @@ def test_crash_on_start_fails_fast_with_log_tail_and_the_sweep_goes_on(pytester:
     # one start per config, not one per test: the failure is remembered
     starts = [line for line in result.outlines + result.errlines if "starting bs8_" in line]
     assert len(starts) == 2, starts
-    # Fast = on the exit, not on the readiness deadline: both configs together take less than
-    # one deadline (a figure of the run itself, not of this machine's speed).
+    # Fast = on the exit, not on the readiness deadline: the exit ended each wait, and no wait
+    # ended by its deadline.
     assert "not ready after" not in text
-    assert elapsed < 300, f"two crashing configs took {elapsed:.1f} s: the ready deadline was waited out"
 
 
 def test_slow_start_past_the_deadline_fails_with_the_log_tail(pytester: pytest.Pytester, repo_root: Path) -> None:
     # 8 s: long enough for the engine to bind its port (then it answers 503 while it "loads") even on
     # a loaded 2-core box, where its Python start-up alone took over 2 s in a CI run
     profile = write_profile(pytester.path, repo_root, "--fault slow-start=60", ready_timeout_s=8)
-    result, elapsed = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
+    # The 8 s deadline ended the wait: a run that waited for the engine's 60 s start would have
+    # passed the test (errors=0), and its error, if any, would not name the 8 s deadline.
     result.assert_outcomes(errors=1, deselected=3)
     result.stdout.fnmatch_lines(["*not ready after 8 s*HTTP 503*", "*last lines of the service log*"])
-    assert elapsed < 60, "the run waited for the engine's 60 s start instead of the 2 s deadline"
 
 
 def test_refused_connections_during_a_3s_load_are_tolerated(pytester: pytest.Pytester, repo_root: Path) -> None:
@@ -121,7 +121,7 @@ def test_refused_connections_during_a_3s_load_are_tolerated(pytester: pytest.Pyt
     raw = yaml.safe_load(profile.read_text())
     raw["command"] = "sh -c " + _sh_quote(raw["command"].replace("&& ", "&& exec "))
     profile.write_text(yaml.safe_dump(raw))
-    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4", "-k", "one")
     result.assert_outcomes(passed=1, deselected=3)
 
 
@@ -133,14 +133,14 @@ def _sh_quote(text: str) -> str:
 
 def test_ignored_config_fails_the_applied_check_with_a_diff(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root, "--fault ignore-config=topk")
-    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b8_k4", "-k", "one or two")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b8_k4", "-k", "one or two")
     result.assert_outcomes(errors=2, deselected=2)
     result.stdout.fnmatch_lines(["*speculative_eagle_topk*4*1*"])
 
 
 def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root, "--fault exit-after=2", copy_probe=False)  # it counts requests
-    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
     outcomes = result.parseoutcomes()
     # The third request of a config may reach the engine while it exits (a connection error in
     # the test itself) or after the harness noticed the exit (an error at setup): either way
@@ -154,7 +154,7 @@ def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_
 
 def test_xdist_runs_two_instances_without_port_or_config_clash(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root)
-    result, _ = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b16_k4", "-n", "2")
+    result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b16_k4", "-n", "2")
     result.assert_outcomes(passed=8)
     seen = notes(pytester)
     by_config: dict[str, set[tuple[str, str]]] = {}
@@ -240,7 +240,7 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
         raw["url"] = f"http://127.0.0.1:{port}"
         profile.write_text(yaml.safe_dump(raw))
         package_dir = pytester.path / "packages"
-        result, _ = run_gate(
+        result = run_gate(
             pytester, repo_root, profile, "--ddtree-config=bs8_b12_k6", "-k", "one or two",
             f"--ddtree-package={package_dir}", "--ddtree-package-name=sysd",
         )

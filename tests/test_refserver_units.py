@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import time
 
 import pytest
 
@@ -271,22 +270,54 @@ def test_measurement_turn_reaches_the_processes_a_test_starts(measurement_turn: 
     assert int(child.stdout) == RAISED_NICE
 
 
-@pytest.mark.usefixtures("measurement_turn")
+class _RecordingClock(StepClock):
+    """The engine's own clock, with each pass written down: (start, simulated seconds, deadline), or
+    ``None`` where the engine went idle."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__(scale)
+        self.passes: list[tuple[float, float, float] | None] = []
+
+    def wait_step_end(self, sim_seconds: float) -> float:
+        start = self.start
+        deadline = super().wait_step_end(sim_seconds)
+        assert start is not None  # the engine paces only passes that work arrived for
+        self.passes.append((start, sim_seconds, deadline))
+        return deadline
+
+    def idle(self) -> None:
+        super().idle()
+        self.passes.append(None)
+
+
 def test_engine_publishes_at_deadlines_and_keeps_the_rate(models) -> None:  # type: ignore[no-untyped-def]
-    """In-process engine at clock scale 20: tokens never show before the simulated time has
-    passed, and the busy period lasts the simulated time (not sim + overhead per step)."""
-    eng = Engine(models, SpecConfig(), clock_scale=20.0)
+    """In-process engine at clock scale 20: tokens never show before their pass's deadline, and the
+    busy period lasts the simulated time (not sim + overhead per step): each pass starts at the last
+    one's deadline, not at the time it really ended, so the deadlines add up to the simulated time
+    exactly, plus only the lateness the clock dropped and counted (on a host too slow to keep it)."""
+    clock = _RecordingClock(20.0)
+    eng = Engine(models, SpecConfig(), clock_scale=20.0, step_clock=clock)
     eng.start()
-    t0 = time.monotonic()
     reqs = [eng.submit(Request(list(range(10, 138)), SamplingParams(max_new_tokens=96, temperature=0, ignore_eos=True)))
             for _ in range(2)]
     for r in reqs:
         assert r.done.wait(30)
-    wall = max(r.finished_at or 0.0 for r in reqs) - t0
     acct = eng.accounting()
-    busy = acct["simulated_busy_seconds"] / 20.0
     assert acct["total_output_tokens"] == 192
-    assert wall >= busy  # never early
-    if acct["clock_overruns"] == 0:  # the host kept up: wall time is the simulated time
-        assert wall - busy < 0.015 + 0.02 * busy
+    periods: list[list[tuple[float, float, float]]] = [[]]
+    for entry in clock.passes:
+        if entry is None:
+            periods.append([])
+        else:
+            periods[-1].append(entry)
+    periods = [p for p in periods if p]
+    paced = [entry for period in periods for entry in period]
+    assert sum(sim for _, sim, _ in paced) == pytest.approx(acct["simulated_busy_seconds"])  # every pass paced
+    for period in periods:
+        for (_, _, deadline), (start, _, _) in itertools.pairwise(period):
+            assert start == deadline  # chained: the next pass starts at this one's deadline
+    dropped = sum(deadline - start - sim / 20.0 for start, sim, deadline in paced)
+    assert dropped == pytest.approx(clock.overrun_seconds, abs=1e-6)  # lateness only where counted
+    last_deadline = max(deadline for _, _, deadline in paced)
+    assert max(r.finished_at or 0.0 for r in reqs) >= last_deadline  # never early
     assert acct["engine_cpu_seconds"] > 0

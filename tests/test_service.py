@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,30 +63,28 @@ def test_ready_applied_and_reuse(tmp_path: Path, managers: list[ServiceManager])
 def test_crash_on_start_reported_fast_and_cached(tmp_path: Path, managers: list[ServiceManager]) -> None:
     m = make_manager(make_profile("--fault crash-on-start"), tmp_path)
     managers.append(m)
-    t0 = time.monotonic()
     with pytest.raises(ServiceStartError) as info:
         m.ensure(BS8_B8_K4)
-    assert time.monotonic() - t0 < 5
     msg = str(info.value)
+    # Fast = the exit ended the wait, not the 15 s readiness deadline (that error says "not ready after").
+    assert "exited while starting" in msg and "not ready after" not in msg, msg
     assert info.value.exit_code == 3 and "exit code: 3" in msg
     assert "simulated crash while loading weights" in msg  # the log tail
     assert "bs8_b8_k4" in msg
-    t1 = time.monotonic()
     with pytest.raises(ServiceStartError) as again:
         m.ensure(BS8_B8_K4)
-    assert again.value is info.value and time.monotonic() - t1 < 0.5
+    # Cached: the same error object, and no second launch.
+    assert again.value is info.value
     assert len(m.launches) == 1 and m.launches[0]["outcome"].startswith("failed")
 
 
 def test_slow_start_past_deadline_fails_with_log_tail(tmp_path: Path, managers: list[ServiceManager]) -> None:
     m = make_manager(make_profile("--fault slow-start=60"), tmp_path, ready_timeout_s=1.5)
     managers.append(m)
-    t0 = time.monotonic()
-    with pytest.raises(ServiceStartError) as info:
+    with pytest.raises(ServiceStartError) as info:  # (the engine's own 60 s start would end it ready)
         m.ensure(BS8_B8_K4)
-    assert 1.4 < time.monotonic() - t0 < 6
     msg = str(info.value)
-    assert "not ready after 2 s" in msg or "not ready after 1 s" in msg
+    assert "not ready after 1.5 s" in msg, msg  # the 1.5 s deadline ended the wait
     assert "HTTP 503" in msg and "standin: listening" in msg
     assert live_process_groups() == []  # the slow process was stopped
 
@@ -147,12 +144,13 @@ def test_stop_leaves_no_process_in_group(tmp_path: Path, ignore_sigterm: bool) -
     child = wait_until(logged_child, 5, "the stand-in to log its worker child's pid")
     assert ctl.pid is not None
     leader = ctl.pid
-    t0 = time.monotonic()
+    proc = ctl._proc
+    assert proc is not None
     ctl.stop()
     ctl.stop()  # idempotent
-    took = time.monotonic() - t0
     assert not pid_alive(leader) and not pid_alive(child)
-    assert (took >= 0.5) == ignore_sigterm
+    # SIGTERM ended the leader, or (it ignores SIGTERM) the SIGKILL after the grace period did
+    assert proc.returncode == -(signal.SIGKILL if ignore_sigterm else signal.SIGTERM), proc.returncode
     assert live_process_groups() == []
 
 

@@ -6,7 +6,6 @@ the suites actually run: its fault modes are the ones the issue names.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -35,12 +34,12 @@ def manager(profile: ServiceProfile, tmp_path: Path, made: list[ServiceManager],
     return m
 
 
-def test_refserver_crash_on_start_under_5s(tmp_path: Path, managers: list[ServiceManager]) -> None:
+def test_refserver_crash_on_start_ends_the_wait(tmp_path: Path, managers: list[ServiceManager]) -> None:
     m = manager(ref_profile("--fault crash-on-start"), tmp_path, managers)
-    t0 = time.monotonic()
     with pytest.raises(ServiceStartError) as info:
         m.ensure(BS8_B8_K4)
-    assert time.monotonic() - t0 < 5
+    # the exit ended the wait, not the readiness deadline (whose error says "not ready after")
+    assert "exited while starting" in str(info.value) and "not ready after" not in str(info.value), str(info.value)
     assert info.value.exit_code not in (None, 0)
     assert "crash-on-start" in info.value.log_tail or "Traceback" in info.value.log_tail
 

@@ -120,7 +120,7 @@ def _wait_ready(client: HealthClient, controller: Controller, health_path: str, 
             now = time.monotonic()
             if now >= deadline:
                 raise ServiceStartError(
-                    f"{what} not ready after {timeout_s:.0f} s (last answer from {health_path}: {last})",
+                    f"{what} not ready after {timeout_s:g} s (last answer from {health_path}: {last})",
                     exit_code=None,
                     log_tail=controller.log_tail(),
                     elapsed=now - start,
