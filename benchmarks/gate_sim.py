@@ -10,6 +10,8 @@ cell) with the ``ddtree_service`` fixture's body before each config, and at the 
 recorder, baseline store and results folder; the one thing faked is what needs a GPU: a launch
 (``SimManager``: each launch of a config or the control draws its own speed) and a measured repeat
 (``throughput.run_repeat`` answers a ``SimResult`` from the noise model instead of sending requests).
+A sibling simulation adds to a session through ``Extras`` (``rate_sim.py``: open-loop cells served by a
+queueing model, and the suite's ``test_sustainable_rate`` before each config's cells).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import random
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -264,18 +266,19 @@ _CONTROL_BODY = _body(plugin.ddtree_control)
 _SERVICE_BODY = _body(plugin.ddtree_service)
 
 
-def _suite_test() -> Any:
+def suite_function(module_name: str, function: str) -> Any:
+    """A function of a suite's module (``suites/<module_name>.py``), loaded as pytest would import it."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "suites" / "test_throughput.py"
-    spec = importlib.util.spec_from_file_location("ddtree_suite_test_throughput", path)
+    path = Path(__file__).resolve().parent.parent / "suites" / f"{module_name}.py"
+    spec = importlib.util.spec_from_file_location(f"ddtree_suite_{module_name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.test_throughput
+    return getattr(module, function)
 
 
-TEST_THROUGHPUT = _suite_test()
+TEST_THROUGHPUT = suite_function("test_throughput", "test_throughput")
 
 
 @dataclass
@@ -307,20 +310,39 @@ def _read_yaml_once(path: Path) -> tuple[Any, str]:
     return pickle.loads(_PARSED[text]), text
 
 
-def install() -> None:
+def install(run_repeat: Callable[..., load.CellResult] = sim_run_repeat) -> None:
     """The fakes where a GPU would be: the measured repeat and the prompts (no service to tokenize)."""
-    throughput.run_repeat = sim_run_repeat
+    throughput.run_repeat = run_repeat
     load.prompt_maker = lambda client, **kw: None  # type: ignore[assignment]
     setattr(baselines_mod, "read_yaml", _read_yaml_once)
     # the simulation's files live in memory and die with it: no fsync (gVisor makes each one costly)
     os.fsync = lambda fd: None
 
 
-def run_session(world: World, index: int, bless: bool, repeats: int = 3) -> SessionResult:
+#: A config's tests that pytest runs before its throughput cells (``Extras.before_cells``): they get the
+#: world, the config, its running service, the session and pytest's request, and append the names of
+#: their failed and skipped tests to the two lists.
+BeforeCells = Callable[[World, DDTreeConfig, RunningService, DDTreeSession, Any, list[str], list[str]], None]
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a sibling simulation adds to a session (``rate_sim.py``: open-loop cells and the
+    sustainable-rate test); the defaults are the plain throughput session."""
+
+    run_repeat: Callable[..., load.CellResult] = sim_run_repeat  # the measured repeat's fake
+    settings: Callable[[World, Settings], Settings] | None = None  # e.g. an SLO, another matrix
+    #: the config's tests before its cells (pytest orders a config's tests by file: test_sustainable_rate.py
+    #: before test_throughput.py), run on its service before the control fixture's first use
+    before_cells: BeforeCells | None = None
+
+
+def run_session(world: World, index: int, bless: bool, repeats: int = 3, extras: Extras = Extras()) -> SessionResult:
     """One pytest process of the campaign through the plugin's path (the module docstring)."""
-    install()
+    install(extras.run_repeat)
     world.counts, world.launches, world.day, world.phase = {}, 0, world.model.day(), "first pass"
-    session = DDTreeSession(_settings(world, index, bless, repeats))
+    settings = _settings(world, index, bless, repeats)
+    session = DDTreeSession(settings if extras.settings is None else extras.settings(world, settings))
     claim_results_dir(session.settings.results, session.settings.session_id)
     session.started = True
     session._manager = cast(Any, SimManager(world, session, len(world.configs) + 2))
@@ -330,11 +352,16 @@ def run_session(world: World, index: int, bless: bool, repeats: int = 3) -> Sess
     failed: list[str] = []
     skipped: list[str] = []
     control: Iterator[str] = _CONTROL_BODY(_request(stash, items), session)
-    done = next(control)
+    done: str | None = None if extras.before_cells is not None else next(control)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for config in world.configs:
             request = _request(stash, items)
+            if extras.before_cells is not None:
+                extras.before_cells(world, config, _SERVICE_BODY(config, session, request), session, request, failed,
+                                    skipped)
+            if done is None:  # the control fixture's start, at the first test that asks for it
+                done = next(control)
             service = _SERVICE_BODY(config, session, request)
             for workload in world.cells:
                 request = _request(stash, items, workload)
