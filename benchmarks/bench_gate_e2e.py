@@ -12,8 +12,8 @@ confirmation of flagged cells, verdicts) and count as failed when any cell fails
 inconclusive (both fail CI), and ``--slowed`` sessions run the first config 10% slower
 (``slowdown`` x 1.1) and count as caught when one of its cells is a regression.
 
-Every session also launches the control first (a non-speculative engine, ``--speculative-algorithm
-NONE``, blessed and judged like a config, as the plugin's ``control.measure`` does), in judged
+Every session also launches the control first (a non-speculative engine: no speculative flag, as
+SGLang's plain launch, blessed and judged like a config, as the plugin's ``control.measure`` does), in judged
 sessions once more after the last config, and judges it with ``control.judge`` (the uniform shift of
 the configs over the control); ``--no-control`` leaves it out. Configs that
 ``gate.relaunch_candidates`` flags are relaunched (fresh engines, their own launch shift) and judged
@@ -65,7 +65,7 @@ CELLS = [load.Cell("c1_tiny", 1, 48, 32, 2, 1), load.Cell("c4_tiny", 4, 48, 32, 
 def _flags(name: str) -> tuple[list[str], bool]:
     """The engine flags of a launch and whether it is speculative."""
     if name == control.CONTROL:
-        return ["--speculative-algorithm", "NONE"], False
+        return [], False  # no speculative flag: the plain launch, as SGLang takes it
     bs, budget, topk = CONFIGS[name]
     return ["--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
             "--speculative-eagle-topk", str(topk)], True

@@ -31,9 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def config_args(name: str) -> list[str]:
-    """``bs8_b8_k4[_w2048]`` -> launch flags (NONE -> no speculation)."""
+    """``bs8_b8_k4[_w2048]`` -> launch flags (NONE -> no speculation: no speculative flag at all, as the
+    shipped profiles' plain launch; the config's flags imply DFLASH)."""
     if name == "NONE":
-        return ["--speculative-algorithm", "NONE"]
+        return []
     args: list[str] = []
     for part in name.split("_"):
         if part.startswith("bs"):

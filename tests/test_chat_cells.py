@@ -287,7 +287,7 @@ def test_the_chat_reader_and_thinking_agree_with_real_sglang(tmp_path: Path) -> 
         pytest.skip(why)
     template = tmp_path / "think.jinja"
     template.write_text(THINK_TEMPLATE)
-    engine = RefServer(["--clock-scale", "50", "--reasoning-parser", "qwen3"], tmp_path, "engine")
+    engine = RefServer(["--speculative-algorithm", "DFLASH", "--clock-scale", "50", "--reasoning-parser", "qwen3"], tmp_path, "engine")
     try:
         with launch_real_sglang(tmp_path, free_port(), python=python,
                                 extra_args=["--chat-template", str(template), "--reasoning-parser", "qwen3"]) as real:

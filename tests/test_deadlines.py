@@ -55,7 +55,7 @@ def finishes(call: Callable[[], Any], within: float) -> BaseException | Any:
 @pytest.fixture(scope="module")
 def trickling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
     """One engine whose chat, streams and /server_info trickle for ever."""
-    server = RefServer(["--fault", "trickle=chat:0,trickle=stream:0,trickle=server_info:0"],
+    server = RefServer(["--speculative-algorithm", "DFLASH", "--fault", "trickle=chat:0,trickle=stream:0,trickle=server_info:0"],
                        tmp_path_factory.mktemp("trickling"))
     try:
         yield server.wait_ready()

@@ -153,7 +153,7 @@ def test_suite_instance_mode_catches_lossy_verify(pytester: pytest.Pytester, rep
     result = run_suite(pytester, repo_root, profile)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*reference: a launch with lossless_args, measured now: *--speculative-algorithm NONE*",
+        "*reference: a launch with lossless_args, measured now: *pytest_ddtree.refserver*",
         "*floor: 0/* prompts differ*", "*rule: identical (the reference engine is deterministic)*",
         "*DIVERGED*", "*first divergence at token*",
     ])
@@ -171,11 +171,13 @@ def test_suite_golden_mode_blessed_only_from_the_reference_launch(pytester: pyte
 
     blessing = run_suite(pytester, repo_root, lossy, "--ddtree-update-baselines")
     blessing.assert_outcomes(failed=1)  # judged against the reference launch, not blessed as its own
-    blessing.stdout.fnmatch_lines(["*DIVERGED*", "*wrote * golden transcripts in *golden from: *--speculative-algorithm NONE*"])
+    blessing.stdout.fnmatch_lines(["*DIVERGED*", "*wrote * golden transcripts in *golden from: *pytest_ddtree.refserver*"])
     files = sorted(golden_dir.glob("lossless-*.json"))
     assert len(files) == len(lossless.load_prompts())
     meta = json.loads((golden_dir / "reference.json").read_text())
-    assert "--speculative-algorithm NONE" in meta["command"] and meta["floor"]["diverged"] == 0
+    # the plain launch, as SGLang takes it: the command without config_args, no --speculative-algorithm
+    assert "pytest_ddtree.refserver" in meta["command"] and "--speculative" not in meta["command"], meta["command"]
+    assert meta["floor"]["diverged"] == 0
 
     clean = write_profile(pytester.path, repo_root, lossless="golden")
     run_suite(pytester, repo_root, clean).assert_outcomes(passed=1)  # the blessed reference is the lossless one

@@ -223,7 +223,7 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
     monkeypatch.setenv("DDTREE_FAKE_SYSTEMD", str(state))
     monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
     port = free_port()
-    engine = f"{sys.executable} -m pytest_ddtree.refserver --host 127.0.0.1 --port {port} --clock-scale 10"
+    engine = f"{sys.executable} -m pytest_ddtree.refserver --host 127.0.0.1 --port {port} --clock-scale 10 --speculative-algorithm DFLASH"
     (state / "system" / "engine.service").write_text(
         f"[Service]\nExecStart={engine} --speculative-num-draft-tokens 8 --speculative-eagle-topk 4\n"
     )

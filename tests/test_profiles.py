@@ -190,7 +190,8 @@ def test_environment_variables_fill_a_profile_when_it_is_read(tmp_path: Path, re
 def test_an_empty_lossless_args_launches_the_command_as_written(tmp_path: Path, repo_root: Path) -> None:
     profile = load_profile(_write(tmp_path, repo_root, lossless_args="", lossless=None))
     assert profile.lossless == "instance" and profile.lossless_args == ""
-    assert profile.render_command(None, 1, profile.lossless_args).endswith("--speculative-algorithm DFLASH")
+    plain = profile.render_command(None, 1, profile.lossless_args)
+    assert plain.endswith("--enable-metrics") and "--speculative" not in plain, plain  # the command, no config_args
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -14,7 +14,7 @@ import requests
 from tests.polling import wait_until
 from tests.refserver_helpers import RefServer, start_many
 
-FAST = ["--clock-scale", "200"]
+FAST = ["--clock-scale", "200", "--speculative-algorithm", "DFLASH"]
 BODY = {"text": "def merge_sort(items):", "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
 
 
@@ -22,7 +22,7 @@ BODY = {"text": "def merge_sort(items):", "sampling_params": {"max_new_tokens": 
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RefServer]]:
     specs = {
         "base": FAST,
-        "none": [*FAST, "--speculative-algorithm", "NONE"],
+        "none": ["--clock-scale", "200"],  # no speculative flag: plain, as SGLang
         "slowdown": [*FAST, "--fault", "slowdown=3"],
         "jitter": [*FAST, "--fault", "clock-jitter=0.5"],
         "topk": [*FAST, "--speculative-eagle-topk", "4", "--fault", "ignore-config=topk"],

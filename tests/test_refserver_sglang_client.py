@@ -46,7 +46,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
-    s = RefServer(["--clock-scale", "50", "--model-path", "test/tiny"], tmp_path_factory.mktemp("sglang-client")).wait_ready()
+    s = RefServer(["--speculative-algorithm", "DFLASH", "--clock-scale", "50", "--model-path", "test/tiny"], tmp_path_factory.mktemp("sglang-client")).wait_ready()
     yield s
     s.stop()
 
@@ -257,7 +257,7 @@ def test_logprobs_have_sglangs_meta_info_shapes(srv: RefServer) -> None:
 def test_cache_report_puts_cached_tokens_in_openai_usage(tmp_path: Path) -> None:
     """srt/entrypoints/openai/usage_processor.py: prompt_tokens_details.cached_tokens only with
     --enable-cache-report (bench_serving --cache-report reads it)."""
-    s = RefServer(["--clock-scale", "50", "--enable-cache-report"], tmp_path).wait_ready()
+    s = RefServer(["--speculative-algorithm", "DFLASH", "--clock-scale", "50", "--enable-cache-report"], tmp_path).wait_ready()
     try:
         body = {"model": "m", "prompt": list(range(20000, 20300)), "max_tokens": 2, "temperature": 0}
         first = s.post("/v1/completions", json=body).json()["usage"]

@@ -321,3 +321,24 @@ def test_engine_publishes_at_deadlines_and_keeps_the_rate(models) -> None:  # ty
     last_deadline = max(deadline for _, _, deadline in paced)
     assert max(r.finished_at or 0.0 for r in reqs) >= last_deadline  # never early
     assert acct["engine_cpu_seconds"] > 0
+
+
+@pytest.mark.parametrize(("flags", "algorithm", "reported", "budget"), [
+    ([], "NONE", None, None),  # the shipped plain launch: no speculative flag, as SGLang serves it
+    (["--speculative-algorithm", "DFLASH"], "DFLASH", "DFLASH", 8),  # bs8_b8_k4
+    (["--speculative-num-draft-tokens", "12"], "DFLASH", "DFLASH", 12),  # a config flag implies DFLASH (older profiles)
+    (["--speculative-draft-window-size", "2048"], "DFLASH", "DFLASH", 8),
+    (["--speculative-algorithm", "none", "--speculative-num-draft-tokens", "12"], "NONE", None, None),  # older profiles' NONE
+])
+def test_the_reference_dialect_serves_plainly_without_the_algorithm_flag(
+        flags: list[str], algorithm: str, reported: str | None, budget: int | None) -> None:
+    """SGLang serves plainly only where --speculative-algorithm is absent (its NONE is an algorithm
+    named "NONE"): the engine takes the shipped plain launch the same way and reports it as SGLang."""
+    from pytest_ddtree.refserver.cli import parse_args
+    from pytest_ddtree.refserver.dialects import resolve
+
+    ns, _ = parse_args(["--port", "0", *flags])
+    resolved = resolve("reference", ns, {}, drafter_block_size=8)
+    assert resolved.algorithm == algorithm
+    assert resolved.server_args["speculative_algorithm"] == reported
+    assert resolved.server_args["speculative_num_draft_tokens"] == budget

@@ -444,8 +444,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     logs = tmp_path_factory.mktemp("conformance")
     fast = ["--clock-scale", "50"]
     specs: dict[str, tuple[list[str], dict[str, str]]] = {
-        "spec": ([*fast, "--decode-log-interval", str(INTERVAL)], {}),
-        "none": ([*fast, "--speculative-algorithm", "NONE"], {}),
+        "spec": ([*fast, "--speculative-algorithm", "DFLASH", "--decode-log-interval", str(INTERVAL)], {}),
+        "none": (fast, {}),  # no --speculative-algorithm: plain, as SGLang
         "upstream": ([*fast, "--dialect", "upstream", "--speculative-algorithm", "DFLASH", "--speculative-dflash-block-size", "8",
                       "--speculative-eagle-topk", "4", "--speculative-draft-window-size", "2048"], {}),
         "ddtree": ([*fast, "--dialect", "ddtree", "--speculative-algorithm", "DDTREE", "--speculative-ddtree-block-size", "8",
@@ -485,7 +485,7 @@ def stream(server: RefServer, body: dict[str, Any]) -> list[dict[str, Any]]:
 @behaviour("the port stays closed while weights load; then health answers 503 until warm-up is done, then 200",
            HTTP_SERVER + " (launch_server, health_generate, _execute_server_warmup)")
 def _start_up(engines: Engines) -> None:
-    server = RefServer(["--load-seconds", "1", "--fault", "slow-start=1"], engines.spec.log_path.parent, "slow")
+    server = RefServer(["--speculative-algorithm", "DFLASH", "--load-seconds", "1", "--fault", "slow-start=1"], engines.spec.log_path.parent, "slow")
     try:
         seen: list[str] = []
 

@@ -32,7 +32,7 @@ class AdminEndpoints(HandlerBase):
         info = dict(st.server_args)
         info["version"] = VERSION
         info["status"] = "ready" if st.ready.is_set() else "starting"  # http_server.py server_info, top-level in 0.5.23
-        spec_on = st.server_args["speculative_algorithm"] != "NONE"
+        spec_on = st.server_args["speculative_algorithm"] not in (None, "NONE")  # SGLang reports null when off
         mem = st.memory.figures(
             st.server_args.get("speculative_draft_window_size"),
             st.context_length,

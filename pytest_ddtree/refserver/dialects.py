@@ -40,6 +40,10 @@ DIALECT_HELP = {
 }
 
 
+#: The reference dialect's config when DFLASH is on and a flag is not given: bs8_b8_k4.
+REFERENCE_DEFAULTS = {"speculative_dflash_block_size": 8, "speculative_num_draft_tokens": 8, "speculative_eagle_topk": 4}
+
+
 class DialectError(ValueError):
     """The build would refuse these arguments (it raises ValueError before the server starts)."""
 
@@ -88,13 +92,16 @@ def add_speculative_flags(parser: argparse.ArgumentParser, dialect: str) -> None
     as an unknown flag is for ``sglang.launch_server``."""
     s = parser.add_argument_group(f"speculative decoding (dialect {dialect})")
     if dialect == "reference":
-        s.add_argument("--speculative-algorithm", type=_algorithm(("DFLASH", "NONE")), default="DFLASH",
-                       help="DFLASH (DDTree verification) or NONE (default: %(default)s)")
-        s.add_argument("--speculative-dflash-block-size", type=_positive, default=8,
-                       help="drafter block size; the tree depth is block_size - 1 (default: %(default)s)")
-        s.add_argument("--speculative-num-draft-tokens", type=_positive, default=8,
-                       help="DDTree budget: non-root tree nodes verified per step (default: %(default)s)")
-        s.add_argument("--speculative-eagle-topk", type=_positive, default=4, help="candidates per depth (default: %(default)s)")
+        s.add_argument("--speculative-algorithm", type=_algorithm(("DFLASH", "NONE")), default=None,
+                       help="DFLASH (DDTree verification). Absent: DFLASH when a flag below is given, else no "
+                            "speculation, as SGLang serves a launch without speculative flags (NONE: no speculation "
+                            "too, kept for older profiles)")
+        s.add_argument("--speculative-dflash-block-size", type=_positive, default=None,
+                       help=f"drafter block size; the tree depth is block_size - 1 (default: {REFERENCE_DEFAULTS['speculative_dflash_block_size']})")
+        s.add_argument("--speculative-num-draft-tokens", type=_positive, default=None,
+                       help=f"DDTree budget: non-root tree nodes verified per step (default: {REFERENCE_DEFAULTS['speculative_num_draft_tokens']})")
+        s.add_argument("--speculative-eagle-topk", type=_positive, default=None,
+                       help=f"candidates per depth (default: {REFERENCE_DEFAULTS['speculative_eagle_topk']})")
         s.add_argument("--speculative-draft-window-size", "--speculative-dflash-draft-window-size",
                        dest="speculative_draft_window_size", type=_window, default=None,
                        help="drafter sees only the last W tokens (compact cache); absent = no window")
@@ -168,17 +175,29 @@ def resolve(dialect: str, ns: argparse.Namespace, env: Mapping[str, str], *, dra
     raise DialectError(f"unknown dialect {dialect!r} (choose from {', '.join(DIALECTS)})")
 
 
+def reference_algorithm(ns: argparse.Namespace) -> str:
+    """The reference dialect's algorithm: the flag's, else DFLASH when one of its config flags is
+    given (the engine's profiles before the plain launch was spelled as SGLang's: config flags and
+    no --speculative-algorithm), else NONE: a launch without speculative flags serves plainly, as
+    SGLang's (its speculative_algorithm is None unless the flag names one)."""
+    if ns.speculative_algorithm is not None:
+        return str(ns.speculative_algorithm)
+    given = any(getattr(ns, key) is not None for key in (*REFERENCE_DEFAULTS, "speculative_draft_window_size"))
+    return "DFLASH" if given else "NONE"
+
+
 def _reference(ns: argparse.Namespace) -> Resolved:
-    speculative = ns.speculative_algorithm != "NONE"
+    algorithm = reference_algorithm(ns)
+    speculative = algorithm != "NONE"
     window = ns.speculative_draft_window_size
+    block, budget, topk = (REFERENCE_DEFAULTS[key] if getattr(ns, key) is None else int(getattr(ns, key)) for key in REFERENCE_DEFAULTS)
     return Resolved(
-        ns.speculative_algorithm, ns.speculative_dflash_block_size, ns.speculative_num_draft_tokens,
-        ns.speculative_eagle_topk, window,
+        algorithm, block, budget, topk, window,
         {
-            "speculative_algorithm": ns.speculative_algorithm,
-            "speculative_dflash_block_size": ns.speculative_dflash_block_size if speculative else None,
-            "speculative_num_draft_tokens": ns.speculative_num_draft_tokens if speculative else None,
-            "speculative_eagle_topk": ns.speculative_eagle_topk if speculative else None,
+            "speculative_algorithm": algorithm if speculative else None,
+            "speculative_dflash_block_size": block if speculative else None,
+            "speculative_num_draft_tokens": budget if speculative else None,
+            "speculative_eagle_topk": topk if speculative else None,
             "speculative_num_steps": 1 if speculative else None,
             "speculative_draft_window_size": window if speculative else None,
             "speculative_dflash_draft_window_size": window if speculative else None,

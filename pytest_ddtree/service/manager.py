@@ -289,8 +289,8 @@ class ServiceManager:
         if self.profile.lossless_args is None:
             raise ConfigNotAvailable(
                 f"profile {self.profile.name} has no lossless_args: the non-speculative reference needs the "
-                "launch arguments that turn speculation off, e.g. lossless_args: '--speculative-algorithm NONE', "
-                "or lossless_args: '' where the command without config_args does not speculate"
+                "launch arguments that turn speculation off, or lossless_args: '' where the command without "
+                "config_args does not speculate (SGLang: --speculative-algorithm in config_args, not in the command)"
             )
         slot = self._current
         if slot is not None and slot.service is not None and slot.service.config is None:

@@ -654,8 +654,9 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
     if lossless not in LOSSLESS_MODES:
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
     if lossless == "instance" and raw.get("lossless_args") is None:
-        raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, e.g. "
-                                    "'--speculative-algorithm NONE', or '' where the command without config_args does not speculate")
+        raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, or '' where "
+                                    "the command without config_args does not speculate (SGLang: --speculative-algorithm "
+                                    "in config_args, not in the command)")
     control = raw.get("control")
     if control is not None and control != "none":
         try:
