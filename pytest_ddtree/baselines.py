@@ -41,10 +41,12 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """safe_dump's dumper, which also writes the vocabulary's words (``str`` enums) as the plain
     strings they are: SafeDumper knows only exact types, and a baseline must not fail to save
-    because a status reached it as ``Status.PASS`` rather than ``"pass"``."""
+    because a status reached it as ``Status.PASS`` rather than ``"pass"``. libyaml's emitter where
+    PyYAML has it: a sweep writes a file per config, and the pure-Python emitter was most of a
+    bless's own time; it writes the same bytes for a baseline (tests/test_baselines_gate.py)."""
 
 
 _Dumper.add_multi_representer(Word, lambda dumper, word: dumper.represent_str(str(word)))

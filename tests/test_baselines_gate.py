@@ -367,3 +367,22 @@ def test_a_blessed_rate_is_judged_only_under_its_own_slo() -> None:
     assert not same_slo(SLO_RECORD, parse_slo("tpot_ms=6"))  # p99
     assert not same_slo(SLO_RECORD, parse_slo("tpot_ms=6,ttft_ms=500,percentile=90"))
     assert not same_slo({"label": "?"}, parse_slo("tpot_ms=6,percentile=90"))
+
+
+def test_baselines_are_written_byte_for_byte_as_the_pure_python_emitter_writes_them() -> None:
+    """The bless writes with libyaml's emitter where PyYAML has it: a committed baseline re-blessed
+    unchanged must keep its bytes, whichever emitter the machine has (a review diff of re-wrapped
+    lines would hide the real change)."""
+    from pytest_ddtree.baselines import dump_yaml
+
+    class PurePython(yaml.SafeDumper):
+        pass
+
+    PurePython.add_multi_representer(Status, lambda dumper, word: dumper.represent_str(str(word)))
+    files = sorted(Path(__file__).resolve().parent.parent.joinpath("baselines").rglob("*.yaml"))
+    assert len(files) >= 10
+    for path in files:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data["status_word"] = Status.PASS  # a vocabulary word reaches the dumper as the plain string
+        expected = yaml.dump(data, Dumper=PurePython, sort_keys=True, default_flow_style=False, allow_unicode=True, width=100)
+        assert dump_yaml(data) == expected, path

@@ -18,13 +18,12 @@ On disk the records are unchanged: a TypedDict is a plain dict.
 
 from __future__ import annotations
 
-import functools
-import types
-import typing
-from collections.abc import Callable, Iterable, Mapping
-from typing import Literal, TypedDict, TypeVar, Union, cast
+from collections.abc import Iterable, Mapping
+from typing import Literal, TypedDict, Union, cast
 
 from pytest_ddtree.records.rate_shapes import SLOData, SustainableRateData
+# the check's names are read from here too, where readers of records look for them
+from pytest_ddtree.records.typecheck import RecordError as RecordError, checked as checked, describe as describe, problem_of
 from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status, Verdict
 
 class RecordStamp(TypedDict, total=False):
@@ -583,112 +582,14 @@ SHAPES: dict[RecordKind, object] = {
 # --- The check ------------------------------------------------------------------------------
 
 
-class RecordError(ValueError):
-    """A record does not have its kind's shape; the message names the record, the key and what was expected."""
-
-
-@functools.cache
-def _hints(shape: type) -> dict[str, object]:
-    return typing.get_type_hints(shape)
-
-
-def _type_name(hint: object) -> str:
-    if typing.get_origin(hint) is Literal:
-        return " or ".join(repr(str(a)) for a in typing.get_args(hint))
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
-    if typing.is_typeddict(hint):
-        return "an object"
-    origin = typing.get_origin(hint)
-    if origin is dict:
-        return f"an object of {_type_name(typing.get_args(hint)[1])}"
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(hint)[0])}"
-    return {type(None): "null", float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(
-        cast(type, hint), str(hint))
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return f"{text[:60]}..." if len(text) > 60 else text
-
-
-def _at(where: str, key: object) -> str:
-    return f"{where}.{key}" if where else str(key)
-
-
-def _wrong(value: object, hint: object, where: str) -> str:
-    """The message for a value that does not fit ``hint`` (built only then: naming the expected
-    type walks the hint again, and most values fit)."""
-    return f"{where or 'it'} is {_shown(value)}, expected {_type_name(hint)}"
-
-
-def _problem(value: object, hint: object, where: str) -> str | None:
-    """What is wrong with ``value`` as ``hint`` (a type of the shapes above), or None."""
-    origin = typing.get_origin(hint)
-    if hint is object:
-        return None
-    if origin in (Union, types.UnionType):
-        arms = typing.get_args(hint)
-        problems: list[str] = []
-        for arm in arms:  # the first arm that fits ends the check
-            if (arm_problem := _problem(value, arm, where)) is None:
-                return None
-            problems.append(arm_problem)
-        if isinstance(value, Mapping) and all(typing.is_typeddict(arm) for arm in arms):
-            return "; or ".join(f"as {getattr(arm, '__name__')}: {p}" for arm, p in zip(arms, problems))
-        return _wrong(value, hint, where)
-    if origin is Literal:
-        return None if any(value == a for a in typing.get_args(hint)) else _wrong(value, hint, where)
-    if typing.is_typeddict(hint):
-        if not isinstance(value, Mapping):
-            return _wrong(value, hint, where)
-        shape = cast(type, hint)
-        missing = sorted(k for k in getattr(shape, "__required_keys__") if k not in value)
-        if missing:
-            return f"{where + ' ' if where else ''}lacks {', '.join(repr(k) for k in missing)}"
-        hints = _hints(shape)
-        for key, item in value.items():
-            if key in hints and (p := _problem(item, hints[key], _at(where, key))) is not None:
-                return p
-        return None
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            return _wrong(value, hint, where)
-        item_hint = typing.get_args(hint)[1]
-        return next((p for k, v in value.items() if (p := _problem(v, item_hint, _at(where, k))) is not None), None)
-    if origin is list:
-        if not isinstance(value, list):
-            return _wrong(value, hint, where)
-        item_hint = typing.get_args(hint)[0]
-        return next((p for i, v in enumerate(value) if (p := _problem(v, item_hint, f"{where}[{i}]")) is not None), None)
-    if hint is type(None):
-        return None if value is None else _wrong(value, hint, where)
-    if hint is float:
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else _wrong(value, hint, where)
-    if hint is int:
-        return None if isinstance(value, int) and not isinstance(value, bool) else _wrong(value, hint, where)
-    if isinstance(hint, type):
-        return None if isinstance(value, hint) else _wrong(value, hint, where)
-    raise TypeError(f"records: no check for {hint!r}")  # a shape above uses a type the check does not know
-
-
-def describe(record: RawRecord) -> str:
-    """How a message names a record: its kind, config, cell and worker where it has them."""
-    parts = [str(record.get("kind") or "record")]
-    parts += [str(record[k]) for k in ("config", "cell") if isinstance(record.get(k), str)]
-    worker = record.get("worker")
-    return " ".join(parts) + (f" (from {worker})" if isinstance(worker, str) else "")
-
-
 def check_record(record: RawRecord) -> str | None:
     """What is wrong with ``record`` as its kind's shape (and the recorder's stamp), or None; a kind
     this version does not know is not checked (a newer writer's)."""
     kind = record.get("kind")
     shape = SHAPES.get(cast(RecordKind, kind)) if isinstance(kind, str) else None
-    problem = _problem(record, RecordStamp, "")
+    problem = problem_of(record, RecordStamp, "")
     if problem is None and shape is not None:
-        problem = _problem(record, shape, "")
+        problem = problem_of(record, shape, "")
     return f"{describe(record)}: {problem}" if problem is not None else None
 
 
@@ -706,17 +607,6 @@ def screen(records: Iterable[RawRecord]) -> list[dict[str, object]]:
         out.append({**stamp, "kind": RecordKind.CORRUPT_RECORD, "config": record.get("config"),
                     "problem": f"malformed record set aside: {problem}", "record": dict(record)})
     return out
-
-
-ShapeT = TypeVar("ShapeT")
-
-
-def checked(shape: Callable[..., ShapeT], record: RawRecord) -> ShapeT:
-    """``record`` as ``shape``, after checking it (``RecordError`` says what is wrong)."""
-    problem = _problem(record, shape, "")
-    if problem is not None:
-        raise RecordError(f"malformed record {describe(record)}: {problem}")
-    return cast(ShapeT, record)
 
 
 def _flat(record: RawRecord) -> RawRecord:
@@ -743,9 +633,10 @@ def relaunch_failures(records: Iterable[RawRecord]) -> list[RelaunchFailureRecor
     return [checked(RelaunchFailureRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_RELAUNCH) if "cell" not in r]
 
 
-def control_records(records: Iterable[RawRecord]) -> list[ControlCellRecord]:
-    """The control's measured cells among ``records``, checked."""
-    return [checked(ControlCellRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)]
+def control_records(records: Iterable[RawRecord], cell: str | None = None) -> list[ControlCellRecord]:
+    """The control's measured cells among ``records`` (``cell``: that cell's only), checked."""
+    return [checked(ControlCellRecord, r) for r in _of_kind(records, RecordKind.THROUGHPUT_CONTROL)
+            if cell is None or r.get("cell") == cell]
 
 
 def control_judged(records: Iterable[RawRecord]) -> list[ControlJudgedData]:

@@ -683,8 +683,8 @@ def _with_earlier_launches(records: Sequence[RawRecord], cell: str,
     how many launches they are together (the refused ones left out)."""
     pooled: dict[str, list[float]] = {}
     launches = 1
-    for rec in records_mod.control_records(records):
-        if rec["cell"] == cell and not rec.get("bless_refused"):
+    for rec in records_mod.control_records(records, cell):
+        if not rec.get("bless_refused"):
             launches += 1
             for key, earlier in rec["samples"].items():
                 pooled.setdefault(key, []).extend(earlier)
