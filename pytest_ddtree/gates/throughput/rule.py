@@ -202,12 +202,18 @@ def _metrics_of(judged: Mapping[str, CellInput]) -> dict[str, dict[str, Metric]]
 def _estimate_noise(metrics: Mapping[str, Metric], session_shift: Mapping[str, float], pooled_noise: Mapping[str, float]) -> None:
     """Each cell's baseline centre, repeat noise and between-session spread (steps 1 and 3), held
     within the config's typical noise, and replaced by the noise pooled over the hardware profile."""
+    # the level every cell's baseline is put at: the config's blessed sessions on average. A cell
+    # that lacks a session (its bless refused there) would otherwise sit at the average of its own
+    # sessions, off the other cells' by that session's share of the launch shift, and be judged
+    # against the config's common change with that offset (bench_gate.py: most unchanged cells that
+    # failed under a per-launch shift lacked a session)
+    level = sum(session_shift.values()) / len(session_shift) if session_shift else 0.0
     for m in metrics.values():
         # Pool the blessed sessions after taking out each one's config-wide shift (that
         # day's machine): otherwise trimming would weigh the sessions differently per cell.
         own = [session_shift.get(sid, 0.0) for sid, _ in m.base.sessions]
         aligned = [math.log(v) - shift for (_, values), shift in zip(m.base.sessions, own) for v in values]
-        m.base_log = centre_of_logs(aligned) + sum(own) / len(own)
+        m.base_log = centre_of_logs(aligned) + level
         groups = [list(v) for _, v in m.base.sessions] + [m.current]
         m.sigma = robust_log_sd(groups)
         residuals = []
