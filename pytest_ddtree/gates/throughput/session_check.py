@@ -47,7 +47,12 @@ Z_SESSION = 3.5
 Z_RELAUNCH_SCREEN = 1.5
 
 
-Z_RELAUNCHED = 3.6
+#: 4.0, not the one-launch 3.5: the verdict may come at any of up to MAX_RELAUNCHES looks (a config
+#: is relaunched again while its mean stays beyond the screen), and it is reached only through a
+#: first launch that was extreme, whose baseline share the relaunches keep; at 3.6 unchanged sweeps
+#: under a 2% per-launch shift failed it 0.7% of the time (5 of 700, bench_gate.py restart3), at
+#: z 4.1-5.6 of their mean.
+Z_RELAUNCHED = 4.0
 
 
 #: A flagged config is relaunched at most this often (again while its launches' mean stays beyond the screen).
