@@ -44,12 +44,9 @@ def reference_profile(
 
 
 def set_control(raw: dict[str, Any], control: str) -> None:
-    """Name a profile's control; ``none`` also drops the control launch keys, which a profile
-    without a control is refused (there is nothing to launch)."""
+    """Name a profile's control (with ``none``, the reference profile's control launch keys stay,
+    unused, as in a user's copy of it)."""
     raw["control"] = control
-    if control == "none":
-        for key in ("control_launches", "control_max_launches", "bless_control_launches"):
-            raw.pop(key, None)
 
 
 def run_suite(

@@ -151,7 +151,6 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
           "bless_control_launches": None}, r"relaunch_flagged: an external service or a pool of URLs cannot be relaunched"),
         ({"control_launches": 0}, r"control_launches: must be a whole number from 1 to 16"),
         ({"control_launches": True}, r"control_launches: expected int, got bool"),
-        ({"control_launches": 4, "control": "none"}, r"control_launches: this profile sets control: none"),
         ({"pool": ["http://127.0.0.1:30000"], "control_launches": 4}, r"control_launches: an external service or a pool of URLs cannot be relaunched"),
     ],
 )
@@ -185,6 +184,25 @@ def test_environment_variables_fill_a_profile_when_it_is_read(tmp_path: Path, re
     with pytest.raises(ProfileError, match=r"profile.yaml: env.B: \$\{DDTREE_TEST_UNSET\} is not set in the environment: "
                                            r"set it, or give a default"):
         load_profile(_write(tmp_path, repo_root, env={"B": "${DDTREE_TEST_UNSET}"}))
+
+
+def test_control_none_accepts_the_launch_keys_of_a_copied_profile(tmp_path: Path, repo_root: Path) -> None:
+    """A user copies reference.yaml (it sets all three control launch keys) and writes control: none:
+    the keys are unused then, so the profile loads, with no warning, also where a control could not be
+    relaunched (a pool of URLs); their range is still checked."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile = load_profile(_write(tmp_path, repo_root, control="none"))
+        assert profile.control == "none" and profile.control_launches == 2  # as reference.yaml sets it, unused
+        pooled = load_profile(_write(tmp_path, repo_root, control="none", pool=["http://127.0.0.1:30000"],
+                                     relaunch_flagged=False, control_launches=4))
+        assert pooled.control == "none"
+    with pytest.raises(ProfileError, match=r"control_launches: must be a whole number from 1 to 16"):
+        load_profile(_write(tmp_path, repo_root, control="none", control_launches=0))
+    with pytest.raises(ProfileError, match=r"control_launches: an external service or a pool of URLs cannot be relaunched"):
+        load_profile(_write(tmp_path, repo_root, pool=["http://127.0.0.1:30000"], relaunch_flagged=False, control_launches=4))
 
 
 def test_an_empty_lossless_args_launches_the_command_as_written(tmp_path: Path, repo_root: Path) -> None:

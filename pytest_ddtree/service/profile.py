@@ -606,18 +606,16 @@ def _seconds(raw: Mapping[str, Any], key: str) -> float:
 MAX_CONTROL_LAUNCHES = 16
 
 
-def _parse_control_launches(raw: Mapping[str, Any], control: str | None, relaunchable: bool, fail: _Fail) -> int:
+def _parse_control_launches(raw: Mapping[str, Any], relaunchable: bool, fail: _Fail) -> int:
     """``control_launches``: how many launches of the control each process measures (half at its
-    start, half at its end; gates/throughput/control.py), each one more restart of the service."""
+    start, half at its end; gates/throughput/control.py), each one more restart of the service.
+    ``relaunchable``: the service can be relaunched, or no control is launched at all."""
     if "control_launches" not in raw:
         return int(_DEFAULTS["control_launches"])
     n = raw["control_launches"]
     if not 1 <= n <= MAX_CONTROL_LAUNCHES:
         raise fail("control_launches", f"must be a whole number from 1 to {MAX_CONTROL_LAUNCHES} (launches of the "
                                        f"control per process, half at its start and half at its end), got {n}")
-    if control == "none":
-        raise fail("control_launches", "this profile sets control: none, so there is no control to launch: leave "
-                                       "control_launches out, or name the control")
     if n > 1 and not relaunchable:
         raise fail("control_launches", "an external service or a pool of URLs cannot be relaunched, so its control "
                                        "cannot be launched more than once: leave control_launches out")
@@ -664,8 +662,11 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
         except ConfigError as exc:
             raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
     relaunchable = kind.capabilities.relaunch and not isinstance(pool, tuple)
-    control_launches = _parse_control_launches(raw, control, relaunchable, fail)
-    control_max_launches, bless_control_launches = _parse_more_launches(raw, control_launches, relaunchable, fail)
+    # With control: none the control's launch keys are unused (still checked for their range): a
+    # profile copied from reference.yaml, which sets them, needs only control: none.
+    unused = control == "none"
+    control_launches = _parse_control_launches(raw, relaunchable or unused, fail)
+    control_max_launches, bless_control_launches = _parse_more_launches(raw, control_launches, relaunchable or unused, fail)
     relaunch_flagged = raw.get("relaunch_flagged", relaunchable)
     if relaunch_flagged and not relaunchable:
         raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
