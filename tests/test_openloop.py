@@ -469,3 +469,50 @@ def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
     assert gate.compare_cell("c2", judged, today, workload=workload).status == Status.PASS
     slo = slo_mod.parse_slo("tpot_ms=50")
     assert throughput.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s
+
+
+def test_an_open_loop_cells_output_throughput_is_recorded_not_judged() -> None:
+    """While the service keeps up, an open-loop cell's tok/s is the offered rate's whatever the speed:
+    judged against the config's common change (its closed-loop cells' speed), it was flagged whenever
+    the launch moved (#33: 19 open-loop cells failed in 20 unchanged simulated sweeps, bench_rate_gate)."""
+    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
+
+    open_cell = load.Cell("r4", 8, 48, 16, 8, open_loop=openloop.Arrivals(4.0))
+    closed = [load.Cell(f"c{c}", c, 48, 16, 4) for c in (1, 2, 4)]
+    assert throughput.cell_gated(closed[0], None) is None and throughput.cell_gated(closed[0], (OUTPUT_THROUGHPUT,)) == (OUTPUT_THROUGHPUT,)
+    gated = throughput.cell_gated(open_cell, None)
+    assert gated is not None and OUTPUT_THROUGHPUT not in gated
+    assert {REQUEST_GOODPUT, MEDIAN_TTFT_MS, TOKENS_PER_VERIFY} <= set(gated)
+    assert throughput.cell_gated(open_cell, (REQUEST_GOODPUT,)) == (REQUEST_GOODPUT,)  # the rate gate's re-probe
+
+    def entry(tok_s: float, ttft: float, extra: dict[str, list[float]] | None = None) -> dict[str, object]:
+        blessed: dict[str, object] = {}
+        for i, session in enumerate(("s1", "s2", "s3")):
+            samples = {OUTPUT_THROUGHPUT: [tok_s * (1 + 0.004 * (j - 1 + i % 2)) for j in range(3)],
+                       MEDIAN_TTFT_MS: [ttft, ttft * 1.01, ttft * 0.99], **(extra or {})}
+            blessed = gate.baseline_cell_entry({"concurrency": 1}, samples, existing=blessed or None, session=session)
+        return blessed
+
+    slo = slo_mod.parse_slo("tpot_ms=50")
+    goodput = {REQUEST_GOODPUT: [3.9, 3.92, 3.88]}
+    bases = {c.name: entry(100.0 * c.concurrency, 20.0) for c in closed}
+    bases[open_cell.name] = entry(64.0, 30.0, goodput)
+    judged = throughput.judged_baseline(bases[open_cell.name], slo, open_cell)
+    assert judged is not None and OUTPUT_THROUGHPUT not in judged["gates"] and REQUEST_GOODPUT in judged["gates"]
+    assert throughput.judged_baseline(bases["c1"], slo, closed[0]) == bases["c1"]
+    # today's launch is 8% faster: the closed-loop cells' tok/s rise with it, the open-loop cell's stays the rate's
+    today = {c.name: {OUTPUT_THROUGHPUT: [108.0 * c.concurrency] * 3, MEDIAN_TTFT_MS: [20.0 / 1.08] * 3} for c in closed}
+    today[open_cell.name] = {OUTPUT_THROUGHPUT: [64.0] * 3, MEDIAN_TTFT_MS: [30.0 / 1.08] * 3, **goodput}
+
+    def inputs(open_judged: bool) -> dict[str, gate.CellInput]:
+        out = {c.name: gate.CellInput(bases[c.name], today[c.name], Status.VALID, ()) for c in closed}
+        base = bases[open_cell.name] if not open_judged else throughput.judged_baseline(bases[open_cell.name], slo, open_cell)
+        now = today[open_cell.name] if not open_judged else {k: v for k, v in today[open_cell.name].items() if k in (gated or ())}
+        out[open_cell.name] = gate.CellInput(base, now, Status.VALID, ())
+        return out
+
+    before = gate.judge_config(inputs(open_judged=False))[open_cell.name]  # as it was judged: flagged
+    assert before.status == Status.FLAGGED and before.metric(OUTPUT_THROUGHPUT) is not None
+    after = gate.judge_config(inputs(open_judged=True))[open_cell.name]
+    assert after.status == Status.PASS and after.metric(OUTPUT_THROUGHPUT) is None and after.metric(REQUEST_GOODPUT) is not None

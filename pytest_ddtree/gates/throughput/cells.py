@@ -31,7 +31,7 @@ from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.gates.throughput.measurement import BlessDecision, decide_bless
 from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
-                                                       cell_histogram, gate_samples,
+                                                       cell_gated, cell_histogram, gate_samples,
                                                        judged_baseline, measure_config, measured_workload,
                                                        repeat_metrics, sample_record, spoiled_evidence)
 from pytest_ddtree.measure import load, stats
@@ -126,12 +126,13 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         notes.append(f"{len(spoiled)} repeat(s) retaken, not counted (they measured the machine): " + "; ".join(spoiled))
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
                                           spoiled=spoiled)
-    samples = gate_samples(repeats, campaign.gated)
+    samples = gate_samples(repeats, campaign.gated)  # recorded and blessed (an open-loop cell's tok/s too) ...
     workload_info = measured_workload(run, workload)
     cell_base = baseline.cell(workload.name)  # as blessed (a bless merges into it) ...
-    judged = judged_baseline(cell_base, campaign.slo)  # ... and as this session judges it
+    judged = judged_baseline(cell_base, campaign.slo, workload)  # ... and as this session judges it
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
-        workload.name, judged, samples, status=status, problems=why, workload=workload_info)
+        workload.name, judged, gate_samples(repeats, cell_gated(workload, campaign.gated)), status=status,
+        problems=why, workload=workload_info)
     decision = decide_bless(status, why, run.primary) if bless else None
     if decision is not None and decision.blessed:
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed

@@ -210,16 +210,17 @@ def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Map
         return
     planned.clear()
     planned["confirmation repeat"] = CONFIRM_REPEATS
-    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging)
+    gated = {w.name: cell_gated(w, campaign.gated) for w in cells}
+    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging, gated)
 
 
 def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: list[str],
              measure: Callable[[str, int], load.CellResult], repeats: int, on_confirm: OnSample,
-             judging: Judging) -> None:
+             judging: Judging, gated: Mapping[str, tuple[str, ...] | None]) -> None:
     """The confirmation run of the flagged cells (fresh repeats, same service lifetime), and the
     config judged again with it; a confirmation that measured the machine cannot confirm a flag."""
     def judge(runs: Mapping[str, stats.CellRun[load.CellResult]]) -> dict[str, gate.CellVerdict]:
-        confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], campaign.gated)
+        confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], gated.get(name))
                          for name, run in runs.items()}
         return gate.judge_config(inputs, confirmations, launch_spread=judging.launch_spread,
                                  cell_noise=judging.cell_noise)
@@ -487,18 +488,40 @@ def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, A
 
 #: Gated metrics that exist only against an SLO: a session without one does not judge them.
 SLO_METRICS = (REQUEST_GOODPUT,)
+#: Gated metrics an open-loop cell does not gate. While the service keeps up, an open-loop cell's
+#: output tok/s is the offered rate's (its rate x its output tokens) whatever the config's speed, as
+#: the control is not measured there for (``control.cells_of``): judged against the config's common
+#: change, which its closed-loop cells measure, it fails whenever the launch or the day moves
+#: (``benchmarks/bench_rate_gate.py``: 19 open-loop cells in 20 unchanged sweeps under a 2% launch
+#: shift), and counted in that common change it dilutes it. Its goodput (under an SLO), TTFT and
+#: acceptance are gated as any cell's; its tok/s is still recorded and blessed (the reader's, and
+#: the history's), only not judged.
+OFFERED_LOAD_METRICS = (OUTPUT_THROUGHPUT,)
 
 
-def judged_baseline(baseline_cell: Any, slo: SLO | None) -> dict[str, Any] | None:
+def cell_gated(workload: load.WorkloadLike, gated: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The metrics ``workload``'s cell gates, of the campaign's ``gated`` (None: all of them): an
+    open-loop cell leaves out ``OFFERED_LOAD_METRICS``."""
+    if workload.open_loop is None:
+        return None if gated is None else tuple(gated)
+    keys = [spec.key for spec in gate.GATED_METRICS] if gated is None else list(gated)
+    return tuple(k for k in keys if k not in OFFERED_LOAD_METRICS)
+
+
+def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None = None) -> dict[str, Any] | None:
     """A cell's baseline as this session judges it: without an SLO, its goodput gates are left out (a
     baseline blessed with an SLO must not fail a session without one for a figure it cannot count).
-    With another SLO than the blessed one the goodput figures differ: re-bless (docs/gates/throughput.md)."""
+    With another SLO than the blessed one the goodput figures differ: re-bless (docs/gates/throughput.md).
+    An open-loop ``workload``'s output tok/s gates are left out too (``OFFERED_LOAD_METRICS``: a
+    baseline blessed before it was left out still holds them)."""
     if not isinstance(baseline_cell, Mapping):
         return None
     gates = baseline_cell.get("gates")
-    if slo is not None or not isinstance(gates, Mapping) or not any(k in gates for k in SLO_METRICS):
+    dropped = (() if slo is not None else SLO_METRICS) + \
+        (OFFERED_LOAD_METRICS if workload is not None and workload.open_loop is not None else ())
+    if not isinstance(gates, Mapping) or not any(k in gates for k in dropped):
         return dict(baseline_cell)
-    return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in SLO_METRICS}}
+    return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in dropped}}
 
 
 def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> gate.CellInput:
@@ -507,8 +530,8 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
     repeats, problems = _repeat_facts(run)
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
                                           spoiled=spoiled_evidence(run))
-    return gate.CellInput(judged_baseline(baseline_cell, campaign.slo),
-                          gate_samples(repeats, campaign.gated),
+    return gate.CellInput(judged_baseline(baseline_cell, campaign.slo, workload),
+                          gate_samples(repeats, cell_gated(workload, campaign.gated)),
                           status, why, measured_workload(run, workload))
 
 
