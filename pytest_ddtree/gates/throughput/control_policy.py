@@ -19,7 +19,7 @@ one launch's shift however many are added at the end; with one start launch no n
 launches reaches the 95% (bench_gate.py measured 88% / 82% at 1 + 9); with two, 11 launches do.
 
 The error budget: a look is a test. The first look is today's rule (``control.Z_UNIFORM``
-standard errors, one-sided alpha = Phi(-2.75), widened to a t quantile where the launch spread is
+standard errors, one-sided alpha = Phi(-2.6), widened to a t quantile where the launch spread is
 estimated); a process that took further launches is judged at
 every later look (and at the session end) at ``uniform_z``'s stricter z, alpha / (J - 1) each for
 the J - 1 later looks its profile allows, so the whole sequence fails an unchanged session at most
