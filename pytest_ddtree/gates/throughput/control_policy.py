@@ -23,7 +23,7 @@ standard errors, one-sided alpha = Phi(-2.6), widened to a t quantile where the 
 estimated); a process that took further launches is judged at
 every later look (and at the session end) at ``uniform_z``'s stricter z, alpha / (J - 1) each for
 the J - 1 later looks its profile allows, so the whole sequence fails an unchanged session at most
-2 alpha (a union bound: 0.60%, of the sweep's 2% budget), whatever the looks' dependence.
+2 alpha (a union bound: 0.93%, of the sweep's 2% budget), whatever the looks' dependence.
 """
 
 from __future__ import annotations
