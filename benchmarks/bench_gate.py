@@ -206,6 +206,14 @@ def _fig(k: int, n: int) -> str:
     return f"{k / n:.1%} of {n} [{lo:.1%}, {hi:.1%}]"
 
 
+def target_mark(target: float | None, caught: int, n: int) -> tuple[bool, str]:
+    """Whether a catch rate meets its target, and how the table line says it (``OK (>= 95%)``)."""
+    if target is None:
+        return True, "info"
+    good = caught / n >= target
+    return good, f"{'OK' if good else 'MISSED'} (>= {target:.0%})"
+
+
 def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - i) for i in range(0, total, size)]
 
@@ -237,11 +245,8 @@ def _print_shape(shape: str, results: dict[str, dict[str, Any]], configs: int) -
             for example in list(c.get("examples") or {})[:2]:
                 print("    e.g. " + example.replace("\n", " ")[:400])
         else:
-            target = TARGETS.get(scenario)
-            good = target is None or c["caught"] / n >= target
-            mark = "info" if target is None else ("OK" if good else "MISSED")
-            print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}{f' (>= {target:.0%})' if target else ''}; "
-                  f"any failure {c['caught_any'] / n:.1%}; cost: {cost}")
+            good, mark = target_mark(TARGETS.get(scenario), c["caught"], n)
+            print(f"  {scenario}: caught {_fig(c['caught'], n)} {mark}; any failure {c['caught_any'] / n:.1%}; cost: {cost}")
         ok &= good
     return ok
 

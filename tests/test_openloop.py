@@ -516,3 +516,23 @@ def test_an_open_loop_cells_output_throughput_is_recorded_not_judged() -> None:
     assert before.status == Status.FLAGGED and before.metric(OUTPUT_THROUGHPUT) is not None
     after = gate.judge_config(inputs(open_judged=True))[open_cell.name]
     assert after.status == Status.PASS and after.metric(OUTPUT_THROUGHPUT) is None and after.metric(REQUEST_GOODPUT) is not None
+
+
+def test_a_reprobed_rate_that_held_its_goodput_but_missed_the_slo_says_both() -> None:
+    """The blessed rate is the highest that met the SLO, so a launch a little slower misses the SLO
+    there while its goodput (what is gated) holds: the deployment answer must not read 'still holds'."""
+    from pytest_ddtree.records.words import RecordKind
+    from pytest_ddtree.report import frontier
+
+    def record(reason: str | None) -> dict[str, object]:
+        return {"kind": RecordKind.SUSTAINABLE_RATE, "config": "bs8_b8_k4", "workload": "r8_short",
+                "slo": {"label": "p99 tpot<=50ms", "goodput_slos_ms": {"tpot": 50.0}, "percentile": 99.0},
+                "sustainable_rate": 8.0, "probes": [{"rate": 8.0, "met": reason is None, "reason": reason, "figures": {}}],
+                "gate": {"blessed_rate": 8.0, "status": "pass", "message": "..."}}
+
+    missed = frontier.deployment([], [record("p99 tpot 57.1 ms > 50 ms")])["sentences"]
+    assert missed == ["bs8_b8_k4: its blessed sustainable rate 8 req/s under SLO p99 tpot<=50ms on r8_short, re-probed, "
+                      "held its goodput but missed the SLO on this probe (p99 tpot 57.1 ms > 50 ms)."]
+    held = frontier.deployment([], [record(None)])["sentences"]
+    assert held == ["bs8_b8_k4: its blessed sustainable rate 8 req/s under SLO p99 tpot<=50ms on r8_short, re-probed, "
+                    "still holds."]

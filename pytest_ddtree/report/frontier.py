@@ -139,9 +139,12 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
         held = {Status.PASS.value: "still holds", Status.IMPROVED.value: "still holds (goodput improved)",
                 Status.REGRESSION.value: "no longer holds"}
         gate = r["gate"]
+        verdict = held.get(gate["status"], "could not be judged (" + str(gate["status"]) + ")")
+        missed = [p.get("reason") for p in r.get("probes") or [] if isinstance(p, Mapping) and p.get("reason")]
+        if missed and gate["status"] in (Status.PASS.value, Status.IMPROVED.value):
+            verdict = f"held its goodput but missed the SLO on this probe ({missed[0]})"
         sentences.append(f"{r.get('config')}: its blessed sustainable rate {gate['blessed_rate']:g} req/s under SLO "
-                         f"{(r.get('slo') or {}).get('label', '?')} on {r.get('workload')}, re-probed, "
-                         f"{held.get(gate['status'], 'could not be judged (' + str(gate['status']) + ')')}.")
+                         f"{(r.get('slo') or {}).get('label', '?')} on {r.get('workload')}, re-probed, {verdict}.")
     for ctx in front:  # a recommendation compares configs: a context one config measured recommends nothing
         compared = {r["config"] for r in throughput if r["workload"].get("context_tokens") == ctx["context_tokens"]}
         if len(compared) >= 2 and len(ctx["points"]) >= 2:
