@@ -22,9 +22,10 @@ import pytest
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gates.throughput.rate_gate import bless_entry, judge_rate, rebless_note, same_slo, unjudged
+from pytest_ddtree.gates.throughput.rate_gate import bless_entry, bless_rate, judge_rate, rebless_note, same_slo, unjudged
 from pytest_ddtree.gates.throughput.cells import driving_for
-from pytest_ddtree.gates.throughput.throughput import Campaign, CellDeadlineExceeded, Recording, sample_record, sustainable_rate
+from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
+                                                       sustainable_rate)
 from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.records.words import RecordKind, Status
@@ -121,8 +122,15 @@ def test_sustainable_rate(
         pytest.fail(f"{config} does not meet {slo.label} even at {plan.min_rate:g} req/s"
                     + (f": {first.reason}" if first is not None and first.reason else ""), pytrace=False)
     if ddtree_baselines.update_mode:
-        entry, why = bless_entry(result, campaigns, workload, slo, _blessed_for_bless(ddtree_baselines, config, workload.name),
-                                 ddtree_settings.session_stamp)
+        existing = _blessed_for_bless(ddtree_baselines, config, workload.name)
+        rate = bless_rate(result, existing, slo)
+        if rate is not None and rate not in campaigns:  # the blessed rate, kept: measured once more for its samples
+            try:
+                campaigns[rate] = probe_rate(ddtree_service.client, workload, rate, ddtree_settings.repeats, driving,
+                                             Recording(on_sample))[1]
+            except LoadError as exc:
+                pytest.fail(f"{config}: {exc}", pytrace=False)
+        entry, why = bless_entry(rate, campaigns, workload, slo, existing, ddtree_settings.session_stamp)
         if entry is None:
             pytest.fail(f"{config}: sustainable rate not blessed: {why}", pytrace=False)
         ddtree_recorder.propose_baseline(config, gate.RATE_SECTION, {workload.name: entry})

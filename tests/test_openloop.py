@@ -536,3 +536,22 @@ def test_a_reprobed_rate_that_held_its_goodput_but_missed_the_slo_says_both() ->
     held = frontier.deployment([], [record(None)])["sentences"]
     assert held == ["bs8_b8_k4: its blessed sustainable rate 8 req/s under SLO p99 tpot<=50ms on r8_short, re-probed, "
                     "still holds."]
+
+
+def test_a_bless_keeps_the_blessed_rate_while_the_session_sustains_it() -> None:
+    """A search's answer moves by a bisection step on noise alone; a bless at a new rate starts its
+    entry over, so the entry's tolerance would never see a day: the kept rate gathers the sessions."""
+    from pytest_ddtree.gates.throughput.rate_gate import bless_rate
+
+    slo = slo_mod.parse_slo("tpot_ms=50")
+    blessed = {"rate": 8.0, "slo": slo.record()}
+
+    def found(rate: float | None) -> slo_mod.RateSearch:
+        return slo_mod.RateSearch(rate, None, [], 0.1)
+
+    assert bless_rate(found(9.5), blessed, slo) == 8.0  # sustained more: the blessed rate is kept
+    assert bless_rate(found(8.0), blessed, slo) == 8.0
+    assert bless_rate(found(7.0), blessed, slo) == 7.0  # sustained less: down to what it sustained
+    assert bless_rate(found(9.5), None, slo) == 9.5  # nothing blessed yet
+    assert bless_rate(found(9.5), {"rate": 8.0, "slo": slo_mod.parse_slo("tpot_ms=60").record()}, slo) == 9.5  # another SLO
+    assert bless_rate(found(None), blessed, slo) is None

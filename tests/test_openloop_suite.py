@@ -118,7 +118,7 @@ def _rate_records(pytester: pytest.Pytester, results: str) -> list[dict[str, Any
     return list(results_json["deployment"]["sustainable_rates"])
 
 
-@pytest.mark.slow  # four sessions of the rate suite: a bless's search, two re-probes and a search again
+@pytest.mark.slow  # six sessions of the rate suite: a search, two blesses, two re-probes and a search again
 def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     slo = "--ddtree-slo=tpot_ms=6,percentile=90"  # ~2 ms at clock scale 5 and 10-20 req/s; 8x slower: over 6
@@ -137,6 +137,18 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
     goodput = entry["cell"]["gates"]["request_goodput"]
     assert len(goodput["sessions"][0]["samples"]) >= 3 and goodput["tolerance"] == 0.05
     assert entry["cell"]["workload"]["request_rate"] == entry["rate"]
+    # 2b. a second bless keeps the blessed rate where it sustains it, and its samples join as a session
+    # (a rate that moved by a bisection step started the entry over: its tolerance never saw a day)
+    again = _rate_session(pytester, repo_root, "bless-again", "", slo, "--ddtree-update-baselines")
+    assert again.ret == 0, again.stdout.str()[-3000:]
+    (searched_again,) = _rate_records(pytester, "bless-again")
+    kept = yaml.safe_load((pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())["sustainable_rate"]["r_tiny"]
+    if searched_again["sustainable_rate"] >= entry["rate"]:
+        assert kept["rate"] == entry["rate"] and len(kept["cell"]["gates"]["request_goodput"]["sessions"]) == 2, kept
+    else:  # this session did not sustain it: the entry moves down to what it did, and starts over
+        assert kept["rate"] == searched_again["sustainable_rate"]
+        assert len(kept["cell"]["gates"]["request_goodput"]["sessions"]) == 1
+    entry = kept
     # 3. the same engine: only the blessed rate is measured (one probe), and it holds
     same = _rate_session(pytester, repo_root, "same", "", slo)
     assert same.ret == 0, same.stdout.str()[-3000:]

@@ -130,6 +130,7 @@ _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
 _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sustainable_rate.py
 _.bless_entry  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
+_.bless_rate  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
 _.judge_rate
 _.rebless_note
 _.unjudged

@@ -49,14 +49,30 @@ def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:
         and float(blessed["percentile"]) == slo.percentile
 
 
-def bless_entry(search: RateSearch, campaigns: Mapping[float, throughput.Campaign], template: load.WorkloadLike,
-                slo: SLO, existing: Mapping[str, Any] | None, session: str) -> tuple[dict[str, Any] | None, str]:
-    """The ``sustainable_rate.<workload>`` entry a bless proposes (None and why when it proposes none).
+def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO) -> float | None:
+    """The rate a bless stores: the blessed entry's rate where it was blessed under ``slo`` and this
+    session sustained at least it, else the rate this search found (None: it found none).
 
-    The found rate's own probe gives the samples (no extra cell); a probe whose measurement is not
+    Why not always the found rate: a search's answer moves by a bisection step from session to
+    session on noise alone, and an entry blessed at a new rate starts over with this session's
+    samples only, so most entries held one session and their tolerance never saw a day (bench_rate_gate.py:
+    70-75% of blessed entries). A rate that every blessed session met gathers their samples; a
+    session that did not sustain it moves the entry down to what it did sustain."""
+    found = search.sustainable
+    if existing is None or found is None or not same_slo(existing.get("slo") or {}, slo):
+        return found
+    kept = existing.get("rate")
+    return float(kept) if stats.is_number(kept) and 0 < float(kept) <= found else found
+
+
+def bless_entry(rate: float | None, campaigns: Mapping[float, throughput.Campaign], template: load.WorkloadLike,
+                slo: SLO, existing: Mapping[str, Any] | None, session: str) -> tuple[dict[str, Any] | None, str]:
+    """The ``sustainable_rate.<workload>`` entry a bless proposes at ``rate`` (``bless_rate``; None and
+    why when it proposes none).
+
+    The rate's own probe gives the samples (``campaigns[rate]``); a probe whose measurement is not
     valid is not blessed, as a cell's is not. The blessed sessions of ``existing`` are kept (the
     last three, as a cell's) while the rate and the SLO stay; a new rate or SLO starts over."""
-    rate = search.sustainable
     if rate is None:
         return None, f"no rate met {slo.label}: there is no sustainable rate to bless"
     cell = throughput.rate_cell(template, rate)

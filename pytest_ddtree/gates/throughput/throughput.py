@@ -274,19 +274,29 @@ def sustainable_rate(
     (``measure_config``); it meets the SLO when every request of its counted repeats, pooled,
     does (``slo.slo_miss``). ``recording`` records each repeat as it exists; ``campaigns`` (rate ->
     its measured cell) is filled for a bless, which keeps the found rate's goodput samples."""
-    slo = driving.slo
-    if slo is None:
+    if driving.slo is None:
         raise ValueError("sustainable_rate needs an SLO to sustain (Driving.slo)")
 
     def probe(rate: float) -> RateProbe:
-        cell = rate_cell(template, rate)
-        campaign = measure_config(service, [cell], repeats, dataclasses.replace(driving, label=""),
-                                  recording=Recording(recording.on_sample))
+        found, campaign = probe_rate(service, template, rate, repeats, driving, recording)
         if campaigns is not None:
             campaigns[rate] = campaign
-        return rate_probe(campaign.runs[cell.name], rate, slo)
+        return found
 
     return slo_mod.search_rate(probe, plan)
+
+
+def probe_rate(service: SGLangClient, template: load.WorkloadLike, rate: float, repeats: int, driving: Driving,
+               recording: Recording = Recording()) -> tuple[RateProbe, Campaign]:
+    """One rate of ``template`` measured as an open-loop cell with the usual repeats and retakes,
+    against ``driving.slo``: the probe and its measured cell (a bless keeps its goodput samples)."""
+    slo = driving.slo
+    if slo is None:
+        raise ValueError("probe_rate needs an SLO to meet (Driving.slo)")
+    cell = rate_cell(template, rate)
+    campaign = measure_config(service, [cell], repeats, dataclasses.replace(driving, label=""),
+                              recording=Recording(recording.on_sample))
+    return rate_probe(campaign.runs[cell.name], rate, slo), campaign
 
 
 def rate_probe(run: stats.CellRun[load.CellResult], rate: float, slo: SLO) -> RateProbe:
