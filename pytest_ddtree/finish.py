@@ -47,6 +47,7 @@ CHECK_UNIFORM_SHIFT = "uniform-shift"
 CHECK_AGAINST_SESSION = "configs-against-session"
 CHECK_RELAUNCH = "relaunch"
 CHECK_HISTORY = "history-check"
+CHECK_CALIBRATION = "calibration"
 CHECK_OUTPUT = "session-output"
 
 
@@ -139,6 +140,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
         summary.json["session_id"] = session.settings.session_id
         summary.json["configs_against_session"] = session_check
         summary.json["control"] = control_check
+        summary.json["calibration"] = _calibration(records, outcome)
         _report_field_mapping(session, outcome, summary.json)
         _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
@@ -164,6 +166,26 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     if outcome.errors:
         outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
     return outcome
+
+
+def _calibration(records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str, Any] | None:
+    """results.json's ``calibration``: the probe's command, each run (when, where, its figures) and
+    the session's figures (geometric means over the runs); a run that failed fails the session
+    (its tests ran: a broken probe leaves this session's history uncalibrated, and must be seen)."""
+    from pytest_ddtree.measure.calibration import describe_runs, session_figures
+    from pytest_ddtree.records import shapes as records_mod
+
+    runs = [dict(run) for run in records_mod.calibration_runs(records)]
+    if not runs:
+        return None
+    for run in runs:
+        if run.get("error"):
+            outcome.failed_check(CHECK_CALIBRATION, f"calibration probe ({run['when']}): {run['error']}")
+    figures = session_figures(runs)
+    outcome.sections.append(("ddtree calibration", describe_runs(runs) + (
+        "\nthe session's figures (geometric means): " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items())
+        if figures else "")))
+    return {"command": runs[0]["command"], "runs": runs, "figures": figures}
 
 
 def _judge_configs_against_session(records: list[dict[str, object]], outcome: FinishOutcome) -> list[dict[str, Any]]:

@@ -301,3 +301,5 @@ class DDTreeSession:
                 for launch in manager.launches:
                     data: LaunchData = {"launch": launch}
                     self.recorder.record(RecordKind.LAUNCH, launch["config"], data)
+                for run in manager.calibrations:  # results.json's calibration, the history's
+                    self.recorder.record(RecordKind.CALIBRATION, None, run.as_record())

@@ -179,3 +179,6 @@ _.declared_axes  # ServiceProfile.declared_axes: the axes its axes: key declared
 
 # service/kinds.py
 _.unregister  # forgets a controller kind registered from outside the package: tests/test_controller_protocol.py's own
+
+# records/shapes.py
+_.calibration_host  # CalibrationData.calibration_host: written by measure/calibration.py as_record, read by describe_runs and results.json

@@ -107,6 +107,23 @@ class HostEnvData(TypedDict, total=False):
     error: str
 
 
+class _CalibrationRequired(TypedDict):
+    when: str
+    command: str
+    calibration_host: str
+    started_at: float
+    seconds: float
+    figures: dict[str, float]
+    instance: int
+
+
+class CalibrationData(_CalibrationRequired, total=False):
+    """``RecordKind.CALIBRATION``: one run of the calibration probe (``measure.calibration.CalibrationRun``):
+    when in the session, the command as run, where, its figures (none with an ``error``)."""
+
+    error: str
+
+
 class FloorData(TypedDict):
     """How far a non-speculative launch disagrees with itself (``lossless.Floor.to_json``)."""
 
@@ -555,7 +572,7 @@ RawRecord = Mapping[str, object]
 #: The data a writer hands ``SessionRecorder.record``: one of the shapes.
 RecordData = Union[ThroughputData, ControlCellData, RelaunchCellData, RelaunchFailureData, ControlUnavailableData,
                    RepeatData, AdaptiveSweepData, HealthData, CodingData, HostEnvData, LosslessData,
-                   LosslessReferenceData, LaunchData, CorruptRecordData, SustainableRateData]
+                   LosslessReferenceData, LaunchData, CorruptRecordData, SustainableRateData, CalibrationData]
 
 #: Each kind's shape: what ``check_record`` holds a record of that kind to (beside the stamp).
 SHAPES: dict[RecordKind, object] = {
@@ -573,6 +590,7 @@ SHAPES: dict[RecordKind, object] = {
     RecordKind.HEALTH: HealthData,
     RecordKind.LAUNCH: LaunchData,
     RecordKind.HOST_ENV: HostEnvData,
+    RecordKind.CALIBRATION: CalibrationData,
     RecordKind.ADAPTIVE_SWEEP: AdaptiveSweepData,
     RecordKind.SUSTAINABLE_RATE: SustainableRateData,
     RecordKind.CORRUPT_RECORD: CorruptRecordData,
@@ -657,6 +675,13 @@ def control_unavailable(records: Iterable[RawRecord]) -> list[ControlUnavailable
 def host_envs(records: Iterable[RawRecord]) -> list[HostEnvRecord]:
     """The hosts' environment records among ``records``, checked."""
     return [checked(HostEnvRecord, r) for r in _of_kind(records, RecordKind.HOST_ENV)]
+
+
+def calibration_runs(records: Iterable[RawRecord]) -> list[CalibrationData]:
+    """The calibration probe's runs among ``records``, checked, oldest first."""
+    keys = CalibrationData.__annotations__  # the required ones too (inherited)
+    runs = [checked(CalibrationData, {k: v for k, v in r.items() if k in keys}) for r in _of_kind(records, RecordKind.CALIBRATION)]
+    return sorted(runs, key=lambda run: run["started_at"])
 
 
 def launch_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:

@@ -62,6 +62,8 @@ class RecordKind(Word):
     LAUNCH = "launch"
     #: The environment of one host (its systemd unit, packages, GPU).
     HOST_ENV = "host-env"
+    #: One run of the profile's calibration probe (its figures, or why there are none).
+    CALIBRATION = "calibration"
     #: The outcome of the adaptive sweep.
     ADAPTIVE_SWEEP = "adaptive-sweep"
     #: The highest request rate one config sustains under the session's SLO, and every rate probed.

@@ -53,6 +53,7 @@ from pytest_ddtree.service.manager_params import (
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, verify_applied, wait_ready
+from pytest_ddtree.measure.calibration import WHEN_END, WHEN_START, CalibrationRun, run_calibration
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 
 
@@ -198,6 +199,8 @@ class ServiceManager:
         self._baseline_taken = False
         self.launches: list[LaunchEntry] = []
         """Every launch (config, command, env, drop-in, outcome), for the repro package."""
+        self.calibrations: list[CalibrationRun] = []
+        """The calibration probe's runs: before the first launch, after the last stop (the session records them)."""
         self._config_launches = 0
 
     def _gpu_readers(self, tools: HostTools) -> tuple[GpuMemoryFn | None, GpuReleaseFn | None]:
@@ -328,6 +331,9 @@ class ServiceManager:
                 controller.stop()
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"stopping {controller.describe()}: {exc}")
+            else:
+                if self.calibrations:  # the server stopped, the default config not restored yet
+                    self._calibrate(WHEN_END)
             try:
                 controller.restore_default()
             except Exception as exc:  # noqa: BLE001
@@ -346,6 +352,19 @@ class ServiceManager:
         return problems
 
     # -- internals ----------------------------------------------------------------------------
+    def _calibrate(self, when: str) -> None:
+        """One run of the profile's calibration probe on the service's host (none without one);
+        its failure is the run's, reported at the session end, never the launch's."""
+        command = self.profile.render_calibration_command()
+        if command is None:
+            return
+        self._say(f"calibration probe ({when}) on {self.host.name}: {command}")
+        run = run_calibration(self.host, command, timeout_s=self.profile.calibration_timeout_s, when=when,
+                              instance=self.instance)
+        self.calibrations.append(run)
+        figures = ", ".join(f"{k} {v:.4g}" for k, v in run.figures.items())
+        self._say(f"calibration probe ({when}): {figures or run.error} ({run.seconds:.1f} s)")
+
     def _say(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
@@ -478,6 +497,8 @@ class ServiceManager:
                 self._host_lock.acquire(self._lock_owner(), self.progress, timeout_s=self.ready_timeout_s)
             controller.prepare()  # e.g. stop a unit (even its default config) before the GPU wait
             self._wait_gpu_release()
+            if not self.calibrations:  # nothing of this session holds the accelerators yet
+                self._calibrate(WHEN_START)
             service = self._launch_and_wait(slot, config, label=name)
             if not self.can.relaunch and config is not None:
                 self._check_external_config(service, config)

@@ -158,6 +158,8 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "draft_model_path": ((str, type(None)), False),
     "patches": ((dict, type(None)), False),
     "python": ((str, type(None)), False),
+    "calibration_command": ((str, type(None)), False),
+    "calibration_timeout_s": ((int, float), False),
     "description": (str, False),
     **FLEET_KEY_TYPES,
 }
@@ -238,6 +240,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         draft_model_path=raw.get("draft_model_path"),
         patches=raw.get("patches"),
         python=raw.get("python"),
+        **_parse_calibration(raw, kind, fail),
         description=raw.get("description", _DEFAULTS["description"]),
         fleet=fleet,
         controller_keys=controller_keys,
@@ -695,6 +698,32 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
         stop_timeout_s=_seconds(raw, "stop_timeout_s"),
         copy_probe=bool(raw.get("copy_probe", _DEFAULTS["copy_probe"])),
     )
+
+
+def _parse_calibration(raw: Mapping[str, Any], kind: ControllerKind, fail: _Fail) -> dict[str, Any]:
+    """``calibration_command`` (placeholders as the launch command's ``{python}`` and ``{host}``) and
+    ``calibration_timeout_s``; refused where no moment without the session's server exists on a
+    known host: somebody else's service holds the accelerators all along, and a scheduler's node is
+    not known before its job runs."""
+    command = raw.get("calibration_command")
+    timeout = raw.get("calibration_timeout_s", _DEFAULTS["calibration_timeout_s"])
+    if not 0 < timeout < float("inf"):
+        raise fail("calibration_timeout_s", f"must be positive (seconds), got {timeout}")
+    if command is None:
+        return {"calibration_command": None, "calibration_timeout_s": float(timeout)}
+    if not command.strip():
+        raise fail("calibration_command", "is empty: give the probe's command line, or leave the key out")
+    try:
+        bad = _template_fields(command) - {"python", "host"}
+    except ValueError as exc:
+        raise fail("calibration_command", f"is not a template ({exc}); a literal brace is written {{{{ or }}}}") from None
+    if bad:
+        raise fail("calibration_command", f"unknown placeholder(s) {sorted(bad)} (allowed: {{python}}, {{host}})")
+    if not kind.capabilities.relaunch or kind.capabilities.placed_by_scheduler:
+        raise fail("calibration_command", f"the {kind.name} controller has no moment when the session's own server "
+                                          "does not hold the accelerators on a known host (somebody else's service, "
+                                          "or a node its scheduler picks at launch): leave the key out")
+    return {"calibration_command": command, "calibration_timeout_s": float(timeout)}
 
 
 def _own_matrix(raw: Mapping[str, Any], fail: Any) -> tuple[tuple[DDTreeConfig, ...] | None, DDTreeConfig | None]:

@@ -64,8 +64,30 @@ def unreachable_host(exc: BaseException | None) -> str | None:
     return None
 
 
+class SSHTimedOut(SSHError):
+    """ssh gave no answer within the call's deadline (the command's own plus the connection's)."""
+
+    def __init__(self, host: str, command: str, problem: str, timeout_s: float) -> None:
+        super().__init__(host, command, problem)
+        self.timeout_s = timeout_s
+
+
 class RemoteCommandError(ServiceError):
     """A command ran (locally or on a host) and exited non-zero where success was needed."""
+
+
+class CommandTimedOut(RemoteCommandError):
+    """A command ran past its whole-command deadline and was killed (its process group here; over
+    ssh, the ssh client): callers that own a deadline of their own name it (``timeout_s``)."""
+
+    def __init__(self, message: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+
+
+class OutputTooLarge(RemoteCommandError):
+    """A command printed more than its caller's bound and was killed: one that floods its output
+    would otherwise fill the disk, or memory, before its deadline."""
 
 
 @dataclass(frozen=True)
@@ -191,23 +213,24 @@ class LocalHost(_FileOps):
         return None
 
     def run(
-        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False,
+        max_output_bytes: int | None = None,
     ) -> subprocess.CompletedProcess[str]:
         full = (self.prefix if privileged else []) + list(argv)
         timeout = timeout_s or self.command_timeout_s
         try:
-            return _run_bounded(full, input_text, timeout, merge=False)
+            return _run_bounded(full, input_text, timeout, merge=False, max_bytes=max_output_bytes)
         except FileNotFoundError:
             return subprocess.CompletedProcess(full, COMMAND_NOT_FOUND_EXIT, "", f"{full[0]}: command not found")
         except subprocess.TimeoutExpired:
-            raise RemoteCommandError(f"`{shlex.join(full)}` did not finish within {timeout:.0f} s (killed)") from None
+            raise CommandTimedOut(f"`{shlex.join(full)}` did not finish within {timeout:.0f} s (killed)", timeout) from None
 
     def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         timeout = timeout_s or self.command_timeout_s
         try:
             return _run_bounded(["sh", "-c", script], None, timeout, merge=True)
         except subprocess.TimeoutExpired:
-            raise RemoteCommandError(f"`{script}` did not finish within {timeout:.0f} s (killed)") from None
+            raise CommandTimedOut(f"`{script}` did not finish within {timeout:.0f} s (killed)", timeout) from None
 
     def close(self) -> None:
         return None
@@ -222,13 +245,15 @@ def _check(host: str, result: subprocess.CompletedProcess[str], what: str) -> No
         )
 
 
-def _run_bounded(argv: list[str], input_text: str | None, timeout_s: float, *, merge: bool) -> subprocess.CompletedProcess[str]:
+def _run_bounded(argv: list[str], input_text: str | None, timeout_s: float, *, merge: bool,
+                 max_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in its own session; on timeout kill its whole process group.
 
     Output goes to temporary files, not pipes: a command that leaves a background child behind
     (``nohup server &``, an ssh ControlMaster) would otherwise hold the pipe open and make us wait
     for the timeout although the command itself returned. Its own session keeps a Ctrl-C on the
-    terminal from killing a restore command half-way.
+    terminal from killing a restore command half-way. ``max_bytes``: the command is killed once its
+    output passes that (:class:`OutputTooLarge`), and only the last ``max_bytes`` of each stream are read.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
@@ -246,15 +271,40 @@ def _run_bounded(argv: list[str], input_text: str | None, timeout_s: float, *, m
                     proc.stdin.close()
                 except BrokenPipeError:
                     pass
-            proc.wait(timeout=timeout_s)
+            if max_bytes is None:
+                proc.wait(timeout=timeout_s)
+            else:
+                _wait_bounded(proc, argv, timeout_s, max_bytes, (out, err))
         except BaseException:
             _kill_group(proc)
             raise
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(
-            argv, proc.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
-        )
+        return subprocess.CompletedProcess(argv, proc.returncode, _read_tail(out, max_bytes), _read_tail(err, max_bytes))
+
+
+#: How often a command whose output is bounded has its output's size looked at.
+_OUTPUT_POLL_S = 0.1
+
+
+def _wait_bounded(proc: subprocess.Popen[Any], argv: list[str], timeout_s: float, max_bytes: int, files: Sequence[IO[bytes]]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(argv, timeout_s)
+        try:
+            proc.wait(timeout=min(_OUTPUT_POLL_S, left))
+            return
+        except subprocess.TimeoutExpired:
+            written = sum(os.fstat(f.fileno()).st_size for f in files)
+            if written > max_bytes:
+                raise OutputTooLarge(f"`{shlex.join(argv)}` printed more than {max_bytes} bytes "
+                                     "(killed)") from None
+
+
+def _read_tail(stream: IO[bytes], max_bytes: int | None) -> str:
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, size - max_bytes) if max_bytes is not None else 0)
+    return stream.read().decode("utf-8", "replace")
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
@@ -330,21 +380,24 @@ class SSHHost(_FileOps):
             argv += ["-p", str(self.target.port)]
         return argv + ["--", self.target.destination, remote_command]
 
-    def _call(self, remote_command: str, input_text: str | None, timeout_s: float | None, *, merge: bool) -> subprocess.CompletedProcess[str]:
+    def _call(self, remote_command: str, input_text: str | None, timeout_s: float | None, *, merge: bool,
+              max_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
         timeout = (timeout_s or self.command_timeout_s) + self.connect_timeout_s
         argv = self.ssh_argv(remote_command)
         try:
-            result = _run_bounded(argv, input_text, timeout, merge=merge)
+            result = _run_bounded(argv, input_text, timeout, merge=merge, max_bytes=max_bytes)
         except subprocess.TimeoutExpired:
-            raise SSHError(self.name, remote_command, f"no answer within {timeout:.0f} s (ssh killed)") from None
+            raise SSHTimedOut(self.name, remote_command, f"no answer within {timeout:.0f} s (ssh killed)", timeout) from None
         if result.returncode == SSH_ERROR_EXIT:
             raise SSHError(self.name, remote_command, f"exit {SSH_ERROR_EXIT}: {output_tail(result.stderr or result.stdout, 3)}")
         return result
 
     def run(
-        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False
+        self, argv: Sequence[str], *, input_text: str | None = None, timeout_s: float | None = None, privileged: bool = False,
+        max_output_bytes: int | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        return self._call(shlex.join((self.prefix if privileged else []) + list(argv)), input_text, timeout_s, merge=False)
+        return self._call(shlex.join((self.prefix if privileged else []) + list(argv)), input_text, timeout_s, merge=False,
+                          max_bytes=max_output_bytes)
 
     def run_shell(self, script: str, *, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         return self._call(shlex.join(["sh", "-c", script]), None, timeout_s, merge=True)

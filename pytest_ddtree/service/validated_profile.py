@@ -167,6 +167,12 @@ class ServiceProfile:
     cell_timeout_s: float = 3600.0
     gpu_release_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0
+    #: A build-independent workload run on the service's host before the first launch and after the
+    #: last stop (pytest_ddtree/measure/calibration.py): its figures let the history tell a slower
+    #: build from a slower day. None: no probe (the embedded engine's default: its speed is its clock model's).
+    calibration_command: str | None = None
+    #: The calibration command as a whole, start to exit.
+    calibration_timeout_s: float = 120.0
     env: Mapping[str, str] = field(default_factory=dict)
     pool: int | tuple[str, ...] = 1
     #: Two sessions on one machine take turns on an instance (a file lock) unless this is false:
@@ -444,6 +450,14 @@ class ServiceProfile:
         the harness, which often lives in another virtual environment.
         """
         return resolve_service_python(self.python, self.command)
+
+    def render_calibration_command(self) -> str | None:
+        """The ``calibration_command`` filled as the launch command is (``{python}``, ``{host}``); None: no probe."""
+        if not self.calibration_command:
+            return None
+        from pytest_ddtree.measure.calibration import render_command
+
+        return render_command(self.calibration_command, self.launch_python, self.node)
 
     def render_url(self, port: int | None) -> str:
         return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The GPU calibration probe for a service profile's ``calibration_command`` (docs/profiles.md,
+"Calibration probe"): a fixed bf16 GEMM and a fixed device-to-device copy on the first visible GPU,
+each the median of several timed rounds (CUDA events), printed as one JSON line of figures,
+higher = faster::
+
+    {"gemm_tflops": 712.3, "memcpy_gb_per_s": 3910.0, "cpu_sha256_mib_per_s": 1310.2, "cpu_sort_keys_per_s": 5.8e6}
+
+Why these: a serving build's speed follows the accelerator's clocks (a GEMM) and its memory
+bandwidth (decode reads the weights and the KV cache every step), and the host CPU (the scheduler,
+the tokenizer); a day whose GPU runs slower clocks or whose host is loaded moves them, a new SGLang
+build does not. The CPU half is pytest_ddtree's own probe when that package is importable here.
+
+Run it with an interpreter of its own, not the SGLang build's: a torch that ships with the build
+moves with the build, and a probe that moves with the build cancels the very step the history looks
+for (``calibration_command: /opt/ddtree-calib/bin/python /path/to/calibrate_gpu.py``, a venv with a
+pinned torch). It runs while no server of the session holds the GPU (before the first launch, after
+the last stop).
+
+Not run in this project's CI: its boxes have no GPU, so what is tested here is only that it fails
+clearly without torch or without a GPU (exit 2, one line on stderr that says which), never that its
+figures are right; check them by hand on the GPU host (two runs a minute apart should agree within
+about 1%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+#: The fixed work: change any of these and name new figures (the history's calibration level is per figure).
+GEMM_SIZE = 8192
+COPY_BYTES = 1 << 30
+ROUNDS = 7
+ITERATIONS = 10
+
+
+def _fail(problem: str) -> int:
+    print(f"calibrate_gpu.py: {problem}", file=sys.stderr)
+    return 2
+
+
+def _timed_ms(torch: object, work: object, iterations: int) -> float:
+    """Milliseconds per iteration of ``work`` (CUDA events around ``iterations`` calls)."""
+    cuda = torch.cuda  # type: ignore[attr-defined]
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        work()  # type: ignore[operator]
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / iterations
+
+
+def gpu_figures(rounds: int) -> dict[str, float]:
+    import torch
+
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
+    src = torch.empty(COPY_BYTES, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    torch.matmul(a, b)  # untimed: cuBLAS picks its kernel on the first call
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    gemm_ms = statistics.median(_timed_ms(torch, lambda: torch.matmul(a, b), ITERATIONS) for _ in range(rounds))
+    copy_ms = statistics.median(_timed_ms(torch, lambda: dst.copy_(src), ITERATIONS) for _ in range(rounds))
+    return {"gemm_tflops": 2 * GEMM_SIZE ** 3 / (gemm_ms / 1e3) / 1e12,
+            # a copy reads and writes every byte
+            "memcpy_gb_per_s": 2 * COPY_BYTES / (copy_ms / 1e3) / 1e9}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="GPU calibration probe: one JSON line of figures (higher = faster)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--no-cpu", action="store_true", help="leave out pytest_ddtree's CPU figures")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        return _fail("torch is not importable by this interpreter; give the probe a venv with a pinned torch "
+                     "(not the SGLang build's), or use the CPU probe: python -m pytest_ddtree.measure.calibration")
+    if not torch.cuda.is_available():
+        return _fail("torch sees no CUDA device here (a GPU-less host, or CUDA_VISIBLE_DEVICES empty): this probe "
+                     "measures a GPU; use the CPU probe (python -m pytest_ddtree.measure.calibration) on such a host")
+    figures = gpu_figures(max(1, args.rounds))
+    if not args.no_cpu:
+        try:
+            from pytest_ddtree.measure.calibration import cpu_probe
+        except ImportError:
+            pass
+        else:
+            figures.update(cpu_probe())
+    print(json.dumps(figures, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
