@@ -26,9 +26,11 @@ about 1%).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
+from typing import Any, Callable
 
 #: The fixed work: change any of these and name new figures (the history's calibration level is per figure).
 GEMM_SIZE = 8192
@@ -42,21 +44,18 @@ def _fail(problem: str) -> int:
     return 2
 
 
-def _timed_ms(torch: object, work: object, iterations: int) -> float:
+def _timed_ms(torch: Any, work: Callable[[], object], iterations: int) -> float:
     """Milliseconds per iteration of ``work`` (CUDA events around ``iterations`` calls)."""
-    cuda = torch.cuda  # type: ignore[attr-defined]
-    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iterations):
-        work()  # type: ignore[operator]
+        work()
     end.record()
     end.synchronize()
     return float(start.elapsed_time(end)) / iterations
 
 
-def gpu_figures(rounds: int) -> dict[str, float]:
-    import torch
-
+def gpu_figures(torch: Any, rounds: int) -> dict[str, float]:
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     src = torch.empty(COPY_BYTES, device="cuda", dtype=torch.uint8)
@@ -76,15 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--no-cpu", action="store_true", help="leave out pytest_ddtree's CPU figures")
     args = parser.parse_args(argv)
-    try:
-        import torch
+    try:  # imported by name: the project's type check runs where torch is not installed
+        torch: Any = importlib.import_module("torch")
     except ImportError:
         return _fail("torch is not importable by this interpreter; give the probe a venv with a pinned torch "
                      "(not the SGLang build's), or use the CPU probe: python -m pytest_ddtree.measure.calibration")
     if not torch.cuda.is_available():
         return _fail("torch sees no CUDA device here (a GPU-less host, or CUDA_VISIBLE_DEVICES empty): this probe "
                      "measures a GPU; use the CPU probe (python -m pytest_ddtree.measure.calibration) on such a host")
-    figures = gpu_figures(max(1, args.rounds))
+    figures = gpu_figures(torch, max(1, args.rounds))
     if not args.no_cpu:
         try:
             from pytest_ddtree.measure.calibration import cpu_probe
