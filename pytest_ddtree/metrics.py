@@ -29,6 +29,12 @@ MEDIAN_TTFT_MS: Final = "median_ttft_ms"
 #: where an SLO is set.
 REQUEST_GOODPUT: Final = "request_goodput"
 
+#: The SLO's percentile latency over its target, the largest over the SLO's targets, of one repeat's
+#: requests that succeeded (1: the SLO's edge; above it the repeat missed the SLO); only where an
+#: SLO is set. An open-loop cell's blessed repeats keep their worst in its baseline, where it says
+#: whether the cell's goodput stood clear of the edge (``gates/throughput/slo_edge.py``).
+SLO_LATENCY_SHARE: Final = "ddtree_slo_latency_share"
+
 #: The gated acceptance: sum(completion_tokens) / sum(spec_verify_ct) over the measured requests
 #: (tokens per verify step, the prefill token counted, what SGLang's own tests compute). Not
 #: bench_serving's ``accept_length``, which is the server's lagging ``avg_spec_accept_length``.

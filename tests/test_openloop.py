@@ -13,6 +13,7 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
+from pytest_ddtree.metrics import SLO_LATENCY_SHARE
 from pytest_ddtree.configs import ConfigError, load_matrix
 from pytest_ddtree.records.words import Status
 from tests.load_standin import StandInConfig, standin_server
@@ -287,8 +288,14 @@ def test_an_slo_is_parsed_once_and_goodput_counts_as_bench_serving_does(tmp_path
     reqs = [request(0.05, 0.05 + 0.019 * 10, 11), request(0.05, 0.05 + 0.03 * 10, 11), request(0.2, 0.2, 1),
             request(0.01, 0.1, 11, ok=False)]
     figures = slo_mod.goodput(reqs, slo, duration_s=2.0)
+    # the SLO's p95 over its target, the largest of the targets, of the requests that succeeded: TTFT's
+    # 50, 50, 200 ms -> 185 ms of 100 (TPOT's 0, 19, 30 -> 28.9 ms of 20)
+    assert figures.pop(SLO_LATENCY_SHARE) == pytest.approx(1.85)
     assert figures == {"request_goodput": 0.5, "slo_attainment": 0.25, "slo_attainment_ttft": 0.5,
                        "slo_attainment_tpot": 0.5}
+    # at most 1 where the requests meet the SLO: the first one's TPOT 19 ms of 20
+    assert slo_mod.goodput(reqs[:1], slo, 1.0)[SLO_LATENCY_SHARE] == pytest.approx(0.95)
+    assert slo_mod.goodput(reqs[3:], slo, 1.0)[SLO_LATENCY_SHARE] is None  # no request succeeded
     assert "1 of 4 requests failed" in (slo_mod.slo_miss(reqs, slo) or "")
     assert "p95 tpot" in (slo_mod.slo_miss(reqs[:2], slo) or "") and slo_mod.slo_miss(reqs[:1], slo) is None
     path = tmp_path / "configs.yaml"

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree.metrics import REQUEST_GOODPUT
+from pytest_ddtree.metrics import REQUEST_GOODPUT, SLO_LATENCY_SHARE
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import RateProbeData, SLOData, SustainableRateData
 
@@ -129,13 +129,12 @@ def _observed_ms(r: RequestResult) -> dict[str, float]:
 
 def goodput(requests: Sequence[RequestResult], slo: SLO, duration_s: float) -> dict[str, float | None]:
     """bench_serving's goodput figures of one repeat, flat (``slo_attainment_<name>`` for its
-    ``slo_attainment_by_metric``): a metrics dict holds numbers only."""
+    ``slo_attainment_by_metric``): a metrics dict holds numbers only; and the repeat's
+    ``SLO_LATENCY_SHARE`` (how near its requests that succeeded stand to the SLO's edge)."""
     good, met = 0, dict.fromkeys(dict(slo.targets), 0)
-    for r in requests:
-        if not r.ok:
-            continue
-        observed = _observed_ms(r)
-        passed = [name for name, ms in slo.targets if observed[name] <= ms]
+    observed = [_observed_ms(r) for r in requests if r.ok]
+    for seen in observed:
+        passed = [name for name, ms in slo.targets if seen[name] <= ms]
         for name in passed:
             met[name] += 1
         good += len(passed) == len(slo.targets)
@@ -146,7 +145,18 @@ def goodput(requests: Sequence[RequestResult], slo: SLO, duration_s: float) -> d
     }
     for name, count in met.items():
         out[f"slo_attainment_{name}"] = count / sent if sent else None
+    out[SLO_LATENCY_SHARE] = latency_share(observed, slo)
     return out
+
+
+def latency_share(observed: Sequence[Mapping[str, float]], slo: SLO) -> float | None:
+    """The largest, over ``slo``'s targets, of the requests' ``slo.percentile``-th value over its
+    target (``observed``: each request's ``_observed_ms``); None without requests. At most 1 where
+    these requests meet the SLO (as ``slo_miss`` judges a rate); how far below 1 is how much a slower
+    launch or day they can take before they miss it."""
+    if not observed:
+        return None
+    return max(stats.percentile([o[name] for o in observed], slo.percentile) / ms for name, ms in slo.targets)
 
 
 def slo_miss(requests: Sequence[RequestResult], slo: SLO) -> str | None:

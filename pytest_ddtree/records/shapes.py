@@ -386,6 +386,7 @@ class ThroughputData(_ThroughputRequired, total=False):
     accept_histogram: list[int]  # the valid repeats' acceptance histograms summed
     acceptance_by_depth: list[float]
     repeat_histograms: list[list[int] | None]
+    not_judged: dict[str, str]  # gated metric -> why it is recorded, not judged (an open-loop cell at the SLO's edge)
 
 
 class ControlCellData(ThroughputData, total=False):

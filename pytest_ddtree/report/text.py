@@ -398,6 +398,17 @@ def render_markdown(records: Iterable[RawRecord], title: str = "Throughput sweep
     return "\n".join(parts)
 
 
+def unjudged_lines(records: Iterable[ThroughputRecord]) -> list[str]:
+    """One line per cell whose gated metrics were recorded but not judged (an open-loop cell at the
+    SLO's edge: ``gates/throughput/slo_edge.py``), with why: its table row says pass, this says of what."""
+    out = []
+    for r in records:
+        found = r.get("not_judged")
+        for why in sorted(set(found.values())) if isinstance(found, Mapping) else []:
+            out.append(f"{r['config']} {r['cell']}: {why}")
+    return out
+
+
 def reasons(record: RawRecord) -> list[str]:
     """Why a cell has its status, in the words of its test's message (``CellVerdict.message``):
     the verdict's reasons, each metric's message, then any problem not said yet."""
@@ -435,7 +446,7 @@ def results_json(records: Iterable[RawRecord]) -> dict[str, Any]:
         entry["problems"] = r.get("problems") or []
         # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
         for key in ("verdict", "workload", "baseline", "hardware_profile", "host", "accept_histogram", "acceptance_by_depth",
-                    "slo", "acceptance_by_category"):
+                    "slo", "acceptance_by_category", "not_judged"):
             if r.get(key) is not None:
                 entry[key] = r.get(key)
         cells.append(entry)
@@ -656,6 +667,10 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         if advice:
             text += "\n\nRecommendations:\n" + "\n".join(f"  - {a}" for a in advice)
         sections.append(("ddtree throughput sweep", text))
+    not_judged = unjudged_lines(throughput)
+    if not_judged:
+        sections.append(("ddtree recorded, not judged", "\n".join(not_judged)))
+        md_parts += ["## Recorded, not judged", "", *(f"- {line}" for line in not_judged), ""]
     from pytest_ddtree.service import proof
 
     no_effect = payload["no_effect"] = proof.no_effect(throughput, default_window)

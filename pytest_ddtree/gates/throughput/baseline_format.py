@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_ddtree.measure import stats
+from pytest_ddtree.metrics import REQUEST_GOODPUT
+from pytest_ddtree.gates.throughput import slo_edge
 from pytest_ddtree.gates.throughput.verdicts import (
     BaselineFormatError,
     DEFAULT_SESSIONS_KEPT,
@@ -38,6 +40,7 @@ def baseline_cell_entry(
     session: str = "session",
     keep: int = DEFAULT_SESSIONS_KEPT,
     launches: int | None = None,
+    slo_share: float | None = None,
 ) -> dict[str, Any]:
     """The ``metrics.<cell>`` entry after blessing this session's samples.
 
@@ -48,6 +51,8 @@ def baseline_cell_entry(
     are left out. ``launches``: how many launches of the service the session's samples pool (the
     control's, ``gates/throughput/control.py``), kept with the session as ``launches`` (and kept for the sessions
     already there), so a judged session knows how much launch-to-launch noise each blessed one averaged.
+    ``slo_share``: an open-loop cell's worst ``SLO_LATENCY_SHARE`` this session (``slo_edge.py``), kept
+    with its goodput session as ``slo_latency_share`` (and kept for the sessions already there).
     """
     old_gates = (existing or {}).get("gates") or {}
     if existing is not None and dict(existing.get("workload") or {}) != dict(workload):
@@ -61,12 +66,15 @@ def baseline_cell_entry(
         tolerance = old.get("tolerance")
         tolerance = spec.tolerance if not stats.is_number(tolerance) else float(tolerance)
         history: list[dict[str, Any]] = []
+        share = slo_share if spec.key == REQUEST_GOODPUT else None
         if "direction" in old:
-            counts = launch_counts(old)
-            history = [{"session": sid, "samples": list(v), **({"launches": counts[sid]} if sid in counts else {})}
+            counts, shares = launch_counts(old), _session_shares(old)
+            history = [{"session": sid, "samples": list(v), **({"launches": counts[sid]} if sid in counts else {}),
+                        **({slo_edge.SESSION_KEY: shares[sid]} if sid in shares else {})}
                        for sid, v in MetricBaseline.from_entry(spec.key, old).sessions if v and sid != session]
         history.append({"session": session, "samples": [_round(v) for v in values],
-                        **({"launches": int(launches)} if launches is not None else {})})
+                        **({"launches": int(launches)} if launches is not None else {}),
+                        **({slo_edge.SESSION_KEY: _round(share)} if share is not None else {})})
         history = history[-keep:]
         pooled = [v for h in history for v in h["samples"]]
         gates[spec.key] = {
@@ -84,6 +92,13 @@ def launch_counts(gate: Mapping[str, Any]) -> dict[str, int]:
     sessions = gate.get("sessions")
     return {str(s.get("session", i)): int(s["launches"]) for i, s in enumerate(sessions if isinstance(sessions, list) else [])
             if isinstance(s, Mapping) and isinstance(s.get("launches"), int) and not isinstance(s.get("launches"), bool)}
+
+
+def _session_shares(gate: Mapping[str, Any]) -> dict[str, float]:
+    """Session id -> ``slo_latency_share`` of a gate entry's blessed sessions that kept one."""
+    sessions = gate.get("sessions")
+    return {str(s.get("session", i)): float(s[slo_edge.SESSION_KEY]) for i, s in enumerate(sessions if isinstance(sessions, list) else [])
+            if isinstance(s, Mapping) and stats.is_number(s.get(slo_edge.SESSION_KEY))}
 
 
 def _renamed_gates(entry: Any, where: str) -> Any:
@@ -136,6 +151,11 @@ def validate_section(section: Any, where: str) -> dict[str, Any]:
                     raise BaselineFormatError(
                         f"{w}.sessions[{i}].launches must be a whole number >= 1 (how many launches the session's "
                         f"samples pool), got {n!r}: fix it or leave it out (one launch)")
+                if slo_edge.SESSION_KEY in s:
+                    try:
+                        slo_edge.validate_share(s[slo_edge.SESSION_KEY], f"{w}.sessions[{i}]")
+                    except slo_edge.SLOEdgeError as exc:
+                        raise BaselineFormatError(str(exc)) from None
     return dict(section)
 
 

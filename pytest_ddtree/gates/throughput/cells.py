@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.gates.throughput.measurement import BlessDecision, decide_bless
+from pytest_ddtree.gates.throughput import slo_edge
 from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
-                                                       cell_gated, cell_histogram, gate_samples,
+                                                       cell_histogram, edge_exemption, gate_samples, judged_gated,
                                                        judged_baseline, measure_config, measured_workload,
                                                        repeat_metrics, sample_record, spoiled_evidence)
 from pytest_ddtree.measure import load, stats
@@ -97,6 +98,8 @@ class CellEvaluation:
     status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
     #: Under a bless, whether the cell is proposed for its baseline (``measurement.decide_bless``); None otherwise.
     bless: BlessDecision | None = None
+    #: An open-loop cell's worst ``SLO_LATENCY_SHARE`` over its counted repeats (what a bless keeps: ``slo_edge.py``).
+    slo_latency_share: float | None = None
 
     @property
     def status(self) -> MeasurementStatus:
@@ -129,10 +132,14 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     samples = gate_samples(repeats, campaign.gated)  # recorded and blessed (an open-loop cell's tok/s too) ...
     workload_info = measured_workload(run, workload)
     cell_base = baseline.cell(workload.name)  # as blessed (a bless merges into it) ...
-    judged = judged_baseline(cell_base, campaign.slo, workload)  # ... and as this session judges it
+    judged = judged_baseline(cell_base, campaign.slo, workload, campaign.slo_edge)  # ... and as this session judges it
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
-        workload.name, judged, gate_samples(repeats, cell_gated(workload, campaign.gated)), status=status,
+        workload.name, judged, gate_samples(repeats, judged_gated(workload, campaign.gated, cell_base, campaign.slo,
+                                                                  campaign.slo_edge)), status=status,
         problems=why, workload=workload_info)
+    edge = edge_exemption(cell_base, campaign.slo, workload) if campaign.slo_edge and not bless else None
+    if edge is not None:  # said in the verdict (the test's message, the report) and the record
+        verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, edge.reason))
     decision = decide_bless(status, why, run.primary) if bless else None
     if decision is not None and decision.blessed:
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
@@ -150,9 +157,12 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     _complete_record(record, run, campaign.slo)
+    if edge is not None:
+        record["not_judged"] = {m: edge.reason for m in edge.metrics}
+    share = slo_edge.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
     return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
-                          bless=decision)
+                          bless=decision, slo_latency_share=share)
 
 
 def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:

@@ -95,7 +95,8 @@ def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload:
         return GateOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
                                           f"  retry this cell with: {retry}")
     fingerprint = local_fingerprint(service.profile, service.server_info)
-    entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp)
+    entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp,
+                                slo_share=cell.slo_latency_share)
     recorder.propose_baseline(config, "metrics", {workload: entry})
     recorder.propose_baseline(config, "fingerprint", fingerprint.as_dict())
     return GateOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")

@@ -112,7 +112,7 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
     cell = throughput.rate_cell(template, rate)
     campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=config),
                                          baseline={cell.name: blessed["cell"]},
-                                         judging=throughput.Judging(gated=(GOODPUT,)), recording=recording)
+                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False), recording=recording)
     probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
     verdict = campaign.verdicts[cell.name]
     base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}

@@ -22,6 +22,7 @@ from pytest_ddtree.measure import load, openloop, stats
 from pytest_ddtree import progress
 from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
+from pytest_ddtree.gates.throughput import slo_edge as slo_edge_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
@@ -88,6 +89,7 @@ class Campaign:
     confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
     gated: tuple[str, ...] | None = None  # the gated metrics judged (None: all of gate.GATED_METRICS)
     slo: SLO | None = None  # the SLO its goodput figures were counted against
+    slo_edge: bool = True  # whether an open-loop cell blessed at the SLO's edge leaves its goodput unjudged
 
 
 def repeat_policy(repeats: int, bless: bool = False) -> stats.RepeatPolicy:
@@ -127,11 +129,13 @@ class Judging:
     """What a config's cells are judged with beside their baseline: the gated metrics (None: all of
     ``gate.GATED_METRICS``; the control gates its output tok/s only), how much a config's common
     change moves between launches and each cell's repeat noise, over every config blessed on this
-    hardware (``blessed_judging``)."""
+    hardware (``blessed_judging``), and whether an open-loop cell blessed at the SLO's edge leaves its
+    goodput unjudged (``slo_edge.py``; the rate gate's probe sits at the edge by design and judges it)."""
 
     gated: tuple[str, ...] | None = None
     launch_spread: Mapping[str, float] | None = None
     cell_noise: Mapping[str, Mapping[str, float]] | None = None
+    slo_edge: bool = True
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,7 @@ def measure_config(
         return None
 
     runs = stats.run_interleaved(list(by_name), measure, _primary, policy, recording.on_sample or noop, spoiled_reason)
-    campaign = Campaign(runs=runs, policy=policy, gated=judging.gated, slo=driving.slo)
+    campaign = Campaign(runs=runs, policy=policy, gated=judging.gated, slo=driving.slo, slo_edge=judging.slo_edge)
     if baseline is not None:
         _judge(campaign, cells, baseline, measure, planned, repeats, recording.on_confirm or noop, judging)
     return campaign
@@ -210,7 +214,7 @@ def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Map
         return
     planned.clear()
     planned["confirmation repeat"] = CONFIRM_REPEATS
-    gated = {w.name: cell_gated(w, campaign.gated) for w in cells}
+    gated = {w.name: judged_gated(w, campaign.gated, baseline.get(w.name), campaign.slo, campaign.slo_edge) for w in cells}
     _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging, gated)
 
 
@@ -518,20 +522,46 @@ def cell_gated(workload: load.WorkloadLike, gated: Sequence[str] | None) -> tupl
     return tuple(k for k in keys if k not in OFFERED_LOAD_METRICS)
 
 
-def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None = None) -> dict[str, Any] | None:
+def judged_gated(workload: load.WorkloadLike, gated: Sequence[str] | None, baseline_cell: Any, slo: SLO | None,
+                 slo_edge: bool = True) -> tuple[str, ...] | None:
+    """The metrics ``workload``'s cell judges today (``cell_gated``), less those its baseline says
+    it records but does not judge (``edge_exemption``: a judged metric the baseline lacks would be
+    reported as new)."""
+    judged = cell_gated(workload, gated)
+    edge = edge_exemption(baseline_cell, slo, workload) if slo_edge else None
+    if edge is None:
+        return judged
+    keys = [spec.key for spec in gate.GATED_METRICS] if judged is None else list(judged)
+    return tuple(k for k in keys if k not in edge.metrics)
+
+
+def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None = None,
+                    slo_edge: bool = True) -> dict[str, Any] | None:
     """A cell's baseline as this session judges it: without an SLO, its goodput gates are left out (a
     baseline blessed with an SLO must not fail a session without one for a figure it cannot count).
     With another SLO than the blessed one the goodput figures differ: re-bless (docs/gates/throughput.md).
     An open-loop ``workload``'s output tok/s gates are left out too (``OFFERED_LOAD_METRICS``: a
-    baseline blessed before it was left out still holds them)."""
+    baseline blessed before it was left out still holds them), and so is its goodput where it was
+    blessed at the SLO's edge (``edge_exemption``; ``slo_edge=False``: judged wherever it was blessed)."""
     if not isinstance(baseline_cell, Mapping):
         return None
     gates = baseline_cell.get("gates")
+    edge = edge_exemption(baseline_cell, slo, workload) if slo_edge else None
     dropped = (() if slo is not None else SLO_METRICS) + \
-        (OFFERED_LOAD_METRICS if workload is not None and workload.open_loop is not None else ())
+        (OFFERED_LOAD_METRICS if workload is not None and workload.open_loop is not None else ()) + \
+        (edge.metrics if edge is not None else ())
     if not isinstance(gates, Mapping) or not any(k in gates for k in dropped):
         return dict(baseline_cell)
     return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in dropped}}
+
+
+def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None) -> slo_edge_mod.EdgeExemption | None:
+    """What an open-loop ``workload`` blessed at ``slo``'s edge records but does not judge, and why
+    (``slo_edge.py``: from its blessed sessions only); None for a closed-loop cell, without an SLO or
+    where it was blessed clear of the edge."""
+    if slo is None or workload is None or workload.open_loop is None:
+        return None
+    return slo_edge_mod.edge_exemption(baseline_cell, slo.percentile)
 
 
 def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> gate.CellInput:
@@ -540,8 +570,9 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
     repeats, problems = _repeat_facts(run)
     status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
                                           spoiled=spoiled_evidence(run))
-    return gate.CellInput(judged_baseline(baseline_cell, campaign.slo, workload),
-                          gate_samples(repeats, cell_gated(workload, campaign.gated)),
+    return gate.CellInput(judged_baseline(baseline_cell, campaign.slo, workload, campaign.slo_edge),
+                          gate_samples(repeats, judged_gated(workload, campaign.gated, baseline_cell, campaign.slo,
+                                                             campaign.slo_edge)),
                           status, why, measured_workload(run, workload))
 
 
