@@ -144,8 +144,9 @@ def test_a_bless_keeps_the_worst_share_and_a_judged_cell_at_the_edge_says_so_in_
                           "latency at 94% of its target in its worst blessed repeat")
     assert why in judged.verdict.reasons and REQUEST_GOODPUT not in judged.record["baseline"]
     assert judged.verdict.metric(REQUEST_GOODPUT) is None and judged.record["samples"][REQUEST_GOODPUT]  # recorded
-    assert report.unjudged_lines([judged.record]) == [f"bs8_b8_k4 r4: {why}"]
-    summary = report.session_summary([{"kind": "throughput", "config": "bs8_b8_k4", "data": judged.record}], [], None)
+    raw = [{"kind": "throughput", "config": "bs8_b8_k4", "data": judged.record}]
+    assert report.unjudged_lines(report.normalize(raw)) == [f"bs8_b8_k4 r4: {why}"]
+    summary = report.session_summary(raw, [], None)
     assert ("ddtree recorded, not judged", f"bs8_b8_k4 r4: {why}") in summary.sections
     assert f"- bs8_b8_k4 r4: {why}" in summary.markdown
     assert summary.json["throughput"][0]["not_judged"] == {REQUEST_GOODPUT: why}
