@@ -71,12 +71,15 @@ def _judged(world: rate_sim.RateWorld, scenario: str, index: int, blessed: dict[
     rate_skipped = [t for t in got.skipped_tests if t.endswith(f"[{rate_sim.RATE_TEST}]")]
     goodput = rate_sim.goodput_status(got)
     bad_goodput = [k for k, v in goodput.items() if v in (Status.REGRESSION, Status.INCONCLUSIVE)]
+    unjudged = rate_sim.goodput_unjudged(got)
     first = f"{world.configs[victim].name}[{rate_sim.RATE_TEST}]"
     out: dict[str, Any] = {
         "trials": 1, "rate_tests": len(world.configs), "goodput_cells": len(goodput),
         "rate_failed": int(bool(rate_failed)), "rate_inconclusive": int(bool(rate_skipped) and not rate_failed),
         "rate_failed_configs": len(rate_failed), "rate_skipped_configs": len(rate_skipped),
         "goodput_failed": int(bool(bad_goodput)), "goodput_failed_cells": len(bad_goodput),
+        "goodput_unjudged_cells": len(unjudged),
+        "rate_or_goodput_failed": int(bool(rate_failed or rate_skipped or bad_goodput)),
         "session_failed": int(bool(got.failed_tests or got.skipped_tests or got.outcome.failures)),
         "caught": int(first in rate_failed), "caught_any": int(any(t.startswith(world.configs[victim].name + "[")
                                                                   for t in got.failed_tests)),
@@ -177,7 +180,7 @@ def _blessed(world: rate_sim.RateWorld) -> dict[str, int]:
     out: dict[str, int] = {}
     for config in world.configs:
         path = world.root / "baselines" / "sim-h200" / f"{config.name}.yaml"
-        data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if path.is_file() else {}
         entry = ((data or {}).get(RATE_SECTION) or {}).get(world.setup.name)
         sessions = len(((entry or {}).get("cell", {}).get("gates", {}).get(REQUEST_GOODPUT) or {}).get("sessions") or [])
         out[f"rate entries of {sessions} session(s)"] = out.get(f"rate entries of {sessions} session(s)", 0) + 1
@@ -229,7 +232,9 @@ def _print(shape: str, results: dict[str, dict[str, Any]]) -> bool:
             print(f"  unchanged: rate gate failing or inconclusive {_fig(bad, n)} {'OK' if good else 'MISSED'} (<= 2%) "
                   f"(failing {c['rate_failed']}, inconclusive {c['rate_inconclusive']}); per config "
                   f"{_fig(c['rate_failed_configs'] + c['rate_skipped_configs'], configs)}; goodput cells failing or "
-                  f"inconclusive {_fig(c['goodput_failed'], n)} (per cell {_fig(c['goodput_failed_cells'], max(1, c['goodput_cells']))}); "
+                  f"inconclusive {_fig(c['goodput_failed'], n)} (per judged cell {_fig(c['goodput_failed_cells'], max(1, c['goodput_cells']))}; "
+                  f"{c.get('goodput_unjudged_cells', 0)} cells at the SLO's edge recorded, not judged); rate tests and "
+                  f"goodput cells together {_fig(c.get('rate_or_goodput_failed', 0), n)}; "
                   f"whole session {_fig(c['session_failed'], n)}; {c['rate_repeats'] / n:.0f} rate repeats a sweep; "
                   f"failing {c.get('failing') or {}}")
             for example in list(c.get("examples") or {})[:3]:

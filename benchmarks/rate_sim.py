@@ -130,13 +130,18 @@ class QueueModel:
 def serve(offsets: list[float], steps: list[int], context: int, output: int, per_request_s: float, clock: ClockModel,
           slow: float) -> tuple[list[float], list[float]]:
     """Each request's first-token and end times (s) under SGLang's rule (the module docstring), every
-    pass ``slow`` times the ClockModel's."""
+    pass ``slow`` times the ClockModel's.
+
+    Every decode pass takes one verify of every running request, so a request prefilled before pass
+    ``k`` ends with pass ``k + steps``: it is filed under that pass once, and a pass touches only the
+    requests it ends (the clock adds the same pass times in the same order as a loop over every
+    running request per pass would: ``tests/test_rate_gate_sim.py`` compares the two)."""
     n = len(offsets)
     prefill_fixed, prefill_each = clock.prefill_fixed * slow, clock.prefill_per_token * context * slow
     decode_fixed, decode_each = clock.decode_fixed * slow, per_request_s * slow
-    first, end, left = [0.0] * n, [0.0] * n, list(steps)
-    running: list[int] = []
-    t, nxt = 0.0, 0
+    first, end = [0.0] * n, [0.0] * n
+    ending: dict[int, list[int]] = {}  # decode pass -> the requests it ends
+    t, nxt, passes, running = 0.0, 0, 0, 0
     while nxt < n or running:
         if nxt < n and offsets[nxt] <= t:
             j = nxt + 1
@@ -145,18 +150,15 @@ def serve(offsets: list[float], steps: list[int], context: int, output: int, per
             t += prefill_fixed + prefill_each * (j - nxt)
             for i in range(nxt, j):
                 first[i] = t
-            running.extend(range(nxt, j))
+                ending.setdefault(passes + max(1, steps[i]), []).append(i)
+            running += j - nxt
             nxt = j
         elif running:
-            t += decode_fixed + decode_each * len(running)
-            still = []
-            for i in running:
-                left[i] -= 1
-                if left[i] > 0:
-                    still.append(i)
-                else:
-                    end[i] = t
-            running = still
+            t += decode_fixed + decode_each * running
+            passes += 1
+            for i in ending.pop(passes, ()):
+                end[i] = t
+                running -= 1
         else:
             t = offsets[nxt]
     return first, end
@@ -289,3 +291,9 @@ def goodput_status(result: gate_sim.SessionResult, config: str | None = None) ->
             status = verdict.get("status") if verdict.get("status") == Status.INCONCLUSIVE else m.get("status")
             out[f"{rec.get('config')}[{rec.get('cell')}]"] = str(status)
     return out
+
+
+def goodput_unjudged(result: gate_sim.SessionResult) -> list[str]:
+    """The open-loop cells (``<config>[<cell>]``) whose goodput was recorded, not judged (at the SLO's edge)."""
+    return [f"{rec.get('config')}[{rec.get('cell')}]" for rec in records_mod.throughput_records(result.records, RecordKind.THROUGHPUT)
+            if REQUEST_GOODPUT in (rec.get("not_judged") or {})]
