@@ -178,3 +178,63 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
                                 "p90 tpot<=7ms*bless again*"])
     (rebless,) = _rate_records(pytester, "other")
     assert rebless["gate"]["status"] == "rebless" and rebless["probes"][0]["rate"] == 10
+
+
+EDGE_MATRIX = """\
+default: bs8_b8_k4
+matrix: [bs8_b8_k4]
+workload_defaults: {output_tokens: 16}
+slo: {e2e_ms: 60000}
+workloads:
+  - {name: c2_tiny, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 2}
+  - {name: r_tiny, request_rate: 20, arrival: constant, context_tokens: 48, requests: 8, warmup_requests: 2}
+"""
+
+
+@pytest.mark.slow  # three sessions of the throughput suite, a launch each
+def test_an_open_loop_cell_blessed_at_the_slos_edge_records_its_goodput_and_says_why(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    set_control(raw, "none")
+    raw["command"] = raw["command"].replace("{config_args}", "--clock-scale 5 {config_args}")
+    profile = pytester.path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(raw))
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text(EDGE_MATRIX)
+    path = pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml"
+
+    def session(results: str, *args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(
+            str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
+            f"--ddtree-results={pytester.path / results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+            "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider", "-rA", *args, timeout=300)
+
+    def set_share(value: object) -> None:
+        data = yaml.safe_load(path.read_text())
+        data["metrics"]["r_tiny"]["gates"]["request_goodput"]["sessions"][0]["slo_latency_share"] = value
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    # 1. a bless keeps the open-loop cell's worst share beside its goodput (an SLO of a minute: far from it)
+    blessed = session("bless", "--ddtree-update-baselines")
+    assert blessed.ret == 0, blessed.stdout.str()[-3000:]
+    metrics = yaml.safe_load(path.read_text())["metrics"]
+    share = metrics["r_tiny"]["gates"]["request_goodput"]["sessions"][0]["slo_latency_share"]
+    assert 0 < share < 0.1, share
+    assert "slo_latency_share" not in metrics["c2_tiny"]["gates"]["request_goodput"]["sessions"][0]  # closed-loop: untouched
+    # 2. as if blessed at the edge: its goodput is recorded, not judged, and the summary says why
+    set_share(0.95)
+    edge = session("edge")
+    assert edge.ret == 0, edge.stdout.str()[-3000:]
+    edge.stdout.fnmatch_lines(["*ddtree recorded, not judged*",
+                               "bs8_b8_k4 r_tiny: request_goodput recorded, not judged: at the SLO's edge when blessed: "
+                               "the SLO's p99 latency at 95% of its target*"])
+    cells = {c["cell"]: c for c in json.loads((pytester.path / "edge" / "results.json").read_text())["throughput"]}
+    assert set(cells["r_tiny"]["not_judged"]) == {"request_goodput"} and "not_judged" not in cells["c2_tiny"]
+    assert "request_goodput" not in cells["r_tiny"]["verdict"]["metrics"] and cells["r_tiny"]["request_goodput"] > 0
+    assert "request_goodput" in cells["c2_tiny"]["verdict"]["metrics"]
+    # 3. a hand edit that is not a share is refused, saying what to fix
+    set_share("high")
+    hostile = session("hostile")
+    assert hostile.ret == 1, hostile.stdout.str()[-3000:]
+    hostile.stdout.fnmatch_lines(["*r_tiny.gates.request_goodput.sessions[[]0[]].slo_latency_share must be a positive "
+                                  "number*got 'high'*"])

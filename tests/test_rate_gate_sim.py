@@ -21,6 +21,7 @@ from bench_gate import CELLS, SHAPES  # noqa: E402
 from pytest_ddtree import baselines as baselines_mod  # noqa: E402
 from pytest_ddtree.gates.throughput import RATE_SECTION, throughput  # noqa: E402
 from pytest_ddtree.measure import load  # noqa: E402
+from pytest_ddtree.refserver.engine import ClockModel  # noqa: E402
 
 #: A config this much slower at its blessed rate: well past the SLO's edge, where goodput must fall.
 #: (10% is not caught reliably: the figures and why are in docs/benchmarks.md.)
@@ -66,3 +67,54 @@ def test_a_slower_configs_blessed_rate_fails_and_unchanged_ones_hold() -> None:
             gate_sim.drop_world(world)
     assert caught == worlds, f"a config {SLOWER:.0%} slower had its rate judged failing in {caught} of {worlds} worlds"
     assert unchanged_failed <= 1, f"{unchanged_failed} of {unchanged_tests} unchanged rate tests failed or were inconclusive"
+
+
+def _serve_every_pass(offsets: list[float], steps: list[int], context: int, per_request_s: float,
+                      clock: ClockModel, slow: float) -> tuple[list[float], list[float]]:
+    """The queueing model as first written: each decode pass walks every running request."""
+    n = len(offsets)
+    prefill_fixed, prefill_each = clock.prefill_fixed * slow, clock.prefill_per_token * context * slow
+    decode_fixed, decode_each = clock.decode_fixed * slow, per_request_s * slow
+    first, end, left = [0.0] * n, [0.0] * n, list(steps)
+    running: list[int] = []
+    t, nxt = 0.0, 0
+    while nxt < n or running:
+        if nxt < n and offsets[nxt] <= t:
+            j = nxt + 1
+            while j < n and offsets[j] <= t:
+                j += 1
+            t += prefill_fixed + prefill_each * (j - nxt)
+            for i in range(nxt, j):
+                first[i] = t
+            running.extend(range(nxt, j))
+            nxt = j
+        elif running:
+            t += decode_fixed + decode_each * len(running)
+            still = []
+            for i in running:
+                left[i] -= 1
+                if left[i] > 0:
+                    still.append(i)
+                else:
+                    end[i] = t
+            running = still
+        else:
+            t = offsets[nxt]
+    return first, end
+
+
+def test_the_queueing_model_files_requests_by_their_last_pass_and_serves_them_as_every_pass_did() -> None:
+    """rate_sim.serve is the simulation's hot loop, made faster without changing a figure: the same
+    first-token and end times, bit for bit, from idle to overloaded."""
+    rng = random.Random(3)
+    clock = ClockModel()
+    for _ in range(60):
+        n, rate = rng.randrange(1, 160), rng.uniform(0.5, 80.0)
+        offsets, t = [], 0.0
+        for _ in range(n):
+            t += rng.expovariate(rate)
+            offsets.append(t)
+        steps = [rng.randrange(1, 40) for _ in range(n)]
+        per_request, slow = rng.uniform(1e-4, 3e-3), rng.uniform(0.5, 2.0)
+        assert rate_sim.serve(offsets, steps, 128, 64, per_request, clock, slow) == \
+            _serve_every_pass(offsets, steps, 128, per_request, clock, slow)
