@@ -245,13 +245,11 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
         from pytest_ddtree.report import changepoints
 
         try:
-            analysed = changepoints.analyse(stored)
+            summary, regressions = changepoints.check_history(stored, entry.session_id)
         except changepoints.ChangePointsUnavailable as exc:
             outcome.fail(f"--ddtree-history-check: {exc}", CHECK_HISTORY)
             return
-        lines.append(changepoints.summary_text(analysed, limit=5))
-        regressions = [cp.describe() for cp in changepoints.check_session(analysed, entry.session_id)]
-        regressions += [c.describe() for c in changepoints.check_build(changepoints.analyse_builds(analysed), entry.session_id)]
+        lines.append(summary)
         for text in regressions:
             outcome.failed_check(CHECK_HISTORY, f"this session starts a regression of the history: {text}")
         if regressions:

@@ -83,3 +83,41 @@ def write_build_history(url: str, sessions: int = 16, step_at: int = 11, step: f
                           project_commit=f"{index:040x}")
             store.append(SessionEntry(f"20261101T{index:04d}00Z-b{index:02d}", 1.80e9 + index * 86400.0, host="ci-1",
                                       build=build, exit_status=0), cells)
+
+
+def write_calibrated_history(url: str, *, calibrated: bool, sessions: int = 33, step_at: int = 30, step: float = -0.03,
+                             day: float = 0.02, probe_noise: float = 0.003, seed: int = 1) -> list[str]:
+    """A history whose build gets ``step`` slower from session ``step_at`` on (every series, the
+    control's too), each session with a day shift of ``day`` that the machine's calibration probe
+    sees (two runs, ``probe_noise`` each); ``calibrated=False`` writes the same history (same seed,
+    the probe's draws apart) without the probe. Returns the session ids, oldest first."""
+    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.report.history import ROLE_CONTROL
+
+    rng, probe_rng = random.Random(seed), random.Random(seed + 1)
+    ids = []
+    with HistoryStore(url) as store:
+        for index in range(sessions):
+            shift = rng.gauss(0.0, day)
+            factor = math.exp(shift) * (1.0 + (step if index >= step_at else 0.0))
+            cells = []
+            for config, base in (("bs8_b8_k4", 1.0), ("bs8_b16_k4", 1.1), ("bs4_b8_k2", 0.9), (CONTROL, 0.5)):
+                launch = math.exp(rng.gauss(0.0, 0.005))
+                for cell, speed in CELLS.items():
+                    samples = [base * speed * factor * launch * math.exp(rng.gauss(0.0, NOISE)) for _ in range(REPEATS)]
+                    control = config == CONTROL
+                    cells.append(CellEntry(config=config, cell=cell, hardware_profile="gpu-box", host="gpu-1", status="pass",
+                                           samples={"output_throughput": samples}, role=ROLE_CONTROL if control else "config",
+                                           launches=2 if control else None))
+            probe = {"cpu_sha256_mib_per_s": [1300.0 * math.exp(shift + probe_rng.gauss(0.0, probe_noise)) for _ in range(2)],
+                     "gemm_tflops": [700.0 * math.exp(shift + probe_rng.gauss(0.0, probe_noise)) for _ in range(2)]}
+            new = index >= step_at
+            build = Build(engine_version="0.5.24" if new else "0.5.23",
+                          engine_build=f"commit {'beef' if new else 'cafe'}{index:02x}", project_commit=f"{index:040x}")
+            sid = f"20261201T{index:04d}00Z-c{index:02d}"
+            ids.append(sid)
+            store.append(SessionEntry(sid, 1.81e9 + index * 86400.0, host="gpu-1", build=build, exit_status=0,
+                                      calibration=probe if calibrated else {},
+                                      calibration_command="python -m pytest_ddtree.measure.calibration" if calibrated else None),
+                         cells)
+    return ids

@@ -5,6 +5,7 @@ runs in the session's records and results.json."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -165,14 +166,21 @@ def _reference_profile_with_probe(repo_root: Path, folder: Path, command: str = 
     return path
 
 
-def test_a_session_records_its_probe_runs_in_results_json(pytester: pytest.Pytester, repo_root: Path) -> None:
+def test_a_session_records_its_probe_runs_in_results_json_and_the_history(pytester: pytest.Pytester,
+                                                                         repo_root: Path) -> None:
     profile = _reference_profile_with_probe(repo_root, pytester.path)
-    results = pytester.path / "results"
+    results, db = pytester.path / "results", pytester.path / "history.db"
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "health",
-        "--ddtree-config=bs8_b8_k4", f"--ddtree-service={profile}", f"--ddtree-results={results}", timeout=300)
+        "--ddtree-config=bs8_b8_k4", f"--ddtree-service={profile}", f"--ddtree-results={results}",
+        f"--ddtree-history={db}", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
-    section = json.loads((results / "results.json").read_text())["calibration"]
+    payload = json.loads((results / "results.json").read_text())
+    section = payload["calibration"]
+    stored = sqlite3.connect(db).execute("SELECT figure, run_index, value FROM ddtree_calibration WHERE session_id = ?"
+                                         " ORDER BY figure, run_index", (payload["session_id"],)).fetchall()
+    assert stored == [(name, i, run["figures"][name]) for name in sorted(section["figures"])
+                      for i, run in enumerate(section["runs"])]
     assert section["command"].endswith("-m pytest_ddtree.measure.calibration --rounds 3")
     assert [run["when"] for run in section["runs"]] == ["start", "end"]
     assert all(run["figures"]["cpu_sort_keys_per_s"] > 0 and "error" not in run for run in section["runs"])

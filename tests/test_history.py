@@ -6,6 +6,7 @@ port (tests/postgres_helpers.py); where none can start they skip and say why.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -329,7 +330,7 @@ def test_a_store_of_the_second_schema_is_migrated_and_the_control_gets_its_own_s
                         samples={"output_throughput": [500.0, 505.0, 498.0, 502.0]}, role=ROLE_CONTROL, launches=2)
     entry, cells = _session("new", 2.0)
     with HistoryStore(str(path)) as store:
-        assert store.schema_version() == MIGRATIONS[-1][0] == 3
+        assert store.schema_version() == MIGRATIONS[-1][0] == 4
         store.append(entry, [*cells, control])
     with HistoryStore(str(path), create=False) as store:
         old, new_config, new_control = store.cells()
@@ -370,3 +371,72 @@ def test_a_whole_build_slower_the_control_included_is_one_build_level_change_thr
     with HistoryStore(flat) as store:
         histories = changepoints.analyse_builds(changepoints.analyse(store.cells()))
     assert histories[0].changes == [] and len(histories[0].points) == 16
+
+
+def test_a_sessions_calibration_figures_round_trip(history_url: str) -> None:
+    """Each run's figures and the probe's command are stored with the session and read back in run
+    order; a session without a probe reads back none; appending the session again replaces them."""
+    entry, cells = _session("probed", 1.0)
+    probed = dataclasses.replace(entry, calibration={"gemm_tflops": [712.5, 709.25], "cpu_sort_keys_per_s": [5.9e6, 6.1e6]},
+                                 calibration_command="/opt/calib/bin/python calibrate_gpu.py")
+    with HistoryStore(history_url) as store:
+        store.append(probed, cells)
+        store.append(*_session("plain", 2.0))
+    with HistoryStore(history_url) as store:
+        assert {k: list(v) for k, v in store.cells()[0].session.calibration.items()} == {
+            "gemm_tflops": [712.5, 709.25], "cpu_sort_keys_per_s": [5.9e6, 6.1e6]}
+        store.append(dataclasses.replace(probed, calibration={"gemm_tflops": [700.0, 701.0]}), cells)
+    with HistoryStore(history_url) as store:
+        probed_back, plain = store.cells()  # oldest first
+    assert plain.session.session_id == "plain" and dict(plain.session.calibration) == {}
+    assert plain.session.calibration_command is None
+    assert dict(probed_back.session.calibration) == {"gemm_tflops": [700.0, 701.0]}
+    assert probed_back.session.calibration_command == "/opt/calib/bin/python calibrate_gpu.py"
+    (key, value), = changepoints.session_calibration(probed_back.session)
+    assert key.endswith("gemm_tflops") and abs(value - (700.0 * 701.0) ** 0.5) < 1e-9
+
+
+def test_a_store_of_the_third_schema_is_migrated_and_its_sessions_have_no_calibration(tmp_path: Path) -> None:
+    path = tmp_path / "third.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE ddtree_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION)")
+    for version, statements in MIGRATIONS[:3]:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO ddtree_schema VALUES (?, 0)", (version,))
+    conn.execute("INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version) VALUES ('old', 1.0, 'h', '0.5.2')")
+    conn.execute("INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status) VALUES"
+                 " ('old', 'bs8_b8_k4', 'c1_short', 'refserver', 'pass')")
+    conn.execute("INSERT INTO ddtree_samples VALUES ('old', 'bs8_b8_k4', 'c1_short', 'output_throughput', 0, 950.0)")
+    conn.close()
+    entry, cells = _session("new", 2.0)
+    with HistoryStore(str(path)) as store:
+        assert store.schema_version() == 4
+        store.append(dataclasses.replace(entry, calibration={"calibration": [3.0]}, calibration_command="probe"), cells)
+    with HistoryStore(str(path), create=False) as store:
+        old, new = store.cells()
+    assert dict(old.session.calibration) == {} and old.samples == {"output_throughput": [950.0]}
+    assert dict(new.session.calibration) == {"calibration": [3.0]}
+
+
+def test_a_3pct_slower_build_is_found_within_3_sessions_when_the_probe_sees_the_day(tmp_path: Path) -> None:
+    """A 3% step of every series at session 30, on days 2% apart that the calibration probe sees:
+    stored through the real store, the history check (as --ddtree-history-check runs it) of the
+    third session of the new level fails naming the build, and says it is calibrated; the same
+    history without the probe is not found there (a 3% step is 2.4 standard errors of a 2% day)."""
+    calibrated, plain = f"sqlite:///{tmp_path / 'calibrated.db'}", f"sqlite:///{tmp_path / 'plain.db'}"
+    ids = synthetic.write_calibrated_history(calibrated, calibrated=True)
+    assert synthetic.write_calibrated_history(plain, calibrated=False) == ids
+    with HistoryStore(calibrated) as store:
+        cells = store.cells()
+    third = ids[32]
+    summary, regressions = changepoints.check_history(cells, third)
+    (build,) = [r for r in regressions if r.startswith(changepoints.KIND_BUILD)]
+    assert "(gpu-box): every series -" in build and "calibrated: each session's level less its calibration probe's" in build
+    assert f"from session {ids[30]} (build 0.5.24 beef1e" in build and f"the last session before it was {ids[29]}" in build
+    assert "less its calibration probe's change where every session tested has one (33 of 33 have)" in summary
+    for n in range(8, 30):  # and no session before the step is failed
+        assert changepoints.check_history([c for c in cells if c.session.session_id <= ids[n]], ids[n])[1] == []
+    with HistoryStore(plain) as store:
+        summary, regressions = changepoints.check_history(store.cells(), third)
+    assert regressions == [] and "calibration" not in summary

@@ -29,9 +29,10 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.report.history import HistoryError, StoredCell, check_usable
+from pytest_ddtree.report.history import HistoryError, SessionEntry, StoredCell, check_usable
 from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.words import Status
 
@@ -96,6 +97,8 @@ class Point:
     status: str | None
     report_path: str | None
     fingerprint: str = ""  # the session's build fingerprint (``history.Build.fingerprint``)
+    #: The session's calibration probe: (command + figure, its geometric mean over the runs); empty: none.
+    calibration: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,18 @@ def _log_centre(samples: Sequence[float]) -> float | None:
     return sum(logs) / len(logs) if logs else None
 
 
+def session_calibration(session: SessionEntry) -> tuple[tuple[str, float], ...]:
+    """A session's calibration figures, each its geometric mean over the runs, keyed by the probe's
+    command and the figure's name: a new probe (or a renamed figure) starts a level of its own
+    rather than reading as a slower machine."""
+    out = []
+    for figure, values in sorted(session.calibration.items()):
+        centre = _log_centre([v for v in values if stats.is_number(v) and math.isfinite(v)])
+        if centre is not None:
+            out.append((f"{session.calibration_command or ''}\x1f{figure}", math.exp(centre)))
+    return tuple(out)
+
+
 def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIRECTIONS)) -> list[Series]:
     """One series per hardware profile x config x cell x metric, oldest session first.
 
@@ -139,7 +154,10 @@ def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIR
     the build (the gate never judged them either).
     """
     by_key: dict[SeriesKey, Series] = {}
+    calibrations: dict[str, tuple[tuple[str, float], ...]] = {}
     for c in cells:
+        if c.session.session_id not in calibrations:
+            calibrations[c.session.session_id] = session_calibration(c.session)
         if c.status == Status.INVALID:
             continue
         stored = dict(c.samples)
@@ -157,7 +175,8 @@ def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIR
                                                        if n == metric and o in c.verdicts), None)
             series.points.append(Point(c.session.session_id, c.session.started_at, c.session.build.label(),
                                        math.exp(centre), tuple(samples), verdict or c.status,
-                                       c.session.report_path, c.session.build.fingerprint()))
+                                       c.session.report_path, c.session.build.fingerprint(),
+                                       calibrations[c.session.session_id]))
     return sorted(by_key.values(), key=lambda s: (s.key.hardware_profile, s.key.config, s.key.cell, s.key.metric))
 
 
@@ -311,6 +330,9 @@ class BuildPoint:
     level: float
     control: float | None
     series: int
+    #: The log-change of the session's calibration probe against the history's calibration level
+    #: (its figures' geometric mean); None: the session ran no probe.
+    calibration: float | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +351,7 @@ class BuildChange:
     sessions_after: int
     settled: bool  # more than BUILD_LOOKS sessions at its new level: no longer re-tested
     regression: bool
+    calibrated: bool = False  # each session's level less its calibration probe's change (every session tested had one)
 
     @property
     def kind(self) -> str:
@@ -340,8 +363,10 @@ class BuildChange:
     def describe(self) -> str:
         low, high = self.interval
         control = ("" if self.control_size is None else f", the control {self.control_size:+.1%}")
+        calibrated = ("; calibrated: each session's level less its calibration probe's change, so not the machine's "
+                      "day" if self.calibrated else "")
         return (f"{self.kind} ({self.hardware_profile}): every series {self.size:+.1%} (95% interval {low:+.1%} to "
-                f"{high:+.1%}{control}; a {'regression' if self.regression else 'improvement'}) from session "
+                f"{high:+.1%}{control}; a {'regression' if self.regression else 'improvement'}{calibrated}) from session "
                 f"{self.after.session_id} (build {self.after.build}, {self.after.fingerprint}); the last session "
                 f"before it was {self.before.session_id} (build {self.before.build}, {self.before.fingerprint}); "
                 f"{self.sessions_before} sessions before, {self.sessions_after} since; seen at session "
@@ -377,71 +402,106 @@ def build_points(all_series: Sequence[Series]) -> dict[str, list[BuildPoint]]:
     out: dict[str, list[BuildPoint]] = {}
     for profile, sessions in per_profile.items():
         rows = sorted(sessions.values(), key=lambda row: (row[0].started_at, row[0].session_id))
+        changes = _calibration_changes([p for p, _, _ in rows])
         out[profile] = [BuildPoint(p.session_id, p.started_at, p.build, p.fingerprint, stats.median(every),
-                                   stats.median(control) if control else None, len(every)) for p, every, control in rows]
+                                   stats.median(control) if control else None, len(every), calibration)
+                        for (p, every, control), calibration in zip(rows, changes)]
     return out
 
 
-def _step(levels: Sequence[float], start: int, index: int, end: int) -> tuple[float, float, float, float] | None:
+def _calibration_changes(points: Sequence[Point]) -> list[float | None]:
+    """Each session's calibration against the history's: the mean over its figures of the log-ratio
+    to that figure's median over the sessions (a geometric mean of the ratios); None: no probe."""
+    logs: dict[str, list[float]] = {}
+    for p in points:
+        for key, value in p.calibration:
+            logs.setdefault(key, []).append(math.log(value))
+    centres = {key: stats.median(values) for key, values in logs.items()}
+    return [stats.mean([math.log(v) - centres[k] for k, v in p.calibration]) if p.calibration else None for p in points]
+
+
+class _Test(NamedTuple):
+    t: float
+    threshold: float
+    step: float
+    se: float
+    calibrated: bool
+
+
+def _levels(points: Sequence[BuildPoint], lo: int, hi: int) -> tuple[list[float], bool]:
+    """The levels of sessions ``lo..hi - 1``: less their calibration where every one of them has a
+    probe's (a window of mixed sessions is tested as measured: half a correction is a step)."""
+    window = points[lo:hi]
+    if window and all(p.calibration is not None for p in window):
+        return [p.level - (p.calibration or 0.0) for p in window], True
+    return [p.level for p in window], False
+
+
+def _step(points: Sequence[BuildPoint], start: int, index: int, end: int) -> _Test | None:
     """The t-test of sessions ``index..end`` against up to ``BUILD_WINDOW`` before ``index`` (from
-    ``start``): (t, its threshold, the step, its standard error); None with too few before."""
-    before = levels[max(start, index - BUILD_WINDOW):index]
-    after = levels[index:end + 1]
+    ``start``); None with too few before."""
+    lo = max(start, index - BUILD_WINDOW)
+    levels, calibrated = _levels(points, lo, end + 1)
+    before, after = levels[:index - lo], levels[index - lo:]
     if len(before) < BUILD_MIN_BEFORE or not after:
         return None
     spread = max(BUILD_NOISE_FLOOR, stats.stdev(before))
     se = spread * math.sqrt(1.0 / len(after) + 1.0 / len(before))
     step = stats.mean(after) - stats.mean(before)
     threshold = stats.t_inverse_cdf(1.0 - BUILD_ALPHA / (2 * BUILD_LOOKS), len(before) - 1)
-    return step / se, threshold, step, se
+    return _Test(step / se, threshold, step, se, calibrated)
 
 
-def _significant(test: tuple[float, float, float, float] | None) -> bool:
-    return test is not None and abs(test[0]) >= test[1] and abs(test[2]) >= BUILD_MIN_STEP
+def _significant(test: _Test | None) -> bool:
+    return test is not None and abs(test.t) >= test.threshold and abs(test.step) >= BUILD_MIN_STEP
 
 
 def build_changes(profile: str, points: Sequence[BuildPoint]) -> list[BuildChange]:
     """The build-level changes of one hardware profile's sessions: the sequential test above, run
     session by session as ``--ddtree-history-check`` would have run it (so the history page and the
     check agree on every session)."""
-    levels = [p.level for p in points]
     found: list[tuple[int, int, int]] = []  # (index, detected at, start of the level before it)
     start = 0
-    for n in range(len(levels)):
+    for n in range(len(points)):
         if found and n - found[-1][0] < BUILD_LOOKS:  # the newest change, re-tested with this session
             index, _, before = found[-1]
-            test = _step(levels, before, index, n)
-            first = _step(levels, before, index, found[-1][1])
-            if test is None or first is None or not _significant(test) or test[0] * first[0] < 0:
+            test = _step(points, before, index, n)
+            first = _step(points, before, index, found[-1][1])
+            if test is None or first is None or not _significant(test) or test.t * first.t < 0:
                 found.pop()  # the sessions since no longer support it
                 start = before
             else:
                 continue
         best: tuple[float, int] | None = None
         for index in range(max(start + BUILD_MIN_BEFORE, n - BUILD_LOOKS + 1), n + 1):
-            test = _step(levels, start, index, n)
-            if test is not None and _significant(test) and (best is None or abs(test[0]) / test[1] > best[0]):
-                best = (abs(test[0]) / test[1], index)
+            test = _step(points, start, index, n)
+            if test is not None and _significant(test) and (best is None or abs(test.t) / test.threshold > best[0]):
+                best = (abs(test.t) / test.threshold, index)
         if best is not None:
             found.append((best[1], n, start))
             start = best[1]
     out: list[BuildChange] = []
-    bounds = [index for index, _, _ in found] + [len(levels)]
+    bounds = [index for index, _, _ in found] + [len(points)]
     for k, (index, detected, before) in enumerate(found):
         end = bounds[k + 1] - 1
-        test = _step(levels, before, index, end)
+        test = _step(points, before, index, end)
         assert test is not None
-        _, _, step, se = test
-        half = 1.96 * se
-        left = [p.control for p in points[max(before, index - BUILD_WINDOW):index] if p.control is not None]
-        right = [p.control for p in points[index:end + 1] if p.control is not None]
-        control = math.expm1(stats.mean(right) - stats.mean(left)) if left and right else None
+        half = 1.96 * test.se
+
+        def control(p: BuildPoint) -> float | None:
+            if p.control is None:
+                return None
+            return p.control - (p.calibration or 0.0) if test.calibrated else p.control
+
+        left = [c for p in points[max(before, index - BUILD_WINDOW):index] if (c := control(p)) is not None]
+        right = [c for p in points[index:end + 1] if (c := control(p)) is not None]
+        control_size = math.expm1(stats.mean(right) - stats.mean(left)) if left and right else None
         out.append(BuildChange(
-            hardware_profile=profile, index=index, size=math.expm1(step),
-            interval=(math.expm1(step - half), math.expm1(step + half)), control_size=control,
+            hardware_profile=profile, index=index, size=math.expm1(test.step),
+            interval=(math.expm1(test.step - half), math.expm1(test.step + half)), control_size=control_size,
             before=points[index - 1], after=points[index], detected_at=points[detected],
             sessions_before=index, sessions_after=len(points) - index,
-            settled=len(points) - index > BUILD_LOOKS, regression=step < 0))
+            settled=len(points) - index > BUILD_LOOKS, regression=test.step < 0, calibrated=test.calibrated))
     return out
 
 
@@ -466,12 +526,24 @@ def check_build(histories: Sequence[BuildHistory], session_id: str) -> list[Buil
     return out
 
 
+def check_history(cells: Sequence[StoredCell], session_id: str) -> tuple[str, list[str]]:
+    """What ``--ddtree-history-check`` says of session ``session_id`` over the stored ``cells``: the
+    summary for the CI log, and the regressions it starts (each series' and the build's), described."""
+    analysed = analyse(cells)
+    regressions = [cp.describe() for cp in check_session(analysed, session_id)]
+    regressions += [c.describe() for c in check_build(analyse_builds(analysed), session_id)]
+    return summary_text(analysed, limit=5), regressions
+
+
 def build_summary_lines(histories: Sequence[BuildHistory], limit: int = 5) -> list[str]:
     """What the CI log says about the build as a whole (newest change first)."""
     changes = sorted((c for h in histories for c in h.changes), key=lambda c: c.after.started_at, reverse=True)
     sessions = max((len(h.points) for h in histories), default=0)
+    probed = max((sum(p.calibration is not None for p in h.points) for h in histories), default=0)
+    calibrated = (f", less its calibration probe's change where every session tested has one ({probed} of "
+                  f"{sessions} have)" if probed else "")
     head = (f"the build as a whole ({sessions} sessions; each session's median output tok/s change over its "
-            f"series, the control's included): ")
+            f"series, the control's included{calibrated}): ")
     if not changes:
         return [head + "no build-level change"]
     return [head + f"{len(changes)} build-level change{'s' if len(changes) != 1 else ''}",

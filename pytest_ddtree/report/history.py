@@ -52,7 +52,9 @@ _MIGRATION_LOCK = 0x64647472656531  # "ddtree1"
 #: cell's host and measurement status, the verdicts, and the series index; 3 adds the session's build
 #: fingerprint and the cell's role: the session's non-speculative control is stored beside the
 #: configs (role ``control``, with the launches its samples pool), so a build that slows everything,
-#: the control included, shows as a step common to every series (``changepoints.build_changes``).
+#: the control included, shows as a step common to every series (``changepoints.build_changes``); 4
+#: adds the session's calibration probe (``measure/calibration.py``): its command and each run's
+#: figures, so that a session's level can be told apart from its machine's day.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
         "CREATE TABLE ddtree_sessions (session_id TEXT PRIMARY KEY, started_at DOUBLE PRECISION, host TEXT,"
@@ -81,6 +83,11 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE ddtree_cells ADD COLUMN role TEXT",
         "ALTER TABLE ddtree_cells ADD COLUMN launches INTEGER",
     )),
+    (4, (
+        "ALTER TABLE ddtree_sessions ADD COLUMN calibration_command TEXT",
+        "CREATE TABLE ddtree_calibration (session_id TEXT NOT NULL, figure TEXT NOT NULL, run_index INTEGER NOT NULL,"
+        " value DOUBLE PRECISION NOT NULL, PRIMARY KEY (session_id, figure, run_index))",
+    )),
 )
 #: ``ddtree_cells.role``: a speculative config's cell (NULL in stores older than migration 3), or the control's.
 ROLE_CONFIG = "config"
@@ -89,7 +96,7 @@ LATEST_VERSION = MIGRATIONS[-1][0]
 #: Sessions a reader takes by default (the session end's change-point check, ``ddtree-report
 #: --history``): a year of nightly sweeps, ~2.5 million sample rows at most in memory.
 DEFAULT_WINDOW = 365
-_SESSION_TABLES = ("ddtree_verdicts", "ddtree_samples", "ddtree_cells", "ddtree_sessions")
+_SESSION_TABLES = ("ddtree_verdicts", "ddtree_samples", "ddtree_cells", "ddtree_calibration", "ddtree_sessions")
 
 
 class HistoryError(Exception):
@@ -131,6 +138,9 @@ class SessionEntry:
     results_dir: str | None = None
     report_path: str | None = None
     exit_status: int | None = None
+    #: The calibration probe's figures: name -> each run's value (``measure/calibration.py``); empty: no probe.
+    calibration: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    calibration_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -334,10 +344,15 @@ class HistoryStore:
                 self._execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
             self._execute(
                 "INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version, project_commit, results_dir,"
-                " engine_build, package_version, report_path, exit_status, recorded_at, build_fingerprint)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " engine_build, package_version, report_path, exit_status, recorded_at, build_fingerprint, calibration_command)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (sid, session.started_at, session.host, b.engine_version, b.project_commit, session.results_dir,
-                 b.engine_build, b.package_version, session.report_path, session.exit_status, time.time(), b.fingerprint()))
+                 b.engine_build, b.package_version, session.report_path, session.exit_status, time.time(), b.fingerprint(),
+                 session.calibration_command))
+            self._executemany(
+                "INSERT INTO ddtree_calibration (session_id, figure, run_index, value) VALUES (?, ?, ?, ?)",
+                [(sid, str(figure), i, float(v)) for figure, values in session.calibration.items()
+                 for i, v in enumerate(values) if is_number(v) and math.isfinite(v) and v > 0])
             self._executemany(
                 "INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status, host, measurement_status,"
                 " role, launches) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -367,14 +382,20 @@ class HistoryStore:
                       " ORDER BY started_at DESC, session_id DESC LIMIT ?)")
             params = (int(last_sessions),)
         sessions: dict[str, SessionEntry] = {}
+        calibration: dict[str, dict[str, list[float]]] = {}
+        for sid, figure, _, value in self._execute(
+            "SELECT session_id, figure, run_index, value FROM ddtree_calibration" + window + " ORDER BY run_index", params
+        ).fetchall():
+            calibration.setdefault(sid, {}).setdefault(str(figure), []).append(float(value))
         for row in self._execute(
             "SELECT session_id, started_at, host, engine_version, engine_build, project_commit, package_version,"
-            " results_dir, report_path, exit_status FROM ddtree_sessions" + window, params
+            " results_dir, report_path, exit_status, calibration_command FROM ddtree_sessions" + window, params
         ).fetchall():
             sessions[row[0]] = SessionEntry(
                 session_id=row[0], started_at=float(row[1] or 0.0), host=row[2],
                 build=Build(engine_version=row[3], engine_build=row[4], project_commit=row[5], package_version=row[6]),
-                results_dir=row[7], report_path=row[8], exit_status=row[9])
+                results_dir=row[7], report_path=row[8], exit_status=row[9],
+                calibration=calibration.get(row[0], {}), calibration_command=row[10])
         out: dict[tuple[str, str, str], StoredCell] = {}
         for sid, config, cell, profile, status, role, launches in self._execute(
             "SELECT session_id, config, cell, hardware_profile, status, role, launches FROM ddtree_cells" + window, params
@@ -522,10 +543,27 @@ def engine_build(python: str | None, distribution: str = "sglang", timeout_s: fl
     return text or None if proc.returncode == 0 else None
 
 
+def calibration_of(payload: Mapping[str, Any]) -> tuple[dict[str, list[float]], str | None]:
+    """A results.json's calibration probe: each figure's value per run (runs with an error left
+    out) and the command; results.json is a file, so every value is checked."""
+    section = _mapping(payload.get("calibration"))
+    figures: dict[str, list[float]] = {}
+    for run in section.get("runs") or []:
+        if not isinstance(run, Mapping) or run.get("error"):
+            continue
+        for name, value in _mapping(run.get("figures")).items():
+            if isinstance(name, str) and len(name) <= 64 and is_number(value) and math.isfinite(float(value)) and value > 0:
+                figures.setdefault(name, []).append(float(value))
+    command = section.get("command")
+    return figures, str(command)[:2000] if figures and isinstance(command, str) else None
+
+
 def session_from_payload(payload: Mapping[str, Any], *, session_id: str, started_at: float, results_dir: Path | None,
                          build: Build, exit_status: int | None = None, host: str | None = None) -> SessionEntry:
     report = results_dir / "report.html" if results_dir is not None else None
+    calibration, command = calibration_of(payload)
     return SessionEntry(
         session_id=session_id, started_at=started_at, host=host or os.uname().nodename,
         build=build, results_dir=str(results_dir) if results_dir is not None else None,
-        report_path=str(report) if report is not None and report.is_file() else None, exit_status=exit_status)
+        report_path=str(report) if report is not None and report.is_file() else None, exit_status=exit_status,
+        calibration=calibration, calibration_command=command)
