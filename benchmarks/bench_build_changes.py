@@ -23,6 +23,13 @@ control's ``--control-launches``) exp(N(0, ``--launch``)) (2%) of its own. Scena
   (or an earlier one) fails naming a build-level regression that begins within
   ``--tolerance`` (2) sessions of the step. Sessions checked before the step count as false alarms.
 
+With ``--calibration`` every session also carries its calibration probe (``measure/calibration.py``):
+``--calibration-runs`` (2: before the first launch, after the last stop) runs, each exp(N(0,
+``--calibration-noise``)) (0.5%) of its own times exp(``--calibration-tracks`` x the day's shift)
+(1.0: the probe sees the whole day; 0.5: half of it, the rest is the server's own). The probe sees
+neither the launches' shifts nor the build's step: it does not depend on the build. Its draws come
+from a generator of their own, so the same seed gives the same history with and without it.
+
 Usage: python benchmarks/bench_build_changes.py [--histories 1000] [--trials 400] [--jobs N] [--json F]
 """
 
@@ -51,15 +58,28 @@ from bench_gate import wilson  # noqa: E402  (the gate benchmark's interval, one
 SCENARIOS = {"unchanged": 0.0, "step3": 0.03, "step5": 0.05}
 
 
-def history(rng: random.Random, args: argparse.Namespace, step: float) -> list[StoredCell]:
-    """One synthetic history's stored cells (what ``HistoryStore.cells`` returns)."""
+def probe(probe_rng: random.Random, args: argparse.Namespace, day: float) -> dict[str, tuple[float, ...]]:
+    """The session's calibration probe (``--calibration``): each run sees ``--calibration-tracks`` of
+    the day's shift, none of the launches' or the build's, with noise of its own."""
+    if not args.calibration:
+        return {}
+    return {"cpu_ops_per_s": tuple(1.0e7 * math.exp(args.calibration_tracks * day + probe_rng.gauss(0.0, args.calibration_noise))
+                                   for _ in range(args.calibration_runs))}
+
+
+def history(rng: random.Random, args: argparse.Namespace, step: float,
+            probe_rng: random.Random | None = None) -> list[StoredCell]:
+    """One synthetic history's stored cells (what ``HistoryStore.cells`` returns). The probe draws
+    from ``probe_rng``, so a history with and without it is the same history."""
+    probe_rng = probe_rng or random.Random(0)
     truth = {(c, k): rng.uniform(80.0, 1200.0) for c in range(args.configs) for k in range(args.cells)}
     control_truth = [rng.uniform(40.0, 600.0) for _ in range(args.cells)]
     out: list[StoredCell] = []
     for s in range(args.sessions):
         build = Build(engine_version="0.5.23", engine_build=f"commit {s:08x}", project_commit=f"{s:040x}")
-        session = SessionEntry(f"s{s:03d}", 1.79e9 + s * 86400.0, host="gpu-1", build=build)
         day = rng.gauss(0.0, args.day)
+        session = SessionEntry(f"s{s:03d}", 1.79e9 + s * 86400.0, host="gpu-1", build=build,
+                               calibration=probe(probe_rng, args, day), calibration_command="probe")
         slower = math.log1p(-step) if s >= args.step_at else 0.0
         for c in range(args.configs):
             launch = rng.gauss(0.0, args.launch)
@@ -91,11 +111,12 @@ def _task(job: tuple[str, int, int, dict[str, Any]]) -> dict[str, Any]:
     scenario, seed, n, raw = job
     args = argparse.Namespace(**raw)
     rng = random.Random(seed)
+    probe_rng = random.Random(seed * 7 + 1)
     out: dict[str, Any] = {"histories": 0, "sessions_checked": 0, "false_alarms": 0, "histories_with_false": 0,
                            "found_within": [0] * (args.sessions - args.step_at + 1), "sizes": [], "misplaced": 0}
     for _ in range(n):
         step = SCENARIOS[scenario]
-        verdicts = check_each_session(history(rng, args, step))
+        verdicts = check_each_session(history(rng, args, step, probe_rng))
         out["histories"] += 1
         last = args.sessions if not step else args.step_at
         false = sum(1 for v in verdicts[:last] if v)
@@ -134,6 +155,11 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.03, help="repeat noise (log sd)")
     ap.add_argument("--day", type=float, default=0.02, help="day-to-day shift per session (log sd)")
     ap.add_argument("--launch", type=float, default=0.02, help="per-launch shift (log sd)")
+    ap.add_argument("--calibration", action="store_true", help="every session runs the calibration probe")
+    ap.add_argument("--calibration-noise", type=float, default=0.005, help="the probe's own noise per run (log sd)")
+    ap.add_argument("--calibration-tracks", type=float, default=1.0,
+                    help="how much of the day's shift the probe sees (1.0: all of it)")
+    ap.add_argument("--calibration-runs", type=int, default=2, help="probe runs a session (start and end)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path)
@@ -146,7 +172,10 @@ def main() -> int:
             jobs.append((scenario, args.seed * 1_000_003 + ki * 10_007 + ci, min(10, total - ci), raw))
     print(f"build-level change points: {args.sessions}-session histories, {args.configs} configs x {args.cells} cells "
           f"+ the control ({args.control_launches} launches), {args.repeats} repeats at {args.noise:.0%}, day shift "
-          f"{args.day:.0%}, per-launch {args.launch:.0%}; looks {changepoints.BUILD_LOOKS}, alpha "
+          f"{args.day:.0%}, per-launch {args.launch:.0%}; "
+          + (f"calibration probe: {args.calibration_runs} runs a session at {args.calibration_noise:.1%}, seeing "
+             f"{args.calibration_tracks:.0%} of the day; " if args.calibration else "no calibration probe; ")
+          + f"looks {changepoints.BUILD_LOOKS}, alpha "
           f"{changepoints.BUILD_ALPHA:g} a session, window {changepoints.BUILD_WINDOW}", flush=True)
     t0 = time.monotonic()
     totals: dict[str, dict[str, Any]] = {}
