@@ -208,3 +208,29 @@ def test_the_gpu_probe_fails_clearly_on_a_host_without_a_gpu(repo_root: Path) ->
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert ("torch is not importable" in proc.stderr) or ("torch sees no CUDA device" in proc.stderr), proc.stderr
+
+
+def test_on_an_ssh_host_the_probe_runs_there_and_its_deadline_ends_it_there(tmp_path: Path) -> None:
+    """A real sshd on loopback (tests/fleet_helpers.py): the shipped probe answers through ssh; a
+    probe that never ends is ended on the host by its own timeout(1) at calibration_timeout_s
+    (killing the local ssh alone would leave it running there); a flood is cut at the bound."""
+    from pytest_ddtree.service.ssh import SSHHost
+    from tests.fleet_helpers import SshFleet, sshd_binary
+
+    if sshd_binary() is None:
+        pytest.skip("sshd is not installed: apt-get install -y openssh-server openssh-client (.ci/run does this)")
+    fleet = SshFleet(tmp_path / "fleet", n=1).start()
+    host = SSHHost(fleet.hosts[0].target, fleet.ssh_options())
+    try:
+        ok = run_calibration(host, f"{sys.executable} -m pytest_ddtree.measure.calibration --rounds 1", timeout_s=60)
+        assert ok.error is None and ok.host == host.name and ok.figures["cpu_sha256_mib_per_s"] > 0
+        marker = tmp_path / "remote.pid"
+        slow = run_calibration(host, f"echo $$ > {marker}; exec sleep 3600", timeout_s=1)
+        assert slow.error is not None and "calibration_timeout_s = 1 s (killed there by timeout(1)" in slow.error
+        pid = int(marker.read_text())
+        wait_until(lambda: not pid_alive(pid), 15, "the remote probe gone after its deadline")
+        flood = run_calibration(host, "yes 1234567890", timeout_s=60)
+        assert flood.error is not None and f"more than {calibration.MAX_OUTPUT_BYTES} bytes" in flood.error
+    finally:
+        host.close()
+        fleet.close()

@@ -56,6 +56,11 @@ MAX_FIGURES = 32
 SINGLE_FIGURE = "calibration"
 #: A figure's name: what a results.json key and a history row can hold.
 _FIGURE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+#: On an ssh host the command runs under coreutils' ``timeout``, which sends SIGKILL this long after
+#: its SIGTERM, and exits 124 (137 when it had to kill).
+REMOTE_KILL_AFTER_S = 5
+REMOTE_TIMED_OUT = 124
+REMOTE_TIMED_OUT_KILLED = 137
 #: When a probe runs: before the session's first launch, after its last stop.
 WHEN_START = "start"
 WHEN_END = "end"
@@ -159,11 +164,17 @@ def run_calibration(host: LocalHost | SSHHost, command: str, *, timeout_s: float
             "line on stdout must be a JSON object of named figures > 0 (higher = faster) or one number "
             "(docs/profiles.md, \"Calibration probe\")"), instance=instance)
 
+    def deadline(how: str) -> str:
+        return (f"did not finish within calibration_timeout_s = {timeout_s:g} s ({how}; raise calibration_timeout_s in "
+                "the profile if the probe needs longer)")
+
+    argv, local_s = ["sh", "-c", command], timeout_s
+    if host.remote:  # killing ssh here leaves the command running there: the host's own timeout ends it
+        argv, local_s = ["timeout", "-k", str(REMOTE_KILL_AFTER_S), f"{timeout_s:g}", *argv], timeout_s + 2 * REMOTE_KILL_AFTER_S
     try:
-        result = host.run(["sh", "-c", command], timeout_s=timeout_s, max_output_bytes=MAX_OUTPUT_BYTES)
+        result = host.run(argv, timeout_s=local_s, max_output_bytes=MAX_OUTPUT_BYTES)
     except (CommandTimedOut, SSHTimedOut):
-        return failed(f"did not finish within calibration_timeout_s = {timeout_s:g} s (killed; raise "
-                      "calibration_timeout_s in the profile if the probe needs longer)")
+        return failed(deadline("killed"))
     except OutputTooLarge:
         return failed(f"printed more than {MAX_OUTPUT_BYTES} bytes (killed): a probe prints one line")
     except SSHError as exc:
@@ -171,6 +182,8 @@ def run_calibration(host: LocalHost | SSHHost, command: str, *, timeout_s: float
     except OSError as exc:
         return failed(f"could not be started: {exc}")
     output = _tail(result.stdout + "\n" + result.stderr)
+    if host.remote and result.returncode in (REMOTE_TIMED_OUT, REMOTE_TIMED_OUT_KILLED):
+        return failed(deadline("killed there by timeout(1)") + f"; last lines of its output: {output}")
     if result.returncode != 0:
         return failed(f"exit code {result.returncode}; last lines of its output: {output}")
     try:
