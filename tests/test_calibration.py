@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,20 +17,11 @@ from pytest_ddtree.measure.calibration import CalibrationOutputError, parse_outp
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import LocalHost
-from pytest_ddtree.service.process import live_process_groups
 from tests.polling import wait_until
+from tests.refserver_helpers import managers  # noqa: F401 (a fixture: every manager closed, no process left)
 from tests.service_helpers import BS8_B8_K4, make_manager, make_profile, pid_alive
 
 PROBE = "{python} -m pytest_ddtree.measure.calibration --rounds 3"
-
-
-@pytest.fixture
-def managers() -> Iterator[list[ServiceManager]]:
-    made: list[ServiceManager] = []
-    yield made
-    for m in made:
-        m.close()
-    assert live_process_groups() == []
 
 
 def test_the_shipped_cpu_probe_prints_one_json_line_of_figures() -> None:

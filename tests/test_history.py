@@ -306,25 +306,31 @@ def test_a_series_continues_across_the_gated_acceptance_rename() -> None:
     assert not [s for s in build_series([old, new]) if s.key.metric == "accept_length"]
 
 
-def test_a_store_of_the_second_schema_is_migrated_and_the_control_gets_its_own_series(tmp_path: Path) -> None:
-    """A SQLite file exactly as the second layout wrote it (migrations 1 and 2, no role, no launches,
-    no build fingerprint): opened, migrated, its cells read as configs; a session with the control
-    stores the control's cells as their own series, with their launches and the build fingerprint."""
-    from pytest_ddtree.report.history import ROLE_CONFIG, ROLE_CONTROL
-
-    path = tmp_path / "old.db"
+def _old_sqlite_store(path: Path, version: int) -> Path:
+    """A SQLite file exactly as the layout of schema ``version`` wrote it, with one session 'old'
+    (one cell, one sample)."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("CREATE TABLE ddtree_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION)")
-    for version, statements in MIGRATIONS[:2]:
+    for applied, statements in MIGRATIONS[:version]:
         for statement in statements:
             conn.execute(statement)
-        conn.execute("INSERT INTO ddtree_schema VALUES (?, 0)", (version,))
+        conn.execute("INSERT INTO ddtree_schema VALUES (?, 0)", (applied,))
     conn.execute("INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version, project_commit, engine_build)"
                  " VALUES ('old', 1.0, 'h', '0.5.2', 'abc', 'commit 1234')")
     conn.execute("INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status) VALUES"
                  " ('old', 'bs8_b8_k4', 'c1_short', 'refserver', 'pass')")
     conn.execute("INSERT INTO ddtree_samples VALUES ('old', 'bs8_b8_k4', 'c1_short', 'output_throughput', 0, 950.0)")
     conn.close()
+    return path
+
+
+def test_a_store_of_the_second_schema_is_migrated_and_the_control_gets_its_own_series(tmp_path: Path) -> None:
+    """A SQLite file exactly as the second layout wrote it (migrations 1 and 2, no role, no launches,
+    no build fingerprint): opened, migrated, its cells read as configs; a session with the control
+    stores the control's cells as their own series, with their launches and the build fingerprint."""
+    from pytest_ddtree.report.history import ROLE_CONFIG, ROLE_CONTROL
+
+    path = _old_sqlite_store(tmp_path / "old.db", 2)
 
     control = CellEntry(config="control", cell="c1_short", hardware_profile="refserver", status="pass",
                         samples={"output_throughput": [500.0, 505.0, 498.0, 502.0]}, role=ROLE_CONTROL, launches=2)
@@ -397,18 +403,7 @@ def test_a_sessions_calibration_figures_round_trip(history_url: str) -> None:
 
 
 def test_a_store_of_the_third_schema_is_migrated_and_its_sessions_have_no_calibration(tmp_path: Path) -> None:
-    path = tmp_path / "third.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("CREATE TABLE ddtree_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION)")
-    for version, statements in MIGRATIONS[:3]:
-        for statement in statements:
-            conn.execute(statement)
-        conn.execute("INSERT INTO ddtree_schema VALUES (?, 0)", (version,))
-    conn.execute("INSERT INTO ddtree_sessions (session_id, started_at, host, engine_version) VALUES ('old', 1.0, 'h', '0.5.2')")
-    conn.execute("INSERT INTO ddtree_cells (session_id, config, cell, hardware_profile, status) VALUES"
-                 " ('old', 'bs8_b8_k4', 'c1_short', 'refserver', 'pass')")
-    conn.execute("INSERT INTO ddtree_samples VALUES ('old', 'bs8_b8_k4', 'c1_short', 'output_throughput', 0, 950.0)")
-    conn.close()
+    path = _old_sqlite_store(tmp_path / "third.db", 3)
     entry, cells = _session("new", 2.0)
     with HistoryStore(str(path)) as store:
         assert store.schema_version() == 4
