@@ -79,6 +79,8 @@ def _judged(world: rate_sim.RateWorld, scenario: str, index: int, blessed: dict[
         "rate_failed_configs": len(rate_failed), "rate_skipped_configs": len(rate_skipped),
         "goodput_failed": int(bool(bad_goodput)), "goodput_failed_cells": len(bad_goodput),
         "goodput_unjudged_cells": len(unjudged),
+        "unjudged": {f"goodput of {cell} not judged": sum(1 for t in unjudged if t.endswith(f"[{cell}]"))
+                     for cell in sorted({t.partition("[")[2].rstrip("]") for t in unjudged})},
         "rate_or_goodput_failed": int(bool(rate_failed or rate_skipped or bad_goodput)),
         "session_failed": int(bool(got.failed_tests or got.skipped_tests or got.outcome.failures)),
         "caught": int(first in rate_failed), "caught_any": int(any(t.startswith(world.configs[victim].name + "[")
@@ -233,7 +235,8 @@ def _print(shape: str, results: dict[str, dict[str, Any]]) -> bool:
                   f"(failing {c['rate_failed']}, inconclusive {c['rate_inconclusive']}); per config "
                   f"{_fig(c['rate_failed_configs'] + c['rate_skipped_configs'], configs)}; goodput cells failing or "
                   f"inconclusive {_fig(c['goodput_failed'], n)} (per judged cell {_fig(c['goodput_failed_cells'], max(1, c['goodput_cells']))}; "
-                  f"{c.get('goodput_unjudged_cells', 0)} cells at the SLO's edge recorded, not judged); rate tests and "
+                  f"{c.get('goodput_unjudged_cells', 0)} cells at the SLO's edge recorded, not judged: {c.get('unjudged') or {}}); "
+                  f"rate tests and "
                   f"goodput cells together {_fig(c.get('rate_or_goodput_failed', 0), n)}; "
                   f"whole session {_fig(c['session_failed'], n)}; {c['rate_repeats'] / n:.0f} rate repeats a sweep; "
                   f"failing {c.get('failing') or {}}")
