@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -574,15 +574,14 @@ def ddtree_recorder(ddtree_session: DDTreeSession) -> SessionRecorder:
 
 @pytest.fixture
 def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession, request: pytest.FixtureRequest) -> RunningService:
-    """The service running ``ddtree_config``: restarted if needed, healthy, config verified.
-
-    A failed start or a config that did not apply fails every test of that config with the
-    reason (exit code, log tail, key-by-key diff); the next config starts fresh. A host that
-    does not answer ssh is named in the report, so the controller sends it no more configs.
-    """
+    """The service running ``ddtree_config``: restarted if needed, healthy, config verified. A failed start
+    or a config that did not apply fails every test of that config with the reason (exit code, log tail,
+    key-by-key diff); the next config starts fresh. A host that does not answer ssh is named in the report,
+    so the controller sends it no more configs."""
     from pytest_ddtree.service.base import ConfigNotAvailable, ServiceError
     from pytest_ddtree.service.ssh import unreachable_host
 
+    _plain_launches_first(request)
     try:
         return ddtree_session.manager.ensure(ddtree_config)
     except ConfigNotAvailable as exc:
@@ -598,6 +597,17 @@ def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession, r
     pytest.fail(message, pytrace=False)
 
 
+def _plain_launches_first(request: pytest.FixtureRequest) -> None:
+    """The plain server's fixtures before the process's first config (the control's first launch reuses the
+    lossless reference's): else the config is relaunched after each of them (two restarts wasted)."""
+    for name in ("ddtree_lossless_source", "ddtree_lossless_reference", "ddtree_control"):
+        if any(name in getattr(item, "fixturenames", ()) for item in request.session.items):
+            try:
+                request.getfixturevalue(name)
+            except (pytest.fail.Exception, pytest.skip.Exception):
+                pass  # cached by pytest: the tests that request it report it
+
+
 @pytest.fixture
 def ddtree_client(ddtree_service: RunningService) -> SGLangClient:
     """The SGLangClient of the running service."""
@@ -607,13 +617,9 @@ def ddtree_client(ddtree_service: RunningService) -> SGLangClient:
 
 @pytest.fixture(scope="session")
 def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
-    """The non-speculative reference of the lossless gate, measured once per process.
-
-    The profile's ``lossless_args`` launched in this instance's slot (lock and GPU wait like any
-    launch; the next config restarts after it), every prompt generated at two batch compositions
-    (transcripts and floor). In golden mode with ``--ddtree-update-baselines`` it is also
-    proposed for ``golden/``; the controller writes it once per hardware profile.
-    """
+    """The lossless gate's non-speculative reference, once per process: the profile's ``lossless_args``
+    launched in this instance's slot, every prompt at two batch compositions (transcripts and floor); in
+    golden mode under ``--ddtree-update-baselines`` proposed for ``golden/`` (written once per hardware)."""
     from pytest_ddtree.gates import lossless
 
     try:
@@ -624,16 +630,23 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
 
 
 @pytest.fixture(scope="session")
+def ddtree_lossless_source(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Reference | None:
+    """The lossless gate's launched reference where this session launches one (``lossless: instance``,
+    or a bless), else None: its golden transcripts are read by the test."""
+    from pytest_ddtree.gates.lossless import launches_reference
+
+    launched = launches_reference(ddtree_session.profile, ddtree_session.settings)
+    return cast("Reference", request.getfixturevalue("ddtree_lossless_reference")) if launched else None
+
+
+@pytest.fixture(scope="session")
 def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
-    """The throughput gate's control, measured in each process before its first config: the
-    profile's non-speculative launch (or its ``control:`` config) on every throughput cell of the
-    session, recorded and judged at session end (pytest_ddtree/gates/throughput/control.py); the profile's
-    ``control_launches`` launches of it, half at the process's start. Yields what was done:
-    ``measured``, ``unavailable`` (recorded with the reason) or ``off``. At the process's end the
-    configs the session-end check flags are relaunched (``cells.relaunch_flagged``), the
-    control's other half is measured after a process of several configs (its launches at the end),
-    and further launches of it only while the uniform shift is inconclusive, up to the profile's
-    ``control_max_launches`` (``control_policy.further_launches``), unless the run was stopped."""
+    """The throughput gate's control, measured in each process before its first config (``_plain_launches_first``):
+    the profile's non-speculative launch (or its ``control:`` config) on every throughput cell, judged at session
+    end (gates/throughput/control.py); half its ``control_launches`` at the start. Yields ``measured``,
+    ``unavailable`` (recorded with the reason) or ``off``. At the process's end: the configs the session check
+    flags relaunched, the other half of the launches after several configs, and further ones while the uniform
+    shift is inconclusive (``control_policy.further_launches``), unless the run was stopped."""
     from pytest_ddtree.gates.throughput import control, control_policy
     from pytest_ddtree.gates.throughput.cells import relaunch_flagged
 

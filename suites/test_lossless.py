@@ -24,17 +24,17 @@ from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.gates.lossless import Reference
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
-    from pytest_ddtree.service.profile import ServiceProfile
 
 
 def test_lossless_gate(
     request: pytest.FixtureRequest,
+    ddtree_lossless_source: Reference | None,
     ddtree_config: DDTreeConfig,
     ddtree_service: RunningService,
-    ddtree_profile: ServiceProfile,
     ddtree_settings: Settings,
     ddtree_recorder: SessionRecorder,
     ddtree_baselines: BaselineStore,
@@ -48,8 +48,8 @@ def test_lossless_gate(
     golden_dir = ddtree_baselines.golden_dir()
     create = ddtree_baselines.create_command(ddtree_config.name).replace("pytest suites", "pytest suites/test_lossless.py", 1)
 
-    if ddtree_profile.lossless == "instance" or ddtree_baselines.update_mode:
-        reference = request.getfixturevalue("ddtree_lossless_reference")
+    if ddtree_lossless_source is not None:  # launched before the config's first test (the plugin)
+        reference = ddtree_lossless_source
     else:
         try:
             reference = lossless.load_golden_reference(golden_dir, prompts, create)

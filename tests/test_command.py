@@ -37,7 +37,7 @@ def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[
     manager = make_manager(command_profile(work, "--listen-delay 0.5 --load-seconds 0.5"), tmp_path, lines)
     closing.append(manager)
     service = manager.ensure(BS8_B8_K4)
-    assert service.server_info["speculative_eagle_topk"] == 4 and service.ready_s >= 0.9
+    assert service.server_info["speculative_eagle_topk"] == 4
     assert "connection refused" in "\n".join(lines) or "HTTP 503" in "\n".join(lines)
     assert manager.ensure(BS8_B8_K4) is service  # same config: no restart
     first_pid = service.server_info["pid"]

@@ -111,9 +111,8 @@ def test_readiness_progress_shows_gpu_memory(tmp_path: Path) -> None:
     controller.start(Launch(name="slow", command=command, port=port, url=f"http://127.0.0.1:{port}", env={}, log_path=tmp_path / "slow.log"))
     lines: list[str] = []
     try:
-        elapsed = wait_ready(SGLangClient(f"http://127.0.0.1:{port}", timeout=5), controller, "/health_generate", 60, lines.append, 0.2, progress_interval=1.0)
+        wait_ready(SGLangClient(f"http://127.0.0.1:{port}", timeout=5), controller, "/health_generate", 60, lines.append, 0.2, progress_interval=1.0)
     finally:
         controller.stop()
     print("\n" + "\n".join(lines))
-    assert elapsed >= 2.5
     assert any("GPU memory in use" in line and "GiB" in line for line in lines), lines

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_ddtree.gates.throughput.control import START, launches_at
+from pytest_ddtree.records.words import RecordKind
+from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.repro_helpers import expected_patched, make_site, patch_site
 
 pytestmark = pytest.mark.usefixtures("measurement_alone")  # judged against the committed baselines: see tests/xdist_turns.py
@@ -112,6 +115,14 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     kinds = {r["kind"] for r in summary.get("records", [])} if "records" in summary else set()
     raw_kinds = {json.loads(line)["kind"] for line in (results / "records-main.jsonl").read_text().splitlines()}
     assert {"throughput", "coding", "lossless", "health", "launch"} <= raw_kinds | kinds
+    # the plain server's launches come before the config's (the lossless reference's launch is the control's
+    # first), so the config is launched once for all its tests: before, it was relaunched after each of them
+    records = [json.loads(line) for line in (results / "records-main.jsonl").read_text().splitlines()]
+    launched = [r["launch"]["config"] for r in records if r["kind"] == RecordKind.LAUNCH]
+    start = launches_at(int(raw["control_launches"]), START)
+    assert launched[:start] == [REFERENCE_LABEL] * start and launched[start] == "bs8_b8_k4", launched
+    relaunches = {r["relaunch"] for r in records if r["kind"] == RecordKind.THROUGHPUT_RELAUNCH}
+    assert launched.count("bs8_b8_k4") == 1 + len(relaunches), launched
     assert (results / "results.md").read_text().strip()
     # what a person reads says it in words: no None, no Python reprs, no internal labels
     for name, text in (("results.md", (results / "results.md").read_text()), ("report.html", page_text(results / "report.html"))):

@@ -93,8 +93,7 @@ def test_refused_connections_and_503_tolerated_with_progress(tmp_path: Path, man
     lines: list[str] = []
     m = make_manager(make_profile("--listen-delay 1.5 --load-seconds 1.5"), tmp_path, lines)
     managers.append(m)
-    svc = m.ensure(BS8_B8_K4)
-    assert svc.ready_s >= 2.8
+    m.ensure(BS8_B8_K4)
     progress = "\n".join(lines)
     assert "connection refused" in progress and "HTTP 503" in progress
     assert "s elapsed" in progress and "ready on" in progress

@@ -55,9 +55,8 @@ def test_refserver_3s_load_tolerated(tmp_path: Path, managers: list[ServiceManag
     lines: list[str] = []
     m = manager(ref_profile("--load-seconds 3"), tmp_path, managers, lines)
     svc = m.ensure(BS8_B8_K4)
-    assert svc.ready_s >= 2.5
     assert svc.server_info["speculative_eagle_topk"] == 4
-    assert any("elapsed" in line for line in lines)
+    assert any("elapsed, last: connection refused" in line for line in lines), lines  # it waited out the load
 
 
 def test_refserver_ignore_config_topk(tmp_path: Path, managers: list[ServiceManager]) -> None:

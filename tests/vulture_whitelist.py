@@ -47,6 +47,7 @@ _.ddtree_matrix
 _.ddtree_recorder
 _.ddtree_client
 _.ddtree_lossless_reference
+_.ddtree_lossless_source
 _.ddtree_control
 _.ddtree_baselines
 # pytest's terminal reporter reads it to decide whether to print the next result's file name (plugin.py).

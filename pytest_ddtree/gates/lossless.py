@@ -50,6 +50,8 @@ from pytest_ddtree.records.shapes import FloorData, LosslessOutcomeData
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.service.profile import ServiceProfile
 
 __all__ = [
     "MAX_NEW_TOKENS",
@@ -384,6 +386,12 @@ def measure_reference(client: GenerateClient, prompts: Sequence[Prompt], command
 
 class ReferenceUnavailable(RuntimeError):
     """The non-speculative reference could not be launched or measured (the message says why)."""
+
+
+def launches_reference(profile: ServiceProfile, settings: Settings) -> bool:
+    """Whether this session launches the reference (``lossless: instance``, or a bless, which writes
+    ``golden/`` from it) rather than reading the blessed golden transcripts."""
+    return profile.lossless == "instance" or settings.update_baselines
 
 
 def session_reference(session: DDTreeSession) -> Reference:
