@@ -48,7 +48,7 @@ SLO_LATENCY_BETWEEN_SESSIONS_SD = 0.093
 #: config to cross it no more often than the budget allows.
 Z_EDGE = NormalDist().inv_cdf(1 - 0.02 / 18)
 
-#: A cell whose worst blessed share is above ``1 - EDGE_MARGIN`` (0.75) is at the SLO's edge.
+#: A cell whose worst blessed share is above ``1 - EDGE_MARGIN`` (0.752) is at the SLO's edge.
 EDGE_MARGIN = 1 - math.exp(-Z_EDGE * SLO_LATENCY_BETWEEN_SESSIONS_SD)
 
 #: The metrics an open-loop cell at the edge records but does not judge.
