@@ -22,7 +22,8 @@ worlds, one session of each drop scenario:
   goodput (a cell whose goodput is a regression, or the cell inconclusive), and for the session
   as a whole (any test, the session end);
 * ``rate_10`` / ``rate_5``: one config 10% / 5% slower on everything (its cells and its rate
-  probes): caught when that config's rate test fails (>= 95% for 10%).
+  probes): caught when that config's rate test fails (>= 95% for 10%); ``rate_15`` / ``rate_25``
+  (asked for by ``--scenarios``): 15% / 25% slower, the size of drop the rate test does catch.
 
 Usage: python benchmarks/bench_rate_gate.py [--worlds 100] [--trials 100] [--shapes restart1 restart3 repeat3]
        [--scenarios ...] [--configs 18] [--open-rates 2 4] [--jobs N] [--json F]
@@ -55,7 +56,10 @@ from pytest_ddtree.metrics import REQUEST_GOODPUT  # noqa: E402
 from pytest_ddtree.records.words import RecordKind, Status  # noqa: E402
 
 #: scenario -> the drop of config 0 (every cell and its rate probes)
-SCENARIOS = {"unchanged": 0.0, "rate_10": 0.10, "rate_5": 0.05}
+SCENARIOS = {"unchanged": 0.0, "rate_10": 0.10, "rate_5": 0.05, "rate_15": 0.15, "rate_25": 0.25}
+#: the scenarios a run measures unless ``--scenarios`` says otherwise (rate_15 / rate_25: what size of
+#: capacity drop the rate test catches)
+DEFAULT_SCENARIOS = ["unchanged", "rate_10", "rate_5"]
 TARGETS = {"unchanged": 0.02, "rate_10": 0.95}
 
 
@@ -261,7 +265,7 @@ def main() -> int:
     ap.add_argument("--worlds", type=int, default=100, help="worlds (unchanged sessions) per shape")
     ap.add_argument("--trials", type=int, default=100, help="sessions per drop scenario and shape")
     ap.add_argument("--shapes", nargs="+", default=["restart1", "restart3", "repeat3"], choices=list(SHAPES))
-    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--scenarios", nargs="+", default=DEFAULT_SCENARIOS, choices=list(SCENARIOS))
     ap.add_argument("--configs", type=int, default=CONFIGS)
     ap.add_argument("--open-rates", type=float, nargs="*", default=[2.0, 4.0],
                     help="open-loop throughput cells' rates (req/s); none: closed-loop cells only")

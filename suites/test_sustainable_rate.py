@@ -22,7 +22,8 @@ import pytest
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gates.throughput.rate_gate import bless_entry, bless_rate, judge_rate, rebless_note, same_slo, unjudged
+from pytest_ddtree.gates.throughput.rate_gate import (bless_entry, bless_rate, judge_rate, pooled_spread, rebless_note,
+                                                      same_slo, unjudged)
 from pytest_ddtree.gates.throughput.cells import driving_for
 from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
                                                        sustainable_rate)
@@ -32,6 +33,7 @@ from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.measure.slo import SLO
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
@@ -47,6 +49,18 @@ def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, 
     data = baselines.load(config)
     section = gate.validate_rate_section((data or {}).get(gate.RATE_SECTION), str(baselines.path_for(config)))
     return section.get(workload)
+
+
+_POOLED = pytest.StashKey[dict[str, gate.PooledSpread]]()
+
+
+def _pooled(request: pytest.FixtureRequest, baselines: BaselineStore, slo: SLO) -> dict[str, gate.PooledSpread]:
+    """The blessed rates' between-session spread over every config of this hardware profile under
+    the session's SLO (read once per process: every config's file, as the cells' ``_judging``)."""
+    stash = request.config.stash
+    if _POOLED not in stash:
+        stash[_POOLED] = pooled_spread(baselines, slo)
+    return stash[_POOLED]
 
 
 def test_sustainable_rate(
@@ -94,7 +108,8 @@ def test_sustainable_rate(
                 ddtree_service.client, workload, blessed, ddtree_settings.repeats, plan.resolution, driving, config=config,
                 create_command=ddtree_baselines.create_command(config), require=ddtree_settings.require_baselines,
                 recording=Recording(on_sample, lambda name, r, res: ddtree_recorder.record(
-                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res))))
+                    RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res))),
+                pooled=_pooled(request, ddtree_baselines, slo).get(workload.name))
         except LoadError as exc:
             failure = f"{config}: {exc}"
             if isinstance(exc, CellDeadlineExceeded) and session is not None:

@@ -145,10 +145,13 @@ from pytest_ddtree.gates.throughput.session_check import (
     relaunch_candidates,
 )
 from pytest_ddtree.gates.throughput.blessed_noise import (
+    MIN_POOLED_CONFIGS,
+    PooledSpread,
     blessed_config_shifts,
     cell_noise,
     day_spread,
     launch_spread,
+    rate_between_spread,
 )
 
 __all__ = [
@@ -172,6 +175,8 @@ __all__ = [
     "MetricBaseline",
     "MetricSpec",
     "MetricVerdict",
+    "MIN_POOLED_CONFIGS",
+    "PooledSpread",
     "RATE_SECTION",
     "RENAMED_GATES",
     "SPECS",
@@ -202,6 +207,7 @@ __all__ = [
     "measurement_status",
     "median_chi2_share",
     "relaunch_candidates",
+    "rate_between_spread",
     "rate_entry",
     "repeat_load_problem",
     "t_widened_z",

@@ -1,15 +1,17 @@
 """How much a cell or a config moves when nothing regressed, pooled over every config blessed on the
 hardware profile: the launch and day spread of a config's common change, each cell's repeat noise
-(what :func:`.rule.judge_config` takes as ``launch_spread`` and ``cell_noise``)."""
+(what :func:`.rule.judge_config` takes as ``launch_spread`` and ``cell_noise``), and the blessed
+sustainable rates' between-session spread (its ``between_spread``, for the rate gate's one cell)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.gates.throughput.noise import log_centre, median_chi2_share, robust_log_sd
+from pytest_ddtree.gates.throughput.noise import centre_variance, log_centre, median_chi2_share, robust_log_sd
 from pytest_ddtree.gates.throughput.rule import MIN_CELLS_FOR_SHIFT, Metric, session_shifts
 from pytest_ddtree.gates.throughput.session_check import ConfigMove, launch_wobble
 from pytest_ddtree.gates.throughput.verdicts import MetricBaseline, SPECS
@@ -116,4 +118,55 @@ def cell_noise(sections: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, flo
     for (key, cell), found in groups.items():
         if configs[(key, cell)] >= 3:
             out.setdefault(key, {})[cell] = robust_log_sd(found)
+    return out
+
+
+#: Configs whose blessed rate entries (each of 2+ sessions) a pooled between-session spread needs;
+#: with fewer, a rate test's own sessions' spread stands.
+MIN_POOLED_CONFIGS = 3
+
+
+@dataclass(frozen=True)
+class PooledSpread:
+    """A between-session spread (log sd) pooled over ``configs`` configs' blessed entries, with the
+    ``dof`` degrees of freedom it rests on (each entry of k sessions gives k - 1)."""
+
+    spread: float
+    configs: int
+    dof: int
+
+
+def rate_between_spread(sections: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, PooledSpread]]:
+    """How much a blessed rate's goodput moves between blessed sessions beyond its repeats' noise,
+    pooled over every config's ``sustainable_rate`` section (``sections``): workload -> metric -> spread.
+
+    Why: the rate gate re-probes the blessed rate, the SLO's edge by construction, where a slower
+    launch or day moves goodput more than anywhere else, and its one cell's between-session spread
+    comes from the config's own three sessions (2 degrees of freedom): when they happen to agree,
+    the tolerance is the floor, and an unchanged sweep's 18 rate tests fail beyond the budget
+    (docs/benchmarks.md). Every config's rate sits at its own edge, so the edges' spread pooled over
+    the configs (2 degrees of freedom each) is what one config's edge moves by. Each entry's
+    sessions' centres about their mean, less what their repeats' noise explains, summed over the
+    entries (a pooled variance); an entry that cannot be read, or of one session, is left out;
+    None (absent) with fewer than ``MIN_POOLED_CONFIGS`` configs."""
+    sums: dict[tuple[str, str], list[float]] = {}  # squares beyond the noise, dof, configs
+    for section in sections:
+        for workload, entry in (section or {}).items():
+            cell = entry.get("cell") if isinstance(entry, Mapping) else None
+            for _, key, base in _blessed_metrics({str(workload): cell}):
+                centres = [(c, len(v)) for _, v in base.sessions if (c := log_centre(v)) is not None]
+                if len(centres) < 2:
+                    continue
+                k = len(centres)
+                mean = sum(c for c, _ in centres) / k
+                sigma = robust_log_sd([list(v) for _, v in base.sessions])
+                noise = sigma**2 * sum(centre_variance(n) for _, n in centres) * (k - 1) / k
+                acc = sums.setdefault((str(workload), key), [0.0, 0.0, 0.0])
+                acc[0] += sum((c - mean) ** 2 for c, _ in centres) - noise
+                acc[1] += k - 1
+                acc[2] += 1
+    out: dict[str, dict[str, PooledSpread]] = {}
+    for (workload, key), (squares, dof, configs) in sums.items():
+        if configs >= MIN_POOLED_CONFIGS:
+            out.setdefault(workload, {})[key] = PooledSpread(math.sqrt(max(0.0, squares / dof)), int(configs), int(dof))
     return out

@@ -15,6 +15,13 @@ this does not give the rate output tok/s's error budget - under a p99 SLO the re
 the line on a slower config are the tail's, so its goodput moves little, and one cell on one launch
 cannot remove the day and the launch as the tok/s gate does.
 
+The rule's between-session spread of that one cell is not its own three blessed sessions' (2 degrees
+of freedom: when they happen to agree, the floor is all that is left, and an unchanged sweep's 18
+rate tests failed 2-3% of sweeps against the budget's 2%) but the spread pooled over every config's
+blessed rate on this hardware profile under the same SLO (``pooled_spread``), as output tok/s pools
+the launch spread, where wider than its own; the config's own where fewer than
+``gate.MIN_POOLED_CONFIGS`` configs' entries hold two sessions or more. The message says which.
+
 A session with another SLO than the blessed one cannot judge the rate (its goodput counts other
 requests as good): it says "bless again" and searches as an unblessed session does.
 """
@@ -29,6 +36,7 @@ from typing import Any
 
 from pytest_ddtree.metrics import REQUEST_GOODPUT
 from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.gates.throughput import throughput
@@ -47,6 +55,16 @@ def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:
         return False
     return {str(k): float(v) for k, v in targets.items()} == slo.as_dict() \
         and float(blessed["percentile"]) == slo.percentile
+
+
+def pooled_spread(store: BaselineStore, slo: SLO) -> dict[str, gate.PooledSpread]:
+    """The blessed rates' goodput between-session spread per workload, pooled over every config's
+    baseline file of ``store``'s hardware profile whose entry was blessed under ``slo`` (another
+    SLO's edge is another rate's); read once per session by the suite (files that cannot be read
+    are left out: their own rate test reports them)."""
+    sections = [{w: e for w, e in section.items() if same_slo(e.get("slo") or {}, slo)}
+                for section in throughput.blessed_rate_sections(store)]
+    return {w: by_metric[GOODPUT] for w, by_metric in gate.rate_between_spread(sections).items() if GOODPUT in by_metric}
 
 
 def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO) -> float | None:
@@ -100,11 +118,14 @@ class RateGateOutcome:
 
 def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
                resolution: float, driving: throughput.Driving, *, config: str, create_command: str, require: bool,
-               recording: throughput.Recording = throughput.Recording()) -> RateGateOutcome:
+               recording: throughput.Recording = throughput.Recording(),
+               pooled: gate.PooledSpread | None = None) -> RateGateOutcome:
     """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
     under this session's SLO, ``driving.slo``) and judge its goodput; ``driving`` is how each repeat
     drives the service (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``)
-    makes an inconclusive or untrusted judgement a failure, as it does a cell's."""
+    makes an inconclusive or untrusted judgement a failure, as it does a cell's. ``pooled``: the
+    between-session spread pooled over the hardware profile's blessed rates (``pooled_spread``; None:
+    the entry's own sessions' spread)."""
     slo = driving.slo
     if slo is None:
         raise ValueError("judge_rate needs the SLO the rate was blessed under (Driving.slo)")
@@ -112,11 +133,13 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
     cell = throughput.rate_cell(template, rate)
     campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=config),
                                          baseline={cell.name: blessed["cell"]},
-                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False), recording=recording)
+                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False, between_spread=(
+                                             None if pooled is None else {GOODPUT: pooled.spread})), recording=recording)
     probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
     verdict = campaign.verdicts[cell.name]
     base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}
     base_median, tolerance = base.get("median"), float(base.get("tolerance", gate.SPECS[GOODPUT].tolerance))
+    judged = verdict.metric(GOODPUT)
     now = probe.figures.get(GOODPUT)
     status = verdict.status
     details = "".join(f"\n  - {line}" for line in verdict.message(config).split("\n  - ")[1:])
@@ -128,7 +151,8 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
         status = Status.REGRESSION
         details = (f"\n  - {sum(1 for v in measured if v <= 0)} of {len(measured)} repeat(s) had no request meeting "
                    f"the SLO (goodput per repeat {[round(v, 3) for v in measured]})")
-    shown = (f"goodput {_num(now)} req/s against the blessed {_num(base_median)} req/s (tolerance {tolerance:.0%}), "
+    shown = (f"goodput {_num(now)} req/s against the blessed {_num(base_median)} req/s "
+             f"({_tolerance(judged.tolerance if judged is not None else tolerance, pooled, blessed)}), "
              f"SLO attainment {_pct(probe.figures.get('slo_attainment'))}"
              + (f"; {probe.reason}" if probe.reason else f"; {slo.label} met"))
     where = f"{config}: its blessed sustainable rate {rate:g} req/s on {template.name} under SLO {slo.label}"
@@ -178,6 +202,16 @@ def unjudged(config: str, workload: str, blessed: Mapping[str, Any] | None, slo:
     if require:
         return Status.FAIL, why + " (--ddtree-require-baselines)"
     return Status.WARN, why
+
+
+def _tolerance(tolerance: float, pooled: gate.PooledSpread | None, blessed: Mapping[str, Any]) -> str:
+    """The tolerance and the between-session spread it holds: pooled over how many configs, or its own."""
+    if pooled is not None:
+        return (f"tolerance {tolerance:.1%}, its between-session spread its own or, where wider, {pooled.spread:.1%} "
+                f"pooled over {pooled.configs} configs' blessed rates on this hardware")
+    sessions = len(((blessed["cell"].get("gates") or {}).get(GOODPUT) or {}).get("sessions") or [])
+    return (f"tolerance {tolerance:.1%}, its between-session spread its own {sessions} blessed session(s)' "
+            f"(fewer than {gate.MIN_POOLED_CONFIGS} configs' rates blessed in 2+ sessions to pool)")
 
 
 def _num(value: Any) -> str:

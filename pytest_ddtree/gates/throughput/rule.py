@@ -146,6 +146,7 @@ def judge_config(
     confirmations: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     launch_spread: Mapping[str, float] | None = None,
     cell_noise: Mapping[str, Mapping[str, float]] | None = None,
+    between_spread: Mapping[str, float] | None = None,
 ) -> dict[str, CellVerdict]:
     """Verdicts for every measured cell of one config (see the module docstring for the rule).
 
@@ -157,7 +158,10 @@ def judge_config(
     moves between launches, pooled over every config blessed on this hardware; step 5 judges the
     config's common change against it instead of this config's own three sessions. ``cell_noise``
     (metric -> cell -> log sigma, ``cell_noise``): each cell's repeat noise pooled over every config
-    blessed on this hardware, which replaces the config's own thin estimate of it.
+    blessed on this hardware, which replaces the config's own thin estimate of it. ``between_spread``
+    (metric -> log spread, ``rate_between_spread``): every cell's between-session spread, pooled over
+    every config's blessed entry of the same kind, where wider than the cell's own (the rate gate's one
+    re-probed cell, whose own three sessions say little; closed-loop cells take the config's median).
     """
     verdicts: dict[str, CellVerdict] = {}
     judged: dict[str, CellInput] = {}
@@ -172,7 +176,7 @@ def judge_config(
     config_flags: dict[str, tuple[float, float]] = {}
     for key, metrics in by_metric.items():
         session_shift = session_shifts(metrics)
-        _estimate_noise(metrics, session_shift, (cell_noise or {}).get(key) or {})
+        _estimate_noise(metrics, session_shift, (cell_noise or {}).get(key) or {}, (between_spread or {}).get(key))
         shifts[key], flag = _config_shift(key, metrics, session_shift, (launch_spread or {}).get(key))
         if flag is not None:
             config_flags[key] = flag
@@ -199,9 +203,11 @@ def _metrics_of(judged: Mapping[str, CellInput]) -> dict[str, dict[str, Metric]]
     return by_metric
 
 
-def _estimate_noise(metrics: Mapping[str, Metric], session_shift: Mapping[str, float], pooled_noise: Mapping[str, float]) -> None:
+def _estimate_noise(metrics: Mapping[str, Metric], session_shift: Mapping[str, float], pooled_noise: Mapping[str, float],
+                    pooled_between: float | None = None) -> None:
     """Each cell's baseline centre, repeat noise and between-session spread (steps 1 and 3), held
-    within the config's typical noise, and replaced by the noise pooled over the hardware profile."""
+    within the config's typical noise, and replaced by the noise (and the between-session spread)
+    pooled over the hardware profile where given."""
     # the level every cell's baseline is put at: the config's blessed sessions on average. A cell
     # that lacks a session (its bless refused there) would otherwise sit at the average of its own
     # sessions, off the other cells' by that session's share of the launch shift, and be judged
@@ -242,6 +248,10 @@ def _estimate_noise(metrics: Mapping[str, Metric], session_shift: Mapping[str, f
         if pooled is not None and pooled > 0:
             # the same cell in every config blessed on this hardware: dozens of groups of repeats
             m.sigma = m.typical_sigma = pooled
+        if pooled_between is not None:
+            # the larger: a rate entry holds only sessions that sustained its rate, so the pool is
+            # biased low (docs/benchmarks.md); an entry whose own sessions disagree keeps its own
+            m.between = max(m.between, pooled_between)
 
 
 def _config_shift(key: str, metrics: Mapping[str, Metric], session_shift: Mapping[str, float],

@@ -130,12 +130,15 @@ class Judging:
     ``gate.GATED_METRICS``; the control gates its output tok/s only), how much a config's common
     change moves between launches and each cell's repeat noise, over every config blessed on this
     hardware (``blessed_judging``), and whether an open-loop cell blessed at the SLO's edge leaves its
-    goodput unjudged (``slo_edge.py``; the rate gate's probe sits at the edge by design and judges it)."""
+    goodput unjudged (``slo_edge.py``; the rate gate's probe sits at the edge by design and judges it).
+    ``between_spread`` (metric -> log spread): every cell's between-session spread in place of its
+    own; only the rate gate gives it (``rate_gate.pooled_spread``: its one cell at the SLO's edge)."""
 
     gated: tuple[str, ...] | None = None
     launch_spread: Mapping[str, float] | None = None
     cell_noise: Mapping[str, Mapping[str, float]] | None = None
     slo_edge: bool = True
+    between_spread: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,8 @@ def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Map
     """Judge the cells together against ``baseline``; flagged ones get their confirmation run
     now (``planned`` names the phase in the progress of each repeat)."""
     inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
-    first = gate.judge_config(inputs, launch_spread=judging.launch_spread, cell_noise=judging.cell_noise)
+    first = gate.judge_config(inputs, launch_spread=judging.launch_spread, cell_noise=judging.cell_noise,
+                              between_spread=judging.between_spread)
     flagged = [name for name, v in first.items() if v.flagged]
     if not flagged:
         campaign.verdicts = first
@@ -227,7 +231,7 @@ def _confirm(campaign: Campaign, inputs: Mapping[str, gate.CellInput], flagged: 
         confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], gated.get(name))
                          for name, run in runs.items()}
         return gate.judge_config(inputs, confirmations, launch_spread=judging.launch_spread,
-                                 cell_noise=judging.cell_noise)
+                                 cell_noise=judging.cell_noise, between_spread=judging.between_spread)
 
     campaign.confirmations, campaign.verdicts = confirm_in_stages(flagged, measure, _primary, judge, on_confirm,
                                                                   spoiled_reason)
@@ -434,8 +438,16 @@ def blessed_judging(store: BaselineStore, gated: tuple[str, ...] | None = None) 
     return Judging(gated, gate.launch_spread(sections), gate.cell_noise(sections))
 
 
-def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
-    """The ``metrics`` sections of every config's baseline file of ``store`` (not the control's)."""
+def blessed_rate_sections(store: BaselineStore) -> list[dict[str, Any]]:
+    """The ``sustainable_rate`` sections of every config's baseline file of ``store``'s hardware
+    profile, read in one pass (``rate_gate.pooled_spread`` pools them); files that cannot be read
+    are left out (their own rate test reports them)."""
+    return _blessed_sections(store, rates=True)
+
+
+def _blessed_sections(store: BaselineStore, rates: bool = False) -> list[dict[str, Any]]:
+    """The ``metrics`` sections (``rates``: the ``sustainable_rate`` ones) of every config's baseline
+    file of ``store`` (not the control's)."""
     from pytest_ddtree.gates.throughput.baseline_format import CONTROL
 
     sections: list[dict[str, Any]] = []
@@ -447,7 +459,10 @@ def _blessed_sections(store: BaselineStore) -> list[dict[str, Any]]:
             continue
         try:
             data = store.load(path.stem)
-            sections.append(gate.validate_section((data or {}).get("metrics"), str(path)))
+            if rates:
+                sections.append(gate.validate_rate_section((data or {}).get(gate.RATE_SECTION), str(path)))
+            else:
+                sections.append(gate.validate_section((data or {}).get("metrics"), str(path)))
         except (BaselineError, gate.BaselineFormatError, OSError):
             continue
     return sections
