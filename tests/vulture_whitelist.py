@@ -133,6 +133,7 @@ _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sust
 _.bless_entry  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
 _.bless_rate  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
 _.judge_rate
+_.pooled_spread  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py (read once per process)
 _.rebless_note
 _.unjudged
 _.failure_details  # gates/coding.py: suites/test_coding.py
