@@ -244,12 +244,13 @@ def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_pa
     it with that reason (and cancels it); with a longer one it starts once a node frees up."""
     blockers = [slurm.submit_blocker(node) for node in slurm.node_names]
     lines: list[str] = []
-    manager = _manager(tmp_path, lines, queue_timeout_s=6)
+    # 12 s: on a loaded 2-core box slurmctld once had not yet given the job a reason after 6 s ("None")
+    manager = _manager(tmp_path, lines, queue_timeout_s=12)
     try:
         with pytest.raises(ServiceStartError) as info:
             manager.ensure(parse_config_name("bs8_b8_k4"))
         message = str(info.value)
-        assert "still PENDING after 6 s (queue_timeout_s); Slurm's reason: Resources (cancelled)" in message, message
+        assert "still PENDING after 12 s (queue_timeout_s); Slurm's reason: Resources (cancelled)" in message, message
         assert any("pending, reason: Resources" in line for line in lines), lines
         assert sorted(line.split()[0] for line in slurm.queue()) == sorted(blockers)
     finally:
