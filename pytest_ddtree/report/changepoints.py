@@ -428,20 +428,27 @@ class _Test(NamedTuple):
     calibrated: bool
 
 
-def _levels(points: Sequence[BuildPoint], lo: int, hi: int) -> tuple[list[float], bool]:
+def _levels(points: Sequence[BuildPoint], lo: int, hi: int, split: int) -> tuple[list[float], bool]:
     """The levels of sessions ``lo..hi - 1``: less their calibration where every one of them has a
-    probe's (a window of mixed sessions is tested as measured: half a correction is a step)."""
+    probe's (a window of mixed sessions is tested as measured: half a correction is a step) and the
+    calibrated levels before ``split`` spread less than the measured ones (a probe noisier than the
+    day it corrects would only add its noise)."""
     window = points[lo:hi]
-    if window and all(p.calibration is not None for p in window):
-        return [p.level - (p.calibration or 0.0) for p in window], True
-    return [p.level for p in window], False
+    measured = [p.level for p in window]
+    if not window or any(p.calibration is None for p in window):
+        return measured, False
+    calibrated = [p.level - (p.calibration or 0.0) for p in window]
+    before = split - lo
+    if before >= 2 and stats.stdev(calibrated[:before]) >= stats.stdev(measured[:before]):
+        return measured, False
+    return calibrated, True
 
 
 def _step(points: Sequence[BuildPoint], start: int, index: int, end: int) -> _Test | None:
     """The t-test of sessions ``index..end`` against up to ``BUILD_WINDOW`` before ``index`` (from
     ``start``); None with too few before."""
     lo = max(start, index - BUILD_WINDOW)
-    levels, calibrated = _levels(points, lo, end + 1)
+    levels, calibrated = _levels(points, lo, end + 1, index)
     before, after = levels[:index - lo], levels[index - lo:]
     if len(before) < BUILD_MIN_BEFORE or not after:
         return None
