@@ -32,9 +32,9 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.gates.throughput.measurement import BlessDecision, decide_bless
 from pytest_ddtree.gates.throughput import slo_edge
 from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
-                                                       cell_histogram, edge_exemption, gate_samples, judged_gated,
-                                                       judged_baseline, measure_config, measured_workload,
-                                                       repeat_metrics, sample_record, spoiled_evidence)
+                                                       cell_histogram, cell_input, edge_exemption, gate_samples,
+                                                       measure_config, measured_workload, repeat_metrics,
+                                                       sample_record, spoiled_evidence)
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, ThroughputData
@@ -127,16 +127,13 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     spoiled = spoiled_evidence(run)
     if spoiled:
         notes.append(f"{len(spoiled)} repeat(s) retaken, not counted (they measured the machine): " + "; ".join(spoiled))
-    status, why = gate.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
-                                          spoiled=spoiled)
     samples = gate_samples(repeats, campaign.gated)  # recorded and blessed (an open-loop cell's tok/s too) ...
-    workload_info = measured_workload(run, workload)
     cell_base = baseline.cell(workload.name)  # as blessed (a bless merges into it) ...
-    judged = judged_baseline(cell_base, campaign.slo, workload, campaign.slo_edge)  # ... and as this session judges it
+    facts = cell_input(campaign, workload, cell_base)  # ... and as this session judges it (the gate's own input)
+    status, why, judged = facts.status, list(facts.problems), facts.baseline
+    workload_info = measured_workload(run, workload)  # the record's (facts.workload is the same, untyped)
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
-        workload.name, judged, gate_samples(repeats, judged_gated(workload, campaign.gated, cell_base, campaign.slo,
-                                                                  campaign.slo_edge)), status=status,
-        problems=why, workload=workload_info)
+        workload.name, judged, facts.current, status=status, problems=why, workload=workload_info)
     edge = edge_exemption(cell_base, campaign.slo, workload) if campaign.slo_edge and not bless else None
     if edge is not None:  # said in the verdict (the test's message, the report) and the record
         verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, edge.reason))
