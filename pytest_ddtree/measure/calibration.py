@@ -33,7 +33,6 @@ import json
 import math
 import random
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -193,18 +192,25 @@ def run_calibration(host: LocalHost | SSHHost, command: str, *, timeout_s: float
     return CalibrationRun(when, command, host.name, begin_wall, time.monotonic() - begin, figures, instance=instance)
 
 
-def session_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Each figure's geometric mean over the session's runs that have it (records or results.json's runs)."""
-    logs: dict[str, list[float]] = {}
+def run_figures(runs: Sequence[object]) -> dict[str, list[float]]:
+    """Each figure's value in every run that has it (records, or results.json's runs: a file, so
+    every run, name and value is checked); a run with an ``error`` is left out."""
+    out: dict[str, list[float]] = {}
     for run in runs:
-        figures = run.get("figures")
-        if not isinstance(figures, Mapping) or run.get("error"):
+        figures = run.get("figures") if isinstance(run, Mapping) else None
+        if not isinstance(run, Mapping) or not isinstance(figures, Mapping) or run.get("error"):
             continue
         for name, value in figures.items():
             number = _finite_positive(value)
-            if isinstance(name, str) and number is not None:
-                logs.setdefault(name, []).append(math.log(number))
-    return {name: math.exp(sum(values) / len(values)) for name, values in sorted(logs.items())}
+            if isinstance(name, str) and _FIGURE_NAME.fullmatch(name) and number is not None:
+                out.setdefault(name, []).append(number)
+    return out
+
+
+def session_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each figure's geometric mean over the session's runs that have it (``run_figures``)."""
+    return {name: math.exp(sum(math.log(v) for v in values) / len(values))
+            for name, values in sorted(run_figures(runs).items())}
 
 
 def describe_runs(runs: Sequence[Mapping[str, Any]]) -> str:
@@ -266,11 +272,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rounds must be 1 to 101")
     print(json.dumps(cpu_probe(args.rounds), sort_keys=True))
     return 0
-
-
-def render_command(template: str, python: str, host: str) -> str:
-    """A profile's ``calibration_command`` filled as the launch command is: ``{python}``, ``{host}``."""
-    return template.format(python=shlex.quote(python), host=host).strip()
 
 
 if __name__ == "__main__":

@@ -546,14 +546,11 @@ def engine_build(python: str | None, distribution: str = "sglang", timeout_s: fl
 def calibration_of(payload: Mapping[str, Any]) -> tuple[dict[str, list[float]], str | None]:
     """A results.json's calibration probe: each figure's value per run (runs with an error left
     out) and the command; results.json is a file, so every value is checked."""
+    from pytest_ddtree.measure.calibration import run_figures
+
     section = _mapping(payload.get("calibration"))
-    figures: dict[str, list[float]] = {}
-    for run in section.get("runs") or []:
-        if not isinstance(run, Mapping) or run.get("error"):
-            continue
-        for name, value in _mapping(run.get("figures")).items():
-            if isinstance(name, str) and len(name) <= 64 and is_number(value) and math.isfinite(float(value)) and value > 0:
-                figures.setdefault(name, []).append(float(value))
+    runs = section.get("runs")
+    figures = run_figures(runs if isinstance(runs, list) else [])
     command = section.get("command")
     return figures, str(command)[:2000] if figures and isinstance(command, str) else None
 

@@ -455,9 +455,7 @@ class ServiceProfile:
         """The ``calibration_command`` filled as the launch command is (``{python}``, ``{host}``); None: no probe."""
         if not self.calibration_command:
             return None
-        from pytest_ddtree.measure.calibration import render_command
-
-        return render_command(self.calibration_command, self.launch_python, self.node)
+        return self.calibration_command.format(python=shlex.quote(self.launch_python), host=self.node).strip()
 
     def render_url(self, port: int | None) -> str:
         return self.url.format(port="" if port is None else port, host=self.node).rstrip("/")
