@@ -242,19 +242,19 @@ def newest_change_points(all_series: Sequence[Series], limit: int = 20) -> list[
     return found[:limit]
 
 
-def summary_text(all_series: Sequence[Series], limit: int = 20) -> str:
-    """The plain-text summary a CI log shows."""
+def summary_text(all_series: Sequence[Series], limit: int = 20, builds: Sequence[BuildHistory] | None = None) -> str:
+    """The plain-text summary a CI log shows (``builds``: ``analyse_builds(all_series)`` where the caller has it)."""
     sessions = {p.session_id for s in all_series for p in s.points}
     found = newest_change_points(all_series, limit)
     total = sum(len(s.change_points) for s in all_series)
     head = (f"history: {len(sessions)} sessions, {len(all_series)} series (hardware profile x config x cell x metric), "
             f"{total} change point{'s' if total != 1 else ''} (Apache Otava E-divisive, p < {MAX_PVALUE:g})")
-    builds = build_summary_lines(analyse_builds(all_series))
+    build_lines = build_summary_lines(analyse_builds(all_series) if builds is None else builds)
     if not found:
-        return "\n".join([head, "no change point: every series is level within its noise", *builds])
+        return "\n".join([head, "no change point: every series is level within its noise", *build_lines])
     lines = [head, f"newest {len(found)}:" if total > len(found) else "newest first:"]
     lines += [f"  - {cp.describe()}" for cp in found]
-    return "\n".join([*lines, *builds])
+    return "\n".join([*lines, *build_lines])
 
 
 def check_session(all_series: Sequence[Series], session_id: str, recent: int = CHECK_RECENT_SESSIONS) -> list[ChangePoint]:
@@ -537,9 +537,10 @@ def check_history(cells: Sequence[StoredCell], session_id: str) -> tuple[str, li
     """What ``--ddtree-history-check`` says of session ``session_id`` over the stored ``cells``: the
     summary for the CI log, and the regressions it starts (each series' and the build's), described."""
     analysed = analyse(cells)
+    builds = analyse_builds(analysed)  # once: the summary says them too
     regressions = [cp.describe() for cp in check_session(analysed, session_id)]
-    regressions += [c.describe() for c in check_build(analyse_builds(analysed), session_id)]
-    return summary_text(analysed, limit=5), regressions
+    regressions += [c.describe() for c in check_build(builds, session_id)]
+    return summary_text(analysed, limit=5, builds=builds), regressions
 
 
 def build_summary_lines(histories: Sequence[BuildHistory], limit: int = 5) -> list[str]:
