@@ -90,6 +90,8 @@ def _judged(world: rate_sim.RateWorld, scenario: str, index: int, blessed: dict[
         "caught": int(first in rate_failed), "caught_any": int(any(t.startswith(world.configs[victim].name + "[")
                                                                   for t in got.failed_tests)),
         "rate_repeats": got.counts.get("rate repeats", 0), "examples": {}, "failing": _failing(world, got),
+        "rate_relaunches": sum(1 for c in world.configs for rec in rate_sim.rate_records(got, c.name)
+                               if "first_launch" in (rec.get("gate") or {})),
     }
     if scenario != "unchanged" and first not in rate_failed:
         out["examples"][_why(got, first)] = 1
@@ -242,7 +244,8 @@ def _print(shape: str, results: dict[str, dict[str, Any]]) -> bool:
                   f"{c.get('goodput_unjudged_cells', 0)} cells at the SLO's edge recorded, not judged: {c.get('unjudged') or {}}); "
                   f"rate tests and "
                   f"goodput cells together {_fig(c.get('rate_or_goodput_failed', 0), n)}; "
-                  f"whole session {_fig(c['session_failed'], n)}; {c['rate_repeats'] / n:.0f} rate repeats a sweep; "
+                  f"whole session {_fig(c['session_failed'], n)}; {c['rate_repeats'] / n:.0f} rate repeats a sweep, "
+                  f"{c.get('rate_relaunches', 0) / n:.2f} relaunches by the rate tests; "
                   f"failing {c.get('failing') or {}}")
             for example in list(c.get("examples") or {})[:3]:
                 print("    e.g. " + example[:500])
@@ -251,7 +254,8 @@ def _print(shape: str, results: dict[str, dict[str, Any]]) -> bool:
         else:
             good, mark = target_mark(TARGETS.get(scenario), c["caught"], n)
             print(f"  {scenario}: its rate judged failing {_fig(c['caught'], n)} {mark}; "
-                  f"any test of the config failing {c['caught_any'] / n:.1%}")
+                  f"any test of the config failing {c['caught_any'] / n:.1%}; "
+                  f"{c.get('rate_relaunches', 0) / n:.2f} relaunches by the rate tests a session")
             for example in list(c.get("examples") or {})[:2]:
                 print("    missed, e.g. " + example[:500])
             print(f"    at its blessed rate, the slower config: goodput {_spread(c, 'victim', 'goodput')}, "

@@ -22,8 +22,8 @@ import pytest
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gates.throughput.rate_gate import (bless_entry, bless_rate, judge_rate, pooled_spread, rebless_note,
-                                                      same_slo, unjudged)
+from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
+                                                      rebless_note, same_slo, unjudged)
 from pytest_ddtree.gates.throughput.cells import driving_for
 from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
                                                        sustainable_rate)
@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.measure.slo import SLO
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.client import SGLangClient
     from pytest_ddtree.service.manager import RunningService
+    from pytest_ddtree.session import DDTreeSession
 
 
 class RateBaselineWarning(UserWarning):
@@ -109,7 +111,8 @@ def test_sustainable_rate(
                 create_command=ddtree_baselines.create_command(config), require=ddtree_settings.require_baselines,
                 recording=Recording(on_sample, lambda name, r, res: ddtree_recorder.record(
                     RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res))),
-                pooled=_pooled(request, ddtree_baselines, slo).get(workload.name))
+                pooled=_pooled(request, ddtree_baselines, slo).get(workload.name),
+                relaunch=_relaunch(session, ddtree_config, ddtree_recorder))
         except LoadError as exc:
             failure = f"{config}: {exc}"
             if isinstance(exc, CellDeadlineExceeded) and session is not None:
@@ -155,6 +158,22 @@ def test_sustainable_rate(
     if decision is Status.FAIL:
         pytest.fail(why, pytrace=False)
     warnings.warn(RateBaselineWarning(why), stacklevel=1)
+
+
+def _relaunch(session: DDTreeSession, config: DDTreeConfig, recorder: SessionRecorder) -> Relaunch | None:
+    """A fresh launch of ``config`` for a blessed rate that failed on its first (None where the profile
+    cannot relaunch, ``relaunch_flagged: false``); its repeats recorded as a relaunch's."""
+    if not session.profile.relaunch_flagged:
+        return None
+
+    def launch() -> SGLangClient:
+        session.manager.release()  # a fresh launch, not the one still running
+        return session.manager.ensure(config).client
+
+    def on_sample(name: str, r: int, res: CellResult) -> None:
+        recorder.record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT, config.name, {**sample_record(name, r, res), "relaunch": 1})
+
+    return Relaunch(launch, Recording(on_sample, on_sample))
 
 
 def _blessed_for_bless(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:

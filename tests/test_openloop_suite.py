@@ -155,20 +155,39 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
     (judged,) = _rate_records(pytester, "same")
     assert [p["rate"] for p in judged["probes"]] == [entry["rate"]]
     assert judged["gate"]["status"] == "pass" and judged["sustainable_rate"] == entry["rate"], judged["gate"]
-    # 4. an engine eight times slower misses the SLO at that rate: the config fails, saying what and what to do
+    # 4. an engine eight times slower misses the SLO at that rate on its launch and on a fresh one (the
+    # rate test relaunches a failing config: one slow launch is not a slower config): it fails, saying
+    # what and what to do
     slow = _rate_session(pytester, repo_root, "slow", "--fault slowdown=8", slo)
     assert slow.ret == 1, slow.stdout.str()[-3000:]
     out = slow.stdout.str()
     rate = f"{entry['rate']:g}"
     slow.stdout.fnmatch_lines([f"*bs8_b8_k4: its blessed sustainable rate {rate} req/s on r_tiny under SLO p90 "
-                               "tpot<=6ms no longer holds: goodput * req/s against the blessed * req/s (tolerance *, its "
-                               "between-session spread its own * blessed session(s)' (fewer than 3 configs' rates "
-                               "blessed in 2+ sessions to pool)), SLO attainment *; p90 tpot * ms > 6 ms*"])
-    assert "3 of 3 repeat(s) had no request meeting the SLO" in out
+                               "tpot<=6ms no longer holds on a fresh launch either: goodput * req/s against the blessed "
+                               "* req/s (tolerance *, its between-session spread its own * blessed session(s)' (fewer "
+                               "than 3 configs' rates blessed in 2+ sessions to pool)), SLO attainment *; p90 tpot * ms "
+                               "> 6 ms*", "*its first launch failed: goodput * req/s against the blessed*"])
+    assert out.count("3 of 3 repeat(s) had no request meeting the SLO") >= 2  # both launches' evidence
     slow.stdout.fnmatch_lines(["*If the change is intended, bless again: pytest suites --ddtree-update-baselines "
                                "--ddtree-service=* --ddtree-config=bs8_b8_k4*"])
     (failed,) = _rate_records(pytester, "slow")
     assert failed["gate"]["status"] == "regression" and failed["sustainable_rate"] is None
+    assert failed["gate"]["first_launch"] == "regression" and [p["rate"] for p in failed["probes"]] == [entry["rate"]] * 2
+    relaunch_repeats = [r for f in (pytester.path / "slow").glob("records*.jsonl")
+                        for r in map(json.loads, f.read_text().splitlines()) if r["kind"] == "throughput-relaunch-repeat"]
+    assert len(relaunch_repeats) >= 3 and {r["relaunch"] for r in relaunch_repeats} == {1}
+    # 4b. only the first launch slow (a launch that drew a slow speed), the fresh one at full speed: the
+    # rate holds on the fresh launch, and the message keeps the first launch's evidence
+    marker = pytester.path / "slow-launch-marker"
+    unlucky = _rate_session(pytester, repo_root, "unlucky", f"--fault slow-launch=8:{marker}", slo)
+    assert unlucky.ret == 0, unlucky.stdout.str()[-3000:]
+    assert marker.exists()
+    (held,) = _rate_records(pytester, "unlucky")
+    assert held["gate"]["status"] == "pass" and held["gate"]["first_launch"] == "regression", held["gate"]
+    assert held["sustainable_rate"] == entry["rate"] and held["probes"][0]["figures"]["request_goodput"] < \
+        held["probes"][1]["figures"]["request_goodput"]
+    assert f"its blessed sustainable rate {rate} req/s on r_tiny under SLO p90 tpot<=6ms held on a fresh launch: " \
+           "goodput" in held["gate"]["message"] and "its first launch failed: goodput" in held["gate"]["message"]
     markdown = (pytester.path / "slow" / "results.md").read_text()
     assert f"bs8_b8_k4: its blessed sustainable rate {rate} req/s under SLO p90 tpot<=6ms on r_tiny, re-probed, " \
            "no longer holds." in markdown

@@ -318,14 +318,14 @@ def test_help_documents_every_flag_and_fault() -> None:
                  "--clock-scale", "--seed", "--max-running-requests", "--fault", "--host", "--port", "--model-path"):
         assert flag in out
     for fault in ("crash-on-start", "exit-after=N", "http500-rate=P", "hang-after=N", "slow-start=S",
-                  "ignore-config=topk", "lossy-verify=P", "slowdown=F", "clock-jitter=P", "stall=K:S"):
+                  "ignore-config=topk", "lossy-verify=P", "slowdown=F", "slow-launch=F:PATH", "clock-jitter=P", "stall=K:S"):
         assert fault in out
 
 
 @pytest.mark.parametrize(
     "args",
     [["--speculative-eagle-topk", "0"], ["--speculative-algorithm", "EAGLE"], ["--clock-scale", "-1"], ["--fault", "bogus"],
-     ["--fault", "exit-after=x"], ["--fault", "stall=0:1"], ["--fault", "stall=2"], ["--speculative-dflash-block-size", "1"], ["--port", "70000"], ["--load-seconds", "nan"]],
+     ["--fault", "exit-after=x"], ["--fault", "stall=0:1"], ["--fault", "slow-launch=8"], ["--fault", "slow-launch=0:/tmp/m"], ["--fault", "stall=2"], ["--speculative-dflash-block-size", "1"], ["--port", "70000"], ["--load-seconds", "nan"]],
 )
 def test_bad_flag_values_exit_2(args: list[str]) -> None:
     r = run_cli("--port", "1", *args) if "--port" not in args else run_cli(*args)

@@ -94,6 +94,7 @@ _.config_shift_se
 _.control_at
 _.control_launch
 _.control_source
+_.first_launch
 _.first_pass_change
 _.full_sweep_restarts
 _.goodput_slos_ms

@@ -31,13 +31,20 @@ class RateProbeData(TypedDict):
 REBLESS = "rebless"
 
 
-class RateGateData(TypedDict):
-    """The blessed rate's re-probe (``gate/rate_gate.py``): the rate the bless stored, the gate's
-    status (pass, improved, regression, inconclusive, ...; ``rebless`` for a changed SLO) and why."""
+class _RateGateRequired(TypedDict):
 
     blessed_rate: float
     status: str
     message: str | None
+
+
+class RateGateData(_RateGateRequired, total=False):
+    """The blessed rate's re-probe (``gates/throughput/rate_gate.py``): the rate the bless stored, the
+    gate's status (pass, improved, regression, inconclusive, ...; ``rebless`` for a changed SLO) and
+    why; ``first_launch``: the first launch's status where a fresh launch decided (its probe is the
+    record's first, the fresh launch's the second)."""
+
+    first_launch: str
 
 
 class _SustainableRateRequired(TypedDict):

@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         log("ERROR:    Initialization failed. exiting")
         return 1
     signal.signal(signal.SIGTERM, _handle_term)
+    if faults.claim_slow_launch():
+        log(f"injected fault slow-launch: this launch runs {faults.slowdown:g}x slower")
     loaded = _load_weights(ns)
     if loaded is None:
         return 1

@@ -9,6 +9,7 @@ is used by a test.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 #: Bodies the ``chat-body`` fault sends instead of a chat completion (status 200 each).
@@ -48,6 +49,9 @@ FAULT_HELP = {
     "unused-config=window": "accept, report and log the configured draft window but let the drafter see the whole context",
     "lossy-verify=P": "accept a wrong draft token with probability P (breaks losslessness)",
     "slowdown=F": "multiply every simulated step cost by F",
+    "slow-launch=F:PATH": "the first launch that finds no file at PATH creates it and multiplies every step cost by F; "
+                          "later launches run at full speed (a launch that drew a slow speed: KV-cache size, "
+                          "CUDA-graph capture)",
     "clock-jitter=P": "multiply each step time by a seeded random factor 1 +- P",
     "stall=K:S": "after the K-th /flush_cache, stall the scheduler S seconds of wall time before its next forward pass "
                  "(a host that took the core away during one measured phase; repeatable for several K)",
@@ -60,6 +64,18 @@ FAULT_HELP = {
 
 class FaultError(ValueError):
     """A --fault value that does not parse."""
+
+
+def _slow_launch(value: str) -> tuple[float, str]:
+    """``slow-launch``'s ``F:PATH``: the slow launch's factor and its marker file."""
+    factor, colon, path = value.partition(":")
+    try:
+        f = float(factor)
+    except ValueError:
+        f = 0.0
+    if not colon or not path or not f > 0:
+        raise FaultError(f"fault 'slow-launch' takes F:PATH (F > 0, the marker file), got {value!r}")
+    return f, path
 
 
 @dataclass
@@ -76,6 +92,7 @@ class Faults:
     lossy_verify: float = 0.0
     slowdown: float = 1.0
     clock_jitter: float = 0.0
+    slow_launch: tuple[float, str] | None = None  # (F, PATH): see claim_slow_launch
     stalls: dict[int, float] = field(default_factory=dict)  # flush number -> wall seconds
     chat_body: list[str] = field(default_factory=list)
     trickle: dict[str, int] = field(default_factory=dict)  # kind -> answers before it trickles
@@ -132,6 +149,8 @@ class Faults:
             self.slowdown = number(float, 0.0)
             if self.slowdown <= 0:
                 raise FaultError("fault 'slowdown': F must be > 0")
+        elif name == "slow-launch":
+            self.slow_launch = _slow_launch(value)
         elif name == "clock-jitter":
             self.clock_jitter = number(float, 0.0, 1.0)
         elif name == "stall":
@@ -159,6 +178,19 @@ class Faults:
             known = ", ".join(FAULT_HELP)
             raise FaultError(f"unknown fault {name!r}; known: {known}")
         self.specs.append(spec)
+
+    def claim_slow_launch(self) -> bool:
+        """At start-up: whether this launch is the slow one of ``slow-launch`` (it creates the marker
+        file, atomically, so of several launches exactly one is), then slowed by its factor."""
+        if self.slow_launch is None:
+            return False
+        factor, path = self.slow_launch
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        self.slowdown *= factor
+        return True
 
     @classmethod
     def parse(cls, values: list[str]) -> Faults:

@@ -11,9 +11,9 @@ against those samples by the throughput gate's own rule, tolerance and confirmat
 (``throughput.measure_config`` with the entry as the cell's baseline). Goodput at a fixed offered
 rate is the rate's own test: below capacity it is the offered rate whatever the speed, and it falls
 as requests start missing the SLO. Measured (``benchmarks/bench_rate_gate.py``, docs/benchmarks.md):
-this does not give the rate output tok/s's error budget - under a p99 SLO the requests that cross
-the line on a slower config are the tail's, so its goodput moves little, and one cell on one launch
-cannot remove the day and the launch as the tok/s gate does.
+its false alarms are within output tok/s's budget, its power is not: under a p99 SLO the requests
+that cross the line on a slower config are the tail's, so its goodput moves little (a config 25%
+slower is caught about 93% of the time, 10% slower 12%; the tok/s gate catches those).
 
 The rule's between-session spread of that one cell is not its own three blessed sessions' (2 degrees
 of freedom: when they happen to agree, the floor is all that is left, and an unchanged sweep's 18
@@ -21,6 +21,11 @@ rate tests failed 2-3% of sweeps against the budget's 2%) but the spread pooled 
 blessed rate on this hardware profile under the same SLO (``pooled_spread``), as output tok/s pools
 the launch spread, where wider than its own; the config's own where fewer than
 ``gate.MIN_POOLED_CONFIGS`` configs' entries hold two sessions or more. The message says which.
+
+A failure on the config's launch is judged again on a fresh launch (``Relaunch``, where the profile
+can relaunch: ``relaunch_flagged``) and stands only where it reproduces there: at the SLO's edge one
+slow launch crosses the line that the config does not. With it an unchanged sweep's 18 rate tests
+fail 1.6% of sweeps (docs/benchmarks.md), within the budget's 2%.
 
 A session with another SLO than the blessed one cannot judge the rate (its goodput counts other
 requests as good): it says "bless again" and searches as an unblessed session does.
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +43,11 @@ from pytest_ddtree.metrics import REQUEST_GOODPUT
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.measure import load, stats
+from pytest_ddtree.service.base import ServiceError
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.gates.throughput import throughput
 from pytest_ddtree.records.rate_shapes import REBLESS, RateGateData, SustainableRateData
-from pytest_ddtree.measure.slo import SLO, RateSearch
+from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch
 from pytest_ddtree.records.words import GateDecision, Status
 
 #: The gated metric of a blessed rate: bench_serving's request_goodput (good requests per second).
@@ -116,56 +122,78 @@ class RateGateOutcome:
     record: SustainableRateData
 
 
+@dataclass(frozen=True)
+class Relaunch:
+    """How the rate test gets a fresh launch of its config when the blessed rate failed on the first
+    (the profile's ``relaunch_flagged``), and where that launch's repeats are recorded.
+
+    Why: the blessed rate is the SLO's edge, where a launch a few percent slower (KV-cache size,
+    CUDA-graph capture: it moves a config's speed as a whole about as much as a day) makes requests
+    queue and goodput fall past the tolerance. Measured (``benchmarks/bench_rate_gate.py``, 800
+    unchanged ``restart3`` sweeps, docs/benchmarks.md): 21 of the 25 rate tests that failed ran on a
+    launch 4-11% slow (the day's and its own shift together), where 1-12% of the tests failed against
+    0.05% within 2%; one launch cannot tell that from a config that got slower, so a fresh launch
+    decides, as it does for output tok/s at the session's end. ``launch`` raises ``ServiceError``
+    where the relaunch fails (then the first launch's failure stands, saying so)."""
+
+    launch: Callable[[], SGLangClient]
+    recording: throughput.Recording = throughput.Recording()
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One launch's re-probe of the blessed rate: the gate's status, its evidence and the probe."""
+
+    status: Status
+    details: str
+    shown: str
+    probe: RateProbe
+
+
 def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
                resolution: float, driving: throughput.Driving, *, config: str, create_command: str, require: bool,
                recording: throughput.Recording = throughput.Recording(),
-               pooled: gate.PooledSpread | None = None) -> RateGateOutcome:
+               pooled: gate.PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
     """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
     under this session's SLO, ``driving.slo``) and judge its goodput; ``driving`` is how each repeat
     drives the service (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``)
     makes an inconclusive or untrusted judgement a failure, as it does a cell's. ``pooled``: the
     between-session spread pooled over the hardware profile's blessed rates (``pooled_spread``; None:
-    the entry's own sessions' spread)."""
+    the entry's own sessions' spread). ``relaunch``: a failure is re-judged on a fresh launch and
+    stands only where it reproduces there (``Relaunch``; None: the first launch decides)."""
     slo = driving.slo
     if slo is None:
         raise ValueError("judge_rate needs the SLO the rate was blessed under (Driving.slo)")
     rate = float(blessed["rate"])
-    cell = throughput.rate_cell(template, rate)
-    campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=config),
-                                         baseline={cell.name: blessed["cell"]},
-                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False, between_spread=(
-                                             None if pooled is None else {GOODPUT: pooled.spread})), recording=recording)
-    probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
-    verdict = campaign.verdicts[cell.name]
-    base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}
-    base_median, tolerance = base.get("median"), float(base.get("tolerance", gate.SPECS[GOODPUT].tolerance))
-    judged = verdict.metric(GOODPUT)
-    now = probe.figures.get(GOODPUT)
-    status = verdict.status
-    details = "".join(f"\n  - {line}" for line in verdict.message(config).split("\n  - ")[1:])
-    measured = list(throughput.cell_input(campaign, cell, None).current.get(GOODPUT) or [])
-    if status not in gate.FAILING and measured and min(measured) <= 0 and stats.is_number(base_median) \
-            and stats.median(measured) < float(base_median) * (1 - tolerance):
-        # the rule works on logs and leaves a repeat with no good request unjudged: at a rate the
-        # blessed repeats all met, a median beyond the tolerance below them is the regression itself
-        status = Status.REGRESSION
-        details = (f"\n  - {sum(1 for v in measured if v <= 0)} of {len(measured)} repeat(s) had no request meeting "
-                   f"the SLO (goodput per repeat {[round(v, 3) for v in measured]})")
-    shown = (f"goodput {_num(now)} req/s against the blessed {_num(base_median)} req/s "
-             f"({_tolerance(judged.tolerance if judged is not None else tolerance, pooled, blessed)}), "
-             f"SLO attainment {_pct(probe.figures.get('slo_attainment'))}"
-             + (f"; {probe.reason}" if probe.reason else f"; {slo.label} met"))
     where = f"{config}: its blessed sustainable rate {rate:g} req/s on {template.name} under SLO {slo.label}"
+    first = _judge_launch(service, template, blessed, repeats, driving, config, recording, pooled)
+    judged, before = first, ""
+    if first.status in gate.FAILING and relaunch is not None:
+        try:
+            client = relaunch.launch()
+        except ServiceError as exc:
+            before = f"\n  - a fresh launch would have decided it, but the relaunch failed: {exc}"
+        else:
+            judged = _judge_launch(client, template, blessed, repeats, driving, f"{config} relaunched",
+                                   relaunch.recording, pooled)
+            before = f"\n  - its first launch failed: {first.shown}{first.details.replace(chr(10), chr(10) + '  ')}"
+    relaunched = judged is not first
+    status, shown, details = judged.status, judged.shown, judged.details
     decision: GateDecision
     if status in gate.FAILING:
         decision = Status.FAIL
-        message = (f"{where} no longer holds: {shown}.{details}\n  If the change is intended, bless again: "
+        message = (f"{where} no longer holds{' on a fresh launch either' if relaunched else ''}: {shown}.{details}"
+                   f"{before}\n  If the change is intended, bless again: "
                    f"{create_command} (a session without the blessed rate searches the rate this build sustains)")
     elif status in (Status.INCONCLUSIVE, Status.THIN, Status.MISSING):
         decision = Status.FAIL if require else Status.SKIP
-        message = (f"{where}: {str(status).upper()}, not judged: {shown}{details}"
-                   + (" (--ddtree-require-baselines)" if require else ""))
-    elif probe.reason:
+        message = (f"{where}: {str(status).upper()}, not judged{' on a fresh launch' if relaunched else ''}: "
+                   f"{shown}{details}{before}" + (" (--ddtree-require-baselines)" if require else ""))
+    elif relaunched:
+        decision = Status.PASS
+        message = (f"{where} held on a fresh launch: {shown}{before}\n  A launch that much slower misses the SLO's "
+                   "edge where the config does not: the fresh launch decides (docs/gates/throughput.md)")
+    elif judged.probe.reason:
         # goodput is what is gated; the blessed rate is the highest that met the SLO, so a launch a
         # little slower misses it there while its goodput holds: say both, not "still holds"
         decision = Status.PASS
@@ -176,9 +204,47 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
         decision = Status.PASS
         message = f"{where} still holds: {shown}"
     held = decision is Status.PASS
-    record = RateSearch(rate if held else None, None if held else rate, [probe], resolution).record(template.name, slo)
+    probes = [first.probe, judged.probe] if relaunched else [first.probe]
+    record = RateSearch(rate if held else None, None if held else rate, probes, resolution).record(template.name, slo)
     record["gate"] = {"blessed_rate": rate, "status": str(status), "message": message}
+    if relaunched:
+        record["gate"]["first_launch"] = str(first.status)
     return RateGateOutcome(decision, message, record)
+
+
+def _judge_launch(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
+                  driving: throughput.Driving, label: str, recording: throughput.Recording,
+                  pooled: gate.PooledSpread | None) -> _Judged:
+    """The blessed rate measured as one open-loop cell on this launch, its goodput judged against the
+    entry by the throughput gate's rule, tolerance and confirmation run (``throughput.measure_config``)."""
+    slo = driving.slo
+    assert slo is not None  # judge_rate checked it
+    rate = float(blessed["rate"])
+    cell = throughput.rate_cell(template, rate)
+    campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=label),
+                                         baseline={cell.name: blessed["cell"]},
+                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False, between_spread=(
+                                             None if pooled is None else {GOODPUT: pooled.spread})), recording=recording)
+    probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
+    verdict = campaign.verdicts[cell.name]
+    base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}
+    base_median, tolerance = base.get("median"), float(base.get("tolerance", gate.SPECS[GOODPUT].tolerance))
+    judged = verdict.metric(GOODPUT)
+    status = verdict.status
+    details = "".join(f"\n  - {line}" for line in verdict.message(label).split("\n  - ")[1:])
+    measured = list(throughput.cell_input(campaign, cell, None).current.get(GOODPUT) or [])
+    if status not in gate.FAILING and measured and min(measured) <= 0 and stats.is_number(base_median) \
+            and stats.median(measured) < float(base_median) * (1 - tolerance):
+        # the rule works on logs and leaves a repeat with no good request unjudged: at a rate the
+        # blessed repeats all met, a median beyond the tolerance below them is the regression itself
+        status = Status.REGRESSION
+        details = (f"\n  - {sum(1 for v in measured if v <= 0)} of {len(measured)} repeat(s) had no request meeting "
+                   f"the SLO (goodput per repeat {[round(v, 3) for v in measured]})")
+    shown = (f"goodput {_num(probe.figures.get(GOODPUT))} req/s against the blessed {_num(base_median)} req/s "
+             f"({_tolerance(judged.tolerance if judged is not None else tolerance, pooled, blessed)}), "
+             f"SLO attainment {_pct(probe.figures.get('slo_attainment'))}"
+             + (f"; {probe.reason}" if probe.reason else f"; {slo.label} met"))
+    return _Judged(status, details, shown, probe)
 
 
 def rebless_note(blessed: Mapping[str, Any], slo: SLO) -> RateGateData:
