@@ -17,10 +17,10 @@ for (``calibration_command: /opt/ddtree-calib/bin/python /path/to/calibrate_gpu.
 pinned torch). It runs while no server of the session holds the GPU (before the first launch, after
 the last stop).
 
-Not run in this project's CI: its boxes have no GPU, so what is tested here is only that it fails
-clearly without torch or without a GPU (exit 2, one line on stderr that says which), never that its
-figures are right; check them by hand on the GPU host (two runs a minute apart should agree within
-about 1%).
+Not run in this project's CI: its boxes have no GPU, so what is tested there is only that it fails
+clearly without torch or without a GPU (exit 2, one line on stderr that says which). On one H200
+four runs 8 s apart agreed within 1.9% (GEMM, after the warm-up) and 1.0% (copy); without the
+warm-up the GEMM spread 10% (docs/profiles.md).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ GEMM_SIZE = 8192
 COPY_BYTES = 1 << 30
 ROUNDS = 7
 ITERATIONS = 10
+#: Seconds of untimed GEMMs before the timed rounds: the GPU's clocks settle under sustained load
+#: (a server's) rather than at the boost of a cold start (docs/profiles.md: its figures on an H200).
+WARMUP_S = 3.0
 
 
 def _fail(problem: str) -> int:
@@ -55,7 +58,14 @@ def _timed_ms(torch: Any, work: Callable[[], object], iterations: int) -> float:
     return float(start.elapsed_time(end)) / iterations
 
 
-def gpu_figures(torch: Any, rounds: int) -> dict[str, float]:
+def _warm_up(torch: Any, work: Callable[[], object], seconds: float) -> None:
+    """Run ``work`` untimed until ``seconds`` of it have passed on the device."""
+    spent = 0.0
+    while spent < seconds * 1e3:
+        spent += _timed_ms(torch, work, ITERATIONS) * ITERATIONS
+
+
+def gpu_figures(torch: Any, rounds: int, warmup_s: float = WARMUP_S) -> dict[str, float]:
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     src = torch.empty(COPY_BYTES, device="cuda", dtype=torch.uint8)
@@ -63,6 +73,7 @@ def gpu_figures(torch: Any, rounds: int) -> dict[str, float]:
     torch.matmul(a, b)  # untimed: cuBLAS picks its kernel on the first call
     dst.copy_(src)
     torch.cuda.synchronize()
+    _warm_up(torch, lambda: torch.matmul(a, b), warmup_s)
     gemm_ms = statistics.median(_timed_ms(torch, lambda: torch.matmul(a, b), ITERATIONS) for _ in range(rounds))
     copy_ms = statistics.median(_timed_ms(torch, lambda: dst.copy_(src), ITERATIONS) for _ in range(rounds))
     return {"gemm_tflops": 2 * GEMM_SIZE ** 3 / (gemm_ms / 1e3) / 1e12,
@@ -73,6 +84,8 @@ def gpu_figures(torch: Any, rounds: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GPU calibration probe: one JSON line of figures (higher = faster)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S,
+                        help="seconds of untimed GEMMs before the timed rounds (default: %(default)s)")
     parser.add_argument("--no-cpu", action="store_true", help="leave out pytest_ddtree's CPU figures")
     args = parser.parse_args(argv)
     try:  # imported by name: the project's type check runs where torch is not installed
@@ -83,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         return _fail("torch sees no CUDA device here (a GPU-less host, or CUDA_VISIBLE_DEVICES empty): this probe "
                      "measures a GPU; use the CPU probe (python -m pytest_ddtree.measure.calibration) on such a host")
-    figures = gpu_figures(torch, max(1, args.rounds))
+    figures = gpu_figures(torch, max(1, args.rounds), max(0.0, args.warmup_s))
     if not args.no_cpu:
         try:
             from pytest_ddtree.measure.calibration import cpu_probe
