@@ -543,6 +543,17 @@ def test_a_reprobed_rate_that_held_its_goodput_but_missed_the_slo_says_both() ->
     held = frontier.deployment([], [record(None)])["sentences"]
     assert held == ["bs8_b8_k4: its blessed sustainable rate 8 req/s under SLO p99 tpot<=50ms on r8_short, re-probed, "
                     "still holds."]
+    # decided on a fresh launch (the first launch failed, rate_gate.Relaunch): its probe is the last, and it says so
+    relaunched = record(None)
+    relaunched["probes"] = [{"rate": 8.0, "met": False, "reason": "p99 tpot 71.0 ms > 50 ms", "figures": {}},
+                            {"rate": 8.0, "met": True, "reason": None, "figures": {}}]
+    relaunched["gate"] = {"blessed_rate": 8.0, "status": "pass", "message": "...", "first_launch": "regression"}
+    assert frontier.deployment([], [relaunched])["sentences"] == [
+        "bs8_b8_k4: its blessed sustainable rate 8 req/s under SLO p99 tpot<=50ms on r8_short, re-probed, still holds "
+        "on a fresh launch (its first launch: regression)."]
+    relaunched["gate"] = {"blessed_rate": 8.0, "status": "regression", "message": "...", "first_launch": "regression"}
+    assert frontier.deployment([], [relaunched])["sentences"][0].endswith(
+        "re-probed, no longer holds on a fresh launch (its first launch: regression).")
 
 
 def test_a_bless_keeps_the_blessed_rate_while_the_session_sustains_it() -> None:

@@ -188,9 +188,11 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
         held["probes"][1]["figures"]["request_goodput"]
     assert f"its blessed sustainable rate {rate} req/s on r_tiny under SLO p90 tpot<=6ms held on a fresh launch: " \
            "goodput" in held["gate"]["message"] and "its first launch failed: goodput" in held["gate"]["message"]
+    assert "re-probed, still holds on a fresh launch (its first launch: regression)." in \
+        (pytester.path / "unlucky" / "results.md").read_text()
     markdown = (pytester.path / "slow" / "results.md").read_text()
     assert f"bs8_b8_k4: its blessed sustainable rate {rate} req/s under SLO p90 tpot<=6ms on r_tiny, re-probed, " \
-           "no longer holds." in markdown
+           "no longer holds on a fresh launch (its first launch: regression)." in markdown
     # 5. another SLO than the blessed one is not judged: searched, and 'bless again'
     other = _rate_session(pytester, repo_root, "other", "", "--ddtree-slo=tpot_ms=7,percentile=90")
     assert other.ret == 0, other.stdout.str()[-3000:]

@@ -140,9 +140,13 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
                 Status.REGRESSION.value: "no longer holds"}
         gate = r["gate"]
         verdict = held.get(gate["status"], "could not be judged (" + str(gate["status"]) + ")")
-        missed = [p.get("reason") for p in r.get("probes") or [] if isinstance(p, Mapping) and p.get("reason")]
+        # the last probe decided: a fresh launch's, where the first launch failed (rate_gate.Relaunch)
+        decided = [p for p in r.get("probes") or [] if isinstance(p, Mapping)][-1:]
+        missed = [p.get("reason") for p in decided if p.get("reason")]
         if missed and gate["status"] in (Status.PASS.value, Status.IMPROVED.value):
             verdict = f"held its goodput but missed the SLO on this probe ({missed[0]})"
+        if gate.get("first_launch") is not None:
+            verdict += f" on a fresh launch (its first launch: {gate['first_launch']})"
         sentences.append(f"{r.get('config')}: its blessed sustainable rate {gate['blessed_rate']:g} req/s under SLO "
                          f"{(r.get('slo') or {}).get('label', '?')} on {r.get('workload')}, re-probed, {verdict}.")
     for ctx in front:  # a recommendation compares configs: a context one config measured recommends nothing
