@@ -24,7 +24,7 @@ from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
                                                       rebless_note, same_slo, unjudged)
-from pytest_ddtree.gates.throughput.cells import driving_for
+from pytest_ddtree.gates.throughput.cells import driving_for, relaunch_recording
 from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
                                                        sustainable_rate)
 from pytest_ddtree.measure.load import CellResult, LoadError
@@ -162,7 +162,8 @@ def test_sustainable_rate(
 
 def _relaunch(session: DDTreeSession, config: DDTreeConfig, recorder: SessionRecorder) -> Relaunch | None:
     """A fresh launch of ``config`` for a blessed rate that failed on its first (None where the profile
-    cannot relaunch, ``relaunch_flagged: false``); its repeats recorded as a relaunch's."""
+    cannot relaunch, ``relaunch_flagged: false``); its repeats recorded as a relaunch's (``relaunch: 1``),
+    its confirmation repeats as confirmation repeats of that relaunch (their indices start at 0 again)."""
     if not session.profile.relaunch_flagged:
         return None
 
@@ -170,10 +171,7 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, recorder: SessionRec
         session.manager.release()  # a fresh launch, not the one still running
         return session.manager.ensure(config).client
 
-    def on_sample(name: str, r: int, res: CellResult) -> None:
-        recorder.record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT, config.name, {**sample_record(name, r, res), "relaunch": 1})
-
-    return Relaunch(launch, Recording(on_sample, on_sample))
+    return Relaunch(launch, relaunch_recording(recorder, config.name, 1))
 
 
 def _blessed_for_bless(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:

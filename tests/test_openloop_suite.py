@@ -176,6 +176,7 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
     relaunch_repeats = [r for f in (pytester.path / "slow").glob("records*.jsonl")
                         for r in map(json.loads, f.read_text().splitlines()) if r["kind"] == "throughput-relaunch-repeat"]
     assert len(relaunch_repeats) >= 3 and {r["relaunch"] for r in relaunch_repeats} == {1}
+    assert len({r["repeat"] for r in relaunch_repeats}) == len(relaunch_repeats)  # one index each: the first pass's
     # 4b. only the first launch slow (a launch that drew a slow speed), the fresh one at full speed: the
     # rate holds on the fresh launch, and the message keeps the first launch's evidence
     marker = pytester.path / "slow-launch-marker"

@@ -352,6 +352,13 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     # and be relaunched too (the screen is meant to be lenient: a relaunch costs only time).
     assert "bs8_b4_k4" in {r["config"] for r in relaunches}, relaunches
     assert {r["cell"] for r in relaunches if r["config"] == "bs8_b4_k4"} == {"c1_tiny", "c2_tiny", "c4_tiny"}
+    # the relaunch's flagged cells were confirmed, and those repeats are recorded as the relaunch's
+    # confirmation repeats: no two repeats of one launch, cell and kind share an index
+    confirmed = [r for r in _records(pytester, "throughput-confirm-repeat") if r["config"] == "bs8_b4_k4" and r.get("relaunch")]
+    assert confirmed, "a relaunch's confirmation repeats are recorded"
+    repeats = [(r["kind"], r["cell"], r.get("relaunch"), r["repeat"]) for kind in ("throughput-repeat", "throughput-confirm-repeat",
+               "throughput-relaunch-repeat") for r in _records(pytester, kind) if r["config"] == "bs8_b4_k4"]
+    assert len(set(repeats)) == len(repeats)
     # the control at the start and the end (launches 1 and 2); the launch policy may add end launches
     # while the uniform shift reads inconclusive (a config three times slower pulls it), up to the
     # reference profile's control_max_launches, numbered on

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.measure.slo import SLO
     from pytest_ddtree.options import Settings
+    from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession
@@ -315,6 +316,17 @@ def collected_cells(items: Sequence[Any], test: str | None = None) -> CollectedC
     return CollectedCells(configs, by_config)
 
 
+def relaunch_recording(recorder: SessionRecorder, config: str, index: int) -> Recording:
+    """Where relaunch ``index`` of ``config`` records its repeats: the first pass's as relaunch repeats,
+    a flagged cell's confirmation repeats as confirmation repeats, each with its ``relaunch`` (a
+    confirmation's indices start at 0 again, so one kind for both would give two repeats one index)."""
+
+    def record(kind: RecordKind) -> Callable[[str, int, load.CellResult], None]:
+        return lambda cell, r, result: recorder.record(kind, config, {**sample_record(cell, r, result), "relaunch": index})
+
+    return Recording(record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT))
+
+
 def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
     measure all its cells again and record them (``THROUGHPUT_RELAUNCH``), so the session end judges
@@ -357,9 +369,6 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
 
     name, recorder = config.name, session.recorder
 
-    def on_sample(cell: str, r: int, result: load.CellResult) -> None:
-        recorder.record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT, name, {**sample_record(cell, r, result), "relaunch": index})
-
     def on_cell(ev: CellEvaluation) -> None:
         recorded: RelaunchCellData = {**ev.record, "relaunch": index}
         recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, recorded)
@@ -375,7 +384,7 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
         driving = driving_for(session, accept_bound=service.accept_bound(),
                               label=f"{name} relaunch {index} (its session check flagged it)")
         plan = CellPlan(name, tuple(cells), session.settings.repeats, driving, blessed_judging(store))
-        run_cells(service.client, plan, baseline, Recording(on_sample), on_cell)
+        run_cells(service.client, plan, baseline, relaunch_recording(recorder, name, index), on_cell)
     except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
         failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
         recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, failure)
