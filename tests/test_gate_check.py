@@ -63,7 +63,8 @@ def test_a_baseline_file_that_cannot_be_read_fails_before_anything_else(tmp_path
 
 
 def _validate_section_callers(root: Path) -> set[tuple[str, str]]:
-    """(module file, enclosing function) of every call of ``validate_section`` under ``root``."""
+    """(module file, enclosing function) of every use of ``validate_section`` under ``root``: a call, or
+    the function handed on to be called (``blessed_judging`` gives it to the pass over every file)."""
     import ast
 
     found: set[tuple[str, str]] = set()
@@ -73,8 +74,8 @@ def _validate_section_callers(root: Path) -> set[tuple[str, str]]:
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(func):
-                if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "validate_section"
-                                                   or getattr(node.func, "id", None) == "validate_section"):
+                if (isinstance(node, ast.Attribute) and node.attr == "validate_section") \
+                        or (isinstance(node, ast.Name) and node.id == "validate_section"):
                     found.add((path.name, func.name))
     return found
 
@@ -82,8 +83,8 @@ def _validate_section_callers(root: Path) -> set[tuple[str, str]]:
 def test_a_cell_path_validates_its_baseline_in_one_place(repo_root: Path) -> None:
     """#35: the suite, the relaunch and the control read a cell's baseline through
     ``cells.read_baseline`` alone (a real session counts the calls: tests/test_throughput_suite.py);
-    the only other reader is the pass over every config's file for the noise priors, and the rate
-    section's check of its own cell entry."""
+    the only other reader is the pass over every config's file for the noise priors (``blessed_judging``
+    hands it the validator), and the rate section's check of its own cell entry."""
     callers = _validate_section_callers(repo_root / "pytest_ddtree") | _validate_section_callers(repo_root / "suites")
-    assert callers == {("cells.py", "read_baseline"), ("throughput.py", "_blessed_sections"),
+    assert callers == {("cells.py", "read_baseline"), ("throughput.py", "blessed_judging"),
                        ("baseline_format.py", "validate_rate_section")}, callers

@@ -434,7 +434,7 @@ def blessed_judging(store: BaselineStore, gated: tuple[str, ...] | None = None) 
     hardware profile, read in one pass: ``gate.launch_spread`` (how much a config's common change
     moves between launches) and ``gate.cell_noise`` (each cell's repeat noise); files that cannot be
     read are left out (their own cells report them)."""
-    sections = _blessed_sections(store)
+    sections = _blessed_sections(store, "metrics", gate.validate_section)
     return Judging(gated, gate.launch_spread(sections), gate.cell_noise(sections))
 
 
@@ -442,12 +442,12 @@ def blessed_rate_sections(store: BaselineStore) -> list[dict[str, Any]]:
     """The ``sustainable_rate`` sections of every config's baseline file of ``store``'s hardware
     profile, read in one pass (``rate_gate.pooled_spread`` pools them); files that cannot be read
     are left out (their own rate test reports them)."""
-    return _blessed_sections(store, rates=True)
+    return _blessed_sections(store, gate.RATE_SECTION, gate.validate_rate_section)
 
 
-def _blessed_sections(store: BaselineStore, rates: bool = False) -> list[dict[str, Any]]:
-    """The ``metrics`` sections (``rates``: the ``sustainable_rate`` ones) of every config's baseline
-    file of ``store`` (not the control's)."""
+def _blessed_sections(store: BaselineStore, key: str, validate: Callable[[Any, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Section ``key`` of every config's baseline file of ``store`` (not the control's), each checked
+    by ``validate`` (its section's own validator, which names the file in its error)."""
     from pytest_ddtree.gates.throughput.baseline_format import CONTROL
 
     sections: list[dict[str, Any]] = []
@@ -459,10 +459,7 @@ def _blessed_sections(store: BaselineStore, rates: bool = False) -> list[dict[st
             continue
         try:
             data = store.load(path.stem)
-            if rates:
-                sections.append(gate.validate_rate_section((data or {}).get(gate.RATE_SECTION), str(path)))
-            else:
-                sections.append(gate.validate_section((data or {}).get("metrics"), str(path)))
+            sections.append(validate((data or {}).get(key), str(path)))
         except (BaselineError, gate.BaselineFormatError, OSError):
             continue
     return sections
