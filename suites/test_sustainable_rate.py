@@ -46,6 +46,12 @@ class RateBaselineWarning(UserWarning):
     another SLO): the message says how to bless it."""
 
 
+class RateSearchLimitWarning(UserWarning):
+    """A config's rate search stopped at its ``rate_search:`` limit (max_rate met, or max_probes
+    spent) before it found the rate within its resolution: the rate is a bound, and the message
+    says which key to raise."""
+
+
 def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:
     """The config's blessed ``sustainable_rate.<workload>`` entry (None: none), checked."""
     data = baselines.load(config)
@@ -135,6 +141,12 @@ def test_sustainable_rate(
     if blessed is not None:  # blessed under another SLO: its goodput counted other requests as good
         record["gate"] = rebless_note(blessed, slo)
     ddtree_recorder.record(RecordKind.SUSTAINABLE_RATE, config, record)
+    bound = result.bounded()
+    if bound is not None:  # a ceiling reported as the config's limit would mislead the deployment answer
+        kept = ("; a bless keeps it as a rate the config sustains, and its re-probe checks only that"
+                if ddtree_baselines.update_mode else "")
+        warnings.warn(RateSearchLimitWarning(f"{config}: its sustainable rate on {workload.name} under SLO {slo.label} is "
+                                             f"{bound}{kept}"), stacklevel=1)
     if result.sustainable is None:
         first = result.probes[0] if result.probes else None
         pytest.fail(f"{config} does not meet {slo.label} even at {plan.min_rate:g} req/s"

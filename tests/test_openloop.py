@@ -4,7 +4,7 @@ reference engine queueing under open-loop load as its own cost model says."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -322,6 +322,32 @@ def test_the_rate_search_is_bounded_and_brackets_the_rate() -> None:
     assert slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, False), plan).sustainable is None  # not even min_rate
     everything = slo_mod.search_rate(lambda r: slo_mod.RateProbe(r, True), plan)
     assert everything.sustainable == 64.0 and everything.missed is None
+    assert search.limit is None and search.bounded() is None and search.record("w", slo_mod.parse_slo("tpot_ms=5"))[
+        "search_limit"] is None
+
+
+def test_a_rate_search_stopped_by_its_limits_says_its_rate_is_a_bound() -> None:
+    """A search whose every probe met up to max_rate, or whose max_probes ran out first, found no
+    limit: reporting its last rate as the config's would send a deployer to a limit nobody measured."""
+    def capacity(limit: float) -> Callable[[float], slo_mod.RateProbe]:
+        return lambda rate: slo_mod.RateProbe(rate, rate <= limit)
+
+    ceiling = slo_mod.search_rate(capacity(100.0), slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0))
+    assert (ceiling.sustainable, ceiling.missed, ceiling.limit) == (64.0, None, slo_mod.LIMIT_MAX_RATE)
+    assert ceiling.bounded() == ("at least 64 req/s (every probe met the SLO up to rate_search.max_rate: raise it to "
+                                 "find the limit)")
+    short = slo_mod.search_rate(capacity(100.0), slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0, max_probes=3))
+    assert [p.rate for p in short.probes] == [1, 2, 4] and (short.missed, short.limit) == (None, slo_mod.LIMIT_MAX_PROBES)
+    assert short.bounded() == "at least 4 req/s (rate_search.max_probes ran out before a rate missed the SLO: raise it)"
+    wide = slo_mod.search_rate(capacity(5.0), slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0, max_probes=5))
+    assert [p.rate for p in wide.probes] == [1, 2, 4, 8, 6] and (wide.sustainable, wide.missed) == (4.0, 6.0)
+    assert wide.limit == slo_mod.LIMIT_MAX_PROBES and (wide.bounded() or "").startswith("4 req/s, below 6 (")
+    # a search that reached its resolution on its last probe was not stopped by the limit
+    exact = slo_mod.search_rate(capacity(5.0), slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0, resolution=0.2, max_probes=6))
+    assert exact.step is not None and exact.step <= 0.2 * (exact.sustainable or 0) and exact.limit is None
+    none = slo_mod.search_rate(capacity(0.5), slo_mod.SearchPlan(min_rate=1.0, max_rate=64.0))
+    assert none.sustainable is None and none.bounded() is None  # not even min_rate: no bound to state
+    assert ceiling.record("w", slo_mod.parse_slo("tpot_ms=5"))["search_limit"] == "max_rate"
 
 
 def test_sampled_cells_run_on_the_engine_and_top_p_keeps_the_nucleus(tmp_path: Path) -> None:
@@ -554,6 +580,28 @@ def test_a_reprobed_rate_that_held_its_goodput_but_missed_the_slo_says_both() ->
     relaunched["gate"] = {"blessed_rate": 8.0, "status": "regression", "message": "...", "first_launch": "regression"}
     assert frontier.deployment([], [relaunched])["sentences"][0].endswith(
         "re-probed, no longer holds on a fresh launch (its first launch: regression).")
+
+
+def test_the_deployment_answer_says_a_searched_rate_is_a_bound_where_the_search_stopped_at_its_limit() -> None:
+    from pytest_ddtree.records.words import RecordKind
+    from pytest_ddtree.report import frontier
+
+    def record(config: str, rate: float | None, missed: float | None, limit: object) -> dict[str, object]:
+        out: dict[str, object] = {
+            "kind": RecordKind.SUSTAINABLE_RATE, "config": config, "workload": "r4_short", "sustainable_rate": rate,
+            "missed_rate": missed, "slo": {"label": "p99 tpot<=20ms", "goodput_slos_ms": {"tpot": 20.0}, "percentile": 99.0}}
+        if limit is not None:
+            out["search_limit"] = limit
+        return out
+
+    (sentence,) = frontier.deployment([], [record("bs8_b4_k4", 64.0, None, "max_rate"), record("bs8_b8_k4", 11.0, 12.0, None),
+                                           record("bs8_b16_k4", 4.0, 8.0, "max_probes"), record("bs8_b2_k4", None, 1.0, None),
+                                           record("old", 9.0, 10.0, 7)])["sentences"]  # 7: a hand-edited record
+    assert sentence == ("Sustainable request rate under SLO p99 tpot<=20ms on r4_short: bs8_b4_k4 at least 64 req/s (every "
+                        "probe met the SLO up to rate_search.max_rate: raise it to find the limit), bs8_b8_k4 11 req/s, "
+                        "old 9 req/s, bs8_b16_k4 4 req/s, below 8 (rate_search.max_probes ran out before the two were "
+                        "within the search's resolution: raise it), bs8_b2_k4 none (the highest rate that met it, within "
+                        "the search's resolution of the first that missed, unless said).")
 
 
 def test_a_bless_keeps_the_blessed_rate_while_the_session_sustains_it() -> None:

@@ -131,6 +131,12 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
     assert blessed.ret == 0, blessed.stdout.str()[-3000:]
     (searched,) = _rate_records(pytester, "bless")
     assert searched["sustainable_rate"] in (10, 20) and "gate" not in searched
+    # two probes (max_probes 2) between 10 and 20 req/s: 20 met is the search's max_rate, 10 met and 20
+    # missed a bracket wider than the resolution; either way the rate is a bound, and the session says so
+    assert searched["search_limit"] == ("max_rate" if searched["sustainable_rate"] == 20 else "max_probes"), searched
+    blessed.stdout.fnmatch_lines([f"*RateSearchLimitWarning: bs8_b8_k4: its sustainable rate on r_tiny under SLO p90 "
+                                  f"tpot<=6ms is {'at least 20' if searched['sustainable_rate'] == 20 else '10'} req/s*"
+                                  "a bless keeps it as a rate the config sustains*"])
     baseline = yaml.safe_load((pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())
     entry = baseline["sustainable_rate"]["r_tiny"]
     assert entry["rate"] == searched["sustainable_rate"] and entry["slo"]["label"] == "p90 tpot<=6ms"

@@ -100,6 +100,7 @@ _.full_sweep_restarts
 _.goodput_slos_ms
 _.login_host
 _.missed_rate
+_.search_limit
 _.new_passes
 _.output_throughput
 _.output_throughput_interval
@@ -128,6 +129,7 @@ _.other_median
 # Called by the shipped suites (suites/*.py), which the package scan does not include.
 _.session_of  # plugin.session_of: suites/test_throughput.py (also records/sessionfolder.session_of: tests)
 _.check_cell  # suites/test_throughput.py
+_.bounded  # slo.RateSearch.bounded: suites/test_sustainable_rate.py
 _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites/test_throughput.py
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
 _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sustainable_rate.py

@@ -18,7 +18,10 @@ loses at many). The definitions follow the tools deployers use:
 * **The sustainable rate** of a config is the highest rate that meets the SLO, found by
   :func:`search_rate`: probe rates doubling from ``min_rate`` until one misses (or ``max_rate``
   is reached), then bisect between the last rate that met and the first that missed until the
-  bracket is within ``resolution`` of the rate (a bounded number of cells).
+  bracket is within ``resolution`` of the rate (a bounded number of cells). Where every probe met
+  up to ``max_rate``, or ``max_probes`` ran out first, the answer is only a bound, and the search
+  says which (``RateSearch.limit``): a rate reported as found that was only the search's ceiling
+  would send a deployer to a config's limit that nobody measured.
 """
 
 from __future__ import annotations
@@ -184,15 +187,26 @@ class RateProbe:
     figures: Mapping[str, float | None] = field(default_factory=dict)
 
 
+#: Why a search stopped before it had bracketed the rate within its resolution (``RateSearch.limit``).
+LIMIT_MAX_RATE = "max_rate"      # every probe met, up to the search's max_rate: the rate is a lower bound
+LIMIT_MAX_PROBES = "max_probes"  # its probes ran out: a lower bound, or a bracket wider than the resolution
+
+
 @dataclass
 class RateSearch:
     """The search's outcome: the highest rate that met (None: not even ``min_rate``), the first
-    rate above it that missed (None: ``max_rate`` met), and every probe in the order measured."""
+    rate above it that missed (None: none did), every probe in the order measured, and what stopped
+    the search short of its resolution (``LIMIT_MAX_RATE``, ``LIMIT_MAX_PROBES``; None: nothing)."""
 
     sustainable: float | None
     missed: float | None
     probes: list[RateProbe]
     resolution: float
+    limit: str | None = None
+
+    def bounded(self) -> str | None:
+        """The rate found, said as the bound it is, and what to raise (None: it is the search's answer)."""
+        return bounded_rate(self.limit, self.sustainable, self.missed)
 
     @property
     def step(self) -> float | None:
@@ -206,7 +220,21 @@ class RateSearch:
         probes: list[RateProbeData] = [{"rate": p.rate, "met": p.met, "reason": p.reason, "figures": dict(p.figures)}
                                        for p in self.probes]
         return {"workload": workload, "slo": slo.record(), "sustainable_rate": self.sustainable,
-                "missed_rate": self.missed, "step": self.step, "resolution": self.resolution, "probes": probes}
+                "missed_rate": self.missed, "step": self.step, "resolution": self.resolution, "probes": probes,
+                "search_limit": self.limit}
+
+
+def bounded_rate(limit: str | None, sustainable: float | None, missed: float | None) -> str | None:
+    """The rate a search stopped by ``limit`` found, said as the bound it is, with the ``rate_search:``
+    key to raise (None: no limit stopped it, or no rate met, which is no bound)."""
+    if limit not in (LIMIT_MAX_RATE, LIMIT_MAX_PROBES) or sustainable is None:
+        return None
+    if limit == LIMIT_MAX_RATE:
+        return f"at least {sustainable:g} req/s (every probe met the SLO up to rate_search.max_rate: raise it to find the limit)"
+    if missed is None:
+        return f"at least {sustainable:g} req/s (rate_search.max_probes ran out before a rate missed the SLO: raise it)"
+    return (f"{sustainable:g} req/s, below {missed:g} (rate_search.max_probes ran out before the two were within the "
+            "search's resolution: raise it)")
 
 
 @dataclass(frozen=True)
@@ -231,6 +259,7 @@ def search_rate(measure: Callable[[float], RateProbe], plan: SearchPlan) -> Rate
     probes: list[RateProbe] = []
     good: float | None = None
     bad: float | None = None
+    limit: str | None = None
     rate = plan.min_rate
     while len(probes) < plan.max_probes:
         probe = measure(rate)
@@ -240,9 +269,15 @@ def search_rate(measure: Callable[[float], RateProbe], plan: SearchPlan) -> Rate
             break
         good = rate
         if rate >= plan.max_rate:
+            limit = LIMIT_MAX_RATE
             break
         rate = min(rate * 2, plan.max_rate)
-    while good is not None and bad is not None and bad - good > plan.resolution * good and len(probes) < plan.max_probes:
+    else:
+        limit = LIMIT_MAX_PROBES
+    while good is not None and bad is not None and bad - good > plan.resolution * good:
+        if len(probes) >= plan.max_probes:
+            limit = LIMIT_MAX_PROBES
+            break
         mid = (good + bad) / 2
         probe = measure(mid)
         probes.append(probe)
@@ -250,4 +285,4 @@ def search_rate(measure: Callable[[float], RateProbe], plan: SearchPlan) -> Rate
             good = mid
         else:
             bad = mid
-    return RateSearch(good, bad, probes, plan.resolution)
+    return RateSearch(good, bad, probes, plan.resolution, limit)

@@ -61,6 +61,9 @@ class _SustainableRateRequired(TypedDict):
 class SustainableRateData(_SustainableRateRequired, total=False):
     """``RecordKind.SUSTAINABLE_RATE``: one config's highest rate under the SLO (``slo.RateSearch``;
     None: not even the search's lowest rate), the first rate above it that missed, and every probe.
+    ``search_limit``: what stopped the search short of its resolution (``max_rate``: every probe met,
+    so the rate is a lower bound; ``max_probes``; None: nothing; absent in records written before it).
     A session that judged a blessed rate re-probed that one rate and says so in ``gate``."""
 
+    search_limit: str | None
     gate: RateGateData

@@ -23,7 +23,7 @@ from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHP
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import REBLESS, SLOData
 from pytest_ddtree.records.shapes import RawRecord, ThroughputRecord
-from pytest_ddtree.measure.slo import METRIC_KEYS
+from pytest_ddtree.measure.slo import METRIC_KEYS, bounded_rate
 from pytest_ddtree.records.words import RecordKind, Status
 
 T = TypeVar("T")
@@ -116,6 +116,17 @@ def _reprobed(record: Mapping[str, Any]) -> bool:
     return isinstance(gate, Mapping) and gate.get("status") != REBLESS and stats.is_number(gate.get("blessed_rate"))
 
 
+def _searched_rate(record: Mapping[str, Any]) -> str:
+    """One config's searched rate as the deployment sentence says it: a bound says it is one."""
+    config, rate, missed = record.get("config"), record.get("sustainable_rate"), record.get("missed_rate")
+    if not stats.is_number(rate):
+        return f"{config} none"
+    limit = record.get("search_limit")
+    bound = bounded_rate(limit if isinstance(limit, str) else None, float(rate),
+                         float(missed) if stats.is_number(missed) else None)
+    return f"{config} {bound or f'{float(rate):g} req/s'}"
+
+
 def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawRecord]) -> dict[str, Any]:
     """results.json's ``deployment``: the answer at each load, the sustainable rates, the frontier,
     and the sentences the terminal and the report show (empty dict: nothing to say)."""
@@ -130,11 +141,10 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: no measured config meets it.")
     searched = [r for r in rates if not _reprobed(r)]
     if searched:
-        shown = ", ".join(f"{r.get('config')} {r['sustainable_rate']:g} req/s" if stats.is_number(r.get("sustainable_rate"))
-                          else f"{r.get('config')} none" for r in searched)
         slo_label = (searched[0].get("slo") or {}).get("label", "?")
-        sentences.append(f"Sustainable request rate under SLO {slo_label} on {searched[0].get('workload')}: {shown} "
-                         "(the highest rate that met it; bisected to the search's resolution).")
+        sentences.append(f"Sustainable request rate under SLO {slo_label} on {searched[0].get('workload')}: "
+                         f"{', '.join(map(_searched_rate, searched))} (the highest rate that met it, within the search's "
+                         "resolution of the first that missed, unless said).")
     for r in (r for r in rates if _reprobed(r)):
         held = {Status.PASS.value: "still holds", Status.IMPROVED.value: "still holds (goodput improved)",
                 Status.REGRESSION.value: "no longer holds"}
