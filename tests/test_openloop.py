@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -602,6 +603,38 @@ def test_the_deployment_answer_says_a_searched_rate_is_a_bound_where_the_search_
                         "old 9 req/s, bs8_b16_k4 4 req/s, below 8 (rate_search.max_probes ran out before the two were "
                         "within the search's resolution: raise it), bs8_b2_k4 none (the highest rate that met it, within "
                         "the search's resolution of the first that missed, unless said).")
+
+
+def test_at_an_offered_rate_the_deployment_answer_picks_the_most_headroom_not_the_last_finish() -> None:
+    """Below their capacity every config serves an open-loop cell's offered rate, so its goodput is the
+    schedule's and differs by the last request's finish alone (on the engine: 16.90 against 16.77 req/s
+    at 16 req/s while the other config's p99 TPOT and TTFT were lower): the answer there is the config
+    with the most headroom. At a closed-loop cell goodput is what a fixed number of users gets."""
+    from pytest_ddtree.report import frontier
+
+    slo = {"label": "p99 ttft<=300ms tpot<=20ms", "goodput_slos_ms": {"ttft": 300.0, "tpot": 20.0}, "percentile": 99.0}
+
+    def cell(config: str, name: str, workload: dict[str, Any], goodput: float, ttft: float, tpot: float) -> Any:
+        return {"config": config, "cell": name, "workload": {"context_tokens": 128, **workload}, "slo": slo,
+                "measurement_status": "valid", "metrics": {"request_goodput": goodput, "output_throughput": goodput * 64,
+                                                           "p99_ttft_ms": ttft, "p99_tpot_ms": tpot}}
+
+    offered = {"request_rate": 16.0}
+    records = [cell("bs8_b16_k4", "r16", offered, 16.90, 8.7, 1.70), cell("bs8_b4_k4", "r16", offered, 16.77, 8.0, 1.56),
+               cell("bs8_b2_k4", "r16", offered, 16.95, 290.0, 25.0),  # misses the TPOT target: not a candidate
+               cell("bs8_b16_k4", "c32", {"concurrency": 32}, 114.6, 25.1, 5.3),
+               cell("bs8_b4_k4", "c32", {"concurrency": 32}, 151.3, 35.8, 3.8)]
+    answers = {e["cell"]: e for e in frontier.at_load(records)}
+    assert answers["r16"]["deploy"] == "bs8_b4_k4" and answers["r16"]["chosen_by"] == "headroom"
+    assert answers["r16"]["meeting"] == ["bs8_b16_k4", "bs8_b4_k4"]
+    assert answers["r16"][SLO_LATENCY_SHARE] == pytest.approx(1.56 / 20)  # TPOT is the nearer target
+    assert answers["c32"]["deploy"] == "bs8_b4_k4" and answers["c32"]["chosen_by"] == "request_goodput"
+    sentences = frontier.deployment(records, [])["sentences"]
+    assert ("For SLO p99 ttft<=300ms tpot<=20ms at load r16 (16 req/s, context 128): deploy bs8_b4_k4 (the most "
+            "headroom: its latency at 8% of the SLO's target; goodput 16.77 req/s, 1073.3 output tok/s; 2 of 3 configs "
+            "meet it).") in sentences
+    assert any(s.startswith("For SLO p99 ttft<=300ms tpot<=20ms at load c32 (concurrency 32, context 128): deploy "
+                            "bs8_b4_k4 (goodput 151.30 req/s") for s in sentences), sentences
 
 
 def test_a_bless_keeps_the_blessed_rate_while_the_session_sustains_it() -> None:

@@ -15,11 +15,12 @@ its repeats of each repeat's percentile), the rate search's reads every request 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, SLO_LATENCY_SHARE
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import REBLESS, SLOData
 from pytest_ddtree.records.shapes import RawRecord, ThroughputRecord
@@ -57,13 +58,40 @@ def cell_meets(metrics: Mapping[str, Any], slo: SLOData) -> bool | None:
         return float(share) >= q / 100 if stats.is_number(share) else None
     if stats.is_number(failed := metrics.get("ddtree_failed")) and failed > 0:
         return False
+    share = cell_latency_share(metrics, slo)
+    return None if share is None else share <= 1
+
+
+def cell_latency_share(metrics: Mapping[str, Any], slo: SLOData) -> float | None:
+    """The largest, over the SLO's targets, of the cell's percentile figure over its target (None:
+    a percentile the cell does not report, or a figure missing): how far the cell stands from the
+    SLO's edge, 1 being the edge."""
+    q = float(slo["percentile"])
+    if q not in (90.0, 95.0, 99.0):
+        return None
+    shares: list[float] = []
     for name, ms in slo["goodput_slos_ms"].items():
         value = metrics.get(f"p{q:g}_{METRIC_KEYS.get(name, name)}_ms")
         if not stats.is_number(value):
             return None
-        if float(value) > float(ms):
-            return False
-    return True
+        shares.append(float(value) / float(ms))
+    return max(shares, default=None)
+
+
+def _deploy_key(record: ThroughputRecord, slo: SLOData) -> tuple[float, ...]:
+    """How the configs that meet a cell's SLO rank (the highest first). At a closed-loop cell, by
+    goodput then output tok/s: a fixed number of users gets more good answers a second from the
+    faster one. At an open-loop cell every config that meets the SLO serves the offered rate, so its
+    goodput is the schedule's and differs by the last request's finish alone; there the one with the
+    most headroom (the lowest latency share: the most load or slower days it can take before it
+    misses) ranks first, then goodput."""
+    m = record["metrics"]
+    share = cell_latency_share(m, slo) if _open_loop(record) else None
+    return (-math.inf if share is None else -share, m.get(REQUEST_GOODPUT) or 0.0, m.get(AGGREGATE) or 0.0)
+
+
+def _open_loop(record: Mapping[str, Any]) -> bool:
+    return stats.is_number((record.get("workload") or {}).get("request_rate"))
 
 
 def _valid(records: Iterable[ThroughputRecord]) -> list[ThroughputRecord]:
@@ -71,8 +99,8 @@ def _valid(records: Iterable[ThroughputRecord]) -> list[ThroughputRecord]:
 
 
 def at_load(throughput: Sequence[ThroughputRecord]) -> list[dict[str, Any]]:
-    """Per cell with an SLO: the configs that meet it and the one to deploy (highest goodput, then
-    output tok/s), or none."""
+    """Per cell with an SLO: the configs that meet it and the one to deploy (``_deploy_key``: the
+    most headroom at an open-loop cell, the highest goodput at a closed-loop one), or none."""
     by_cell: dict[str, list[ThroughputRecord]] = defaultdict(list)
     for r in _valid(throughput):
         if r.get("slo"):
@@ -81,11 +109,14 @@ def at_load(throughput: Sequence[ThroughputRecord]) -> list[dict[str, Any]]:
     for cell, recs in by_cell.items():
         slo = recs[0]["slo"]
         meeting = [r for r in recs if cell_meets(r["metrics"], slo)]
-        best = max(meeting, key=lambda r: (r["metrics"].get(REQUEST_GOODPUT) or 0.0,
-                                           r["metrics"].get(AGGREGATE) or 0.0), default=None)
+        best = max(meeting, key=lambda r: _deploy_key(r, slo), default=None)
+        share = cell_latency_share(best["metrics"], slo) if best is not None else None
         out.append({"cell": cell, "load": load_label(recs[0]), "slo": slo["label"],
                     "meeting": sorted(str(r["config"]) for r in meeting), "configs": len(recs),
                     "deploy": str(best["config"]) if best is not None else None,
+                    "chosen_by": ("headroom" if _open_loop(recs[0]) and share is not None else REQUEST_GOODPUT)
+                    if best is not None else None,
+                    SLO_LATENCY_SHARE: share,
                     REQUEST_GOODPUT: best["metrics"].get(REQUEST_GOODPUT) if best is not None else None,
                     OUTPUT_THROUGHPUT: best["metrics"].get(AGGREGATE) if best is not None else None})
     return out
@@ -134,8 +165,10 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
     sentences = []
     for entry in loads:
         if entry["deploy"]:
+            why = (f"the most headroom: its latency at {entry[SLO_LATENCY_SHARE]:.0%} of the SLO's target; "
+                   if entry["chosen_by"] == "headroom" else "")
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: deploy {entry['deploy']} "
-                             f"(goodput {entry[REQUEST_GOODPUT] or 0:.2f} req/s, {entry[OUTPUT_THROUGHPUT] or 0:.1f} "
+                             f"({why}goodput {entry[REQUEST_GOODPUT] or 0:.2f} req/s, {entry[OUTPUT_THROUGHPUT] or 0:.1f} "
                              f"output tok/s; {len(entry['meeting'])} of {entry['configs']} configs meet it).")
         else:
             sentences.append(f"For SLO {entry['slo']} at load {entry['load']}: no measured config meets it.")
