@@ -74,3 +74,21 @@ def test_backend_page_size_overlap_and_dp_enter_the_fingerprint_unless_swept() -
         swept = fingerprint.fingerprint(dict(base, **{key: other}), inventory=inv, swept=[fingerprint.SETUP_KEYS[key]])
         assert key not in swept.details
         assert swept.name == fingerprint.fingerprint(base, inventory=inv, swept=[fingerprint.SETUP_KEYS[key]]).name
+
+
+def test_the_reference_engines_clock_is_its_accelerator_and_a_different_setup_is_said() -> None:
+    """One folder name for the reference engine at every clock scale (and for every host under a
+    hardware_profile override), so the recorded details are what tells two setups apart."""
+    slow = fingerprint.fingerprint({"version": "refserver-0.1.0", "clock_scale": 1.0, "model_path": "refserver/tiny"})
+    fast = fingerprint.fingerprint({"version": "refserver-0.1.0", "clock_scale": 10.0, "model_path": "refserver/tiny"})
+    assert slow.name == fast.name == "refserver" and slow.digest != fast.digest
+    assert fast.details["clock_scale"] == 10.0
+    assert "clock_scale" not in fingerprint.fingerprint({"version": "0.5.23", "clock_scale": 3}).details  # SGLang's is no accelerator
+    assert fingerprint.setup_differences(fast.details, slow.details) == ["clock_scale '10.0' when blessed, '1.0' here"]
+    assert fingerprint.setup_differences(fast.details, fast.details) == []
+    # a fact the older bless did not record is no evidence; a hostile value is cut short, a nested one ignored
+    older = {k: v for k, v in fast.details.items() if k != "clock_scale"}
+    assert fingerprint.setup_differences(older, slow.details) == []
+    hostile = {"engine_version": "x" * 500, "model": {"nested": 1}, "gpu\nevil": "cpu"}
+    (said,) = fingerprint.setup_differences(hostile, {**slow.details, "model": "other", "gpu\nevil": "cpu"})
+    assert said == f"engine_version {'x' * 60!r} when blessed, 'refserver-0.1.0' here"

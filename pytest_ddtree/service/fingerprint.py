@@ -117,6 +117,8 @@ def fingerprint(
         "drafter": _basename(server_info.get("speculative_draft_model_path")),
         "speculative_algorithm": server_info.get("speculative_algorithm"),
         "tp_size": server_info.get("tp_size") if "tp" not in swept else None,
+        # the reference engine's simulated accelerator: its speed is its clock scale, not the host's
+        "clock_scale": server_info.get("clock_scale") if is_reference_engine(server_info) else None,
         **{key: server_info.get(key) for key, axis in SETUP_KEYS.items() if axis not in swept},
     }
     details = {k: v for k, v in details.items() if v is not None}
@@ -131,6 +133,22 @@ def fingerprint(
             parts.append(str(details["model"]))
         name = sanitize("-".join(parts), max_len=72) + f"-{digest}"
     return HardwareProfile(name=name, details=details, digest=digest)
+
+
+def setup_differences(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
+    """What a baseline's recorded fingerprint (its ``details``, as blessed) says of the setup that this
+    service's differs in, as ``key X when blessed, Y here``: only the facts both state (an older bless
+    that did not record one is no evidence), each value cut short (the file is not trusted).
+
+    Why: a folder shared by a ``hardware_profile`` override (or the reference engine's one name)
+    holds numbers of whatever setup blessed them; a regression of every cell against a baseline
+    blessed on another engine version or clock is that difference, and the message should say so."""
+    out = []
+    for key in sorted(set(blessed) & set(here)):
+        was, now = blessed[key], here[key]
+        if isinstance(was, (str, int, float, bool)) and str(was) != str(now):
+            out.append(f"{sanitize(str(key), 40)} {str(was)[:60]!r} when blessed, {str(now)[:60]!r} here")
+    return out
 
 
 class _ProfileLike(Protocol):

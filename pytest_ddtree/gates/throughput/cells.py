@@ -66,6 +66,8 @@ class CellBaseline:
     hardware_profile: str
     section: Mapping[str, Any]
     problem: str | None = None
+    #: The setup the file was blessed on (its ``fingerprint.details``; ``{}`` when it has none).
+    blessed_setup: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def cell(self, name: str) -> Any:
         """The cell's entry as blessed (a bless merges into it), or None."""
@@ -81,7 +83,10 @@ def read_baseline(store: BaselineStore, config: str) -> CellBaseline:
         section = gate.validate_section((data or {}).get("metrics"), str(path))
     except (BaselineError, gate.BaselineFormatError) as exc:
         return CellBaseline(config, path, store.hardware_profile, {}, str(exc))
-    return CellBaseline(config, path, store.hardware_profile, section)
+    recorded = (data or {}).get("fingerprint")
+    details = recorded.get("details") if isinstance(recorded, Mapping) else None
+    return CellBaseline(config, path, store.hardware_profile, section,
+                        blessed_setup=details if isinstance(details, Mapping) else {})
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class CellEvaluation:
     bless: BlessDecision | None = None
     #: An open-loop cell's worst ``SLO_LATENCY_SHARE`` over its counted repeats (what a bless keeps: ``slo_edge.py``).
     slo_latency_share: float | None = None
+    #: The setup its baseline was blessed on (``CellBaseline.blessed_setup``).
+    blessed_setup: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def status(self) -> MeasurementStatus:
@@ -160,7 +167,7 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     share = slo_edge.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
     return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
-                          bless=decision, slo_latency_share=share)
+                          bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup)
 
 
 def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:

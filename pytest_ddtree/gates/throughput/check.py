@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pytest_ddtree.service.fingerprint import local_fingerprint
+from pytest_ddtree.service.fingerprint import local_fingerprint, setup_differences
 from pytest_ddtree.gates.throughput.baseline_format import baseline_cell_entry
 from pytest_ddtree.gates.throughput.measurement import BlessDecision
 from pytest_ddtree.records.words import GateDecision
@@ -75,7 +75,7 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     if new:
         notes.append(GateWarning("new-metric", f"{config} {workload}: " + "; ".join(new)))
     if verdict.failed:
-        return GateOutcome(Status.FAIL, verdict.message(config), tuple(notes))
+        return GateOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service), tuple(notes))
     if verdict.status == Status.INCONCLUSIVE:
         if require:
             return GateOutcome(Status.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
@@ -84,6 +84,19 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
         head, *why = verdict.message(config).split("\n  - ")
         return GateOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
     return GateOutcome(Status.WARN if notes else Status.PASS, "", tuple(notes))
+
+
+def _setup_note(cell: CellEvaluation, baselines: BaselineStore, config: str, service: RunningService) -> str:
+    """Where the baseline was blessed on another setup than this service's, the failure says how
+    (``fingerprint.setup_differences``): that, not the config, may be what moved."""
+    if not cell.blessed_setup:  # a file with no recorded setup has nothing to compare
+        return ""
+    differences = setup_differences(cell.blessed_setup, local_fingerprint(service.profile, service.server_info).details)
+    if not differences:
+        return ""
+    return (f"\n  - {baselines.path_for(config)} was blessed on another setup than this service's: {'; '.join(differences)}"
+            f"; to gate this setup, bless it ({baselines.create_command(config)}) or give its profile a hardware_profile "
+            "of its own")
 
 
 def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
