@@ -603,6 +603,9 @@ def test_the_deployment_answer_says_a_searched_rate_is_a_bound_where_the_search_
                         "old 9 req/s, bs8_b16_k4 4 req/s, below 8 (rate_search.max_probes ran out before the two were "
                         "within the search's resolution: raise it), bs8_b2_k4 none (the highest rate that met it, within "
                         "the search's resolution of the first that missed, unless said).")
+    (bounds_only,) = frontier.deployment([], [record("bs8_b4_k4", 64.0, None, "max_rate")])["sentences"]
+    assert bounds_only.endswith("bs8_b4_k4 at least 64 req/s (every probe met the SLO up to rate_search.max_rate: raise "
+                                "it to find the limit).")  # nothing was bracketed: no word of a resolution
 
 
 def test_at_an_offered_rate_the_deployment_answer_picks_the_most_headroom_not_the_last_finish() -> None:

@@ -147,15 +147,16 @@ def _reprobed(record: Mapping[str, Any]) -> bool:
     return isinstance(gate, Mapping) and gate.get("status") != REBLESS and stats.is_number(gate.get("blessed_rate"))
 
 
-def _searched_rate(record: Mapping[str, Any]) -> str:
-    """One config's searched rate as the deployment sentence says it: a bound says it is one."""
+def _searched_rate(record: Mapping[str, Any]) -> tuple[str, bool]:
+    """One config's searched rate as the deployment sentence says it (a bound says it is one), and
+    whether it is a rate the search bracketed within its resolution."""
     config, rate, missed = record.get("config"), record.get("sustainable_rate"), record.get("missed_rate")
     if not stats.is_number(rate):
-        return f"{config} none"
+        return f"{config} none", False
     limit = record.get("search_limit")
     bound = bounded_rate(limit if isinstance(limit, str) else None, float(rate),
                          float(missed) if stats.is_number(missed) else None)
-    return f"{config} {bound or f'{float(rate):g} req/s'}"
+    return f"{config} {bound or f'{float(rate):g} req/s'}", bound is None
 
 
 def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawRecord]) -> dict[str, Any]:
@@ -175,9 +176,11 @@ def deployment(throughput: Sequence[ThroughputRecord], records: Iterable[RawReco
     searched = [r for r in rates if not _reprobed(r)]
     if searched:
         slo_label = (searched[0].get("slo") or {}).get("label", "?")
+        said = [_searched_rate(r) for r in searched]
         sentences.append(f"Sustainable request rate under SLO {slo_label} on {searched[0].get('workload')}: "
-                         f"{', '.join(map(_searched_rate, searched))} (the highest rate that met it, within the search's "
-                         "resolution of the first that missed, unless said).")
+                         f"{', '.join(text for text, _ in said)}"  # a word of the resolution only where a rate met it
+                         + (" (the highest rate that met it, within the search's resolution of the first that missed, "
+                            "unless said)." if any(bracketed for _, bracketed in said) else "."))
     for r in (r for r in rates if _reprobed(r)):
         held = {Status.PASS.value: "still holds", Status.IMPROVED.value: "still holds (goodput improved)",
                 Status.REGRESSION.value: "no longer holds"}
