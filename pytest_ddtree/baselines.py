@@ -12,9 +12,9 @@ from __future__ import annotations
 import fcntl
 import shlex
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import yaml
 
@@ -22,6 +22,9 @@ from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.records.recorder import BaselineUpdate
 from pytest_ddtree.records.words import Word
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
+
+if TYPE_CHECKING:
+    from pytest_ddtree.service.fingerprint import HardwareProfile
 
 SCHEMA_VERSION = 1
 
@@ -79,6 +82,9 @@ class BaselineStore:
     hardware_profile: str
     update_mode: bool = False
     create_hint: str = "pytest suites --ddtree-update-baselines"
+    #: The fingerprint the session took of its service (a fleet host's GPUs from that host): what a
+    #: bless records as the setup, and what a judged cell compares with the setup it was blessed on.
+    fingerprint: HardwareProfile | None = field(default=None, compare=False)
 
     @property
     def directory(self) -> Path:

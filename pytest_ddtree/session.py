@@ -230,6 +230,7 @@ class DDTreeSession:
                 hardware_profile=sanitize(named) if named else taken.name,
                 update_mode=self.settings.update_baselines,
                 create_hint=self.create_hint(),
+                fingerprint=taken,
             )
             self.recorder.hardware_profile = self._baselines.hardware_profile
         return self._baselines

@@ -88,3 +88,37 @@ def test_a_cell_path_validates_its_baseline_in_one_place(repo_root: Path) -> Non
     callers = _validate_section_callers(repo_root / "pytest_ddtree") | _validate_section_callers(repo_root / "suites")
     assert callers == {("cells.py", "read_baseline"), ("throughput.py", "blessed_judging"),
                        ("baseline_format.py", "validate_rate_section")}, callers
+
+
+def test_a_bless_records_and_a_failure_compares_the_setup_the_session_filed_its_baselines_by(tmp_path: Path) -> None:
+    """A fleet host's fingerprint is taken there (its GPUs by nvidia-smi over ssh), not by this
+    machine's NVML: the store carries it, so a bless records that host's setup and a judged cell
+    compares its baseline's setup with it (no service is asked here: ``service`` is None)."""
+    import dataclasses
+
+    from pytest_ddtree.gates.throughput.measurement import BlessDecision
+    from pytest_ddtree.service.fingerprint import fingerprint
+
+    class Inventory:
+        gpus = [SimpleNamespace(name="NVIDIA H200")] * 8
+        driver_version, cuda_driver_version = "575.51", "12.9"
+
+    host = fingerprint({"version": "0.5.23", "model_path": "/models/k26"}, None, Inventory())
+    store = BaselineStore(tmp_path, host.name, update_mode=True, fingerprint=host)
+    proposed: list[tuple[str, str, Any]] = []
+    recorder = cast(SessionRecorder, SimpleNamespace(propose_baseline=lambda *a: proposed.append(a)))
+    settings = cast(Settings, SimpleNamespace(require_baselines=False, session_stamp="s1"))
+    blessed = dataclasses.replace(_cell(Status.PASS), bless=BlessDecision(),
+                                  record=cast(ThroughputData, {"measurement_status": Status.VALID, "repeats": 3,
+                                                               "samples": {"output_throughput": [100.0, 101.0, 99.0]},
+                                                               "workload": {"concurrency": 8, "context_tokens": 128}}))
+    outcome = check_cell(blessed, "bs8_b8_k4", "c8", baselines=store, recorder=recorder,
+                         service=cast(RunningService, None), settings=settings)
+    assert outcome.decision is Status.PASS
+    assert ("bs8_b8_k4", "fingerprint", host.as_dict()) in proposed and host.details["gpu"] == "8xH200"
+    # judged against a file blessed on H100s under a shared name: the failure says so, from the store's setup
+    failed = dataclasses.replace(_cell(Status.REGRESSION), blessed_setup={**host.details, "gpu": "8xH100"})
+    outcome = check_cell(failed, "bs8_b8_k4", "c8", baselines=dataclasses.replace(store, update_mode=False),
+                         recorder=recorder, service=cast(RunningService, None), settings=settings)
+    assert outcome.decision is Status.FAIL
+    assert "was blessed on another setup than this service's: gpu '8xH100' when blessed, '8xH200' here" in outcome.message

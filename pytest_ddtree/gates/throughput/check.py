@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pytest_ddtree.gates.throughput.cells import CellEvaluation
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.fingerprint import HardwareProfile
     from pytest_ddtree.service.manager import RunningService
 
 
@@ -91,12 +92,18 @@ def _setup_note(cell: CellEvaluation, baselines: BaselineStore, config: str, ser
     (``fingerprint.setup_differences``): that, not the config, may be what moved."""
     if not cell.blessed_setup:  # a file with no recorded setup has nothing to compare
         return ""
-    differences = setup_differences(cell.blessed_setup, local_fingerprint(service.profile, service.server_info).details)
+    differences = setup_differences(cell.blessed_setup, _setup(baselines, service).details)
     if not differences:
         return ""
     return (f"\n  - {baselines.path_for(config)} was blessed on another setup than this service's: {'; '.join(differences)}"
             f"; to gate this setup, bless it ({baselines.create_command(config)}) or give its profile a hardware_profile "
             "of its own")
+
+
+def _setup(baselines: BaselineStore, service: RunningService) -> HardwareProfile:
+    """The setup this service is: the fingerprint the session filed its baselines by (a fleet host's
+    GPUs are that host's), else this machine's view of it."""
+    return baselines.fingerprint or local_fingerprint(service.profile, service.server_info)
 
 
 def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
@@ -107,7 +114,7 @@ def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload:
         retry = f"{baselines.create_command(config)} --ddtree-workload={workload}"
         return GateOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
                                           f"  retry this cell with: {retry}")
-    fingerprint = local_fingerprint(service.profile, service.server_info)
+    fingerprint = _setup(baselines, service)
     entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp,
                                 slo_share=cell.slo_latency_share)
     recorder.propose_baseline(config, "metrics", {workload: entry})
