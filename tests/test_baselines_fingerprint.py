@@ -86,6 +86,7 @@ def test_the_reference_engines_clock_is_its_accelerator_and_a_different_setup_is
     assert "clock_scale" not in fingerprint.fingerprint({"version": "0.5.23", "clock_scale": 3}).details  # SGLang's is no accelerator
     assert fingerprint.setup_differences(fast.details, slow.details) == ["clock_scale '10.0' when blessed, '1.0' here"]
     assert fingerprint.setup_differences(fast.details, fast.details) == []
+    assert fingerprint.setup_differences({"clock_scale": 10.0, "tp_size": 8}, {"clock_scale": 10, "tp_size": 8.0}) == []
     # a fact the older bless did not record is no evidence; a hostile value is cut short, a nested one ignored
     older = {k: v for k, v in fast.details.items() if k != "clock_scale"}
     assert fingerprint.setup_differences(older, slow.details) == []

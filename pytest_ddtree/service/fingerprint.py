@@ -146,7 +146,10 @@ def setup_differences(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> li
     out = []
     for key in sorted(set(blessed) & set(here)):
         was, now = blessed[key], here[key]
-        if isinstance(was, (str, int, float, bool)) and str(was) != str(now):
+        if not isinstance(was, (str, int, float, bool)):
+            continue
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (was, now))
+        if (float(was) != float(now)) if numbers else str(was) != str(now):  # 10 and 10.0 are one clock scale
             out.append(f"{sanitize(str(key), 40)} {str(was)[:60]!r} when blessed, {str(now)[:60]!r} here")
     return out
 
