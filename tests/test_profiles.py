@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.configs import load_matrix, parse_config_name
+from pytest_ddtree.selection import select
 from pytest_ddtree.service.profile import ProfileError, SelectionError, ServiceProfile, load_profile, parse_profile, render_value
 
 SHIPPED = ["reference.yaml", "sglang-upstream-dflash.yaml", "sglang-ddtree-pr27509.yaml", "sglang-subsir-tree-verify.yaml",
@@ -50,6 +51,7 @@ def test_shipped_real_build_profiles_cite_a_source_for_every_flag_variable_and_k
 def test_upstream_dflash_sets_the_block_size_only(repo_root: Path) -> None:
     profile = shipped(repo_root, "sglang-upstream-dflash.yaml")
     assert profile.render_config_args(parse_config_name("bs8_b7_k1")) == [
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/Kimi-K2.6-DFlash",
         "--speculative-dflash-block-size", "8", "--speculative-draft-window-size", "2048"]
     assert profile.expected_applied(parse_config_name("bs16_b15_k1_wnone")) == {
         "speculative_num_draft_tokens": 16, "speculative_eagle_topk": 1, "speculative_draft_window_size": None}
@@ -77,7 +79,7 @@ def test_subsir_fork_sets_budget_and_topk_through_the_environment(repo_root: Pat
     assert profile.render_env(config) == {
         "SGLANG_DFLASH_TREE_VERIFY": "1", "SGLANG_DFLASH_BLOCK_VERIFY": "1",
         "SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS": "13", "SGLANG_DFLASH_TREE_VERIFY_TOPK": "6"}
-    assert profile.render_config_args(config) == ["--speculative-num-draft-tokens", "8"]  # no window: not an axis
+    assert profile.render_config_args(config)[-2:] == ["--speculative-num-draft-tokens", "8"]  # no window: not an axis
     assert set(profile.unverifiable) == {"budget", "topk"}
     how = profile.how_fields_reach_the_service()
     assert "unverifiable: set by SGLANG_DFLASH_TREE_VERIFY_NUM_TOKENS" in how["budget"]
@@ -146,6 +148,10 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
           "config_env": {"topk": {"1TOPK": "{value}"}}}, r"config_env.topk.1TOPK: not an environment variable name"),
         ({"pool": 0}, r"pool: must be at least 1"),
         ({"lossless_args": None}, r"lossless_args: lossless: instance needs"),
+        ({"command": "python -m server --speculative-algorithm DFLASH --port {port} {config_args}"},
+         r"lossless_args: the plain launch \(the command without config_args, plus lossless_args\) would speculate"),
+        ({"speculative_args": "--speculative-algorithm {algo}"}, r"speculative_args: takes no placeholders"),
+        ({"speculative_args": "--speculative-draft-model-path '/models/x"}, r"speculative_args: must be shell words"),
         ({"controller": "systemd"}, r"unit: the systemd controller needs the unit name"),
         ({"pool": ["http://127.0.0.1:30000"], "relaunch_flagged": True, "control_launches": None, "control_max_launches": None,
           "bless_control_launches": None}, r"relaunch_flagged: an external service or a pool of URLs cannot be relaunched"),
@@ -210,6 +216,24 @@ def test_an_empty_lossless_args_launches_the_command_as_written(tmp_path: Path, 
     assert profile.lossless == "instance" and profile.lossless_args == ""
     plain = profile.render_command(None, 1, profile.lossless_args)
     assert plain.endswith("--enable-metrics") and "--speculative" not in plain, plain  # the command, no config_args
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parent.parent / "suites" / "services").glob("sglang-*.yaml")))
+def test_every_shipped_sglang_profile_has_a_plain_launch_and_speculates_only_in_its_configs(repo_root: Path, name: str) -> None:
+    """The control, the lossless reference and the golden bless are the command without config_args
+    (SGLang serves plainly only where no --speculative-algorithm is given); every config's launch
+    names the algorithm (and the drafter, where the build has one)."""
+    profile = shipped(repo_root, name)
+    assert profile.lossless_args == "", name
+    plain = profile.render_command(None, 30000, profile.lossless_args)
+    assert "--speculative" not in plain and "{" not in plain, plain
+    configs = select(["all"], load_matrix(repo_root / "suites" / "configs.yaml"), profile).configs
+    assert configs, name
+    for config in configs:
+        launch = profile.render_command(config, 30000)
+        assert launch.startswith(plain.split(" --host")[0]) and "--speculative-algorithm " in launch, launch
+        if profile.draft_model_path:
+            assert f"--speculative-draft-model-path {profile.draft_model_path}" in launch, launch
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +161,9 @@ def test_a_named_config_the_build_cannot_run_is_a_usage_error(pytester: pytest.P
 # -- real SGLang's own argument parser ---------------------------------------------------------------
 
 #: Run in the real-SGLang venv: each argv through ``prepare_server_args`` (0.5.23's parser and its
-#: argument-time checks), one JSON answer per argv; an argparse refusal is its last stderr line.
+#: argument-time checks; nothing is loaded), one JSON answer per argv: the resolved
+#: ``speculative_algorithm`` (None: the server would not speculate), or why the parser refused it
+#: (an argparse refusal is its last stderr line).
 PARSE_SCRIPT = """
 import contextlib, io, json, sys
 from sglang.srt.server_args import prepare_server_args
@@ -168,12 +172,12 @@ for argv in json.load(sys.stdin):
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            prepare_server_args(argv)
-        out.append("ok")
+            args = prepare_server_args(argv)
+        out.append({"algorithm": args.speculative_algorithm})
     except SystemExit:
-        out.append((err.getvalue().strip().splitlines() or ["exit"])[-1])
+        out.append({"refused": (err.getvalue().strip().splitlines() or ["exit"])[-1]})
     except Exception as exc:
-        out.append(f"{type(exc).__name__}: {exc}")
+        out.append({"refused": f"{type(exc).__name__}: {exc}"})
 print("PARSED " + json.dumps(out))
 """
 
@@ -194,7 +198,8 @@ def strip_fork_flags(argv: list[str], fork_flags: set[str]) -> list[str]:
 
 
 def sglang_argvs() -> dict[str, list[str]]:
-    """Each shipped SGLang profile's command line for every config of its matrix, after the
+    """Each shipped SGLang profile's command line for its plain launch (``<profile> plain``: the
+    control, the lossless reference, the golden bless) and for every config of its matrix, after the
     launcher, fork flags stripped; and, per fork flag, the line with it kept (it must be refused)."""
     argvs: dict[str, list[str]] = {}
     for path in sorted(SERVICES.glob("*.yaml")):
@@ -202,37 +207,49 @@ def sglang_argvs() -> dict[str, list[str]]:
         command = " ".join((profile.command or "").split())
         if "-m sglang.launch_server " not in command:
             continue  # the engine's own profiles
-        for config in build_selection(path.name, ["all"]).configs:
-            rendered = shlex.split(profile.render_command(config, 30000))
+        assert profile.lossless_args is not None, f"{path.name} has no plain launch (lossless_args)"
+        launches = {"plain": profile.render_command(None, 30000, profile.lossless_args)}
+        launches.update((config.name, profile.render_command(config, 30000)) for config in build_selection(path.name, ["all"]).configs)
+        for name, line in launches.items():
+            rendered = shlex.split(line)
             argv = rendered[rendered.index("sglang.launch_server") + 1:]
-            argvs[f"{path.name} {config.name}"] = strip_fork_flags(argv, set(profile.fork_flags))
+            argvs[f"{path.name} {name}"] = strip_fork_flags(argv, set(profile.fork_flags))
             for flag in (f for f in profile.fork_flags if f in argv):  # a config may leave its axis out
-                argvs[f"{path.name} {config.name} keeping {flag}"] = strip_fork_flags(argv, set(profile.fork_flags) - {flag})
+                argvs[f"{path.name} {name} keeping {flag}"] = strip_fork_flags(argv, set(profile.fork_flags) - {flag})
     return argvs
 
 
 @pytest.mark.slow
 def test_every_shipped_command_line_parses_under_real_sglangs_parser() -> None:
     """SGLang 0.5.23's own parser (``sglang.srt.server_args.prepare_server_args``) reads every
-    shipped profile's command line, for every config of its matrix: a misspelt flag, a value of the
-    wrong type or a flag 0.5.23 does not have fails here, unless the profile names it under
-    ``fork_flags`` with the fork that adds it; and each flag named there really is one 0.5.23 refuses."""
+    shipped profile's command line, for its plain launch and every config of its matrix: a misspelt
+    flag, a value of the wrong type or a flag 0.5.23 does not have fails here, unless the profile
+    names it under ``fork_flags`` with the fork that adds it; and each flag named there really is one
+    0.5.23 refuses. The plain launch resolves to no speculative algorithm (so the control and the
+    lossless reference exist), every config's to the profile's own."""
     python, why = sglang_python()
     if python is None:
         pytest.skip(why)
     argvs = sglang_argvs()
-    assert len({name.split()[0] for name in argvs}) >= 5, sorted(argvs)
+    profiles = {name.split()[0] for name in argvs}
+    assert len(profiles) >= 9 and all(f"{p} plain" in argvs for p in profiles), sorted(argvs)
     done = subprocess.run([str(python), "-c", PARSE_SCRIPT], input=json.dumps(list(argvs.values())), capture_output=True,
                           text=True, timeout=240, env={**os.environ, **server_env()}, check=False)
     line = next((x for x in done.stdout.splitlines() if x.startswith("PARSED ")), None)
     assert line is not None, done.stderr[-3000:]
     answers = dict(zip(argvs, json.loads(line[len("PARSED "):])))
-    refused = {name: answer for name, answer in answers.items() if " keeping " not in name and answer != "ok"}
+    refused = {name: answer["refused"] for name, answer in answers.items() if " keeping " not in name and "refused" in answer}
     assert not refused, f"SGLang 0.5.23's parser refuses shipped command lines: {refused}"
     for name, answer in answers.items():
         if " keeping " in name:
             flag = name.split(" keeping ")[1]
-            assert "unrecognized arguments" in answer and flag in answer, (name, answer)
+            assert "unrecognized arguments" in answer.get("refused", "") and flag in answer["refused"], (name, answer)
+            continue
+        argv = argvs[name]
+        if name.endswith(" plain"):
+            assert answer["algorithm"] is None and "--speculative-algorithm" not in argv, (name, answer, argv)
+        else:
+            assert answer["algorithm"] == argv[argv.index("--speculative-algorithm") + 1], (name, answer, argv)
 
 
 # -- a config with a non-DDTree axis (EAGLE3's steps), gated end to end and blessed --------------------
@@ -252,8 +269,8 @@ def _eagle3_launch_evidence(results: Path) -> dict[str, Any]:
 
 def test_an_eagle3_config_is_proven_gated_and_blessed(pytester: pytest.Pytester) -> None:
     profile = as_refserver("sglang-eagle3.yaml", pytester.path)
-    raw = yaml.safe_load(profile.read_text())  # a non-speculative launch to check losslessness against
-    raw.update(lossless="instance", lossless_args="--speculative-algorithm NONE", coding_min_pass=None)
+    raw = yaml.safe_load(profile.read_text())  # losslessness checked live against the shipped plain launch
+    raw.update(lossless="instance", coding_min_pass=None)
     profile.write_text(yaml.safe_dump(raw))
     suites = [str(REPO / "suites" / name) for name in ("test_health.py", "test_coding.py", "test_lossless.py")]
     bless = run_suite(pytester, profile, *suites, "--ddtree-update-baselines", config=EAGLE3_CONFIG, timeout=400)
@@ -276,3 +293,36 @@ def test_an_eagle3_config_is_proven_gated_and_blessed(pytester: pytest.Pytester)
     # and a DDTree name the build cannot run is refused before anything starts
     refused = run_suite(pytester, profile, suites[0], "--ddtree-allow-unlisted", config="b7_k4_steps3_tw2", timeout=120)
     assert refused.ret == 4 and "has no flag for tree_width" in refused.stderr.str(), refused.stderr.str()[-2000:]
+
+
+# -- a GPU profile's golden transcripts, blessed by the command the skip message prints --------------
+
+@pytest.mark.slow
+def test_the_golden_bless_command_a_gpu_profile_prints_works_as_printed(pytester: pytest.Pytester) -> None:
+    """A shipped GPU profile (``lossless: golden``) without transcripts skips the lossless gate and
+    prints the command that blesses them; that command, run as printed from a checkout, launches the
+    profile's plain server (no speculative flag), writes ``golden/``, and the next session is judged
+    against it. Only the launcher is the engine's (upstream DFLASH's dialect)."""
+    checkout = pytester.path / "checkout"
+    shutil.copytree(REPO / "suites", checkout / "suites", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    profile = as_refserver("sglang-upstream-dflash.yaml", checkout)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    def session(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", *argv, "-p", "no:cacheprovider", "-rA"], cwd=checkout,
+                              env=env, capture_output=True, text=True, timeout=400, check=False)
+
+    first = session("suites/test_lossless.py", f"--ddtree-service={profile}")
+    assert first.returncode == 0 and "1 skipped" in first.stdout, first.stdout[-3000:]
+    printed = re.search(r"no usable golden transcripts in \S+; create them with: (pytest .*)$", first.stdout, re.M)
+    assert printed is not None, first.stdout[-3000:]
+    words = shlex.split(printed.group(1))
+    assert words[:2] == ["pytest", "suites/test_lossless.py"] and "--ddtree-update-baselines" in words, words
+    bless = session(*words[1:])
+    assert bless.returncode == 0 and "1 passed" in bless.stdout, bless.stdout[-3000:]
+    reference = json.loads((checkout / "baselines" / "refserver" / "golden" / "reference.json").read_text())
+    assert "--speculative" not in reference["command"] and "--model-path /models/Kimi-K2.6" in reference["command"], reference
+    judged = session("suites/test_lossless.py", f"--ddtree-service={profile}", "--ddtree-require-baselines")
+    assert judged.returncode == 0 and "1 passed" in judged.stdout, judged.stdout[-3000:]
+    assert "blessed" in judged.stdout and "from a launch with lossless_args" in judged.stdout, judged.stdout[-3000:]

@@ -293,7 +293,8 @@ class ServiceManager:
             raise ConfigNotAvailable(
                 f"profile {self.profile.name} has no lossless_args: the non-speculative reference needs the "
                 "launch arguments that turn speculation off, or lossless_args: '' where the command without "
-                "config_args does not speculate (SGLang: --speculative-algorithm in config_args, not in the command)"
+                "speculative_args and config_args does not speculate (SGLang: --speculative-algorithm and the drafter in "
+                "speculative_args, not in the command)"
             )
         slot = self._current
         if slot is not None and slot.service is not None and slot.service.config is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import string
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypedDict
@@ -119,6 +120,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "port": ((int, str), False),
     "default_window": ((int, type(None)), False),
     "config_args": (dict, False),  # required where the harness launches the service (_check_launch)
+    "speculative_args": ((str, type(None)), False),
     "config_env": ((dict, type(None)), False),
     "fixed": ((dict, type(None)), False),
     "applied": (dict, False),
@@ -336,6 +338,7 @@ def _check_launch(raw: Mapping[str, Any], kind: ControllerKind, port: int | str,
 
 class _ConfigFields(TypedDict):
     config_args: dict[str, str]
+    speculative_args: str
     config_choices: dict[str, dict[Any, str]]
     applied_negated: frozenset[str]
     config_env: dict[str, dict[str, str]]
@@ -368,6 +371,7 @@ def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
     applied, applied_offset, negated = _parse_applied(raw.get("applied") or {}, fail)
     return _ConfigFields(
         config_args=config_args,
+        speculative_args=_parse_speculative_args(raw, fail),
         config_choices=choices,
         applied_negated=negated,
         config_env=config_env,
@@ -397,6 +401,22 @@ def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail)
             raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
                                          f"it under applied, or say why it cannot be checked under unverifiable")
     return _ReadBack(sources=sources, unverifiable=unverifiable, fork_flags=_parse_fork_flags(raw, fail))
+
+
+def _parse_speculative_args(raw: Mapping[str, Any], fail: _Fail) -> str:
+    """``speculative_args``: the flags every config's launch gets and the plain launch (the control,
+    the lossless reference) does not: the algorithm and the drafter. SGLang 0.5.23 has no flag that
+    turns speculation off, so the command itself must be the plain server."""
+    text = raw.get("speculative_args") or ""
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise fail("speculative_args", f"must be shell words (flags), got {text!r}: {exc}") from None
+    if "{" in text:
+        raise fail("speculative_args", "takes no placeholders: a value that differs per config belongs in config_args")
+    if text and raw.get("config_args") is None:
+        raise fail("speculative_args", "only a profile whose launches the harness makes (with config_args) says this")
+    return str(text)
 
 
 def _parse_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> bool | None:
@@ -429,13 +449,13 @@ def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
     template (a flag the launch never passes needs no excuse), each with the fork or PR it comes from."""
     section = raw.get("fork_flags") or {}
     templates = [t for v in (raw.get("config_args") or {}).values() for t in (v.values() if isinstance(v, Mapping) else [v])]
-    passed = " ".join([str(raw.get("command") or ""), *map(str, templates)]).split()
+    passed = " ".join([str(raw.get("command") or ""), str(raw.get("speculative_args") or ""), *map(str, templates)]).split()
     out: dict[str, str] = {}
     for flag, why in section.items():
         if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
             raise fail(f"fork_flags.{flag}", "must be a launch flag spelled --like-this")
         if flag not in passed:
-            raise fail(f"fork_flags.{flag}", "is not passed by the command or any config_args template: drop it")
+            raise fail(f"fork_flags.{flag}", "is not passed by the command, speculative_args or any config_args template: drop it")
         if not isinstance(why, str) or not why.strip():
             raise fail(f"fork_flags.{flag}", "must say which fork or PR adds the flag (released SGLang's parser refuses it)")
         out[flag] = why.strip()
@@ -646,6 +666,19 @@ def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bo
     return out[0], out[1]
 
 
+def _check_plain_launch(raw: Mapping[str, Any], fail: _Fail) -> None:
+    """The plain launch (the command without config_args, plus ``lossless_args``) must not name an
+    algorithm the command passes: SGLang takes the last --speculative-algorithm, and without one in
+    ``lossless_args`` the control and the lossless reference would speculate too."""
+    spelled = re.compile(r"(^|\s)--speculative-algorithm(\s|=|$)")
+    lossless_args = raw.get("lossless_args")
+    if lossless_args is not None and spelled.search(str(raw.get("command") or "")) and not spelled.search(lossless_args):
+        raise fail("lossless_args", "the plain launch (the command without config_args, plus lossless_args) would "
+                                    "speculate: the command passes --speculative-algorithm. Move it and the drafter "
+                                    "(--speculative-draft-model-path) into speculative_args, which only the configs' "
+                                    "launches get")
+
+
 def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
     """How the harness treats the service: the lossless check, the control, relaunches,
     readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
@@ -656,8 +689,9 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
         raise fail("lossless", f"must be one of {', '.join(LOSSLESS_MODES)}, got {lossless!r}")
     if lossless == "instance" and raw.get("lossless_args") is None:
         raise fail("lossless_args", "lossless: instance needs the launch args of the non-speculative instance, or '' where "
-                                    "the command without config_args does not speculate (SGLang: --speculative-algorithm "
-                                    "in config_args, not in the command)")
+                                    "the command without speculative_args and config_args does not speculate (SGLang: "
+                                    "--speculative-algorithm in speculative_args, not in the command)")
+    _check_plain_launch(raw, fail)
     control = raw.get("control")
     if control is not None and control != "none":
         try:

@@ -122,6 +122,10 @@ class ServiceProfile:
     #: axis -> value -> the flags for it, for a choice or bool axis mapped value by value
     #: (``overlap: {on: "", off: --disable-overlap-schedule}``): its values are the ones it accepts.
     config_choices: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
+    #: Flags every config's launch gets before its config_args and the plain launch (the control,
+    #: the lossless reference) does not: the algorithm and the drafter (SGLang serves plainly
+    #: only where no --speculative-algorithm is given).
+    speculative_args: str = ""
     #: /server_info keys that show a bool axis negated (``disable_overlap_schedule: not overlap``)
     applied_negated: frozenset[str] = frozenset()
     #: the axes the profile's ``axes:`` declares (beyond those pytest_ddtree.axes ships)
@@ -238,9 +242,10 @@ class ServiceProfile:
         return (*CONFIG_FIELDS, *axes_mod.order(n for n in named if n not in CONFIG_FIELDS))
 
     def render_config_args(self, config: DDTreeConfig) -> list[str]:
-        """The launch flags for ``config``; an axis whose value is None (left out, or no window) is omitted."""
+        """The launch flags for ``config``: ``speculative_args``, then each axis's flags (an axis whose
+        value is None, left out or no window, is omitted)."""
         values = config.field_values(self.default_window)
-        args: list[str] = []
+        args: list[str] = shlex.split(self.speculative_args)
         for field_name in self.fields():
             value = values.get(field_name)
             if value is None:
