@@ -34,6 +34,11 @@ class StandInConfig:
     histogram: Any = None  # sent as meta_info.spec_accept_histogram on the last chunk (hostile values too)
     tokenize: bool = True  # answer POST /tokenize (one token per UTF-8 byte); False: 404 like an old build
     text_prompt_scale: float = 1.0  # a text prompt counts this many tokens per byte (text fallback tests)
+    hostile_every: int = 0  # every n-th streamed generate (and every chat) sends ``hostile_chunk`` as its only chunk
+    hostile_chunk: bytes = b"[" * 200_000  # the payload of that ``data:`` line (default: 200,000 nested arrays)
+    verify_ct: int | None = None  # the finished chunk's spec_verify_ct (an impossible one), instead of the steps
+    keepalive_s: float = 0.0  # > 0: every stream sends ``first_tokens`` tokens, then SSE comments this far apart for ever
+    first_tokens: int = 0
     generate_calls: int = 0
     flushes: int = 0
     active: int = 0
@@ -77,6 +82,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"tokens": [_ids(p) for p in body["prompt"]], "count": [len(_ids(p)) for p in body["prompt"]],
                              "max_model_len": 1 << 20})
             return
+        if self.path == "/v1/chat/completions" and cfg.hostile_every:
+            self._hostile()
+            return
         if self.path != "/generate":
             self._json(404, {"error": "not found"})
             return
@@ -92,6 +100,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if cfg.fail_every and n % cfg.fail_every == 0:
                 self._json(500, {"error": "injected"})
+                return
+            if cfg.hostile_every and n % cfg.hostile_every == 0:
+                self._hostile()
+                return
+            if cfg.keepalive_s:
+                self._keepalive(prompt_tokens)
                 return
             sp = body["sampling_params"]
             want = int(sp["max_new_tokens"]) if sp.get("ignore_eos") else min(5, int(sp["max_new_tokens"]))
@@ -114,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
                 meta = {"prompt_tokens": prompt_tokens + cfg.prompt_offset, "completion_tokens": done,
                         "finish_reason": None}
                 if not cfg.no_spec:
-                    meta["spec_verify_ct"] = steps
+                    meta["spec_verify_ct"] = cfg.verify_ct if cfg.verify_ct is not None and done >= want else steps
                 if cfg.histogram is not None and done >= want:
                     meta["spec_accept_histogram"] = cfg.histogram
                 chunk = {"text": "x" * done} if cfg.no_meta else {"text": "x" * done, "meta_info": meta}
@@ -124,6 +138,28 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with cfg.lock:
                 cfg.active -= 1
+
+    def _hostile(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"data: " + self.cfg.hostile_chunk + b"\n\ndata: [DONE]\n\n")
+
+    def _keepalive(self, prompt_tokens: int) -> None:
+        """A stream that stalls: ``first_tokens`` tokens, then only SSE comments until the client hangs up."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for done in range(1, self.cfg.first_tokens + 1):
+            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "finish_reason": None}
+            self.wfile.write(b"data: " + json.dumps({"text": "x" * done, "meta_info": meta}).encode() + b"\n\n")
+        try:
+            while True:
+                self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
+                time.sleep(self.cfg.keepalive_s)
+        except OSError:
+            return  # the client hung up
 
 
 def _ids(text: str) -> list[int]:

@@ -33,6 +33,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_ddtree.measure import accounting
+from pytest_ddtree.measure.accounting import StreamError
 from pytest_ddtree.measure.generate_stream import STREAM_TAIL_LIMIT, RequestResult, send_stream
 from pytest_ddtree.measure.prompts import Prompt, PromptSet
 from pytest_ddtree.service import proof
@@ -97,11 +99,11 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
             line = resp.readline(CHAT_LINE_LIMIT + 1)
             t = clock()
             if not line:
-                raise ValueError("stream ended without 'data: [DONE]'")
+                raise StreamError("closed", "stream ended without 'data: [DONE]'")
             streamed += len(line)
             if len(line) > CHAT_LINE_LIMIT or streamed > limit:
-                raise ValueError(f"stream line over {CHAT_LINE_LIMIT:,} bytes or stream over {limit:,} bytes for {asked} "
-                                 "tokens: not read on (the stream is hostile or broken)")
+                raise StreamError("too long", f"stream line over {CHAT_LINE_LIMIT:,} bytes or stream over {limit:,} bytes for "
+                                              f"{asked} tokens: not read on (the stream is hostile or broken)")
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
@@ -120,7 +122,8 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
                 elif last is not None:
                     result.itl_s.append(t - last)
                     if len(result.itl_s) > 2 * asked + 4:
-                        raise ValueError(f"more than {2 * asked + 4} text deltas for {asked} tokens (the stream is hostile)")
+                        raise StreamError("too long", f"more than {2 * asked + 4} text deltas for {asked} tokens (the stream "
+                                                      "is hostile)")
                 last = t
     finally:
         result.stream_bytes = streamed
@@ -128,8 +131,7 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
     if usage is None:
         raise ValueError("no usage chunk with completion_tokens (stream_options.include_usage not honoured?)")
     result.completion_tokens = int(usage["completion_tokens"])
-    prompt_tokens = usage.get("prompt_tokens")
-    result.prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) else None
+    result.prompt_tokens = accounting.count(usage.get("prompt_tokens"), "usage.prompt_tokens")
     if result.ttft_s is None:
         raise ValueError("stream produced no content or reasoning_content")
     return reusable
@@ -137,14 +139,11 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
 
 def _chunk(payload: bytes) -> Mapping[str, Any]:
     """One parsed chunk; errors (SGLang's streamed ``{"error": ...}`` or an ``object: error``) raise."""
-    try:
-        chunk = json.loads(payload)
-    except ValueError:
-        raise ValueError(f"stream chunk is not JSON: {payload[:80]!r}") from None
+    chunk = accounting.parse_json(payload)
     if not isinstance(chunk, dict):
         raise ValueError(f"stream chunk is not a JSON object: {payload[:80]!r}")
     if "error" in chunk or chunk.get("object") == "error":
-        raise ValueError(f"server error in stream: {str(chunk.get('error') or chunk.get('message'))[:300]}")
+        raise StreamError("server error", f"server error in stream: {str(chunk.get('error') or chunk.get('message'))[:300]}")
     return chunk
 
 
@@ -165,11 +164,11 @@ def _usage(chunk: Mapping[str, Any], asked: int) -> Mapping[str, Any] | None:
     usage = chunk.get("usage")
     if not isinstance(usage, dict):
         return None
-    count = usage.get("completion_tokens")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"usage.completion_tokens is not a count: {str(count)[:40]}")
+    count = accounting.count(usage.get("completion_tokens"), "usage.completion_tokens")
+    if count is None:
+        raise StreamError("impossible", "usage.completion_tokens is not a count: None")
     if count > asked:
-        raise ValueError(f"usage claims {count} completion tokens, more than the {asked} asked for (max_completion_tokens)")
+        raise StreamError("impossible", f"usage claims {count} completion tokens, more than the {asked} asked for (max_completion_tokens)")
     return usage
 
 
@@ -182,8 +181,8 @@ def _spec_details(chunk: Mapping[str, Any], result: RequestResult) -> None:
         details = details[0] if details else None
     if not isinstance(details, dict):
         return
-    verify = details.get("spec_verify_ct")
-    if isinstance(verify, int) and not isinstance(verify, bool) and verify > 0:
+    verify = accounting.count(details.get("spec_verify_ct"), "sglext.spec_tokens_details.spec_verify_ct")
+    if verify:
         result.spec_verify_ct = verify
     hist = details.get("spec_correct_drafts_histogram")
     if hist:

@@ -17,7 +17,8 @@ from typing import Any
 
 from pytest_ddtree import progress
 from pytest_ddtree.service import proof
-from pytest_ddtree.measure import stats
+from pytest_ddtree.measure import accounting
+from pytest_ddtree.measure.accounting import StreamError
 from pytest_ddtree.service.http import Deadline, RequestWatch, ServiceHTTP
 from pytest_ddtree.measure.prompts import Prompt
 
@@ -47,6 +48,8 @@ class RequestResult:
     templated: bool = False
     ok: bool = False
     error: str | None = None
+    #: why it failed, a key of ``accounting.FAILURE_KINDS`` (None: it did not fail)
+    failure: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     spec_verify_ct: int | None = None
@@ -161,11 +164,22 @@ def stream_request(
         done, last_payload, reusable = _read_events(resp, result, asked, body_limit, clock)
         if not done:
             result.end = clock()
-            raise ValueError("stream ended without 'data: [DONE]'")
+            raise StreamError("closed", "stream ended without 'data: [DONE]'")
         _read_final_meta(result, last_payload)
         return reusable  # more than a terminator after [DONE]: not a connection to reuse
 
     return send_stream(service, conn, "/generate", body, result, read)
+
+
+def guarded(send: Callable[..., RequestResult], service: ServiceHTTP, index: int, prompt: Prompt, output_tokens: int,
+            *args: Any) -> RequestResult:
+    """``send(service, index, prompt, output_tokens, *args)``, whose exception (a bug: senders never raise)
+    becomes the request's failure: a request sent is accounted for, whatever the client did."""
+    try:
+        return send(service, index, prompt, output_tokens, *args)
+    except Exception as exc:  # noqa: BLE001
+        return RequestResult(index=index, expected_prompt_tokens=prompt.target_tokens, expected_output_tokens=output_tokens,
+                             error=f"{type(exc).__name__}: {exc}", failure=accounting.failure_kind(exc, False))
 
 
 def send_stream(service: ServiceHTTP, conn: http.client.HTTPConnection | None, path: str, body: bytes,
@@ -187,15 +201,17 @@ def send_stream(service: ServiceHTTP, conn: http.client.HTTPConnection | None, p
         if resp.status != 200:
             detail = resp.read(300).decode("utf-8", "replace").strip()
             result.end = clock()
-            result.error = f"HTTP {resp.status}: {detail}"
+            result.error, result.failure = f"HTTP {resp.status}: {detail}", "http"
             return result
         if not read(resp, clock):
             own_conn = True
         result.ok = True
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever ends a request is its failure, never a lost request
         if not result.end:
             result.end = clock()
-        result.error = deadline_error(watch.deadline, result) if watch.failed_by_deadline() else f"{type(exc).__name__}: {exc}"
+        by_deadline = watch.failed_by_deadline()
+        result.failure = accounting.failure_kind(exc, by_deadline)
+        result.error = deadline_error(watch.deadline, result) if by_deadline else f"{type(exc).__name__}: {exc}"
         own_conn = True  # a broken connection is never reused
     finally:
         if watch.end():  # cut after its last event: its socket is shut down
@@ -234,8 +250,8 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
                 return False, last_payload, True
             streamed += len(line)
             if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
-                raise ValueError(f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} bytes "
-                                 f"for {asked} tokens: not read on (the stream is hostile or broken)")
+                raise StreamError("too long", f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} "
+                                              f"bytes for {asked} tokens: not read on (the stream is hostile or broken)")
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
@@ -249,7 +265,8 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
                 if not isinstance(count, int):
                     raise ValueError("stream chunk without meta_info.completion_tokens (chunks are not tokens)")
             if count > asked:  # a server never exceeds max_new_tokens; a hostile count would size the ITL list
-                raise ValueError(f"stream chunk claims {count} tokens, more than the {asked} asked for (max_new_tokens)")
+                raise StreamError("impossible", f"stream chunk claims {count} tokens, more than the {asked} asked for "
+                                                "(max_new_tokens)")
             last_payload, at_chunk = payload, streamed
             result.chunks += 1
             last = apply_chunk(result, t, count, last)
@@ -265,11 +282,9 @@ def _read_final_meta(result: RequestResult, last_payload: bytes) -> None:
     if meta.get("completion_tokens") != result.completion_tokens:
         raise ValueError(f"last chunk says {meta.get('completion_tokens')} tokens, the stream counted "
                          f"{result.completion_tokens}")
-    result.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
-    result.spec_verify_ct = _int_or_none(meta.get("spec_verify_ct"))
-    served = meta.get("e2e_latency")
-    if stats.is_number(served) and served >= 0:
-        result.server_e2e_s = float(served)
+    result.prompt_tokens = accounting.count(meta.get("prompt_tokens"), "meta_info.prompt_tokens")
+    result.spec_verify_ct = accounting.count(meta.get("spec_verify_ct"), "meta_info.spec_verify_ct")
+    result.server_e2e_s = accounting.latency(meta.get("e2e_latency"), "meta_info.e2e_latency")
     try:
         result.accept_histogram = proof.histogram_of(meta, result.spec_verify_ct)
     except proof.HistogramError as exc:
@@ -305,14 +320,11 @@ def _fast_completion_tokens(payload: bytes) -> int | None:
 
 def _chunk_meta(payload: bytes) -> Mapping[str, Any]:
     """Fully parse one chunk; raise ValueError for errors and non-objects."""
-    chunk = json.loads(payload)
+    chunk = accounting.parse_json(payload)
     if not isinstance(chunk, dict):
         raise ValueError(f"stream chunk is not a JSON object: {payload[:80]!r}")
     if "error" in chunk:
-        raise ValueError(f"server error in stream: {chunk['error']}")
+        raise StreamError("server error", f"server error in stream: {str(chunk['error'])[:300]}")
     meta = chunk.get("meta_info") or {}
     return meta if isinstance(meta, dict) else {}
 
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

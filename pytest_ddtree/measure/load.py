@@ -19,9 +19,9 @@ Why it is written this way (see "Measuring serving performance without fooling y
   length is forced with ``ignore_eos`` and checked.
 * **Warm-up at the measured concurrency, excluded**, then ``/flush_cache`` so the server's
   ``avg_spec_accept_length`` covers the measured requests only.
-* **Failures are counted, never hidden**: any failed request, wrong prompt length or short
-  output makes the cell *invalid*; the gate reports invalid cells as such, never as a
-  regression or a pass.
+* **Failures are counted, never hidden**: every request sent is completed or failed with a named
+  reason (``accounting.py``); any failed request, wrong prompt length, short output or impossible
+  count makes the cell *invalid*; the gate reports invalid cells as such, never as a regression or a pass.
 
 Requests go through the one HTTP layer (``pytest_ddtree.service.http``): each closed-loop client
 streams on a kept-alive connection of its own, on bare ``http.client`` so the client's own CPU
@@ -42,14 +42,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree.measure import openloop, slo as slo_mod
+from pytest_ddtree.measure import accounting, openloop, slo as slo_mod
 from pytest_ddtree.service import proof
-from pytest_ddtree.measure import prompts as prompts_mod
-from pytest_ddtree.measure import stats
+from pytest_ddtree.measure import prompts as prompts_mod, stats
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.measure.generate_stream import RequestResult as RequestResult
-from pytest_ddtree.measure.generate_stream import apply_chunk as apply_chunk
-from pytest_ddtree.measure.generate_stream import stream_request as stream_request
+from pytest_ddtree.measure.generate_stream import RequestResult as RequestResult, apply_chunk as apply_chunk
+from pytest_ddtree.measure.generate_stream import guarded, stream_request as stream_request
 from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
 from pytest_ddtree.measure.prompts import Prompt, PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import ACCEPT_LENGTH, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
@@ -59,7 +57,6 @@ from pytest_ddtree.measure.host_pressure import cpu_stall_seconds as cpu_stall_s
 from pytest_ddtree.measure.chat_stream import chat_prompts, stream_chat
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
-
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 #: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
 DIST_PERCENTILES = (90, 95, 99)
@@ -244,6 +241,8 @@ class CellResult:
     slo: slo_mod.SLO | None = None
     #: each measured request's prompt category, by request index (None: its prompt carries none)
     categories: list[str | None] = field(default_factory=list)
+    #: requests its loop sent (None: not counted); every one must have a result (``accounting.account``)
+    sent: int | None = None
 
     @property
     def ok_requests(self) -> list[RequestResult]:
@@ -255,12 +254,15 @@ class CellResult:
 
     def problems(self) -> list[str]:
         """Reasons the repeat is invalid; empty when it is a valid measurement."""
-        out: list[str] = []
+        out = accounting.account(self.requests, self.sent)
         for r in self.requests:
             out.extend(r.problems())
         if not self.requests:
             out.append("no requests were sent")
+        top = None if self.accept_bound is None else self.accept_bound + 1
         for r in self.ok_requests:
+            if (impossible := accounting.verify_problem(r, top)) is not None:
+                out.append(impossible)
             if r.accept_histogram is not None:
                 violation = proof.bound_violation(r.accept_histogram, self.accept_bound, f"request {r.index}")
                 if violation is not None:
@@ -422,7 +424,6 @@ class CellResult:
             out.update(engine)
         return out
 
-
     def _open_loop_metrics(self, out: dict[str, float | int | None]) -> None:
         """An open-loop repeat's figures: bench_serving's ``request_rate`` and ``max_concurrency`` (the
         rate offered and the cap, None when uncapped) and how well the client kept its schedule. The
@@ -540,11 +541,13 @@ def _run_closed_loop(
     extra_sampling_params: Mapping[str, Any] | None,
     timeout_s: float,
     send: Sender = stream_request,
-) -> tuple[list[RequestResult], float]:
-    """C workers pull the next request index until all are sent; returns results, duration."""
+) -> tuple[list[RequestResult], float, int]:
+    """C workers pull the next request index until all are sent; returns results, duration and how
+    many were sent (each one has a result: a send that raised is a failed request, never a lost one)."""
     results: list[RequestResult | None] = [None] * len(prompts.prompts)
     lock = threading.Lock()
     counter = iter(range(len(prompts.prompts)))
+    sent = [0]
 
     def worker() -> None:
         conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
@@ -552,11 +555,11 @@ def _run_closed_loop(
             while True:
                 with lock:
                     index = None if phase_expired() else next(counter, None)
+                    sent[0] += index is not None
                 if index is None:
                     return
-                result = send(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                              prompts.tolerance)
-                results[index] = result
+                results[index] = result = guarded(send, service, index, prompts.prompts[index], output_tokens,
+                                                  extra_sampling_params, conn, prompts.tolerance)
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
         finally:
@@ -570,7 +573,7 @@ def _run_closed_loop(
         t.join()
     done = [r for r in results if r is not None]
     end = max((r.end for r in done), default=t0)
-    return done, end - t0
+    return done, end - t0, sent[0]
 
 
 def run_cell(
@@ -614,7 +617,7 @@ def run_cell(
     measured, warm = _cell_prompts(client, prompts if prompts is not None else prompt_maker(client), workload, seed, warmup)
     notes, warmup_failed, send = list(measured.notes), 0, sender(workload)
     if warm is not None:
-        warm_results, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
+        warm_results, _, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
                                            extra_sampling_params, timeout_s, send)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
         if warmup_failed:
@@ -623,7 +626,7 @@ def run_cell(
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
     stall_before = cpu_stall_seconds()
-    requests, duration, lags = _run_measured(client, workload, measured, seed, extra_sampling_params, timeout_s, notes)
+    requests, duration, lags, sent = _run_measured(client, workload, measured, seed, extra_sampling_params, timeout_s, notes)
     stall = stall_since(stall_before)
     server_info: dict[str, object] = {}
     server_state = _internal_state(client, notes, keep=server_info)
@@ -642,7 +645,7 @@ def run_cell(
         notes=notes,
         prompt_source=measured.label,
         speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
-        categories=[p.category for p in measured.prompts],
+        categories=[p.category for p in measured.prompts], sent=sent,
     )
 
 
@@ -664,14 +667,14 @@ def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: WorkloadLi
 
 def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: PromptSet, seed: int,
                   extra_sampling_params: Mapping[str, Any] | None, timeout_s: float,
-                  notes: list[str]) -> tuple[list[RequestResult], float, list[float] | None]:
+                  notes: list[str]) -> tuple[list[RequestResult], float, list[float] | None, int]:
     """The measured phase: the closed loop at the cell's concurrency, or the open loop on its
     arrival schedule (then also each request's lateness, and a note where the deadline cut some)."""
     arrivals = workload.open_loop
     if arrivals is None:
-        requests, duration = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
-                                              extra_sampling_params, timeout_s, sender(workload))
-        return requests, duration, None
+        requests, duration, sent = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
+                                                    extra_sampling_params, timeout_s, sender(workload))
+        return requests, duration, None, sent
     run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
                         stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s, sender(workload))
     if run.unfinished:
@@ -680,7 +683,7 @@ def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: Prompt
     if late and arrivals.max_concurrency is None:
         notes.append(f"{late} of {len(run.requests)} requests were sent more than {openloop.LATE_S * 1000:.0f} ms after "
                      "their scheduled time (the client could not keep the schedule: the service saw less than the rate)")
-    return run.requests, run.duration_s, run.send_lag_s
+    return run.requests, run.duration_s, run.send_lag_s, run.sent
 
 
 @dataclass
@@ -693,6 +696,7 @@ class OpenLoopRun:
     duration_s: float
     send_lag_s: list[float] = field(default_factory=list)
     unfinished: int = 0  # requests the cell's deadline cut (failed, saying so)
+    sent: int = 0  # requests whose thread started (each has a result; the rest were not sent by the deadline)
 
 
 def run_open_loop(
@@ -735,8 +739,8 @@ def run_open_loop(
                 socks[index] = conn.sock
             except OSError:
                 pass  # stream_request connects again and records the failure
-            result = request(service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                          prompts.tolerance)
+            result = guarded(request, service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
+                             prompts.tolerance)
             lags[index] = max(0.0, result.start - due)
             results[index] = result
         finally:
@@ -765,14 +769,15 @@ def run_open_loop(
     unfinished = _cut_at_deadline(threads, socks, lock, cut)
     out: list[RequestResult] = []
     for index, result in enumerate(results):
-        if result is None:
+        if result is None:  # cut at the deadline (its thread ran on), or never sent: a send that failed has its result
+            when = "sent but not finished" if index < len(threads) else "not sent"
             result = RequestResult(index=index, expected_prompt_tokens=prompts.prompts[index].target_tokens,
                                    expected_output_tokens=output_tokens, start=t0 + offsets[index], end=clock(),
-                                   error=f"not finished by the open-loop cell's deadline of {deadline_s:.1f} s "
-                                         f"(scheduled at +{offsets[index]:.2f} s)")
+                                   error=f"{when} by the open-loop cell's deadline of {deadline_s:.1f} s "
+                                         f"(scheduled at +{offsets[index]:.2f} s)", failure="deadline")
         out.append(result)
     end = max((r.end for r in out), default=t0)
-    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished)
+    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished, sent=len(out))
 
 
 def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,

@@ -248,6 +248,9 @@ def run_copy_probe(generate: Callable[[str, Mapping[str, Any]], Any], bound: int
             continue
         meta = answer.get("meta_info") if isinstance(answer, Mapping) else None
         verify_ct = meta.get("spec_verify_ct") if isinstance(meta, Mapping) else None
+        if (impossible := impossible_verify(meta, bound)) is not None:
+            result.errors.append(f"probe request {result.requests}: {impossible}")
+            break
         try:
             hist = histogram_of(meta, verify_ct if isinstance(verify_ct, int) and not isinstance(verify_ct, bool) else None)
         except HistogramError as exc:
@@ -262,6 +265,20 @@ def run_copy_probe(generate: Callable[[str, Mapping[str, Any]], Any], bound: int
         if result.reached or bound_violation(result.histogram, bound):
             break
     return result
+
+
+def impossible_verify(meta: Any, bound: int | None) -> str | None:
+    """Why an answer's ``spec_verify_ct`` cannot be true (value and bound), or None: not a count, or
+    more tokens per verify than ``bound`` drafts + the bonus allow (the prefill token besides)."""
+    verify, tokens = (meta.get(k) if isinstance(meta, Mapping) else None for k in ("spec_verify_ct", "completion_tokens"))
+    if verify is None:
+        return None
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        return f"meta_info.spec_verify_ct is {str(verify)[:40]}: not a count of at least 0"
+    if bound is not None and verify and isinstance(tokens, int) and tokens > (bound + 1) * verify + 1:
+        return (f"{tokens} completion tokens in {verify} verifies is {tokens / verify:.2f} tokens per verify, above the "
+                f"config's maximum of {bound + 1} (min(block_size - 1, steps, budget) + 1)")
+    return None
 
 
 # --------------------------------------------------------------------------------------
