@@ -122,7 +122,7 @@ def account(requests: Sequence[RequestResult], sent: int | None) -> list[str]:
         out.append(f"{sent} requests were sent but {len(requests)} have a result ({len(requests) - len(failed)} completed, "
                    f"{len(failed)} failed): {sent - len(requests)} vanished in the client")
     if failed:
-        kinds = Counter(r.failure or "invalid" for r in failed)
+        kinds = Counter(r.failure if r.failure in FAILURE_KINDS else "invalid" for r in failed)
         shown = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
         out.append(f"{len(failed)} of {len(requests)} requests failed ({shown})")
     return out
