@@ -167,7 +167,6 @@ _.budget_counts_root
 _.coding_min_pass
 _.draft_model_path
 _.patches
-_.account
 _.qos
 _.gres
 _.time_limit
