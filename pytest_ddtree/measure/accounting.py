@@ -17,10 +17,17 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pytest_ddtree.measure.generate_stream import RequestResult
+
+class RequestResult(Protocol):
+    """What these checks read of a request (``generate_stream.RequestResult``)."""
+
+    index: int
+    ok: bool
+    failure: str | None
+    completion_tokens: int
+    spec_verify_ct: int | None
 
 #: Why a request failed, as the cell's summary counts them.
 FAILURE_KINDS = {
