@@ -74,6 +74,22 @@ def test_unchanged_engine_passes() -> None:
     assert v.status == Status.PASS and not v.failed
 
 
+def test_prompts_other_than_the_blessed_ones_are_not_compared_and_a_baseline_without_a_digest_still_is() -> None:
+    now = {"output_throughput": [1000.0] * 3, "ddtree_tokens_per_verify": [3.8] * 3, "median_ttft_ms": [20.0] * 3}
+    blessed = {**WORKLOAD, "prompts_digest": "aaaaaaaaaaaa"}
+    entry = None
+    for i in range(3):
+        entry = gate.baseline_cell_entry(blessed, BASE, entry, session=f"s{i}")
+    other = gate.compare_cell("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
+    assert other.status == Status.MISSING
+    assert ("prompts_digest aaaaaaaaaaaa -> bbbbbbbbbbbb) (the prompts sent differ from the blessed ones: the prompt text "
+            "or the service's tokenizer changed" in other.message())
+    assert gate.compare_cell("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "aaaaaaaaaaaa"}).status != Status.MISSING
+    # blessed before digests were recorded: judged on its numbers (a 5% acceptance drop is a flag)
+    older = gate.compare_cell("c8_4k", _three_sessions(BASE), now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
+    assert older.status == Status.FLAGGED
+
+
 def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_agrees() -> None:
     base = _three_sessions(BASE)
     now = {"output_throughput": [905.0, 910.0, 900.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],

@@ -156,3 +156,15 @@ def test_a_package_that_cannot_be_written_is_a_usage_error_before_anything_runs(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--ddtree-package" in result.stderr.str()
     assert "starting bs8_b8_k4" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.slow  # minutes: four configs, every suite
+def test_the_readmes_sweep_passes_against_the_committed_baselines(pytester: pytest.Pytester, repo_root: Path) -> None:
+    """README: ``pytest suites --ddtree-config='bs8_b*_k4' -n 2``, as printed (its engines, its baselines)."""
+    result = pytester.runpytest_subprocess(str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider",
+                                           "--ddtree-config=bs8_b*_k4", "-n", "2", timeout=1200)
+    out = result.stdout.str()
+    assert result.ret == 0, out[-6000:]
+    assert not result.parseoutcomes().get("failed"), out[-6000:]
+    for config in ("bs8_b4_k4", "bs8_b8_k4", "bs8_b12_k4", "bs8_b16_k4"):
+        assert re.search(rf"^{config}\s+c8_4k\b", out, re.M), (config, out[-6000:])

@@ -130,9 +130,10 @@ def seed_name(workload: WorkloadLike) -> str:
     return getattr(workload, "seed_name", "") or workload.name
 
 
-def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> WorkloadData:
+def workload_dict(workload: WorkloadLike, prompts: str | None = None, digest: str | None = None) -> WorkloadData:
     """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
-    and how it was tokenized, as measured); stored with baselines so a changed workload is seen."""
+    and how it was tokenized, as measured, and ``digest``: what exactly was sent, where known);
+    stored with baselines so a changed workload is seen."""
     out: WorkloadData = {
         "concurrency": workload.concurrency,
         "context_tokens": workload.context_tokens,
@@ -140,6 +141,8 @@ def workload_dict(workload: WorkloadLike, prompts: str | None = None) -> Workloa
         "requests": workload.requests,
         "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
     }
+    if digest:
+        out["prompts_digest"] = digest
     if getattr(workload, "api", "generate") == "chat":  # only chat cells: a /generate cell's dict is unchanged
         out["api"] = "chat"
         thinking = getattr(workload, "thinking", None)
@@ -633,7 +636,7 @@ def run_cell(
     accept = server_accept_length({"internal_states": [server_state]}) if server_state else None
     return CellResult(
         cell=workload.name,
-        workload=workload_dict(workload, measured.label),
+        workload=workload_dict(workload, measured.label, measured.digest),
         requests=requests,
         duration_s=duration,
         warmup_failed=warmup_failed,

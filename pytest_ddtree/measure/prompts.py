@@ -34,6 +34,7 @@ The results say which source and which method each cell used (:attr:`PromptSet.l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -98,6 +99,18 @@ class PromptSet:
     def label(self) -> str:
         """``documents via /tokenize`` and the like: what the results and the sweep show."""
         return f"{self.source} via {self.method}"
+
+    @property
+    def digest(self) -> str:
+        """What exactly was sent (every prompt's token ids, or its text where the harness sends
+        text), as 12 hex digits of a SHA-256: acceptance follows the prompts, so a baseline
+        blessed on other prompts (an edited bundled text, another tokenizer) must not be
+        compared with them, and the source's name alone cannot tell."""
+        h = hashlib.sha256()
+        for p in self.prompts:
+            h.update(repr(p.input_ids if p.input_ids is not None else p.text).encode("utf-8"))
+            h.update(b"\0")
+        return h.hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------------------

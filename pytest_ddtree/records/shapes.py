@@ -303,6 +303,7 @@ class WorkloadData(_WorkloadRequired, total=False):
     sampling: dict[str, float]  # a sampled cell's temperature, top_p
     api: str  # "chat": a chat cell through /v1/chat/completions (absent: /generate)
     thinking: str | None  # a chat cell's enable_thinking: "on", "off", None (not sent: the template's default)
+    prompts_digest: str  # PromptSet.digest of the measured prompts (absent: not known, e.g. a baseline older than it)
 
 
 class SpreadData(TypedDict):

@@ -301,11 +301,15 @@ def _early_verdict(name: str, cell: CellInput) -> CellVerdict | None:
         return CellVerdict(name, Status.MISSING, (), ("no baseline for this cell",))
     base_workload = cell.baseline.get("workload")
     if cell.workload is not None and isinstance(base_workload, Mapping):
-        diff = {k: (base_workload.get(k), v) for k, v in cell.workload.items() if base_workload.get(k) != v}
+        # a baseline blessed before prompts had a digest cannot say which prompts it measured: judged as before
+        diff = {k: (base_workload.get(k), v) for k, v in cell.workload.items()
+                if base_workload.get(k) != v and not (k == "prompts_digest" and k not in base_workload)}
         if diff:
             changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+            why = (" (the prompts sent differ from the blessed ones: the prompt text or the service's tokenizer changed, "
+                   "and acceptance follows the prompts)") if "prompts_digest" in diff else ""
             return CellVerdict(name, Status.MISSING, (), (
-                f"the workload changed since the baseline ({changes}); the old numbers do not apply",))
+                f"the workload changed since the baseline ({changes}){why}; the old numbers do not apply: re-bless it",))
     return None
 
 

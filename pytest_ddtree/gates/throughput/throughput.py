@@ -592,7 +592,8 @@ def measured_workload(run: stats.CellRun[load.CellResult], workload: load.Worklo
     """The workload as measured: its numbers and the prompts its repeats really used
     (``documents via /tokenize``), so a baseline made from other prompts does not apply."""
     measured_prompts = sorted({s.prompt_source for s in run.samples if s.prompt_source})
-    return load.workload_dict(workload, measured_prompts[0] if measured_prompts else None)
+    digests = sorted({d for s in run.samples if (d := s.workload.get("prompts_digest"))})
+    return load.workload_dict(workload, measured_prompts[0] if measured_prompts else None, digests[0] if digests else None)
 
 
 def sample_record(name: str, repeat: int, result: load.CellResult) -> RepeatData:
