@@ -54,7 +54,7 @@ def per_request(tmp_path: Path, clock_scale: str, concurrency: int, loaded: bool
         engine.stop()
     assert result.valid, result.problems()
     rows = sorted((r.index, r.completion_tokens, r.spec_verify_ct) for r in result.requests)
-    return result.metrics()["ddtree_tokens_per_verify"], rows  # type: ignore[return-value]
+    return result.metrics()["ddtree_tokens_per_verify"], rows
 
 
 def test_greedy_acceptance_is_the_same_at_any_clock_scale_under_load_and_in_any_batch(tmp_path: Path) -> None:
