@@ -131,16 +131,11 @@ def seed_name(workload: WorkloadLike) -> str:
 
 
 def workload_dict(workload: WorkloadLike, prompts: str | None = None, digest: str | None = None) -> WorkloadData:
-    """The workload's defining numbers and its prompts (``documents via /tokenize``: the source
-    and how it was tokenized, as measured, and ``digest``: what exactly was sent, where known);
-    stored with baselines so a changed workload is seen."""
-    out: WorkloadData = {
-        "concurrency": workload.concurrency,
-        "context_tokens": workload.context_tokens,
-        "output_tokens": workload.output_tokens,
-        "requests": workload.requests,
-        "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}",
-    }
+    """The workload's defining numbers and its prompts (``documents via /tokenize``, as measured; ``digest``:
+    exactly what was sent, where known); stored with baselines so a changed workload is seen."""
+    out: WorkloadData = {"concurrency": workload.concurrency, "context_tokens": workload.context_tokens,
+                         "output_tokens": workload.output_tokens, "requests": workload.requests,
+                         "prompts": prompts or f"{prompts_mod.source_name(workload.prompts)}"}
     if digest:
         out["prompts_digest"] = digest
     if getattr(workload, "api", "generate") == "chat":  # only chat cells: a /generate cell's dict is unchanged
