@@ -169,6 +169,7 @@ class SimManager:
     def __init__(self, world: World, session: DDTreeSession, expected_launches: int) -> None:
         self.world, self.session, self.expected = world, session, max(1, expected_launches)
         self.current: tuple[str, RunningService] | None = None
+        self.purpose: str | None = None  # records.bill.launching_for sets it (the simulation has no launch records)
 
     def _launch(self, key: str, config: DDTreeConfig | None, index: int) -> RunningService:
         if self.current is not None and self.current[0] == key:

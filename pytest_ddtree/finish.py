@@ -58,6 +58,7 @@ class FinishOutcome:
     sections: list[tuple[str, str]] = field(default_factory=list)
     failures: list[SessionFailure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    bill: dict[str, Any] | None = None  # results.json's ``bill`` (records/bill.py), for the pytest_ddtree_session_bill hook
 
     @property
     def exit_failure(self) -> bool:
@@ -141,6 +142,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
         summary.json["configs_against_session"] = session_check
         summary.json["control"] = control_check
         summary.json["calibration"] = _calibration(records, outcome)
+        summary.json["bill"] = _bill(records, outcome)
         _report_field_mapping(session, outcome, summary.json)
         _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
@@ -186,6 +188,16 @@ def _calibration(records: list[dict[str, object]], outcome: FinishOutcome) -> di
         "\nthe session's figures (geometric means): " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items())
         if figures else "")))
     return {"command": runs[0]["command"], "runs": runs, "figures": figures}
+
+
+def _bill(records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str, Any]:
+    """results.json's ``bill``: the session's launches and measured seconds by purpose, also in the summary."""
+    from pytest_ddtree.records.bill import session_bill
+
+    bill = session_bill(records)
+    outcome.sections.append(("ddtree bill", bill.text()))
+    outcome.bill = bill.as_dict()
+    return outcome.bill
 
 
 def _judge_configs_against_session(records: list[dict[str, object]], outcome: FinishOutcome) -> list[dict[str, Any]]:

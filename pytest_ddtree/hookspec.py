@@ -8,7 +8,7 @@ pluggy's (pytest's own hook specs use it too), so this module does not import py
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -32,4 +32,15 @@ def pytest_ddtree_hardware_profile(config: pytest.Config, fingerprint: HardwareP
     first implementation that returns a name wins. Like pytest-benchmark's
     ``pytest_benchmark_generate_machine_info``: a site names its machines its own way (a rack,
     a cloud instance type), and identical hosts can share one folder.
+    """
+
+
+@hookspec
+def pytest_ddtree_session_bill(config: pytest.Config, bill: dict[str, Any]) -> None:
+    """The session's GPU bill, once, on the controller at the session end (after every worker's
+    records arrived): results.json's ``bill``, i.e. ``launches``, ``restart_s`` (seconds from start
+    to ready), ``measured_s``, ``gpu_s`` and ``by_purpose`` (configs, control, lossless reference,
+    confirmations, relaunches, rate probes: each one's launches, restart seconds, repeats and
+    measured seconds). A site forwards it to its own accounting (a GPU-hours dashboard, a CI
+    annotation) without parsing results.json.
     """

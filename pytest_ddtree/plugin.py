@@ -427,6 +427,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if session.setup_problem is not None:
         return []
     settings, profile = session.settings, session.profile
+    from pytest_ddtree.records import bill
     names = ", ".join(c.name for c in session.selected_configs)
     left_out = session.selection.summary_lines()
     return [
@@ -435,7 +436,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"ddtree: configs {names}",
         *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
           + [f"ddtree:   {line}" for line in left_out] if left_out else []),
-        f"ddtree: results {settings.results}",
+        f"ddtree: results {settings.results}", *bill.predicted_lines(session, getattr(config.option, "numprocesses", None)),
     ]
 
 
@@ -611,15 +612,13 @@ def _plain_launches_first(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def ddtree_client(ddtree_service: RunningService) -> SGLangClient:
     """The SGLangClient of the running service."""
-    client: SGLangClient = ddtree_service.client
-    return client
+    return ddtree_service.client
 
 
 @pytest.fixture(scope="session")
 def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
-    """The lossless gate's non-speculative reference, once per process: the profile's ``lossless_args``
-    launched in this instance's slot, every prompt at two batch compositions (transcripts and floor); in
-    golden mode under ``--ddtree-update-baselines`` proposed for ``golden/`` (written once per hardware)."""
+    """The lossless gate's non-speculative reference, once per process (``lossless_args`` launched in this
+    instance's slot; every prompt at two batch compositions); a golden-mode bless proposes it for ``golden/``."""
     from pytest_ddtree.gates import lossless
 
     try:
@@ -763,6 +762,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
             outcome = finish_session(ddtree, exitstatus=int(exitstatus))
             session.config.stash[FINISH_KEY] = outcome
+            if outcome.bill is not None:  # the site's own accounting (hookspec.py)
+                session.config.hook.pytest_ddtree_session_bill(config=session.config, bill=outcome.bill)
             if outcome.exit_failure and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             # Every plugin but the terminal reporter sees them now (JUnit XML, report logs); the

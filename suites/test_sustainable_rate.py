@@ -29,6 +29,7 @@ from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExc
                                                        sustainable_rate)
 from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.plugin import session_of
+from pytest_ddtree.records.bill import RELAUNCHES, launching_for
 from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
@@ -181,7 +182,8 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, recorder: SessionRec
 
     def launch() -> SGLangClient:
         session.manager.release()  # a fresh launch, not the one still running
-        return session.manager.ensure(config).client
+        with launching_for(session.manager, RELAUNCHES):
+            return session.manager.ensure(config).client
 
     return Relaunch(launch, relaunch_recording(recorder, config.name, 1))
 

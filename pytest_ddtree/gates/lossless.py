@@ -406,7 +406,9 @@ def session_reference(session: DDTreeSession) -> Reference:
     settings = session.settings
     try:
         service = session.manager.ensure_reference()
+        begin = time.monotonic()
         reference = measure_reference(service.client, load_prompts(), service.launch_command or "")
+        measured_s = time.monotonic() - begin
     except (ServiceError, LosslessError) as exc:
         raise ReferenceUnavailable(f"the non-speculative reference (lossless_args) is not available: {exc}") from None
     recorder = session.recorder
@@ -414,7 +416,8 @@ def session_reference(session: DDTreeSession) -> Reference:
         if recorder.hardware_profile is None:
             recorder.hardware_profile = session.baselines(service.server_info).hardware_profile
         recorder.propose_baseline("", GOLDEN_SECTION, reference.golden_payload(settings.session_id))
-    measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json()}
+    measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json(),
+                                       "measured_s": round(measured_s, 3)}
     recorder.record(RecordKind.LOSSLESS_REFERENCE, None, measured)
     return reference
 

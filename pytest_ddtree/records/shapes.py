@@ -162,11 +162,16 @@ class LosslessData(LosslessOutcomeData):
     max_new_tokens: int
 
 
-class LosslessReferenceData(TypedDict):
-    """``RecordKind.LOSSLESS_REFERENCE``: the reference launch's command and its own floor."""
-
+class _LosslessReferenceRequired(TypedDict):
     command: str
     floor: FloorData
+
+
+class LosslessReferenceData(_LosslessReferenceRequired, total=False):
+    """``RecordKind.LOSSLESS_REFERENCE``: the reference launch's command and its own floor, and the
+    seconds its prompts took to generate (the session's bill)."""
+
+    measured_s: float
 
 
 class SlurmJobEntry(TypedDict, total=False):
@@ -268,6 +273,8 @@ class LaunchEntry(_LaunchRequired, _ControllerKeys, total=False):
     controller adds (a ``ControllerEntry``), then the timings and evidence once it is ready."""
 
     ready_s: float
+    purpose: str  # what it was launched for (``records.bill.PURPOSES``)
+    also_for: list[str]  # the other purposes that measured on it (the control on the lossless reference's launch)
     engine_version: str | None  # /server_info's version (the report's environment section)
     applied_evidence: ProofData
 

@@ -23,6 +23,7 @@ from pytest_ddtree.service import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.service.proof import Proof
 from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
+from pytest_ddtree.records import bill
 from pytest_ddtree.service.base import (
     ConfigNotAvailable,
     ConfigNotServed,
@@ -202,6 +203,9 @@ class ServiceManager:
         self.calibrations: list[CalibrationRun] = []
         """The calibration probe's runs: before the first launch, after the last stop (the session records them)."""
         self._config_launches = 0
+        self.purpose: str | None = None
+        """What the launches asked for now are for (``records.bill.launching_for``: the control's, a relaunch's);
+        None: a config's launch is the config's, the non-speculative one the lossless reference's."""
 
     def _gpu_readers(self, tools: HostTools) -> tuple[GpuMemoryFn | None, GpuReleaseFn | None]:
         """The GPU memory reading and release wait before a launch, as the controller can take it."""
@@ -262,6 +266,7 @@ class ServiceManager:
         if slot is not None and slot.service is not None:
             if slot.service.config == config or self._same_launch(slot, config):
                 self._check_alive(slot, name)
+                self._shared(slot, bill.CONFIGS)
                 slot.service.config = config
                 return slot.service
             if not self.can.relaunch:
@@ -299,9 +304,19 @@ class ServiceManager:
         slot = self._current
         if slot is not None and slot.service is not None and slot.service.config is None:
             self._check_alive(slot, name)
+            self._shared(slot, bill.LOSSLESS_REFERENCE)
             return slot.service
         self._switch_away()
         return self._start(None)
+
+    def _shared(self, slot: _Slot, default: str) -> None:
+        """A running launch serves another purpose too (the control measured on the lossless
+        reference's launch): its record says so, and the bill charges its restart once."""
+        record, purpose = slot.record, self.purpose or default
+        if record is not None and record.get("purpose") != purpose:
+            also = record.setdefault("also_for", [])
+            if purpose not in also:
+                also.append(purpose)
 
     def release(self) -> None:
         """Stop the current service and let other workers have the instance."""
@@ -596,6 +611,7 @@ class ServiceManager:
             "started_at": time.time(),
             "pid_of_harness": os.getpid(),
             "outcome": "starting",
+            "purpose": self.purpose or (bill.LOSSLESS_REFERENCE if label == REFERENCE_LABEL else bill.CONFIGS),
         }
 
     def _check_served(self, slot: _Slot, client: SGLangClient, config: DDTreeConfig | None, label: str,

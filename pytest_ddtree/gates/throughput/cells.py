@@ -36,6 +36,7 @@ from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judgin
                                                        measure_config, measured_workload, repeat_metrics,
                                                        sample_record, spoiled_evidence)
 from pytest_ddtree.measure import load, stats
+from pytest_ddtree.records import bill
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, ThroughputData
 from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
@@ -382,7 +383,8 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
 
     try:
         session.manager.release()  # a fresh launch, not the one still running
-        service = session.manager.ensure(config)
+        with bill.launching_for(session.manager, bill.RELAUNCHES):
+            service = session.manager.ensure(config)
         store = session.baselines(service.server_info)
         baseline = read_baseline(store, name)
         if baseline.problem is not None:

@@ -53,6 +53,7 @@ from pytest_ddtree.measure import stats
 from pytest_ddtree.gates.throughput.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
 from pytest_ddtree.gates.throughput.baseline_format import launch_counts
 from pytest_ddtree.gates.throughput import noise
+from pytest_ddtree.records import bill
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import ControlCellData, ControlJudgedData, JudgedCellData, RawRecord
 from pytest_ddtree.records.words import RecordKind, Status
@@ -610,12 +611,13 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
     try:
         if launch > 1:
             session.manager.release()  # a fresh launch of the control, not the one still running
-        if choice:
-            service = session.manager.ensure(parse_config_name(choice))
-            source = f"config {choice} (the profile's control)"
-        else:
-            service = session.manager.ensure_reference()
-            source = "non-speculative launch (the profile's lossless_args)"
+        with bill.launching_for(session.manager, bill.CONTROL):
+            if choice:
+                service = session.manager.ensure(parse_config_name(choice))
+                source = f"config {choice} (the profile's control)"
+            else:
+                service = session.manager.ensure_reference()
+                source = "non-speculative launch (the profile's lossless_args)"
     except (ServiceError, ConfigError) as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
         return "unavailable"

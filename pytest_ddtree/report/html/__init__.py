@@ -213,6 +213,7 @@ def build_html(
         divergences=model.divergences(payload),
         lossless_measured=bool(lossless),
         timeline=model.timeline(payload),
+        bill=payload.get("bill") if isinstance(payload.get("bill"), Mapping) else None,
         comparison=model.compare_sessions(payload, other) if other is not None else None,
         other_label=other_label,
         environment=environment_rows({"environment": environment}),
