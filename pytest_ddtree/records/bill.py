@@ -28,6 +28,8 @@ LOSSLESS_REFERENCE = "lossless reference"
 CONFIRMATIONS = "confirmations"
 RELAUNCHES = "relaunches"
 RATE_PROBES = "rate probes"
+#: A process that measured this many configs measures the control at its end too (``control.wants_end_launch``).
+END_LAUNCH_MIN_CONFIGS = 3
 #: Every purpose, in the order the bill lists them.
 PURPOSES = (CONFIGS, CONTROL, LOSSLESS_REFERENCE, CONFIRMATIONS, RELAUNCHES, RATE_PROBES)
 
@@ -222,8 +224,6 @@ def predicted_lines(session: DDTreeSession, processes: object) -> list[str]:
     """The report header's prediction for a session of the suites (``pytest suites``) with this
     profile, selection and ``-n``: how many launches it will take, by purpose (:func:`predict`)."""
     from pytest_ddtree.configs import select_workloads
-    from pytest_ddtree.gates.lossless import launches_reference
-    from pytest_ddtree.gates.throughput.control import END_LAUNCH_MIN_CONFIGS
 
     profile, settings = session.profile, session.settings
     relaunch = profile.capabilities.relaunch and not isinstance(profile.pool, tuple)
@@ -234,6 +234,7 @@ def predicted_lines(session: DDTreeSession, processes: object) -> list[str]:
     launches = profile.bless_control_launches if bless else profile.control_launches
     plan = predict(configs=len(session.selected_configs), processes=processes if isinstance(processes, int) else 1, control_launches=launches,
                    control_max_launches=launches if bless else profile.control_max_launches, control=control and bool(cells),
-                   lossless_reference=relaunch and launches_reference(profile, settings), shared=not profile.control,
+                   # the lossless gate launches its reference (gates/lossless.py launches_reference) in instance mode or a bless
+                   lossless_reference=relaunch and (profile.lossless == "instance" or bless), shared=not profile.control,
                    cells=len(cells), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS)
     return [f"ddtree: {plan.text()}"]

@@ -697,17 +697,15 @@ def _with_earlier_launches(records: Sequence[RawRecord], cell: str,
     return pooled, launches
 
 
-#: A process that measured this many configs measures the control at its end too.
-END_LAUNCH_MIN_CONFIGS = 3
 
 
 def wants_end_launch(records: Sequence[RawRecord]) -> bool:
     """Whether this process's control is measured at its end too (``records``: the process's own):
-    after ``END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
+    after ``bill.END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
     the control's launch shift is shared by enough configs to be worth more launches; a process of
     one or two configs keeps its launches at its start, beside them."""
     configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
-    return len(configs) >= END_LAUNCH_MIN_CONFIGS
+    return len(configs) >= bill.END_LAUNCH_MIN_CONFIGS
 
 
 def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
