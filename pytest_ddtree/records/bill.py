@@ -14,13 +14,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pytest_ddtree.records.shapes import RawRecord
 from pytest_ddtree.records.words import RecordKind
-
-if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
 
 CONFIGS = "configs"
 CONTROL = "control"
@@ -220,9 +217,9 @@ def predict(*, configs: int, processes: int, control_launches: int, control_max_
     return Plan(processes, configs, control_n, most, reference, cells, repeats)
 
 
-def predicted_lines(session: DDTreeSession, processes: object) -> list[str]:
-    """The report header's prediction for a session of the suites (``pytest suites``) with this
-    profile, selection and ``-n``: how many launches it will take, by purpose (:func:`predict`)."""
+def predicted_lines(session: Any, processes: object) -> list[str]:
+    """The report header's prediction for a session of the suites (``pytest suites``) with ``session``'s
+    (a ``DDTreeSession``: this module is below it) profile, selection and ``-n``: how many launches it will take, by purpose (:func:`predict`)."""
     from pytest_ddtree.configs import select_workloads
 
     profile, settings = session.profile, session.settings
