@@ -214,8 +214,7 @@ def build_html(
         lossless_measured=bool(lossless),
         timeline=model.timeline(payload),
         bill=payload.get("bill") if isinstance(payload.get("bill"), Mapping) else None,
-        comparison=model.compare_sessions(payload, other) if other is not None else None,
-        other_label=other_label,
+        comparison=model.compare_sessions(payload, other) if other is not None else None, other_label=other_label,
         environment=environment_rows({"environment": environment}),
         fmt=model.fmt, fmt_pct=model.fmt_pct, fmt_time=model.fmt_time, ctx=report._ctx, is_number=model.is_number,
     ))
