@@ -84,7 +84,8 @@ def _report_field_mapping(session: DDTreeSession, outcome: FinishOutcome, result
         return
     mapping = profile.how_fields_reach_the_service()
     results["config_fields"] = mapping
-    unproven = {name: how for name, how in mapping.items() if "unverifiable:" in how or how.startswith("not settable")}
+    unproven = {name: how for name, how in mapping.items()
+                if "unverifiable:" in how or (how.startswith("not settable") and "; read back as" not in how)}
     if unproven:
         outcome.sections.append(("ddtree config fields not read back",
                                  "\n".join(f"{name}: {how}" for name, how in unproven.items())))

@@ -6,6 +6,7 @@ deployment "passed" configs it never measured.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,10 @@ def test_ddtree_url_gates_a_running_server_with_no_profile_file(pytester: pytest
     result.stdout.fnmatch_lines([f"ddtree: service profile external-127.0.0.1:{server.port} ({server.url}), controller external",
                                  "ddtree: configs bs8_b12_k6"])
     assert result.parseoutcomes()["passed"] == 3
+    # every field is fixed (never restarted) and proven by what the service shows, not "not settable"
+    assert re.search(r"^bs8_b12_k6\s+proven by behaviour\s+(reported|proven by behaviour)\s+reported\s+reported\s*$",
+                     result.stdout.str(), re.M), result.stdout.str()[-3000:]
+    assert "config fields not read back" not in result.stdout.str()
     assert asked_other.ret == pytest.ExitCode.USAGE_ERROR
     assert "bs8_b8_k4 asks budget=8" in asked_other.stderr.str(), asked_other.stderr.str()
 
@@ -81,3 +86,56 @@ def test_a_minimal_external_profile_needs_no_launch_keys() -> None:
     profile = parse_profile({"name": "shared", "controller": "external", "url": "http://gpu-host:30000",
                              "fixed": {"block_size": 8, "budget": 7, "topk": 1}, "control": "none", "lossless": "golden"})
     assert profile.url == "http://gpu-host:30000" and profile.config_args == {}
+
+
+def _engine_info(window: int | None, clock_scale: float = 1.0) -> dict[str, object]:
+    """The reference engine's /server_info keys that show its config (as it answers them)."""
+    return {"version": "refserver-0.1.0", "speculative_algorithm": "DFLASH", "speculative_dflash_block_size": 8,
+            "speculative_num_draft_tokens": 8, "speculative_eagle_topk": 4, "speculative_draft_window_size": window,
+            "speculative_dflash_draft_window_size": window, "clock_scale": clock_scale}
+
+
+@pytest.mark.parametrize(("window", "name"), [(None, "bs8_b8_k4_wnone"), (2048, "bs8_b8_k4"), (1024, "bs8_b8_k4_w1024")])
+def test_ddtree_url_names_the_window_the_service_runs_as_the_baselines_do(window: int | None, name: str) -> None:
+    """A config name without a window suffix means window 2048 in the shipped profiles and their
+    baselines; the engine started as the docs' first command runs none, so it is bs8_b8_k4_wnone, and a
+    session that names it bs8_b8_k4 is refused before anything runs, never judged against w2048's baseline."""
+    from pytest_ddtree.configs import load_matrix
+    from pytest_ddtree.selection import select
+    from pytest_ddtree.service.external import profile_from_server_info
+    from pytest_ddtree.service.profile import parse_profile
+    from pytest_ddtree.service.validated_profile import SelectionError
+
+    profile = parse_profile(profile_from_server_info("http://127.0.0.1:30000", _engine_info(window), True))
+    matrix = load_matrix(REPO / "suites" / "configs.yaml")
+    assert [c.name for c in select(None, matrix, profile).configs] == [name]
+    assert "window" in profile.applied.values()  # read back like block size, budget and topk
+    others = [c for c in ("bs8_b8_k4", "bs8_b8_k4_wnone") if c != name]
+    for other in others:
+        with pytest.raises(SelectionError) as refused:
+            profile.check_selection(select([other], matrix, profile).configs)
+        assert f"{other} asks window=" in str(refused.value) and "this build cannot set window" in str(refused.value)
+    assert "clock scale 1.0" in str(profile.description)
+
+
+def test_a_baseline_of_another_clock_scale_is_not_compared_and_says_so(tmp_path: Path) -> None:
+    """The engine by hand runs at clock scale 1 unless told; the committed baselines are of scale 10: every
+    time and tok/s differs tenfold, so no cell is compared and each says why (was: -90% in every cell)."""
+    from pytest_ddtree.baselines import BaselineStore
+    from pytest_ddtree.gates.throughput.cells import read_baseline
+    from pytest_ddtree.service.fingerprint import fingerprint
+
+    blessed = fingerprint(_engine_info(2048, clock_scale=10))
+    (tmp_path / "refserver").mkdir()
+    (tmp_path / "refserver" / "bs8_b8_k4.yaml").write_text(yaml.safe_dump({
+        "config": "bs8_b8_k4", "fingerprint": {"details": blessed.details, "digest": blessed.digest, "name": "refserver"},
+        "metrics": {}}))
+    for scale, compared in ((1.0, False), (10, True)):
+        store = BaselineStore(tmp_path, "refserver", fingerprint=fingerprint(_engine_info(2048, clock_scale=scale)))
+        baseline = read_baseline(store, "bs8_b8_k4")
+        if compared:
+            assert baseline.incomparable is None
+        else:
+            assert baseline.incomparable is not None and baseline.section == {}
+            assert "blessed on the reference engine at clock scale 10, and this engine runs at 1" in baseline.incomparable
+            assert "--clock-scale 10" in baseline.incomparable

@@ -136,6 +136,10 @@ def test_startup_and_metric_evidence_confirm_or_contradict() -> None:
     fixed = proof.judge({"block_size": 8, "budget": 7, "topk": 1, "window": None}, settable=("block_size",),
                         reported=("block_size",), probe=None, startup=None, metrics_text=None)
     assert fixed.fields["topk"].status == proof.NOT_SETTABLE
+    # a fixed field /server_info reads back is shown as such (a service under --ddtree-url fixes every field)
+    shown = proof.judge({"block_size": 8, "budget": 7, "topk": 1, "window": None}, settable=(),
+                        reported=("block_size", "budget", "topk", "window"), probe=None, startup=None, metrics_text=None)
+    assert {f.status for f in shown.fields.values()} == {proof.REPORTED}
 
 
 def cell_record(config: str, cell: str, hist: list[int], context: int = 48) -> dict[str, Any]:

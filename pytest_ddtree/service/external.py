@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from pytest_ddtree.service.validated_profile import ServiceProfile
 
 HEALTH_TIMEOUT_S = 5.0
+#: The window a config name without a ``_w`` suffix means in the shipped profiles (suites/services/*.yaml).
+SHIPPED_DEFAULT_WINDOW = 2048
 """Each reachability poll's deadline (the manager's READY_HEALTH_TIMEOUT_S, SGLang's own 5 s)."""
 
 
@@ -134,22 +136,49 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
         fixed["budget"] = "block_size - 1"
     if "topk" not in values:  # the tree's own topk
         fixed["topk"] = "budget"
-    window = next((info[k] for k in _WINDOW_KEYS if k in info), None)
-    default_window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    applied = {key: field_name for field_name, key in keys.items()}
+    window_key = next((k for k in _WINDOW_KEYS if k in info), None)
+    if window_key is not None:  # the window it runs, read back like the rest: none is a window too
+        window = info[window_key]
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ValueError(f"{url}/server_info has an unusable {window_key} (got {str(window)[:40]}): "
+                             "a draft window is a positive integer or null (none)")
+        fixed["window"] = "none" if window is None else window
+        applied[window_key] = "window"
+    name = running_config_name(fixed, values, window_key is not None)
     where = url.split("://", 1)[-1].rstrip("/")
+    clock = f", clock scale {info['clock_scale']}" if is_reference and "clock_scale" in info else ""
     return {
         "name": f"external-{where}",
-        "description": f"the service already running at {url} ({algorithm}), read from its /server_info",
+        "description": f"the service already running at {url} ({algorithm}{clock}), read from its /server_info",
         "controller": "external",
         "url": url.rstrip("/"),
-        "default_window": default_window,
+        # names mean what they mean everywhere (the shipped profiles' and their baselines'): no window
+        # suffix is a window of 2048, and a service without a window is named _wnone
+        "default_window": SHIPPED_DEFAULT_WINDOW,
+        "matrix": [name],
+        "default": name,
         "fixed": fixed,
-        "fixed_because": {name: f"the service at {url} runs it; the harness never restarts an external service"
-                          for name in fixed},
-        "applied": {key: field_name for field_name, key in keys.items()},
+        "fixed_because": {field: f"the service at {url} runs it; the harness never restarts an external service"
+                          for field in fixed},
+        "applied": applied,
         "control": "none",  # the non-speculative control needs a launch of its own
         "lossless": "golden",  # nor can the lossless reference be launched here
     }
+
+
+def running_config_name(fixed: Mapping[str, object], values: Mapping[str, int], window_known: bool) -> str:
+    """The name of the config the service runs (``bs8_b8_k4_wnone`` for the engine started with
+    ``--speculative-algorithm DFLASH`` alone), in the shipped profiles' convention, so that it finds
+    the baselines blessed under that name and never those of another window."""
+    block = values["block_size"]
+    budget = values.get("budget", block - 1)
+    topk = values.get("topk", budget)
+    name = f"bs{block}_b{budget}_k{topk}"
+    window = fixed.get("window")
+    if not window_known or window == SHIPPED_DEFAULT_WINDOW:
+        return name
+    return f"{name}_wnone" if window == "none" else f"{name}_w{window}"
 
 
 def _make(context: ControllerContext) -> Controller:

@@ -497,6 +497,8 @@ def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) ->
             raise fail(f"fixed.{key}", "the profile also sets this field (config_args / config_env); a fixed field is one the build cannot set")
         if value is None:
             fixed[key] = FixedValue()
+        elif key == "window" and value == "none":  # a build that runs without a draft window, always
+            fixed[key] = FixedValue(none=True)
         elif isinstance(value, int) and not isinstance(value, bool):
             fixed[key] = FixedValue(number=value)
         elif (isinstance(value, str) and (match := _FIXED_EXPRESSION.match(value)) and match.group(1) != key
@@ -505,7 +507,7 @@ def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) ->
             fixed[key] = FixedValue(follows=match.group(1), offset=-amount if match.group(2) == "-" else amount)
         else:
             raise fail(f"fixed.{key}", f"must be the value the build always uses (an integer), another field "
-                                       f"with an offset (e.g. 'block_size - 1'), or null (derived by the build), got {value!r}")
+                                       f"with an offset (e.g. 'block_size - 1'), 'none' (window only: no window), or null (derived by the build), got {value!r}")
     return fixed
 
 

@@ -89,6 +89,8 @@ class FixedValue:
     number: int | None = None
     follows: str | None = None
     offset: int = 0
+    #: the window the build always runs is none (the drafter sees the whole context), not unknown
+    none: bool = False
 
     def value_for(self, values: Mapping[str, Any]) -> int | None:
         if self.follows is not None:
@@ -101,6 +103,8 @@ class FixedValue:
             if not self.offset:
                 return f"= {self.follows}"
             return f"= {self.follows} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
+        if self.none:
+            return "always none"
         return "derived by the build" if self.number is None else f"always {self.number}"
 
 
@@ -356,10 +360,10 @@ class ServiceProfile:
                                   f"config_args.{name} or config_env.{name})"))
                 continue
             expected = fixed.value_for(values)
-            if expected is not None and values[name] != expected:
+            if (expected is not None or fixed.none) and values[name] != expected:
                 because = f"; {self.fixed_because[name]}" if name in self.fixed_because else ""
                 out.append((name, f"{name}={values[name]}, but this build cannot set {name}: "
-                                  f"it is {fixed.describe()} ({expected} here{because})"))
+                                  f"it is {fixed.describe()} ({'none' if fixed.none else expected} here{because})"))
         return out
 
     def projection(self, config: DDTreeConfig) -> DDTreeConfig | None:

@@ -69,6 +69,8 @@ class CellBaseline:
     problem: str | None = None
     #: The setup the file was blessed on (its ``fingerprint.details``; ``{}`` when it has none).
     blessed_setup: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Why its numbers cannot be compared with this service's at all (then ``section`` is empty).
+    incomparable: str | None = None
 
     def cell(self, name: str) -> Any:
         """The cell's entry as blessed (a bless merges into it), or None."""
@@ -86,8 +88,23 @@ def read_baseline(store: BaselineStore, config: str) -> CellBaseline:
         return CellBaseline(config, path, store.hardware_profile, {}, str(exc))
     recorded = (data or {}).get("fingerprint")
     details = recorded.get("details") if isinstance(recorded, Mapping) else None
-    return CellBaseline(config, path, store.hardware_profile, section,
-                        blessed_setup=details if isinstance(details, Mapping) else {})
+    blessed = details if isinstance(details, Mapping) else {}
+    other_clock = clock_difference(blessed, store.fingerprint.details if store.fingerprint is not None else {})
+    return CellBaseline(config, path, store.hardware_profile, {} if other_clock else section, blessed_setup=blessed,
+                        incomparable=other_clock)
+
+
+def clock_difference(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
+    """Why a baseline of the reference engine does not apply to this one: it was blessed at another
+    clock scale, so every time and tok/s in it is of another simulated accelerator (None: same clock,
+    or one side does not say). A hand-started engine runs at scale 1 unless told; the shipped profile's
+    is 10; compared anyway, every cell 'regressed' by 90%."""
+    was, now = blessed.get("clock_scale"), here.get("clock_scale")
+    if not (stats.is_number(was) and stats.is_number(now)) or float(was) == float(now):
+        return None
+    return (f"the baseline was blessed on the reference engine at clock scale {float(was):g}, and this engine runs at "
+            f"{float(now):g}: its times and tok/s are another clock's, so none is compared; start the engine with "
+            f"--clock-scale {float(was):g} (as suites/services/reference.yaml does), or bless this clock")
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,8 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     workload_info = measured_workload(run, workload)  # the record's (facts.workload is the same, untyped)
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
         workload.name, judged, facts.current, status=status, problems=why, workload=workload_info)
+    if baseline.incomparable and verdict.status == Status.MISSING:  # why there is nothing to compare with
+        verdict = dataclasses.replace(verdict, reasons=(baseline.incomparable,))
     edge = edge_exemption(cell_base, campaign.slo, workload) if campaign.slo_edge and not bless else None
     if edge is not None:  # said in the verdict (the test's message, the report) and the record
         verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, edge.reason))
