@@ -463,9 +463,7 @@ def judge(values: Mapping[str, Any], *, settable: Iterable[str], reported: Itera
     if metrics_text is not None:
         _gauge_evidence(proof, proven, metrics_text, block, budget)
     for name in values:
-        # a field the build fixes is still shown where /server_info reads it back (a running service's
-        # values under --ddtree-url are all fixed, and its /server_info and the probe show them)
-        if name not in settable and name not in reported:
+        if name not in settable and name not in reported:  # fixed but read back (--ddtree-url's every field): shown
             ev = FieldEvidence(NOT_SETTABLE, "fixed by the build")
             if proven[name]:
                 ev.detail += "; " + "; ".join(proven[name])
