@@ -451,3 +451,36 @@ def test_a_probe_noisier_than_the_day_it_corrects_is_left_out(tmp_path: Path) ->
         assert change.after.session_id == ids[30] and change.regression
         found[noise] = change.calibrated
     assert found == {0.003: True, 0.10: False}
+
+
+def test_three_sessions_the_third_20_percent_slower_are_too_few_to_tell_and_the_page_says_so(tmp_path: Path) -> None:
+    """Otava at p < 1e-5 cannot tell a step from three sessions: the headline says too few sessions (and
+    how the newest sits against the earlier ones, as the chart shows it), never "level within its noise";
+    the sessions table has each session's verdict."""
+    from pytest_ddtree.report.html.history import build_history_html
+
+    with HistoryStore(str(tmp_path / "h.db")) as store:
+        for index in range(3):
+            session, cells = synthetic.synthetic_session(index)
+            if index == 2:
+                session = dataclasses.replace(session, exit_status=1)
+                cells = [dataclasses.replace(c, status="regression", samples={k: [v * 0.8 for v in vs] for k, vs in c.samples.items()})
+                         for c in cells]
+            store.append(session, cells)
+        stored = store.cells()
+    analysed = changepoints.analyse(stored)
+    summary = changepoints.summary_text(analysed)
+    assert "level within its noise" not in summary
+    assert f"too few sessions to tell: {len(analysed)} of {len(analysed)} series have fewer than 8 sessions" in summary, summary
+    assert "the newest session against the earlier ones: -2" in summary and "% to -1" in summary, summary
+    page = build_history_html(analysed, source="h.db", output_dir=tmp_path, summary=summary)
+    assert "level within its noise" not in page and "Too few sessions to tell: " in page
+    cells_per_session = len(synthetic.CONFIGS) * len(synthetic.CELLS)
+    assert page.count("<td>passed</td>") == 2 and f"<td>failed: {cells_per_session} regression</td>" in page
+    # with the sessions to tell, a level history still says it is level
+    with HistoryStore(str(tmp_path / "level.db")) as store:
+        for index in range(8):
+            session, cells = synthetic.synthetic_session(index)
+            store.append(session, [c for c in cells if c.cell == "c1_short"])
+        level = changepoints.analyse(store.cells())
+    assert "no change point: every series is level within its noise" in changepoints.summary_text(level)

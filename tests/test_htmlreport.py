@@ -239,3 +239,25 @@ def test_the_session_keeps_touching_its_running_page_until_it_finishes(tmp_path:
     finally:
         live.write_final({})
     assert live._heartbeat is None
+
+
+def test_the_repeats_chart_colours_each_cell_by_the_verdict_of_the_metric_it_draws() -> None:
+    """A cell failed for its acceptance has tok/s dots in their band: they are drawn in the tok/s verdict's
+    colour (pass), not the cell's (regression); a passing cell's dot outside the band says so."""
+    base = {"output_throughput": {"median": 100.0, "samples": [99.0, 101.0], "tolerance": 0.1, "direction": "higher"}}
+
+    def cell(name: str, status: str, metric_status: dict[str, str], samples: list[float]) -> model.Cell:
+        return model.Cell(config="bs8_b16_k4", cell=name, concurrency=8, context_tokens=4096, status=status,
+                          measurement_status="valid", values={}, change={}, samples={"output_throughput": samples},
+                          baseline=base, messages=[], metric_status=metric_status)
+
+    figure = charts.repeats_figure("bs8_b16_k4", [
+        cell("c8_4k", "regression", {"output_throughput": "pass", report.TOKENS_PER_VERIFY: "regression"}, [100.0, 101.0, 99.0]),
+        cell("c1_4k", "pass", {"output_throughput": "pass"}, [100.0, 79.0, 101.0]),
+    ])
+    assert figure is not None
+    dots = {t["name"]: t for t in figure["data"] if str(t["name"]).startswith("this session")}
+    assert set(dots) == {"this session (pass)"}, set(dots)
+    assert dots["this session (pass)"]["marker"]["color"] == charts._STATUS_COLOR["pass"]
+    assert [t for t in dots["this session (pass)"]["text"] if "outside the band" in t] == [
+        "79.0, outside the band: the verdict (pass) is on the repeats together"]

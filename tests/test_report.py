@@ -118,3 +118,19 @@ def test_one_config_recommends_nothing() -> None:
              throughput_rec("bs8_b4_k4", 1, 128, 80.0, 3.9), throughput_rec("bs8_b16_k4", 1, 128, 95.0, 4.8)]
     text = "\n".join(report.recommendations(shaky))
     assert "concurrency 32" not in text and "bs16_b16_k4" not in text
+
+
+def test_each_recommendation_is_chosen_by_the_figure_it_prints() -> None:
+    """At concurrency 1 the per-request winner is printed with its per-request figure (was: the aggregate
+    winner, bs8_b12_k4 723.8 tok/s per request, while bs8_b16_k4 measured 751.6); at the top concurrency
+    the aggregate winner with its aggregate figure, even where another config serves each request faster."""
+    records = [
+        throughput_rec("bs8_b12_k4", 1, 4096, 730.0, 4.9, per_req=723.8), throughput_rec("bs8_b16_k4", 1, 4096, 725.0, 5.1, per_req=751.6),
+        throughput_rec("bs8_b12_k4", 8, 4096, 2000.0, 4.9, per_req=240.0), throughput_rec("bs8_b16_k4", 8, 4096, 1900.0, 5.1, per_req=260.0),
+    ]
+    text = "\n".join(report.recommendations(records))
+    assert ("Best single-request speed (concurrency 1, context 4k): bs8_b16_k4 with 751.6 tok/s per request "
+            "(+3.8% over the slowest, bs8_b12_k4)") in text, text
+    assert "Best aggregate throughput at concurrency 8, context 4k: bs8_b12_k4 with 2000.0 output tok/s (+5.3% over the slowest, bs8_b16_k4)" in text, text
+    assert "Crossover at context 4k: bs8_b12_k4 wins at concurrency 8, bs8_b16_k4 at concurrency 1" in text, text
+    assert "Best acceptance: bs8_b16_k4 with 5.10" in text

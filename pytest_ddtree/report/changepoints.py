@@ -45,6 +45,11 @@ WINDOW_SESSIONS = 30
 #: sessions of its series fails the session (older ones were seen, and accepted or fixed).
 CHECK_RECENT_SESSIONS = 5
 
+#: Sessions a series needs before a change in it can be told at ``MAX_PVALUE``: with 1% noise between
+#: sessions, a 20% step in the newest session was found 0 of 20 times after 2 sessions, 17 of 20 after
+#: 6 and 20 of 20 after 7 (Otava at p < 1e-5); fewer, and "no change point" says nothing.
+MIN_SESSIONS_TO_TELL = 8
+
 #: Which way is better, per metric (the gate's gated metrics).
 DIRECTIONS: dict[str, str] = {OUTPUT_THROUGHPUT: "higher", TOKENS_PER_VERIFY: "higher", MEDIAN_TTFT_MS: "lower"}
 #: Sample keys stored by sessions before a gate was renamed: old name -> current series name.
@@ -99,6 +104,7 @@ class Point:
     fingerprint: str = ""  # the session's build fingerprint (``history.Build.fingerprint``)
     #: The session's calibration probe: (command + figure, its geometric mean over the runs); empty: none.
     calibration: tuple[tuple[str, float], ...] = ()
+    exit_status: int | None = None  # the session's pytest exit status (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,7 @@ def build_series(cells: Sequence[StoredCell], metrics: Sequence[str] = tuple(DIR
             series.points.append(Point(c.session.session_id, c.session.started_at, c.session.build.label(),
                                        math.exp(centre), tuple(samples), verdict or c.status,
                                        c.session.report_path, c.session.build.fingerprint(),
-                                       calibrations[c.session.session_id]))
+                                       calibrations[c.session.session_id], c.session.exit_status))
     return sorted(by_key.values(), key=lambda s: (s.key.hardware_profile, s.key.config, s.key.cell, s.key.metric))
 
 
@@ -250,11 +256,34 @@ def summary_text(all_series: Sequence[Series], limit: int = 20, builds: Sequence
     head = (f"history: {len(sessions)} sessions, {len(all_series)} series (hardware profile x config x cell x metric), "
             f"{total} change point{'s' if total != 1 else ''} (Apache Otava E-divisive, p < {MAX_PVALUE:g})")
     build_lines = build_summary_lines(analyse_builds(all_series) if builds is None else builds)
+    short = too_few_sessions(all_series)
     if not found:
-        return "\n".join([head, "no change point: every series is level within its noise", *build_lines])
+        return "\n".join([head, no_change_headline(all_series), *build_lines])
     lines = [head, f"newest {len(found)}:" if total > len(found) else "newest first:"]
     lines += [f"  - {cp.describe()}" for cp in found]
+    if short:
+        lines.append(f"{len(short)} other series have fewer than {MIN_SESSIONS_TO_TELL} sessions: too few sessions to tell")
     return "\n".join([*lines, *build_lines])
+
+
+def too_few_sessions(all_series: Sequence[Series]) -> list[Series]:
+    """The series with fewer sessions than a change needs to be told in them."""
+    return [s for s in all_series if len(s.points) < MIN_SESSIONS_TO_TELL]
+
+
+def no_change_headline(all_series: Sequence[Series]) -> str:
+    """What a history with no change point says: level within the noise only where every series had
+    the sessions to tell; else how many did not, and how the newest session sits against the earlier
+    ones (what the chart shows), so the words never contradict the picture."""
+    short = too_few_sessions(all_series)
+    if not short:
+        return "no change point: every series is level within its noise"
+    shifts = [s.points[-1].value / stats.median([p.value for p in s.points[:-1]]) - 1.0 for s in short if len(s.points) > 1]
+    newest = (f"; the newest session against the earlier ones: {min(shifts) * 100:+.1f}% to {max(shifts) * 100:+.1f}% "
+              f"over {len(shifts)} series (not tested)") if shifts else ""
+    return (f"too few sessions to tell: {len(short)} of {len(all_series)} series have fewer than {MIN_SESSIONS_TO_TELL} sessions, "
+            f"and a change in the newest session needs about {MIN_SESSIONS_TO_TELL - 1} before it to be told at "
+            f"p < {MAX_PVALUE:g}{newest}")
 
 
 def check_session(all_series: Sequence[Series], session_id: str, recent: int = CHECK_RECENT_SESSIONS) -> list[ChangePoint]:

@@ -256,17 +256,23 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
     for (c, ctx) in sorted(by_cell):
         if c not in (top_c, low_c):
             continue
-        winner, worst = best(by_cell[(c, ctx)], OUTPUT_THROUGHPUT)
-        winners[(c, ctx)] = str(winner["config"])
-        margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
+        cands = by_cell[(c, ctx)]
         if c == top_c:
+            winner, worst = best(cands, OUTPUT_THROUGHPUT)
+            winners[(c, ctx)] = str(winner["config"])
+            margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
             aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
-        if c == low_c and top_c != low_c:
-            per = winner["metrics"].get(PER_REQUEST_OUTPUT_THROUGHPUT)
-            speed = f"{per:.1f} tok/s per request" if stats.is_number(per) else f"{tps(winner):.1f} tok/s"
+        else:
+            # chosen by the figure it prints: per request where every config has it, else aggregate
+            per_request = all(stats.is_number(r["metrics"].get(PER_REQUEST_OUTPUT_THROUGHPUT)) for r in cands)
+            key, unit = (PER_REQUEST_OUTPUT_THROUGHPUT, "tok/s per request") if per_request else (OUTPUT_THROUGHPUT, "tok/s")
+            winner, worst = best(cands, key)
+            winners[(c, ctx)] = str(winner["config"])
+            top, low = float(winner["metrics"].get(key) or 0.0), float((worst or winner)["metrics"].get(key) or 0.0)
+            margin = f" ({_pct(top / low - 1)} over the slowest, {worst['config']})" if worst and low else ""
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
-                          f"{winner['config']} with {speed}{margin}.")
+                          f"{winner['config']} with {top:.1f} {unit}{margin}.")
     out.extend(aggregate)
     out.extend(single)
     crossover = sorted({(ctx, winners.get((top_c, ctx)), winners.get((low_c, ctx))) for (_, ctx) in winners})

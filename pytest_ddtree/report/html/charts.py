@@ -30,7 +30,8 @@ RUNTIME_FILE = "vendor/plotly-basic.min.js"
 
 _STATUS_COLOR: dict[str, str] = {
     Status.PASS: "#2e7d32", Status.IMPROVED: "#1565c0", Status.UPDATED: "#2e7d32", Status.REGRESSION: "#c62828",
-    Status.INVALID: "#6a1b9a", Status.INCONCLUSIVE: "#ef6c00", Status.MISSING: "#757575", Status.NEW: "#757575"}
+    Status.INVALID: "#6a1b9a", Status.INCONCLUSIVE: "#ef6c00", Status.MISSING: "#757575", Status.NEW: "#757575",
+    Status.FLAGGED: "#ef6c00", Status.THIN: "#757575"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -290,11 +291,15 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THRO
         for s in base.get("samples") or []:
             base_x.append(c.cell)
             base_y.append(float(s) / float(ref))
-        xs_c, ys_c, texts = cur[c.status]
+        # coloured by the drawn metric's own verdict: a cell failed for its acceptance keeps tok/s dots
+        # that sit in their band green, and a passing cell's dot outside its band says so when pointed at
+        status = c.metric_status.get(metric) or c.status
+        xs_c, ys_c, texts = cur[status]
         for s in samples:
             xs_c.append(c.cell)
             ys_c.append(float(s) / float(ref))
-            texts.append(f"{s:.1f}")
+            outside = tol and abs(float(s) / float(ref) - 1.0) > tol
+            texts.append(f"{s:.1f}" + (f", outside the band: the verdict ({status}) is on the repeats together" if outside else ""))
     if not xs:
         return None
     traces: list[dict[str, Any]] = [

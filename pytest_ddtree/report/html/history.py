@@ -20,7 +20,9 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from pytest_ddtree.gates import throughput as gate
-from pytest_ddtree.report.changepoints import MAX_PVALUE, ChangePoint, Point, Series, newest_change_points
+from pytest_ddtree.records.words import Status
+from pytest_ddtree.report.changepoints import (MAX_PVALUE, ChangePoint, Point, Series, newest_change_points,
+                                              no_change_headline)
 from pytest_ddtree.report.html import charts
 from pytest_ddtree.report.html.model import fmt_time
 from pytest_ddtree.report.history import redact
@@ -144,6 +146,31 @@ def _change_row(cp: ChangePoint, output_dir: Path) -> dict[str, Any]:
     return {"cp": cp, "after_link": _link(cp.after.report_path, output_dir), "before_link": _link(cp.before.report_path, output_dir)}
 
 
+#: pytest's exit statuses, as the sessions table words them.
+_EXIT_WORDS = {0: "passed", 1: "failed", 2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests ran"}
+#: Cell verdicts the sessions table counts, worst first.
+_COUNTED = (Status.REGRESSION, Status.INVALID, Status.INCONCLUSIVE, Status.FLAGGED, Status.MISSING)
+
+
+def session_verdicts(all_series: Sequence[Series]) -> dict[str, str]:
+    """Each session's verdict for the sessions table: its exit status in words, and how many of its cells
+    ended regressed, invalid, inconclusive, flagged or without a baseline (counted once per cell)."""
+    exits: dict[str, int | None] = {}
+    cells: dict[str, dict[str, set[tuple[str, str]]]] = {}
+    for s in all_series:
+        for p in s.points:
+            exits.setdefault(p.session_id, p.exit_status)
+            if p.status in _COUNTED:
+                cells.setdefault(p.session_id, {}).setdefault(str(p.status), set()).add((s.key.config, s.key.cell))
+    out: dict[str, str] = {}
+    for session, code in exits.items():
+        word = "not recorded" if code is None else _EXIT_WORDS.get(code, f"exit {code}")
+        counts = cells.get(session, {})
+        detail = ", ".join(f"{len(counts[str(k)])} {k}" for k in _COUNTED if str(k) in counts)
+        out[session] = f"{word}: {detail}" if detail else word
+    return out
+
+
 def build_history_html(all_series: Sequence[Series], *, source: str, output_dir: Path, summary: str) -> str:
     """The page for ``all_series`` (with their change points); ``source`` is the history URL."""
     from pytest_ddtree.report.html import template
@@ -167,9 +194,12 @@ def build_history_html(all_series: Sequence[Series], *, source: str, output_dir:
             caption += ": one session so far"
         trends.append({"id": figure_id, "key": s.key, "caption": caption, "change_points": len(s.change_points)})
     runtime = charts.plotly_runtime()
+    verdicts = session_verdicts(all_series)
     return str(template("history.html.j2").render(
         source=redact(source), generated=fmt_time(time.time()), summary=summary, max_pvalue=f"{MAX_PVALUE:g}",
-        sessions=[{"n": ordinal[p.session_id], "point": p, "link": _link(p.report_path, output_dir)} for p in ordered],
+        sessions=[{"n": ordinal[p.session_id], "point": p, "link": _link(p.report_path, output_dir),
+                   "verdict": verdicts.get(p.session_id, "")} for p in ordered],
+        no_change=no_change_headline(all_series),
         changes=[_change_row(cp, output_dir) for cp in newest_change_points(all_series, limit=50)],
         trends=trends,
         configs=sorted({s.key.config for s in all_series}), cells=sorted({s.key.cell for s in all_series}),

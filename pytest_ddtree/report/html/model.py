@@ -82,6 +82,8 @@ class Cell:
     status_text: str = ""
     #: share of verifies that accepted at least d drafts, d = 1, 2, ... (the server's histograms)
     acceptance_by_depth: list[float] = field(default_factory=list)
+    #: each gated metric's own verdict (the cell's status is its worst metric's)
+    metric_status: dict[str, str] = field(default_factory=dict)
 
 
 def _shares(value: Any, limit: int = 1024) -> list[float]:
@@ -162,6 +164,8 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
             predicted=bool(raw.get("predicted")) or raw.get("status") == Status.PREDICTED,
             acceptance_by_depth=_shares(raw.get("acceptance_by_depth")),
             status_text=report.status_text(raw) if raw.get("status") else str(Status.NOT_MEASURED),
+            metric_status={str(k): str(mv["status"]) for k, mv in metric_verdicts.items()
+                           if isinstance(mv, Mapping) and isinstance(mv.get("status"), str)},
         ))
     out.sort(key=lambda c: (name_sort_key(c.config), c.context_tokens or 0, c.concurrency or 0, c.cell))
     return out
