@@ -85,23 +85,61 @@ class BaselineStore:
     #: The fingerprint the session took of its service (a fleet host's GPUs from that host): what a
     #: bless records as the setup, and what a judged cell compares with the setup it was blessed on.
     fingerprint: HardwareProfile | None = field(default=None, compare=False)
+    #: The folder the older layout (keyed by the build too: ``fingerprint.legacy_name``) gave this
+    #: setup: read where this layout's folder has no file yet, never written.
+    legacy_profile: str | None = None
 
     @property
     def directory(self) -> Path:
         return self.root / self.hardware_profile
 
+    @property
+    def read_directory(self) -> Path:
+        """The folder baselines are read from: this layout's, else the older layout's (while only it exists)."""
+        if self.directory.is_dir() or self.legacy_profile is None or not (self.root / self.legacy_profile).is_dir():
+            return self.directory
+        return self.root / self.legacy_profile
+
     def path_for(self, config_name: str) -> Path:
+        """Where ``config_name``'s baseline is written (and read, once it exists)."""
         return self.directory / f"{config_name}.yaml"
 
+    def read_path(self, config_name: str) -> Path:
+        """Where ``config_name``'s baseline is read: this layout's file, else the older layout's."""
+        path = self.path_for(config_name)
+        if path.exists() or self.legacy_profile is None:
+            return path
+        legacy = self.root / self.legacy_profile / f"{config_name}.yaml"
+        return legacy if legacy.exists() else path
+
+    def legacy_note(self, config_name: str) -> str | None:
+        """Said where ``config_name``'s baseline is read from the older layout's folder."""
+        path = self.read_path(config_name)
+        if path == self.path_for(config_name):
+            return None
+        return (f"baseline read from {path}, the folder of the older layout (named by the engine version and "
+                f"keyed by the drafter too); the next bless writes {self.path_for(config_name)} (or git mv the folder "
+                f"to {self.directory})")
+
     def golden_dir(self) -> Path:
+        """Where golden transcripts are written (and read, once they exist)."""
         return self.directory / "golden"
+
+    def golden_read_dir(self) -> Path:
+        """Where golden transcripts are read: this layout's folder, else the older layout's."""
+        golden = self.golden_dir()
+        if golden.exists() or self.legacy_profile is None:
+            return golden
+        legacy = self.root / self.legacy_profile / "golden"
+        return legacy if legacy.exists() else golden
 
     def create_command(self, config_name: str) -> str:
         return f"{self.create_hint} --ddtree-config={shlex.quote(config_name)}"
 
     def load(self, config_name: str) -> dict[str, Any] | None:
-        """The parsed baseline file, or None when there is none yet."""
-        path = self.path_for(config_name)
+        """The parsed baseline file (the older layout's where this one has none yet), or None when
+        there is none yet."""
+        path = self.read_path(config_name)
         if not path.exists():
             return None
         fix = f"Fix or delete it, then re-create it with: {self.create_command(config_name)}"
@@ -126,7 +164,7 @@ class BaselineStore:
         with _locked(self.directory):
             for config_name, config_updates in sorted(by_config.items()):
                 path = self.path_for(config_name)
-                current = self.load(config_name) if path.exists() else None
+                current = self.load(config_name) if self.read_path(config_name).exists() else None
                 data: dict[str, Any] = dict(current or {})
                 data["schema"] = SCHEMA_VERSION
                 data["config"] = config_name

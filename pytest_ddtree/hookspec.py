@@ -26,8 +26,9 @@ def pytest_ddtree_hardware_profile(config: pytest.Config, fingerprint: HardwareP
 
     Called once per process, at the first service start, with the fingerprint the harness
     took (``fingerprint.name`` is the folder it would use, already the profile's
-    ``hardware_profile:`` where that key is set; ``fingerprint.details`` holds the GPUs,
-    driver, engine version, model and drafter it stands for). Return another name to file
+    ``hardware_profile:`` where that key is set; ``fingerprint.details`` holds the setup it stands
+    for: GPUs, model, tensor parallelism and the launch's setup flags; ``fingerprint.build`` the
+    build found at that start: engine version, algorithm, drafter, driver). Return another name to file
     the baselines under it (made safe as a folder name), or None to keep the harness's; the
     first implementation that returns a name wins. Like pytest-benchmark's
     ``pytest_benchmark_generate_machine_info``: a site names its machines its own way (a rack,

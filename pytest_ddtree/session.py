@@ -231,6 +231,7 @@ class DDTreeSession:
                 update_mode=self.settings.update_baselines,
                 create_hint=self.create_hint(),
                 fingerprint=taken,
+                legacy_profile=None if named else taken.legacy_name,
             )
             self.recorder.hardware_profile = self._baselines.hardware_profile
         return self._baselines

@@ -30,26 +30,38 @@ SGLANG = {"version": "0.5.3", "model_path": "/models/moonshotai/Kimi-K2.6",
 
 def test_reference_engine_has_a_stable_name() -> None:
     a = fingerprint.fingerprint({"version": "refserver 0.1.0"})
-    assert a.name == "refserver"
+    assert a.name == "refserver" and a.legacy_name is None
     assert fingerprint.local_fingerprint(_Profile(), {"version": "refserver 0.1.0"}).name == "refserver"
-    assert a.details["engine_version"] == "refserver 0.1.0" and len(a.digest) == 8
+    assert a.build["engine_version"] == "refserver 0.1.0" and len(a.digest) == 8
+    # another engine version is another build of the same setup: the same folder
+    assert fingerprint.fingerprint({"version": "refserver-0.2.0"}).name == "refserver"
 
 
-def test_gpu_fingerprint_names_hardware_engine_and_model() -> None:
+def test_the_folder_is_the_setup_the_user_holds_fixed_and_the_build_is_recorded_beside_it() -> None:
+    """GPUs, target model and tensor parallelism name the folder; engine version, drafter, algorithm
+    and driver are the build under test: a new drafter or an SGLang upgrade is the same folder."""
     inv = _Inventory(tuple(_Gpu("NVIDIA H200") for _ in range(8)))
     fp = fingerprint.fingerprint(SGLANG, inventory=inv)
-    assert fp.name.startswith("8xH200-sglang-0.5.3-Kimi-K2.6-")
-    assert fp.name.endswith(fp.digest)
-    assert fp.details["drafter"] == "dflash-k26" and fp.details["driver"] == "580.1"
-    # a different drafter is a different folder
-    other = fingerprint.fingerprint(dict(SGLANG, speculative_draft_model_path="/m/other"), inventory=inv)
-    assert other.name != fp.name
+    assert fp.name.startswith("8xH200-Kimi-K2.6-") and fp.name.endswith(fp.digest)
+    assert fp.details == {"gpu": "8xH200", "model": "Kimi-K2.6", "tp_size": 8}
+    assert fp.build == {"engine_version": "0.5.3", "speculative_algorithm": "DFLASH", "drafter": "/models/dflash-k26",
+                        "driver": "580.1", "cuda_driver": "13.0"}
+    for change in ({"speculative_draft_model_path": "/m/other"}, {"version": "0.5.24"}, {"speculative_algorithm": "DDTREE"}):
+        assert fingerprint.fingerprint(dict(SGLANG, **change), inventory=inv).name == fp.name, change
+    assert fingerprint.fingerprint(SGLANG, inventory=_Inventory(inv.gpus, driver_version="590.2")).name == fp.name
+    for key, other in (("tp_size", 4), ("model_path", "/models/other")):
+        assert fingerprint.fingerprint(dict(SGLANG, **{key: other}), inventory=inv).name != fp.name, key
+    assert fingerprint.fingerprint(SGLANG, inventory=_Inventory(inv.gpus[:4])).name != fp.name
+    # the older layout's folder of the same facts: the engine version in the name, the build in the hash
+    assert fp.legacy_name is not None and fp.legacy_name.startswith("8xH200-sglang-0.5.3-Kimi-K2.6-")
+    assert fingerprint.fingerprint(dict(SGLANG, speculative_draft_model_path="/m/other"), inventory=inv).legacy_name != fp.legacy_name
 
 
 def test_cpu_and_override() -> None:
     fp = fingerprint.fingerprint(SGLANG, inventory=_Inventory(()))
-    assert fp.name.startswith("cpu-sglang-0.5.3-")
+    assert fp.name.startswith("cpu-Kimi-K2.6-") and fp.legacy_name is not None and fp.legacy_name.startswith("cpu-sglang-0.5.3-")
     assert fingerprint.fingerprint(SGLANG, override="lab a/b!").name == "lab-a-b"
+    assert fingerprint.fingerprint(SGLANG, override="lab").legacy_name is None
     assert fingerprint.local_fingerprint(_Profile("fleet-h200"), SGLANG).name == "fleet-h200"
 
 
@@ -90,6 +102,6 @@ def test_the_reference_engines_clock_is_its_accelerator_and_a_different_setup_is
     # a fact the older bless did not record is no evidence; a hostile value is cut short, a nested one ignored
     older = {k: v for k, v in fast.details.items() if k != "clock_scale"}
     assert fingerprint.setup_differences(older, slow.details) == []
-    hostile = {"engine_version": "x" * 500, "model": {"nested": 1}, "gpu\nevil": "cpu"}
-    (said,) = fingerprint.setup_differences(hostile, {**slow.details, "model": "other", "gpu\nevil": "cpu"})
-    assert said == f"engine_version {'x' * 60!r} when blessed, 'refserver-0.1.0' here"
+    hostile = {"gpu": "x" * 500, "model": {"nested": 1}, "tp\nevil": "cpu"}
+    (said,) = fingerprint.setup_differences(hostile, {**slow.details, "model": "other", "tp\nevil": "cpu"})
+    assert said == f"gpu {'x' * 60!r} when blessed, 'cpu' here"

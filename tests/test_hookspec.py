@@ -11,7 +11,7 @@ def test_a_conftest_names_the_hardware_profile_and_the_baselines_are_filed_under
     pytester.makeconftest(
         "def pytest_ddtree_hardware_profile(config, fingerprint):\n"
         "    assert fingerprint.name == 'refserver', fingerprint  # what the harness would have used\n"
-        "    assert fingerprint.details['engine_version'].startswith('refserver')\n"
+        "    assert fingerprint.build['engine_version'].startswith('refserver')\n"
         "    return 'rack 7/' + config.getoption('ddtree_config')[0]  # made safe as a folder name\n"
     )
     pytester.makepyfile(test_named="def test_store(ddtree_baselines):\n"

@@ -129,6 +129,7 @@ _.other_median
 # Called by the shipped suites (suites/*.py), which the package scan does not include.
 _.session_of  # plugin.session_of: suites/test_throughput.py (also records/sessionfolder.session_of: tests)
 _.check_cell  # suites/test_throughput.py
+_.golden_read_dir  # BaselineStore.golden_read_dir: suites/test_lossless.py
 _.bounded  # slo.RateSearch.bounded: suites/test_sustainable_rate.py
 _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites/test_throughput.py
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
@@ -165,8 +166,6 @@ _.n_obs
 _.fork_flags
 _.budget_counts_root
 _.coding_min_pass
-_.draft_model_path
-_.patches
 _.qos
 _.gres
 _.time_limit

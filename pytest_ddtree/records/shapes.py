@@ -383,9 +383,20 @@ class _ThroughputRequired(TypedDict):
     server_info: dict[str, object] | None
 
 
+class BuildComparisonData(TypedDict):
+    """The build a cell's baseline was blessed on against the build judged now
+    (``service.build``: engine version, algorithm, drafter and its digest, patches, driver)."""
+
+    blessed: dict[str, object]
+    judged: dict[str, object]
+    changed: list[str]  # each differing fact, "key 'was' when blessed, 'now' here"
+
+
 class ThroughputData(_ThroughputRequired, total=False):
     """``RecordKind.THROUGHPUT``: one measured cell with its verdict (``report.throughput_record``,
     completed by ``gate.throughput.evaluate_cell``)."""
+
+    build: BuildComparisonData  # where the caller knew the build judged now
 
     slo: SLOData  # where the session has an SLO: the goodput figures' targets
     acceptance_by_category: dict[str, float]  # tokens per verify step per prompt category (labelled datasets)

@@ -6,7 +6,6 @@ import time
 import urllib.parse
 from typing import Any
 
-from pytest_ddtree.refserver.engine import VERSION
 from pytest_ddtree.refserver.profiler import ProfileRefused, ProfileRequestError, ProfileSettings
 from pytest_ddtree.refserver.request_params import BadRequest, bool_field
 from pytest_ddtree.refserver.transport import HandlerBase
@@ -30,7 +29,7 @@ class AdminEndpoints(HandlerBase):
         """http_server.py ``server_info``: server args top-level, ``version``, ``internal_states``."""
         st = self.state
         info = dict(st.server_args)
-        info["version"] = VERSION
+        info["version"] = st.version
         info["status"] = "ready" if st.ready.is_set() else "starting"  # http_server.py server_info, top-level in 0.5.23
         spec_on = st.server_args["speculative_algorithm"] not in (None, "NONE")  # SGLang reports null when off
         mem = st.memory.figures(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
@@ -76,6 +77,14 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _engine_version(text: str) -> str:
+    """``--engine-version``: what /server_info's ``version`` says; it keeps the ``refserver`` prefix,
+    by which the harness knows the engine (``fingerprint.is_reference_engine``)."""
+    if not re.fullmatch(r"refserver[A-Za-z0-9._+-]{0,40}", text):
+        raise argparse.ArgumentTypeError(f"must start with 'refserver' (e.g. refserver-0.2.0), got {text!r}")
+    return text
+
+
 def _dialect_of(argv: list[str] | None) -> str:
     """The ``--dialect`` (it decides which speculative flags exist, so it is read first)."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -132,6 +141,9 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     e.add_argument("--dialect", choices=DIALECTS, default="reference", help="which build's flags and environment to follow (default: %(default)s; see below)")
     e.add_argument("--load-seconds", type=_nonneg_float, default=0.0, help="emulated weight loading; the port stays closed meanwhile (default: %(default)s)")
     e.add_argument("--clock-scale", type=_positive_float, default=1.0, help="simulated seconds per wall second; >1 speeds tests up (default: %(default)s)")
+    e.add_argument("--engine-version", type=_engine_version, default=VERSION,
+                   help="the version /server_info reports, as SGLang reports its own there (default: %(default)s): "
+                        "an engine upgrade between a bless and a judged session, for the build comparison")
     e.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0, help="seed of drafter noise, sampling and faults (default: %(default)s)")
     e.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (see below)")
     return p
@@ -259,7 +271,7 @@ def _refuse(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ns, faults = parse_args(argv)
-    log(f"refserver {VERSION} starting (dialect {ns.dialect})")
+    log(f"refserver {ns.engine_version} starting (dialect {ns.dialect})")
     try:
         resolved = resolve(ns.dialect, ns, os.environ, drafter_block_size=ns.trained_block_size, tp_size=ns.tp_size)
     except DialectError as exc:
@@ -283,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in startup_lines(ns.dialect, resolved, spec, faults, ns.attention_backend):
         log(line)
 
-    state = ServerState(server_args={}, faults=faults, seed=ns.seed, context_length=ns.context_length, log=log)
+    state = ServerState(server_args={}, faults=faults, seed=ns.seed, context_length=ns.context_length, log=log,
+                        version=ns.engine_version)
     try:
         httpd = make_server(state, ns.host, ns.port)
     except OSError as exc:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddtree.refserver.engine import Engine
+from pytest_ddtree.refserver.engine import VERSION, Engine
 from pytest_ddtree.refserver.faults import Faults
 from pytest_ddtree.refserver.model import Models
 
@@ -49,6 +49,8 @@ class ServerState:
     seed: int
     context_length: int
     log: Callable[[str], None]
+    #: /server_info's ``version`` (http_server.py server_info: SGLang's ``__version__``); ``--engine-version``.
+    version: str = VERSION
     memory: MemoryModel = field(default_factory=MemoryModel)
     models: Models | None = None
     engine: Engine | None = None

@@ -452,7 +452,7 @@ def results_json(records: Iterable[RawRecord]) -> dict[str, Any]:
         entry["problems"] = r.get("problems") or []
         # What the HTML report draws: the gate's verdict, the workload asked for, the baseline.
         for key in ("verdict", "workload", "baseline", "hardware_profile", "host", "accept_histogram", "acceptance_by_depth",
-                    "slo", "acceptance_by_category", "not_judged"):
+                    "slo", "acceptance_by_category", "not_judged", "build"):
             if r.get(key) is not None:
                 entry[key] = r.get(key)
         cells.append(entry)

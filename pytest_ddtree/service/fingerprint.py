@@ -1,13 +1,22 @@
-"""Hardware profile: which baseline folder a session compares against.
+"""Hardware profile: which baseline folder a session compares against, and the build it judges.
 
-Why: a tok/s number means nothing without the machine, engine and model that produced it
-(pytest-benchmark's machine id has no GPU in it, which its users complain about). So the
-baseline folder is named after a fingerprint: GPU model and count (NVML), engine version,
-target model and drafter, and what of the launch changes the numbers without being a config
-axis of the profile: attention backend, page size, overlap scheduling and data parallelism
-(:data:`SETUP_KEYS`; a profile that sweeps one as an axis leaves it to the config's name). The folder name is short and readable (``8xH200-sglang-0.5.3-
-kimi-k2.6-1a2b3c4d``); the full details and their hash are recorded inside every baseline
-file, so a reviewer sees what the numbers belong to.
+Why: baselines belong to what the user holds fixed (pytest-benchmark's machine id has no GPU in
+it, which its users complain about). So the baseline folder is named after a fingerprint of the
+setup: GPU model and count (NVML), the target model, tensor parallelism and what of the launch
+changes the numbers without being a config axis of the profile: attention backend, page size,
+overlap scheduling and data parallelism (:data:`SETUP_KEYS`; a profile that sweeps one as an axis
+leaves it to the config's name). The folder name is short and readable (``8xH200-Kimi-K2.6-1a2b3c4d``);
+the setup and its hash are recorded inside every baseline file, so a reviewer sees what the
+numbers belong to.
+
+The engine version, the drafter (its path and a digest of its files), the speculative algorithm,
+the patches, the driver and CUDA are the *build under test* (:func:`build_under_test`), as asv
+compares commits on one machine: recorded with every bless, compared in every verdict
+(:func:`build_sentence`), never a folder of their own. A folder keyed by the build made every
+SGLang upgrade and every new drafter checkpoint "no baseline for this cell", a pass with a warning:
+exactly the change a CI gate exists to catch. Folders of that older layout
+(``<gpus>-sglang-<version>-<model>-<hash>``, the build in the hash: :func:`legacy_name`) are still
+read, with a note, until the next bless writes the new one.
 
 The reference engine runs a simulated accelerator clock, so its numbers do not depend on
 the host: it gets the stable name ``refserver`` and the committed baselines gate on any
@@ -19,9 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 REFERENCE_NAME = "refserver"
@@ -45,14 +56,18 @@ class InventoryLike(Protocol):
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """A baseline folder name plus the facts it stands for."""
+    """A baseline folder name plus the setup it stands for (``details``), the build the session
+    found at its first start (``build``: engine version, algorithm, drafter, driver) and the folder
+    the older layout named after both (``legacy_name``; None where the names agree)."""
 
     name: str
     details: dict[str, Any]
     digest: str
+    build: dict[str, Any] = field(default_factory=dict)
+    legacy_name: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "digest": self.digest, "details": dict(self.details)}
+        return {"name": self.name, "digest": self.digest, "details": dict(self.details), "build": dict(self.build)}
 
 
 def sanitize(text: str, max_len: int = 80) -> str:
@@ -110,29 +125,43 @@ def fingerprint(
     gpu_names = sorted({_short_gpu(g.name) for g in gpus})
     details: dict[str, Any] = {
         "gpu": f"{len(gpus)}x{'+'.join(gpu_names)}" if gpus else "cpu",
-        "driver": getattr(inventory, "driver_version", None) if gpus else None,
-        "cuda_driver": getattr(inventory, "cuda_driver_version", None) if gpus else None,
-        "engine_version": server_info.get("version"),
         "model": _basename(model_info.get("model_path") or server_info.get("model_path")),
-        "drafter": _basename(server_info.get("speculative_draft_model_path")),
-        "speculative_algorithm": server_info.get("speculative_algorithm"),
         "tp_size": server_info.get("tp_size") if "tp" not in swept else None,
         # the reference engine's simulated accelerator: its speed is its clock scale, not the host's
         "clock_scale": server_info.get("clock_scale") if is_reference_engine(server_info) else None,
         **{key: server_info.get(key) for key, axis in SETUP_KEYS.items() if axis not in swept},
     }
     details = {k: v for k, v in details.items() if v is not None}
-    digest = hashlib.sha256(json.dumps(details, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    build = {k: v for k, v in {
+        "engine_version": server_info.get("version"),
+        "speculative_algorithm": server_info.get("speculative_algorithm"),
+        "drafter": server_info.get("speculative_draft_model_path") or None,
+        "driver": getattr(inventory, "driver_version", None) if gpus else None,
+        "cuda_driver": getattr(inventory, "cuda_driver_version", None) if gpus else None,
+    }.items() if v is not None}
+    digest = _digest(details)
     if override:
-        name = sanitize(override)
-    elif is_reference_engine(server_info):
-        name = REFERENCE_NAME
-    else:
-        parts = [details["gpu"], f"sglang-{details.get('engine_version', 'unknown')}"]
-        if details.get("model"):
-            parts.append(str(details["model"]))
-        name = sanitize("-".join(parts), max_len=72) + f"-{digest}"
-    return HardwareProfile(name=name, details=details, digest=digest)
+        return HardwareProfile(sanitize(override), details, digest, build)
+    if is_reference_engine(server_info):
+        return HardwareProfile(REFERENCE_NAME, details, digest, build)
+    name = sanitize("-".join([details["gpu"], *([str(details["model"])] if details.get("model") else [])]), max_len=72)
+    return HardwareProfile(f"{name}-{digest}", details, digest, build, _legacy_name(details, build))
+
+
+def _digest(facts: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _legacy_name(details: Mapping[str, Any], build: Mapping[str, Any]) -> str:
+    """The folder the older layout gave these facts: the build's engine version in the name and the
+    engine version, drafter (its last path part), algorithm, driver and CUDA in the hash."""
+    old = {**details, **{k: v for k, v in build.items() if k != "drafter"}}
+    if build.get("drafter"):
+        old["drafter"] = _basename(build["drafter"])
+    parts = [details["gpu"], f"sglang-{build.get('engine_version', 'unknown')}"]
+    if details.get("model"):
+        parts.append(str(details["model"]))
+    return sanitize("-".join(parts), max_len=72) + f"-{_digest(old)}"
 
 
 def setup_differences(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:

@@ -42,6 +42,7 @@ from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, 
 from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
 from pytest_ddtree.report import text as report
 from pytest_ddtree.service import proof
+from pytest_ddtree.service.build import blessed_build, build_changes, build_sentence, build_under_test
 
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
@@ -71,27 +72,40 @@ class CellBaseline:
     blessed_setup: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Why its numbers cannot be compared with this service's at all (then ``section`` is empty).
     incomparable: str | None = None
+    #: The build it was blessed on (``service.build.blessed_build``) and the build judged now
+    #: (``service.build.build_under_test``; ``{}``: not known to the caller).
+    blessed_build: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    build: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Where the file was read from the older layout's folder, the note that says so.
+    note: str | None = None
 
     def cell(self, name: str) -> Any:
         """The cell's entry as blessed (a bless merges into it), or None."""
         return self.section.get(name)
 
 
-def read_baseline(store: BaselineStore, config: str) -> CellBaseline:
+def judged_build(store: BaselineStore, service: Any) -> dict[str, Any]:
+    """The build ``service`` (a ``RunningService``) is, with the driver the session found."""
+    return build_under_test(service.server_info, service.profile, store.fingerprint.build if store.fingerprint else None)
+
+
+def read_baseline(store: BaselineStore, config: str, build: Mapping[str, Any] | None = None) -> CellBaseline:
     """``config``'s baseline file of ``store``, loaded and validated (the one ``validate_section``
-    of a cell path)."""
-    path = store.path_for(config)
+    of a cell path); ``build``: the build judged now (``service.build.build_under_test``), which
+    each cell's verdict compares with the one the file was blessed on."""
+    path = store.read_path(config)
     try:
         data = store.load(config)
         section = gate.validate_section((data or {}).get("metrics"), str(path))
     except (BaselineError, gate.BaselineFormatError) as exc:
-        return CellBaseline(config, path, store.hardware_profile, {}, str(exc))
+        return CellBaseline(config, path, store.hardware_profile, {}, str(exc), build=dict(build or {}))
     recorded = (data or {}).get("fingerprint")
     details = recorded.get("details") if isinstance(recorded, Mapping) else None
     blessed = details if isinstance(details, Mapping) else {}
     other_clock = clock_difference(blessed, store.fingerprint.details if store.fingerprint is not None else {})
     return CellBaseline(config, path, store.hardware_profile, {} if other_clock else section, blessed_setup=blessed,
-                        incomparable=other_clock)
+                        incomparable=other_clock, blessed_build=blessed_build(recorded) if data else {},
+                        build=dict(build or {}), note=store.legacy_note(config))
 
 
 def clock_difference(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
@@ -126,6 +140,10 @@ class CellEvaluation:
     slo_latency_share: float | None = None
     #: The setup its baseline was blessed on (``CellBaseline.blessed_setup``).
     blessed_setup: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The build judged now (``CellBaseline.build``), and what the verdict says of it against the
+    #: build its baseline was blessed on (``service.build.build_sentence``; empty: none recorded).
+    build: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    build_sentence: str = ""
 
     @property
     def status(self) -> MeasurementStatus:
@@ -182,12 +200,21 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         server_info=next((s.server_info for s in reversed(valid) if s.server_info), None),
     )
     _complete_record(record, run, campaign.slo)
+    sentence = build_sentence(baseline.blessed_build, baseline.build) if baseline.build else ""
+    if baseline.build:
+        record["build"] = {"blessed": dict(baseline.blessed_build), "judged": dict(baseline.build),
+                           "changed": build_changes(baseline.blessed_build, baseline.build)}
+        if record["build"]["changed"]:
+            record["notes"].append(f"build: {sentence}")
+    if baseline.note is not None:
+        record["notes"].append(baseline.note)
     if edge is not None:
         record["not_judged"] = {m: edge.reason for m in edge.metrics}
     share = slo_edge.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
     return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
-                          bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup)
+                          bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,
+                          build=baseline.build, build_sentence=sentence)
 
 
 def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
@@ -296,8 +323,8 @@ def run_config(session: SessionLike, service: RunningService, config: str, cells
     (``session.baselines``, read once) to each evaluated cell: ``plan_for``, ``read_baseline``,
     ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's)."""
     store = session.baselines(service.server_info)
-    return run_cells(service.client, plan_for(session, service, config, cells, judging), read_baseline(store, config),
-                     recording, on_cell)
+    baseline = read_baseline(store, config, judged_build(store, service))
+    return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, on_cell)
 
 
 @dataclass(frozen=True)
@@ -405,7 +432,7 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
         with bill.launching_for(session.manager, bill.RELAUNCHES):
             service = session.manager.ensure(config)
         store = session.baselines(service.server_info)
-        baseline = read_baseline(store, name)
+        baseline = read_baseline(store, name, judged_build(store, service))
         if baseline.problem is not None:
             raise BaselineError(baseline.problem)
         # as the first launch was measured, less its SLO (the relaunch judges the common change of output tok/s)

@@ -75,16 +75,22 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     new = [m.message for m in verdict.metrics if m.status == Status.NEW]
     if new:
         notes.append(GateWarning("new-metric", f"{config} {workload}: " + "; ".join(new)))
+    build = f"\n  - build: {cell.build_sentence}" if cell.build_sentence else ""
+    changed = bool(cell.record.get("build", {}).get("changed"))
     if verdict.failed:
-        return GateOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service), tuple(notes))
+        return GateOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service) + build,
+                           tuple(notes))
     if verdict.status == Status.INCONCLUSIVE:
         if require:
-            return GateOutcome(Status.FAIL, verdict.message(config) + "\n  (inconclusive fails under --ddtree-require-baselines: "
+            return GateOutcome(Status.FAIL, verdict.message(config) + build + "\n  (inconclusive fails under --ddtree-require-baselines: "
                                "a CI run must not pass a cell it could not judge)", tuple(notes))
         # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
         head, *why = verdict.message(config).split("\n  - ")
+        why += [f"build: {cell.build_sentence}"] if changed else []
         return GateOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
-    return GateOutcome(Status.WARN if notes else Status.PASS, "", tuple(notes))
+    # a passing cell says its build only where it is not the blessed one: what changed and still passed
+    return GateOutcome(Status.WARN if notes else Status.PASS, f"{config} {workload}: {cell.build_sentence}" if changed else "",
+                       tuple(notes))
 
 
 def _setup_note(cell: CellEvaluation, baselines: BaselineStore, config: str, service: RunningService) -> str:
@@ -118,5 +124,5 @@ def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload:
     entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp,
                                 slo_share=cell.slo_latency_share)
     recorder.propose_baseline(config, "metrics", {workload: entry})
-    recorder.propose_baseline(config, "fingerprint", fingerprint.as_dict())
+    recorder.propose_baseline(config, "fingerprint", {**fingerprint.as_dict(), "build": dict(cell.build or fingerprint.build)})
     return GateOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")

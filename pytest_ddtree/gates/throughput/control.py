@@ -622,7 +622,7 @@ def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int =
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
         return "unavailable"
     store = session.baselines(service.server_info)
-    baseline = cells_mod.read_baseline(store, CONTROL)
+    baseline = cells_mod.read_baseline(store, CONTROL, cells_mod.judged_build(store, service))
     driving = cells_mod.driving_for(session, speculative=bool(choice), label=f"control (launch {launch})")
     plan = cells_mod.CellPlan(CONTROL, tuple(cells), settings.repeats, driving, throughput.Judging(gated=GATED),
                               bless=store.update_mode)

@@ -451,7 +451,7 @@ def _blessed_sections(store: BaselineStore, key: str, validate: Callable[[Any, s
     from pytest_ddtree.gates.throughput.baseline_format import CONTROL
 
     sections: list[dict[str, Any]] = []
-    directory = store.directory
+    directory = store.read_directory
     if not directory.is_dir():
         return sections
     for path in sorted(directory.glob("*.yaml")):
