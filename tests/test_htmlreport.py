@@ -261,3 +261,16 @@ def test_the_repeats_chart_colours_each_cell_by_the_verdict_of_the_metric_it_dra
     assert dots["this session (pass)"]["marker"]["color"] == charts._STATUS_COLOR["pass"]
     assert [t for t in dots["this session (pass)"]["text"] if "outside the band" in t] == [
         "79.0, outside the band: the verdict (pass) is on the repeats together"]
+
+
+def test_a_cell_judged_on_another_build_says_what_changed_since_the_bless() -> None:
+    payload = _payload()
+    changed = ["engine_version '0.5.23' when blessed, '0.5.24' here"]
+    payload["throughput"][0]["build"] = {"blessed": {"engine_version": "0.5.23"}, "judged": {"engine_version": "0.5.24"},
+                                         "changed": changed}
+    first = payload["throughput"][0]
+    (cell,) = [c for c in model.cells(payload) if c.cell == first["cell"] and c.config == first["config"]]
+    assert f"build changed since the bless: {changed[0]}" in cell.messages
+    others = [c for c in model.cells(payload) if (c.config, c.cell) != (cell.config, cell.cell)]
+    assert others and not any("build changed" in m for c in others for m in c.messages)
+    assert "build changed since the bless: engine_version '0.5.23' when blessed, '0.5.24' here" in _text(build_html(payload))

@@ -148,6 +148,9 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
         messages += [str(p) for p in _as_list(raw.get("problems")) if str(p) not in messages]
         messages += [f"repeat {s.get('repeat')} retaken, not counted: {s.get('reason')}"
                      for s in _as_list(raw.get("spoiled_repeats")) if isinstance(s, Mapping)]
+        changed = [str(c) for c in _as_list(_as_dict(raw.get("build")).get("changed"))]
+        if changed:  # judged on another build than the one blessed (service/build.py)
+            messages.append("build changed since the bless: " + "; ".join(changed))
         out.append(Cell(
             config=str(raw.get("config")),
             cell=str(raw["cell"]),
