@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import traceback
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.atomicfile import write_atomic
@@ -49,6 +51,35 @@ CHECK_RELAUNCH = "relaunch"
 CHECK_HISTORY = "history-check"
 CHECK_CALIBRATION = "calibration"
 CHECK_OUTPUT = "session-output"
+
+
+CONTROL_SECTION = "ddtree control and uniform shift"
+#: pytest's exit statuses a session's verdict names.
+_INTERRUPTED, _NO_TESTS = 2, 5
+
+
+def verdict_line(exitstatus: int, failed_tests: Sequence[Mapping[str, str]], failures: Sequence[SessionFailure],
+                 inconclusive: int = 0) -> str:
+    """The session's answer in one line, shown before anything else (the terminal, results.md,
+    results.json): passed, or what failed (the first few tests with their reasons, the session checks)."""
+    parts = []
+    if failed_tests:
+        named = "; ".join(f"{t.get('nodeid', '?').rsplit('::', 1)[-1]}: {str(t.get('reason', '')).splitlines()[0][:120] if t.get('reason') else 'failed'}"
+                          for t in failed_tests[:3])
+        parts.append(f"{len(failed_tests)} test(s) failed ({named}{'; ...' if len(failed_tests) > 3 else ''})")
+    checks = sorted({f.check for f in failures})
+    if checks:
+        parts.append(f"session check(s) failed: {', '.join(checks)}")
+    if exitstatus == _INTERRUPTED:
+        return "INTERRUPTED: " + ("; ".join(parts) if parts else "what ran is below, the rest never ran")
+    if parts or exitstatus not in (0, _NO_TESTS):
+        return "FAILED: " + ("; ".join(parts) if parts else f"pytest's exit status {exitstatus}")
+    if exitstatus != 0:
+        return "NOTHING RAN: no test was collected"
+    if inconclusive:
+        return (f"PASSED, with {inconclusive} throughput cell(s) inconclusive (not judged: the reason is in the short test "
+                "summary; --ddtree-require-baselines fails them)")
+    return "PASSED: every gate and session check passed"
 
 
 @dataclass
@@ -148,10 +179,18 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
         _report_selection(session, outcome, summary.json)
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         summary_json = summary.json
-        write_atomic(results_dir / RESULTS_MD, summary.markdown)
+        verdict = verdict_line(exitstatus, session.failed_tests, outcome.failures,
+                               sum(1 for c in summary.json.get("throughput") or [] if c.get("status") == "inconclusive"))
+        summary.json["verdict"] = verdict
+        write_atomic(results_dir / RESULTS_MD, summary.markdown.replace("\n", f"\n\n**Verdict:** {verdict}\n", 1))
         _write_html_report(session, summary.json, outcome)
+        # the verdict first, then the tables; the control's paragraph after them (it explains, it is not the answer)
+        outcome.sections.insert(0, ("ddtree verdict", verdict))
+        control_sections = [s for s in outcome.sections if s[0] == CONTROL_SECTION]
+        outcome.sections[:] = [s for s in outcome.sections if s[0] != CONTROL_SECTION]
         for title, text in summary.sections:
             outcome.sections.append((title, text))
+        outcome.sections.extend(control_sections)
         if summary.plot_error:
             outcome.sections.append(("ddtree plot", summary.plot_error))
     except Exception as exc:  # the raw records are on disk whatever happens here
@@ -296,7 +335,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
             outcome.failed_check(CHECK_UNIFORM_SHIFT, group.uniform_failure)
         if group.failed and not group.control_failures and not group.uniform_failure:
             outcome.failed_check(CHECK_CONTROL, f"the control of {group.group} failed (see the control section)")
-    outcome.sections.append(("ddtree control and uniform shift", judgement.text()))
+    outcome.sections.append((CONTROL_SECTION, judgement.text()))
     return judgement.as_dict()
 
 
@@ -363,7 +402,21 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
             continue
         lines.extend(f"wrote {path}" for path in written)
     if lines:
-        outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + "\nreview with: git diff -- baselines/"))
+        outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + f"\nreview with: {review_command(session.settings.baselines)}"))
+
+
+def review_command(root: Path) -> str:
+    """``git diff -- <the baselines folder written>``, as the user can run it from here (relative
+    where it lies under the working directory; --ddtree-baselines DIR's own folder, not baselines/)."""
+    import os
+    import shlex
+
+    resolved = root.resolve()
+    try:
+        shown = str(resolved.relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        shown = str(resolved)
+    return f"git diff -- {shlex.quote(shown.rstrip(os.sep) + os.sep)}"
 
 
 def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list[dict[str, object]], exitstatus: int) -> None:

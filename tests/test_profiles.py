@@ -266,3 +266,10 @@ def test_budget_counts_root_and_fork_flags_are_checked(repo_root: Path, edit: di
     raw.update(edit)
     with pytest.raises(ProfileError, match=re.escape(message)):
         parse_profile(raw)
+
+
+def test_a_profile_path_that_does_not_exist_lists_the_shipped_profiles(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as info:
+        load_profile(tmp_path / "sglang-upstrem-dflash.yaml")
+    assert "No such file" in str(info.value) and "the shipped profiles are in" in str(info.value)
+    assert "sglang-upstream-dflash.yaml" in str(info.value) and "reference.yaml" in str(info.value)

@@ -134,3 +134,27 @@ def test_each_recommendation_is_chosen_by_the_figure_it_prints() -> None:
     assert "Best aggregate throughput at concurrency 8, context 4k: bs8_b12_k4 with 2000.0 output tok/s (+5.3% over the slowest, bs8_b16_k4)" in text, text
     assert "Crossover at context 4k: bs8_b12_k4 wins at concurrency 8, bs8_b16_k4 at concurrency 1" in text, text
     assert "Best acceptance: bs8_b16_k4 with 5.10" in text
+
+
+def test_the_session_verdict_names_what_failed_first() -> None:
+    from pytest_ddtree.finish import SessionFailure, verdict_line
+
+    failed = [{"nodeid": "suites/test_throughput.py::test_throughput[bs8_b16_k4-c8_4k]", "when": "call",
+               "reason": "bs8_b16_k4 c8_4k: REGRESSION\n  - accept -3.9%"}]
+    assert verdict_line(1, failed, [SessionFailure("control", "control moved")]) == (
+        "FAILED: 1 test(s) failed (test_throughput[bs8_b16_k4-c8_4k]: bs8_b16_k4 c8_4k: REGRESSION); "
+        "session check(s) failed: control")
+    assert verdict_line(0, [], []) == "PASSED: every gate and session check passed"
+    assert verdict_line(2, [], []).startswith("INTERRUPTED: ")
+    assert verdict_line(0, [], [SessionFailure("uniform-shift", "x")]) == "FAILED: session check(s) failed: uniform-shift"
+
+
+
+def test_a_bless_says_how_to_review_the_folder_it_wrote(tmp_path: Path, monkeypatch: Any) -> None:
+    from pytest_ddtree.finish import review_command
+
+    monkeypatch.chdir(tmp_path)
+    assert review_command(tmp_path / "baselines") == "git diff -- baselines/"
+    assert review_command(tmp_path / "my dir" / "b") == "git diff -- 'my dir/b/'"
+    elsewhere = tmp_path.parent / "elsewhere"
+    assert review_command(elsewhere) == f"git diff -- {elsewhere.resolve()}/"

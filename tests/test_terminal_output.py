@@ -27,6 +27,11 @@ def test_an_inconclusive_cell_says_why_in_the_short_summary_and_results_md(pytes
                               "SKIPPED [[]1[]] *test_throughput.py:*: bs8_b8_k4 c1_short: INCONCLUSIVE: only 0 clean repeat(s)*",
                               "*1 skipped in*"])
     md = (results / "results.md").read_text()
+    # the verdict first, in the terminal (before the tables and the control's paragraph) and in results.md
+    out = run.stdout.str()
+    assert out.index("ddtree verdict") < out.index("ddtree throughput sweep") < out.index("ddtree control and uniform shift"), out[-4000:]
+    assert "PASSED, with 1 throughput cell(s) inconclusive" in out
+    assert md.startswith("# pytest-ddtree results\n\n**Verdict:** PASSED, with 1 throughput cell(s) inconclusive")
     assert "**bs8_b8_k4 c1_short**: inconclusive: only 0 clean repeat(s) of the 3 needed" in md
     assert "rerun on a quieter machine" in md
 

@@ -666,7 +666,8 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
     if deployment:
         payload["deployment"] = deployment
         payload["recommendations"] = [*payload["recommendations"], *deployment["sentences"]]
-        md_parts += ["## What to deploy", "", *(f"- {line}" for line in deployment["sentences"]), ""]
+        if deployment["sentences"]:  # a heading with nothing under it says nothing
+            md_parts += ["## What to deploy", "", *(f"- {line}" for line in deployment["sentences"]), ""]
     if throughput or predicted:
         text = render_sweep_table(throughput, predicted_rows=predicted)
         advice = payload["recommendations"]

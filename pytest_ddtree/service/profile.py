@@ -788,5 +788,13 @@ def load_profile(path: Path) -> ServiceProfile:
     try:
         raw, text = read_yaml(path)
     except YAMLFileError as exc:
-        raise ProfileError(str(exc) if exc.syntax else f"cannot read service profile {path}: {exc.problem}") from None
+        raise ProfileError(str(exc) if exc.syntax else f"cannot read service profile {path}: {exc.problem}; "
+                           f"{shipped_profiles_hint()}") from None
     return parse_profile(raw, source=path, text=text)
+
+
+def shipped_profiles_hint() -> str:
+    """The shipped profiles a path may name (suites/services of a checkout, beside this package)."""
+    folder = Path(__file__).resolve().parents[2] / "suites" / "services"
+    names = ", ".join(sorted(p.name for p in folder.glob("*.yaml"))) if folder.is_dir() else ""
+    return f"the shipped profiles are in {folder}: {names}" if names else "give a service profile's path (docs/profiles.md)"
