@@ -24,7 +24,7 @@ from pytest_ddtree.records.recorder import (
     write_json_atomic,
 )
 from pytest_ddtree.service.profile import ProfileError
-from pytest_ddtree.records.words import CONTROL_KINDS, RecordKind
+from pytest_ddtree.records.words import CONTROL_KINDS, RecordKind, Status
 
 if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
@@ -156,7 +156,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     # 2. Each config against the other configs of this session (a config slower as a whole), and
     #    every config against the session's control (a build slower as a whole).
     session_check = [] if session.settings.update_baselines else _judge_configs_against_session(records, outcome)
-    control_check = _judge_control(session, records, outcome)
+    control_check = _judge_control(session, records, outcome, interrupted=exitstatus == _INTERRUPTED)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     summary_json: dict[str, Any] | None = None
@@ -180,8 +180,10 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         summary_json = summary.json
         verdict = verdict_line(exitstatus, session.failed_tests, outcome.failures,
-                               sum(1 for c in summary.json.get("throughput") or [] if c.get("status") == "inconclusive"))
+                               sum(1 for c in summary.json.get("throughput") or [] if c.get("status") == Status.INCONCLUSIVE))
         summary.json["verdict"] = verdict
+        if session.settings.output_file is not None:
+            _append_output_file(session.settings.output_file, summary.json.get("throughput_repeats") or [], outcome)
         write_atomic(results_dir / RESULTS_MD, summary.markdown.replace("\n", f"\n\n**Verdict:** {verdict}\n", 1))
         _write_html_report(session, summary.json, outcome)
         # the verdict first, then the tables; the control's paragraph after them (it explains, it is not the answer)
@@ -310,7 +312,8 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 
-def _judge_control(session: DDTreeSession, records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str, Any] | None:
+def _judge_control(session: DDTreeSession, records: list[dict[str, object]], outcome: FinishOutcome,
+                   interrupted: bool = False) -> dict[str, Any] | None:
     """control.judge over this session's records: the control's own verdict, the session's uniform
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
@@ -327,7 +330,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     except (ProfileError, OSError):
         z_uniform = control.Z_UNIFORM
     judgement = control.judge(records, configs, require_baselines=settings.require_baselines,
-                              update_mode=bool(settings.update_baselines), z_uniform=z_uniform)
+                              update_mode=bool(settings.update_baselines), z_uniform=z_uniform, interrupted=interrupted)
     for group in judgement.groups:
         for message in group.control_failures:
             outcome.failed_check(CHECK_CONTROL, f"control {message}")
@@ -403,6 +406,30 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
         lines.extend(f"wrote {path}" for path in written)
     if lines:
         outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + f"\nreview with: {review_command(session.settings.baselines)}"))
+
+
+def _append_output_file(path: Path, repeats: Sequence[Mapping[str, Any]], outcome: FinishOutcome) -> None:
+    """--ddtree-output-file: one JSON line per measured repeat, bench_serving's result keys first (its
+    --output-file appends one per run), then which config and cell it was and whether it was retaken."""
+    import json
+
+    lines = []
+    for r in repeats:
+        workload, metrics = r.get("workload") or {}, r.get("metrics") or {}
+        line = {"backend": "sglang", "dataset_name": r.get("prompts") or workload.get("prompts"),
+                "request_rate": workload.get("request_rate", float("inf")), "max_concurrency": workload.get("max_concurrency",
+                                                                                                     workload.get("concurrency")),
+                "random_input_len": workload.get("context_tokens"), "random_output_len": workload.get("output_tokens"),
+                **metrics, "config": r.get("config"), "cell": r.get("cell"), "repeat": r.get("repeat"), "spoiled": r.get("spoiled")}
+        lines.append(json.dumps(line, default=str, allow_nan=True))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in lines))
+    except OSError as exc:
+        outcome.fail(f"--ddtree-output-file {path}: {exc}")
+        return
+    outcome.sections.append(("ddtree output file", f"appended {len(lines)} run(s) to {path}"))
 
 
 def review_command(root: Path) -> str:

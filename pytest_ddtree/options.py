@@ -86,6 +86,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("update_baselines", "write this session's measurements as the new baselines (reviewable YAML diff)",
            action="store_true"),
     Option("require_baselines", "fail (not just report) when a config has no baseline: use in CI", action="store_true"),
+    Option("output_file", "append one JSON line per measured repeat with bench_serving's result keys, as its "
+           "--output-file (config, cell and spoiled added)", metavar="PATH"),
     Option("results", "this session's results folder: new or empty, or a previous session's (then a subfolder "
            "per session); default: .ddtree/results/<session id>/", metavar="DIR", ini="results root"),
     Option("package", "also write a verified reproduction package under DIR at session end", metavar="DIR"),
@@ -178,6 +180,8 @@ class Settings:
     """--ddtree-allow-unlisted: an explicit config name need not be in a matrix (selection.py)."""
     url: str | None = None
     """--ddtree-url: a running service to gate with a profile read from its /server_info (no profile file)."""
+    output_file: Path | None = None
+    """--ddtree-output-file: the JSON-lines file every measured repeat is appended to (bench_serving's --output-file)."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -290,6 +294,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         slo=slo,
         allow_unlisted=bool(read.value("allow_unlisted")),
         url=str(url).rstrip("/") if url else None,
+        output_file=read.optional_path("output_file"),
     )
 
 

@@ -9,6 +9,7 @@ the same object drives the suites and the benchmarks scripts.
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -259,6 +260,8 @@ class DDTreeSession:
             parts.append(f"--ddtree-url={self.settings.url}")
         elif not self.settings.service_is_default:
             parts.append(f"--ddtree-service={self.settings.service}")
+        if self.settings.baselines.resolve() != (self.settings.rootdir / "baselines").resolve():
+            parts.append(f"--ddtree-baselines={shlex.quote(str(self.settings.baselines))}")  # as printed, into the same store
         return " ".join(parts)
 
     def _record_host_env(self, manager: ServiceManager) -> None:

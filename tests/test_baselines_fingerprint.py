@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pytest_ddtree.service import fingerprint
 
@@ -105,3 +106,15 @@ def test_the_reference_engines_clock_is_its_accelerator_and_a_different_setup_is
     hostile = {"gpu": "x" * 500, "model": {"nested": 1}, "tp\nevil": "cpu"}
     (said,) = fingerprint.setup_differences(hostile, {**slow.details, "model": "other", "tp\nevil": "cpu"})
     assert said == f"gpu {'x' * 60!r} when blessed, 'cpu' here"
+
+
+def test_a_log_tail_leaves_out_the_harness_s_own_health_polls(tmp_path: Path) -> None:
+    from pytest_ddtree.service.base import tail_file
+
+    log = tmp_path / "server.log"
+    polls = [f'INFO:     127.0.0.1:{40000 + i} - "GET /health_generate HTTP/1.1" 503' for i in range(25)]
+    log.write_text("\n".join(["loading weights", "RuntimeError: CUDA out of memory", *polls,
+                              'INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200']) + "\n")
+    tail = tail_file(log, 5).splitlines()
+    assert tail == ["(25 access lines of the harness's own health polls left out)", "loading weights",
+                    "RuntimeError: CUDA out of memory", 'INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200']

@@ -325,3 +325,9 @@ def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_a
     blessed = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
     (session,) = blessed["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
     assert session["launches"] == 2 and len(session["samples"]) >= 6
+
+
+def test_a_session_interrupted_before_the_control_finished_says_so() -> None:
+    judged = control.judge([], [], interrupted=True)
+    assert "interrupted before the control's measurement finished" in judged.text()
+    assert "no control was measured (no throughput cell ran)" in control.judge([], []).text()

@@ -15,7 +15,7 @@ def test_sweep_table_rows_and_order() -> None:
     table = report.render_sweep_table(RECORDS)
     lines = table.splitlines()
     assert lines[0].split() == ["config", "cell", "conc", "ctx", "prompts", "out", "tok/s", "accept", "TTFT", "p50", "ms",
-                                "vs", "baseline", "status"]
+                                "TPOT", "p50", "ms", "ITL", "p50", "ms", "req/s", "vs", "baseline", "status"]
     body = [line.split() for line in lines[2:]]
     assert [r[0] for r in body][:2] == ["bs8_b4_k4", "bs8_b4_k4"]  # config order, then cell
     assert body[0][1] == "c1_short" and body[1][1] == "c32_short"

@@ -130,3 +130,26 @@ def test_a_slow_restart_says_so_in_a_log_and_nothing_under_qq(pytester: pytest.P
         assert "[ddtree]" not in out, out
     else:
         run.stdout.fnmatch_lines(["[[]ddtree[]] waiting for service bs8_b8_k4 to be ready: 1? s of *, health HTTP 503*"])
+
+
+def test_bench_serving_habits_an_inline_workload_a_jsonl_of_every_run_and_tpot_itl_in_the_table(pytester: pytest.Pytester) -> None:
+    """``--ddtree-workload 'concurrency=2,prompts=4,input=128,output=16'`` (no YAML edit), ``--ddtree-output-file``
+    (bench_serving's --output-file: one JSON line per run, its keys), and the table's TPOT, ITL and req/s."""
+    import json
+
+    profile = reference_profile(pytester.path, clock_scale=20)
+    out_file = pytester.path / "runs.jsonl"
+    run = pytester.runpytest_subprocess(
+        str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
+        "--ddtree-workload=concurrency=2,prompts=4,input=128,output=16", f"--ddtree-output-file={out_file}",
+        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "-p", "no:cacheprovider", timeout=240)
+    out = run.stdout.str()
+    assert "TPOT p50 ms" in out and "ITL p50 ms" in out and "req/s" in out, out[-4000:]
+    assert "c2_ctx128" in out
+    lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert len(lines) >= 3 and {line["cell"] for line in lines} == {"c2_ctx128"}
+    for key in ("backend", "max_concurrency", "random_input_len", "random_output_len", "completed", "request_throughput",
+                "output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "config"):
+        assert key in lines[0], (key, sorted(lines[0]))
+    assert lines[0]["random_input_len"] == 128 and lines[0]["completed"] == 4

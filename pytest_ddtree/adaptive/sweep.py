@@ -249,8 +249,8 @@ def predicted_table_rows(outcome: AdaptiveSweepData, width: int, ctx: Callable[[
         low, high = (p["output_throughput_interval"] + [0.0, 0.0])[:2]
         tps = f"{p[OUTPUT_THROUGHPUT]:.1f} [{low:.0f}-{high:.0f}]"
         row = [p["config"], p["cell"], str(w["concurrency"]) if w else "-", ctx(w["context_tokens"] if w else None),
-               w["prompts"] if w else "-", tps, "-", "-", "-", Status.PREDICTED]
-        rows.append(row + ["-"] * (width - len(row)))
+               w["prompts"] if w else "-", tps]
+        rows.append(row + ["-"] * (width - len(row) - 1) + [Status.PREDICTED])  # the status column is the last
     return rows
 
 

@@ -172,12 +172,14 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
         rows.append([
             rec["config"], rec["cell"], f"{w['request_rate']:g}/s" if "request_rate" in w else str(w["concurrency"]),
             _ctx(w["context_tokens"]),
-            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get(MEDIAN_TTFT_MS)), _pct(change), status_text(rec),
+            w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get(MEDIAN_TTFT_MS)), _f(m.get("median_tpot_ms")),
+            _f(m.get("median_itl_ms")), _f(m.get("request_throughput"), 2), _pct(change), status_text(rec),
         ])
     return rows
 
 
-HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "vs baseline", "status"]
+HEADERS = ["config", "cell", "conc", "ctx", "prompts", "out tok/s", "accept", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms",
+           "req/s", "vs baseline", "status"]
 
 #: The gated metrics as the table's columns name them, for the status column.
 SHORT_LABELS = {OUTPUT_THROUGHPUT: "tok/s", TOKENS_PER_VERIFY: "accept", MEDIAN_TTFT_MS: "TTFT p50"}

@@ -220,7 +220,14 @@ def tail_file(path: Path | None, n: int = 40, max_bytes: int = 64 * 1024) -> str
     lines = data.decode("utf-8", "replace").splitlines()
     if size > max_bytes and lines:
         lines = lines[1:]  # first line is probably cut
-    return "\n".join(lines[-n:])
+    # the harness's own readiness polls (uvicorn's access lines, SGLang's as the engine's) explain nothing
+    kept = [line for line in lines if not _HEALTH_POLL.search(line)]
+    polls = len(lines) - len(kept)
+    note = [f"({polls} access lines of the harness's own health polls left out)"] if polls else []
+    return "\n".join(note + kept[-n:])
+
+
+_HEALTH_POLL = re.compile(r'"(?:GET|HEAD) /health(?:_generate)?(?:\?\S*)? HTTP/[\d.]+"')
 
 
 # A Python exception's last line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``), as a

@@ -270,7 +270,8 @@ def _count(n: int, one: str, many: str) -> str:
 
 
 def judge(records: Sequence[RawRecord], configs: Sequence[JudgedCellData], *,
-          require_baselines: bool = False, update_mode: bool = False, z_uniform: float = Z_UNIFORM) -> ControlJudgement:
+          require_baselines: bool = False, update_mode: bool = False, z_uniform: float = Z_UNIFORM,
+          interrupted: bool = False) -> ControlJudgement:
     """The control's verdict, each config's speedup over it and the session's uniform shift.
 
     ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
@@ -280,6 +281,9 @@ def judge(records: Sequence[RawRecord], configs: Sequence[JudgedCellData], *,
     control = records_mod.control_judged(records)
     if not control:
         reasons = sorted({r["reason"] for r in records_mod.control_unavailable(records)})
+        if interrupted and not reasons:  # Ctrl-C (or a stop) before the control finished: say that, not "none ran"
+            reasons = ["the session was interrupted before the control's measurement finished: no control, so no "
+                       "uniform shift; rerun the session whole"]
         return ControlJudgement(False, "; ".join(reasons) or "no control was measured (no throughput cell ran)")
     out = ControlJudgement(True)
     groups: dict[str, list[ControlJudgedData]] = {}
