@@ -287,14 +287,18 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     entry = history.session_from_payload(payload, session_id=settings.session_id, started_at=min(times) if times else 0.0,
                                          results_dir=session.results_dir, build=build, exit_status=exitstatus)
     cells = history.cells_from_payload(payload) + history.control_cells(records)
+    written = False
     try:
         with history.HistoryStore(url) as store:
             store.append(entry, cells)
+            written = True
             stored = store.cells() if settings.history_check else []
     except history.HistoryError as exc:
-        outcome.fail(f"history not written: {exc}", CHECK_HISTORY)
+        outcome.fail(f"--ddtree-history-check: history written, not read: {exc}" if written else f"history not written: {exc}",
+                     CHECK_HISTORY)
         return
     lines = [f"appended session {entry.session_id} ({len(cells)} cells, build {build.label()}) to {history.redact(url)}"]
+    lines += filter(None, [store.set_aside.note()])
     if settings.history_check:
         from pytest_ddtree.report import changepoints
 

@@ -49,7 +49,7 @@ def synthetic_session(index: int, seed: int = 7, results_root: Path | None = Non
         (results_dir / "report.html").write_text(f"<html><body>session {sid}</body></html>")
         report = str(results_dir / "report.html")
     build = Build(engine_version="0.5.3", engine_build=f"commit {index:04x}{'ab' * 18}", project_commit=f"{index:02x}{'c0ffee' * 6}")
-    return SessionEntry(session_id=sid, started_at=1.79e9 + index * 86400.0, host="ci-1", build=build,
+    return SessionEntry(session_id=sid, started_at=1.76e9 + index * 86400.0, host="ci-1", build=build,
                         results_dir=str(results_dir) if results_dir else None, report_path=report, exit_status=0), cells
 
 
@@ -81,7 +81,7 @@ def write_build_history(url: str, sessions: int = 16, step_at: int = 11, step: f
             engine = "0.5.24" if index >= step_at else "0.5.23"
             build = Build(engine_version=engine, engine_build=f"commit {'beef' if index >= step_at else 'cafe'}{index:02x}",
                           project_commit=f"{index:040x}")
-            store.append(SessionEntry(f"20261101T{index:04d}00Z-b{index:02d}", 1.80e9 + index * 86400.0, host="ci-1",
+            store.append(SessionEntry(f"20261101T{index:04d}00Z-b{index:02d}", 1.77e9 + index * 86400.0, host="ci-1",
                                       build=build, exit_status=0), cells)
 
 
@@ -116,7 +116,7 @@ def write_calibrated_history(url: str, *, calibrated: bool, sessions: int = 33, 
                           engine_build=f"commit {'beef' if new else 'cafe'}{index:02x}", project_commit=f"{index:040x}")
             sid = f"20261201T{index:04d}00Z-c{index:02d}"
             ids.append(sid)
-            store.append(SessionEntry(sid, 1.81e9 + index * 86400.0, host="gpu-1", build=build, exit_status=0,
+            store.append(SessionEntry(sid, 1.78e9 + index * 86400.0, host="gpu-1", build=build, exit_status=0,
                                       calibration=probe if calibrated else {},
                                       calibration_command="python -m pytest_ddtree.measure.calibration" if calibrated else None),
                          cells)

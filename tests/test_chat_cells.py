@@ -13,9 +13,10 @@ import pytest
 
 from pytest_ddtree.configs import ConfigError, load_matrix
 from pytest_ddtree.measure import chat_stream, load
-from pytest_ddtree.measure.generate_stream import RequestResult
+from pytest_ddtree.measure.generate_stream import RequestResult, StallWatch
 from pytest_ddtree.refserver.generation_endpoints import ReasoningSplit
 from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.http import Stall
 from tests.bench_serving_contract import check_result
 from tests.refserver_helpers import RefServer, config_args
 
@@ -75,7 +76,8 @@ def _usage(completion: int, prompt: int = 20) -> dict[str, Any]:
 def _read(data: bytes, asked: int = 4) -> RequestResult:
     result = RequestResult(index=0, expected_prompt_tokens=16, expected_output_tokens=asked, templated=True)
     ticks = iter(range(1, 10**6))
-    chat_stream.read_chat_events(io.BytesIO(data), result, asked, lambda: float(next(ticks)))
+    chat_stream.read_chat_events(io.BytesIO(data), result, asked, lambda: float(next(ticks)),
+                                 StallWatch(Stall(1e9, 1e9), None, 0.0))  # a tick per read: no stall here
     return result
 
 

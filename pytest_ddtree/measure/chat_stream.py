@@ -35,7 +35,7 @@ from typing import Any
 
 from pytest_ddtree.measure import accounting
 from pytest_ddtree.measure.accounting import StreamError
-from pytest_ddtree.measure.generate_stream import STREAM_TAIL_LIMIT, RequestResult, send_stream
+from pytest_ddtree.measure.generate_stream import STREAM_TAIL_LIMIT, RequestResult, StallWatch, send_stream
 from pytest_ddtree.measure.prompts import Prompt, PromptSet
 from pytest_ddtree.service import proof
 from pytest_ddtree.service.http import ServiceHTTP
@@ -84,10 +84,10 @@ def stream_chat(service: ServiceHTTP, index: int, prompt: Prompt, output_tokens:
     body = chat_body(prompt, output_tokens, extra_sampling_params, thinking)
     asked = body["max_completion_tokens"] if isinstance(body["max_completion_tokens"], int) else output_tokens
     return send_stream(service, conn, CHAT_PATH, json.dumps(body).encode(), result,
-                       lambda resp, clock: read_chat_events(resp, result, asked, clock))
+                       lambda resp, clock, stall: read_chat_events(resp, result, asked, clock, stall))
 
 
-def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callable[[], float]) -> bool:
+def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callable[[], float], stall: StallWatch) -> bool:
     """Read a chat event stream up to ``data: [DONE]`` into ``result``; a hostile, broken or
     incomplete stream raises ValueError. Returns whether the connection may be reused."""
     limit = CHAT_BODY_BASE + CHAT_BYTES_PER_TOKEN * max(1, asked)
@@ -101,6 +101,8 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
             if not line:
                 raise StreamError("closed", "stream ended without 'data: [DONE]'")
             streamed += len(line)
+            if t - stall.last > stall.limit_s:
+                raise stall.error(t, result, streamed - at_chunk)
             if len(line) > CHAT_LINE_LIMIT or streamed > limit:
                 raise StreamError("too long", f"stream line over {CHAT_LINE_LIMIT:,} bytes or stream over {limit:,} bytes for "
                                               f"{asked} tokens: not read on (the stream is hostile or broken)")
@@ -117,6 +119,7 @@ def read_chat_events(resp: Any, result: RequestResult, asked: int, clock: Callab
             usage = _usage(chunk, asked) or usage
             _spec_details(chunk, result)
             if _has_text(chunk):
+                stall.token(t)
                 if result.ttft_s is None:
                     result.ttft_s = t - result.start
                 elif last is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pytest_ddtree import progress
 from pytest_ddtree.service import proof
 from pytest_ddtree.measure import accounting
 from pytest_ddtree.measure.accounting import StreamError
-from pytest_ddtree.service.http import Deadline, RequestWatch, ServiceHTTP
+from pytest_ddtree.service.http import Deadline, RequestWatch, ServiceHTTP, Stall
 from pytest_ddtree.measure.prompts import Prompt
 
 #: Bounds on what one streamed /generate may send. SGLang's chunks carry the text (and ids) so far,
@@ -160,8 +161,8 @@ def stream_request(
     asked = sampling["max_new_tokens"] if isinstance(sampling["max_new_tokens"], int) else output_tokens
     body_limit = STREAM_BODY_LIMIT + STREAM_BYTES_PER_TOKEN_SQUARED * asked * asked
 
-    def read(resp: Any, clock: Callable[[], float]) -> bool:
-        done, last_payload, reusable = _read_events(resp, result, asked, body_limit, clock)
+    def read(resp: Any, clock: Callable[[], float], stall: StallWatch) -> bool:
+        done, last_payload, reusable = _read_events(resp, result, asked, body_limit, clock, stall)
         if not done:
             result.end = clock()
             raise StreamError("closed", "stream ended without 'data: [DONE]'")
@@ -182,20 +183,58 @@ def guarded(send: Callable[..., RequestResult], service: ServiceHTTP, index: int
                              error=f"{type(exc).__name__}: {exc}", failure=accounting.failure_kind(exc, False))
 
 
+class StallWatch:
+    """A stream's stall deadline (``service.stall``): no new token for ``between_s``, or before the
+    first token for ``first_token_s``, ends it, however many SSE comments or keep-alives arrive
+    meanwhile (the reader checks at each line); a silence that long ends the socket's wait (its
+    timeout), so a stream that sends nothing at all stalls just the same."""
+
+    def __init__(self, stall: Stall, sock: socket.socket | None, start: float) -> None:
+        self.stall, self.sock, self.last, self.tokens = stall, sock, start, False
+        self.limit_s = stall.first_token_s
+        self._wait(stall.first_token_s)
+
+    def _wait(self, seconds: float) -> None:
+        if self.sock is not None:  # the request's own deadline stays with its watchdog
+            current = self.sock.gettimeout()
+            self.sock.settimeout(seconds if current is None else min(current, seconds))
+
+    def token(self, t: float) -> None:
+        """A new token arrived at ``t``."""
+        self.last = t
+        if not self.tokens:
+            self.tokens, self.limit_s = True, self.stall.between_s
+            self._wait(self.stall.between_s)
+
+    def expired(self, t: float) -> bool:
+        return t - self.last >= self.limit_s * 0.99  # a socket timeout wakes a hair early
+
+    def error(self, t: float, result: RequestResult, after: int | None = None) -> StreamError:
+        """The evidence: how long without which token, what had arrived, which key to raise."""
+        key = "stall_timeout_s" if self.tokens else "first_token_timeout_s"
+        after = result.bytes_after_last_chunk if after is None else after
+        return StreamError("stall", f"stalled: no {'new' if self.tokens else 'first'} token for {t - self.last:.1f} s "
+                                    f"({key} {self.limit_s:g} s); {result.completion_tokens} tokens had arrived, then "
+                                    f"{after:,} bytes of SSE comments or keep-alives and no token; the cell stops at its "
+                                    f"first stalled request (raise {key} in the profile if the service is only slow)")
+
+
 def send_stream(service: ServiceHTTP, conn: http.client.HTTPConnection | None, path: str, body: bytes,
-                result: RequestResult, read: Callable[[Any, Callable[[], float]], bool]) -> RequestResult:
-    """POST one streamed request under its whole-request deadline and time it into ``result``;
-    never raises. ``read(resp, clock)`` reads the 200 response's stream (raising ValueError on a
-    hostile, broken or incomplete one) and says whether the connection may be reused. One place
-    for what every streamed endpoint shares: the deadline's watch, the error words, which
-    connections are closed, the progress count."""
+                result: RequestResult, read: Callable[[Any, Callable[[], float], StallWatch], bool]) -> RequestResult:
+    """POST one streamed request under its whole-request deadline and its stall deadline, and time
+    it into ``result``; never raises. ``read(resp, clock, stall)`` reads the 200 response's stream
+    (raising ValueError on a hostile, broken, stalled or incomplete one) and says whether the
+    connection may be reused. One place for what every streamed endpoint shares: the deadlines'
+    watches, the error words, which connections are closed, the progress count."""
     own_conn = conn is None
     conn = service.connect() if conn is None else conn
     watch = RequestWatch(service.deadline())
     clock = time.perf_counter
     result.start = clock()
+    stall: StallWatch | None = None
     try:
         watch.begin(conn)
+        stall = StallWatch(service.stall, conn.sock, result.start)
         conn.request("POST", service.path(path), body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -203,13 +242,15 @@ def send_stream(service: ServiceHTTP, conn: http.client.HTTPConnection | None, p
             result.end = clock()
             result.error, result.failure = f"HTTP {resp.status}: {detail}", "http"
             return result
-        if not read(resp, clock):
+        if not read(resp, clock, stall):
             own_conn = True
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - whatever ends a request is its failure, never a lost request
         if not result.end:
             result.end = clock()
         by_deadline = watch.failed_by_deadline()
+        if not by_deadline and isinstance(exc, TimeoutError) and stall is not None and stall.expired(clock()):
+            exc = stall.error(clock(), result)  # a silence past the stall deadline
         result.failure = accounting.failure_kind(exc, by_deadline)
         result.error = deadline_error(watch.deadline, result) if by_deadline else f"{type(exc).__name__}: {exc}"
         own_conn = True  # a broken connection is never reused
@@ -234,7 +275,7 @@ def deadline_error(deadline: Deadline, result: RequestResult) -> str:
 
 
 def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: int, body_limit: int,
-                 clock: Callable[[], float]) -> tuple[bool, bytes, bool]:
+                 clock: Callable[[], float], stall: StallWatch) -> tuple[bool, bytes, bool]:
     """Read the event stream up to ``data: [DONE]``, timing each chunk into ``result``; a hostile
     or broken stream raises ValueError. Returns whether [DONE] came, the last chunk's payload,
     and whether the connection may be reused. The bytes read and the last line are left on
@@ -249,6 +290,8 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
             if not line:
                 return False, last_payload, True
             streamed += len(line)
+            if t - stall.last > stall.limit_s:
+                raise stall.error(t, result, streamed - at_chunk)
             if len(line) > STREAM_LINE_LIMIT or streamed > body_limit:
                 raise StreamError("too long", f"stream line over {STREAM_LINE_LIMIT:,} bytes or stream over {body_limit:,} "
                                               f"bytes for {asked} tokens: not read on (the stream is hostile or broken)")
@@ -269,6 +312,8 @@ def _read_events(resp: http.client.HTTPResponse, result: RequestResult, asked: i
                                                 "(max_new_tokens)")
             last_payload, at_chunk = payload, streamed
             result.chunks += 1
+            if count > result.completion_tokens:
+                stall.token(t)
             last = apply_chunk(result, t, count, last)
     finally:
         result.stream_bytes = streamed

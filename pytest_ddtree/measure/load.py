@@ -55,6 +55,7 @@ from pytest_ddtree.records.shapes import WorkloadData
 from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
 from pytest_ddtree.measure.host_pressure import cpu_stall_seconds as cpu_stall_seconds, stall_since
 from pytest_ddtree.measure.chat_stream import chat_prompts, stream_chat
+from pytest_ddtree.measure.concurrency import loaded_concurrency as loaded_concurrency, peak_rates, served_concurrency
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
@@ -152,60 +153,6 @@ def workload_dict(workload: WorkloadLike, prompts: str | None = None, digest: st
         if arrivals.arrival == "gamma":
             out["burstiness"] = float(arrivals.burstiness)
     return out
-
-
-def loaded_concurrency(requests: Sequence[RequestResult], concurrency: int | None = None) -> float | None:
-    """Requests in flight while requests were still waiting to be sent (first start to last start;
-    with the cell's ``concurrency``, from the start that completed the ramp, the concurrency-th,
-    to the last start).
-
-    bench_serving's ``concurrency`` (sum of latencies / duration) includes the drain at the end
-    of a finite closed loop, where fewer requests remain than clients: 16 requests at
-    concurrency 8 end with a tail in which a healthy engine shows 6.4-7.2. Before the last
-    request is sent, a closed loop that keeps up has every client's request in flight, so a
-    figure well below the configured concurrency there means the client (a starved or
-    overloaded load generator) did not, and the engine saw a lighter load than the cell says.
-    None with fewer than two requests or no time between the first and the last start, and where
-    the cell sends no more requests than its concurrency (one wave): then no request ever waits
-    for a client, and the ramp alone (requests in flight climbing 1, 2, ..., n while they are
-    sent) would read as a client that kept half of them.
-    """
-    if len(requests) < 2:
-        return None
-    starts = sorted(r.start for r in requests)
-    if concurrency is not None and concurrency > 0:
-        if len(starts) <= concurrency:
-            return None
-        first = starts[concurrency - 1]
-    else:
-        first = starts[0]
-    last = starts[-1]
-    if last <= first:
-        return None
-    busy = sum(max(0.0, min(r.end, last) - max(r.start, first)) for r in requests)
-    return busy / (last - first)
-
-
-def served_concurrency(requests: Sequence[RequestResult], loaded: float | None) -> float | None:
-    """The requests the service itself held while requests were waiting to be sent: ``loaded``
-    (:func:`loaded_concurrency`, the client's count) times the share of the client's in-flight
-    time that the service had each request (sum of meta_info.e2e_latency over sum of the client's
-    end-to-end latencies).
-
-    A client starved of CPU (threads waiting for the interpreter, another process on the cores)
-    counts a request in flight from before it is sent until after it has read the last chunk; the
-    service holds it only in between, and runs smaller batches than the cell names, while the
-    client's own count, the engine's busy time and its clock all look fine. SGLang's meta_info
-    carries e2e_latency (tokenizer_manager.py: from receiving the request to its last output),
-    so the service's count needs nothing but its responses. None when ``loaded`` is None or a
-    response has no e2e_latency.
-    """
-    if loaded is None or not requests or any(r.server_e2e_s is None for r in requests):
-        return None
-    client = sum(r.e2e_s for r in requests)
-    if client <= 0:
-        return None
-    return loaded * min(1.0, sum(r.server_e2e_s or 0.0 for r in requests) / client)
 
 
 # --------------------------------------------------------------------------------------
@@ -435,30 +382,6 @@ class CellResult:
         out.update(openloop.lag_figures(self.send_lag_s or []))
 
 
-def peak_rates(requests: Sequence[RequestResult]) -> tuple[float, int]:
-    """Peak output tokens per second and peak concurrent requests over one-second buckets from
-    the first request's start, as bench_serving's ``calculate_metrics`` computes
-    ``max_output_tokens_per_s`` / ``max_concurrent_requests`` (token times: start + TTFT, then the
-    ITLs; a request counts in every second from its start to its end)."""
-    if not requests:
-        return 0.0, 0
-    t0 = min(r.start for r in requests)
-    seconds = int(max(r.end for r in requests) - t0) + 2
-    tokens = [0] * seconds
-    running = [0] * seconds
-    for r in requests:
-        if r.ttft_s is not None:
-            t = r.start + r.ttft_s
-            for gap in [0.0, *r.itl_s]:
-                t += gap
-                bucket = int(t - t0)
-                if 0 <= bucket < seconds:
-                    tokens[bucket] += 1
-        for second in range(int(r.start - t0), min(int(r.end - t0) + 1, seconds)):
-            running[second] += 1
-    return float(max(tokens)), int(max(running))
-
-
 def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
     """``internal_states`` of /server_info, every dp rank's merged (:func:`merge_internal_states`;
     empty, with a note, when unavailable); ``keep``
@@ -545,19 +468,21 @@ def _run_closed_loop(
     results: list[RequestResult | None] = [None] * len(prompts.prompts)
     lock = threading.Lock()
     counter = iter(range(len(prompts.prompts)))
-    sent = [0]
+    sent, stalled = [0], threading.Event()  # a stalled request stops the loop: the server is hung, not slow
 
     def worker() -> None:
         conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
         try:
             while True:
                 with lock:
-                    index = None if phase_expired() else next(counter, None)
+                    index = None if phase_expired() or stalled.is_set() else next(counter, None)
                     sent[0] += index is not None
                 if index is None:
                     return
                 results[index] = result = guarded(send, service, index, prompts.prompts[index], output_tokens,
                                                   extra_sampling_params, conn, prompts.tolerance)
+                if result.failure == "stall":
+                    stalled.set()
                 if not result.ok:
                     conn.close()  # http.client reconnects on the next request
         finally:
@@ -618,6 +543,8 @@ def run_cell(
         warm_results, _, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
                                            extra_sampling_params, timeout_s, send)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
+        if (stalled := next((r for r in warm_results if r.failure == "stall"), None)) is not None:
+            raise LoadError(f"{workload.name}: warm-up request {stalled.index} failed: {stalled.error}")
         if warmup_failed:
             notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
     if flush and not flush_cache(client, flush_deadline_s):
@@ -717,7 +644,7 @@ def run_open_loop(
     open_conns: dict[int, http.client.HTTPConnection] = {}
     socks: dict[int, socket.socket] = {}
     lock = threading.Lock()
-    cut = threading.Event()
+    cut, stalled = threading.Event(), threading.Event()
     slots = threading.BoundedSemaphore(arrivals.max_concurrency) if arrivals.max_concurrency else None
     clock = time.perf_counter
 
@@ -741,6 +668,8 @@ def run_open_loop(
                              prompts.tolerance)
             lags[index] = max(0.0, result.start - due)
             results[index] = result
+            if result.failure == "stall":
+                stalled.set()
         finally:
             with lock:
                 own = open_conns.pop(index, None)
@@ -757,7 +686,7 @@ def run_open_loop(
         due = t0 + offset
         while (delay := due - clock()) > 0 and clock() < end_by:
             time.sleep(min(delay, 0.5))
-        if clock() >= end_by:
+        if clock() >= end_by or stalled.is_set():
             break
         thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
         thread.start()
@@ -765,17 +694,23 @@ def run_open_loop(
     for thread in threads:
         thread.join(max(0.0, end_by - clock()))
     unfinished = _cut_at_deadline(threads, socks, lock, cut)
-    out: list[RequestResult] = []
-    for index, result in enumerate(results):
-        if result is None:  # cut at the deadline (its thread ran on), or never sent: a send that failed has its result
-            when = "sent but not finished" if index < len(threads) else "not sent"
-            result = RequestResult(index=index, expected_prompt_tokens=prompts.prompts[index].target_tokens,
-                                   expected_output_tokens=output_tokens, start=t0 + offsets[index], end=clock(),
-                                   error=f"{when} by the open-loop cell's deadline of {deadline_s:.1f} s "
-                                         f"(scheduled at +{offsets[index]:.2f} s)", failure="deadline")
-        out.append(result)
+    out = [result if result is not None else _not_finished(
+        RequestResult(index=i, expected_prompt_tokens=prompts.prompts[i].target_tokens, expected_output_tokens=output_tokens,
+                      start=t0 + offsets[i], end=clock()), offsets[i], i < len(threads), stalled.is_set(), deadline_s)
+        for i, result in enumerate(results)]
     end = max((r.end for r in out), default=t0)
     return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished, sent=len(out))
+
+
+def _not_finished(result: RequestResult, offset: float, started: bool, stalled: bool, deadline_s: float) -> RequestResult:
+    """An open-loop request without a result (a send that failed has one): cut at the cell's deadline
+    (its thread ran on), or not sent, by that deadline or because an earlier request stalled."""
+    if not started and stalled:
+        result.error, result.failure = f"not sent: an earlier request stalled (scheduled at +{offset:.2f} s)", "stall"
+    else:
+        result.error, result.failure = (f"{'sent but not finished' if started else 'not sent'} by the open-loop cell's "
+                                        f"deadline of {deadline_s:.1f} s (scheduled at +{offset:.2f} s)"), "deadline"
+    return result
 
 
 def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.measure.stats import is_number
 from pytest_ddtree.records.words import RecordKind
+from pytest_ddtree.report import history_guard as guard
 
 if TYPE_CHECKING:
     from pytest_ddtree.records.shapes import RawRecord
@@ -232,8 +233,13 @@ class HistoryStore:
         self.create = create
         self.postgres = is_postgres(url)
         self._conn: Any = self._connect()
+        #: The rows the last read set aside, by reason (``history_guard``): the page and the check say them.
+        self.set_aside = guard.SetAside()
         try:
-            self._migrate()
+            self._guard = guard.Guard(self._conn, self.postgres)
+            with self._guarded(guard.WRITE_TIMEOUT_S, "opening the history"):
+                self._migrate()
+                self._check_schema()
         except BaseException:
             self._conn.close()
             raise
@@ -262,6 +268,28 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise HistoryError(f"cannot open the history database {path}: {exc}") from None
         return conn
+
+    @contextmanager
+    def _guarded(self, seconds: float, what: str) -> Iterator[None]:
+        """Statements inside end by ``seconds`` (or at once on SIGINT / SIGTERM: ``history_guard.Guard``);
+        a database error, or the deadline, is a :class:`HistoryError` saying which."""
+        errors: tuple[type[BaseException], ...] = (sqlite3.Error, guard.Interrupted)
+        if self.postgres:
+            import psycopg
+
+            errors = (psycopg.Error, guard.Interrupted)
+        try:
+            with self._guard.within(seconds, what):
+                yield
+        except errors as exc:
+            raise HistoryError(f"history database {redact(self.url)}: {type(exc).__name__}: {str(exc).strip()}") from None
+
+    def _check_schema(self) -> None:
+        """Refuse a store whose objects are not the tables this version writes (a view, a trigger)."""
+        problems = guard.schema_problems(self._conn, self.postgres, guard.expected_columns(MIGRATIONS))
+        if problems:
+            raise HistoryError(f"history database {redact(self.url)} is not a history this version can trust: "
+                               f"{'; '.join(problems)}; restore it from a backup, or start a new one")
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
@@ -339,7 +367,8 @@ class HistoryStore:
             raise HistoryError("a session without a session id cannot be appended to the history")
         lock = int.from_bytes(hashlib.sha256(sid.encode()).digest()[:7], "big")
         b = session.build
-        with self._transaction(lock):
+        with self._guarded(guard.WRITE_TIMEOUT_S, f"writing session {sid}"), self._transaction(lock):
+            self._check_schema()
             for table in _SESSION_TABLES:
                 self._execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
             self._execute(
@@ -369,53 +398,100 @@ class HistoryStore:
 
     # -- reading -----------------------------------------------------------------------------
     def session_ids(self) -> list[str]:
-        return [str(r[0]) for r in self._execute("SELECT session_id FROM ddtree_sessions ORDER BY started_at, session_id").fetchall()]
+        with self._guarded(guard.READ_TIMEOUT_S, "reading the session ids"):
+            rows = self._execute("SELECT session_id FROM ddtree_sessions ORDER BY started_at, session_id").fetchall()
+        return [str(r[0]) for r in rows]
 
     def cells(self, last_sessions: int | None = DEFAULT_WINDOW) -> list[StoredCell]:
         """The stored cells of the last ``last_sessions`` sessions (None or 0: all), with their
         samples, oldest session first. The window keeps a reader's memory bounded however long
-        the history grows: a nightly sweep adds ~5,000 sample rows a night."""
-        window = ""
-        params: tuple[Any, ...] = ()
+        the history grows (a nightly sweep adds ~5,000 sample rows a night), and so do the read's
+        own bounds (``history_guard.MAX_SAMPLE_ROWS``, ``MAX_REPEATS``) however large one session is.
+        Every row is checked: one that is not what it should be (text in a number's place, NaN, a
+        session dated in the future) is set aside and counted in ``set_aside``; the read ends by
+        ``history_guard.READ_TIMEOUT_S``, or at once on SIGINT or SIGTERM."""
+        self.set_aside = guard.SetAside()
+        with self._guarded(guard.READ_TIMEOUT_S, "reading the history"):
+            self._check_schema()
+            return self._read_cells(last_sessions)
+
+    def _read_cells(self, last_sessions: int | None) -> list[StoredCell]:
+        aside, now = self.set_aside, time.time()
+        plausible = guard.session_filter(self.postgres)
+        window = f" WHERE session_id IN (SELECT session_id FROM ddtree_sessions WHERE {plausible}"
+        params: tuple[Any, ...] = (now + guard.FUTURE_SKEW_S,)
         if last_sessions:
-            window = (" WHERE session_id IN (SELECT session_id FROM ddtree_sessions"
-                      " ORDER BY started_at DESC, session_id DESC LIMIT ?)")
-            params = (int(last_sessions),)
-        sessions: dict[str, SessionEntry] = {}
+            window += " ORDER BY started_at DESC, session_id DESC LIMIT ?"
+            params += (int(last_sessions),)
+        window += ")"
+        total = self._execute("SELECT COUNT(*) FROM ddtree_sessions").fetchall()[0][0]
+        good = self._execute(f"SELECT COUNT(*) FROM ddtree_sessions WHERE {plausible}", params[:1]).fetchall()[0][0]
+        aside.add("sessions whose start is not a time (text, NaN, or further than a day in the future)", total - good)
         calibration: dict[str, dict[str, list[float]]] = {}
         for sid, figure, _, value in self._execute(
             "SELECT session_id, figure, run_index, value FROM ddtree_calibration" + window + " ORDER BY run_index", params
         ).fetchall():
-            calibration.setdefault(sid, {}).setdefault(str(figure), []).append(float(value))
+            if (number := guard.finite(value)) is None or guard.text(sid) is None or guard.text(figure) is None:
+                aside.add("calibration rows that are not numbers")
+            else:
+                calibration.setdefault(sid, {}).setdefault(figure, []).append(number)
+        sessions: dict[str, SessionEntry] = {}
         for row in self._execute(
             "SELECT session_id, started_at, host, engine_version, engine_build, project_commit, package_version,"
             " results_dir, report_path, exit_status, calibration_command FROM ddtree_sessions" + window, params
         ).fetchall():
+            started, t = guard.started_at(row[1], now), guard.text
+            if started is None or t(row[0]) is None:
+                aside.add("sessions whose start is not a time (text, NaN, or further than a day in the future)")
+                continue
             sessions[row[0]] = SessionEntry(
-                session_id=row[0], started_at=float(row[1] or 0.0), host=row[2],
-                build=Build(engine_version=row[3], engine_build=row[4], project_commit=row[5], package_version=row[6]),
-                results_dir=row[7], report_path=row[8], exit_status=row[9],
-                calibration=calibration.get(row[0], {}), calibration_command=row[10])
+                session_id=row[0], started_at=started, host=t(row[2]),
+                build=Build(engine_version=t(row[3]), engine_build=t(row[4]), project_commit=t(row[5]),
+                            package_version=t(row[6])),
+                results_dir=t(row[7]), report_path=t(row[8]),
+                exit_status=row[9] if isinstance(row[9], int) and not isinstance(row[9], bool) else None,
+                calibration=calibration.get(row[0], {}), calibration_command=t(row[10]))
         out: dict[tuple[str, str, str], StoredCell] = {}
         for sid, config, cell, profile, status, role, launches in self._execute(
             "SELECT session_id, config, cell, hardware_profile, status, role, launches FROM ddtree_cells" + window, params
         ).fetchall():
-            if sid in sessions:  # role NULL: a cell stored before the control was (always a config's)
-                out[(sid, config, cell)] = StoredCell(sessions[sid], config, cell, profile, status,
+            if not all(isinstance(x, str) for x in (sid, config, cell)):
+                aside.add("cells whose names are not text")
+            elif sid in sessions:  # role NULL: a cell stored before the control was (always a config's)
+                number = guard.finite(launches)
+                out[(sid, config, cell)] = StoredCell(sessions[sid], config, cell, guard.text(profile), guard.text(status),
                                                       role=ROLE_CONTROL if role == ROLE_CONTROL else ROLE_CONFIG,
-                                                      launches=int(launches) if is_number(launches) else None)
-        for sid, config, cell, metric, _, value in self._execute(
-            "SELECT session_id, config, cell, metric, repeat_index, value FROM ddtree_samples" + window
-            + " ORDER BY repeat_index", params
-        ).fetchall():
-            if (stored := out.get((sid, config, cell))) is not None:
-                stored.samples.setdefault(metric, []).append(float(value))
+                                                      launches=int(number) if number is not None else None)
+        self._read_samples(out, window, params)
         for sid, config, cell, metric, status in self._execute(
             "SELECT session_id, config, cell, metric, status FROM ddtree_verdicts" + window, params
         ).fetchall():
-            if (stored := out.get((sid, config, cell))) is not None:
-                stored.verdicts[metric] = status
+            if (stored := out.get((sid, config, cell))) is not None and isinstance(metric, str):
+                stored.verdicts[metric] = guard.text(status)
         return sorted(out.values(), key=lambda c: (c.session.started_at, c.session.session_id, c.config, c.cell))
+
+    def _read_samples(self, out: Mapping[tuple[str, str, str], StoredCell], window: str, params: tuple[Any, ...]) -> None:
+        """The window's samples into their cells, streamed (a row at a time, not a list of millions)
+        and bounded: at most ``MAX_REPEATS`` repeats of a series per session, ``MAX_SAMPLE_ROWS`` in all."""
+        total = self._execute("SELECT COUNT(*) FROM ddtree_samples" + window, params).fetchall()[0][0]
+        sql = self._sql("SELECT session_id, config, cell, metric, value FROM ddtree_samples" + window
+                        + " AND repeat_index >= 0 AND repeat_index < ? ORDER BY repeat_index LIMIT ?")
+        args = (*params, guard.MAX_REPEATS, guard.MAX_SAMPLE_ROWS)
+        rows = self._conn.cursor().stream(sql, args) if self.postgres else self._conn.execute(sql, args)
+        seen = bad = 0
+        for sid, config, cell, metric, value in rows:
+            seen += 1
+            stored = out.get((sid, config, cell))
+            if stored is None:
+                continue  # a sample of a cell set aside, or of no cell
+            # guard.finite inlined (the loop runs per row): a float that is finite, or an int (not a bool)
+            if ((type(value) is float and value - value == 0.0) or type(value) is int) and type(metric) is str:
+                stored.samples.setdefault(metric, []).append(float(value))
+            else:
+                bad += 1
+        self.set_aside.add("samples that are not finite numbers (text, NaN, an infinity)", bad)
+        self.set_aside.add(f"sample rows beyond the read's bounds ({guard.MAX_REPEATS} repeats of a series in a session, "
+                           f"{guard.MAX_SAMPLE_ROWS:,} rows in all)", int(total) - seen)
 
 
 def _text(value: Any) -> str | None:

@@ -63,6 +63,20 @@ BODY_LIMIT = 64 * 1024 * 1024
 
 #: The whole-request deadline of a request that names none (``request_timeout_s`` of a profile).
 REQUEST_TIMEOUT_S = 600.0
+#: A stream that brings no new token for this long has stalled, whatever else it sends (SSE comments,
+#: keep-alives): ``stall_timeout_s``; before its first token (the prefill, queueing behind the other
+#: requests of a cell) ``first_token_timeout_s``. A hung server then costs a cell minutes, not the
+#: request's 600 s per request and the cell's hour.
+STALL_TIMEOUT_S = 30.0
+FIRST_TOKEN_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Stall:
+    """How long a stream may go without a new token: before the first, and between two."""
+
+    first_token_s: float = FIRST_TOKEN_TIMEOUT_S
+    between_s: float = STALL_TIMEOUT_S
 
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 """What a request can raise below HTTP (refused, reset, timed out, malformed answer); the
@@ -368,6 +382,8 @@ class ServiceHTTP:
         self.limit = timeout if isinstance(timeout, Limit) else Limit(float(timeout))
         self.timeout = self.limit.seconds
         self.pool_size = pool_size
+        #: A stream's stall deadlines (the profile's ``first_token_timeout_s`` and ``stall_timeout_s``).
+        self.stall = Stall()
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from pytest_ddtree.service import http as http_mod
+from pytest_ddtree.service import http as http_mod, ports
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
@@ -77,6 +77,8 @@ _PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")
 
 
 def _lost_port_race(err: ServiceStartError) -> bool:
+    if isinstance(err, ports.PortTaken):
+        return True
     return err.exit_code is not None and any(marker in err.log_tail.lower() for marker in _PORT_TAKEN)
 
 
@@ -559,6 +561,8 @@ class ServiceManager:
         ready_s = 0.0
         # One client per launch: it polls health, then serves the tests; _Slot.stop closes it.
         client = slot.client = self.client_factory(launch.url, self.client_timeout_s)
+        if isinstance(stream_http := getattr(client, "http", None), http_mod.ServiceHTTP):  # a stand-in may have none
+            stream_http.stall = http_mod.Stall(self.profile.first_token_timeout_s, self.profile.stall_timeout_s)
         if not external:
             health_client: HealthClient = client
             ready_s = wait_ready(

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Callable, Mapping
+from urllib.parse import urlsplit
 
 from pytest_ddtree.records.shapes import ControllerEntry
+from pytest_ddtree.service import ports
 from pytest_ddtree.service.base import (
     Capabilities,
     ExitInfo,
@@ -233,6 +235,7 @@ class ProcessController(Controller):
         argv = shlex.split(launch.command)
         if not argv:
             raise ServiceStartError(f"empty launch command for {launch.name}", hint="set 'command' in the service profile")
+        self._refuse_taken_port(launch)
         log_path = launch.log_path or self._next_log_path(launch.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -263,6 +266,24 @@ class ProcessController(Controller):
                 ) from None
         _register(proc)
         self._proc, self._launch, self._log_path = proc, launch, log_path
+
+    @staticmethod
+    def _refuse_taken_port(launch: Launch) -> None:
+        """A port that answers before the launch is somebody else's server: measuring it would
+        measure the wrong server, and our launch would die with "Address already in use"."""
+        host = urlsplit(launch.url).hostname or "127.0.0.1"
+        if launch.port is not None and ports.answers(host, launch.port):
+            raise ports.PortTaken(
+                f"port {launch.port} already answers before the launch of {launch.name}: {ports.who_listens(launch.port)}",
+                elapsed=0.0, config_name=launch.name,
+                hint="stop that server, or set port: auto in the profile (a free port per launch)")
+
+    def answered_by_another(self) -> str | None:
+        """The port's listener must be of the process group this controller started."""
+        proc, launch = self._proc, self._launch
+        if proc is None or launch is None or launch.port is None:
+            return None
+        return ports.stranger_on(launch.port, proc.pid)
 
     def failure(self) -> ExitInfo | None:
         proc = self._proc

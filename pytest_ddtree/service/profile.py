@@ -135,6 +135,8 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "health_path": (str, False),
     "ready_timeout_s": ((int, float), False),
     "request_timeout_s": ((int, float), False),
+    "stall_timeout_s": ((int, float), False),
+    "first_token_timeout_s": ((int, float), False),
     "info_timeout_s": ((int, float), False),
     "probe_timeout_s": ((int, float), False),
     "cell_timeout_s": ((int, float), False),
@@ -610,6 +612,8 @@ class _Behaviour(TypedDict):
     health_path: str
     ready_timeout_s: float
     request_timeout_s: float
+    stall_timeout_s: float
+    first_token_timeout_s: float
     info_timeout_s: float
     probe_timeout_s: float
     cell_timeout_s: float
@@ -619,8 +623,8 @@ class _Behaviour(TypedDict):
 
 
 #: The profile's time limits, in seconds (docs/profiles.md, "Time limits").
-_TIME_LIMITS = ("ready_timeout_s", "request_timeout_s", "info_timeout_s", "probe_timeout_s", "cell_timeout_s",
-                "gpu_release_timeout_s", "stop_timeout_s")
+_TIME_LIMITS = ("ready_timeout_s", "request_timeout_s", "stall_timeout_s", "first_token_timeout_s", "info_timeout_s",
+                "probe_timeout_s", "cell_timeout_s", "gpu_release_timeout_s", "stop_timeout_s")
 
 
 def _seconds(raw: Mapping[str, Any], key: str) -> float:
@@ -727,6 +731,8 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
         health_path=health_path,
         ready_timeout_s=_seconds(raw, "ready_timeout_s"),
         request_timeout_s=_seconds(raw, "request_timeout_s"),
+        stall_timeout_s=_seconds(raw, "stall_timeout_s"),
+        first_token_timeout_s=_seconds(raw, "first_token_timeout_s"),
         info_timeout_s=_seconds(raw, "info_timeout_s"),
         probe_timeout_s=_seconds(raw, "probe_timeout_s"),
         cell_timeout_s=_seconds(raw, "cell_timeout_s"),

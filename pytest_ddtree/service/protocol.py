@@ -86,6 +86,11 @@ class Controller(abc.ABC):
     def failure(self) -> ExitInfo | None:
         """Non-None once the launched service has exited or its unit has failed."""
 
+    def answered_by_another(self) -> str | None:
+        """Once the health path answers: why the answer is not the launched service's (a stranger on
+        its port, who), or None: it is, or this controller cannot tell (the default)."""
+        return None
+
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop what this controller started; safe to call twice or before start."""

@@ -111,6 +111,11 @@ def _wait_ready(client: HealthClient, controller: Controller, health_path: str, 
                 status = client.health(health_path, timeout=health_timeout_s)
                 polls += 1
                 if status == 200:
+                    if (stranger := controller.answered_by_another()) is not None:
+                        raise ServiceStartError(f"{what}'s health path answered, but not from the process it started: "
+                                                f"{stranger}", log_tail=controller.log_tail(),
+                                                elapsed=time.monotonic() - start, config_name=config_name,
+                                                hint="stop the other server, or set port: auto in the profile")
                     return time.monotonic() - start
                 last = f"HTTP {status}"
             except OSError as exc:  # ServiceUnreachable: refused, reset, timed out, past a deadline

@@ -166,6 +166,11 @@ class ServiceProfile:
     #: a gate that waits that long on one request is hung, and the longest honest cell request
     #: (16k context, 1,024 tokens on a slow build) is minutes.
     request_timeout_s: float = 600.0
+    #: A stream with no new token for this long has stalled (SSE comments and keep-alives do not
+    #: count): the request fails and its cell stops; before the first token (the prefill, queueing
+    #: behind the cell's other requests) ``first_token_timeout_s`` (``http.Stall``).
+    stall_timeout_s: float = 30.0
+    first_token_timeout_s: float = 120.0
     #: Each control call as a whole (/server_info, /model_info, /metrics, /flush_cache): 30 s, as
     #: SGLang's own test launcher (sglang 0.5.23 sglang/test/test_utils.py:1147, ClientTimeout(total=30)).
     info_timeout_s: float = 30.0

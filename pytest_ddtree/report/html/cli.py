@@ -83,7 +83,7 @@ def _history_page(url: str, output: Path, last_sessions: int = DEFAULT_WINDOW) -
     except (HistoryError, changepoints.ChangePointsUnavailable) as exc:
         print(f"ddtree-report: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    summary = changepoints.summary_text(analysed)
+    summary = "\n".join(filter(None, [changepoints.summary_text(analysed), store.set_aside.note()]))
     output_dir = output.resolve().parent
     write_atomic(output, build_history_html(analysed, source=redact(url), output_dir=output_dir, summary=summary))
     print(summary)
