@@ -55,7 +55,8 @@ from pytest_ddtree.records.shapes import WorkloadData
 from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
 from pytest_ddtree.measure.host_pressure import cpu_stall_seconds as cpu_stall_seconds, stall_since
 from pytest_ddtree.measure.chat_stream import chat_prompts, stream_chat
-from pytest_ddtree.measure.concurrency import loaded_concurrency as loaded_concurrency, peak_rates, served_concurrency
+from pytest_ddtree.measure.concurrency import loaded_concurrency as loaded_concurrency, peak_rates
+from pytest_ddtree.measure.concurrency import served_concurrency as served_concurrency
 
 #: Metric keys of :meth:`CellResult.metrics`, named like SGLang's bench_serving output.
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
