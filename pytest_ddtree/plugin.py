@@ -436,7 +436,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"ddtree: configs {names}",
         *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
           + [f"ddtree:   {line}" for line in left_out] if left_out else []),
-        f"ddtree: results {settings.results}", *bill.predicted_lines(session, getattr(config.option, "numprocesses", None)),
+        f"ddtree: results {settings.results}", *bill.predicted_lines(session, n := getattr(config.option, "numprocesses", None)), *session.pool_lines(n),
     ]
 
 

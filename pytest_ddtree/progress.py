@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+#: Characters of an activity's progress bar.
+BAR_WIDTH = 20
+
+
 class Display(Protocol):
     """Where progress goes (the plugin's terminal display)."""
 
@@ -58,7 +62,15 @@ class Activity:
             parts.append(f"{self.requests_done}/{self.requests} requests")
         if self.output_tokens and elapsed > 0:
             parts.append(f"{self.output_tokens / elapsed:.0f} tok/s so far")
-        return ", ".join(parts)
+        line = ", ".join(parts)
+        if self.requests is not None:  # a bar, as bench_serving's tqdm shows one, where the terminal has room for it
+            import shutil
+
+            filled = min(BAR_WIDTH, BAR_WIDTH * self.requests_done // max(1, self.requests))
+            bar = f" [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"
+            if len(line) + len(bar) + len("[ddtree] ") < shutil.get_terminal_size((80, 24)).columns:
+                line += bar
+        return line
 
 
 _lock = threading.Lock()

@@ -253,6 +253,16 @@ class DDTreeSession:
 
         return fingerprint(server_info, None, HostGpus(runner).inventory(), swept=self.profile.settable_fields())
 
+    def pool_lines(self, workers: object) -> list[str]:
+        """The header's note where ``-n N`` asks for more workers than the profile's pool has instances:
+        the others wait for one, so the sweep is no faster (xdist itself says nothing of it)."""
+        pool = self.profile.pool_size
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers <= pool:
+            return []
+        return [f"ddtree: -n {workers}, but the profile {self.profile.name}'s pool has {pool} instance(s): {workers - pool} "
+                f"worker(s) wait for an instance, so this runs no faster than -n {pool}; raise 'pool' in the profile "
+                "(docs/profiles.md) to run more services at once"]
+
     def create_hint(self) -> str:
         """The command that (re)creates baselines for this session's profile, for error messages."""
         parts = ["pytest suites --ddtree-update-baselines"]

@@ -158,3 +158,13 @@ def test_a_bless_says_how_to_review_the_folder_it_wrote(tmp_path: Path, monkeypa
     assert review_command(tmp_path / "my dir" / "b") == "git diff -- 'my dir/b/'"
     elsewhere = tmp_path.parent / "elsewhere"
     assert review_command(elsewhere) == f"git diff -- {elsewhere.resolve()}/"
+
+
+def test_a_cell_s_progress_has_a_bar_where_the_terminal_has_room(monkeypatch: Any) -> None:
+    from pytest_ddtree import progress
+
+    activity = progress.Activity("bs8_b8_k4 c8_4k: repeat 1/3", requests=16, requests_done=4)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert activity.text(activity.started + 2).endswith(", 4/16 requests [#####...............]")
+    monkeypatch.setenv("COLUMNS", "60")
+    assert activity.text(activity.started + 2).endswith(", 4/16 requests")

@@ -153,3 +153,14 @@ def test_bench_serving_habits_an_inline_workload_a_jsonl_of_every_run_and_tpot_i
                 "output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "config"):
         assert key in lines[0], (key, sorted(lines[0]))
     assert lines[0]["random_input_len"] == 128 and lines[0]["completed"] == 4
+
+
+def test_more_workers_than_the_pool_has_instances_is_said_at_the_start(pytester: pytest.Pytester) -> None:
+    profile = reference_profile(pytester.path, pool=1)
+    run = pytester.runpytest_subprocess(str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
+                                        "-n", "2", "--collect-only", "-p", "no:cacheprovider", timeout=120)
+    run.stdout.fnmatch_lines(["ddtree: -n 2, but the profile *'s pool has 1 instance(s): 1 worker(s) wait for an instance, "
+                              "so this runs no faster than -n 1*"])
+    alone = pytester.runpytest_subprocess(str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", "-n", "2",
+                                          "--collect-only", "-p", "no:cacheprovider", timeout=120)
+    assert "runs no faster" not in alone.stdout.str()  # the shipped profile's pool is 2
