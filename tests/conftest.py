@@ -10,6 +10,7 @@ import pytest
 
 from tests import machine_share, xdist_turns
 from tests.machine_share import register_run
+from tests.sglang_lane import SpecModels, build_spec_models, sglang_python
 
 pytest_plugins = ["pytester"]
 
@@ -24,6 +25,16 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def sglang_spec_models(tmp_path_factory: pytest.TempPathFactory) -> SpecModels:
+    """The speculative lane's models with known acceptance (tests/sglang_lane.py), built once a
+    session (a worker's, under xdist); skips, saying why, where the real-SGLang venv is absent."""
+    python, why = sglang_python()
+    if python is None:
+        pytest.skip(why)
+    return build_spec_models(tmp_path_factory.mktemp("spec-models"), python)
 
 
 def pytest_configure(config: pytest.Config) -> None:
