@@ -62,6 +62,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,40 @@ def _drops(world: gate_sim.World, scenario: str) -> dict[tuple[int, int], float]
     return {(c, cell): drop for c in configs for cell in cells}
 
 
+@dataclass(frozen=True)
+class Costs:
+    """The cost model: what a restart and a measured repeat of a cell take on the GPU box of the scenario.
+
+    The default is the seed's: a restart 615 s (Kimi K2.6 on 8 GPUs, FACTS of the campaign), and
+    docs/gpu-box.md's cells, about 20 minutes per config at three repeats (1200 s over 6 cells x 3
+    repeats: 66.7 s a repeat of a cell); the control's cells run non-speculatively, ``control_slowdown``
+    times longer (the speculative configs' speedup over it: 1.5-4.6x on the embedded engine, 2 assumed)."""
+
+    restart_s: float = 615.0
+    cell_s: float = 1200.0 / 18
+    control_slowdown: float = 2.0
+
+
+def session_cost(counts: dict[str, int], records: list[dict[str, object]], costs: Costs) -> dict[str, float]:
+    """One simulated session's GPU seconds by purpose (records/bill.py's purposes), and the configs' own: their
+    launches and their first-pass repeats (what measuring the configs alone would take)."""
+    from pytest_ddtree.records.bill import CONTROL, PURPOSES, session_bill
+
+    repeats = session_bill(records).items
+    out: dict[str, float] = {}
+    for purpose in PURPOSES:
+        seconds = counts.get(f"launches {purpose}", 0) * costs.restart_s
+        seconds += repeats[purpose].repeats * costs.cell_s * (costs.control_slowdown if purpose == CONTROL else 1.0)
+        if seconds:
+            out[f"gpu_s {purpose}"] = seconds
+    out["gpu_s"] = sum(out.values())
+    out["own_s"] = counts.get("launches configs", 0) * costs.restart_s + repeats["configs"].repeats * costs.cell_s
+    return out
+
+
+COSTS = Costs()
+
+
 def _judged(world: gate_sim.World, scenario: str, index: int) -> dict[str, Any]:
     """Today's session of ``world`` under ``scenario``: whether it failed, whether it caught the drop."""
     world.drops = _drops(world, scenario)
@@ -148,6 +183,7 @@ def _judged(world: gate_sim.World, scenario: str, index: int) -> dict[str, Any]:
         out["failing"]["inconclusive test"] = len(got.skipped_tests)
     for key, n in got.counts.items():
         out[key] = n
+    out.update(session_cost(got.counts, got.records, COSTS))
     if failed and scenario == "unchanged":
         out["examples"] = {"; ".join([*got.failed_tests[:2], *(f.message[:300] for f in got.outcome.failures[:2])]): 1}
     return out
@@ -166,7 +202,7 @@ def _task(job: tuple[str, int, int, list[str], int, str]) -> tuple[str, dict[str
                 world.drops = {}
                 got = gate_sim.run_session(world, k, bless=True)
                 bless["refused"] = bless.get("refused", 0) + len(got.failed_tests)
-                for key, count in got.counts.items():
+                for key, count in [*got.counts.items(), *session_cost(got.counts, got.records, COSTS).items()]:
                     bless[key] = bless.get(key, 0) + count
             totals.setdefault("bless", []).append(bless)
             for i, scenario in enumerate(scenarios):
@@ -218,6 +254,17 @@ def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - i) for i in range(0, total, size)]
 
 
+def bill_text(c: dict[str, Any], sessions: int) -> str:
+    """A scenario's mean GPU-hours a session under the cost model, the configs' own, and what each other
+    purpose added (the overhead over the configs' own GPU time)."""
+    own = c.get("own_s", 0.0) / sessions
+    total = c.get("gpu_s", 0.0) / sessions
+    parts = [f"{k.split(' ', 1)[1]} {v / sessions / own:+.1%}" for k, v in sorted(c.items())
+             if k.startswith("gpu_s ") and k != "gpu_s configs" and own]
+    return (f"{total / 3600:.2f} GPU-hours a session, {total / own if own else 0:.2f}x the configs' own "
+            f"{own / 3600:.2f} ({', '.join(parts) or 'nothing else'})")
+
+
 def _print_shape(shape: str, results: dict[str, dict[str, Any]], configs: int) -> bool:
     s = SHAPES[shape]
     print(f"{shape}: repeat noise {'/'.join(f'{x:.0%}' for x in sorted(set(s.noise)))}, day {s.day:.0%}, "
@@ -229,14 +276,15 @@ def _print_shape(shape: str, results: dict[str, dict[str, Any]], configs: int) -
     if b:
         print(f"  bless: {b.get('launches', 0) / (K_BLESSED * b['trials']):.2f} launches a blessed session, "
               f"{b.get('control_repeats', 0) / (K_BLESSED * b['trials']):.1f} control repeats; tests refused "
-              f"{b.get('refused', 0)} in {K_BLESSED * b['trials']} sessions")
+              f"{b.get('refused', 0)} in {K_BLESSED * b['trials']} sessions; {bill_text(b, K_BLESSED * b['trials'])}")
     for scenario, c in results.items():
         if scenario == "bless":
             continue
         n = c["trials"]
         cost = (f"{c.get('repeats first pass', 0) / (n * cells):.2f} repeats per config cell + "
                 f"{c.get('repeats relaunch', 0) / (n * cells):.2f} in relaunches, "
-                f"{c.get('control_repeats', 0) / n:.1f} control repeats, {c.get('launches', 0) / n:.2f} launches a sweep")
+                f"{c.get('control_repeats', 0) / n:.1f} control repeats, {c.get('launches', 0) / n:.2f} launches a sweep; "
+                f"{bill_text(c, n)}")
         if scenario == "unchanged":
             bad = c["failed"] + c["inconclusive"]
             good = bad / n <= TARGETS["unchanged"]
@@ -264,7 +312,13 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=5, help="worlds per task")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: all CPUs)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--restart-s", type=float, default=Costs.restart_s, help="the cost model's restart (seconds)")
+    ap.add_argument("--cell-s", type=float, default=Costs.cell_s, help="the cost model's repeat of a config's cell (seconds)")
+    ap.add_argument("--control-slowdown", type=float, default=Costs.control_slowdown,
+                    help="how many times longer a control cell's repeat takes than a config's")
     args = ap.parse_args()
+    global COSTS
+    COSTS = Costs(args.restart_s, args.cell_s, args.control_slowdown)
     extra = args.profile_extra.replace("\\n", "\n")
     print(f"gate simulation through the plugin's path: {args.configs} configs x {len(CELLS)} cells, K={K_BLESSED} "
           f"blessed sessions, profile defaults{f' + {extra!r}' if extra else ''}", flush=True)

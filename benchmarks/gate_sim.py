@@ -178,6 +178,7 @@ class SimManager:
         speed = world.model.launch_speed(world.day, world.launches / self.expected)
         world.launches += 1
         world.count("launches")
+        world.count(f"launches {self.purpose or ('control' if index == CONTROL else 'configs')}")
         client = SimClient(world, index, speed)
         service = RunningService(url="http://sim", client=cast(Any, client), server_info={"version": "0.5.23"},
                                  config=config, profile=self.session.profile, launch_command=None, instance=0)

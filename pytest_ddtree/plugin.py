@@ -436,7 +436,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"ddtree: configs {names}",
         *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
           + [f"ddtree:   {line}" for line in left_out] if left_out else []),
-        f"ddtree: results {settings.results}", *bill.predicted_lines(session, n := getattr(config.option, "numprocesses", None)), *session.pool_lines(n),
+        f"ddtree: results {settings.results}", *bill.predicted_lines(session, n := getattr(config.option, "numprocesses", None),
+                                                                     config.args), *session.pool_lines(n),
     ]
 
 
@@ -641,7 +642,7 @@ def ddtree_lossless_source(request: pytest.FixtureRequest, ddtree_session: DDTre
 @pytest.fixture(scope="session")
 def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession) -> Iterator[str]:
     """The throughput gate's control, measured in each process before its first config (``_plain_launches_first``):
-    the profile's non-speculative launch (or its ``control:`` config) on every throughput cell, judged at session
+    the profile's non-speculative launch (or its ``control:`` config) on its ``control_cells``, judged at session
     end (gates/throughput/control.py); half its ``control_launches`` at the start. Yields ``measured``,
     ``unavailable`` (recorded with the reason) or ``off``. At the process's end: the configs the session check
     flags relaunched, the other half of the launches after several configs, and further ones while the uniform
@@ -649,8 +650,7 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     from pytest_ddtree.gates.throughput import control, control_policy
     from pytest_ddtree.gates.throughput.cells import relaunch_flagged
 
-    cells = control.cells_of(request.session.items)
-    done = control.measure_launches(ddtree_session, cells, control.START)
+    done, cells = control.start(ddtree_session, request.session.items)
     yield done
     if request.session.shouldstop or request.session.shouldfail:
         return

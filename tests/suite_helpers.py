@@ -37,6 +37,9 @@ def reference_profile(
     raw["command"] = command_prefix + command.replace("{config_args}", f"{engine_args} {{config_args}}".strip())
     if "control" in overrides:
         set_control(raw, str(overrides.pop("control")))
+    # the control of every process on every cell (the defaults leave it out of sessions of one or two configs
+    # and measure it on three cells): the tests of the control need one; tests of those defaults set them
+    raw.update({"control_min_configs": 1, "control_cells": None})
     raw.update(overrides)
     path = directory / filename
     path.write_text(yaml.safe_dump(raw))

@@ -108,3 +108,43 @@ def test_the_prediction_counts_each_process_its_control_and_the_shared_launch() 
     one = bill.predict(configs=1, processes=4, control_launches=3, control_max_launches=11, control=True,
                        lossless_reference=False, shared=True, cells=6, repeats=3, end_launch_min_configs=3)
     assert (one.processes, one.control, one.launches) == (1, 2, 3)  # two start launches; no end launch for one config
+    # the defaults: one start launch on three cells, none in a process of fewer than three configs
+    sweep = bill.predict(configs=4, processes=2, control_launches=1, control_max_launches=1, control=True,
+                         lossless_reference=False, shared=True, cells=6, repeats=3, end_launch_min_configs=3,
+                         control_min_configs=3, control_cells=3)
+    assert (sweep.control, sweep.launches) == (0, 4)  # two configs a process
+    sweep = bill.predict(configs=18, processes=1, control_launches=1, control_max_launches=1, control=True,
+                         lossless_reference=False, shared=True, cells=6, repeats=3, end_launch_min_configs=3,
+                         control_min_configs=3, control_cells=3)
+    assert (sweep.control, sweep.launches, sweep.control_cells) == (1, 19, 3)
+
+
+def _session(pytester: pytest.Pytester, repo_root: Path, name: str, **profile: Any) -> tuple[pytest.RunResult, list[dict[str, Any]]]:
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n" + "".join(
+        f"  - {{name: c{c}_tiny, concurrency: {c}, context_tokens: 32, requests: {2 * c}, warmup_requests: 1}}\n"
+        for c in (1, 2, 3, 4)))
+    results = pytester.path / name
+    result = pytester.runpytest_subprocess(
+        str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={reference_profile(pytester.path, clock_scale=5, filename=f'{name}.yaml', **profile)}",
+        f"--ddtree-matrix={matrix}", f"--ddtree-results={results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider", timeout=240)
+    return result, [json.loads(line) for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()]
+
+
+def test_the_shipped_defaults_measure_no_control_for_one_config_and_three_cells_for_several(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """``control_min_configs: 3`` (the default): a one-config session launches no control, says why, and its
+    header predicted it; ``control_cells: 3``: where the control is measured, it is on the matrix's first three cells."""
+    result, records = _session(pytester, repo_root, "alone", control_min_configs=3, control_cells=3)
+    out = result.stdout.str()
+    assert [r["launch"]["purpose"] for r in records if r["kind"] == RecordKind.LAUNCH] == ["configs"]
+    (why,) = [r["reason"] for r in records if r["kind"] == RecordKind.THROUGHPUT_CONTROL_UNAVAILABLE]
+    assert "fewer than the profile's control_min_configs (3)" in why and "control_min_configs: 1" in why
+    assert "ddtree: this session will launch 1 time: 1 config; measuring 4 throughput cells x 3 repeats" in out, out[:2500]
+    assert json.loads((pytester.path / "alone" / "results.json").read_text())["bill"]["by_purpose"]["control"]["launches"] == 0
+
+    result, records = _session(pytester, repo_root, "three-cells", control_min_configs=1, control_cells=3)
+    measured = {r["cell"] for r in records if r["kind"] == RecordKind.THROUGHPUT_CONTROL}
+    assert measured == {"c1_tiny", "c2_tiny", "c3_tiny"}, measured
+    assert "(3 on each of the control's)" in result.stdout.str()

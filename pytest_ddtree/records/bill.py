@@ -12,7 +12,7 @@ part bought what. The bill is read from the records the session keeps anyway (ea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -180,6 +180,7 @@ class Plan:
     lossless_reference: int
     cells: int
     repeats: int
+    control_cells: int = 0  # the cells of each launch of the control
 
     @property
     def launches(self) -> int:
@@ -194,32 +195,38 @@ class Plan:
             parts.append(f"{self.lossless_reference} lossless reference" + (" (the control's first launch measures on it)"
                                                                             if self.control else ""))
         repeats = f"{self.cells} throughput cell{'' if self.cells == 1 else 's'} x {self.repeats} repeats"
-        return (f"this session will launch {self.launches} times: {', '.join(parts)}; measuring {repeats} on each "
-                "launch of a config and of the control; relaunches of flagged configs and confirmations of flagged "
+        control = f" ({self.control_cells} on each of the control's)" if self.control_most else ""
+        return (f"this session will launch {self.launches} time{'' if self.launches == 1 else 's'}: {', '.join(parts)}; measuring {repeats} on each "
+                f"launch of a config{control}; relaunches of flagged configs and confirmations of flagged "
                 "cells come on top (the bill at the session end says what they took)")
 
 
 def predict(*, configs: int, processes: int, control_launches: int, control_max_launches: int, control: bool,
-            lossless_reference: bool, shared: bool, cells: int, repeats: int, end_launch_min_configs: int) -> Plan:
+            lossless_reference: bool, shared: bool, cells: int, repeats: int, end_launch_min_configs: int,
+            control_min_configs: int = 1, control_cells: int | None = None) -> Plan:
     """How many launches a session of ``configs`` over ``processes`` processes takes: each config once;
     in each process the control's start launches, its end launches where the process measures
-    ``end_launch_min_configs`` configs or more (``control.launches_at``); the lossless reference once a
-    process, the control's first launch measured on it where it ``shared`` the lossless_args launch
+    ``end_launch_min_configs`` configs or more (``control.launches_at``), none in a process of fewer than
+    ``control_min_configs``; the lossless reference once a process, the control's first launch measured on it where it ``shared`` the lossless_args launch
     (one fewer of the control's)."""
     processes = max(1, min(processes, configs)) if configs else 0
     start, end = (control_launches + 1) // 2, control_launches // 2
     share = [configs // processes + (1 if i < configs % processes else 0) for i in range(processes)]
-    control_n = sum(start + (end if n >= end_launch_min_configs else 0) for n in share) if control else 0
-    most = sum(max(control_max_launches, start + (end if n >= end_launch_min_configs else 0)) for n in share) if control else 0
+    measured = [n for n in share if control and n >= control_min_configs]  # the processes that measure a control
+    control_n = sum(start + (end if n >= end_launch_min_configs else 0) for n in measured)
+    most = sum(max(control_max_launches, start + (end if n >= end_launch_min_configs else 0)) for n in measured)
     reference = processes if lossless_reference else 0
-    if control and lossless_reference and shared:
-        control_n, most = control_n - processes, most - processes
-    return Plan(processes, configs, control_n, most, reference, cells, repeats)
+    if lossless_reference and shared:
+        control_n, most = control_n - len(measured), most - len(measured)
+    return Plan(processes, configs, control_n, most, reference, cells, repeats, min(cells, control_cells or cells))
 
 
-def predicted_lines(session: Any, processes: object) -> list[str]:
+def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) -> list[str]:
     """The report header's prediction for a session of the suites (``pytest suites``) with ``session``'s
-    (a ``DDTreeSession``: this module is below it) profile, selection and ``-n``: how many launches it will take, by purpose (:func:`predict`)."""
+    (a ``DDTreeSession``: this module is below it) profile, selection and ``-n`` (``auto``: one process): how
+    many launches it will take, by purpose (:func:`predict`). The lossless gate's reference is counted where the
+    run's ``paths`` name a folder (the suites) or its module (``test_lossless.py``): the header comes before
+    the collection."""
     from pytest_ddtree.configs import select_workloads
 
     profile, settings = session.profile, session.settings
@@ -232,6 +239,16 @@ def predicted_lines(session: Any, processes: object) -> list[str]:
     plan = predict(configs=len(session.selected_configs), processes=processes if isinstance(processes, int) else 1, control_launches=launches,
                    control_max_launches=launches if bless else profile.control_max_launches, control=control and bool(cells),
                    # the lossless gate launches its reference (gates/lossless.py launches_reference) in instance mode or a bless
-                   lossless_reference=relaunch and (profile.lossless == "instance" or bless), shared=not profile.control,
-                   cells=len(cells), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS)
+                   lossless_reference=relaunch and (profile.lossless == "instance" or bless) and _runs_lossless(paths),
+                   shared=not profile.control,
+                   cells=len(cells), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS,
+                   control_min_configs=profile.control_min_configs, control_cells=profile.control_cells)
     return [f"ddtree: {plan.text()}"]
+
+
+def _runs_lossless(paths: Sequence[str]) -> bool:
+    """Whether a run of ``paths`` (pytest's arguments; none: the rootdir's tests) holds the lossless gate's tests."""
+    import os
+
+    names = [p.split("::")[0] for p in paths if not p.startswith("-")]
+    return not names or any(os.path.isdir(p) or os.path.basename(p) == "test_lossless.py" for p in names)

@@ -23,6 +23,7 @@ from pytest_ddtree.service.base import ENV_NAME_RULE, LaunchFrom, is_env_name
 from pytest_ddtree.service.protocol import ControllerKind
 from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.validated_profile import (
+    ControlKeys, control_scope,
     CONFIG_FIELDS,
     LOSSLESS_MODES,
     FixedValue,
@@ -153,6 +154,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "control_launches": (int, False),
     "control_max_launches": (int, False),
     "bless_control_launches": (int, False),
+    "control_min_configs": (int, False), "control_cells": ((int, type(None)), False),
     "relaunch_flagged": (bool, False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
@@ -601,13 +603,10 @@ def _parse_unverifiable(section: Mapping[str, Any], applied: Mapping[str, str], 
     return unverifiable
 
 
-class _Behaviour(TypedDict):
+class _Behaviour(ControlKeys):
     lossless: str
     lossless_args: str | None
     control: str | None
-    control_launches: int
-    control_max_launches: int
-    bless_control_launches: int
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
@@ -722,7 +721,7 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
             raise fail(key, f"must be positive (seconds), got {raw[key]}")
     return _Behaviour(
         lossless=lossless, lossless_args=raw.get("lossless_args"), control=control,
-        control_launches=control_launches, control_max_launches=control_max_launches,
+        control_launches=control_launches, control_max_launches=control_max_launches, **control_scope(raw, fail),
         bless_control_launches=bless_control_launches, relaunch_flagged=bool(relaunch_flagged), health_path=health_path,
         ready_timeout_s=_seconds(raw, "ready_timeout_s"), request_timeout_s=_seconds(raw, "request_timeout_s"),
         stall_timeout_s=_seconds(raw, "stall_timeout_s"), first_token_timeout_s=_seconds(raw, "first_token_timeout_s"),

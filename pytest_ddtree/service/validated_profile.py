@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
@@ -71,14 +71,48 @@ def valid_value_template(template: object) -> bool:
     return "{" not in rest and "}" not in rest
 
 
-#: A profile's ``control_launches`` when it does not set them: two at the process's start, one at its end
-#: (the start's launches bound how much of one launch's shift the drift-cancelling mean keeps: 1 / (4 x n_start)).
-DEFAULT_CONTROL_LAUNCHES = 3
+#: A profile's ``control_launches`` when it does not set them: one, at the process's start. What more launches
+#: buy (every config 5% slower caught 95% of the time, at 2 or more at the start) costs an 18-config sweep
+#: 9-11% of its GPU time each on the seed's box (docs/benchmarks.md, "The bill"); a team that wants it sets them.
+DEFAULT_CONTROL_LAUNCHES = 1
 #: The most launches of the control the launch policy takes in a judged process (``control_max_launches``):
-#: further launches at its end only while the uniform shift is inconclusive (gates/throughput/control_policy.py).
-DEFAULT_CONTROL_MAX_LAUNCHES = 11
+#: further launches at its end only while the uniform shift is inconclusive (gates/throughput/control_policy.py);
+#: by default none (with one start launch no number of further ones catches every config 5% slower 95% of the time).
+DEFAULT_CONTROL_MAX_LAUNCHES = 1
 #: Launches of the control in a bless (``bless_control_launches``), half at its start and half at its end.
-DEFAULT_BLESS_CONTROL_LAUNCHES = 10
+DEFAULT_BLESS_CONTROL_LAUNCHES = 2
+#: A process that will measure fewer configs than this measures no control (``control_min_configs``): the
+#: uniform shift is the configs' median against the control, which one or two configs do not make, and the
+#: control's launch and non-speculative cells would double a one-config gate's GPU time.
+DEFAULT_CONTROL_MIN_CONFIGS = 3
+#: The control measures the first this many throughput cells of the matrix (``control_cells``; the matrices
+#: list their short-context cells first): the fewest that state a uniform shift (three judged cells).
+DEFAULT_CONTROL_CELLS = 3
+
+
+class _ControlScope(TypedDict):
+    control_min_configs: int
+    control_cells: int | None
+
+
+class ControlKeys(_ControlScope):
+    """The profile's keys of the throughput control's launches and scope (``ServiceProfile``'s fields)."""
+
+    control_launches: int
+    control_max_launches: int
+    bless_control_launches: int
+
+
+def control_scope(raw: Mapping[str, Any], fail: Callable[[str, str], Exception]) -> _ControlScope:
+    """``control_min_configs`` and ``control_cells`` of a profile's ``raw`` keys, checked (``fail(key, why)``
+    makes the error)."""
+    least, cells = raw.get("control_min_configs", DEFAULT_CONTROL_MIN_CONFIGS), raw.get("control_cells", DEFAULT_CONTROL_CELLS)
+    if not 1 <= least:
+        raise fail("control_min_configs", f"must be a whole number >= 1 (1: every process measures a control), got {least}")
+    if cells is not None and not 3 <= cells:
+        raise fail("control_cells", f"must be a whole number >= 3 (a uniform shift needs three judged cells) or null "
+                                    f"(every cell), got {cells}")
+    return {"control_min_configs": int(least), "control_cells": None if cells is None else int(cells)}
 
 
 @dataclass(frozen=True)
@@ -215,6 +249,10 @@ class ServiceProfile:
     #: Launches of the control in a bless, half at its start and half at its end: each later session's
     #: uniform shift carries the blessed sessions' share of one launch's shift (1 for an external service).
     bless_control_launches: int = DEFAULT_BLESS_CONTROL_LAUNCHES
+    #: A process that will measure fewer configs than this measures no control (the summary says why).
+    control_min_configs: int = DEFAULT_CONTROL_MIN_CONFIGS
+    #: The control measures the matrix's first this many throughput cells (None: every one).
+    control_cells: int | None = DEFAULT_CONTROL_CELLS
     #: Configs the session-end check flags are launched once more at the end of their process and
     #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
     relaunch_flagged: bool = True

@@ -43,6 +43,7 @@ change is beyond ``Z_CONFIG`` of its own standard error (day and launch parts, a
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -710,6 +711,26 @@ def wants_end_launch(records: Sequence[RawRecord]) -> bool:
     one or two configs keeps its launches at its start, beside them."""
     configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
     return len(configs) >= bill.END_LAUNCH_MIN_CONFIGS
+
+
+def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[WorkloadLike]]:
+    """The control at this process's start: its launches there on the profile's ``control_cells``
+    first cells (``measure_launches``), or none where the process will measure fewer configs than the
+    profile's ``control_min_configs`` (recorded with the reason: the session keeps the per-config rule).
+    Returns what was done and the cells the control measures (its end launches take the same)."""
+    cells = cells_of(items)[:session.profile.control_cells]
+    configs = {p.get("ddtree_config") for i in items if isinstance(p := getattr(getattr(i, "callspec", None), "params", None), dict)}
+    configs.discard(None)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    ours, least = -(-len(configs) // workers), session.profile.control_min_configs
+    if cells and 0 < ours < least:
+        reason = (f"this process measures {ours} config{'' if ours == 1 else 's'}, fewer than the profile's "
+                  f"control_min_configs ({least}): a uniform shift needs several configs' median, and the control's "
+                  "launch and non-speculative cells would cost more than the configs (set control_min_configs: 1 to "
+                  "measure it anyway)")
+        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": reason})
+        return "off", cells
+    return measure_launches(session, cells, START), cells
 
 
 def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
