@@ -10,9 +10,11 @@ block size 8, or a negative one.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_ddtree.gates.throughput import measurement
 from pytest_ddtree.measure import accounting, chat_stream, load, openloop, stats
@@ -21,6 +23,8 @@ from pytest_ddtree.records.words import Status
 from pytest_ddtree.service import proof
 from pytest_ddtree.service.http import ServiceHTTP
 from tests.load_standin import StandInConfig, standin_server
+from tests.refserver_helpers import REPO, RefServer, config_args
+from tests.suite_helpers import reference_profile, run_suite
 
 
 def test_a_chunk_nested_too_deeply_fails_its_request_and_the_cell_never_loses_it() -> None:
@@ -121,3 +125,47 @@ def test_a_copy_probe_reporting_an_impossible_verify_count_fails_the_proof() -> 
     judged = proof.judge({"block_size": 8, "budget": 8}, settable={"block_size"}, reported=set(), probe=too_many,
                          startup=None, metrics_text=None)
     assert any("tokens per verify" in f for f in judged.failures)
+
+
+def _baseline_cells(pytester: pytest.Pytester) -> list[str]:
+    """The cells any bless wrote under the session's baselines folder."""
+    out: list[str] = []
+    for path in (pytester.path / "baselines").rglob("*.yaml"):
+        out += list(((yaml.safe_load(path.read_text()) or {}).get("metrics") or {}))
+    return out
+
+
+@pytest.mark.slow
+def test_end_to_end_a_bless_never_stores_a_cell_that_lost_a_request(pytester: pytest.Pytester) -> None:
+    profile = reference_profile(pytester.path, "--fault deep-chunk=5", control="none")
+    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-update-baselines",
+                       suite="test_throughput.py", timeout=300)
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    assert "too deep" in out and "nested too deeply" in out, out[-3000:]
+    assert "c1_short" not in _baseline_cells(pytester)
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+
+
+@pytest.mark.slow
+def test_end_to_end_an_impossible_verify_count_fails_the_proof_and_through_a_url_the_cell(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # 16 tokens a verify on bs8: the launched service fails its copy probe's proof
+    profile = reference_profile(pytester.path, "--fault verify-ct=0.0625", control="none")
+    launched = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-update-baselines",
+                         suite="test_throughput.py", timeout=300)
+    out = launched.stdout.str()
+    assert launched.ret == 1 and "tokens per verify, above the config's maximum of 8" in out, out[-3000:]
+    assert _baseline_cells(pytester) == []
+    # the same server named by --ddtree-url (not probed: somebody else's): its cells are invalid, nothing blessed
+    server = RefServer([*config_args("bs8_b8_k4"), "--fault", "verify-ct=0.0625"], tmp_path).wait_ready()
+    try:
+        external = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
+            f"--ddtree-results={pytester.path / 'results-url'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+            "--ddtree-workload=c1_short", "--ddtree-update-baselines", "-p", "no:cacheprovider", "-rA", timeout=300)
+    finally:
+        server.stop()
+    out = external.stdout.str()
+    assert external.ret == 1 and "above the config's maximum of 8" in out, out[-3000:]
+    assert _baseline_cells(pytester) == []

@@ -58,6 +58,10 @@ FAULT_HELP = {
     "trickle=K:N": "after N answers of K (one of " + ", ".join(sorted(TRICKLE_KINDS)) + ") answer every further K for ever, "
                    "a byte a second (a stream: its first chunk, then an SSE comment a second): a wedged scheduler "
                    "behind a live HTTP server; repeatable for several K",
+    "deep-chunk=N": "every N-th streamed /generate sends, in place of its chunks, one chunk nested 200,000 arrays deep "
+                    "(a client whose JSON parser recurses dies on it)",
+    "verify-ct=F": "report spec_verify_ct times F (rounded; F < 0: negative) and no acceptance histogram: a count no "
+                   "config can produce (F = 1/16: 16 tokens a verify)",
     "chat-body=K[+K...]": "answer the n-th chat completion with the malformed or hostile body K[(n-1) % len]: " + ", ".join(sorted(CHAT_BODY_KINDS)),
 }
 
@@ -96,6 +100,8 @@ class Faults:
     stalls: dict[int, float] = field(default_factory=dict)  # flush number -> wall seconds
     chat_body: list[str] = field(default_factory=list)
     trickle: dict[str, int] = field(default_factory=dict)  # kind -> answers before it trickles
+    deep_chunk: int | None = None
+    verify_ct: float | None = None
     specs: list[str] = field(default_factory=list)
 
     def add(self, spec: str) -> None:
@@ -168,6 +174,10 @@ class Faults:
                 raise FaultError(f"fault 'trickle' takes K:N, K one of {', '.join(sorted(TRICKLE_KINDS))} and N the answers "
                                  f"before it trickles, got {value!r}")
             self.trickle[kind] = int(count)
+        elif name == "deep-chunk":
+            self.deep_chunk = int(number(int, 1))
+        elif name == "verify-ct":
+            self.verify_ct = number(float, -1e6, 1e6)
         elif name == "chat-body":
             kinds = [k.strip() for k in value.split("+") if k.strip()]
             bad = [k for k in kinds if k not in CHAT_BODY_KINDS]

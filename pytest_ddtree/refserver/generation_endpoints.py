@@ -191,7 +191,9 @@ class GenerationEndpoints(HandlerBase):
                 meta["spec_num_correct_drafts"] = correct
                 meta["spec_num_proposed_drafts"] = proposed
             meta["spec_verify_ct"] = req.verify_ct
-            if req.accept_histogram:
+            if (scale := self.state.faults.verify_ct) is not None:  # the verify-ct fault: a count no config can give
+                meta["spec_verify_ct"] = round(req.verify_ct * scale)
+            elif req.accept_histogram:
                 # sglang 0.5.23 sglang/srt/managers/tokenizer_manager.py:3193-3201: the per-request
                 # histogram under its one name (the old alias spec_accept_histogram is gone there).
                 meta["spec_correct_drafts_histogram"] = list(req.accept_histogram)
@@ -283,9 +285,24 @@ class GenerationEndpoints(HandlerBase):
             self.send_generation({"text": self._text(req, n_out), "output_ids": list(req.output_ids), "meta_info": meta(n_out, True)})
             return
         with self._stream(eng, req):
+            if self._deep_chunk():
+                eng.abort(req)
+                return
             for ev in self._events(eng, req):
                 n = ev.n_visible
                 self.sse({"text": self._text(req, n), "output_ids": req.output_ids[:n], "meta_info": meta(n, ev.finished)})
+
+    def _deep_chunk(self) -> bool:
+        """The deep-chunk fault: every N-th stream is one chunk of 200,000 nested arrays (then its end)."""
+        every = self.state.faults.deep_chunk
+        if every is None:
+            return False
+        with self.state.lock:
+            self.state.answered["deep-chunk"] = count = self.state.answered.get("deep-chunk", 0) + 1
+        if count % every:
+            return False
+        self.sse("[" * 200_000)
+        return True
 
     @contextlib.contextmanager
     def _stream(self, eng: Engine, req: Request) -> Iterator[None]:
