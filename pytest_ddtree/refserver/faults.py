@@ -104,6 +104,7 @@ class Faults:
     verify_ct: float | None = None
     specs: list[str] = field(default_factory=list)
 
+    # long because: one branch per fault, each parsing its own value: the list of faults reads as one table
     def add(self, spec: str) -> None:
         """Parse one ``name[=value]`` item and record it (later items override)."""
         spec = spec.strip()
