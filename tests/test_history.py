@@ -254,12 +254,17 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
                                                               for k in range(3)]},
                                role=ROLE_CONTROL if name == "control" else "config") for name in ("bs8_b8_k4", "control")]
             store.append(SessionEntry(f"earlier-{n}", 1.0e9 + n, build=Build(engine_version="refserver-fast", project_commit=f"{n:040x}")), cells)
+    with sqlite3.connect(db) as raw:  # a careless co-writer's rows: set aside and counted, the verdict unchanged
+        raw.execute("INSERT INTO ddtree_samples VALUES ('earlier-3', 'bs8_b8_k4', 'c1_short', 'output_throughput', 9, 'abc')")
+        raw.execute("INSERT INTO ddtree_sessions (session_id, started_at) VALUES ('careless', 'yesterday')")
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
         "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
         f"--ddtree-history={db}", "--ddtree-history-check", timeout=300)
     session_id = json.loads((pytester.path / "results" / "results.json").read_text())["session_id"]
     assert result.ret == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*history rows set aside (not used): 1 sessions whose start is not a time*; 1 samples that "
+                                 "are not finite numbers*"])
     result.stdout.fnmatch_lines([
         "*ddtree history check*",
         f"- bs8_b8_k4 c1_short output_throughput (refserver): regression of -* began at session {session_id} (build refserver-*);"
