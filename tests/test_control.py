@@ -325,6 +325,7 @@ def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_a
     blessed = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
     (session,) = blessed["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
     assert session["launches"] == 2 and len(session["samples"]) >= 6
+    assert blessed["fingerprint"]["details"]["clock_scale"] == 5  # the setup it was blessed on, as a config's file
 
 
 def test_a_session_interrupted_before_the_control_finished_says_so() -> None:

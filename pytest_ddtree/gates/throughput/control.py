@@ -679,6 +679,8 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: CellEvalu
                                          specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
                                          launches=launches)
         recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
+        if baselines.fingerprint is not None:  # the setup it was blessed on (the engine's clock scale too), as a config's
+            recorder.propose_baseline(CONTROL, "fingerprint", baselines.fingerprint.as_dict())
     elif ev.bless is not None:
         record["bless_refused"] = str(ev.bless.refusal)
         record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
