@@ -34,6 +34,7 @@ from pytest_ddtree.service.validated_profile import (
     resolve_service_python,
     valid_value_template,
     value_offset,
+    noise_bounds,
 )
 from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
@@ -158,6 +159,8 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "relaunch_flagged": (bool, False),
     "hardware_profile": ((str, type(None)), False),
     "max_context": ((int, type(None)), False),
+    "max_repeat_spread": ((int, float), False),
+    "bless_max_half_width": ((int, float), False),
     "slo": ((dict, type(None)), False),
     "tokenizer": ((str, type(None)), False),
     "vocab_size": ((int, type(None)), False),
@@ -240,6 +243,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         dropin_dir=raw.get("dropin_dir"),
         hardware_profile=raw.get("hardware_profile"),
         max_context=raw.get("max_context"),
+        **noise_bounds(raw, fail),
         slo=raw.get("slo"),
         tokenizer=raw.get("tokenizer"),
         vocab_size=raw.get("vocab_size"),

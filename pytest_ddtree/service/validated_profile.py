@@ -79,6 +79,15 @@ DEFAULT_CONTROL_LAUNCHES = 1
 #: further launches at its end only while the uniform shift is inconclusive (gates/throughput/control_policy.py);
 #: by default none (with one start launch no number of further ones catches every config 5% slower 95% of the time).
 DEFAULT_CONTROL_MAX_LAUNCHES = 1
+#: How far a cell's repeats may spread (robust spread: scaled MAD / median of output tok/s) and still
+#: agree (``max_repeat_spread``): 12%. Past it a cell gets extra repeats, then is inconclusive. One
+#: bound for stopping and for agreeing: a tighter stopping bound would spend extra repeats on noise the
+#: gate's tolerances already absorb (a bless's interval is tightened by the gate's half-width instead).
+DEFAULT_MAX_REPEAT_SPREAD = 0.12
+#: A bless asks more of a cell than a judged run (``bless_max_half_width``): the 95% t-interval of its
+#: output tok/s (mean of log values, not robust: two slow repeats of three widen it) within +-5%,
+#: after the extra repeats.
+DEFAULT_BLESS_MAX_HALF_WIDTH = 0.05
 #: Launches of the control in a bless (``bless_control_launches``), half at its start and half at its end.
 DEFAULT_BLESS_CONTROL_LAUNCHES = 2
 #: A process that will measure fewer configs than this measures no control (``control_min_configs``): the
@@ -88,6 +97,23 @@ DEFAULT_CONTROL_MIN_CONFIGS = 3
 #: The control measures the first this many throughput cells of the matrix (``control_cells``; the matrices
 #: list their short-context cells first): the fewest that state a uniform shift (three judged cells).
 DEFAULT_CONTROL_CELLS = 3
+
+
+class NoiseBounds(TypedDict):
+    max_repeat_spread: float
+    bless_max_half_width: float
+
+
+def noise_bounds(raw: Mapping[str, Any], fail: Callable[[str, str], Exception]) -> NoiseBounds:
+    """``max_repeat_spread`` and ``bless_max_half_width`` of a profile's ``raw`` keys, checked
+    (``fail(key, why)`` makes the error)."""
+    spread = raw.get("max_repeat_spread", DEFAULT_MAX_REPEAT_SPREAD)
+    if not 0 < spread <= 10:
+        raise fail("max_repeat_spread", f"must be a fraction above 0 (0.12 is 12%), got {spread}")
+    half_width = raw.get("bless_max_half_width", DEFAULT_BLESS_MAX_HALF_WIDTH)
+    if not 0 < half_width <= 10:
+        raise fail("bless_max_half_width", f"must be a fraction above 0 (0.05 is +-5%), got {half_width}")
+    return {"max_repeat_spread": float(spread), "bless_max_half_width": float(half_width)}
 
 
 class _ControlScope(TypedDict):
@@ -258,6 +284,11 @@ class ServiceProfile:
     relaunch_flagged: bool = True
     hardware_profile: str | None = None
     max_context: int | None = None
+    #: How far a cell's repeats may spread (robust spread of output tok/s) and still count: past it
+    #: the cell is inconclusive. A host shared with other work (a CI box, a CPU lane) spreads more.
+    max_repeat_spread: float = DEFAULT_MAX_REPEAT_SPREAD
+    #: The widest 95% interval of a cell's output tok/s a bless takes into a baseline.
+    bless_max_half_width: float = DEFAULT_BLESS_MAX_HALF_WIDTH
     slo: dict[str, Any] | None = None  # the service's latency SLO (slo.slo_from_mapping; the matrix's and --ddtree-slo beat it)
     tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
     vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)

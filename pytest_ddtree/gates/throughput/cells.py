@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.gates import throughput as gate
-from pytest_ddtree.gates.throughput.measurement import BlessDecision, decide_bless
+from pytest_ddtree.gates.throughput.measurement import BLESS_MAX_HALF_WIDTH, BlessDecision, decide_bless
 from pytest_ddtree.gates.throughput import slo_edge
 from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
                                                        cell_histogram, cell_input, edge_exemption, gate_samples,
@@ -183,7 +183,8 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     edge = edge_exemption(cell_base, campaign.slo, workload) if campaign.slo_edge and not bless else None
     if edge is not None:  # said in the verdict (the test's message, the report) and the record
         verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, edge.reason))
-    decision = decide_bless(status, why, run.primary) if bless else None
+    half_width = campaign.policy.target_half_width or BLESS_MAX_HALF_WIDTH  # the profile's bless_max_half_width
+    decision = decide_bless(status, why, run.primary, half_width) if bless else None
     if decision is not None and decision.blessed:
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
@@ -285,7 +286,8 @@ def driving_for(session: SessionLike, *, accept_bound: int | None = None, specul
     profile, settings = session.profile, session.settings
     return Driving(tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
                    dataset=str(settings.dataset) if settings.dataset else None, accept_bound=accept_bound,
-                   speculative=speculative, slo=slo, cell_timeout_s=profile.cell_timeout_s, label=label)
+                   speculative=speculative, slo=slo, cell_timeout_s=profile.cell_timeout_s, label=label,
+                   max_repeat_spread=profile.max_repeat_spread, bless_max_half_width=profile.bless_max_half_width)
 
 
 def plan_for(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],

@@ -10,6 +10,7 @@ from typing import Any
 
 from pytest_ddtree.measure import stats
 from pytest_ddtree.records.words import MeasurementStatus, Status
+from pytest_ddtree.service.validated_profile import DEFAULT_BLESS_MAX_HALF_WIDTH
 
 
 #: Below this median engine busy fraction (engines that report their simulated clock: the
@@ -30,10 +31,10 @@ MIN_ENGINE_CLOCK_SHARE = 0.95
 MIN_CONCURRENCY_SHARE = 0.90
 
 
-#: A bless asks more of a cell than a judged run: the 95% t-interval of its output tok/s (mean of
-#: log values, not robust: two slow repeats of three widen it) within +-5%, after up to
-#: ``throughput.MAX_EXTRA_REPEATS`` extra repeats; a judged run tolerates a robust spread of 12%.
-BLESS_MAX_HALF_WIDTH = 0.05
+#: A bless asks more of a cell than a judged run: the 95% t-interval of its output tok/s within the
+#: profile's ``bless_max_half_width`` (+-5% by default), after up to ``throughput.MAX_EXTRA_REPEATS``
+#: extra repeats; a judged run tolerates the robust spread of ``max_repeat_spread`` (12%).
+BLESS_MAX_HALF_WIDTH = DEFAULT_BLESS_MAX_HALF_WIDTH
 
 
 def open_loop(metrics: Mapping[str, Any]) -> bool:
@@ -164,20 +165,21 @@ def measurement_status(
     return status, []
 
 
-def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float]) -> str | None:
+def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
+                  max_half_width: float = BLESS_MAX_HALF_WIDTH) -> str | None:
     """Why a measured cell must not become part of a baseline, or None when it may.
 
     A baseline is what every later run is judged against, so a bless asks more than a judged
     run: a valid measurement (not invalid, not inconclusive: repeats that agree, an engine that
     kept its clock, a client that kept the cell's concurrency) whose output tok/s interval is
-    within ``BLESS_MAX_HALF_WIDTH``."""
+    within ``max_half_width`` (the profile's ``bless_max_half_width``)."""
     if status != Status.VALID:
         return "; ".join(reasons) or f"the measurement is {status}"
     half = stats.log_mean_half_width(primary)
-    if half > BLESS_MAX_HALF_WIDTH:
+    if half > max_half_width:
         shown = "unbounded" if math.isinf(half) else f"+-{half:.1%}"
         return (f"output tok/s {[round(p, 1) for p in primary]}: 95% t-interval {shown}, wider than the "
-                f"+-{BLESS_MAX_HALF_WIDTH:.0%} a bless needs after {len(primary)} repeats (a loaded machine or a "
+                f"+-{max_half_width:.0%} a bless needs after {len(primary)} repeats (a loaded machine or a "
                 "noisy service); rerun on a quieter machine or with more --ddtree-repeats")
     return None
 
@@ -195,6 +197,7 @@ class BlessDecision:
         return self.refusal is None
 
 
-def decide_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float]) -> BlessDecision:
+def decide_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
+                 max_half_width: float = BLESS_MAX_HALF_WIDTH) -> BlessDecision:
     """A bless trusts a cell only when its measurement does (``bless_refusal``)."""
-    return BlessDecision(bless_refusal(status, reasons, primary))
+    return BlessDecision(bless_refusal(status, reasons, primary, max_half_width))

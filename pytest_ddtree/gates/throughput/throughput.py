@@ -25,6 +25,7 @@ from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.gates.throughput import slo_edge as slo_edge_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.validated_profile import DEFAULT_MAX_REPEAT_SPREAD
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch, SearchPlan
 from pytest_ddtree.records.shapes import RepeatData, WorkloadData
@@ -32,11 +33,10 @@ from pytest_ddtree.records.words import Status
 
 #: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
 MAX_EXTRA_REPEATS = 6
-#: Repeats agree once the robust spread (scaled MAD / median) of output tok/s is within 12%; a cell
-#: whose spread is still above it after the extra repeats is inconclusive (one bound for both: a
-#: tighter stopping bound would spend extra repeats on noise the gate's tolerances already absorb;
-#: a bless's interval is tightened by ``gate.BLESS_MAX_HALF_WIDTH`` instead).
-INCONCLUSIVE_REL_CI = 0.12
+#: Repeats agree once the robust spread (scaled MAD / median) of output tok/s is within the profile's
+#: ``max_repeat_spread`` (12% by default); a cell whose spread is still above it after the extra
+#: repeats is inconclusive (a bless's interval is tightened by ``gate.BLESS_MAX_HALF_WIDTH`` besides).
+INCONCLUSIVE_REL_CI = DEFAULT_MAX_REPEAT_SPREAD
 #: Fresh repeats of a flagged cell in its confirmation run, in two stages (``confirm_in_stages``):
 #: after the first ``CONFIRM_FIRST_STAGE`` a cell that is already cleared with room to spare stops.
 CONFIRM_REPEATS = 12
@@ -92,16 +92,17 @@ class Campaign:
     slo_edge: bool = True  # whether an open-loop cell blessed at the SLO's edge leaves its goodput unjudged
 
 
-def repeat_policy(repeats: int, bless: bool = False) -> stats.RepeatPolicy:
-    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats disagree, and
-    for a bless (``bless``) also while the interval is wider than a baseline needs
-    (``gate.BLESS_MAX_HALF_WIDTH``)."""
+def repeat_policy(repeats: int, bless: bool = False, max_spread: float = INCONCLUSIVE_REL_CI,
+                  bless_half_width: float = gate.BLESS_MAX_HALF_WIDTH) -> stats.RepeatPolicy:
+    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats spread more than
+    ``max_spread`` (the profile's ``max_repeat_spread``), and for a bless (``bless``) also while the
+    interval is wider than a baseline needs (``bless_half_width``, the profile's ``bless_max_half_width``)."""
     return stats.RepeatPolicy(
         min_repeats=repeats,
         max_repeats=repeats + MAX_EXTRA_REPEATS,
-        target_rel_ci=INCONCLUSIVE_REL_CI,
-        inconclusive_rel_ci=INCONCLUSIVE_REL_CI,
-        target_half_width=gate.BLESS_MAX_HALF_WIDTH if bless else None,
+        target_rel_ci=max_spread,
+        inconclusive_rel_ci=max_spread,
+        target_half_width=bless_half_width if bless else None,
     )
 
 
@@ -122,6 +123,8 @@ class Driving:
     slo: SLO | None = None
     cell_timeout_s: float = CELL_TIMEOUT_S
     label: str = ""
+    max_repeat_spread: float = INCONCLUSIVE_REL_CI
+    bless_max_half_width: float = gate.BLESS_MAX_HALF_WIDTH
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ def measure_config(
             return measure_config(own, cells, repeats, driving, baseline=baseline, judging=judging,
                                   recording=recording, bless=bless)
     client = service
-    policy = repeat_policy(repeats, bless)
+    policy = repeat_policy(repeats, bless, driving.max_repeat_spread, driving.bless_max_half_width)
     maker = load.prompt_maker(client, tokenizer_path=driving.tokenizer_path, vocab_size=driving.vocab_size,
                               dataset=driving.dataset)
     by_name = {w.name: w for w in cells}
