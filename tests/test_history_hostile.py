@@ -264,3 +264,20 @@ def test_postgresql_a_view_in_place_of_a_table_is_refused_and_a_statement_ends_a
         conn.execute(f"CREATE VIEW ddtree_samples AS {RECURSIVE} SELECT s.* FROM ddtree_samples_kept s, r")
     with pytest.raises(HistoryError, match="ddtree_samples is a view, not a table"):
         HistoryStore(url)
+
+
+def test_a_read_is_bounded_in_rows_however_large_one_session_is(clean: tuple[Path, str], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = copy(clean, tmp_path)
+    with sqlite3.connect(path) as db:  # one session of 60,000 repeats of one real series
+        sid, config, cell = db.execute("SELECT session_id, config, cell FROM ddtree_cells LIMIT 1").fetchone()
+        db.executemany("INSERT INTO ddtree_samples VALUES (?, ?, ?, 'output_throughput', ?, 1000.0)",
+                       ((sid, config, cell, 3 + i) for i in range(60_000)))  # repeats 0-2 are real
+    with HistoryStore(str(path), create=False) as store:
+        cells = store.cells()
+        kept = [c for c in cells if (c.session.session_id, c.config, c.cell) == (sid, config, cell)][0]
+        assert len(kept.samples["output_throughput"]) == history_guard.MAX_REPEATS  # 3 real + 197 of the flood
+        assert f"{60_000 - (history_guard.MAX_REPEATS - 3):,} sample rows beyond the read's bounds" in (store.set_aside.note() or "")
+        monkeypatch.setattr(history_guard, "MAX_SAMPLE_ROWS", 500)
+        assert sum(len(v) for c in store.cells() for v in c.samples.values()) <= 500
+        assert "sample rows beyond the read's bounds" in (store.set_aside.note() or "")

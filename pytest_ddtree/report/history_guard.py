@@ -40,8 +40,9 @@ WRITE_TIMEOUT_S = 120.0
 PROGRESS_OPS = 20_000
 #: A session dated further than this in the future is set aside (clocks of CI hosts disagree a little).
 FUTURE_SKEW_S = 86_400.0
-#: The most sample rows one read keeps, and the most repeats of one series in one session: a window
-#: of a year of nightly sweeps is ~2 million rows; a session repeats a cell a dozen times at most.
+#: The most sample rows one read keeps, and the most repeats of one series in one session (repeat
+#: indices 0 to MAX_REPEATS - 1; the primary key makes each one unique): a window of a year of nightly
+#: sweeps is ~2 million rows; a session repeats a cell a dozen times at most.
 MAX_SAMPLE_ROWS = 2_500_000
 MAX_REPEATS = 200
 
