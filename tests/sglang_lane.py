@@ -277,8 +277,9 @@ def build_spec_models(folder: Path, python: Path) -> SpecModels:
 #: ``--attention-backend intel_amx`` would be swapped for torch_native on a CPU without AMX
 #: (arg_groups/overrides.py:1300-1308), which has no tree mask. bf16 (the backend's kernels and
 #: DFlash's draft want it); real weights (the models' safetensors, no --load-format dummy); the
-#: overlap scheduler off (a CPU has no second stream; 0.5.23 turns it off for speculation on a
-#: CPU anyway); a small KV pool; ``--sleep-on-idle`` so the idle scheduler leaves the core alone.
+#: overlap scheduler off (0.5.23 turns it off for speculation on a CPU anyway,
+#: arg_groups/speculative_hook.py:64-78; said here so the plain twin is alike); a small KV pool;
+#: ``--sleep-on-idle`` so the idle scheduler leaves the core alone.
 SPEC_CPU_FLAGS = (
     "--device cpu --prefill-attention-backend intel_amx --decode-attention-backend intel_amx --dtype bfloat16 "
     "--disable-cuda-graph --disable-overlap-schedule --max-total-tokens 8192 --mem-fraction-static 0.3 "
