@@ -290,30 +290,29 @@ DFLASH_PATCHES = STANDIN_DIR / "dflash_patches"
 
 
 def plain_args() -> list[str]:
-    """The plain (non-speculative) launch of the lane's target: the control and the lossless reference."""
+    """The flags of every launch of the lane after ``--model-path``: alone, the plain launch (the control
+    and the lossless reference); a speculative launch adds one of the ``*_args`` below to them."""
     return shlex.split(SPEC_CPU_FLAGS)
 
 
 def eagle3_args(draft: Path) -> list[str]:
     """EAGLE3 with ``draft``: a tree of topk 2, 3 steps, 6 draft tokens (the root counted)."""
-    return [*plain_args(), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
-            *_tree_args()]
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), *_tree_args()]
 
 
 def standalone_args(draft: Path) -> list[str]:
     """STANDALONE with ``draft`` (an ordinary model: the constant target itself), the same tree as EAGLE3."""
-    return [*plain_args(), "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
-            *_tree_args()]
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft), *_tree_args()]
 
 
 def ngram_args() -> list[str]:
     """NGRAM with 8 draft tokens: proposals from the request's own tokens, no draft model."""
-    return [*plain_args(), "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
+    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
 
 
 def dflash_args(draft: Path) -> list[str]:
     """DFLASH with ``draft``, a block of DFLASH_BLOCK (the verify width); serve it under dflash_env()."""
-    return [*plain_args(), "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft),
+    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft),
             "--speculative-num-draft-tokens", str(DFLASH_BLOCK)]
 
 

@@ -160,7 +160,7 @@ def _tokens_per_verify(answers: list[Answer]) -> float:
     return sum(int(answer.meta["completion_tokens"]) for answer in answers) / verifies
 
 
-#: algorithm label -> (the launch's args from the models, its extra environment, the /server_info it shows).
+#: algorithm label -> (its speculative args from the models, its extra environment, the /server_info it shows).
 LAUNCHES: dict[str, tuple[Callable[[SpecModels], list[str]], Callable[[], dict[str, str]], dict[str, Any]]] = {
     "EAGLE3": (lambda m: eagle3_args(m.eagle3_agreeing), dict,
                {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 2,
@@ -185,7 +185,8 @@ def test_real_speculation_accepts_what_the_models_predict(algorithm: str, sglang
     concurrency; its greedy output is the plain server's; it called only kernels the stand-in has."""
     models = sglang_spec_models
     make_args, make_env, shown = LAUNCHES[algorithm]
-    served = _serve(models, logs, algorithm, make_args(models), _prompts(models, algorithm), make_env())
+    served = _serve(models, logs, algorithm, [*plain_args(), *make_args(models)], _prompts(models, algorithm),
+                    make_env())
     assert {key: served.server_info[key] for key in shown} == shown
     predicted = PREDICTED_TOKENS_PER_VERIFY[algorithm]
     for answers in (served.one_at_a_time, served.concurrent):
