@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 
 def _bin_dir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[4]) if Path(p).parts[4].isdigit() else 0)
@@ -69,3 +71,14 @@ def postgres_server() -> Iterator[str]:
             subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
                            capture_output=True, text=True, timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A server's URL for a test module (import this fixture by name); skipped, saying why, without one."""
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra; the test extra installs it) is not installed")
+    try:
+        with postgres_server() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server for the history tests: {exc}")

@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,7 @@ import pytest
 from pytest_ddtree.report import changepoints
 from pytest_ddtree.report.history import MIGRATIONS, Build, CellEntry, HistoryError, HistoryStore, SessionEntry
 from tests import history_helpers as synthetic
-from tests.postgres_helpers import postgres_server
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    pytest.importorskip("psycopg", reason="psycopg (the postgres extra; the test extra installs it) is not installed")
-    try:
-        with postgres_server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server for the history tests: {exc}")
+from tests.postgres_helpers import postgres_url  # noqa: F401 - a fixture
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from pytest_ddtree.report import changepoints, history_guard
 from pytest_ddtree.report.history import HistoryError, HistoryStore
 from tests import history_helpers as synthetic
 from tests.polling import wait_until
-from tests.postgres_helpers import postgres_server
+from tests.postgres_helpers import postgres_url  # noqa: F401 - a fixture
 
 RECURSIVE = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)"
 
@@ -233,16 +232,6 @@ def test_fuzz_random_types_in_every_column_no_exception_and_the_clean_verdict_un
     verdict, note = verdict_of(path)
     assert verdict == clean[1]
     assert note is not None and "sessions whose start is not a time" in note
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    pytest.importorskip("psycopg", reason="psycopg (the postgres extra; the test extra installs it) is not installed")
-    try:
-        with postgres_server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
 
 
 def test_postgresql_a_view_in_place_of_a_table_is_refused_and_a_statement_ends_at_its_timeout(postgres_url: str) -> None:
