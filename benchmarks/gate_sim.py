@@ -244,7 +244,8 @@ def _settings(world: World, index: int, bless: bool, repeats: int) -> Settings:
 
 def _request(stash: pytest.Stash, items: list[Any], workload: Workload | None = None) -> Any:
     """What the suite's function and the control's fixture read of pytest's request."""
-    node = SimpleNamespace(originalname="test_throughput", user_properties=[], add_marker=lambda m: None)
+    node = SimpleNamespace(originalname="test_throughput", user_properties=[], add_marker=lambda m: None,
+                           add_report_section=lambda *a: None)
     return SimpleNamespace(config=SimpleNamespace(stash=stash, pluginmanager=SimpleNamespace(hasplugin=lambda n: False)),
                            session=SimpleNamespace(items=items, shouldstop=False, shouldfail=False), node=node,
                            getfixturevalue=lambda name: workload)
