@@ -248,13 +248,19 @@ def run_copy_probe(generate: Callable[[str, Mapping[str, Any]], Any], bound: int
             continue
         meta = answer.get("meta_info") if isinstance(answer, Mapping) else None
         verify_ct = meta.get("spec_verify_ct") if isinstance(meta, Mapping) else None
-        if (impossible := impossible_verify(meta, bound)) is not None:
+        impossible = impossible_verify(meta, bound)
+        if impossible is not None:
             result.errors.append(f"probe request {result.requests}: {impossible}")
-            break
         try:
             hist = histogram_of(meta, verify_ct if isinstance(verify_ct, int) and not isinstance(verify_ct, bool) else None)
         except HistogramError as exc:
             result.errors.append(f"probe request {result.requests}: invalid response: {exc}")
+            break
+        if impossible is not None:
+            # a histogram that adds up is evidence of its own (which depth the verifies reached)
+            if hist is not None:
+                result.per_request.append(hist)
+                result.histogram = add_histograms(result.histogram, hist)
             break
         if hist is None:
             if not (isinstance(meta, Mapping) and any(str(key).startswith("spec_") for key in meta)):
