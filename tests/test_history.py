@@ -20,6 +20,7 @@ from pytest_ddtree.report import changepoints
 from pytest_ddtree.report.history import MIGRATIONS, Build, CellEntry, HistoryError, HistoryStore, SessionEntry
 from tests import history_helpers as synthetic
 from tests.postgres_helpers import postgres_url  # noqa: F401 - a fixture
+from tests.suite_helpers import reference_profile
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -208,6 +209,8 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
         "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={results}",
+        # a one-config session measures a control only where the profile says so (control_min_configs: 1)
+        f"--ddtree-service={reference_profile(pytester.path)}",
         # no baselines: what lands in the history is the point here, not a verdict that a loaded box
         # can turn (c1_short's 3.7 ms TTFT rose +45% beside other tests in a CI run)
         f"--ddtree-baselines={pytester.path / 'no-baselines'}",
@@ -249,6 +252,7 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
         "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-service={reference_profile(pytester.path)}",  # with its control: control_min_configs 1
         f"--ddtree-history={db}", "--ddtree-history-check", timeout=300)
     session_id = json.loads((pytester.path / "results" / "results.json").read_text())["session_id"]
     assert result.ret == 1, result.stdout.str()[-3000:]
