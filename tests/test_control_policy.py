@@ -128,7 +128,10 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
                       + "".join(f"  - {{name: c{i}_tiny, concurrency: {i}, context_tokens: 32, requests: {2 * i}, "
                                 f"warmup_requests: 1}}\n" for i in (1, 2, 4)))
-    profile = reference_profile(pytester.path, clock_scale=5, control_launches=2, control_max_launches=4)
+    # the bless takes a loaded box's cells (+-6.8% and +-12.9% at c1 and c4 beside other tests): what is
+    # tested is when the control launches again, not how tight a bless can be here
+    profile = reference_profile(pytester.path, clock_scale=5, control_launches=2, control_max_launches=4,
+                                bless_max_half_width=0.25)
     _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines").assert_outcomes(passed=3)
     result = _run(pytester, repo_root, profile, matrix)
     results = pytester.path / "results"
