@@ -40,6 +40,11 @@ def test_the_drafter_digest_follows_its_config_and_weight_files_and_says_when_it
     assert build.drafter_digest(str(_drafter(tmp_path / "same", 8))) == a  # content, not the path
     assert build.drafter_digest(str(_drafter(tmp_path / "b", 16))) != a  # another checkpoint's config
     assert build.drafter_digest(str(_drafter(tmp_path / "c", 8, weights=1001))) != a  # another weight file
+    # a checkpoint retrained in place: the same config, names and sizes, other values (sampled slices see it)
+    retrained = _drafter(tmp_path / "d", 8, weights=300_000)
+    before = build.drafter_digest(str(retrained))
+    (retrained / "model.safetensors").write_bytes(b"\0" * 150_000 + b"\1" + b"\0" * 149_999)
+    assert build.drafter_digest(str(retrained)) != before
     (tmp_path / "a" / "README.md").write_text("notes")
     assert build.drafter_digest(str(tmp_path / "a")) == a  # not a weight file: no change of build
     assert build.drafter_digest("/no/such/drafter") == "unread: no such path on this machine"

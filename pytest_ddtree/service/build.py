@@ -10,9 +10,12 @@ sglang 0.5.24 with drafter /models/B (sha256:3c4d...)"), so a cell whose accepta
 change that made it fall.
 
 The drafter's content digest is cheap and bounded: its ``config.json`` and
-``model.safetensors.index.json`` (each read up to :data:`MAX_READ` bytes) and the names and sizes
-of its weight files (at most :data:`MAX_ENTRIES` directory entries looked at), never the weights.
-A path this machine cannot read (a remote host's, a hub id) is said so, not guessed.
+``model.safetensors.index.json`` (each read up to :data:`MAX_READ` bytes), the names and sizes of
+its weight files (at most :data:`MAX_ENTRIES` directory entries looked at) and
+:data:`SAMPLES` slices of :data:`SAMPLE_BYTES` spread over each of the first :data:`MAX_SAMPLED_FILES`
+weight files: a checkpoint retrained in place has the same names, sizes and config, and different
+values nearly everywhere, so the slices see it without reading gigabytes. A path this machine
+cannot read (a remote host's, a hub id) is said so, not guessed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import Any, Protocol
 BUILD_KEYS = ("engine_version", "speculative_algorithm", "drafter", "drafter_digest", "patches", "driver", "cuda_driver")
 MAX_READ = 4 * 1024 * 1024
 MAX_ENTRIES = 10_000
+SAMPLES = 16
+SAMPLE_BYTES = 64 * 1024
+MAX_SAMPLED_FILES = 64
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _SHOWN = 80  # characters of one recorded value a sentence shows (the file is not trusted)
 
@@ -56,6 +62,7 @@ def drafter_digest(path: str) -> str:
         digest = hashlib.sha256()
         if folder.is_file():
             digest.update(f"{folder.name}\0{folder.stat().st_size}\n".encode())
+            _sample(folder, folder.stat().st_size, digest)
             return "sha256:" + digest.hexdigest()[:16]
         for name in ("config.json", "model.safetensors.index.json"):
             part = folder / name
@@ -69,11 +76,22 @@ def drafter_digest(path: str) -> str:
                     break
                 if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():
                     weights.append((entry.name, entry.stat().st_size))
-        for name, size in sorted(weights):
+        for i, (name, size) in enumerate(sorted(weights)):
             digest.update(f"{name}\0{size}\n".encode())
+            if i < MAX_SAMPLED_FILES:
+                _sample(folder / name, size, digest)
         return "sha256:" + digest.hexdigest()[:16]
     except OSError as exc:
         return f"unread: {type(exc).__name__}: {exc.strerror or exc}"
+
+
+def _sample(path: Path, size: int, digest: Any) -> None:
+    """:data:`SAMPLES` slices of :data:`SAMPLE_BYTES` at even offsets of ``path`` (all of a small file)."""
+    with path.open("rb") as handle:
+        step = max(size // SAMPLES, 1)
+        for offset in range(0, size, step)[:SAMPLES]:
+            handle.seek(offset)
+            digest.update(handle.read(SAMPLE_BYTES))
 
 
 def patches_digest(patches: Any) -> str | None:
