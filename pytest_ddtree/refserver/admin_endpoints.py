@@ -202,10 +202,9 @@ class AdminEndpoints(HandlerBase):
 
     def h_metrics(self) -> None:
         """Prometheus text, only with ``--enable-metrics`` (SGLang mounts /metrics only then:
-        entrypoints/http_server.py ``add_prometheus_middleware``). ``sglang:spec_num_draft_tokens``
-        is there from start-up at 0 and holds the worker's block size from the first decode-log
-        interval on, as SGLang 0.5.23's metrics reporter publishes it (see
-        Accounting.spec_num_draft_tokens_gauge)."""
+        entrypoints/http_server.py ``add_prometheus_middleware``). The ``sglang:spec_*`` series are
+        there from start-up at 0 and move as SGLang 0.5.23's metrics reporter moves them
+        (spec_gauges.py)."""
         st = self.state
         if not st.server_args.get("enable_metrics"):
             self.send_error_json(404, "not found: /metrics (start the server with --enable-metrics)")
@@ -222,14 +221,8 @@ class AdminEndpoints(HandlerBase):
             acc = eng.accounting()
             metric("sglang:num_running_reqs", "gauge", "The number of running requests.", acc["num_running_reqs"])
             metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", acc["num_waiting_reqs"])
-            metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
-                   acc.get("avg_spec_accept_length", 0.0))
-            # SGLang's cadence (engine.py Accounting.spec_num_draft_tokens_gauge): 0 until the first
-            # decode-log interval, then the worker's block size, held through prefill and idle.
-            metric("sglang:spec_num_draft_tokens", "gauge",
-                   "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
-                   float(eng.acct.spec_num_draft_tokens_gauge))
-            metric("sglang:spec_verify_calls_total", "counter", "Speculative verify calls (forward passes x requests).", acc["total_verify_steps"])
+            for series in eng.acct.gauges.series():  # SGLang's cadence: spec_gauges.py
+                metric(*series)
             metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", acc["total_prompt_tokens"])
             metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", acc["total_output_tokens"])
             metric("sglang:num_requests_total", "counter", "Number of requests completed.", acc["requests_completed"])

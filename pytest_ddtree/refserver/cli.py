@@ -222,8 +222,10 @@ def served_config(resolved: Resolved, topk: int, faults: Faults, trained_block_s
     if speculative and "topk" in faults.unused_config:
         topk = 1
     window = None if "window" in faults.unused_config else resolved.window
+    eagle = resolved.server_args.get("speculative_algorithm") in ("EAGLE", "EAGLE3")  # the worker's metrics (spec_gauges.py)
     return SpecConfig(algorithm=resolved.algorithm, block_size=block, budget=budget, topk=topk, window=window,
-                      trained_block_size=trained_block_size)
+                      trained_block_size=trained_block_size, worker_steps=block - 1 if eagle else 1,
+                      worker_draft_tokens=budget + 1 if eagle else None)
 
 
 def startup_lines(dialect: str, resolved: Resolved, spec: SpecConfig, faults: Faults, attention_backend: str | None) -> list[str]:

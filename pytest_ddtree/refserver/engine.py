@@ -33,6 +33,7 @@ from pytest_ddtree.refserver.faults import Faults
 from pytest_ddtree.refserver.model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
 from pytest_ddtree.refserver.prefix_cache import RadixCache
 from pytest_ddtree.refserver.profiler import Profiler
+from pytest_ddtree.refserver.spec_gauges import SpecGauges
 
 VERSION = "refserver-0.1.0"
 
@@ -181,6 +182,10 @@ class SpecConfig:
     topk: int = 4
     window: int | None = None
     trained_block_size: int = 8
+    #: what the worker reports to SGLang's metrics (spec_gauges.py): upstream DFLASH steps 1 and its
+    #: block size; EAGLE its steps and its tree's node count (the root counted)
+    worker_steps: int = 1
+    worker_draft_tokens: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -316,13 +321,8 @@ class Accounting:
     spec_num_forward_ct: int = 0
     spec_total_num_accept_tokens: int = 0
     spec_total_num_forward_ct: int = 0
-    #: ``sglang:spec_num_draft_tokens`` as SGLang publishes it: 0 from start-up (sglang 0.5.23
-    #: sglang/srt/observability/metrics_collector.py:131), set to the worker's
-    #: speculative_num_draft_tokens (DFLASH: the block size, speculative/dflash_worker_v2.py:524)
-    #: only at every decode_log_interval-th decode batch (scheduler_components/metrics_reporter.py:
-    #: 933-934, 1017-1020, 1098); prefill and idle reports republish the value held (:285, 897,
-    #: 1532), and /flush_cache does not reset it (reset_metrics, :708-717).
-    spec_num_draft_tokens_gauge: int = 0
+    #: the ``sglang:spec_*`` series with SGLang's cadence (spec_gauges.py); /flush_cache does not reset them
+    gauges: SpecGauges = field(default_factory=SpecGauges)
 
 
 class Engine:
@@ -675,7 +675,9 @@ class Engine:
             log_now = a.forward_ct_decode % self.decode_log_interval == 0
             interval_accept = a.spec_num_accept_tokens / a.spec_num_forward_ct if a.spec_num_forward_ct else 0.0
             if log_now:
-                a.spec_num_draft_tokens_gauge = spec.block_size if spec.speculative else 0
+                if spec.speculative:
+                    a.gauges.publish(a.spec_num_accept_tokens, a.spec_num_forward_ct, spec.worker_steps,
+                                     spec.worker_draft_tokens or spec.block_size)
                 a.spec_total_num_accept_tokens += a.spec_num_accept_tokens
                 a.spec_total_num_forward_ct += a.spec_num_forward_ct
                 a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
@@ -758,6 +760,7 @@ class Engine:
                 # release_kv_cache: the tokens with KV (all but the last output token) stay cached
                 self.prefix_cache.insert(r.prompt_ids + r.output_ids[:-1])
                 r.finished_at = now
+                self.acct.gauges.verify_calls_total += r.verify_ct  # the start-up warm-up's too, as SGLang counts it
                 if not r.internal:
                     self.acct.requests_completed += 1
                     self.e2e.observe(now - r.arrival)
