@@ -438,3 +438,18 @@ def _constant_dflash() -> Recipe:
                       "layers.0.self_attn.k_norm.weight": {"shape": [HIDDEN // 4]}}
     recipe.update(_layer("layers.0", HIDDEN, gemma=True))
     return recipe
+
+
+def implemented_kernels(python: Path) -> set[str]:
+    """The kernel names the CPU sgl_kernel library implements (its exported functions and its
+    torch.ops.sgl_kernel ops), asked of ``python`` (the SGLang venv's: it has torch)."""
+    probe = subprocess.run(
+        [str(python), "-c",
+         "import json, sgl_kernel, torch; "
+         "ops = [n.split('::', 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith('sgl_kernel::')]; "
+         "print(json.dumps(sorted({*sgl_kernel.__all__, *ops})))"],
+        capture_output=True, text=True, timeout=120, check=False, env={"PYTHONPATH": str(STANDIN_DIR)},
+    )
+    if probe.returncode != 0:
+        raise RuntimeError(f"asking {python} for sgl_kernel's names failed:\n{probe.stderr[-2000:]}")
+    return set(json.loads(probe.stdout))

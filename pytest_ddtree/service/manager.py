@@ -95,7 +95,9 @@ def proof_values(profile: ServiceProfile, config: DDTreeConfig) -> dict[str, int
     out: dict[str, int | None] = {}
     for name, value in values.items():
         fixed = profile.fixed_field(name)
-        out[name] = value if fixed is None or fixed.value_for(values) is not None else None
+        derived = None if fixed is None else fixed.value_for(values)
+        # a field the name leaves out takes what the build derives (NGRAM's b7_k4: block_size = budget + 1)
+        out[name] = value if fixed is None or (derived is not None and value is not None) else derived
     return out
 
 

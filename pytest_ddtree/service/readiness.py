@@ -20,6 +20,7 @@ from pytest_ddtree.service.base import (
     ServiceStartError,
     last_error_line,
 )
+from pytest_ddtree.service.ports import PortTaken
 from pytest_ddtree.service.protocol import Controller
 
 MISSING = "<missing>"
@@ -112,7 +113,9 @@ def _wait_ready(client: HealthClient, controller: Controller, health_path: str, 
                 polls += 1
                 if status == 200:
                     if (stranger := controller.answered_by_another()) is not None:
-                        raise ServiceStartError(f"{what}'s health path answered, but not from the process it started: "
+                        # PortTaken: an auto-chosen port is chosen again (another process took it while
+                        # ours was still loading: a real SGLang binds its port a minute after it starts)
+                        raise PortTaken(f"{what}'s health path answered, but not from the process it started: "
                                                 f"{stranger}", log_tail=controller.log_tail(),
                                                 elapsed=time.monotonic() - start, config_name=config_name,
                                                 hint="stop the other server, or set port: auto in the profile")
