@@ -149,8 +149,8 @@ def test_fingerprint_takes_the_engine_version_from_the_service_interpreter(edita
 
     profile = parse_profile({"name": "src", "controller": "external", "url": "http://127.0.0.1:1", "port": 1, "config_args": {},
                              "python": str(editable_service["python"]), "hardware_profile": None})
-    assert local_fingerprint(profile, {"tp_size": 8}).details["engine_version"] == "0.0.1"  # sglang of the service's venv
-    assert local_fingerprint(profile, {"version": "0.5.9"}).details["engine_version"] == "0.5.9"  # the service's own word first
+    assert local_fingerprint(profile, {"tp_size": 8}).build["engine_version"] == "0.0.1"  # sglang of the service's venv
+    assert local_fingerprint(profile, {"version": "0.5.9"}).build["engine_version"] == "0.5.9"  # the service's own word first
 
 
 def test_legacy_develop_install_via_egg_link(tmp_path: Path) -> None:
