@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.suite_helpers import REPO, reference_profile
 
@@ -18,9 +19,15 @@ def test_an_inconclusive_cell_says_why_in_the_short_summary_and_results_md(pytes
     # At 100000 simulated seconds per wall second no host keeps the engine's clock: every repeat is
     # spoiled, so the cell is inconclusive on any machine, at once.
     profile = reference_profile(pytester.path, clock_scale=100000)
+    # the committed baseline, as if blessed at that clock: one of another clock scale is not compared
+    baseline = yaml.safe_load((REPO / "baselines" / "refserver" / "bs8_b8_k4.yaml").read_text())
+    baseline["fingerprint"]["details"]["clock_scale"] = 100000.0
+    (pytester.path / "baselines" / "refserver").mkdir(parents=True)
+    (pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").write_text(yaml.safe_dump(baseline))
     results = pytester.path / "results"
     run = pytester.runpytest_subprocess(
         str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}",
         "--ddtree-workload=c1_short", f"--ddtree-results={results}", "-p", "no:cacheprovider", timeout=180)
     assert run.ret == 0, run.stdout.str()[-3000:]
     run.stdout.fnmatch_lines(["*short test summary info*",
