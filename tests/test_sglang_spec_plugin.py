@@ -192,6 +192,21 @@ def test_a_profile_that_says_topk_2_while_the_server_runs_1_fails_its_config(pyt
     assert "speculative_eagle_topk" in out, out[-3000:]
 
 
+def _expected(algorithm: str, cell: str) -> tuple[float, float]:
+    """The tokens per verify a cell must read, as a range. DFLASH: its block. NGRAM: 8 a verify once
+    its corpus holds the prompt, but the harness flushes the cache after a cell's warm-up, which
+    clears NGRAM's corpus too (sglang/srt/managers/scheduler.py flush_cache -> draft_worker.
+    clear_cache_pool), and a request's tokens reach the corpus only after its verifies
+    (sglang/srt/speculative/ngram_worker.py:396-420): the first request after the flush pays one
+    verify more. c1_short (3 requests of 64 tokens, one at a time): 9 + 8 + 8 verifies, 7.68; at
+    concurrency 8, between all of the first 8 paying it (1024 tokens in 136 verifies) and none."""
+    if algorithm != "NGRAM":
+        return PREDICTED_TOKENS_PER_VERIFY[algorithm], PREDICTED_TOKENS_PER_VERIFY[algorithm]
+    if cell == "c1_short":
+        return 192 / 25, 192 / 25
+    return 1024 / 136, PREDICTED_TOKENS_PER_VERIFY[algorithm]
+
+
 def _repeating_dataset(pytester: pytest.Pytester, models: SpecModels) -> Path:
     """A ShareGPT file whose prompts are the target's own answer repeated: the token's text, which
     the lane's tokenizer reads back as that token every time (checked here), so NGRAM's trie
@@ -217,7 +232,8 @@ def test_ngram_and_dflash_gate_at_their_predicted_acceptance(pytester: pytest.Py
                                                              config: str, predicted: str) -> None:
     """NGRAM (drafts from the prompt's own tokens) and DFLASH (a block drafter, four device checks
     patched) through the health and throughput suites, no baseline: the config proven, every cell
-    at the prediction (8 and 4 tokens a verify)."""
+    at the prediction (``_expected``: DFLASH's block of 4; NGRAM's 8, less the verify the flush after
+    the warm-up costs it)."""
     monkeypatch.setenv("DDTREE_SGLANG_DRAFT", str(spec_lane.models.dflash))
     monkeypatch.setenv("DDTREE_SGLANG_DFLASH_PYTHONPATH", f"{DFLASH_PATCHES}:{STANDIN_DIR}")
     profile = SERVICES / profile_name  # one config: no control (control_min_configs), as shipped
@@ -235,5 +251,6 @@ def test_ngram_and_dflash_gate_at_their_predicted_acceptance(pytester: pytest.Py
     assert set(cells) == set(CELLS), sorted(cells)
     for name, cell in cells.items():
         measured = cell["metrics"]["ddtree_tokens_per_verify"]
-        assert abs(measured - PREDICTED_TOKENS_PER_VERIFY[predicted]) <= CLOSE, (name, measured)
+        low, high = _expected(predicted, name)
+        assert low - CLOSE <= measured <= high + CLOSE, (name, measured, (low, high))
     assert spec_lane.called() and spec_lane.called() <= spec_lane.implemented, spec_lane.called() - spec_lane.implemented

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +52,7 @@ from tests.sglang_lane import (
     dflash_args,
     dflash_env,
     eagle3_args,
+    implemented_kernels,
     ngram_args,
     plain_args,
     serve_sglang,
@@ -211,15 +210,7 @@ def plain(sglang_spec_models: SpecModels, logs: Path, implemented: set[str]) -> 
 def implemented() -> set[str]:
     """The kernel names the CPU stand-in implements: its exported functions and its torch.ops.sgl_kernel ops."""
     assert SGLANG_PYTHON is not None
-    probe = subprocess.run(
-        [str(SGLANG_PYTHON), "-c",
-         "import json, sgl_kernel, torch; "
-         "ops = [n.split('::', 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith('sgl_kernel::')]; "
-         "print(json.dumps(sorted({*sgl_kernel.__all__, *ops})))"],
-        capture_output=True, text=True, timeout=120, check=False, env={"PYTHONPATH": str(STANDIN_DIR)},
-    )
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    names = set(json.loads(probe.stdout))
+    names = implemented_kernels(SGLANG_PYTHON)
     if not names >= NEEDED_KERNELS:
         pytest.skip(f"the CPU sgl_kernel stand-in ({STANDIN_DIR}) lacks {sorted(NEEDED_KERNELS - names)}: "
                     "the intel_amx speculative path calls them")
