@@ -134,8 +134,10 @@ def test_host_gpus_over_ssh_feed_the_hardware_profile(ssh_fleet: SshFleet) -> No
         inventory = HostGpus(host).inventory()
         assert [(g.name, g.memory_total_bytes) for g in inventory.gpus] == [("NVIDIA H200", 81559 * 2**20)]
         assert inventory.driver_version == "550.00"
-        name = fingerprint({"version": "0.5.3", "model_path": "/models/k26"}, None, inventory).name
-        assert name.startswith("1xH200-sglang-0.5.3-k26-")
+        profile = fingerprint({"version": "0.5.3", "model_path": "/models/k26"}, None, inventory)
+        # the folder is keyed by the setup; the engine version and the host's driver are the build
+        assert profile.name == f"1xH200-k26-{profile.digest}"
+        assert profile.build == {"engine_version": "0.5.3", "driver": "550.00"}
         # The unit runs its default config: the host's GPU holds its weights.
         assert HostGpus(host).memory_used_bytes() == 60000 * 2**20
     finally:
@@ -355,7 +357,9 @@ def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_pat
         victim.systemctl("restart", "ddtree-ref.service")
     assert result.returncode != 0, result.stdout[-4000:]
     out = result.stdout
-    failures = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR")) and "[" in line]
+    # pytest's short test summary lines (`FAILED suites/...::test[config] - reason`), not the
+    # session's verdict line (`FAILED: 5 test(s) failed (...)`) that heads the summary
+    failures = [line for line in out.splitlines() if re.match(r"(FAILED|ERROR) \S+::\S+\[", line)]
     failed = {line.split("[", 1)[1].split("]", 1)[0] for line in failures}
     assert all(f"ssh to {victim.target} failed" in line for line in failures), "\n".join(failures)
     assert f"host {victim.target} does not answer: worker gw1 takes no more configs" in out, out[-4000:]
