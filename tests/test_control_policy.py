@@ -141,9 +141,11 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     (group,) = json.loads((results / "results.json").read_text())["control"]["groups"]
     shift, tolerance = math.log1p(group["uniform_shift"]), group["uniform_tolerance"]
     # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it; the
-    # engine's speed wanders on a loaded box, so a session whose first look missed the band is retried
+    # engine's speed wanders on a loaded box, so a session whose first look missed the band is retried:
+    # the band is about 2.7 points wide and one launch beside other tests reads +-2% (a full .ci/run's
+    # three tries read -1.5%, -6.1%, -7.5% against tolerances of 5.5-6.5%), so up to six tries
     path = pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml"
-    for _ in range(3):
+    for _ in range(6):
         data = yaml.safe_load(path.read_text())
         factor = math.exp(shift + 0.75 * tolerance)
         for cell in data["metrics"].values():
