@@ -6,7 +6,7 @@ configs, two context lengths (the second session measures one cell of each):
 1. a blessing session (``--ddtree-update-baselines``), whose page the test watches while it runs:
    "running" with a partial sweep, then "finished", and never half a file;
 2. the same configs on an engine made slower (``slowdown`` fault) that also answers one coding
-   problem wrongly (a flip against the blessed baseline).
+   problem with another's code (a flip against the blessed baseline).
 
 Then the browser checks the second page: no console error, no request leaving the file, one chart
 per context panel, every cell's figures equal to results.json, both failures shown with their
@@ -48,7 +48,6 @@ workloads:
   - {name: c1_l, concurrency: 1, context_tokens: 512, requests: 2, warmup_requests: 1}
   - {name: c4_l, concurrency: 4, context_tokens: 512, requests: 8, warmup_requests: 4}
 """
-FENCE = "`" * 3
 REGRESSED_CELLS = ("c1_s", "c4_l")
 
 pytestmark = [pytest.mark.skipif(bool(browser_missing_reason()), reason=browser_missing_reason() or ""),
@@ -64,6 +63,7 @@ class Sessions:
     regressed_exit: int
     regressed_output: str
     flipped_problem: str
+    flipped_to: str  # the entry point of the answer the flipped problem now gets (another problem's)
     live_states: list[tuple[str, int, dict[str, int]]]  # (state, configs done, cells per config) per distinct page
     torn_reads: int
 
@@ -130,18 +130,23 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
 
     corpus = root / "corpus"
     shutil.copytree(REPO / "pytest_ddtree" / "refserver" / "corpus", corpus)
-    problem = coding.select_problems("default")[0]
-    wrong = json.dumps({"prompt": coding.user_message(problem),
-                        "response": f"{FENCE}python\ndef {problem.entry_point}(*args):\n    return None\n{FENCE}"}, sort_keys=True)
-    lines = [wrong if json.loads(line)["prompt"] == coding.user_message(problem) else line
-             for line in (corpus / "coding.jsonl").read_text().splitlines()]
+    # The flip swaps two problems' answers: the engine's tokenizer is built from the pieces of all its
+    # corpus text, and a new answer would change it, so the prompts sent would be other token ids
+    # and no throughput cell compared (prompts_digest); the same texts swapped keep every token id.
+    problems = coding.select_problems("default")
+    problem, other = problems[0], problems[-1]
+    rows = [json.loads(line) for line in (corpus / "coding.jsonl").read_text().splitlines()]
+    answers = {row["prompt"]: row["response"] for row in rows}
+    swap = {coding.user_message(problem): answers[coding.user_message(other)],
+            coding.user_message(other): answers[coding.user_message(problem)]}
+    lines = [json.dumps({**row, "response": swap.get(row["prompt"], row["response"])}, sort_keys=True) for row in rows]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
     faulty = reference_profile(root, f"--fault slowdown=2 --corpus-dir {corpus}", clock_scale=2, filename="faulty.yaml",
                                max_context=4096, pool=1, control="none")
     # Two of the four cells (one per context): every flagged cell is confirmed by 12 fresh repeats
     # on the slowed engine, which made this session most of the module's time.
     code2, output2, _, _ = _run(root, faulty, root / "regressed", *(f"--ddtree-workload={w}" for w in REGRESSED_CELLS))
-    return Sessions(root, root / "blessed", root / "regressed", code2, output2, problem.id, states, torn)
+    return Sessions(root, root / "blessed", root / "regressed", code2, output2, problem.id, other.entry_point, states, torn)
 
 
 def _results(folder: Path) -> dict[str, Any]:
@@ -185,7 +190,7 @@ def test_regression_and_coding_flip_are_failures_with_messages_in_the_browser(se
         code = cell.locator("pre.code")
         assert not code.is_visible()
         cell.locator("summary").click()
-        assert code.is_visible() and "return None" in code.inner_text()
+        assert code.is_visible() and f"def {sessions.flipped_to}" in code.inner_text()
         assert cell.locator("pre.error").inner_text().strip() not in ("", "-")
         assert opened.console_errors == [] and opened.foreign_requests == []
     assert results["throughput"], "no throughput cells"
