@@ -17,7 +17,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +114,12 @@ _WEDGED_READER = textwrap.dedent("""
 """)
 
 
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU ticks of ``pid`` so far (/proc/<pid>/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_a_wedged_read_at_once(repo_root: Path, signum: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(repo_root)}
@@ -123,7 +128,9 @@ def test_a_signal_ends_a_wedged_read_at_once(repo_root: Path, signum: int) -> No
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "reading"
-        time.sleep(0.3)  # noqa: the query is running (nothing to poll inside SQLite); the signal must end it
+        # the recursive query is running once the reader spends CPU after saying so (it does nothing else)
+        started = _cpu_ticks(proc.pid)
+        wait_until(lambda: _cpu_ticks(proc.pid) >= started + 20, 30, "the reader to be inside its query")
         proc.send_signal(signum)
         wait_until(lambda: proc.poll() is not None, 30, "the reader to end after the signal")
         out = proc.stdout.read()
