@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -34,13 +33,14 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
     from pytest_ddtree.scheduling import ConfigScheduling, SchedulerLog, WorkerNode
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
+    from pytest_ddtree.report.terminal import TerminalProgress
     from pytest_ddtree.session import DDTreeSession
 
 SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
 FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
 SCHEDULER_KEY: pytest.StashKey[ConfigScheduling] = pytest.StashKey()
-DISPLAY_KEY: pytest.StashKey[_TerminalProgress] = pytest.StashKey()
+DISPLAY_KEY: pytest.StashKey[TerminalProgress] = pytest.StashKey()
 HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
 CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
@@ -217,77 +217,6 @@ def _progress(config: pytest.Config, worker_id: str | None) -> Callable[[str], N
     return progress
 
 
-class _TerminalProgress:
-    """progress.Display on pytest's terminal reporter (the controller's; see progress.py).
-
-    On a TTY the newest state is a live status line under the last test line (rewritten in place,
-    at most a few times a second, cut to the terminal's width); otherwise a line about every
-    ``INTERVAL_S`` seconds (a CI log gets a heartbeat, not a flood). After either, the next test
-    result starts its file's line again, so pytest's own lines stay whole."""
-
-    INTERVAL_S = 10.0
-    LIVE_EVERY_S = 0.25
-
-    def __init__(self, reporter: pytest.TerminalReporter, capture: Any) -> None:
-        import threading
-
-        self.reporter = reporter
-        # a test's output is captured while it runs: like pytest's live logging, write around it
-        self.capture = capture
-        self.tty = bool(reporter.isatty)
-        self.lock = threading.Lock()
-        self.live = False
-        self.last_shown = 0.0
-        self.last_line = time.monotonic()
-
-    def _fits(self, text: str) -> str:
-        import shutil
-
-        width = shutil.get_terminal_size((80, 24)).columns - 1
-        return text if len(text) <= width else text[: max(0, width - 3)] + "..."
-
-    def _uncaptured(self) -> Any:
-        import contextlib
-
-        return self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
-
-    def status(self, text: str) -> None:
-        now = time.monotonic()
-        with self.lock, self._uncaptured():
-            if self.tty:
-                if now - self.last_shown < self.LIVE_EVERY_S:
-                    return
-                if not self.live:
-                    self.reporter.ensure_newline()
-                    self.live = True
-                self.reporter.rewrite(self._fits(f"[ddtree] {text}"), erase=True)
-            else:
-                if now - self.last_line < self.INTERVAL_S:
-                    return
-                self._write(f"[ddtree] {text}")
-            self.last_shown = now
-
-    def clear(self) -> None:
-        with self.lock, self._uncaptured():
-            self._clear()
-
-    def _clear(self) -> None:
-        if self.live:
-            self.reporter.rewrite("", erase=True)
-            self.reporter.write("\r")
-            self.live = False
-            self.reporter.currentfspath = None  # the next result writes its file's name again
-
-    def line(self, text: str) -> None:
-        with self.lock, self._uncaptured():
-            self._clear()
-            self._write(text)
-
-    def _write(self, text: str) -> None:
-        self.reporter.write_line(text)
-        self.last_line = time.monotonic()
-
-
 def _explicitly_configured(config: pytest.Config) -> bool:
     return any(config.getoption(options.OPTION[name].dest) for name in ("config", "service", "url", "matrix", "package", "workload"))
 
@@ -299,23 +228,17 @@ def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
     return _explicitly_configured(config) or (settings.matrix.exists() and settings.service.exists())
 
 
-#: Seconds a worker gets, beyond the profile's stop timeout, to put its service back after Ctrl-C
-#: (drop-in removal, daemon-reload and restart over ssh on a loaded box).
-RESTORE_MARGIN_S = 30.0
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
-    """On Ctrl-C xdist gives its workers ``NodeManager.EXIT_TIMEOUT`` (10 s) to finish, then
-    kills them; a worker still restoring its systemd unit over ssh is killed mid-way and leaves
-    its host on the sweep's config (seen on a loaded box). This session's node manager (not the
-    class: nothing else in the process changes) waits as long as a restore may take."""
+    """A worker restoring its service after Ctrl-C gets the time a restore may take (scheduling.py)."""
     session = config.stash.get(SESSION_KEY, None)
     nodes = getattr(config.pluginmanager.get_plugin("dsession"), "nodemanager", None)
     if session is None or nodes is None or not _ddtree_in_use(session, config) or session.setup_problem is not None:
         return
     if session.profile.capabilities.relaunch:
-        nodes.EXIT_TIMEOUT = max(nodes.EXIT_TIMEOUT, session.profile.stop_timeout_s + RESTORE_MARGIN_S)
+        from pytest_ddtree.scheduling import allow_restores
+
+        allow_restores(nodes, session.profile.stop_timeout_s)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -331,8 +254,9 @@ def _show_progress(config: pytest.Config) -> None:
     if reporter is None or _is_xdist_worker(config) or config.get_verbosity() <= -2 or DISPLAY_KEY in config.stash:
         return
     from pytest_ddtree import progress
+    from pytest_ddtree.report.terminal import TerminalProgress
 
-    display = config.stash[DISPLAY_KEY] = _TerminalProgress(reporter, config.pluginmanager.get_plugin("capturemanager"))
+    display = config.stash[DISPLAY_KEY] = TerminalProgress(reporter, config.pluginmanager.get_plugin("capturemanager"))
     progress.install(display)
 
 
@@ -498,44 +422,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # -- the adaptive sweep (--ddtree-max-restarts) ------------------------------------------------
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
-    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (adaptive/sweep.py);
+    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (scheduling.py);
     other runs keep pytest's own loop."""
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is None or ddtree.settings.max_restarts is None or _is_xdist_worker(session.config):
         return None
-    if session.testsfailed and not session.config.option.continue_on_collection_errors:
-        raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
-    if session.config.option.collectonly:
-        return True
-    from pytest_ddtree.adaptive.sweep import SweepRun, run_sweep
+    from pytest_ddtree.scheduling import run_adaptive_sweep
 
-    items = SweepRun(*_items_by_config(session.items), lambda tests, after: _run_items(session, tests, after),
-                     lambda skipped: session.config.hook.pytest_deselected(items=skipped))
-    if not items.by_config:
-        return None
-    run_sweep(ddtree, items)
-    return True
-
-
-def _items_by_config(items: list[pytest.Item]) -> tuple[list[pytest.Item], dict[str, list[pytest.Item]]]:
-    """The tests of no config, and each config's tests in collection order."""
-    plain: list[pytest.Item] = []
-    by_config: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        cfg = _item_config(item)
-        (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
-    return plain, by_config
-
-
-def _run_items(session: pytest.Session, items: list[pytest.Item], after: pytest.Item | None) -> None:
-    """pytest's own loop body over ``items``; ``after`` is the item expected to run next."""
-    for index, item in enumerate(items):
-        nextitem = items[index + 1] if index + 1 < len(items) else after
-        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-        if session.shouldfail:
-            raise session.Failed(session.shouldfail)
-        if session.shouldstop:
-            raise session.Interrupted(session.shouldstop)
+    return run_adaptive_sweep(ddtree, session, _item_config)
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -790,10 +684,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     outcome = config.stash.get(FINISH_KEY, None)
     if outcome is None:
         return
-    for title, text in outcome.sections:
-        terminalreporter.write_sep("=", title)
-        for line in text.rstrip("\n").splitlines():
-            terminalreporter.write_line(line)
+    from pytest_ddtree.report.terminal import write_sections
+
+    write_sections(terminalreporter, outcome.sections)
     # The short test summary and the final counts come after this hook: the session's failures
     # are "FAILED ddtree::control - ..." there, and counted in "1 failed".
     terminalreporter.stats.setdefault("failed", []).extend(_session_failure_reports(outcome))

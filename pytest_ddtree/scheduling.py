@@ -22,6 +22,9 @@ configs of a host that dies when nobody is left to take them (also when xdist's 
 distribution handed out every config) stay with it. When every worker's host is dead, the
 scheduler keeps handing out configs, so the run ends with every config failed fast instead of
 waiting for a worker that will never come.
+
+Beside it, the rest of how the tests are run: the serial run loop of the adaptive sweep, and the
+time xdist gives a worker to restore its service after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from pytest_ddtree.configs import config_in_nodeid
 
 if TYPE_CHECKING:
     import pytest
+
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.session import DDTreeSession
 
 
 class Gateway(Protocol):
@@ -194,3 +200,51 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self.log(line)
         if self._progress is not None:
             self._progress(line)
+
+
+#: Seconds a worker gets, beyond the profile's stop timeout, to put its service back after Ctrl-C
+#: (drop-in removal, daemon-reload and restart over ssh on a loaded box).
+RESTORE_MARGIN_S = 30.0
+
+
+def allow_restores(nodemanager: Any, stop_timeout_s: float) -> None:
+    """On Ctrl-C xdist gives its workers ``NodeManager.EXIT_TIMEOUT`` (10 s) to finish, then
+    kills them; a worker still restoring its systemd unit over ssh is killed mid-way and leaves
+    its host on the sweep's config (seen on a loaded box). This session's node manager (not the
+    class: nothing else in the process changes) waits as long as a restore may take."""
+    nodemanager.EXIT_TIMEOUT = max(nodemanager.EXIT_TIMEOUT, stop_timeout_s + RESTORE_MARGIN_S)
+
+
+def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session,
+                       config_of: Callable[[pytest.Item], DDTreeConfig | None]) -> bool | None:
+    """pytest's run loop under ``--ddtree-max-restarts`` (serial): the adaptive sweep picks the
+    configs to run (adaptive/sweep.py); ``config_of`` names an item's config. None: pytest's
+    own loop runs (nothing of a config was collected)."""
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    if session.config.option.collectonly:
+        return True
+    from pytest_ddtree.adaptive.sweep import SweepRun, run_sweep
+
+    plain: list[pytest.Item] = []
+    by_config: dict[str, list[pytest.Item]] = {}
+    for item in session.items:
+        cfg = config_of(item)
+        (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
+    items = SweepRun(plain, by_config, lambda tests, after: _run_items(session, tests, after),
+                     lambda skipped: session.config.hook.pytest_deselected(items=skipped))
+    if not items.by_config:
+        return None
+    run_sweep(ddtree, items)
+    return True
+
+
+def _run_items(session: pytest.Session, items: list[pytest.Item], after: pytest.Item | None) -> None:
+    """pytest's own loop body over ``items``; ``after`` is the item expected to run next."""
+    for index, item in enumerate(items):
+        nextitem = items[index + 1] if index + 1 < len(items) else after
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)

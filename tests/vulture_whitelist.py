@@ -77,6 +77,10 @@ _.allow_reuse_address
 _.__getattr__
 _.__call__
 
+# A keyword of pytest's TerminalReporter.rewrite, declared by report/terminal.py's Reporter Protocol
+# and passed by its TerminalProgress (vulture does not count a keyword argument as a use).
+_.erase
+
 # A record's keys (records/shapes.py, records/rate_shapes.py TypedDicts): written and read as the
 # string keys of the on-disk dict (``{"control_at": ...}``, ``r.get("control_at")``), which vulture
 # does not see as uses of the declared key.

@@ -1,0 +1,117 @@
+"""What a session shows on pytest's terminal: the live progress display and the end-of-session sections.
+
+No pytest import: the plugin hands in its terminal reporter and capture manager, typed here by the
+Protocols of what is called on them, so the display is driven the same way by a test with a stand-in
+for the terminal (and the plugin stays hooks and fixtures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+
+class Reporter(Protocol):
+    """The part of pytest's ``TerminalReporter`` (_pytest/terminal.py) the session writes with."""
+
+    #: The file whose results the current line shows; None makes the next result start a line of its own.
+    currentfspath: Path | str | int | None
+
+    @property
+    def isatty(self) -> object: ...
+
+    def ensure_newline(self) -> None: ...
+
+    def rewrite(self, line: str, *, erase: bool = False) -> None: ...
+
+    def write(self, content: str) -> None: ...
+
+    def write_line(self, line: str) -> None: ...
+
+    def write_sep(self, sep: str, title: str | None = None) -> None: ...
+
+
+class Capture(Protocol):
+    """pytest's ``CaptureManager`` (_pytest/capture.py): a test's output is captured while it runs."""
+
+    def global_and_fixture_disabled(self) -> AbstractContextManager[None]: ...
+
+
+class TerminalProgress:
+    """progress.Display on pytest's terminal reporter (the controller's; see progress.py).
+
+    On a TTY the newest state is a live status line under the last test line (rewritten in place,
+    at most a few times a second, cut to the terminal's width); otherwise a line about every
+    ``INTERVAL_S`` seconds (a CI log gets a heartbeat, not a flood). After either, the next test
+    result starts its file's line again, so pytest's own lines stay whole."""
+
+    INTERVAL_S = 10.0
+    LIVE_EVERY_S = 0.25
+
+    def __init__(self, reporter: Reporter, capture: Capture | None) -> None:
+        self.reporter = reporter
+        # a test's output is captured while it runs: like pytest's live logging, write around it
+        self.capture = capture
+        self.tty = bool(reporter.isatty)
+        self.lock = threading.Lock()
+        self.live = False
+        self.last_shown = 0.0
+        self.last_line = time.monotonic()
+
+    def _fits(self, text: str) -> str:
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+
+    def _uncaptured(self) -> AbstractContextManager[None]:
+        return self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
+
+    def status(self, text: str) -> None:
+        now = time.monotonic()
+        with self.lock, self._uncaptured():
+            if self.tty:
+                if now - self.last_shown < self.LIVE_EVERY_S:
+                    return
+                if not self.live:
+                    self.reporter.ensure_newline()
+                    self.live = True
+                self.reporter.rewrite(self._fits(f"[ddtree] {text}"), erase=True)
+            else:
+                if now - self.last_line < self.INTERVAL_S:
+                    return
+                self._write(f"[ddtree] {text}")
+            self.last_shown = now
+
+    def clear(self) -> None:
+        with self.lock, self._uncaptured():
+            self._clear()
+
+    def _clear(self) -> None:
+        if self.live:
+            self.reporter.rewrite("", erase=True)
+            self.reporter.write("\r")
+            self.live = False
+            self.reporter.currentfspath = None  # the next result writes its file's name again
+
+    def line(self, text: str) -> None:
+        with self.lock, self._uncaptured():
+            self._clear()
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        self.reporter.write_line(text)
+        self.last_line = time.monotonic()
+
+
+def write_sections(reporter: Reporter, sections: Sequence[tuple[str, str]]) -> None:
+    """The session's sections (verdict, sweep table, bill...) in pytest's terminal summary, each under
+    its ``=`` rule, as pytest writes its own."""
+    for title, text in sections:
+        reporter.write_sep("=", title)
+        for line in text.rstrip("\n").splitlines():
+            reporter.write_line(line)
