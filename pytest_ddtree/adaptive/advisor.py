@@ -248,6 +248,10 @@ class Recommendation:
     #: the best unmeasured config by prediction, when its interval reaches above the pick
     challenger: str | None = None
     challenger_high: float | None = None
+    #: the measured config with the highest figure in the cell, where the fit chose another within
+    #: ``PICK_TIE`` of it (the line says so: the figure printed is not the cell's highest)
+    measured_best: str | None = None
+    measured_best_tok_s: float | None = None
 
 
 @dataclass
@@ -404,19 +408,21 @@ class Planner:
         unmeasured = [c for c in self.configs if c.name not in self.order]
         return self.model().predict(unmeasured, self.cells) if unmeasured else {}
 
-    def _pick_measured(self, cell: str) -> tuple[str | None, float]:
-        """The measured config to recommend in ``cell``: the best measurement, except that
+    def _pick_measured(self, cell: str) -> tuple[str | None, float, str | None]:
+        """The measured config to recommend in ``cell``, its measurement, and the config measured
+        highest there (the same one, unless the tie was broken): the best measurement, except that
         among the measurements within ``PICK_TIE`` of it the model's fit breaks the tie (it pools
         all cells of a config, so one noisy sample does not flip a near tie; a misfit model
         cannot override a clear measured difference). The value reported is the measurement."""
         names = [n for n in self.order if (n, cell) in self.measured]
         if not names:
-            return None, 0.0
-        top = max(self.measured[(n, cell)].tok_s for n in names)
+            return None, 0.0, None
+        highest = max(names, key=lambda n: self.measured[(n, cell)].tok_s)
+        top = self.measured[(highest, cell)].tok_s
         close = [n for n in names if self.measured[(n, cell)].tok_s >= (1 - PICK_TIE) * top]
         fitted = self.model().predict([self.by_name[n] for n in close], [self.cell_by_name[cell]])
         best = max(close, key=lambda n: fitted[(n, cell)].tok_s)
-        return best, self.measured[(best, cell)].tok_s
+        return best, self.measured[(best, cell)].tok_s, highest
 
     def recommendations(self) -> list[Recommendation]:
         """Per cell a *measured* config; a predicted config whose interval reaches above it
@@ -425,10 +431,12 @@ class Planner:
         recs: list[Recommendation] = []
         measured_shapes = self.measured_shapes()
         for w in self.cells:
-            cfg, val = self._pick_measured(w.name)
+            cfg, val, highest = self._pick_measured(w.name)
             if cfg is None:
                 continue
             rec = Recommendation(w.name, cfg, val)
+            if highest is not None and highest != cfg:
+                rec.measured_best, rec.measured_best_tok_s = highest, self.measured[(highest, w.name)].tok_s
             rival = [
                 (p.tok_s, p.high, name)
                 for (name, cell), p in preds.items()

@@ -232,11 +232,15 @@ class AdaptiveSweep:
                     row["workload"] = workloads[cell]
                 predicted.append(row)
             for rec in self.planner.recommendations():
-                recommendations.append({
+                pick: AdaptivePickData = {
                     "cell": rec.cell, "config": rec.config, OUTPUT_THROUGHPUT: round(rec.tok_s, 3),
                     "challenger": rec.challenger,
                     "challenger_high": round(rec.challenger_high, 3) if rec.challenger_high is not None else None,
-                })
+                }
+                if rec.measured_best is not None and rec.measured_best_tok_s is not None:
+                    pick["measured_best"] = rec.measured_best
+                    pick["measured_best_output_throughput"] = round(rec.measured_best_tok_s, 3)
+                recommendations.append(pick)
 
 
 # -- reporting (no numpy) ------------------------------------------------------------------
@@ -256,6 +260,8 @@ def predicted_table_rows(outcome: AdaptiveSweepData, width: int, ctx: Callable[[
 
 def summary_lines(outcome: AdaptiveSweepData) -> list[str]:
     """The recommendations' adaptive part: restarts spent vs a full sweep, per-cell picks."""
+    from pytest_ddtree.adaptive.advisor import PICK_TIE
+
     lines = [
         f"adaptive sweep: {outcome['restarts']} restarts spent (service launches) of "
         f"{outcome['full_sweep_restarts']} a full sweep would take (limit {outcome['max_restarts']}); "
@@ -268,7 +274,11 @@ def summary_lines(outcome: AdaptiveSweepData) -> list[str]:
     if outcome["prior"]:
         lines.append(f"adaptive sweep: {outcome['prior']}")
     for rec in outcome["recommendations"]:
-        line = f"{rec['cell']}: {rec['config']} ({rec[OUTPUT_THROUGHPUT]:.1f} tok/s measured)"
+        line = f"{rec['cell']}: {rec['config']} ({rec[OUTPUT_THROUGHPUT]:.1f} tok/s measured"
+        if "measured_best" in rec:  # a near tie the fit broke: the table shows a higher figure, say whose and why
+            line += (f"; {rec['measured_best']} measured {rec.get('measured_best_output_throughput', 0.0):.1f}, within "
+                     f"{PICK_TIE:.0%} of it, and the fit over every cell prefers {rec['config']}")
+        line += ")"
         if rec["challenger"]:
             high = rec["challenger_high"]
             line += (f"; {rec['challenger']} (not measured) may reach {high if high is None else f'{high:.1f}'}: "

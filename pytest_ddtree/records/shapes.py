@@ -479,14 +479,20 @@ class PredictedRowData(_PredictedRequired, total=False):
     workload: WorkloadData
 
 
-class AdaptivePickData(TypedDict):
-    """The advisor's pick for one cell (always a measured config) and its challenger, if any."""
-
+class _AdaptivePickRequired(TypedDict):
     cell: str
     config: str
     output_throughput: float
     challenger: str | None
     challenger_high: float | None
+
+
+class AdaptivePickData(_AdaptivePickRequired, total=False):
+    """The advisor's pick for one cell (always a measured config) and its challenger, if any; where the
+    fit broke a near tie, the config measured highest there and its figure."""
+
+    measured_best: str
+    measured_best_output_throughput: float
 
 
 class _AdaptiveRequired(TypedDict):
