@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -475,6 +476,10 @@ def test_three_sessions_the_third_20_percent_slower_are_too_few_to_tell_and_the_
     assert "level within its noise" not in page and "Too few sessions to tell: " in page
     cells_per_session = len(synthetic.CONFIGS) * len(synthetic.CELLS)
     assert page.count("<td>passed</td>") == 2 and f"<td>failed: {cells_per_session} regression</td>" in page
+    # each chart's caption says it too: its level line through three sessions is no finding of "level"
+    captions = re.findall(r"<figcaption>([^<]*)</figcaption>", page)
+    wrong = [c for c in captions if not re.search(r": 3 sessions, too few to tell \(the newest [-+]\d+\.\d% against the earlier ones\)$", c)]
+    assert captions and not wrong, wrong
     # with the sessions to tell, a level history still says it is level
     with HistoryStore(str(tmp_path / "level.db")) as store:
         for index in range(8):

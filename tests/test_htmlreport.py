@@ -261,6 +261,30 @@ def test_the_repeats_chart_colours_each_cell_by_the_verdict_of_the_metric_it_dra
     assert dots["this session (pass)"]["marker"]["color"] == charts._STATUS_COLOR["pass"]
     assert [t for t in dots["this session (pass)"]["text"] if "outside the band" in t] == [
         "79.0, outside the band: the verdict (pass) is on the repeats together"]
+    # the 0.79x outlier keeps its verdict's green but is crossed: only it, not the dots inside the band
+    marks = dict(zip(dots["this session (pass)"]["y"], dots["this session (pass)"]["marker"]["symbol"]))
+    assert marks == {1.0: "circle", 1.01: "circle", 0.99: "circle", 0.79: charts.OUTSIDE_SYMBOL}, marks
+
+
+def test_the_repeats_table_shows_the_verdict_of_the_tok_s_it_lists_and_the_cells_beside_it() -> None:
+    """The repeats table lists tok/s repeats: its verdict column is tok/s's (pass, green), with the cell's
+    (regression: accept -3.9%) beside it in words, never the cell's red over tok/s figures inside their band."""
+    verdict = gate.CellVerdict("c8_4k", Status.REGRESSION, (
+        gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, None, None, 0.002, message="tok/s ok"),
+        gate.MetricVerdict(report.TOKENS_PER_VERIFY, Status.REGRESSION, "higher", 0.02, None, None, -0.039,
+                           message="accept 5.172 -> 4.971"))).as_dict()
+    data = report.throughput_record(
+        config="bs8_b16_k4", cell="c8_4k", workload={"concurrency": 8, "context_tokens": 4096, "output_tokens": 32,
+                                                     "requests": 8, "prompts": "documents"},
+        repeats=[{"output_throughput": t, report.TOKENS_PER_VERIFY: 4.971} for t in (1000.0, 1004.0, 998.0)],
+        samples={"output_throughput": [1000.0, 1004.0, 998.0]}, measurement_status=Status.VALID, verdict=verdict,
+        baseline={"output_throughput": {"median": 1001.0, "samples": [1000.0, 1001.0, 1002.0], "tolerance": 0.05,
+                                        "direction": "higher"}})
+    page = build_html(report.session_summary([{"kind": "throughput", "time": 1.0, "worker": "main", **data}]).json)
+    table = page.split('id="repeat-table"', 1)[1].split("</table>", 1)[0]
+    row = table.split('data-cell="c8_4k"', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="st-pass" data-key="status">pass<br><span class="muted">the cell: regression: accept -3.9%</span>' in row, row
+    assert "st-regression" not in row
 
 
 def test_a_cell_judged_on_another_build_says_what_changed_since_the_bless() -> None:

@@ -278,12 +278,19 @@ def no_change_headline(all_series: Sequence[Series]) -> str:
     short = too_few_sessions(all_series)
     if not short:
         return "no change point: every series is level within its noise"
-    shifts = [s.points[-1].value / stats.median([p.value for p in s.points[:-1]]) - 1.0 for s in short if len(s.points) > 1]
+    shifts = [shift for s in short if (shift := newest_shift(s)) is not None]
     newest = (f"; the newest session against the earlier ones: {min(shifts) * 100:+.1f}% to {max(shifts) * 100:+.1f}% "
               f"over {len(shifts)} series (not tested)") if shifts else ""
     return (f"too few sessions to tell: {len(short)} of {len(all_series)} series have fewer than {MIN_SESSIONS_TO_TELL} sessions, "
             f"and a change in the newest session needs about {MIN_SESSIONS_TO_TELL - 1} before it to be told at "
             f"p < {MAX_PVALUE:g}{newest}")
+
+
+def newest_shift(series: Series) -> float | None:
+    """The newest session's value against the median of the earlier ones, as a fraction (None: one session)."""
+    if len(series.points) < 2:
+        return None
+    return series.points[-1].value / stats.median([p.value for p in series.points[:-1]]) - 1.0
 
 
 def check_session(all_series: Sequence[Series], session_id: str, recent: int = CHECK_RECENT_SESSIONS) -> list[ChangePoint]:

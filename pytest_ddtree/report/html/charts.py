@@ -34,6 +34,11 @@ _STATUS_COLOR: dict[str, str] = {
     Status.FLAGGED: "#ef6c00", Status.THIN: "#757575"}
 
 
+#: A repeat outside its cell's band (a passing cell's 0.79x outlier): drawn in its metric's verdict colour, but
+#: crossed, so a dot the verdict outvoted is not read as one inside the band.
+OUTSIDE_SYMBOL = "x"
+
+
 @functools.lru_cache(maxsize=1)
 def plotly_runtime() -> str | None:
     """The vendored plotly.js basic bundle, or None when the file is missing (a broken install)."""
@@ -273,7 +278,7 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THRO
     band_height: list[float] = []
     base_x: list[str] = []
     base_y: list[float] = []
-    cur: dict[str, tuple[list[str], list[float], list[str]]] = defaultdict(lambda: ([], [], []))
+    cur: dict[str, tuple[list[str], list[float], list[str], list[str]]] = defaultdict(lambda: ([], [], [], []))
     for c in cells:
         if c.config != config or c.predicted:
             continue
@@ -294,12 +299,13 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THRO
         # coloured by the drawn metric's own verdict: a cell failed for its acceptance keeps tok/s dots
         # that sit in their band green, and a passing cell's dot outside its band says so when pointed at
         status = c.metric_status.get(metric) or c.status
-        xs_c, ys_c, texts = cur[status]
+        xs_c, ys_c, texts, symbols = cur[status]
         for s in samples:
             xs_c.append(c.cell)
             ys_c.append(float(s) / float(ref))
             outside = tol and abs(float(s) / float(ref) - 1.0) > tol
             texts.append(f"{s:.1f}" + (f", outside the band: the verdict ({status}) is on the repeats together" if outside else ""))
+            symbols.append(OUTSIDE_SYMBOL if outside else "circle")  # a green outlier is marked, not read as fine
     if not xs:
         return None
     traces: list[dict[str, Any]] = [
@@ -309,9 +315,9 @@ def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THRO
          "marker": {"color": "#9e9e9e", "size": 8, "symbol": "circle-open"}, "offsetgroup": "b",
          "hovertemplate": "baseline %{y:.3f}<extra></extra>"},
     ]
-    for status, (x, y, text) in sorted(cur.items()):
+    for status, (x, y, text, symbols) in sorted(cur.items()):
         traces.append({"type": "scatter", "mode": "markers", "name": f"this session ({status})", "x": x, "y": y,
-                       "text": text, "marker": {"color": _STATUS_COLOR.get(status, "#000"), "size": 9},
+                       "text": text, "marker": {"color": _STATUS_COLOR.get(status, "#000"), "size": 9, "symbol": symbols},
                        "hovertemplate": "%{text} (%{y:.3f} of the baseline median)<extra></extra>"})
     layout = _layout("cell", "relative to the baseline median")
     layout["yaxis"].pop("rangemode")

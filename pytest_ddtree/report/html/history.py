@@ -21,8 +21,8 @@ from urllib.parse import quote, urlsplit
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.records.words import Status
-from pytest_ddtree.report.changepoints import (MAX_PVALUE, ChangePoint, Point, Series, newest_change_points,
-                                              no_change_headline)
+from pytest_ddtree.report.changepoints import (MAX_PVALUE, MIN_SESSIONS_TO_TELL, ChangePoint, Point, Series,
+                                              newest_change_points, newest_shift, no_change_headline)
 from pytest_ddtree.report.html import charts
 from pytest_ddtree.report.html.model import fmt_time
 from pytest_ddtree.report.history import redact
@@ -192,6 +192,9 @@ def build_history_html(all_series: Sequence[Series], *, source: str, output_dir:
         caption = f"{s.key.config} {s.key.cell}: {s.key.metric} ({s.key.hardware_profile})"
         if len(s.points) == 1:
             caption += ": one session so far"
+        elif len(s.points) < MIN_SESSIONS_TO_TELL and not s.change_points and (shift := newest_shift(s)) is not None:
+            # as the headline says it: the level line through these points is not a finding of "level"
+            caption += f": {len(s.points)} sessions, too few to tell (the newest {shift * 100:+.1f}% against the earlier ones)"
         trends.append({"id": figure_id, "key": s.key, "caption": caption, "change_points": len(s.change_points)})
     runtime = charts.plotly_runtime()
     verdicts = session_verdicts(all_series)
