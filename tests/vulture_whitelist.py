@@ -191,3 +191,4 @@ _.unregister  # forgets a controller kind registered from outside the package: t
 _.calibration_host  # CalibrationData.calibration_host: written by measure/calibration.py as_record, read by describe_runs and results.json
 _.prompts_digest  # WorkloadData.prompts_digest: written by measure/load.py workload_dict as a key, compared by gates/throughput/rule.py
 _.also_for  # LaunchEntry.also_for: written by service/manager.py _shared through setdefault, read by records/bill.py session_bill
+_.measured_best_output_throughput  # AdaptivePickData.measured_best_output_throughput: written by adaptive/sweep.py _report as a key, read by summary_lines
