@@ -159,6 +159,8 @@ STANDARD = (
     Axis("overlap", "overlap", "bool", speculative=False, doc="overlap scheduling (off: --disable-overlap-schedule)"),
     Axis("tp", "tp", "int", speculative=False, doc="--tp-size"),
     Axis("dp", "dp", "int", speculative=False, doc="--dp-size"),
+    Axis("speculation", "spec", "choice", ("none",), speculative=False,
+         doc="none: a server without --speculative-algorithm, measured with --ddtree-measure-only (specnone)"),
 )
 
 _CATALOGUE: dict[str, Axis] = {}

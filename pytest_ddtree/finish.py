@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_ddtree.gates import measure_only
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, BaselineStore
 from pytest_ddtree.records.recorder import (
@@ -155,8 +156,10 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
 
     # 2. Each config against the other configs of this session (a config slower as a whole), and
     #    every config against the session's control (a build slower as a whole).
-    session_check = [] if session.settings.update_baselines else _judge_configs_against_session(records, outcome)
-    control_check = _judge_control(session, records, outcome, interrupted=exitstatus == _INTERRUPTED)
+    judged = not (session.settings.update_baselines or session.settings.measure_only)
+    session_check = _judge_configs_against_session(records, outcome) if judged else []
+    control_check = None if session.settings.measure_only else _judge_control(session, records, outcome,
+                                                                              interrupted=exitstatus == _INTERRUPTED)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     summary_json: dict[str, Any] | None = None
@@ -177,11 +180,14 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
         summary.json["bill"] = _bill(records, outcome)
         _report_field_mapping(session, outcome, summary.json)
         _report_selection(session, outcome, summary.json)
-        write_json_atomic(results_dir / RESULTS_JSON, summary.json)
-        summary_json = summary.json
         verdict = verdict_line(exitstatus, session.failed_tests, outcome.failures,
                                sum(1 for c in summary.json.get("throughput") or [] if c.get("status") == Status.INCONCLUSIVE))
+        if session.settings.measure_only:
+            verdict = measure_only.verdict_line(verdict, summary.json.get("throughput") or [])
+            summary.json["measure_only"] = True
         summary.json["verdict"] = verdict
+        write_json_atomic(results_dir / RESULTS_JSON, summary.json)
+        summary_json = summary.json
         if session.settings.output_file is not None:
             _append_output_file(session.settings.output_file, summary.json.get("throughput_repeats") or [], outcome)
         write_atomic(results_dir / RESULTS_MD, summary.markdown.replace("\n", f"\n\n**Verdict:** {verdict}\n", 1))

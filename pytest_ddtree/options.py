@@ -85,6 +85,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("baselines", "baseline store (default: baselines/ under the rootdir)", metavar="PATH", ini="baseline store path"),
     Option("update_baselines", "write this session's measurements as the new baselines (reviewable YAML diff)",
            action="store_true"),
+    Option("measure_only", "measure and report the selected cells (tok/s, TTFT/TPOT/ITL, req/s, acceptance where it "
+           "speculates) with no gate: nothing is compared with a baseline, no control; any server, a plain one too "
+           "(with --ddtree-url: bench_serving's numbers in the sweep table and results)", action="store_true"),
     Option("require_baselines", "fail (not just report) when a config has no baseline: use in CI", action="store_true"),
     Option("output_file", "append one JSON line per measured repeat with bench_serving's result keys, as its "
            "--output-file (config, cell and spoiled added)", metavar="PATH"),
@@ -180,6 +183,8 @@ class Settings:
     """--ddtree-allow-unlisted: an explicit config name need not be in a matrix (selection.py)."""
     url: str | None = None
     """--ddtree-url: a running service to gate with a profile read from its /server_info (no profile file)."""
+    measure_only: bool = False
+    """--ddtree-measure-only: measure and report, judge nothing (gates/measure_only.py)."""
     output_file: Path | None = None
     """--ddtree-output-file: the JSON-lines file every measured repeat is appended to (bench_serving's --output-file)."""
 
@@ -261,6 +266,9 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         raise OptionError(f"--ddtree-url {url!r}: give the service's base URL, http://host:port (as bench_serving's "
                           "--base-url)" if service is None else
                           "--ddtree-url and --ddtree-service both say which service to gate: give one of them")
+    measure_only = bool(read.value("measure_only"))
+    if measure_only:
+        _check_measure_only(read)
     name = read.value("package_name")
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise OptionError(f"--ddtree-package-name must be a plain folder name, got {name!r}")
@@ -295,7 +303,23 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         allow_unlisted=bool(read.value("allow_unlisted")),
         url=str(url).rstrip("/") if url else None,
         output_file=read.optional_path("output_file"),
+        measure_only=measure_only,
     )
+
+
+#: What --ddtree-measure-only cannot go with: each judges or blesses, and a measure-only run does neither.
+_NOT_WITH_MEASURE_ONLY = {
+    "update_baselines": "a bless writes baselines from a gated run; bless without --ddtree-measure-only",
+    "require_baselines": "it fails cells without a baseline, and a measure-only run compares none",
+    "history_check": "it gates the session on the history; keep --ddtree-history to store the numbers",
+    "max_restarts": "the adaptive sweep predicts and recommends from gated configs; select the configs to measure",
+}
+
+
+def _check_measure_only(read: _Reader) -> None:
+    for name, why in _NOT_WITH_MEASURE_ONLY.items():
+        if read.value(name):
+            raise OptionError(f"--ddtree-measure-only and {OPTION[name].flag} do not go together: {why}")
 
 
 def _coding(read: _Reader) -> tuple[str, int | None, int | None, str]:

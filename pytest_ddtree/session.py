@@ -97,11 +97,11 @@ class DDTreeSession:
         from pytest_ddtree.service.profile import load_profile
 
         if self.settings.url is not None:
-            return self._profile_of_running_service(self.settings.url)
+            return self._profile_of_running_service(self.settings.url, self.settings.measure_only)
         return load_profile(self.settings.service)
 
     @staticmethod
-    def _profile_of_running_service(url: str) -> ServiceProfile:
+    def _profile_of_running_service(url: str, measure_only: bool) -> ServiceProfile:
         """``--ddtree-url``: the external profile of the service at ``url``, from its /server_info
         (service/external.py); a service that does not answer is a usage error, before anything runs."""
         from pytest_ddtree.service.client import SGLangClient
@@ -113,7 +113,7 @@ class DDTreeSession:
         try:
             with SGLangClient(url, timeout=10.0) as client:
                 info = client.server_info(timeout=10.0)
-            raw = profile_from_server_info(url, info, is_reference_engine(info))
+            raw = profile_from_server_info(url, info, is_reference_engine(info), measure_only)
         except (OSError, ServiceHTTPError) as exc:
             raise ProfileError(f"--ddtree-url {url}: cannot read its /server_info ({exc}); is the service running "
                                "there, and is this its base URL (as bench_serving's --base-url)?") from None

@@ -56,9 +56,10 @@ def test_coding_gate(
 
     section = ddtree_baselines.section(ddtree_config.name, "coding")
     baseline_ids = None
-    if isinstance(section, dict) and isinstance(section.get(set_name), list):
+    if isinstance(section, dict) and isinstance(section.get(set_name), list) and not ddtree_settings.measure_only:
         baseline_ids = [str(x) for x in section[set_name]]
-    gate = coding.compare(baseline_ids, verdicts, ddtree_profile.coding_min_pass)
+    # --ddtree-measure-only: the pass count is a number like the others, judged by no baseline and no floor
+    gate = coding.compare(baseline_ids, verdicts, 0 if ddtree_settings.measure_only else ddtree_profile.coding_min_pass)
 
     table = coding.render_table(results, baseline_ids)
     header = f"coding set {set_name} on {ddtree_config.name} (sandbox: {iso.describe()})"

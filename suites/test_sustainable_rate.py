@@ -21,6 +21,7 @@ import pytest
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
+from pytest_ddtree.gates.measure_only import is_plain
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
                                                       rebless_note, same_slo, unjudged)
@@ -99,7 +100,9 @@ def test_sustainable_rate(
     config = ddtree_config.name
     problem: str | None = None
     try:
-        blessed = None if ddtree_baselines.update_mode else _blessed(ddtree_baselines, config, workload.name)
+        # a bless searches afresh, and so does --ddtree-measure-only (the rate is a number, judged by nothing)
+        skip_blessed = ddtree_baselines.update_mode or ddtree_settings.measure_only
+        blessed = None if skip_blessed else _blessed(ddtree_baselines, config, workload.name)
     except (BaselineError, gate.BaselineFormatError) as exc:
         blessed, problem = None, f"{config}: {exc}"
     if problem is not None:
@@ -109,7 +112,8 @@ def test_sustainable_rate(
         ddtree_recorder.record(RecordKind.THROUGHPUT_REPEAT, config, sample_record(name, r, res))
 
     assert session is not None  # the plugin is active: the fixtures above exist
-    driving = driving_for(session, accept_bound=ddtree_service.accept_bound(), slo=slo)
+    driving = driving_for(session, accept_bound=ddtree_service.accept_bound(), slo=slo,
+                          speculative=not is_plain(ddtree_config))
     if blessed is not None and same_slo(blessed["slo"], slo):
         failure: str | None = None
         try:

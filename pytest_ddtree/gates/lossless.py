@@ -390,8 +390,9 @@ class ReferenceUnavailable(RuntimeError):
 
 def launches_reference(profile: ServiceProfile, settings: Settings) -> bool:
     """Whether this session launches the reference (``lossless: instance``, or a bless, which writes
-    ``golden/`` from it) rather than reading the blessed golden transcripts."""
-    return profile.lossless == "instance" or settings.update_baselines
+    ``golden/`` from it) rather than reading the blessed golden transcripts; a measure-only session
+    judges nothing, so launches none."""
+    return (profile.lossless == "instance" or settings.update_baselines) and not settings.measure_only
 
 
 def session_reference(session: DDTreeSession) -> Reference:

@@ -118,6 +118,8 @@ class Status(Word):
     UPDATED = "updated"
     #: A throughput row the adaptive sweep predicted instead of measuring: never gated, never a baseline.
     PREDICTED = "predicted"
+    #: A throughput cell of a --ddtree-measure-only session: measured and reported, never judged or blessed.
+    MEASURED = "measured"
     #: A gate of the HTML report that failed.
     FAIL = "fail"
     #: A gate of the HTML report with no record.
@@ -135,12 +137,13 @@ MeasurementStatus = Literal[Status.VALID, Status.INCONCLUSIVE, Status.INVALID]
 #: The gate's verdict on a metric or a cell (``status`` in throughput records).
 Verdict = Literal[Status.PASS, Status.IMPROVED, Status.FLAGGED, Status.REGRESSION, Status.INCONCLUSIVE,
                   Status.INVALID, Status.MISSING, Status.THIN, Status.NEW, Status.METRIC_MISSING, Status.UPDATED,
-                  Status.PREDICTED]
+                  Status.PREDICTED, Status.MEASURED]
 #: What a throughput cell's test does (``gate.check.check_cell``, ``rate_gate.judge_rate``): pass,
 #: fail, skip (inconclusive), or pass with warnings.
 GateDecision = Literal[Status.PASS, Status.FAIL, Status.SKIP, Status.WARN]
 #: A gate's result on the HTML report.
-GateStatus = Literal[Status.PASS, Status.FAIL, Status.INCONCLUSIVE, Status.INVALID, Status.NOT_MEASURED, Status.PENDING]
+GateStatus = Literal[Status.PASS, Status.FAIL, Status.INCONCLUSIVE, Status.INVALID, Status.NOT_MEASURED, Status.PENDING,
+                     Status.MEASURED]
 
 #: Verdicts that make a throughput cell need attention (the report lists them with their reasons).
 ATTENTION = (Status.REGRESSION, Status.INVALID, Status.INCONCLUSIVE, Status.MISSING, Status.THIN, Status.METRIC_MISSING)

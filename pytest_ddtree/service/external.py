@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_ddtree.gates.measure_only import plain_profile_fields
 from pytest_ddtree.service.base import (
     Capabilities,
     ExitInfo,
@@ -108,7 +109,8 @@ _READ_BACK: dict[str, dict[str, str]] = {
 _WINDOW_KEYS = ("speculative_draft_window_size", "speculative_dflash_draft_window_size")
 
 
-def profile_from_server_info(url: str, info: Mapping[str, object], is_reference: bool) -> dict[str, object]:
+def profile_from_server_info(url: str, info: Mapping[str, object], is_reference: bool,
+                             measure_only: bool = False) -> dict[str, object]:
     """The external profile (a YAML document's worth) of the service at ``url``, from what its
     ``/server_info`` says it runs: ``--ddtree-url URL`` gates a running server the way
     bench_serving's ``--base-url`` measures one, with no profile file.
@@ -116,11 +118,15 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
     Every config field is fixed at the value the service runs (the harness cannot change it), so
     the session gates that one config, under the name the running values give it; its read-back
     keys are checked again before it is measured. Raises ValueError, saying what was missing,
-    when the answer shows no speculative config this harness can name."""
+    when the answer shows no speculative config this harness can name; a plain server is measured
+    (``measure_only``) as the config ``specnone`` (gates/measure_only.py)."""
     algorithm = str(info.get("speculative_algorithm") or "").upper()
+    if (not algorithm or algorithm == "NONE") and measure_only:
+        return {**_external(url, f"the plain server already running at {url}"), **plain_profile_fields(url, info)}
     if not algorithm or algorithm == "NONE":
         raise ValueError(f"{url}/server_info reports no speculative algorithm (speculative_algorithm: "
-                         f"{info.get('speculative_algorithm')!s}): there is no DFlash/DDTree config to gate")
+                         f"{info.get('speculative_algorithm')!s}): there is no DFlash/DDTree config to gate; "
+                         "to measure it without a gate (bench_serving's numbers), add --ddtree-measure-only")
     dialect = "reference" if is_reference else "DDTREE" if algorithm == "DDTREE" else "DFLASH"
     keys = _READ_BACK[dialect]
     values: dict[str, int] = {}
@@ -146,13 +152,9 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
         fixed["window"] = "none" if window is None else window
         applied[window_key] = "window"
     name = running_config_name(fixed, values, window_key is not None)
-    where = url.split("://", 1)[-1].rstrip("/")
     clock = f", clock scale {info['clock_scale']}" if is_reference and "clock_scale" in info else ""
     return {
-        "name": f"external-{where}",
-        "description": f"the service already running at {url} ({algorithm}{clock}), read from its /server_info",
-        "controller": "external",
-        "url": url.rstrip("/"),
+        **_external(url, f"the service already running at {url} ({algorithm}{clock}), read from its /server_info"),
         # names mean what they mean everywhere (the shipped profiles' and their baselines'): no window
         # suffix is a window of 2048, and a service without a window is named _wnone
         "default_window": SHIPPED_DEFAULT_WINDOW,
@@ -162,6 +164,17 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
         "fixed_because": {field: f"the service at {url} runs it; the harness never restarts an external service"
                           for field in fixed},
         "applied": applied,
+    }
+
+
+def _external(url: str, description: str) -> dict[str, object]:
+    """What every profile of a running service says: where it is, and what it cannot do."""
+    where = url.split("://", 1)[-1].rstrip("/")
+    return {
+        "name": f"external-{where}",
+        "description": description,
+        "controller": "external",
+        "url": url.rstrip("/"),
         "control": "none",  # the non-speculative control needs a launch of its own
         "lossless": "golden",  # nor can the lossless reference be launched here
     }

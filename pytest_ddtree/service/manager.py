@@ -21,10 +21,12 @@ from pytest_ddtree.service import http as http_mod, ports
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.gates.measure_only import is_plain
 from pytest_ddtree.service.proof import Proof
 from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
 from pytest_ddtree.records import bill
 from pytest_ddtree.service.base import (
+    AppliedDiff,
     ConfigNotAvailable,
     ConfigNotServed,
     ExternalConfigMismatch,
@@ -683,6 +685,11 @@ class ServiceManager:
 
     def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
         silent = not_speculating(service.server_info, self.profile.applied)
+        if is_plain(config):  # the plain server's one read-back: it still does not speculate
+            if silent is None:
+                raise ExternalConfigMismatch(config.name, service.url, [AppliedDiff(
+                    "speculative_algorithm", None, str(service.server_info.get("speculative_algorithm"))[:40])])
+            return
         diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
         if diffs:
             raise ExternalConfigMismatch(config.name, service.url, diffs, not_speculating=silent)
@@ -709,7 +716,9 @@ class ServiceManager:
 
     def _prove_external(self, slot: _Slot, service: RunningService, config: DDTreeConfig) -> None:
         """What an external service's behaviour proves, once its /server_info matched ``config``
-        (no log to read: the copy probe and /metrics only)."""
+        (no log to read: the copy probe and /metrics only); a plain server drafts nothing to prove."""
+        if is_plain(config):
+            return
         proof = self._prove(slot.controller, service.client, config, service.server_info)
         service.proof = proof
         if slot.record is not None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
+from pytest_ddtree.gates.measure_only import is_plain
 from pytest_ddtree.service.fleet import FleetKeys
 from pytest_ddtree.service.base import Capabilities
 from pytest_ddtree.service.ssh import SSHTarget
@@ -366,7 +367,10 @@ class ServiceProfile:
     def how_fields_reach_the_service(self) -> dict[str, str]:
         """field -> one line: the flag, the variable, or what the build uses instead."""
         out: dict[str, str] = {}
+        plain = self.own_matrix is not None and all(is_plain(c) for c in self.own_matrix)
         for name in self.fields():
+            if plain and name in CONFIG_FIELDS:
+                continue  # a plain server (gates/measure_only.py) drafts nothing: DDTree's fields do not exist there
             if name in self.config_choices:
                 how = "flags " + ", ".join(f"{axes_mod.axis(name).format(v)}: {f or '(none)'}"
                                            for v, f in self.config_choices[name].items())

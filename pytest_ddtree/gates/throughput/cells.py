@@ -35,7 +35,9 @@ from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judgin
                                                        cell_histogram, cell_input, edge_exemption, gate_samples,
                                                        measure_config, measured_workload, repeat_metrics,
                                                        sample_record, spoiled_evidence)
+from pytest_ddtree.configs import config_or_none
 from pytest_ddtree.measure import load, stats
+from pytest_ddtree.gates.measure_only import NOT_JUDGED, is_plain
 from pytest_ddtree.records import bill
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, ThroughputData
@@ -160,9 +162,10 @@ class CellEvaluation:
 
 
 def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, baseline: CellBaseline,
-                  bless: bool = False) -> CellEvaluation:
+                  bless: bool = False, measure_only: bool = False) -> CellEvaluation:
     """Status of the measurement, verdict against ``baseline``, the result record, and under a bless
-    (``bless``) the cell's bless decision (a cell it proposes shows ``updated`` in the table)."""
+    (``bless``) the cell's bless decision (a cell it proposes shows ``updated`` in the table); under
+    ``--ddtree-measure-only`` every cell that is not broken is ``measured`` (gates/measure_only.py)."""
     run = campaign.runs[workload.name]
     valid = [s for s in run.counted if s.valid]
     repeats = [repeat_metrics(s) for s in valid]
@@ -178,6 +181,9 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     workload_info = measured_workload(run, workload)  # the record's (facts.workload is the same, untyped)
     verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
         workload.name, judged, facts.current, status=status, problems=why, workload=workload_info)
+    if measure_only and verdict.status != Status.INVALID:  # numbers, no verdict (an inconclusive one says why)
+        verdict = dataclasses.replace(verdict, status=Status.MEASURED, metrics=(),
+                                      reasons=(NOT_JUDGED, *why) if status == Status.INCONCLUSIVE else (NOT_JUDGED,))
     if baseline.incomparable and verdict.status == Status.MISSING:  # why there is nothing to compare with
         verdict = dataclasses.replace(verdict, reasons=(baseline.incomparable,))
     edge = edge_exemption(cell_base, campaign.slo, workload) if campaign.slo_edge and not bless else None
@@ -252,6 +258,8 @@ class CellPlan:
     driving: Driving
     judging: Judging = Judging()
     bless: bool = False
+    #: --ddtree-measure-only: nothing is judged, every cell is ``measured``.
+    measure_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,10 +303,11 @@ def plan_for(session: SessionLike, service: RunningService, config: str, cells: 
     """The plan of a config's cells on its running ``service`` as the suite measures them: the
     session's repeats, its SLO, the config's accept bound, and a bless under
     ``--ddtree-update-baselines`` (which judges nothing: ``judging`` is then left out)."""
-    bless = bool(session.settings.update_baselines)
+    bless, measure_only = bool(session.settings.update_baselines), session.settings.measure_only
     driving = driving_for(session, accept_bound=service.accept_bound(), slo=session.slo,
-                          label=config if label is None else label)
-    return CellPlan(config, tuple(cells), session.settings.repeats, driving, Judging() if bless else judging, bless)
+                          label=config if label is None else label, speculative=not is_plain(config_or_none(config)))
+    return CellPlan(config, tuple(cells), session.settings.repeats, driving,
+                    Judging() if bless or measure_only else judging, bless, measure_only)
 
 
 def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Recording = Recording(),
@@ -307,12 +316,13 @@ def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Re
     with ``read_baseline``) on the service of ``client`` (its client, or a URL); ``recording`` gets
     each repeat as it exists, ``on_cell`` each evaluated cell in order. A bless, or a baseline that
     could not be read, judges nothing while measuring (the cells then fail on the problem)."""
-    judged = None if plan.bless or baseline.problem is not None else baseline.section
+    judged = None if plan.bless or plan.measure_only or baseline.problem is not None else baseline.section
     campaign = measure_config(client, plan.cells, plan.repeats, plan.driving, baseline=judged,
                               judging=plan.judging, recording=recording, bless=plan.bless)
     evaluations: dict[str, CellEvaluation] = {}
     for workload in plan.cells:
-        evaluations[workload.name] = evaluation = evaluate_cell(plan.config, workload, campaign, baseline, plan.bless)
+        evaluations[workload.name] = evaluation = evaluate_cell(plan.config, workload, campaign, baseline, plan.bless,
+                                                                plan.measure_only)
         if on_cell is not None:
             on_cell(evaluation)
     return MeasuredCells(baseline, campaign, evaluations)
@@ -325,7 +335,8 @@ def run_config(session: SessionLike, service: RunningService, config: str, cells
     (``session.baselines``, read once) to each evaluated cell: ``plan_for``, ``read_baseline``,
     ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's)."""
     store = session.baselines(service.server_info)
-    baseline = read_baseline(store, config, judged_build(store, service))
+    baseline = (CellBaseline(config, store.path_for(config), store.hardware_profile, {}) if session.settings.measure_only
+                else read_baseline(store, config, judged_build(store, service)))  # a measure-only run reads none
     return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, on_cell)
 
 

@@ -725,6 +725,10 @@ def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[Workl
     configs.discard(None)
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     ours, least = -(-len(configs) // workers), session.profile.control_min_configs
+    if cells and session.settings.measure_only:
+        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": "--ddtree-measure-only: nothing is judged, so no "
+                                                             "control is launched (it only serves the gate's speedup)"})
+        return "off", cells
     if cells and 0 < ours < least:
         reason = (f"this process measures {ours} config{'' if ours == 1 else 's'}, fewer than the profile's "
                   f"control_min_configs ({least}): a uniform shift needs several configs' median, and the control's "

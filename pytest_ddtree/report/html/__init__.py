@@ -187,7 +187,7 @@ def build_html(
         live=live.view(),
         refresh_s=REFRESH_S,
         stale_s=STALE_S,
-        overall=model.overall(gate_rows),
+        overall=model.overall(gate_rows), measure_only=payload.get("measure_only") is True,
         source=source,
         gate_names=model.GATES,
         gates=gate_rows,

@@ -31,7 +31,7 @@ RUNTIME_FILE = "vendor/plotly-basic.min.js"
 _STATUS_COLOR: dict[str, str] = {
     Status.PASS: "#2e7d32", Status.IMPROVED: "#1565c0", Status.UPDATED: "#2e7d32", Status.REGRESSION: "#c62828",
     Status.INVALID: "#6a1b9a", Status.INCONCLUSIVE: "#ef6c00", Status.MISSING: "#757575", Status.NEW: "#757575",
-    Status.FLAGGED: "#ef6c00", Status.THIN: "#757575"}
+    Status.FLAGGED: "#ef6c00", Status.THIN: "#757575", Status.MEASURED: "#1565c0"}
 
 
 #: A repeat outside its cell's band (a passing cell's 0.79x outlier): drawn in its metric's verdict colour, but

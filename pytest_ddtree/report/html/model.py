@@ -335,6 +335,8 @@ def _gate_throughput(payload: Mapping[str, Any], out: dict[str, dict[str, GateRe
             status = Status.FAIL
         elif Status.INCONCLUSIVE in statuses or Status.MISSING in statuses:
             status = Status.INCONCLUSIVE
+        elif statuses == {Status.MEASURED}:  # --ddtree-measure-only: numbers, no verdict
+            status = Status.MEASURED
         else:
             status = Status.PASS
         out[name]["throughput"] = GateResult(status, summary, messages)
@@ -367,6 +369,8 @@ def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:
     for status in (Status.FAIL, Status.INVALID, Status.INCONCLUSIVE):
         if status in statuses:
             return status
+    if Status.MEASURED in statuses:  # a measure-only session passes nothing: it measured
+        return Status.MEASURED
     return Status.PASS if Status.PASS in statuses else Status.NOT_MEASURED
 
 

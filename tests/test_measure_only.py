@@ -1,0 +1,140 @@
+"""``--ddtree-measure-only``: bench_serving's numbers of any running server, plain included, with no gate.
+
+Real engines on loopback: a plain one (no ``--speculative-algorithm``: SGLang's plain server, its
+``/server_info`` and ``meta_info`` as sglang/srt/entrypoints/http_server.py and
+managers/tokenizer_manager.py send them) measured through ``--ddtree-url``; a speculative one through
+``--ddtree-url`` and through the embedded engine's own launch, each beside a baseline file that a
+gated run could not even read (so any judging would fail the cell).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.refserver_helpers import RefServer, config_args
+from tests.suite_helpers import MATRIX, REPO, reference_profile, run_suite
+
+CELLS = ("c1_short", "c8_short")
+#: The sweep table's row of a measured cell: numbers in every column a plain server has, "-" for acceptance
+#: and the baseline, and the status "measured" (report/text.py's columns).
+_ROW = re.compile(r"^(?P<config>\S+)\s+(?P<cell>c\d+_short)\s+\d+\s+128\s+coding via /tokenize\s+(?P<tps>[\d.]+) ±\d+%\s+"
+                  r"(?P<accept>\S+)\s+(?P<ttft>[\d.]+)\s+(?P<tpot>[\d.]+)\s+(?P<itl>[\d.]+)\s+(?P<rps>[\d.]+)\s+-\s+measured\s*$", re.M)
+
+
+def _url_args(pytester: pytest.Pytester, url: str, *args: str) -> list[str]:
+    return [f"--rootdir={REPO}", f"--ddtree-url={url}", f"--ddtree-results={pytester.path / 'results'}",
+            f"--ddtree-baselines={pytester.path / 'baselines'}", "-p", "no:cacheprovider", *args]
+
+
+def _rows(out: str) -> dict[str, re.Match[str]]:
+    return {m["cell"]: m for m in _ROW.finditer(out)}
+
+
+def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """``pytest suites --ddtree-url URL --ddtree-measure-only`` against the engine started plainly:
+    the row ``specnone`` with tok/s, TTFT, TPOT, ITL and req/s and no acceptance, in the terminal, results.json,
+    results.md, report.html and the JSONL; the verdict says it only measured; the lossless gate is not run;
+    without --ddtree-measure-only the same server is refused, saying how to measure it."""
+    server = RefServer(["--clock-scale", "10"], tmp_path, name="plain").wait_ready()
+    jsonl = pytester.path / "runs.jsonl"
+    try:
+        assert server.info()["speculative_algorithm"] is None  # SGLang's plain server says so
+        result = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_throughput.py"), str(REPO / "suites" / "test_lossless.py"),
+            *_url_args(pytester, server.url, "--ddtree-measure-only", *(f"--ddtree-workload={c}" for c in CELLS),
+                       f"--ddtree-output-file={jsonl}", "-rs"), timeout=240)
+        refused = pytester.runpytest_subprocess(str(REPO / "suites" / "test_throughput.py"),
+                                                *_url_args(pytester, server.url), timeout=60)
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+    out = result.stdout.str()
+    assert result.ret == 0, out[-4000:]
+    assert result.parseoutcomes() == {"passed": 2, "skipped": 1}, out[-3000:]
+    result.stdout.fnmatch_lines(["ddtree: configs specnone", "*ddtree verdict*",
+                                 "MEASURED: 2 cell(s) of 1 config(s) measured (specnone); nothing was judged against a baseline*",
+                                 "*lossless gate judges*measure-only session judges nothing*"])
+    rows = _rows(out)
+    assert sorted(rows) == list(CELLS), out[-3000:]
+    for row in rows.values():
+        assert row["config"] == "specnone" and row["accept"] == "-"
+        assert all(float(row[k]) > 0 for k in ("tps", "ttft", "tpot", "itl", "rps"))
+    assert "regression" not in out.lower() and "PASSED:" not in out and "control" not in out.split("ddtree verdict")[1]
+    assert not (pytester.path / "baselines").exists()  # nothing blessed, nothing proposed
+
+    results = json.loads((pytester.path / "results" / "results.json").read_text())
+    assert results["measure_only"] is True and results["verdict"].startswith("MEASURED: 2 cell(s)")
+    cells = {c["cell"]: c for c in results["throughput"]}
+    for cell in CELLS:
+        c = cells[cell]
+        assert (c["config"], c["status"], c["accept_length"]) == ("specnone", "measured", None)
+        assert c["output_throughput"] > 0 and c["request_throughput"] > 0 and c["median_tpot_ms"] > 0 and c["median_itl_ms"] > 0
+        assert c["total_output_tokens"] == c["completed"] * c["output_tokens"]  # every request of the cell counted
+    assert results["control"] is None and results["configs_against_session"] == []
+    assert "**Verdict:** MEASURED: 2 cell(s)" in (pytester.path / "results" / "results.md").read_text()
+    html = (pytester.path / "results" / "report.html").read_text()
+    assert 'id="overall" class="verdict-overall st-measured">measured<' in html and 'id="measure-only"' in html
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(lines) == sum(c["repeats"] for c in cells.values()) >= 2 * 3
+    assert {(line["config"], line["backend"], line["accept_length"]) for line in lines} == {("specnone", "sglang", None)}
+    assert all(line["output_throughput"] > 0 and line["completed"] > 0 for line in lines)
+
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    assert "reports no speculative algorithm" in refused.stderr.str() and "add --ddtree-measure-only" in refused.stderr.str()
+
+
+def _unreadable_baseline(baselines: Path, config: str) -> None:
+    """A baseline a gated run fails every cell on (it cannot be read); a measure-only run never opens it."""
+    folder = baselines / "refserver"
+    folder.mkdir(parents=True)
+    (folder / f"{config}.yaml").write_text("metrics: [this is: not, a baseline\n")
+
+
+@pytest.mark.parametrize("how", ["url", "embedded"])
+def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_by_nothing(
+        pytester: pytest.Pytester, tmp_path: Path, how: str) -> None:
+    """A speculating engine measured only: its acceptance is in the row, the config is still proven as in
+    a gated run, but no baseline is read (an unreadable one fails nothing), no control and no lossless
+    reference is launched (the reference profile here measures a control in every session)."""
+    _unreadable_baseline(pytester.path / "baselines", "bs8_b8_k4")
+    suites = [str(REPO / "suites" / "test_throughput.py"), str(REPO / "suites" / "test_lossless.py")]
+    if how == "url":
+        server = RefServer([*config_args("bs8_b8_k4_w2048"), "--clock-scale", "10"], tmp_path).wait_ready()
+        try:
+            result = pytester.runpytest_subprocess(*suites, *_url_args(pytester, server.url, "--ddtree-measure-only",
+                                                                       "--ddtree-workload=c1_short"), timeout=240)
+        finally:
+            server.stop()
+    else:
+        profile = reference_profile(tmp_path)
+        result = run_suite(pytester, profile, suites[1], "--ddtree-measure-only", "--ddtree-workload=c1_short",
+                           suite="test_throughput.py", timeout=240)
+    out = result.stdout.str()
+    assert result.ret == 0, out[-4000:]
+    result.stdout.fnmatch_lines(["MEASURED: 1 cell(s) of 1 config(s) measured (bs8_b8_k4); nothing was judged*"])
+    row = _rows(out)["c1_short"]
+    assert row["config"] == "bs8_b8_k4" and float(row["accept"]) > 1.0  # tokens per verify: it speculates
+    assert re.search(r"^bs8_b8_k4\s+proven by behaviour\s+(proven by behaviour|reported)\s", out, re.M), out[-3000:]
+    results = json.loads((pytester.path / "results" / "results.json").read_text())
+    assert [c["status"] for c in results["throughput"]] == ["measured"]
+    assert results["throughput"][0]["ddtree_tokens_per_verify"] > 1.0  # the gated acceptance, measured here too
+    launches = [r for r in results["records"] if r["kind"] == "launch"]
+    assert [r["config"] for r in launches] == ["bs8_b8_k4"], launches  # the config's own only: no control, no reference
+    assert results["control"] is None
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--ddtree-update-baselines"], "--ddtree-measure-only and --ddtree-update-baselines do not go together"),
+    (["--ddtree-require-baselines"], "--ddtree-measure-only and --ddtree-require-baselines do not go together"),
+    (["--ddtree-history=h.db", "--ddtree-history-check"], "--ddtree-measure-only and --ddtree-history-check do not go together"),
+    (["--ddtree-max-restarts=2"], "--ddtree-measure-only and --ddtree-max-restarts do not go together"),
+])
+def test_measure_only_with_an_option_that_judges_is_a_usage_error(pytester: pytest.Pytester, extra: list[str], message: str) -> None:
+    pytester.makepyfile(test_gate="def test_gate(ddtree_config):\n    pass\n")
+    result = pytester.runpytest_subprocess("--ddtree-measure-only", *extra, f"--ddtree-matrix={MATRIX}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str(), result.stderr.str()
