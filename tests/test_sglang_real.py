@@ -245,6 +245,22 @@ class TestOneServer:
                                      "speculative_algorithm null (and speculative_draft_window_size, speculative_eagle_topk, "
                                      "speculative_num_draft_tokens null)"])
 
+    def test_measure_only_gives_the_plain_servers_numbers(self, served: Served, pytester: pytest.Pytester) -> None:
+        """``--ddtree-url`` with ``--ddtree-measure-only`` against this running plain server (bench_serving's
+        habit): the row specnone with its tok/s, TPOT and req/s, no acceptance, nothing judged or blessed."""
+        result = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={served.service.url}",
+            "--ddtree-measure-only", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
+            f"--ddtree-baselines={pytester.path / 'baselines'}", "-p", "no:cacheprovider", timeout=300)
+        assert result.ret == 0, result.stdout.str()[-3000:]
+        result.stdout.fnmatch_lines(["ddtree: configs specnone",
+                                     "MEASURED: 1 cell(s) of 1 config(s) measured (specnone); nothing was judged*"])
+        (cell,) = json.loads((pytester.path / "results" / "results.json").read_text())["throughput"]
+        assert (cell["config"], cell["status"], cell["ddtree_tokens_per_verify"]) == ("specnone", "measured", None)
+        assert cell["output_throughput"] > 0 and cell["median_tpot_ms"] > 0 and cell["request_throughput"] > 0
+        assert cell["total_output_tokens"] == cell["completed"] * cell["output_tokens"]
+        assert not (pytester.path / "baselines").exists()
+
     def test_restart_between_two_launches(self, served: Served) -> None:
         first = int(served.manager.launches[-1]["pid"] or 0)
         before = _tree(first)
