@@ -139,3 +139,41 @@ def test_a_baseline_of_another_clock_scale_is_not_compared_and_says_so(tmp_path:
             assert baseline.incomparable is not None and baseline.section == {}
             assert "blessed on the reference engine at clock scale 10, and this engine runs at 1" in baseline.incomparable
             assert "--clock-scale 10" in baseline.incomparable
+
+
+def _docs_launch_commands() -> dict[str, list[str]]:
+    """docs/reference-engine.md's "Run it by hand" commands that name the config they run (``# bs8_b8_k4 ...``):
+    config name -> the flags after ``--port 30000``, as a user would copy them."""
+    text = (REPO / "docs" / "reference-engine.md").read_text()
+    joined = re.sub(r"\\\n\s*", "", text)
+    commands: dict[str, list[str]] = {}
+    for line in joined.splitlines():
+        found = re.match(r"\s*python -m pytest_ddtree\.refserver --port 30000 (.*?)\s+#\s*(bs\w+)", line)
+        if found:
+            commands[found.group(2)] = found.group(1).split()
+    return commands
+
+
+@pytest.mark.parametrize("config", ["bs8_b8_k4", "bs8_b16_k4"])
+def test_the_docs_launch_commands_are_judged_against_the_committed_baselines(
+        pytester: pytest.Pytester, tmp_path: Path, config: str) -> None:
+    """The engine started exactly as docs/reference-engine.md says, gated with ``--ddtree-url`` against the
+    committed baselines: the session names the config the comment names and compares its cell with the
+    blessed one (the clock scale, window and build facts all agree), never "not compared"."""
+    commands = _docs_launch_commands()
+    assert config in commands, f"docs/reference-engine.md has no launch command for {config}: {sorted(commands)}"
+    server = RefServer(commands[config], tmp_path).wait_ready()
+    try:
+        result = pytester.runpytest_subprocess(
+            str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
+            "--ddtree-workload=c1_short", "--ddtree-require-baselines",
+            f"--ddtree-results={pytester.path / 'results'}", "-p", "no:cacheprovider", timeout=300)
+    finally:
+        server.stop()
+    out = result.stdout.str()
+    assert f"ddtree: configs {config}" in out, out[-3000:]
+    assert "not compared" not in out and "blessed on the reference engine at" not in out, out[-3000:]
+    row = re.search(rf"^{config}\s+c1_short\s.*\s([-+]\d+\.\d)%\s+(pass|regression)\s*$", out, re.M)
+    assert row, out[-3000:]
+    # c1_short, one request at a time, sits within a few percent of its baseline on any box
+    assert abs(float(row.group(1))) < 30, row.group(0)
