@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Matrix, parse_config_name
+from pytest_ddtree.gates.measure_only import is_plain
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.suggest import did_you_mean
 
@@ -210,6 +211,10 @@ def select(requested: Sequence[str] | None, matrix: Matrix, profile: ServiceProf
                 config = parse_config_name(token)
             except ConfigError as exc:
                 raise ConfigError(f"--ddtree-config: {exc}; " + did_you_mean(token, _listed(build, matrix)) + _hint(build)) from None
+            if is_plain(config) and config.name not in _listed(build, matrix):
+                raise ConfigError(f"--ddtree-config: {config.name} is a plain server's row, which this profile does not "
+                                  "launch: start the server without its speculative flags and measure it with --ddtree-url "
+                                  "URL --ddtree-measure-only")
             if not allow_unlisted and config.name not in _listed(build, matrix):
                 raise ConfigError(
                     f"--ddtree-config: {config.name} is not in the matrix ({matrix.path}, or the profile's matrix:); "

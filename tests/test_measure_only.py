@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.refserver_helpers import RefServer, config_args
-from tests.suite_helpers import MATRIX, REPO, reference_profile, run_suite
+from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, REPO, reference_profile, run_suite
 
 CELLS = ("c1_short", "c8_short")
 #: The sweep table's row of a measured cell: numbers in every column a plain server has, "-" for acceptance
@@ -132,6 +132,9 @@ def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_b
     (["--ddtree-require-baselines"], "--ddtree-measure-only and --ddtree-require-baselines do not go together"),
     (["--ddtree-history=h.db", "--ddtree-history-check"], "--ddtree-measure-only and --ddtree-history-check do not go together"),
     (["--ddtree-max-restarts=2"], "--ddtree-measure-only and --ddtree-max-restarts do not go together"),
+    ([f"--ddtree-service={REFERENCE_PROFILE}", "--ddtree-config=specnone", "--ddtree-allow-unlisted"],
+     "specnone is a plain server's row, which this profile does not launch: start the server without its speculative "
+     "flags and measure it with --ddtree-url URL --ddtree-measure-only"),
 ])
 def test_measure_only_with_an_option_that_judges_is_a_usage_error(pytester: pytest.Pytester, extra: list[str], message: str) -> None:
     pytester.makepyfile(test_gate="def test_gate(ddtree_config):\n    pass\n")
