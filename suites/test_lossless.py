@@ -49,7 +49,9 @@ def test_lossless_gate(
     got = lossless.collect(ddtree_service.client, prompts)  # while the config under test runs
     exact = lossless.exact_reason(ddtree_service.server_info)
     golden_dir = ddtree_baselines.golden_read_dir()  # the older layout's folder until a bless writes this one
-    create = ddtree_baselines.create_command(ddtree_config.name).replace("pytest suites", "pytest suites/test_lossless.py", 1)
+    create = lossless.golden_bless_command(
+        ddtree_service.profile, ddtree_baselines.create_command(ddtree_config.name).replace("pytest suites", "pytest suites/test_lossless.py", 1),
+        ddtree_service.server_info)
 
     if ddtree_lossless_source is not None:  # launched before the config's first test (the plugin)
         reference = ddtree_lossless_source

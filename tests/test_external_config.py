@@ -88,6 +88,25 @@ def test_a_minimal_external_profile_needs_no_launch_keys() -> None:
     assert profile.url == "http://gpu-host:30000" and profile.config_args == {}
 
 
+def test_the_golden_bless_command_of_a_service_the_harness_cannot_launch_names_a_profile_that_can() -> None:
+    """Under --ddtree-url the session's own bless command cannot launch the plain reference: the command
+    printed drops --ddtree-url and blesses with a profile (the engine's golden copy, else a placeholder named
+    as one); a profile the harness launches keeps its own command."""
+    from pytest_ddtree.gates import lossless
+    from pytest_ddtree.service.profile import load_profile, parse_profile
+
+    external = parse_profile({"name": "shared", "controller": "external", "url": "http://gpu-host:30000",
+                              "fixed": {"block_size": 8, "budget": 7, "topk": 1}, "control": "none", "lossless": "golden"})
+    create = "pytest suites/test_lossless.py --ddtree-update-baselines --ddtree-url=http://gpu-host:30000 --ddtree-config=bs8_b7_k1"
+    other = lossless.golden_bless_command(external, create, {"version": "0.5.23"})
+    assert other.startswith("pytest suites/test_lossless.py --ddtree-update-baselines --ddtree-service=PROFILE.yaml "
+                            "--ddtree-config=bs8_b7_k1 (this service was not started by the harness"), other
+    assert "--ddtree-url" not in lossless.golden_bless_command(external, create, {"version": "refserver-0.2.0"})
+    launched = load_profile(REFERENCE_PROFILE)
+    assert lossless.golden_bless_command(launched, "pytest suites/test_lossless.py --ddtree-update-baselines", {}) == \
+        "pytest suites/test_lossless.py --ddtree-update-baselines"
+
+
 def _engine_info(window: int | None, clock_scale: float = 1.0) -> dict[str, object]:
     """The reference engine's /server_info keys that show its config (as it answers them)."""
     return {"version": "refserver-0.1.0", "speculative_algorithm": "DFLASH", "speculative_dflash_block_size": 8,
@@ -177,3 +196,47 @@ def test_the_docs_launch_commands_are_judged_against_the_committed_baselines(
     assert row, out[-3000:]
     # c1_short, one request at a time, sits within a few percent of its baseline on any box
     assert abs(float(row.group(1))) < 30, row.group(0)
+
+
+@pytest.mark.slow
+def test_the_lossless_skip_under_ddtree_url_prints_a_bless_command_that_works_as_printed(tmp_path: Path) -> None:
+    """A hand-started engine under ``--ddtree-url`` has no golden transcripts: the lossless gate skips, a
+    bless under --ddtree-url skips too (it cannot launch the service's plain reference; it errored on it),
+    and the command the skip prints, run as printed from a checkout, writes them; the next session is
+    judged against them and passes."""
+    import os
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "suites", checkout / "suites", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    baselines = tmp_path / "my baselines"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    server = RefServer(config_args("bs8_b8_k4_w2048"), tmp_path).wait_ready()
+
+    def session(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "suites/test_lossless.py", f"--ddtree-url={server.url}",
+                               f"--ddtree-baselines={baselines}", *argv, "-p", "no:cacheprovider", "-rA"],
+                              cwd=checkout, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    try:
+        first = session()
+        bless_here = session("--ddtree-update-baselines")
+        printed = re.search(r"no usable golden transcripts in .+?; create them with: (.*)$", first.stdout, re.M)
+        assert first.returncode == 0 and "1 skipped" in first.stdout and printed is not None, first.stdout[-3000:]
+        assert bless_here.returncode == 0 and "1 skipped" in bless_here.stdout, bless_here.stdout[-3000:]
+        command = printed.group(1)
+        words = shlex.split(command.split(" && ", 1)[-1])
+        assert command.startswith("sed ") and "--ddtree-url" not in command and f"--ddtree-baselines={baselines}" in words, command
+        bless = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=300,
+                               check=False)
+        assert bless.returncode == 0 and "1 passed" in bless.stdout, bless.stdout[-3000:] + bless.stderr[-2000:]
+        judged = session("--ddtree-require-baselines")
+    finally:
+        server.stop()
+    assert judged.returncode == 0 and "1 passed" in judged.stdout, judged.stdout[-3000:]
+    assert "from a launch with lossless_args" in judged.stdout, judged.stdout[-3000:]

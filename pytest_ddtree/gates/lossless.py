@@ -390,9 +390,45 @@ class ReferenceUnavailable(RuntimeError):
 
 def launches_reference(profile: ServiceProfile, settings: Settings) -> bool:
     """Whether this session launches the reference (``lossless: instance``, or a bless, which writes
-    ``golden/`` from it) rather than reading the blessed golden transcripts; a measure-only session
-    judges nothing, so launches none."""
-    return (profile.lossless == "instance" or settings.update_baselines) and not settings.measure_only
+    ``golden/`` from it) rather than reading the blessed golden transcripts. A bless of a service the
+    harness cannot launch (``--ddtree-url``, a pool of URLs) reads them too: its gate skips with how to
+    write them (:func:`golden_bless_command`) instead of erroring on a launch it cannot make. A
+    measure-only session judges nothing, so launches none."""
+    if settings.measure_only:
+        return False
+    if profile.lossless == "instance":
+        return True
+    return bool(settings.update_baselines) and profile.launches_itself()
+
+
+#: The reference engine's shipped profile, and the copy of it that blesses golden transcripts.
+ENGINE_PROFILE = "suites/services/reference.yaml"
+ENGINE_GOLDEN_PROFILE = "/tmp/reference-golden.yaml"
+
+
+def golden_bless_command(profile: ServiceProfile, create_command: str, server_info: Mapping[str, object]) -> str:
+    """The command that writes this session's golden transcripts, as it can be run from a checkout.
+
+    ``create_command`` is the session's own bless command for the lossless suite; it writes them where
+    the profile launches its reference. A service the harness cannot launch (``--ddtree-url``) cannot
+    bless its own: the reference engine's are written by a copy of its shipped profile in golden mode
+    (into the same ``refserver`` folder: the engine's plain output does not depend on how it was started),
+    any other service's by a profile that launches that deployment, named as a placeholder."""
+    import shlex
+
+    from pytest_ddtree.service.fingerprint import is_reference_engine
+
+    if profile.launches_itself():
+        return create_command
+    words = [w for w in shlex.split(create_command) if not w.startswith(("--ddtree-url=", "--ddtree-service="))]
+    at = words.index("--ddtree-update-baselines") + 1
+    if is_reference_engine(server_info):
+        words.insert(at, f"--ddtree-service={ENGINE_GOLDEN_PROFILE}")
+        return (f"sed 's/^lossless: instance$/lossless: golden/' {ENGINE_PROFILE} > {ENGINE_GOLDEN_PROFILE} && "
+                f"{shlex.join(words)}")
+    words.insert(at, "--ddtree-service=PROFILE.yaml")
+    return (f"{shlex.join(words)} (this service was not started by the harness, so it cannot launch its plain reference: "
+            "PROFILE.yaml is a profile that launches this deployment, with lossless: golden; docs/gates/lossless.md)")
 
 
 def session_reference(session: DDTreeSession) -> Reference:

@@ -32,7 +32,6 @@ from pytest_ddtree.service.base import (
     ExternalConfigMismatch,
     GpuWait,
     Launch,
-    LaunchFrom,
     Runner,
     ServiceDiedError,
     ServiceError,
@@ -293,20 +292,9 @@ class ServiceManager:
         name = REFERENCE_LABEL
         if name in self._failed:
             raise self._failed[name]
-        launches = bool(self.profile.command) or self.can.launch is LaunchFrom.OWN_TEMPLATES
-        if not self.can.relaunch or isinstance(self.profile.pool, tuple) or not launches:
-            raise ConfigNotAvailable(
-                f"profile {self.profile.name} cannot launch the non-speculative reference (it has no launch "
-                "command: an external service or a pool of URLs); compare against golden transcripts "
-                "(lossless: golden) blessed with a profile that launches this deployment"
-            )
-        if self.profile.lossless_args is None:
-            raise ConfigNotAvailable(
-                f"profile {self.profile.name} has no lossless_args: the non-speculative reference needs the "
-                "launch arguments that turn speculation off, or lossless_args: '' where the command without "
-                "speculative_args and config_args does not speculate (SGLang: --speculative-algorithm and the drafter in "
-                "speculative_args, not in the command)"
-            )
+        problem = self.profile.reference_launch_problem()
+        if problem is not None:
+            raise ConfigNotAvailable(problem)
         slot = self._current
         if slot is not None and slot.service is not None and slot.service.config is None:
             self._check_alive(slot, name)

@@ -21,7 +21,7 @@ from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
 from pytest_ddtree.gates.measure_only import is_plain
 from pytest_ddtree.service.fleet import FleetKeys
-from pytest_ddtree.service.base import Capabilities
+from pytest_ddtree.service.base import Capabilities, LaunchFrom
 from pytest_ddtree.service.ssh import SSHTarget
 
 #: The DDTree axes every profile speaks of (a profile may map any other axis of pytest_ddtree.axes too).
@@ -590,6 +590,26 @@ class ServiceProfile:
     @property
     def pool_size(self) -> int:
         return self.pool if isinstance(self.pool, int) else len(self.pool)
+
+    def launches_itself(self) -> bool:
+        """Whether the harness launches this profile's service (not an external one, nor a pool of URLs):
+        only then can it launch the plain reference too; else the lossless gate reads golden transcripts,
+        even under a bless, and says how to write them."""
+        launches = bool(self.command) or self.capabilities.launch is LaunchFrom.OWN_TEMPLATES
+        return self.capabilities.relaunch and not isinstance(self.pool, tuple) and launches
+
+    def reference_launch_problem(self) -> str | None:
+        """Why this profile cannot launch its non-speculative reference (None: it can)."""
+        if not self.launches_itself():
+            return (f"profile {self.name} cannot launch the non-speculative reference (it has no launch command: an "
+                    "external service or a pool of URLs); compare against golden transcripts (lossless: golden) "
+                    "blessed with a profile that launches this deployment")
+        if self.lossless_args is None:
+            return (f"profile {self.name} has no lossless_args: the non-speculative reference needs the launch arguments "
+                    "that turn speculation off, or lossless_args: '' where the command without speculative_args and "
+                    "config_args does not speculate (SGLang: --speculative-algorithm and the drafter in speculative_args, "
+                    "not in the command)")
+        return None
 
     def _where(self, key: str) -> str:
         return f"{self.source or self.name}: {key}"
