@@ -134,6 +134,7 @@ _.other_median
 _.session_of  # plugin.session_of: suites/test_throughput.py (also records/sessionfolder.session_of: tests)
 _.check_cell  # suites/test_throughput.py
 _.golden_read_dir  # BaselineStore.golden_read_dir: suites/test_lossless.py
+_.golden_bless_command  # gates/lossless.golden_bless_command: suites/test_lossless.py
 _.bounded  # slo.RateSearch.bounded: suites/test_sustainable_rate.py
 _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites/test_throughput.py
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
