@@ -54,11 +54,11 @@ def test_coding_gate(
     results = coding.solve(ddtree_client, problems, max_tokens=ddtree_settings.coding_max_tokens)
     verdicts = {r.id: r.verdict for r in results}
 
-    section = ddtree_baselines.section(ddtree_config.name, "coding")
+    # --ddtree-measure-only reads no baseline: the pass count is a number like the others
+    section = None if ddtree_settings.measure_only else ddtree_baselines.section(ddtree_config.name, "coding")
     baseline_ids = None
-    if isinstance(section, dict) and isinstance(section.get(set_name), list) and not ddtree_settings.measure_only:
+    if isinstance(section, dict) and isinstance(section.get(set_name), list):
         baseline_ids = [str(x) for x in section[set_name]]
-    # --ddtree-measure-only: the pass count is a number like the others, judged by no baseline and no floor
     gate = coding.compare(baseline_ids, verdicts, 0 if ddtree_settings.measure_only else ddtree_profile.coding_min_pass)
 
     table = coding.render_table(results, baseline_ids)

@@ -98,23 +98,24 @@ def _unreadable_baseline(baselines: Path, config: str) -> None:
 def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_by_nothing(
         pytester: pytest.Pytester, tmp_path: Path, how: str) -> None:
     """A speculating engine measured only: its acceptance is in the row, the config is still proven as in
-    a gated run, but no baseline is read (an unreadable one fails nothing), no control and no lossless
-    reference is launched (the reference profile here measures a control in every session)."""
+    a gated run, but no baseline is read (an unreadable one fails nothing, the coding test's included: it
+    counts with no floor), no control and no lossless reference is launched (the reference profile here
+    measures a control in every session)."""
     _unreadable_baseline(pytester.path / "baselines", "bs8_b8_k4")
-    suites = [str(REPO / "suites" / "test_throughput.py"), str(REPO / "suites" / "test_lossless.py")]
+    suites = [str(REPO / "suites" / name) for name in ("test_throughput.py", "test_lossless.py", "test_coding.py")]
+    args = ["--ddtree-measure-only", "--ddtree-workload=c1_short", "--ddtree-coding-limit=2", "--ddtree-sandbox=plain"]
     if how == "url":
         server = RefServer([*config_args("bs8_b8_k4_w2048"), "--clock-scale", "10"], tmp_path).wait_ready()
         try:
-            result = pytester.runpytest_subprocess(*suites, *_url_args(pytester, server.url, "--ddtree-measure-only",
-                                                                       "--ddtree-workload=c1_short"), timeout=240)
+            result = pytester.runpytest_subprocess(*suites, *_url_args(pytester, server.url, *args), timeout=240)
         finally:
             server.stop()
     else:
         profile = reference_profile(tmp_path)
-        result = run_suite(pytester, profile, suites[1], "--ddtree-measure-only", "--ddtree-workload=c1_short",
-                           suite="test_throughput.py", timeout=240)
+        result = run_suite(pytester, profile, *suites[1:], *args, suite="test_throughput.py", timeout=240)
     out = result.stdout.str()
     assert result.ret == 0, out[-4000:]
+    assert result.parseoutcomes() == {"passed": 2, "skipped": 1}, out[-3000:]  # the lossless test skips, saying why
     result.stdout.fnmatch_lines(["MEASURED: 1 cell(s) of 1 config(s) measured (bs8_b8_k4); nothing was judged*"])
     row = _rows(out)["c1_short"]
     assert row["config"] == "bs8_b8_k4" and float(row["accept"]) > 1.0  # tokens per verify: it speculates
@@ -125,6 +126,8 @@ def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_b
     launches = [r for r in results["records"] if r["kind"] == "launch"]
     assert [r["config"] for r in launches] == ["bs8_b8_k4"], launches  # the config's own only: no control, no reference
     assert results["control"] is None
+    (coding,) = [r for r in results["records"] if r["kind"] == "coding"]
+    assert (coding["total"], coding["gate"]["floor"]) == (2, 0)  # counted, judged by no baseline and no floor
 
 
 @pytest.mark.parametrize(("extra", "message"), [
