@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
     from pytest_ddtree.scheduling import ConfigScheduling, SchedulerLog, WorkerNode
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
+    from pytest_ddtree.report.relay import Relay
     from pytest_ddtree.report.terminal import TerminalProgress
     from pytest_ddtree.session import DDTreeSession
 
@@ -46,6 +47,8 @@ CONFIG_FIXTURE = "ddtree_config"
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
 WORKER_SESSION_KEY = "ddtree_session_id"
+WORKER_PROGRESS_KEY = "ddtree_progress_channel"
+RELAY_KEY: pytest.StashKey[Relay] = pytest.StashKey()
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -169,7 +172,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     worker_id = worker_input.get("workerid") if worker_input else None
-    session = DDTreeSession(_settings(config, worker_input), worker_id=worker_id, progress=_progress(config, worker_id))
+    session = DDTreeSession(_settings(config, worker_input), worker_id=worker_id, progress=_progress(config, worker_input))
     config.stash[SESSION_KEY] = session
     session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
@@ -200,10 +203,19 @@ def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Se
         raise pytest.UsageError(str(exc)) from None
 
 
-def _progress(config: pytest.Config, worker_id: str | None) -> Callable[[str], None]:
+def _progress(config: pytest.Config, worker_input: dict[str, Any]) -> Callable[[str], None]:
     """The session's lines (a start, a ready service, a dead host): the terminal's on the
     controller (through its progress display, which clears a live status line first; none under
-    ``-q -q``), stderr on a worker."""
+    ``-q -q``); on a worker, the controller's channel (report/relay.py: the worker's progress
+    display too), else stderr."""
+    worker_id = worker_input.get("workerid")
+    if WORKER_PROGRESS_KEY in worker_input:
+        from pytest_ddtree import progress as progress_mod
+        from pytest_ddtree.report.relay import WorkerSink
+
+        sink = WorkerSink(Path(worker_input[WORKER_PROGRESS_KEY]))
+        progress_mod.install(sink)
+        return sink.line
 
     def progress(message: str) -> None:
         line = f"[ddtree{' ' + worker_id if worker_id else ''}] {message}"
@@ -332,6 +344,35 @@ def pytest_configure_node(node: WorkerNode) -> None:
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
     node.workerinput[WORKER_SESSION_KEY] = session.settings.session_id
     node.workerinput[WORKER_RESULTS_KEY] = str(session.settings.results)
+    relay = _relay(node.config, session)
+    if relay is not None:
+        node.workerinput[WORKER_PROGRESS_KEY] = relay.channel(node.workerinput["workerid"])
+
+
+def _relay(config: pytest.Config, session: DDTreeSession) -> Relay | None:
+    """The controller's relay of its workers' progress lines (report/relay.py), made with the
+    first worker; none where no progress is shown (``-q -q``) or nothing of ddtree runs."""
+    if RELAY_KEY in config.stash:
+        return config.stash[RELAY_KEY]
+    if not _ddtree_in_use(session, config) or session.setup_problem is not None:
+        return None
+    _show_progress(config)
+    display = config.stash.get(DISPLAY_KEY, None)
+    if display is None:
+        return None
+    from pytest_ddtree.report.relay import Relay
+
+    relay = config.stash[RELAY_KEY] = Relay(display.line)
+    config.pluginmanager.register(display, "ddtree-terminal-progress")  # it sees the result letters
+    return relay
+
+
+def _stop_relay(config: pytest.Config) -> None:
+    """The workers' last lines shown, before the session's summary; the relay's thread ended."""
+    relay = config.stash.get(RELAY_KEY, None)
+    if relay is not None:
+        del config.stash[RELAY_KEY]
+        relay.close()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -643,6 +684,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is None:
         return
+    _stop_relay(session.config)
     try:
         ddtree.close()
     finally:
@@ -670,10 +712,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if config.stash.get(DISPLAY_KEY, None) is not None:
+    _stop_relay(config)
+    if DISPLAY_KEY in config.stash or WORKER_PROGRESS_KEY in getattr(config, "workerinput", {}):
         from pytest_ddtree import progress
 
         progress.install(None)
+    if DISPLAY_KEY in config.stash:
         del config.stash[DISPLAY_KEY]
     ddtree = config.stash.get(SESSION_KEY, None)
     if ddtree is not None:

@@ -16,9 +16,9 @@ Two kinds of calls:
 * :func:`status` states where a wait without requests stands (a restart: elapsed, readiness, the
   service log's last line); the display shows the newest.
 
-Under pytest-xdist a worker has no terminal the controller shows (xdist forwards only test
-reports), so a worker installs no display: its waits show as the config's tests finishing, and
-the live report.html shows each config's state. That is all xdist users expect of ``-n``.
+Under pytest-xdist a worker has no terminal the user sees (xdist forwards only test reports): the
+plugin installs a worker display that writes into a channel the controller reads, and the
+controller shows those lines prefixed with the worker's id (report/relay.py).
 """
 
 from __future__ import annotations

@@ -255,9 +255,10 @@ class DDTreeSession:
 
     def pool_lines(self, workers: object) -> list[str]:
         """The header's note where ``-n N`` asks for more workers than the profile's pool has instances:
-        the others wait for one, so the sweep is no faster (xdist itself says nothing of it)."""
+        the others wait for one, so the sweep is no faster (xdist itself says nothing of it). Without
+        ``instance_lock`` nobody waits (each worker starts its own engine on a free port): no note."""
         pool = self.profile.pool_size
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers <= pool:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers <= pool or not self.profile.instance_lock:
             return []
         return [f"ddtree: -n {workers}, but the profile {self.profile.name}'s pool has {pool} instance(s): {workers - pool} "
                 f"worker(s) wait for an instance, so this runs no faster than -n {pool}; raise 'pool' in the profile "

@@ -29,6 +29,7 @@ from pytest_ddtree.gates.throughput.cells import driving_for, relaunch_recording
 from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
                                                        sustainable_rate)
 from pytest_ddtree.measure.load import CellResult, LoadError
+from pytest_ddtree.gates.suite_warnings import RateBaselineWarning, RateSearchLimitWarning
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.records.bill import RELAUNCHES, launching_for
 from pytest_ddtree.records.words import RecordKind, Status
@@ -41,17 +42,6 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.service.client import SGLangClient
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.session import DDTreeSession
-
-
-class RateBaselineWarning(UserWarning):
-    """A config's sustainable rate was searched with no blessed rate to gate (or one blessed under
-    another SLO): the message says how to bless it."""
-
-
-class RateSearchLimitWarning(UserWarning):
-    """A config's rate search stopped at its ``rate_search:`` limit (max_rate met, or max_probes
-    spent) before it found the rate within its resolution: the rate is a bound, and the message
-    says which key to raise."""
 
 
 def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:

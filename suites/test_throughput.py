@@ -39,6 +39,7 @@ from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
 from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
+from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
 from pytest_ddtree.gates.throughput import cells
 from pytest_ddtree.gates.throughput.cells import MeasuredCells
 from pytest_ddtree.gates.throughput.check import check_cell
@@ -51,14 +52,6 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
-
-
-class MissingBaselineWarning(UserWarning):
-    """A cell was measured but has no baseline to gate against (the message says how to make one)."""
-
-
-class NewMetricWarning(UserWarning):
-    """A gated metric was measured that the cell's baseline does not hold yet."""
 
 
 _WARNING_CLASS: dict[str, type[UserWarning]] = {"missing-baseline": MissingBaselineWarning, "new-metric": NewMetricWarning}

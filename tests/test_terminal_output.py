@@ -163,11 +163,17 @@ def test_bench_serving_habits_an_inline_workload_a_jsonl_of_every_run_and_tpot_i
 
 
 def test_more_workers_than_the_pool_has_instances_is_said_at_the_start(pytester: pytest.Pytester) -> None:
-    profile = reference_profile(pytester.path, pool=1)
+    """Said where workers take turns on an instance (``instance_lock``); the shipped reference profile
+    has none (each worker starts its own engine on a free port), so a pool of one is no wait there."""
+    profile = reference_profile(pytester.path, pool=1, instance_lock=True)
     run = pytester.runpytest_subprocess(str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
                                         "-n", "2", "--collect-only", "-p", "no:cacheprovider", timeout=120)
     run.stdout.fnmatch_lines(["ddtree: -n 2, but the profile *'s pool has 1 instance(s): 1 worker(s) wait for an instance, "
                               "so this runs no faster than -n 1*"])
+    unlocked = reference_profile(pytester.path, pool=1, filename="unlocked.yaml")
+    free = pytester.runpytest_subprocess(str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", f"--ddtree-service={unlocked}",
+                                         "-n", "2", "--collect-only", "-p", "no:cacheprovider", timeout=120)
+    assert free.ret == 0 and "runs no faster" not in free.stdout.str()
     alone = pytester.runpytest_subprocess(str(REPO / "suites" / "test_health.py"), f"--rootdir={REPO}", "-n", "2",
                                           "--collect-only", "-p", "no:cacheprovider", timeout=120)
     assert "runs no faster" not in alone.stdout.str()  # the shipped profile's pool is 2

@@ -50,8 +50,6 @@ _.ddtree_lossless_reference
 _.ddtree_lossless_source
 _.ddtree_control
 _.ddtree_baselines
-# pytest's terminal reporter reads it to decide whether to print the next result's file name (plugin.py).
-_.currentfspath
 # xdist's scheduler protocol calls it on a crashed worker (scheduling.py).
 _.remove_pending_tests_from_node
 
@@ -140,6 +138,10 @@ _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites
 _.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
 _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sustainable_rate.py
 _.bless_entry  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
+_.MissingBaselineWarning  # gates/suite_warnings.py: suites/test_throughput.py
+_.NewMetricWarning  # gates/suite_warnings.py: suites/test_throughput.py
+_.RateBaselineWarning  # gates/suite_warnings.py: suites/test_sustainable_rate.py
+_.RateSearchLimitWarning  # gates/suite_warnings.py: suites/test_sustainable_rate.py
 _.bless_rate  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
 _.judge_rate
 _.pooled_spread  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py (read once per process)

@@ -37,6 +37,16 @@ class Reporter(Protocol):
     def write_sep(self, sep: str, title: str | None = None) -> None: ...
 
 
+class TestReport(Protocol):
+    """What the display reads of pytest's ``TestReport``."""
+
+    @property
+    def when(self) -> str | None: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+
 class Capture(Protocol):
     """pytest's ``CaptureManager`` (_pytest/capture.py): a test's output is captured while it runs."""
 
@@ -63,6 +73,9 @@ class TerminalProgress:
         self.live = False
         self.last_shown = 0.0
         self.last_line = time.monotonic()
+        # xdist's controller writes its results' letters with no file name before them, so the
+        # reporter does not know a line of them is open: pytest_runtest_logreport marks it
+        self.mid_line = False
 
     def _fits(self, text: str) -> str:
         width = shutil.get_terminal_size((80, 24)).columns - 1
@@ -103,7 +116,15 @@ class TerminalProgress:
             self._clear()
             self._write(text)
 
+    def pytest_runtest_logreport(self, report: TestReport) -> None:
+        """Registered as a plugin on xdist's controller: a result letter may now be on the line."""
+        if report.when == "call" or not report.passed:
+            self.mid_line = True
+
     def _write(self, text: str) -> None:
+        if self.mid_line and not self.reporter.currentfspath:
+            self.reporter.write("\n")  # a line of its own, after the letters so far
+        self.mid_line = False
         self.reporter.write_line(text)
         self.last_line = time.monotonic()
 
