@@ -389,8 +389,8 @@ def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, pro
             outcome.fail(f"writing golden transcripts failed: {type(exc).__name__}: {exc}")
             continue
         lines.append(f"wrote {len(written) - 1} golden transcripts in {store.golden_dir()} from: {proposal.data.get('command')}")
-    if lines:
-        outcome.sections.append(("ddtree golden transcripts", "\n".join(lines)))
+    if lines:  # reviewed like any bless: the folder written, --ddtree-baselines DIR's own
+        outcome.sections.append(("ddtree golden transcripts", "\n".join(lines) + f"\nreview with: {review_command(session.settings.baselines)}"))
 
 
 def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> None:

@@ -235,6 +235,8 @@ def test_the_lossless_skip_under_ddtree_url_prints_a_bless_command_that_works_as
         bless = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=300,
                                check=False)
         assert bless.returncode == 0 and "1 passed" in bless.stdout, bless.stdout[-3000:] + bless.stderr[-2000:]
+        # the bless into --ddtree-baselines DIR says to review DIR (outside the checkout: its whole path), not baselines/
+        assert f"review with: git diff -- {shlex.quote(str(baselines.resolve()) + '/')}" in bless.stdout, bless.stdout[-3000:]
         judged = session("--ddtree-require-baselines")
     finally:
         server.stop()
