@@ -86,7 +86,28 @@ def test_slow_start_past_deadline_fails_with_log_tail(tmp_path: Path, managers: 
     msg = str(info.value)
     assert "not ready after 1.5 s" in msg, msg  # the 1.5 s deadline ended the wait
     assert "HTTP 503" in msg and "standin: listening" in msg
+    # the log tail leaves out the harness's own readiness polls (the service's answers to them, 503 each)
+    assert "access lines of the harness's own health polls left out" in msg and '"GET /health' not in msg, msg
     assert live_process_groups() == []  # the slow process was stopped
+
+
+def test_a_systemd_unit_that_never_gets_ready_shows_its_journal_without_the_harness_polls(
+        tmp_path: Path, fake_systemd: Path) -> None:
+    """The journal's last lines of a unit still loading are the harness's own /health_generate polls: the
+    tail reads more of it and leaves them out, so the unit's own lines show (here its listening line)."""
+    port = free_port()
+    (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={sys.executable} {STANDIN} --port {port}\n")
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    m = make_manager(systemd_profile(fake_systemd, port, "--load-seconds 600"), tmp_path, ready_timeout_s=4)
+    try:
+        with pytest.raises(ServiceStartError) as info:
+            m.ensure(BS8_B8_K4)
+    finally:
+        m.close()
+    msg = str(info.value)
+    assert "not ready after 4 s" in msg and "HTTP 503" in msg, msg
+    assert "access lines of the harness's own health polls left out" in msg and '"GET /health' not in msg, msg
+    assert "standin: listening" in msg, msg
 
 
 def test_refused_connections_and_503_tolerated_with_progress(tmp_path: Path, managers: list[ServiceManager]) -> None:

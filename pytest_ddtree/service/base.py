@@ -220,7 +220,18 @@ def tail_file(path: Path | None, n: int = 40, max_bytes: int = 64 * 1024) -> str
     lines = data.decode("utf-8", "replace").splitlines()
     if size > max_bytes and lines:
         lines = lines[1:]  # first line is probably cut
-    # the harness's own readiness polls (uvicorn's access lines, SGLang's as the engine's) explain nothing
+    return without_health_polls(lines, n)
+
+
+#: How many more lines than it shows a log tail reads where it asks a tool for lines (journalctl -n,
+#: a job log's tail -n): a start that never got ready logged mostly the harness's own polls.
+POLL_LINES_FACTOR = 5
+
+
+def without_health_polls(lines: Sequence[str], n: int) -> str:
+    """The last ``n`` of ``lines`` that are not the harness's own readiness polls (uvicorn's access lines,
+    SGLang's as the engine's: ``"GET /health_generate HTTP/1.1" 503``), which explain nothing, with how
+    many were left out."""
     kept = [line for line in lines if not _HEALTH_POLL.search(line)]
     polls = len(lines) - len(kept)
     note = [f"({polls} access lines of the harness's own health polls left out)"] if polls else []

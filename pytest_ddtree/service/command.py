@@ -30,6 +30,7 @@ from pytest_ddtree.service.base import (
     LaunchFrom,
     ServiceError,
     ServiceStartError,
+    without_health_polls,
 )
 from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.ssh import Host, output_tail
@@ -135,8 +136,8 @@ class CommandController(Controller):
             code, output, command = self._run("logs")
         except ServiceError as exc:  # ssh down: the tail must not hide the real error
             return f"<no logs: {exc}>"
-        lines = output.rstrip().splitlines()[-n:]
-        return "\n".join(lines) if code == 0 else f"<logs command exited {code}>\n" + "\n".join(lines)
+        lines = without_health_polls(output.rstrip().splitlines(), n)
+        return lines if code == 0 else f"<logs command exited {code}>\n" + lines
 
     def describe(self) -> str:
         where = "" if self.host.name == "local" else f" on {self.host.name}"

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 from pytest_ddtree.records.shapes import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
     ENV_NAME_RULE,
+    POLL_LINES_FACTOR,
     STARTUP_LOG_BYTES,
     Capabilities,
     ExitInfo,
@@ -53,6 +54,7 @@ from pytest_ddtree.service.base import (
     ServiceError,
     ServiceStartError,
     is_env_name,
+    without_health_polls,
 )
 from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, SSHHost, output_tail
@@ -547,8 +549,8 @@ class SlurmController(Controller):
             return "<no job submitted>"
         path = shlex.quote(job.output)
         result = self.host.run_shell(f"test -e {path} || {{ echo '<no job log {job.output} (yet)>'; exit 0; }}; "
-                                     f"tail -c {LOG_BYTES} {path} | tail -n {n}", timeout_s=self.command_timeout_s)
-        return result.stdout.rstrip() or f"<job log {job.output} is empty>"
+                                     f"tail -c {LOG_BYTES} {path} | tail -n {n * POLL_LINES_FACTOR}", timeout_s=self.command_timeout_s)
+        return without_health_polls(result.stdout.rstrip().splitlines(), n) or f"<job log {job.output} is empty>"
 
     def startup_log(self) -> str | None:
         """The job log from its start (bounded): the engine's start-up lines come early, before

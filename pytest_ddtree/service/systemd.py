@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_ddtree.records.shapes import ControllerEntry
 from pytest_ddtree.service.base import (
+    POLL_LINES_FACTOR,
     STARTUP_LOG_LINES,
     Capabilities,
     ExitInfo,
@@ -31,6 +32,7 @@ from pytest_ddtree.service.base import (
     LaunchFrom,
     ServiceError,
     describe_exit_code,
+    without_health_polls,
 )
 from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.ssh import COMMAND_NOT_FOUND_EXIT, Host, LocalHost, RemoteCommandError
@@ -245,10 +247,10 @@ class SystemdController(Controller):
 
     def log_tail(self, n: int = 40) -> str:
         try:
-            result = self._run(self.journalctl + ["-u", self.unit, "-n", str(n), "--no-pager"], check=False)
+            result = self._run(self.journalctl + ["-u", self.unit, "-n", str(n * POLL_LINES_FACTOR), "--no-pager"], check=False)
         except ServiceError as exc:  # also ssh failures: a log tail must never raise
             return f"<no journal: {exc}>"
-        return (result.stdout or result.stderr).rstrip()
+        return without_health_polls((result.stdout or result.stderr).rstrip().splitlines(), n)
 
     def startup_log(self) -> str | None:
         """This run of the unit's journal only (``_SYSTEMD_INVOCATION_ID``, the run's
