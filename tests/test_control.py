@@ -332,3 +332,47 @@ def test_a_session_interrupted_before_the_control_finished_says_so() -> None:
     judged = control.judge([], [], interrupted=True)
     assert "interrupted before the control's measurement finished" in judged.text()
     assert "no control was measured (no throughput cell ran)" in control.judge([], []).text()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_control_is_measured_says_the_session_was_interrupted_there(
+        pytester: pytest.Pytester, repo_root: Path) -> None:
+    """SIGINT (Ctrl-C) once the control's first repeat is recorded: the session ends INTERRUPTED and its
+    control paragraph says the control's measurement was interrupted, not 'no control was measured'."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.polling import wait_until
+    from tests.suite_helpers import default_sigint
+
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 32}\nworkloads:\n"
+                      "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 4, warmup_requests: 1}\n")
+    profile = reference_profile(pytester.path, clock_scale=1)  # a real-time clock: the control's repeats take seconds
+    results = pytester.path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}",
+         f"--ddtree-matrix={matrix}", f"--ddtree-results={results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+         "--ddtree-config=bs8_b8_k4", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def control_repeats() -> list[dict[str, Any]]:
+        lines = [line for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()]
+        return [r for line in lines if line.endswith("}") and (r := json.loads(line)).get("kind") == control.CONTROL_REPEAT]
+
+    try:
+        wait_until(lambda: control_repeats() or proc.poll() is not None, 120, "the control's first repeat")
+        assert proc.poll() is None, "the session ended before the control was measured"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert not any(r.get("kind") == control.CONTROL_RECORD for path in results.glob("records-*.jsonl")
+                   for line in path.read_text().splitlines() if line.endswith("}") for r in [json.loads(line)])
+    assert "INTERRUPTED" in out and "interrupted before the control's measurement finished" in out, out[-3000:]
+    assert "no control was measured" not in out, out[-3000:]
