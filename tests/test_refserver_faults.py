@@ -157,3 +157,26 @@ def test_start_refuses_connections_while_loading_then_answers_503_during_warm_up
     finally:
         loading.stop()
         warming.stop()
+
+
+def test_the_documented_way_to_run_a_session_against_a_faulty_engine_puts_the_fault_in_every_launch(tmp_path: Path) -> None:
+    """docs/reference-engine.md's commands, run as printed (the copy written under tmp_path): the profile they
+    make is valid and every launch it renders, a config's and the plain one (the control's, the lossless
+    reference's), carries the fault."""
+    import re
+    import subprocess
+
+    from pytest_ddtree.configs import parse_config_name
+    from pytest_ddtree.service.profile import load_profile
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "docs" / "reference-engine.md").read_text()
+    (sed,) = re.findall(r"^    (sed .*reference\.yaml > /tmp/faulty\.yaml)$", text, re.M)
+    (session,) = re.findall(r"^    (pytest suites --ddtree-service=/tmp/faulty\.yaml .*)$", text, re.M)
+    copy = tmp_path / "faulty.yaml"
+    subprocess.run(["bash", "-c", sed.replace("/tmp/faulty.yaml", str(copy))], cwd=repo, check=True)
+    profile = load_profile(copy)
+    fault = re.search(r"--fault [^/\s]+", sed)
+    assert fault is not None and session.endswith("--ddtree-config=bs8_b8_k4")
+    assert fault.group(0) in profile.render_command(parse_config_name("bs8_b8_k4"), 30000)
+    assert fault.group(0) in (profile.command or "")  # the plain launch is the command without config_args
