@@ -17,11 +17,11 @@ default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
 workload_defaults: {output_tokens: 64, prompts: coding}
 workloads:
-  - {name: c1_steady, concurrency: 1, context_tokens: 128, requests: 4, warmup_requests: 1}
+  - {name: c1_steady, concurrency: 1, context_tokens: 128, requests: 8, warmup_requests: 1}
 """
 
 
-@pytest.mark.slow  # two engines, one after the other, and their cells on a 2-core box: about 35 s
+@pytest.mark.slow  # two engines, one after the other, and their cells on a 2-core box: about 45 s
 def test_minus_n_2_shows_both_workers_progress_before_the_summary(pytester: pytest.Pytester) -> None:
     """``-n 2``: each worker's service start and its cell's repeats reach the controller's terminal,
     prefixed with the worker's id, before pytest's summary (xdist itself shows only dots). With a
@@ -40,25 +40,30 @@ def test_minus_n_2_shows_both_workers_progress_before_the_summary(pytester: pyte
         assert shown and max(shown) < summary, run.stdout.str()[-4000:]
         said = [lines[index] for index in shown]
         assert any("starting" in line for line in said), said
-        assert any(": repeat 1/3: " in line and "requests" in line for line in said), said
+        # the wait's status at its start and, the cell lasting longer than STATUS_EVERY_S, a repeat's
+        assert any(line.startswith(f"[ddtree {worker}] waiting for service bs8_b") for line in said), said
+        assert any(": repeat " in line and "/9 requests" in line for line in said), said
     assert any("waiting for the shared service instance lock" in line and line.startswith("[ddtree gw") for line in lines)
     # a worker's line is a line of its own, never appended to the result letters
     assert not any("[ddtree gw" in line and not line.startswith("[ddtree gw") for line in lines), lines
 
 
 def test_a_worker_shows_one_status_line_per_interval_and_every_event(tmp_path: Path) -> None:
-    """A cell's requests each update the status; the channel gets one line per STATUS_EVERY_S of
-    them, while the session's own lines (a start, a ready service) each get one."""
+    """A cell's requests each update the status, and each repeat is a wait of its own; the channel
+    gets one status line per STATUS_EVERY_S of them, while the session's own lines (a start, a
+    ready service) each get one."""
     sink = relay.WorkerSink(tmp_path / "gw0.lines")
-    for done in range(50):
-        sink.status(f"bs8_b8_k4 c1: repeat 1/3: {done}/50 requests")
+    for repeat in (1, 2, 3):
+        for done in range(50):
+            sink.status(f"bs8_b8_k4 c1: repeat {repeat}/3: {done}/50 requests")
+        sink.clear()
     sink.line("starting bs8_b8_k4")
     sink.line("bs8_b8_k4 ready")
-    sink.clear()  # the wait ended: the next one's first state shows at once
-    sink.status("bs8_b8_k4 c1: repeat 2/3: 0/50 requests")
     assert (tmp_path / "gw0.lines").read_text().splitlines() == [
-        "bs8_b8_k4 c1: repeat 1/3: 0/50 requests", "starting bs8_b8_k4", "bs8_b8_k4 ready",
-        "bs8_b8_k4 c1: repeat 2/3: 0/50 requests"]
+        "bs8_b8_k4 c1: repeat 1/3: 0/50 requests", "starting bs8_b8_k4", "bs8_b8_k4 ready"]
+    sink.last_status -= relay.STATUS_EVERY_S  # as if the interval had passed
+    sink.status("bs8_b8_k4 c1: repeat 3/3: 49/50 requests")
+    assert (tmp_path / "gw0.lines").read_text().splitlines()[-1] == "bs8_b8_k4 c1: repeat 3/3: 49/50 requests"
 
 
 def test_what_a_channel_holds_is_bounded_on_both_sides(tmp_path: Path) -> None:

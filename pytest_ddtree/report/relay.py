@@ -53,7 +53,9 @@ def printable(text: str) -> str:
 
 class WorkerSink:
     """A worker's progress into its channel: the session's lines (:meth:`line`, each one) and
-    progress.Display's status of the current wait (one each ``STATUS_EVERY_S``)."""
+    progress.Display's status of the current wait, at most one each ``STATUS_EVERY_S`` whatever
+    the waits (a cell's interleaved repeats are a wait each, a second or two long at the engine's
+    clock: showing each one's start made two workers print a line a second)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -75,9 +77,7 @@ class WorkerSink:
             self._append(text)
 
     def clear(self) -> None:
-        """Nothing is live on a channel: the next wait's first status shows at once."""
-        with self.lock:
-            self.last_status = -STATUS_EVERY_S
+        """Nothing is live on a channel to take away."""
 
     def _append(self, text: str) -> None:
         data = (printable(text) + "\n").encode("utf-8", "replace")
