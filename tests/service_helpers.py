@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.configs import DDTreeConfig, parse_config_name
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.manager import Clients, Hooks, Pacing, Placement, ServiceManager
 from pytest_ddtree.service.profile import ServiceProfile, parse_profile
@@ -63,6 +63,18 @@ def make_manager(profile: ServiceProfile, tmp_path: Path, lines: list[str] | Non
         hooks=Hooks(lines.append if lines is not None else None),
         clients=Clients(lambda url, timeout: SGLangClient(url, timeout=timeout)),
     )
+
+
+def failed_start(m: ServiceManager, config: DDTreeConfig) -> str:
+    """The message of ``m``'s failed start of ``config`` (the manager closed after it)."""
+    from pytest_ddtree.service.base import ServiceStartError
+
+    try:
+        with pytest.raises(ServiceStartError) as info:
+            m.ensure(config)
+    finally:
+        m.close()
+    return str(info.value)
 
 
 def pid_alive(pid: int) -> bool:

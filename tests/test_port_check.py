@@ -21,7 +21,7 @@ from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.pool import free_port
 from pytest_ddtree.service.process import ProcessController, live_process_groups
 from pytest_ddtree.service.readiness import wait_ready
-from tests.service_helpers import BS8_B8_K4, STANDIN, make_manager, make_profile
+from tests.service_helpers import BS8_B8_K4, STANDIN, failed_start, make_manager, make_profile
 from tests.suite_helpers import wait_healthy
 
 
@@ -43,12 +43,7 @@ def test_a_fixed_port_that_already_answers_is_refused_naming_who_answers(
         stranger: tuple[int, subprocess.Popen[bytes]], tmp_path: Path) -> None:
     port, proc = stranger
     m = make_manager(make_profile(port=port), tmp_path)
-    try:
-        with pytest.raises(ServiceStartError) as info:
-            m.ensure(BS8_B8_K4)
-    finally:
-        m.close()
-    msg = str(info.value)
+    msg = failed_start(m, BS8_B8_K4)
     assert f"port {port} already answers before the launch of bs8_b8_k4" in msg, msg
     assert f"pid {proc.pid} (" in msg and "standin_server.py" in msg  # who answers
     assert "set port: auto" in msg

@@ -28,7 +28,7 @@ from pytest_ddtree.service.readiness import applied_diff
 from pytest_ddtree.service.systemd import parse_show, render_dropin
 from tests.polling import wait_until
 from tests.suite_helpers import default_sigint, wait_healthy
-from tests.service_helpers import APPLIED, BS8_B12_K6, BS8_B8_K4, CONFIG_ARGS, STANDIN, fake_systemd, make_manager, make_profile, pid_alive, systemd_profile  # noqa: F401 (fixtures)
+from tests.service_helpers import APPLIED, BS8_B12_K6, BS8_B8_K4, CONFIG_ARGS, STANDIN, failed_start, fake_systemd, make_manager, make_profile, pid_alive, systemd_profile  # noqa: F401 (fixtures)
 
 @pytest.fixture
 def managers() -> Iterator[list[ServiceManager]]:
@@ -98,13 +98,8 @@ def test_a_systemd_unit_that_never_gets_ready_shows_its_journal_without_the_harn
     port = free_port()
     (fake_systemd / "system" / "standin.service").write_text(f"[Service]\nExecStart={sys.executable} {STANDIN} --port {port}\n")
     subprocess.run(["systemctl", "daemon-reload"], check=True)
-    m = make_manager(systemd_profile(fake_systemd, port, "--load-seconds 600"), tmp_path, ready_timeout_s=4)
-    try:
-        with pytest.raises(ServiceStartError) as info:
-            m.ensure(BS8_B8_K4)
-    finally:
-        m.close()
-    msg = str(info.value)
+    msg = failed_start(make_manager(systemd_profile(fake_systemd, port, "--load-seconds 600"), tmp_path, ready_timeout_s=4),
+                       BS8_B8_K4)
     assert "not ready after 4 s" in msg and "HTTP 503" in msg, msg
     assert "access lines of the harness's own health polls left out" in msg and '"GET /health' not in msg, msg
     assert "standin: listening" in msg, msg
