@@ -48,7 +48,7 @@ WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
 WORKER_SESSION_KEY = "ddtree_session_id"
 WORKER_PROGRESS_KEY = "ddtree_progress_channel"
-RELAY_KEY: pytest.StashKey[Relay] = pytest.StashKey()
+RELAY_KEY: pytest.StashKey[Relay | None] = pytest.StashKey()  # None: it could not be made
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -362,7 +362,12 @@ def _relay(config: pytest.Config, session: DDTreeSession) -> Relay | None:
         return None
     from pytest_ddtree.report.relay import Relay
 
-    relay = config.stash[RELAY_KEY] = Relay(display.line)
+    try:
+        relay = config.stash[RELAY_KEY] = Relay(display.line)
+    except OSError as exc:  # no temporary folder: the workers' lines stay theirs, the run goes on
+        display.line(f"[ddtree] the workers' progress lines are not shown: {exc}")
+        config.stash[RELAY_KEY] = None
+        return None
     config.pluginmanager.register(display, "ddtree-terminal-progress")  # it sees the result letters
     return relay
 
