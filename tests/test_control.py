@@ -313,16 +313,18 @@ def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_a
     profile = reference_profile(pytester.path, clock_scale=5, control_launches=3, bless_control_launches=3)
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites" / "test_throughput.py"), f"--ddtree-service={profile}", f"--ddtree-matrix={matrix}",
-        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'my-baselines'}",
         "--ddtree-config=bs8_b8_k4", "--ddtree-update-baselines", "-p", "no:cacheprovider", timeout=180)
     assert "2 launches on 1 cell " in result.stdout.str()  # the config's own bless is not the point here
+    # a bless into --ddtree-baselines DIR says to review DIR (relative to where it ran), not baselines/
+    assert "review with: git diff -- my-baselines/" in result.stdout.str(), result.stdout.str()[-3000:]
     records = [json.loads(line) for path in (pytester.path / "results").glob("records-*.jsonl")
                for line in path.read_text().splitlines()]
     measured = [r for r in records if r.get("kind") == control.CONTROL_RECORD]
     assert sorted((r["control_launch"], r["control_at"]) for r in measured) == [(1, "start"), (2, "start")]
     launches = [r for r in records if r.get("kind") == "launch" and r.get("config") == REFERENCE_LABEL]
     assert len(launches) == 2  # a fresh launch each time, not the running one measured twice
-    blessed = yaml.safe_load((pytester.path / "baselines" / "refserver" / "control.yaml").read_text())
+    blessed = yaml.safe_load((pytester.path / "my-baselines" / "refserver" / "control.yaml").read_text())
     (session,) = blessed["metrics"]["c1_tiny"]["gates"]["output_throughput"]["sessions"]
     assert session["launches"] == 2 and len(session["samples"]) >= 6
     assert blessed["fingerprint"]["details"]["clock_scale"] == 5  # the setup it was blessed on, as a config's file
