@@ -13,6 +13,7 @@ pick (``adaptive/advisor.py``, ``adaptive/sweep.py summary_lines``).
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import pytest
@@ -92,6 +93,23 @@ def test_the_drafter_bound_budget_step_is_judged_on_tokens_per_verify() -> None:
     # judged on the server's average (+37%) it would not be drafter-bound: with the gated figure rising too, it is not
     rising = [dict(r, metrics={**r["metrics"], report.TOKENS_PER_VERIFY: r["metrics"][ACCEPT_LENGTH]}) for r in records]
     assert said(rising, "Acceptance is drafter-bound") == []
+
+
+def test_report_html_shows_the_drafter_bound_sentence_the_recommendations_print() -> None:
+    """The page's drafter-bound paragraph is the recommendation's sentence: worked out again over every cell,
+    an inconclusive c8 cell (bs8_b16_k4 at 5.6 tokens per verify) lifted bs8_b16_k4's median to 5.2, +11%,
+    and the page said nothing while its recommendations said drafter-bound at 4.70 -> 4.80."""
+    from pytest_ddtree.records.words import Status
+    from pytest_ddtree.report.html import build_html
+
+    records = [rec("bs8_b8_k4", 1, 128, 95.0, 4.7), rec("bs8_b16_k4", 1, 128, 90.0, 4.8),
+               rec("bs8_b8_k4", 8, 128, 600.0, 4.7), throughput_rec("bs8_b16_k4", 8, 128, 560.0, 5.6, status=Status.INCONCLUSIVE)]
+    payload = report.session_summary(records).json
+    (line,) = [r for r in payload["recommendations"] if r.startswith("Acceptance is drafter-bound")]
+    assert "budget 8 -> 16 (bs8_b8_k4 -> bs8_b16_k4) only 4.70 -> 4.80" in line, line
+    page = build_html(payload)
+    paragraph = html.unescape(page.split('<p id="drafter-bound">', 1)[1].split("</p>", 1)[0])
+    assert line in paragraph, paragraph
 
 
 def test_the_drafter_bound_block_size_step_compares_each_block_sizes_best_tokens_per_verify() -> None:

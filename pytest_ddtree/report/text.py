@@ -38,6 +38,8 @@ from pytest_ddtree.records.words import ATTENTION, THROUGHPUT_KINDS, Measurement
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
 DRAFTER_BOUND_GAIN = 0.08
+#: How the drafter-bound recommendation begins (report.html shows that sentence beside its acceptance chart).
+DRAFTER_BOUND_LINE = "Acceptance is drafter-bound"
 
 #: Metrics copied into the JSON results per cell: every result key of SGLang's bench_serving
 #: (sglang/benchmark/serving.py ``benchmark()``'s ``result``), then ours (``ddtree_``).
@@ -293,7 +295,7 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
 def _config_depth(recs: Sequence[Mapping[str, object]]) -> dict[str, list[float]]:
     """Per config, the share of verifies that accepted at least d drafts (d = 1, 2, ...), from the
     server's acceptance histograms summed over the config's cells (configs without them left out).
-    ``recs``: throughput records, or the cells of a results.json (the HTML report's), checked here."""
+    ``recs``: throughput records; the histograms checked here."""
     from pytest_ddtree.service import proof
 
     hists: dict[str, list[int]] = {}
@@ -326,7 +328,8 @@ def _depth_evidence(name: str, by_depth: Mapping[str, Sequence[float]], from_dep
 
 
 def _config_accept(recs: Sequence[Mapping[str, object]]) -> dict[str, float]:
-    """Per config, its median acceptance over its cells (``recs`` as for :func:`_config_depth`)."""
+    """Per config, its median acceptance over its cells (``recs``: throughput records, or dicts with a
+    config and its metrics: the HTML report's charts build those from its cells)."""
     per: dict[str, list[float]] = defaultdict(list)
     for r in recs:
         metrics = r.get("metrics")
@@ -384,7 +387,7 @@ def drafter_bound(accept: Mapping[str, float], min_gain: float = DRAFTER_BOUND_G
             if (why := _depth_evidence(hi_best[1], by_depth, from_depth=sizes[0])) is not None:
                 findings.append(why)
     if findings:
-        out.append("Acceptance is drafter-bound: " + "; ".join(findings)
+        out.append(f"{DRAFTER_BOUND_LINE}: " + "; ".join(findings)
                    + ". A bigger tree or block costs verify compute without accepting more; "
                      "a better drafter, not a bigger budget, is what would help.")
     return out

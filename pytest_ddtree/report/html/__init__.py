@@ -26,7 +26,7 @@ from pytest_ddtree.report.html import charts, model
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.records.shapes import RawRecord, screen
 from pytest_ddtree.records.recorder import RESULTS_JSON, read_records
-from pytest_ddtree.records.words import RecordKind, Status
+from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
     from pytest_ddtree.session import DDTreeSession
@@ -178,8 +178,7 @@ def build_html(
             figure_id = f"repeats-{config}"
             figures[figure_id] = fig
             repeat_charts.append({"id": figure_id, "caption": f"{config}: output tok/s repeats / baseline median"})
-    accept = report._config_accept([{"config": c.config, "metrics": {report.TOKENS_PER_VERIFY: report.tokens_per_verify(c.values)}}
-                                    for c in cells if not c.predicted and c.measurement_status != Status.INVALID])
+    recommendations = [str(r) for r in payload.get("recommendations") or []]
     environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
     environment.update(_engine_facts(payload))
     lossless = model.records(payload, RecordKind.LOSSLESS)
@@ -191,7 +190,7 @@ def build_html(
         source=source,
         gate_names=model.GATES,
         gates=gate_rows,
-        recommendations=[str(r) for r in payload.get("recommendations") or []],
+        recommendations=recommendations,
         control=payload.get("control") if isinstance(payload.get("control"), Mapping) else None,
         charts_available=runtime is not None,
         runtime_file=charts.RUNTIME_FILE,
@@ -205,8 +204,8 @@ def build_html(
         repeat_charts=repeat_charts,
         depth_panels=depth_panels,
         depth_cells=[c for c in cells if c.acceptance_by_depth and not c.predicted],
-        drafter_bound=report.drafter_bound(accept, by_depth=report._config_depth(
-            [r for r in payload.get("throughput") or [] if isinstance(r, Mapping) and "config" in r])),
+        # the recommendation's own sentence, not one worked out again from other cells: the page says one thing
+        drafter_bound=[r for r in recommendations if r.startswith(report.DRAFTER_BOUND_LINE)],
         cells=cells,
         columns=model.CELL_COLUMNS,
         coding=model.coding_grid(payload),
