@@ -29,6 +29,7 @@ REPEATS = {RecordKind.THROUGHPUT_REPEAT: "configs", RecordKind.THROUGHPUT_CONFIR
            RecordKind.THROUGHPUT_CONTROL_REPEAT: "control", RecordKind.THROUGHPUT_RELAUNCH_REPEAT: "relaunches"}
 
 
+@pytest.mark.slow
 def test_a_sessions_bill_is_what_it_launched_and_measured(pytester: pytest.Pytester, repo_root: Path) -> None:
     """One config and the control at two start launches (``control_launches: 3``): the lossless reference's
     launch serves the control's first, the control's second is a fresh launch; the bill's every figure is
@@ -132,6 +133,7 @@ def _session(pytester: pytest.Pytester, repo_root: Path, name: str, **profile: A
     return result, [json.loads(line) for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_shipped_defaults_measure_no_control_for_one_config_and_three_cells_for_several(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     """``control_min_configs: 3`` (the default): a one-config session launches no control, says why, and its

@@ -156,6 +156,7 @@ def _reference_profile_with_probe(repo_root: Path, folder: Path, command: str = 
     return path
 
 
+@pytest.mark.slow
 def test_a_session_records_its_probe_runs_in_results_json_and_the_history(pytester: pytest.Pytester,
                                                                          repo_root: Path) -> None:
     profile = _reference_profile_with_probe(repo_root, pytester.path)

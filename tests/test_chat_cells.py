@@ -220,6 +220,7 @@ workloads:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 def test_a_session_measures_chat_cells_thinking_on_and_off_through_the_throughput_suite(
         pytester: pytest.Pytester, repo_root: Path) -> None:

@@ -49,6 +49,7 @@ def coding_records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_reference_engine_passes_full_set_and_updates_baseline(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root)
     result = run_suite(pytester, repo_root, profile, "--ddtree-coding-set=full", "--ddtree-update-baselines")
@@ -83,6 +84,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow
 def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every answer here is hostile, none is slow-but-correct: shorter limits (wall 4 s, CPU 2 s)
     # keep the test fast without changing what is proven.
@@ -167,6 +169,7 @@ def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: 
     assert not list((pytester.path / "baselines").rglob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_weak_sandbox_without_opt_in_fails_the_gate_with_reason(pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail closed: with only the plain tier available the gate runs no generated code and
     fails with the reason and the fix; the opt-in is accepted from the ini file, but never

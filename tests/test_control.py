@@ -302,6 +302,7 @@ def test_a_bless_keeps_each_sessions_launch_count_and_a_bad_count_is_refused() -
         gate.validate_section({"c1": entry}, "control.yaml")
 
 
+@pytest.mark.slow
 def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_all(
         pytester: pytest.Pytester, repo_root: Path) -> None:
     """Through the plugin in one process: ``bless_control_launches: 3`` and one config measure the control

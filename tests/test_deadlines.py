@@ -153,6 +153,7 @@ def _marked_processes(mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_streams_trickle_fails_each_config_at_its_cell_deadline_and_goes_on(pytester: pytest.Pytester) -> None:
     """End to end: the throughput suite, two configs, every streamed /generate trickling after its
     first chunk. Each config fails at its cell's deadline with the message, its service is
@@ -170,6 +171,7 @@ def test_a_sweep_whose_streams_trickle_fails_each_config_at_its_cell_deadline_an
     assert _marked_processes(mark) == []
 
 
+@pytest.mark.slow
 def test_a_readiness_that_trickles_ends_at_ready_timeout_for_each_config(pytester: pytest.Pytester) -> None:
     mark = pytester.path.name
     profile = reference_profile(pytester.path, "--fault trickle=health:0", control="none", ready_timeout_s=READY_S,

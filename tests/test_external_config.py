@@ -173,6 +173,7 @@ def _docs_launch_commands() -> dict[str, list[str]]:
     return commands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["bs8_b8_k4", "bs8_b16_k4"])
 def test_the_docs_launch_commands_are_judged_against_the_committed_baselines(
         pytester: pytest.Pytester, tmp_path: Path, config: str) -> None:

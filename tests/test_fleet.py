@@ -196,6 +196,7 @@ def test_host_lock_keeps_a_second_session_out(ssh_fleet: SshFleet) -> None:
 
 
 # -- the systemd controller on a remote host ------------------------------------------------------
+@pytest.mark.slow
 def test_remote_systemd_round_trip_restores_default(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     fake = ssh_fleet.hosts[0]
     raw = ssh_fleet.pool_profile(hosts=[0])
@@ -383,6 +384,7 @@ def test_host_down_mid_sweep_fails_only_its_configs(ssh_fleet: SshFleet, tmp_pat
     assert sorted(ran_live) == sorted(set(SWEEP_CONFIGS) - held), (ran_live, held, failed)
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_sweep_restores_every_host(ssh_fleet: SshFleet, tmp_path: Path) -> None:
     """SIGINT to the sweep's process group (what a terminal's Ctrl-C sends) while every host runs a
     config: each worker restores its own host before pytest exits."""

@@ -203,6 +203,7 @@ def test_synthetic_history_finds_the_step_and_the_creep_and_nothing_else(tmp_pat
     assert not changepoints.check_session(list(analysed.values()), "20261001T005900Z-s59")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pytester: pytest.Pytester, repo_root: Path,
                                                                               postgres_url: str) -> None:
@@ -228,6 +229,7 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     assert cell.session.report_path == str(results / "report.html") and cell.session.build.engine_version
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("measurement_turn")  # measures throughput: see tests/machine_share.py
 def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_its_build(pytester: pytest.Pytester,
                                                                                          repo_root: Path) -> None:

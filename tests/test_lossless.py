@@ -148,6 +148,7 @@ def run_suite(pytester: pytest.Pytester, repo_root: Path, profile: Path, *args: 
     return run_helper(pytester, profile, *args, suite="test_lossless.py")
 
 
+@pytest.mark.slow
 def test_suite_instance_mode_catches_lossy_verify(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root, "--fault lossy-verify=0.05")
     result = run_suite(pytester, repo_root, profile)

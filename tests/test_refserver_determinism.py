@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from pytest_ddtree.configs import load_matrix
 from pytest_ddtree.measure import load
 from tests.refserver_helpers import RefServer, config_args
@@ -57,6 +59,7 @@ def per_request(tmp_path: Path, clock_scale: str, concurrency: int, loaded: bool
     return result.metrics()["ddtree_tokens_per_verify"], rows
 
 
+@pytest.mark.slow
 def test_greedy_acceptance_is_the_same_at_any_clock_scale_under_load_and_in_any_batch(tmp_path: Path) -> None:
     fast = per_request(tmp_path, "20", CELL.concurrency)
     slow = per_request(tmp_path, "2", CELL.concurrency)

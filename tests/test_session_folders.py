@@ -39,6 +39,7 @@ def _probe_values(folder: Path) -> list[str]:
     return [r["value"] for r in summary["records"] if r.get("kind") == "probe"]
 
 
+@pytest.mark.slow
 def test_two_sessions_sharing_results_never_mix(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_probe=PROBE_TEST)
     results = pytester.path / "shared-results"

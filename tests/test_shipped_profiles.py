@@ -98,6 +98,7 @@ def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name
         assert {k: got[k] for k, v in want.items() if v is not None} == {k: v for k, v in want.items() if v is not None}, config_name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_shipped_profile_runs_its_default_in_its_dialect(pytester: pytest.Pytester, name: str) -> None:
     default = build_selection(name, None).configs[0].name
@@ -268,6 +269,7 @@ def _eagle3_launch_evidence(results: Path) -> dict[str, Any]:
     raise AssertionError(f"no launch record of {EAGLE3_CONFIG} with applied evidence in {results}")
 
 
+@pytest.mark.slow
 def test_an_eagle3_config_is_proven_gated_and_blessed(pytester: pytest.Pytester) -> None:
     profile = as_refserver("sglang-eagle3.yaml", pytester.path)
     raw = yaml.safe_load(profile.read_text())  # losslessness checked live against the shipped plain launch

@@ -73,6 +73,7 @@ def test_hold(ddtree_service):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("was_running", [True, False], ids=["unit-running", "unit-stopped"])
 def test_sigterm_restores_dropin_and_unit_state(pytester: pytest.Pytester, fake_systemd: Path, monkeypatch: pytest.MonkeyPatch, was_running: bool) -> None:  # noqa: F811
     port = free_port()

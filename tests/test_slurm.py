@@ -239,6 +239,7 @@ def test_behind_a_login_node_every_slurm_command_runs_there_over_ssh(slurm: Slur
     assert not slurm.queue()
 
 
+@pytest.mark.slow
 def test_a_job_waits_in_the_queue_with_slurms_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Both nodes are busy: the job pends with the reason squeue gives. Its own queue timeout fails
     it with that reason (and cancels it); with a longer one it starts once a node frees up."""

@@ -13,6 +13,7 @@ import yaml
 from tests.suite_helpers import REPO, reference_profile
 
 
+@pytest.mark.slow
 def test_an_inconclusive_cell_says_why_in_the_short_summary_and_results_md(pytester: pytest.Pytester) -> None:
     """An inconclusive cell is a skip; its reason (what to do about it) is in pytest's short test
     summary without -rs, and results.md carries the same words."""
@@ -100,6 +101,7 @@ workloads:
 """
 
 
+@pytest.mark.slow
 def test_a_cell_shows_live_progress_on_a_terminal(pytester: pytest.Pytester) -> None:
     """On a TTY each repeat is a live status line (repeat i/n, requests done, tok/s so far),
     rewritten in place while the cell runs; the restart shows its wait too."""
@@ -123,6 +125,7 @@ def test_a_cell_shows_live_progress_on_a_terminal(pytester: pytest.Pytester) -> 
     assert len(times) >= 9 and max(b - a for a, b in zip(times, times[1:])) < 30, times
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quiet", [False, True])
 def test_a_slow_restart_says_so_in_a_log_and_nothing_under_qq(pytester: pytest.Pytester, quiet: bool) -> None:
     """Not on a TTY (a CI log): a line about every 10 s of a wait, here a restart that stays 503

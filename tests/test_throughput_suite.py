@@ -146,6 +146,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     result.stdout.fnmatch_lines(["*corrupt baseline *bs8_b8_k4.yaml: YAML error*Fix or delete it*"])
 
 
+@pytest.mark.slow
 def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.Pytester, repo_root: Path) -> None:
     flaky, matrix = _setup(pytester, repo_root, "--fault http500-rate=0.8")
     result = _run(pytester, repo_root, flaky, matrix, "--ddtree-require-baselines")
@@ -205,6 +206,7 @@ def test_a_cell_that_stays_inconclusive_is_reported_and_fails_only_under_require
                                          "a cell it could not judge*"])
 
 
+@pytest.mark.slow
 def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_root: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # pytest-benchmark disables itself when it sees an xdist worker's environment (ours, when

@@ -29,6 +29,7 @@ def records(pytester: pytest.Pytester, kind: str) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_main_job_cell_measures_against_an_upstream_like_server(pytester: pytest.Pytester) -> None:
     workloads = yaml.safe_load(MATRIX.read_text())["workloads"]
     result = run_suite(pytester, standin_profile(pytester.path), suite="test_throughput.py", timeout=300)
