@@ -489,3 +489,31 @@ def test_three_sessions_the_third_20_percent_slower_are_too_few_to_tell_and_the_
             store.append(session, [c for c in cells if c.cell == "c1_short"])
         level = changepoints.analyse(store.cells())
     assert "no change point: every series is level within its noise" in changepoints.summary_text(level)
+
+
+def test_a_measure_only_session_is_measured_in_the_sessions_table_and_its_figures_are_data(tmp_path: Path) -> None:
+    """A --ddtree-measure-only session stores its cells as 'measured' (no metric verdicts): the sessions
+    table says it measured, never "passed" (it judged nothing), and one that failed says both; its figures
+    are points of the same series as the gated sessions' (the same cells measured the same way), so a
+    step they show is a change point like any other."""
+    from pytest_ddtree.report.html.history import MEASURED_SESSION, build_history_html
+
+    with HistoryStore(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        for index in range(12):
+            session, cells = synthetic.synthetic_session(index)
+            if index >= 9:  # measure-only sessions, 20% slower: data like the rest
+                session = dataclasses.replace(session, exit_status=1 if index == 11 else 0)
+                cells = [dataclasses.replace(c, status="measured", verdicts={},
+                                             samples={k: [v * 0.8 for v in vs] for k, vs in c.samples.items()})
+                         for c in cells]
+            store.append(session, cells)
+        stored = store.cells()
+    assert {c.status for c in stored if c.session.session_id.endswith("s10")} == {"measured"}
+    analysed = changepoints.analyse(stored)
+    series = next(s for s in analysed if s.key.metric == "output_throughput" and s.key.cell == "c1_short")
+    assert len(series.points) == 12 and [p.status for p in series.points[9:]] == ["measured"] * 3
+    assert series.change_points and series.change_points[0].after.session_id.endswith("s09")  # the measured step is found
+    page = build_history_html(analysed, source="h.db", output_dir=tmp_path, summary=changepoints.summary_text(analysed))
+    verdicts = re.findall(r"<tr data-session=\"[^\"]+\">(?:<td[^>]*>.*?</td>){4}<td>([^<]*)</td></tr>", page)
+    assert verdicts == ["passed"] * 9 + [MEASURED_SESSION] * 2 + ["failed (--ddtree-measure-only)"], verdicts
+    assert MEASURED_SESSION == "measured: nothing judged (--ddtree-measure-only)"

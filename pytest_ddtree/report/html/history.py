@@ -152,19 +152,32 @@ _EXIT_WORDS = {0: "passed", 1: "failed", 2: "interrupted", 3: "internal error", 
 _COUNTED = (Status.REGRESSION, Status.INVALID, Status.INCONCLUSIVE, Status.FLAGGED, Status.MISSING)
 
 
+#: The verdict of a --ddtree-measure-only session that ended well: it judged nothing, so it did not pass.
+MEASURED_SESSION = "measured: nothing judged (--ddtree-measure-only)"
+
+
 def session_verdicts(all_series: Sequence[Series]) -> dict[str, str]:
     """Each session's verdict for the sessions table: its exit status in words, and how many of its cells
-    ended regressed, invalid, inconclusive, flagged or without a baseline (counted once per cell)."""
+    ended regressed, invalid, inconclusive, flagged or without a baseline (counted once per cell).
+
+    A ``--ddtree-measure-only`` session (its cells stored with the status ``measured``, which no gated
+    session gives) exits 0 without having judged anything: its verdict is :data:`MEASURED_SESSION`, not
+    "passed"; its figures still enter the series, as the same measurements of the same cells."""
     exits: dict[str, int | None] = {}
     cells: dict[str, dict[str, set[tuple[str, str]]]] = {}
+    measure_only: set[str] = set()
     for s in all_series:
         for p in s.points:
             exits.setdefault(p.session_id, p.exit_status)
             if p.status in _COUNTED:
                 cells.setdefault(p.session_id, {}).setdefault(str(p.status), set()).add((s.key.config, s.key.cell))
+            elif p.status == Status.MEASURED:
+                measure_only.add(p.session_id)
     out: dict[str, str] = {}
     for session, code in exits.items():
         word = "not recorded" if code is None else _EXIT_WORDS.get(code, f"exit {code}")
+        if session in measure_only:
+            word = MEASURED_SESSION if code == 0 else f"{word} (--ddtree-measure-only)"
         counts = cells.get(session, {})
         detail = ", ".join(f"{len(counts[str(k)])} {k}" for k in _COUNTED if str(k) in counts)
         out[session] = f"{word}: {detail}" if detail else word
