@@ -298,3 +298,45 @@ def test_a_cell_judged_on_another_build_says_what_changed_since_the_bless() -> N
     others = [c for c in model.cells(payload) if (c.config, c.cell) != (cell.config, cell.cell)]
     assert others and not any("build changed" in m for c in others for m in c.messages)
     assert "build changed since the bless: engine_version '0.5.23' when blessed, '0.5.24' here" in _text(build_html(payload))
+
+
+def _overall(page: str) -> str:
+    match = re.search(r'id="overall" class="verdict-overall st-([a-z-]+)">([^<]*)<', page)
+    assert match and match[1] == match[2].replace(" ", "-"), page[:2000]
+    return match[2]
+
+
+def test_a_measure_only_sessions_page_says_measuring_while_it_runs_and_measured_at_the_end(tmp_path: Path) -> None:
+    """--ddtree-measure-only judges nothing, so its page never says "pass": "measuring" while it runs
+    (its config launched and proven, its coding counted with no floor, before any cell is measured: a
+    gated page says "pass" there), "measured" at the end, also where only the coding test ran; a gated
+    session's page keeps "pass"; a failure still shows as one."""
+    import json
+
+    def record(entry: dict[str, Any]) -> None:  # as a worker's recorder appends it (records-<worker>.jsonl)
+        with open(tmp_path / "records-gw0.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"worker": "gw0", "time": 100.0, "session": "s", **entry}) + "\n")
+
+    record({"kind": "launch", "config": "bs8_b8_k4", "launch": _launch("bs8_b8_k4", ready_s=1.0, started_at=1.0)})
+    record({"kind": "coding", "config": "bs8_b8_k4", "passed": 2, "total": 2, "set": "default", "problems": [],
+            "gate": {"passed": True, "regressions": [], "floor": 0}})
+    pages = {}
+    for measure_only in (False, True):
+        live = LiveReport(tmp_path, ["bs8_b8_k4", "bs8_b4_k4"], started_at=1000.0)
+        live.measure_only = measure_only
+        live.plan(["suites/test_coding.py::test_coding[bs8_b8_k4]", "suites/test_coding.py::test_coding[bs8_b4_k4]"])
+        live.write_running()
+        assert not live.errors, live.errors
+        pages[measure_only] = (tmp_path / "report.html").read_text()
+    assert (_overall(pages[False]), _overall(pages[True])) == ("pass", "measuring")
+    assert 'id="measure-only"' in pages[True] and 'id="measure-only"' not in pages[False]
+    record(_cell("bs8_b8_k4", "c1_s", 1, 48, [100.0, 101.0, 99.0], status=Status.MEASURED))
+    live.write_running()
+    assert _overall((tmp_path / "report.html").read_text()) == "measuring"
+    final = load_payload(tmp_path) | {"measure_only": True}
+    assert _overall(build_html(final)) == "measured"
+    coding_only = {**final, "records": [r for r in final["records"] if r["kind"] != "throughput"], "throughput": []}
+    assert _overall(build_html(coding_only)) == "measured"
+    assert _overall(build_html({**coding_only, "measure_only": False})) == "pass"
+    failed = {**final, "failed_tests": [{"nodeid": "suites/test_coding.py::test_coding[bs8_b8_k4]", "when": "call", "reason": "boom"}]}
+    assert _overall(build_html(failed)) == "fail"

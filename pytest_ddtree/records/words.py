@@ -120,6 +120,8 @@ class Status(Word):
     PREDICTED = "predicted"
     #: A throughput cell of a --ddtree-measure-only session: measured and reported, never judged or blessed.
     MEASURED = "measured"
+    #: The HTML report's overall while a --ddtree-measure-only session runs and nothing has failed.
+    MEASURING = "measuring"
     #: A gate of the HTML report that failed.
     FAIL = "fail"
     #: A gate of the HTML report with no record.

@@ -42,6 +42,8 @@ class LiveReport:
         self._lock = threading.Lock()
         self.errors: list[str] = []
         self._heartbeat: Heartbeat | None = None
+        #: --ddtree-measure-only: the records do not say it, and the page must not call the session "pass"
+        self.measure_only = False
 
     def plan(self, nodeids: Iterable[str]) -> None:
         """The collected tests (once; under xdist every worker collects the same list)."""
@@ -77,6 +79,7 @@ class LiveReport:
         try:
             self.results_dir.mkdir(parents=True, exist_ok=True)
             payload = payload_from_records(read_records(self.results_dir), failed_tests, self.environment)
+            payload["measure_only"] = self.measure_only
             write_report(self.path, payload, self.status("running"))
         except Exception as exc:  # noqa: BLE001 - the live page must never break the session
             self.errors.append(f"live report.html not written: {type(exc).__name__}: {exc}")
@@ -128,6 +131,7 @@ def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     """Record the environment once and write the first page ("running: config 0 of n")."""
     from pytest_ddtree.report.html import collect_environment
 
+    live.measure_only = session.settings.measure_only
     try:
         live.environment = collect_environment(session)
     except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session

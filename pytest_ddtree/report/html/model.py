@@ -364,13 +364,18 @@ def _failed_tests(payload: Mapping[str, Any], out: dict[str, dict[str, GateResul
             result.messages.append(reason)
 
 
-def overall(gate_rows: Mapping[str, Mapping[str, GateResult]]) -> str:
+def overall(gate_rows: Mapping[str, Mapping[str, GateResult]], *, measure_only: bool = False, running: bool = False) -> str:
+    """The page's one word: the worst gate's status; a ``--ddtree-measure-only`` session (or one whose
+    cells say ``measured``) passes nothing, so where nothing failed it is ``measuring`` while it runs
+    (its applied and coding gates pass before a cell is measured) and ``measured`` once it ends."""
     statuses = {g.status for row in gate_rows.values() for g in row.values()}
     for status in (Status.FAIL, Status.INVALID, Status.INCONCLUSIVE):
         if status in statuses:
             return status
-    if Status.MEASURED in statuses:  # a measure-only session passes nothing: it measured
-        return Status.MEASURED
+    if measure_only or Status.MEASURED in statuses:
+        if running:
+            return Status.MEASURING
+        return Status.MEASURED if statuses & {Status.MEASURED, Status.PASS} else Status.NOT_MEASURED
     return Status.PASS if Status.PASS in statuses else Status.NOT_MEASURED
 
 
