@@ -26,6 +26,9 @@ from pytest_ddtree.configs import DDTreeConfig
 #: The axis and value whose config is a plain server: its name is ``specnone``.
 PLAIN_AXIS, PLAIN_VALUE = "speculation", "none"
 PLAIN = DDTreeConfig.of({PLAIN_AXIS: PLAIN_VALUE})
+#: How a plain server's one field is proven (``service/manager.py`` refuses it otherwise, with the key).
+PLAIN_PROOF = ("/server_info's speculative_algorithm is null (a plain server), checked when the session adopts the "
+               "server (one that speculates is refused, naming the key)")
 #: Why a measure-only cell has no verdict against a baseline (its record's reasons say it).
 NOT_JUDGED = "measure-only: measured, not judged against a baseline (--ddtree-measure-only)"
 
@@ -47,8 +50,8 @@ def plain_profile_fields(url: str, info: Mapping[str, object]) -> dict[str, obje
         "matrix": [name],
         "default": name,
         "config_args": {PLAIN_AXIS: {PLAIN_VALUE: ""}},
-        "unverifiable": {PLAIN_AXIS: "no key shows it; checked instead: /server_info's speculative_algorithm is null "
-                                     "(a plain server) when the session adopts it"},
+        # no applied key compares a value with it; it is proven as PLAIN_PROOF says (the config fields' line says so)
+        "unverifiable": {PLAIN_AXIS: f"no key holds the value; proven instead: {PLAIN_PROOF}"},
         "copy_probe": False,  # nothing is drafted, so no bound to probe
     }
 

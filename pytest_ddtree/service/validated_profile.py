@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
-from pytest_ddtree.gates.measure_only import is_plain
+from pytest_ddtree.gates.measure_only import PLAIN_AXIS, PLAIN_PROOF, is_plain
 from pytest_ddtree.service.fleet import FleetKeys
 from pytest_ddtree.service.base import Capabilities, LaunchFrom
 from pytest_ddtree.service.ssh import SSHTarget
@@ -387,6 +387,8 @@ class ServiceProfile:
             checks = [key for key, f in self.applied.items() if f == name]
             if checks:
                 how += "; read back as /server_info " + ", ".join(checks)
+            elif plain and name == PLAIN_AXIS:
+                how = f"no flag (a server started without --speculative-algorithm); proven: {PLAIN_PROOF}"
             elif name in self.unverifiable:
                 how += f"; unverifiable: {self.unverifiable[name]}"
             out[name] = how
