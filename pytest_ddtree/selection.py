@@ -13,7 +13,9 @@ launch under names it never ran. The rule, also in docs/profiles.md:
   dropped, and one config per distinct launch (the first in matrix order; a window flag the build
   ignores therefore gives no ``_wnone`` twins).
 - The build's default is the profile's ``default:``, else configs.yaml's default projected, else
-  the first config of the build's matrix.
+  the first config of the build's matrix. With no ``--ddtree-config``, configs.yaml's default is
+  listed as left out only where the build's default stands in for it (not under a profile's own
+  ``default:``, such as ``--ddtree-url``'s running config: the user asked for no other).
 - ``all`` is the build's matrix; a glob matches names of the build's matrix (and of configs.yaml's,
   to report what it left out); a glob that selects nothing the build can run is a usage error.
 - A name given explicitly must be listed: in the build's matrix or in configs.yaml's (a typo such
@@ -181,7 +183,10 @@ def select(requested: Sequence[str] | None, matrix: Matrix, profile: ServiceProf
     malformed or unlisted name or a pattern that selects nothing the build can run."""
     build = build_matrix(profile, matrix)
     if not requested:
-        left = [lo for lo in build.left_out if lo.config == matrix.default.name]
+        # configs.yaml's default is said to be left out only where the build's default stands in for it;
+        # a profile that names its own default (--ddtree-url: the running config) ran what it names, and
+        # a user who named no config asked for nothing else
+        left = [lo for lo in build.left_out if lo.config == matrix.default.name] if profile.own_default is None else []
         return Selection((build.default,), tuple(left), build)
     tokens = [t.strip() for value in requested for t in value.split(",") if t.strip()]
     if not tokens:

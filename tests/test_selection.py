@@ -96,3 +96,23 @@ def test_a_profile_can_give_its_build_its_own_matrix_and_default(tmp_path: Path)
     raw.update(matrix=[])
     with pytest.raises(ProfileError, match="matrix: lists no config"):
         parse_profile(raw)
+
+
+@pytest.mark.parametrize("info", [
+    {"speculative_algorithm": None},  # a plain server, measured only: the row specnone
+    {"speculative_algorithm": "DDTREE", "speculative_num_draft_tokens": 8, "speculative_ddtree_budget": 16,
+     "speculative_draft_window_size": 2048},  # SGLang's DDTREE build running bs8_b16_k16
+], ids=["plain", "ddtree"])
+def test_a_session_that_names_no_config_is_not_told_the_matrix_default_was_left_out(info: dict[str, object]) -> None:
+    """--ddtree-url (or any profile with its own default:) with no --ddtree-config runs the profile's
+    default; configs.yaml's default (bs8_b8_k4) was never asked for, so nothing is said to be left out
+    (it said "bs8_b8_k4: not in the profile's matrix", or the running server's fixed fields); asked for
+    (all), it still is, with the reason."""
+    from pytest_ddtree.service.external import profile_from_server_info
+
+    profile = parse_profile(profile_from_server_info("http://127.0.0.1:30000", info, False, measure_only=True))
+    selection = select(None, MATRIX, profile)
+    assert len(selection.configs) == 1 and selection.configs[0].name != MATRIX.default.name
+    assert selection.left_out == () and selection.summary_lines() == []
+    asked = select(["all"], MATRIX, profile)
+    assert asked.configs == selection.configs and MATRIX.default.name in [lo.config for lo in asked.left_out]
