@@ -118,6 +118,10 @@ def test_the_prediction_counts_each_process_its_control_and_the_shared_launch() 
                          lossless_reference=False, shared=True, cells=6, repeats=3, end_launch_min_configs=3,
                          control_min_configs=3, control_cells=3)
     assert (sweep.control, sweep.launches, sweep.control_cells) == (1, 19, 3)
+    measured = bill.predict(configs=18, processes=3, control_launches=3, control_max_launches=11, control=True,
+                            lossless_reference=True, shared=True, cells=6, repeats=3, end_launch_min_configs=3, judged=False)
+    assert (measured.control, measured.lossless_reference, measured.launches) == (0, 0, 18)  # --ddtree-measure-only
+    assert "flagged" not in measured.text() and "no control, no lossless reference, no confirmation" in measured.text()
 
 
 def _session(pytester: pytest.Pytester, repo_root: Path, name: str, **profile: Any) -> tuple[pytest.RunResult, list[dict[str, Any]]]:

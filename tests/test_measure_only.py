@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.gates.measure_only import PLAIN_PROOF
 from tests.refserver_helpers import RefServer, config_args
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, REPO, reference_profile, run_suite
 
 CELLS = ("c1_short", "c8_short")
+MATRIX_DEFAULT = load_matrix(MATRIX).default.name  # configs.yaml's default: bs8_b8_k4
 #: The sweep table's row of a measured cell: numbers in every column a plain server has, "-" for acceptance
 #: and the baseline, and the status "measured" (report/text.py's columns).
 _ROW = re.compile(r"^(?P<config>\S+)\s+(?P<cell>c\d+_short)\s+\d+\s+128\s+coding via /tokenize\s+(?P<tps>[\d.]+) ±\d+%\s+"
@@ -38,16 +43,19 @@ def _rows(out: str) -> dict[str, re.Match[str]]:
 def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """``pytest suites --ddtree-url URL --ddtree-measure-only`` against the engine started plainly:
     the row ``specnone`` with tok/s, TTFT, TPOT, ITL and req/s and no acceptance, in the terminal, results.json,
-    results.md, report.html and the JSONL; the verdict says it only measured; the lossless gate is not run;
-    without --ddtree-measure-only the same server is refused, saying how to measure it."""
+    results.md, report.html, the JSONL and the history (whose sessions table says "measured", not "passed");
+    the verdict says it only measured; the lossless gate is not run; its one field is said proven (by
+    speculative_algorithm null), not unverifiable, and configs.yaml's default, never asked for, is not
+    said to be left out; without --ddtree-measure-only the same server is refused, saying how to measure it."""
     server = RefServer(["--clock-scale", "10"], tmp_path, name="plain").wait_ready()
     jsonl = pytester.path / "runs.jsonl"
+    history = f"sqlite:///{pytester.path / 'history.db'}"
     try:
         assert server.info()["speculative_algorithm"] is None  # SGLang's plain server says so
         result = pytester.runpytest_subprocess(
             str(REPO / "suites" / "test_throughput.py"), str(REPO / "suites" / "test_lossless.py"),
             *_url_args(pytester, server.url, "--ddtree-measure-only", *(f"--ddtree-workload={c}" for c in CELLS),
-                       f"--ddtree-output-file={jsonl}", "-rs"), timeout=240)
+                       f"--ddtree-output-file={jsonl}", f"--ddtree-history={history}", "-rs"), timeout=240)
         refused = pytester.runpytest_subprocess(str(REPO / "suites" / "test_throughput.py"),
                                                 *_url_args(pytester, server.url), timeout=60)
         assert server.proc.poll() is None
@@ -65,6 +73,10 @@ def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytes
         assert row["config"] == "specnone" and row["accept"] == "-"
         assert all(float(row[k]) > 0 for k in ("tps", "ttft", "tpot", "itl", "rps"))
     assert "regression" not in out.lower() and "PASSED:" not in out and "control" not in out.split("ddtree verdict")[1]
+    result.stdout.fnmatch_lines([f"ddtree:   speculation: no flag (a server started without --speculative-algorithm); "
+                                 f"proven: {PLAIN_PROOF}"])
+    assert "config fields not read back" not in out and "unverifiable" not in out, out[-3000:]
+    assert "left out of the selection" not in out and f"{MATRIX_DEFAULT}: not in the profile's matrix" not in out
     assert not (pytester.path / "baselines").exists()  # nothing blessed, nothing proposed
 
     results = json.loads((pytester.path / "results" / "results.json").read_text())
@@ -80,12 +92,36 @@ def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytes
     html = (pytester.path / "results" / "report.html").read_text()
     assert 'id="overall" class="verdict-overall st-measured">measured<' in html and 'id="measure-only"' in html
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    assert len(lines) == sum(c["repeats"] for c in cells.values()) >= 2 * 3
+    # one line per repeat run, the cell's kept samples among them (a noisy cell runs more repeats than it keeps)
+    assert len(lines) >= sum(c["repeats"] for c in cells.values()) >= 2 * 3
+    for cell in CELLS:
+        runs = {line["output_throughput"] for line in lines if line["cell"] == cell}
+        assert set(cells[cell]["samples"]["output_throughput"]) <= runs, (cell, runs)
     assert {(line["config"], line["backend"], line["accept_length"]) for line in lines} == {("specnone", "sglang", None)}
     assert all(line["output_throughput"] > 0 and line["completed"] > 0 for line in lines)
 
+    _assert_history_says_measured(history, tmp_path, {"specnone"})
+
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     assert "reports no speculative algorithm" in refused.stderr.str() and "add --ddtree-measure-only" in refused.stderr.str()
+
+
+def _assert_history_says_measured(url: str, output_dir: Path, configs: set[str]) -> None:
+    """The session's cells are in the history as 'measured', as points of their series, and the
+    history page's sessions table gives the session the verdict of a session that only measured."""
+    from pytest_ddtree.report.history import HistoryStore
+    from pytest_ddtree.report.html.history import MEASURED_SESSION
+
+    with HistoryStore(url) as store:
+        stored = store.cells()
+    assert {c.config for c in stored} == configs and {c.status for c in stored} == {"measured"}
+    page = output_dir / "history.html"  # ddtree-report in its own process (pytester unloads what a test imported)
+    run = subprocess.run([sys.executable, "-m", "pytest_ddtree.report.html.cli", "--history", url, "-o", str(page)],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    text = page.read_text()
+    assert f"<td>{MEASURED_SESSION}</td>" in text and "<td>passed</td>" not in text
+    assert all(f"{config} c" in text for config in configs)  # its cells' trends are drawn
 
 
 def _unreadable_baseline(baselines: Path, config: str) -> None:
@@ -129,6 +165,40 @@ def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_b
     assert results["control"] is None
     (coding,) = [r for r in results["records"] if r["kind"] == "coding"]
     assert (coding["total"], coding["gate"]["floor"]) == (2, 0)  # counted, judged by no baseline and no floor
+
+
+def test_measure_only_under_xdist_measures_each_workers_config_and_judges_none(
+        pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-n 2`` over two configs of the embedded engine (a pool of two instances; 8 s on the 2-core box at
+    load ~5, two engines at clock scale 10 and one cell each): each worker launches,
+    proves and measures its config; the controller's verdict, results.json, report.html and the history
+    all say measured, for both configs, with no control and no baseline read or written."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # the inner session's own workers decide
+        monkeypatch.delenv(name, raising=False)
+    _unreadable_baseline(pytester.path / "baselines", "bs8_b4_k4")
+    history = f"sqlite:///{pytester.path / 'history.db'}"
+    profile = reference_profile(tmp_path, pool=2)
+    result = run_suite(pytester, profile, "--ddtree-measure-only", "--ddtree-workload=c1_short", f"--ddtree-history={history}",
+                       "-n", "2", suite="test_throughput.py", config="bs8_b8_k4,bs8_b4_k4", timeout=300)
+    out = result.stdout.str()
+    assert result.ret == 0, out[-4000:]
+    assert result.parseoutcomes()["passed"] == 2, out[-3000:]
+    result.stdout.fnmatch_lines([
+        "ddtree: this session will launch 2 times: 2 configs; measuring 1 throughput cell x 3 repeats on each launch of a "
+        "config (--ddtree-measure-only: no control, no lossless reference, no confirmation)",
+        "MEASURED: 2 cell(s) of 2 config(s) measured (bs8_b4_k4, bs8_b8_k4); nothing was judged*"])
+    rows = {m["config"]: m for m in _ROW.finditer(out)}
+    assert sorted(rows) == ["bs8_b4_k4", "bs8_b8_k4"] and all(float(r["accept"]) > 1.0 for r in rows.values()), out[-3000:]
+    results = json.loads((pytester.path / "results" / "results.json").read_text())
+    assert {(c["config"], c["status"]) for c in results["throughput"]} == {("bs8_b4_k4", "measured"), ("bs8_b8_k4", "measured")}
+    launches = [r for r in results["records"] if r["kind"] == "launch"]
+    assert sorted(r["config"] for r in launches) == ["bs8_b4_k4", "bs8_b8_k4"], launches  # no control launched
+    assert {r["worker"] for r in launches} == {"gw0", "gw1"}  # one config per worker, side by side
+    assert results["measure_only"] is True and results["control"] is None
+    html = (pytester.path / "results" / "report.html").read_text()
+    assert 'id="overall" class="verdict-overall st-measured">measured<' in html
+    assert not (pytester.path / "baselines" / "refserver" / "bs8_b8_k4.yaml").exists()  # nothing blessed
+    _assert_history_says_measured(history, tmp_path, {"bs8_b4_k4", "bs8_b8_k4"})
 
 
 @pytest.mark.parametrize(("extra", "message"), [

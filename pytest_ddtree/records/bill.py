@@ -181,6 +181,7 @@ class Plan:
     cells: int
     repeats: int
     control_cells: int = 0  # the cells of each launch of the control
+    judged: bool = True  # False under --ddtree-measure-only: nothing is flagged, so nothing is relaunched or confirmed
 
     @property
     def launches(self) -> int:
@@ -196,19 +197,22 @@ class Plan:
                                                                             if self.control else ""))
         repeats = f"{self.cells} throughput cell{'' if self.cells == 1 else 's'} x {self.repeats} repeats"
         control = f" ({self.control_cells} on each of the control's)" if self.control_most else ""
+        tail = ("; relaunches of flagged configs and confirmations of flagged cells come on top (the bill at the session "
+                "end says what they took)") if self.judged else " (--ddtree-measure-only: no control, no lossless reference, no confirmation)"
         return (f"this session will launch {self.launches} time{'' if self.launches == 1 else 's'}: {', '.join(parts)}; measuring {repeats} on each "
-                f"launch of a config{control}; relaunches of flagged configs and confirmations of flagged "
-                "cells come on top (the bill at the session end says what they took)")
+                f"launch of a config{control}{tail}")
 
 
 def predict(*, configs: int, processes: int, control_launches: int, control_max_launches: int, control: bool,
             lossless_reference: bool, shared: bool, cells: int, repeats: int, end_launch_min_configs: int,
-            control_min_configs: int = 1, control_cells: int | None = None) -> Plan:
+            control_min_configs: int = 1, control_cells: int | None = None, judged: bool = True) -> Plan:
     """How many launches a session of ``configs`` over ``processes`` processes takes: each config once;
     in each process the control's start launches, its end launches where the process measures
     ``end_launch_min_configs`` configs or more (``control.launches_at``), none in a process of fewer than
     ``control_min_configs``; the lossless reference once a process, the control's first launch measured on it where it ``shared`` the lossless_args launch
-    (one fewer of the control's)."""
+    (one fewer of the control's); ``judged`` False: a --ddtree-measure-only session, which launches neither."""
+    if not judged:
+        control = lossless_reference = False
     processes = max(1, min(processes, configs)) if configs else 0
     start, end = (control_launches + 1) // 2, control_launches // 2
     share = [configs // processes + (1 if i < configs % processes else 0) for i in range(processes)]
@@ -218,7 +222,7 @@ def predict(*, configs: int, processes: int, control_launches: int, control_max_
     reference = processes if lossless_reference else 0
     if lossless_reference and shared:
         control_n, most = control_n - len(measured), most - len(measured)
-    return Plan(processes, configs, control_n, most, reference, cells, repeats, min(cells, control_cells or cells))
+    return Plan(processes, configs, control_n, most, reference, cells, repeats, min(cells, control_cells or cells), judged)
 
 
 def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) -> list[str]:
@@ -242,7 +246,8 @@ def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) 
                    lossless_reference=relaunch and (profile.lossless == "instance" or bless) and _runs_lossless(paths),
                    shared=not profile.control,
                    cells=len(cells), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS,
-                   control_min_configs=profile.control_min_configs, control_cells=profile.control_cells)
+                   control_min_configs=profile.control_min_configs, control_cells=profile.control_cells,
+                   judged=not settings.measure_only)
     return [f"ddtree: {plan.text()}"]
 
 
