@@ -16,7 +16,7 @@ import pytest
 from pytest_ddtree.service.base import AppliedConfigMismatch, AppliedDiff, ServiceError, ServiceStartError
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
-from tests.service_helpers import APPLIED, BS8_B8_K4, BS8_B12_K6, CONFIG_ARGS, command_profile, make_manager, pid_alive
+from tests.service_helpers import APPLIED, BS8_B8_K4, BS8_B12_K6, CONFIG_ARGS, command_profile, failed_start, make_manager, pid_alive
 
 
 def _group_alive(work: Path) -> bool:
@@ -50,6 +50,16 @@ def test_start_readiness_applied_reuse_and_switch(tmp_path: Path, closing: list[
     assert not pid_alive(first_pid)
     # The config's fields and {config_env} reached the template.
     assert (work / "starts").read_text().splitlines() == ["bs8_b8_k4 8 8 4 2048 SGLANG_X=1", "bs8_b12_k6 8 12 6 2048 SGLANG_X=1"]
+
+
+def test_a_service_that_never_gets_ready_shows_its_logs_without_the_harness_polls(tmp_path: Path) -> None:
+    """The logs template's output of a service still loading is mostly the harness's own /health_generate
+    polls (the service's 503 answers): they are left out, with how many."""
+    msg = failed_start(make_manager(command_profile(tmp_path / "svc", "--load-seconds 600"), tmp_path, ready_timeout_s=3),
+                       BS8_B8_K4)
+    assert "not ready after 3 s" in msg and "HTTP 503" in msg, msg
+    assert "access lines of the harness's own health polls left out" in msg and '"GET /health' not in msg, msg
+    assert "standin: listening" in msg, msg
 
 
 def test_crash_on_start_reported_fast_with_exit_code_and_log(tmp_path: Path, closing: list[ServiceManager]) -> None:
