@@ -125,3 +125,21 @@ def test_a_flagged_config_is_relaunched_and_fails_only_when_its_relaunch_is_slow
         assert "relaunched 1 time(s) (its first launch -" in a.message and "all 2 launches" in a.message
         # one slow launch that the relaunch does not reproduce is the launch, not the config
         assert (a.relative < -0.05) is fails
+
+
+def test_a_relaunched_config_is_launched_again_only_while_its_relaunch_stands_out_too() -> None:
+    """relaunch_candidates after a relaunch: a config 5% slower in its first launch whose relaunch
+    reads 4% slower (3.3% against the session's others: beyond half the 5% floor; both launches' mean
+    within the floor) is relaunched again; one whose relaunch reads 3% slower (2.3%) is not, though
+    the mean of both launches is still beyond the screen: its relaunch did not reproduce the first
+    launch, and another launch (a restart) would mostly fish for a slow one."""
+    configs = {"a": 0.95, "b": 1.0, "c": 1.0, "d": 1.0}
+    for again, more in ((0.96, ["a"]), (0.97, [])):
+        records = _session_records(configs, seed=7, relaunch={"a": again})
+        moves = gate.config_moves([r for r in records if r["kind"] == "throughput"])
+        relaunched = gate.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
+        assert gate.relaunch_candidates(moves) == ["a"]
+        a = {f.config: f for f in gate.judge_session(moves, relaunched)}["a"]
+        # not yet a regression, and the mean of both launches beyond the screen's floor (half the 5% floor)
+        assert not a.failed and a.relative < -gate.FLAG_FLOOR_SHARE * 0.05, a.message
+        assert gate.relaunch_candidates(moves, relaunched) == more, a.message

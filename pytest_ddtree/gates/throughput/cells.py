@@ -394,10 +394,20 @@ def relaunch_recording(recorder: SessionRecorder, config: str, index: int) -> Re
     return Recording(record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT))
 
 
+#: Repeats of each cell in a relaunch (at most ``--ddtree-repeats``). The relaunch is judged on the
+#: config's common change over its cells, whose error a launch's own shift dominates (about 2% on a
+#: GPU server against 3% / sqrt(6 cells) = 1.2% of one repeat each): ``bench_gate.py`` under
+#: ``restart3`` caught a whole config 10% slower 93.5-94.5% of 400 times at one repeat a cell and
+#: 94.0-95.5% at three (the same worlds, two relaunch rules: within their noise), and a relaunch
+#: costs 615 s + 6 repeats on the seed's GPU box instead of 615 s + 18.
+RELAUNCH_REPEATS = 1
+
+
 def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
-    measure all its cells again and record them (``THROUGHPUT_RELAUNCH``), so the session end judges
-    it on both launches (``gate.judge_session``). Returns the relaunched configs.
+    measure all its cells again (``RELAUNCH_REPEATS`` each, no confirmation run: see ``Judging.confirm``)
+    and record them (``THROUGHPUT_RELAUNCH``), so the session end judges it on both launches
+    (``gate.judge_session``). Returns the relaunched configs.
 
     Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
     capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
@@ -429,8 +439,8 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
 
 
 def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
-    """Relaunch ``index`` of a flagged config, all its cells measured and recorded; False when it
-    failed (recorded with the reason)."""
+    """Relaunch ``index`` of a flagged config, all its cells measured once and recorded; False when
+    it failed (recorded with the reason)."""
     from pytest_ddtree.configs import ConfigError
     from pytest_ddtree.service.base import ServiceError
 
@@ -451,7 +461,8 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
         # as the first launch was measured, less its SLO (the relaunch judges the common change of output tok/s)
         driving = driving_for(session, accept_bound=service.accept_bound(),
                               label=f"{name} relaunch {index} (its session check flagged it)")
-        plan = CellPlan(name, tuple(cells), session.settings.repeats, driving, blessed_judging(store))
+        judging = dataclasses.replace(blessed_judging(store), confirm=False)
+        plan = CellPlan(name, tuple(cells), min(RELAUNCH_REPEATS, session.settings.repeats), driving, judging)
         run_cells(service.client, plan, baseline, relaunch_recording(recorder, name, index), on_cell)
     except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
         failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
