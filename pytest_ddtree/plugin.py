@@ -172,7 +172,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
     worker_id = worker_input.get("workerid") if worker_input else None
-    session = DDTreeSession(_settings(config, worker_input), worker_id=worker_id, progress=_progress(config, worker_input))
+    session = DDTreeSession(_settings(config, worker_input), worker_id=worker_id, progress=_progress(config, worker_input),
+                            worker_count=int(worker_input.get("workercount", 1)) if worker_input else 1)
     config.stash[SESSION_KEY] = session
     session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")

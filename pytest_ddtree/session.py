@@ -55,9 +55,12 @@ def _stderr_progress(message: str) -> None:
 class DDTreeSession:
     """Per-process state of a session (the xdist controller and each worker have one)."""
 
-    def __init__(self, settings: Settings, worker_id: str | None = None, progress: ProgressFn | None = None) -> None:
+    def __init__(self, settings: Settings, worker_id: str | None = None, progress: ProgressFn | None = None,
+                 worker_count: int = 1) -> None:
         self.settings = settings
         self.worker_id = worker_id
+        #: How many xdist workers share this session's configs (xdist's workerinput['workercount']; 1 without -n).
+        self.worker_count = max(1, worker_count)
         self.progress: ProgressFn = progress or _stderr_progress
         self._manager: ServiceManager | None = None
         self._baselines: BaselineStore | None = None

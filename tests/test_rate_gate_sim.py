@@ -30,12 +30,7 @@ SLOWER = 0.30
 
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gate_sim.install patches the repeat, the prompts, the baseline reader and fsync: undone after.
-    The simulated sessions run in this process: under -n they would read this worker's
-    PYTEST_XDIST_WORKER_COUNT and take their three configs for a worker's share, below
-    control_min_configs, and measure no control, which the benchmark's sessions always have."""
-    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
-        monkeypatch.delenv(var, raising=False)
+    """gate_sim.install patches the repeat, the prompts, the baseline reader and fsync: undone after."""
     for owner, name in ((throughput, "run_repeat"), (load, "prompt_maker"), (baselines_mod, "read_yaml"),
                         (os, "fsync")):
         monkeypatch.setattr(owner, name, getattr(owner, name))

@@ -352,10 +352,9 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     as fast as the engine is; the judged run relaunches that config (records throughput-relaunch),
     measures the control once more at the end (control_launch 2) and fails the config on all its
     launches, saying so in the summary."""
-    # under -n the inner session inherits the outer worker's PYTEST_XDIST_WORKER_COUNT and would take
-    # its three configs for a share of ceil(3 / n), below control_min_configs (3): it is one process
-    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
-        monkeypatch.delenv(var, raising=False)
+    # an inner session inherits its parent's xdist variables (a test run under -n): they say nothing of
+    # its own process (one, no -n), whose share is all three configs, at control_min_configs (3)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
     profile, matrix = _setup(pytester, repo_root, control="bs16_b16_k4")
     matrix.write_text(THREE_CELLS.replace("[bs8_b8_k4, bs8_b4_k4]", "[bs8_b8_k4, bs8_b4_k4, bs8_b12_k4]"))
     three = "bs8_b8_k4,bs8_b4_k4,bs8_b12_k4"

@@ -43,7 +43,6 @@ change is beyond ``Z_CONFIG`` of its own standard error (day and launch parts, a
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -723,8 +722,7 @@ def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[Workl
     cells = cells_of(items)[:session.profile.control_cells]
     configs = {p.get("ddtree_config") for i in items if isinstance(p := getattr(getattr(i, "callspec", None), "params", None), dict)}
     configs.discard(None)
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    ours, least = -(-len(configs) // workers), session.profile.control_min_configs
+    ours, least = -(-len(configs) // session.worker_count), session.profile.control_min_configs
     if cells and session.settings.measure_only:
         session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": "--ddtree-measure-only: nothing is judged, so no "
                                                              "control is launched (it only serves the gate's speedup)"})
