@@ -167,6 +167,7 @@ def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_b
     assert (coding["total"], coding["gate"]["floor"]) == (2, 0)  # counted, judged by no baseline and no floor
 
 
+@pytest.mark.slow  # 8-11 s beside other tests: over the fast lane's 8 s
 def test_measure_only_under_xdist_measures_each_workers_config_and_judges_none(
         pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``-n 2`` over two configs of the embedded engine (a pool of two instances; 8 s on the 2-core box at
