@@ -198,3 +198,32 @@ def test_the_adaptive_pick_prints_the_figure_of_the_config_it_names_and_says_whe
     assert ("c1_short: bs8_b16_k4 (95.6 tok/s measured; bs8_b12_k4 measured 96.6, within 2% of it, and the fit over every "
             "cell prefers bs8_b16_k4)") in lines, lines
     assert "c32_short: bs8_b4_k4 (901.7 tok/s measured)" in lines, lines
+
+
+def test_the_adaptive_challenger_is_the_highest_prediction_and_the_line_prints_it() -> None:
+    """A pick's challenger is the unmeasured config predicted fastest in the cell among those whose interval
+    reaches above the pick (not the widest interval): the line prints that prediction beside the interval's top."""
+    pytest.importorskip("scipy")
+    from pytest_ddtree.adaptive.advisor import Measurement, Planner
+    from pytest_ddtree.adaptive.sweep import summary_lines
+    from pytest_ddtree.records.shapes import AdaptiveSweepData
+    from tests.advisor_helpers import CELLS, CONFIGS, truth
+
+    planner = Planner(CONFIGS, CELLS, max_restarts=3, default="bs8_b8_k4")
+    for name in ("bs8_b4_k4", "bs8_b16_k4"):
+        for w in CELLS:
+            planner.record(Measurement(name, w.name, truth(planner.by_name[name], w)))
+    preds = planner.predictions()
+    picks = [r for r in planner.recommendations() if r.challenger is not None]
+    assert picks, "two corners measured leave rivals whose intervals reach above the picks"
+    for r in picks:
+        rivals = {n: p for (n, cell), p in preds.items() if cell == r.cell and p.high > r.tok_s
+                  and planner.by_name[n].shape not in planner.measured_shapes()}
+        assert r.challenger_tok_s == max(p.tok_s for p in rivals.values()) == rivals[str(r.challenger)].tok_s, r
+    outcome: AdaptiveSweepData = {
+        "restarts": 2, "full_sweep_restarts": 10, "max_restarts": 3, "measured": ["bs8_b4_k4", "bs8_b16_k4"], "failed": [],
+        "not_measured": [], "predicted": [], "prior": None,
+        "recommendations": [{"cell": "c8_4k", "config": "bs8_b16_k4", "output_throughput": 170.4, "challenger": "bs8_b8_k4",
+                             "challenger_high": 190.25, "challenger_output_throughput": 173.9}]}
+    assert ("c8_4k: bs8_b16_k4 (170.4 tok/s measured); bs8_b8_k4 (not measured, predicted 173.9) may reach 190.2: measure "
+            "it or run the full sweep to be sure") in summary_lines(outcome)

@@ -195,3 +195,4 @@ _.calibration_host  # CalibrationData.calibration_host: written by measure/calib
 _.prompts_digest  # WorkloadData.prompts_digest: written by measure/load.py workload_dict as a key, compared by gates/throughput/rule.py
 _.also_for  # LaunchEntry.also_for: written by service/manager.py _shared through setdefault, read by records/bill.py session_bill
 _.measured_best_output_throughput  # AdaptivePickData.measured_best_output_throughput: written by adaptive/sweep.py _report as a key, read by summary_lines
+_.challenger_output_throughput  # AdaptivePickData.challenger_output_throughput: written by adaptive/sweep.py _report as a key, read by summary_lines

@@ -245,9 +245,11 @@ class Recommendation:
     cell: str
     config: str
     tok_s: float
-    #: the best unmeasured config by prediction, when its interval reaches above the pick
+    #: the best unmeasured config by prediction, when its interval reaches above the pick: its
+    #: predicted tok/s (what it was chosen by) and its interval's top
     challenger: str | None = None
     challenger_high: float | None = None
+    challenger_tok_s: float | None = None
     #: the measured config with the highest figure in the cell, where the fit chose another within
     #: ``PICK_TIE`` of it (the line says so: the figure printed is not the cell's highest)
     measured_best: str | None = None
@@ -444,8 +446,8 @@ class Planner:
             ]
             if rival:
                 # the most likely rival; among window twins (predicted alike) the default window
-                _, high, name = max(rival, key=lambda r: (round(r[0], 6), round(r[1], 6), -len(r[2])))
-                rec.challenger, rec.challenger_high = name, high
+                predicted, high, name = max(rival, key=lambda r: (round(r[0], 6), round(r[1], 6), -len(r[2])))
+                rec.challenger, rec.challenger_high, rec.challenger_tok_s = name, high, predicted
             recs.append(rec)
         return recs
 

@@ -237,6 +237,8 @@ class AdaptiveSweep:
                     "challenger": rec.challenger,
                     "challenger_high": round(rec.challenger_high, 3) if rec.challenger_high is not None else None,
                 }
+                if rec.challenger_tok_s is not None:
+                    pick["challenger_output_throughput"] = round(rec.challenger_tok_s, 3)
                 if rec.measured_best is not None and rec.measured_best_tok_s is not None:
                     pick["measured_best"] = rec.measured_best
                     pick["measured_best_output_throughput"] = round(rec.measured_best_tok_s, 3)
@@ -281,8 +283,9 @@ def summary_lines(outcome: AdaptiveSweepData) -> list[str]:
         line += ")"
         if rec["challenger"]:
             high = rec["challenger_high"]
-            line += (f"; {rec['challenger']} (not measured) may reach {high if high is None else f'{high:.1f}'}: "
-                     "measure it or run the full sweep to be sure")
+            predicted = rec.get("challenger_output_throughput")  # what it was chosen by: the highest prediction
+            line += (f"; {rec['challenger']} (not measured" + (f", predicted {predicted:.1f}" if predicted is not None else "")
+                     + f") may reach {high if high is None else f'{high:.1f}'}: measure it or run the full sweep to be sure")
         lines.append(line)
     if outcome["predicted"]:
         lines.append("rows marked predicted are the model's estimates with a 95% interval: never gated, never baselines")

@@ -493,6 +493,7 @@ class AdaptivePickData(_AdaptivePickRequired, total=False):
 
     measured_best: str
     measured_best_output_throughput: float
+    challenger_output_throughput: float  # the challenger's predicted tok/s (it is chosen by it)
 
 
 class _AdaptiveRequired(TypedDict):
