@@ -247,3 +247,7 @@ def test_speed_factor_cached_and_bounded() -> None:
     assert 0 < a <= 20
     scaled = Limits(wall_s=2.0, cpu_s=1.0).scaled(3.0)
     assert scaled.wall_s == 6.0 and scaled.cpu_s == 3.0
+    # the CPU limit scales by the loop's CPU seconds, never more than its clock seconds (one thread)
+    cpu = sandbox.limits.cpu_speed_factor()
+    assert 1 <= cpu <= a * 1.01 or "DDTREE_SANDBOX_SPEED_FACTOR" in os.environ
+    assert Limits(wall_s=2.0, cpu_s=1.0).scaled(3.0, 1.5).cpu_s == 1.5

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from pytest_ddtree.sandbox.calls import TestPlan, parse_tests
 from pytest_ddtree.sandbox.execute import execute_in_tier
-from pytest_ddtree.sandbox.limits import Limits, speed_factor
+from pytest_ddtree.sandbox.limits import Limits, cpu_speed_factor, speed_factor
 from pytest_ddtree.sandbox.outcome import RunResult, Verdict
 from pytest_ddtree.sandbox.tiers import isolation, refusal
 
@@ -39,7 +39,7 @@ def run_code(code: str, tests: str | TestPlan, entry_point: str | None = None, l
         plan = TestPlan(plan.calls, plan.inputs, entry_point)
     if not code.strip():
         return RunResult(Verdict.NO_CODE, "no code was extracted from the answer", limits=asdict(base), key=key)
-    lim = base.scaled(speed_factor()) if scale else base
+    lim = base.scaled(speed_factor(), cpu_speed_factor()) if scale else base
     iso = isolation()
     if hasattr(os, "getuid") and os.getuid() == 0 and not iso.uid_drop:
         return RunResult(Verdict.ERROR, "refused: " + (refusal(iso, True) or "no uid drop"), limits=asdict(base), key=key, tier=iso.tier)
