@@ -78,11 +78,12 @@ _display: Display | None = None
 _current: Activity | None = None
 
 
-def install(display: Display | None) -> None:
-    """Show progress on ``display`` from now on (None: show nothing)."""
+def install(display: Display | None) -> Display | None:
+    """Show progress on ``display`` from now on (None: show nothing); returns the one it replaces."""
     global _display
     with _lock:
-        _display = display
+        replaced, _display = _display, display
+    return replaced
 
 
 def showing() -> bool:

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import pytest
 
+from pytest_ddtree import progress
 from tests import machine_share, xdist_turns
 from tests.machine_share import register_run
 from tests.sglang_lane import SpecModels, build_spec_models, sglang_python
@@ -15,6 +16,17 @@ from tests.sglang_lane import SpecModels, build_spec_models, sglang_python
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def no_session_progress_display() -> Iterator[None]:
+    """Each test runs with no progress display installed: the plugin of this very run installs one
+    (its worker's channel under -n, the terminal's status line on a TTY), and a test that drives the
+    harness's waits in process and reads their progress lines would see them go to it instead (a
+    wait leaves its periodic lines to a display that is showing). Put back after the test."""
+    replaced = progress.install(None)
+    yield
+    progress.install(replaced)
 
 
 @pytest.fixture(scope="session")
