@@ -99,3 +99,56 @@ def test_a_pytest_session_runs_the_health_suite_on_a_controller_a_project_plugin
     result.assert_outcomes(passed=3)
     assert f"controller {NAME}" in out, out  # the session's header names the profile's controller
     assert not alive(int(pid_file.read_text())), "the session stopped the engine it launched"
+
+
+def _installed_distribution(site: Path, entry_point: str) -> None:
+    """A distribution ``ddtree-pidfile`` as pip would leave it: its ``.dist-info`` (METADATA and
+    entry_points.txt) in ``site``, which the session gets on its path (importlib.metadata finds it)."""
+    info = site / "ddtree_pidfile-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ddtree-pidfile\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[pytest_ddtree.controllers]\n{entry_point}\n")
+
+
+def test_a_pytest_session_runs_the_health_suite_on_a_controller_an_installed_distribution_declares(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``-p``, no conftest: the distribution's entry point (group ``pytest_ddtree.controllers``)
+    is all that makes ``controller: pidfile`` valid."""
+    from tests.suite_helpers import reference_profile, run_suite
+
+    _installed_distribution(pytester.path / "site", f"{NAME} = tests.controller_helpers:KIND")
+    monkeypatch.setenv("PYTHONPATH", f"{pytester.path / 'site'}:{REPO}")
+    pid_file = pytester.path / "engine.pid"
+    profile = reference_profile(pytester.path, controller=NAME, pid_file=str(pid_file))
+    result = run_suite(pytester, profile, suite="test_health.py", config="bs8_b8_k4", timeout=120)
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    result.assert_outcomes(passed=3)
+    assert f"controller {NAME}" in out, out
+    assert not alive(int(pid_file.read_text())), "the session stopped the engine it launched"
+
+
+def test_a_distribution_whose_controller_cannot_be_loaded_is_a_usage_error_naming_it(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.suite_helpers import reference_profile, run_suite
+
+    _installed_distribution(pytester.path / "site", f"{NAME} = tests.no_such_module:KIND")
+    monkeypatch.setenv("PYTHONPATH", f"{pytester.path / 'site'}:{REPO}")
+    result = run_suite(pytester, reference_profile(pytester.path), suite="test_health.py", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines([f"*controller kind entry point '{NAME} = tests.no_such_module:KIND' of distribution "
+                                 "ddtree-pidfile 1.0 (group pytest_ddtree.controllers) could not be loaded: "
+                                 "ModuleNotFoundError*pip uninstall ddtree-pidfile*"])
+
+
+def test_an_entry_point_named_other_than_its_kind_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """In process: the registry reads the group at its first question, and keeps the error."""
+    _installed_distribution(tmp_path, "k8s = tests.controller_helpers:KIND")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kinds, "_loaded", False)
+    monkeypatch.setattr(kinds, "_load_error", None)
+    for _ in range(2):  # the second question gets the same answer, not a registry without the kind
+        with pytest.raises(kinds.ControllerLoadError, match=r"entry point 'k8s = tests.controller_helpers:KIND' of "
+                                                            r"distribution ddtree-pidfile 1.0 .*its kind is named 'pidfile'"):
+            kinds.names()
+    assert NAME not in kinds._KINDS
