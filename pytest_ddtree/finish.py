@@ -91,10 +91,18 @@ class FinishOutcome:
     failures: list[SessionFailure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     bill: dict[str, Any] | None = None  # results.json's ``bill`` (records/bill.py), for the pytest_ddtree_session_bill hook
+    verdict: str | None = None  # results.json's ``verdict`` line, once made (for the pytest_ddtree_verdict hook)
 
     @property
     def exit_failure(self) -> bool:
         return bool(self.failures)
+
+    def session_verdict(self, exitstatus: int) -> dict[str, Any]:
+        """The session's verdict as the pytest_ddtree_verdict hook gets it (hookspec.py): ``fail``
+        where the exit status will be non-zero, with the verdict line and the failed session checks."""
+        passed = exitstatus == 0 and not self.exit_failure
+        return {"decision": Status.PASS if passed else Status.FAIL, "message": self.verdict,
+                "failed_checks": sorted({f.check for f in self.failures})}
 
     def fail(self, message: str, check: str = CHECK_OUTPUT) -> None:
         """A failure that also belongs in the "ddtree errors" section (writing results, the
@@ -186,6 +194,7 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
             verdict = measure_only.verdict_line(verdict, summary.json.get("throughput") or [])
             summary.json["measure_only"] = True
         summary.json["verdict"] = verdict
+        outcome.verdict = verdict
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         summary_json = summary.json
         if session.settings.output_file is not None:

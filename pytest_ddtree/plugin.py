@@ -168,6 +168,7 @@ class _DeadHostWatcher:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
+    from pytest_ddtree.hookspec import ProjectHooks
     from pytest_ddtree.session import DDTreeSession
 
     worker_input: dict[str, Any] = getattr(config, "workerinput", {})
@@ -176,6 +177,7 @@ def pytest_configure(config: pytest.Config) -> None:
                             worker_count=int(worker_input.get("workercount", 1)) if worker_input else 1)
     config.stash[SESSION_KEY] = session
     session.name_hardware = lambda fingerprint: config.hook.pytest_ddtree_hardware_profile(config=config, fingerprint=fingerprint)
+    session.hooks = ProjectHooks(config)
     config.pluginmanager.register(_FailureCollector(session), "ddtree-failure-collector")
     if not _is_xdist_worker(config):
         _validate_adaptive(session, config)
@@ -706,6 +708,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.config.stash[FINISH_KEY] = outcome
             if outcome.bill is not None:  # the site's own accounting (hookspec.py)
                 session.config.hook.pytest_ddtree_session_bill(config=session.config, bill=outcome.bill)
+            if outcome.verdict is not None:
+                ddtree.hooks.verdict(None, None, outcome.session_verdict(int(exitstatus)))
             if outcome.exit_failure and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             # Every plugin but the terminal reporter sees them now (JUnit XML, report logs); the

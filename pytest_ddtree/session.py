@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from pytest_ddtree.hookspec import ProjectHooks
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records.shapes import HostEnvData, LaunchData
 from pytest_ddtree.records.words import RecordKind
@@ -70,6 +71,8 @@ class DDTreeSession:
         self.started = False
         # The project's name for the hardware (the pytest_ddtree_hardware_profile hook), or None.
         self.name_hardware: Callable[[HardwareProfile], str | None] | None = None
+        # The project's pytest_ddtree_* hooks the gates call (hookspec.py): the plugin's relay, or one that calls nothing.
+        self.hooks = ProjectHooks()
 
     def start(self) -> None:
         """The explicit start of a process that runs ddtree tests (the plugin calls it when its

@@ -116,7 +116,7 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
         campaigns[config.name] = cells.run_config(
             session, service, config.name, collected or [request.getfixturevalue("workload")],
             Recording(record(RecordKind.THROUGHPUT_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT)),
-            judging=Judging() if baselines.update_mode else _judging(request, baselines))
+            judging=Judging() if baselines.update_mode else _judging(request, baselines), hooks=session.hooks)
     except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline
         failure, past_deadline = f"{config.name}: {exc}", isinstance(exc, CellDeadlineExceeded)
     else:
@@ -182,8 +182,9 @@ def test_throughput(
         bench.extra_info.update({k: v for k, v in record["metrics"].items() if k in report.JSON_KEYS})
         bench.pedantic(lambda: None, rounds=max(1, len(cell.durations)), iterations=1)
 
+    session = session_of(request.config)
     outcome = check_cell(cell, config, workload.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
-                         service=ddtree_service, settings=ddtree_settings)
+                         service=ddtree_service, settings=ddtree_settings, hooks=session.hooks if session else None)
     for note in outcome.warnings:
         warnings.warn(_WARNING_CLASS[note.kind](note.message), stacklevel=1)
     if outcome.decision is Status.FAIL:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.suite_helpers import reference_profile, run_suite
+from pytest_ddtree.records.words import RecordKind
+from tests.suite_helpers import REPO, reference_profile, run_suite
 
 
 def test_a_conftest_names_the_hardware_profile_and_the_baselines_are_filed_under_it(pytester: pytest.Pytester) -> None:
@@ -26,3 +29,47 @@ def test_an_implementation_with_an_argument_the_hook_lacks_is_refused(pytester: 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*pytest_ddtree_hardware_profile*rack*"])
+
+
+HOOKS_PLUGIN = '''
+import json, pathlib
+
+def _write(**call):
+    with pathlib.Path("hooked.jsonl").open("a") as out:
+        out.write(json.dumps(call) + "\\n")
+
+def pytest_ddtree_cell_measured(config, ddtree_config, cell, figures, samples):
+    _write(hook="cell_measured", ddtree_config=ddtree_config, cell=cell, figures=figures, samples=samples)
+
+def pytest_ddtree_verdict(config, ddtree_config, cell, verdict):
+    _write(hook="verdict", ddtree_config=ddtree_config, cell=cell, verdict=verdict)
+'''
+
+
+def test_a_plugin_hears_each_cell_measured_and_each_verdict_made(pytester: pytest.Pytester) -> None:
+    """One config, one cell, no baseline: the cell's figures and samples as results.json records them,
+    its verdict (a warning: no baseline yet) and then the session's, in that order."""
+    matrix = pytester.path / "configs.yaml"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+                      "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
+    (pytester.path / "hooks_plugin.py").write_text(HOOKS_PLUGIN)
+    results = pytester.path / "results"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "suites" / "test_throughput.py"), f"--ddtree-service={reference_profile(pytester.path, control='none')}",
+        f"--ddtree-matrix={matrix}", f"--ddtree-results={results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_tiny", "-p", "hooks_plugin", "-p", "no:cacheprovider",
+        timeout=120)
+    assert result.ret == 0, result.stdout.str()
+    calls = [json.loads(line) for line in (pytester.path / "hooked.jsonl").read_text().splitlines()]
+    assert [(c["hook"], c["ddtree_config"], c["cell"]) for c in calls] == [
+        ("cell_measured", "bs8_b8_k4", "c1_tiny"), ("verdict", "bs8_b8_k4", "c1_tiny"), ("verdict", None, None)]
+    measured, cell_verdict, session_verdict = calls
+    summary = json.loads((results / "results.json").read_text())
+    (record,) = [r for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()
+                 if (r := json.loads(line))["kind"] == RecordKind.THROUGHPUT]
+    assert measured["figures"] == record["metrics"] and measured["figures"]["output_throughput"] > 0
+    assert measured["samples"] == record["samples"] and len(measured["samples"]["output_throughput"]) == record["repeats"]
+    verdict = cell_verdict["verdict"]
+    assert verdict["decision"] == "warn" and "create it with" in verdict["message"], verdict
+    assert {k: verdict[k] for k in ("cell", "status", "reasons", "metrics")} == record["verdict"]
+    assert session_verdict["verdict"] == {"decision": "pass", "message": summary["verdict"], "failed_checks": []}

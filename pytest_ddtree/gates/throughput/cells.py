@@ -49,6 +49,7 @@ from pytest_ddtree.service.build import blessed_build, build_changes, build_sent
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.hookspec import ProjectHooks
     from pytest_ddtree.measure.slo import SLO
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
@@ -330,14 +331,20 @@ def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Re
 
 def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],
                recording: Recording = Recording(), judging: Judging = Judging(),
-               on_cell: Callable[[CellEvaluation], None] | None = None) -> MeasuredCells:
+               hooks: ProjectHooks | None = None) -> MeasuredCells:
     """A config's cells on its running ``service`` as the suite measures them, from its baseline
     (``session.baselines``, read once) to each evaluated cell: ``plan_for``, ``read_baseline``,
-    ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's)."""
+    ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's);
+    ``hooks`` (the session's relay) tells the project's ``pytest_ddtree_cell_measured`` of each cell."""
     store = session.baselines(service.server_info)
     baseline = (CellBaseline(config, store.path_for(config), store.hardware_profile, {}) if session.settings.measure_only
                 else read_baseline(store, config, judged_build(store, service)))  # a measure-only run reads none
-    return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, on_cell)
+
+    def measured(evaluation: CellEvaluation) -> None:
+        if hooks is not None:
+            hooks.cell_measured(config, evaluation.record["cell"], evaluation.record["metrics"], evaluation.samples)
+
+    return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, measured)
 
 
 @dataclass(frozen=True)

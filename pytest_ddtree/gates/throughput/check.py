@@ -24,6 +24,7 @@ from pytest_ddtree.records.words import Status
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.gates.throughput.cells import CellEvaluation
+    from pytest_ddtree.hookspec import ProjectHooks
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.fingerprint import HardwareProfile
@@ -48,12 +49,22 @@ class GateOutcome:
 
 
 def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
-               service: RunningService, settings: Settings) -> GateOutcome:
-    """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded).
+               service: RunningService, settings: Settings, hooks: ProjectHooks | None = None) -> GateOutcome:
+    """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded), and tell
+    the project's ``pytest_ddtree_verdict`` hooks through ``hooks`` (the session's relay).
 
     Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
     of its baseline (with the hardware fingerprint); the controller writes it at session end.
     """
+    outcome = _decide(cell, config, workload, baselines, recorder, service, settings)
+    if hooks is not None:  # a warning's message is its notes' (no baseline yet, a new metric)
+        message = outcome.message or "\n".join(note.message for note in outcome.warnings)
+        hooks.verdict(config, workload, {"decision": outcome.decision, "message": message, **cell.verdict.as_dict()})
+    return outcome
+
+
+def _decide(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
+            service: RunningService, settings: Settings) -> GateOutcome:
     if cell.baseline_problem is not None:
         return GateOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
     verdict = cell.verdict
