@@ -34,8 +34,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree.configs import load_matrix, parse_config_name, select_configs  # noqa: E402
-from pytest_ddtree.service.profile import parse_profile  # noqa: E402
+from pytest_ddtree.configs import load_matrix, parse_config_name  # noqa: E402
+from pytest_ddtree.selection import select  # noqa: E402
+from pytest_ddtree.service.profile import load_profile, parse_profile  # noqa: E402
 from tests.fleet_helpers import SshFleet  # noqa: E402
 
 SUITE_ARGS = ["--ddtree-workload=c1_short", "--ddtree-coding-limit=1", "--ddtree-coding-max-tokens=128", "-k", "not lossless"]
@@ -84,7 +85,9 @@ def main() -> int:
     ap.add_argument("--load-seconds", type=float, default=45.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    SELECTED.extend(c.name for c in select_configs([args.configs], load_matrix(REPO / "suites" / "configs.yaml")))
+    # the fleet's hosts run the reference engine, so its profile's build selects what the sweep runs
+    engine = load_profile(REPO / "suites" / "services" / "reference.yaml")
+    SELECTED.extend(c.name for c in select([args.configs], load_matrix(REPO / "suites" / "configs.yaml"), engine).configs)
     bound = math.ceil(len(SELECTED) / 3) / len(SELECTED)
     print(f"configs {args.configs}: {len(SELECTED)} ({', '.join(SELECTED)}); three-host lower bound {bound:.1%}")
     print(f"reference engine --load-seconds {args.load_seconds:g} per start; gates: {' '.join(SUITE_ARGS)}")

@@ -22,7 +22,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.axes import AxisError, AxisValue
@@ -476,41 +476,6 @@ def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple
     return by_name[str(name)], plan
 
 
-def select_configs(requested: Sequence[str] | None, matrix: Matrix) -> list[DDTreeConfig]:
-    """Resolve ``--ddtree-config`` values (repeatable, comma lists, globs, ``all``) in matrix order.
-
-    The benchmarks' and tests' plain resolution against configs.yaml alone: a well-formed name
-    outside the matrix is taken as it is. A session resolves through ``selection.select``, which
-    also knows the build and refuses an unlisted name (a typo) unless asked on purpose.
-    """
-    if not requested:
-        return [matrix.default]
-    tokens = [t.strip() for value in requested for t in value.split(",") if t.strip()]
-    if not tokens:
-        raise ConfigError("--ddtree-config was given but empty; " + _valid_names_hint(matrix))
-    selected: list[DDTreeConfig] = []
-
-    def add(configs: Iterable[DDTreeConfig]) -> None:
-        for config in configs:
-            if config not in selected:
-                selected.append(config)
-
-    for token in tokens:
-        if token == "all":
-            add(matrix.configs)
-        elif any(ch in token for ch in "*?["):
-            matched = [c for c in matrix.configs if fnmatch.fnmatchcase(c.name, token)]
-            if not matched:
-                raise ConfigError(f"--ddtree-config pattern {token!r} matches no config of {matrix.path}; " + _valid_names_hint(matrix))
-            add(matched)
-        else:
-            try:
-                add([parse_config_name(token)])
-            except ConfigError as exc:
-                raise ConfigError(f"--ddtree-config: {exc}; " + _valid_names_hint(matrix)) from None
-    return selected
-
-
 def select_workloads(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
     """The cells ``--ddtree-workload`` asks for, in matrix order; all of them without patterns.
 
@@ -569,7 +534,3 @@ def inline_workload(spec: str, matrix: Matrix) -> Workload:
         entry["concurrency"] = entry.pop("max_concurrency", 1)  # bench_serving without a rate: every request at once, capped
     defaults = matrix.raw.get("workload_defaults") if isinstance(matrix.raw.get("workload_defaults"), Mapping) else {}
     return _workload(entry, f"--ddtree-workload {spec!r}", defaults or {}, matrix.path.parent)
-
-
-def _valid_names_hint(matrix: Matrix) -> str:
-    return "valid names: all, " + ", ".join(matrix.names())

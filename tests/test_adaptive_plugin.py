@@ -19,7 +19,7 @@ import yaml
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.report import text as report
-from pytest_ddtree.configs import load_matrix, select_configs
+from pytest_ddtree.configs import load_matrix
 from pytest_ddtree.measure.load import workload_dict
 from pytest_ddtree.records.words import RecordKind, Status
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, reference_profile, run_suite
@@ -110,7 +110,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
     from pytest_ddtree.adaptive.sweep import AdaptiveSweep
 
     matrix = load_matrix(MATRIX)
-    configs = select_configs(["all"], matrix)
+    configs = list(matrix.configs)
     cells = [w for w in matrix.workloads if w.name in ("c1_short", "c8_short")]
 
     def row(config: str, cell: Any, tok_s: float, profile: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ddtree.configs import load_matrix, select_configs
+from pytest_ddtree.configs import load_matrix
 from tests.fakes.standin_server import odd_tok_s  # the stand-in's own surface: the truth
 from tests.suite_helpers import run_suite
 from tests.adaptive_helpers import check_sweep, sweep_matrix
@@ -35,7 +35,7 @@ def test_a_cost_shape_outside_the_model_still_gets_picks_within_five_percent(pyt
                        suite="test_throughput.py", config="all", timeout=400)
     assert result.ret == 0, result.stdout.str()[-3000:]
     payload = check_sweep(result, pytester.path / "results", limit=8, cells=len(cells))
-    configs = {c.name: c for c in select_configs(["all"], load_matrix(matrix))}
+    configs = {c.name: c for c in load_matrix(matrix).configs}
 
     def truth(name: str, n: int) -> float:
         shape = configs[name].tree_shape()

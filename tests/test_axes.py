@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_ddtree import axes
 from pytest_ddtree.baselines import BaselineStore
@@ -19,8 +20,9 @@ from pytest_ddtree.configs import (
     config_in_nodeid,
     load_matrix,
     parse_config_name,
-    select_configs,
 )
+from pytest_ddtree.selection import select
+from pytest_ddtree.service.profile import parse_profile
 
 
 def _value(axis: axes.Axis, rng: random.Random) -> Any:
@@ -124,7 +126,11 @@ def test_the_committed_baselines_load_unchanged(repo_root: Path) -> None:
     assert changed == ""
 
 
-def test_globs_and_all_select_over_any_axis(tmp_path: Path) -> None:
+def test_globs_and_all_select_over_any_axis(tmp_path: Path, repo_root: Path) -> None:
+    raw = yaml.safe_load((repo_root / "suites" / "services" / "reference.yaml").read_text())
+    raw["config_args"].update(steps="--speculative-num-steps {value}", overlap={"on": "", "off": "--disable-overlap-schedule"})
+    raw["applied"].update(speculative_num_steps="steps", disable_overlap_schedule="not overlap")
+    build = parse_profile(raw)  # the engine's flags, and a flag for each of the two axes
     path = tmp_path / "configs.yaml"
     path.write_text("default: bs8_b8_k4\n"
                     "matrix:\n"
@@ -133,11 +139,11 @@ def test_globs_and_all_select_over_any_axis(tmp_path: Path) -> None:
     matrix = load_matrix(path)
     names = matrix.names()
     assert "bs8_b8_k4_steps3_overlapoff" in names and "b7_k4_steps3" in names
-    assert len(select_configs(["all"], matrix)) == len(names) == 7
-    assert {c.name for c in select_configs(["*_steps3*"], matrix)} == {
+    assert len(select(["all"], matrix, build).configs) == len(names) == 7
+    assert {c.name for c in select(["*_steps3*"], matrix, build).configs} == {
         "bs8_b8_k4_steps3_overlapon", "bs8_b8_k4_steps3_overlapoff", "b7_k1_steps3", "b7_k4_steps3"}
-    assert {c.name for c in select_configs(["*overlapoff"], matrix)} == {"bs8_b8_k4_steps2_overlapoff",
-                                                                       "bs8_b8_k4_steps3_overlapoff"}
+    assert {c.name for c in select(["*overlapoff"], matrix, build).configs} == {"bs8_b8_k4_steps2_overlapoff",
+                                                                              "bs8_b8_k4_steps3_overlapoff"}
 
 
 def test_configs_yaml_declares_an_axis_of_its_own(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from pytest_ddtree.configs import (
     load_matrix,
     name_sort_key,
     parse_config_name,
-    select_configs,
 )
 from pytest_ddtree.scheduling import config_scope
+from pytest_ddtree.selection import select
+from pytest_ddtree.service.profile import load_profile
 
 
 @pytest.mark.parametrize("name", ["bs8_b8_k4", "bs8_b12_k6_w2048", "bs8_b8_k4_wnone", "bs16_b32_k8", "bs2_b1_k1_w1"])
@@ -56,19 +57,24 @@ def test_shipped_matrix(repo_root: Path) -> None:
 
 def test_selection(repo_root: Path) -> None:
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
-    assert select_configs(None, matrix) == [matrix.default]
-    assert [c.name for c in select_configs(["bs8_b*_k4"], matrix)] == ["bs8_b4_k4", "bs8_b8_k4", "bs8_b12_k4", "bs8_b16_k4"]
-    assert [c.name for c in select_configs(["bs8_b8_k4,bs16_b16_k4", "bs8_b8_k4"], matrix)] == ["bs8_b8_k4", "bs16_b16_k4"]
-    assert len(select_configs(["all"], matrix)) == len(matrix.configs)
-    # well-formed but outside the matrix: taken as it is
-    assert select_configs(["bs4_b3_k2_w512"], matrix) == [DDTreeConfig(4, 3, 2, 512)]
+    engine = load_profile(repo_root / "suites" / "services" / "reference.yaml")
+
+    def selected(*requested: str, allow_unlisted: bool = False) -> list[DDTreeConfig]:
+        return list(select(list(requested) or None, matrix, engine, allow_unlisted).configs)
+
+    assert selected() == [matrix.default]
+    assert [c.name for c in selected("bs8_b*_k4")] == ["bs8_b4_k4", "bs8_b8_k4", "bs8_b12_k4", "bs8_b16_k4"]
+    assert [c.name for c in selected("bs8_b8_k4,bs16_b16_k4", "bs8_b8_k4")] == ["bs8_b8_k4", "bs16_b16_k4"]
+    assert selected("all") == list(matrix.configs)
+    # well-formed but outside the matrix: taken as it is when asked for on purpose
+    assert selected("bs4_b3_k2_w512", allow_unlisted=True) == [DDTreeConfig(4, 3, 2, 512)]
 
 
-@pytest.mark.parametrize("bad", ["bs9_b*", "nonsense", " , "])
+@pytest.mark.parametrize("bad", ["bs9_b*", "nonsense", " , ", "bs4_b3_k2_w512"])
 def test_selection_errors_list_valid_names(repo_root: Path, bad: str) -> None:
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
     with pytest.raises(ConfigError) as info:
-        select_configs([bad], matrix)
+        select([bad], matrix, load_profile(repo_root / "suites" / "services" / "reference.yaml"))
     assert "valid names: all, bs8_b4_k4" in str(info.value)
 
 

@@ -151,7 +151,6 @@ _.failure_details  # gates/coding.py: suites/test_coding.py
 _.pass_count  # coding.GateOutcome: suites/test_coding.py's record
 _.to_record  # coding.ProblemResult, lossless.LosslessOutcome: suites/test_coding.py, suites/test_lossless.py
 _.coding_max_tokens  # Settings: suites/test_coding.py
-_.select_configs  # configs.py: benchmarks/bench_fleet.py and the tests
 
 # Read by the tests only, as probes of what the package does: the tokenizer's special ids (test_refserver_units.py),
 # the HTTP pool's idle connections and TCP_NODELAY (test_http.py), the process groups left behind
