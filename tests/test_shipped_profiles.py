@@ -206,6 +206,7 @@ def sglang_argvs() -> dict[str, list[str]]:
     argvs: dict[str, list[str]] = {}
     for path in sorted(SERVICES.glob("*.yaml")):
         profile = load_profile(path)
+        fork_flags = set(yaml.safe_load(path.read_text()).get("fork_flags") or {})  # checked by load_profile
         command = " ".join((profile.command or "").split())
         if "-m sglang.launch_server " not in command:
             continue  # the engine's own profiles
@@ -215,9 +216,9 @@ def sglang_argvs() -> dict[str, list[str]]:
         for name, line in launches.items():
             rendered = shlex.split(line)
             argv = rendered[rendered.index("sglang.launch_server") + 1:]
-            argvs[f"{path.name} {name}"] = strip_fork_flags(argv, set(profile.fork_flags))
-            for flag in (f for f in profile.fork_flags if f in argv):  # a config may leave its axis out
-                argvs[f"{path.name} {name} keeping {flag}"] = strip_fork_flags(argv, set(profile.fork_flags) - {flag})
+            argvs[f"{path.name} {name}"] = strip_fork_flags(argv, fork_flags)
+            for flag in (f for f in sorted(fork_flags) if f in argv):  # a config may leave its axis out
+                argvs[f"{path.name} {name} keeping {flag}"] = strip_fork_flags(argv, fork_flags - {flag})
     return argvs
 
 

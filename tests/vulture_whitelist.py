@@ -167,10 +167,7 @@ _.n_obs
 # effect is the validation (a bad entry is a clear error at load time); the repro kit reads the
 # profile's raw mapping (repro/writer.py), the slurm keys are rendered by name into ``#SBATCH``
 # lines (service/slurm.py), and ``rate_search`` is read by suites/test_sustainable_rate.py through
-# the matrix. ``expressible`` (service/validated_profile.py) is called by tests/test_profiles.py
-# only: a selection helper the profile work may wire or drop.
-_.fork_flags
-_.budget_counts_root
+# the matrix.
 _.coding_min_pass
 _.qos
 _.gres
@@ -178,7 +175,6 @@ _.time_limit
 _.cpus_per_task
 _.constraint
 _.rate_search
-_.expressible
 
 # gates/throughput/cells.py
 _.status_reasons  # CellEvaluation.status_reasons (why a cell is not valid): tests/test_throughput_spoiled.py

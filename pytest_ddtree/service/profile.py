@@ -213,7 +213,8 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     fields = _parse_config_fields(raw, fail)
     own_matrix, own_default = _own_matrix(raw, fail)
     read_back = _parse_read_back(raw, fields, fail)
-    counts_root = _parse_budget_counts_root(raw, fields, fail)
+    _check_budget_counts_root(raw, fields, fail)
+    _check_fork_flags(raw, fail)
     behaviour = _parse_behaviour(raw, kind, pool, fail)
     fleet = parse_fleet_keys(raw, kind.name, kind.capabilities, fail,
                              remote_kinds=tuple(k.name for k in kinds.kinds_that(lambda can: can.remote_hosts)))
@@ -230,7 +231,6 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         default_window=window,
         **fields,
         **read_back,
-        budget_counts_root=counts_root,
         own_matrix=own_matrix,
         own_default=own_default,
         **behaviour,
@@ -394,7 +394,6 @@ def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
 class _ReadBack(TypedDict):
     sources: dict[str, str]
     unverifiable: dict[str, str]
-    fork_flags: dict[str, str]
 
 
 def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> _ReadBack:
@@ -408,7 +407,7 @@ def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail)
             section = "config_env" if key in fields["config_env"] else "config_args"
             raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
                                          f"it under applied, or say why it cannot be checked under unverifiable")
-    return _ReadBack(sources=sources, unverifiable=unverifiable, fork_flags=_parse_fork_flags(raw, fail))
+    return _ReadBack(sources=sources, unverifiable=unverifiable)
 
 
 def _parse_speculative_args(raw: Mapping[str, Any], fail: _Fail) -> str:
@@ -427,19 +426,20 @@ def _parse_speculative_args(raw: Mapping[str, Any], fail: _Fail) -> str:
     return str(text)
 
 
-def _parse_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> bool | None:
-    """A profile that sets the budget says whether the build's flag counts the root node (every
-    shipped one does; a user's may leave it out, unchecked), and maps it so: true -> the template is ``{value+1}`` and an applied key of it ``budget + 1``; false ->
-    ``{value}`` and ``budget``. So ``bN`` means N non-root nodes on every build."""
+def _check_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> None:
+    """Whether the build's budget flag (or variable) counts the root node too (SubSir's tree verify)
+    or not (DDTree's budget): a declaration the mapping is checked against at load (every shipped
+    profile says it; a user's may not, unchecked): true -> the template is ``{value+1}`` and an
+    applied key ``budget + 1``; false -> ``{value}`` and ``budget``. So bN is N non-root nodes."""
     counts = raw.get("budget_counts_root")
     templates = [fields["config_args"]["budget"]] if "budget" in fields["config_args"] else []
     templates += list(fields["config_env"].get("budget", {}).values())
     if not templates:
         if counts is not None:
             raise fail("budget_counts_root", "only a profile that sets the budget (config_args / config_env) says this")
-        return None
-    if counts is None:  # undeclared (every shipped profile declares it: tests/test_shipped_profiles.py)
-        return None
+        return
+    if counts is None:  # undeclared (every shipped profile declares it: tests/test_profiles.py)
+        return
     want = 1 if counts else 0
     for template in templates:
         if value_offset(template) != want:
@@ -449,16 +449,15 @@ def _parse_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fai
         if field_name == "budget" and fields["applied_offset"].get(key, 0) != want:
             raise fail(f"applied.{key}", f"budget_counts_root is {str(counts).lower()}: read it back as "
                                          f"{'budget + 1' if counts else 'budget'}")
-    return bool(counts)
 
 
-def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
-    """``fork_flags: {--flag: why}``: each a ``--`` flag of the command or of a config_args
-    template (a flag the launch never passes needs no excuse), each with the fork or PR it comes from."""
+def _check_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> None:
+    """``fork_flags: {--flag: why}``: flags of the command or a config_args template (one never
+    passed needs no excuse) that SGLang 0.5.23 lacks, each with its fork or PR. For
+    tests/test_shipped_profiles.py: it strips exactly these before 0.5.23's parser reads a line."""
     section = raw.get("fork_flags") or {}
     templates = [t for v in (raw.get("config_args") or {}).values() for t in (v.values() if isinstance(v, Mapping) else [v])]
     passed = " ".join([str(raw.get("command") or ""), str(raw.get("speculative_args") or ""), *map(str, templates)]).split()
-    out: dict[str, str] = {}
     for flag, why in section.items():
         if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
             raise fail(f"fork_flags.{flag}", "must be a launch flag spelled --like-this")
@@ -466,8 +465,6 @@ def _parse_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
             raise fail(f"fork_flags.{flag}", "is not passed by the command, speculative_args or any config_args template: drop it")
         if not isinstance(why, str) or not why.strip():
             raise fail(f"fork_flags.{flag}", "must say which fork or PR adds the flag (released SGLang's parser refuses it)")
-        out[flag] = why.strip()
-    return out
 
 
 def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any], fail: _Fail) -> dict[str, dict[str, str]]:

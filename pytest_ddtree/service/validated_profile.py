@@ -211,15 +211,6 @@ class ServiceProfile:
     #: flag / environment variable / /server_info key -> where in the build's source it was read
     #: (repository, commit or branch, path:line), or "unverified: ..." (the report and package cite it).
     sources: Mapping[str, str] = field(default_factory=dict)
-    #: launch flags the build has and released SGLang (0.5.23) lacks -> why (the fork or PR that
-    #: adds it): tests/test_shipped_profiles.py strips exactly these before SGLang's own parser reads
-    #: the command line, so any other flag it does not know fails there.
-    fork_flags: Mapping[str, str] = field(default_factory=dict)
-    #: Whether the build's budget flag (or variable) counts the root node as well (SubSir's tree
-    #: verify: ``num_draft_tokens`` nodes including the root) or not (DDTree's budget): the
-    #: profile maps ``bN`` to N + 1 or N so bN always means N non-root nodes. None: no budget is set,
-    #: or the profile does not say (then nothing checks its mapping).
-    budget_counts_root: bool | None = None
     health_path: str = "/health_generate"
     ready_timeout_s: float = 900.0
     #: Each generation request as a whole (connect, every byte, a stream's last event): /generate,
@@ -399,22 +390,6 @@ class ServiceProfile:
         env = self.render_env(config)
         command = self.render_command(config, None) if self.command else shlex.join(self.render_config_args(config))
         return command, tuple(sorted(env.items()))
-
-    def expressible(self, configs: Iterable[DDTreeConfig]) -> list[DDTreeConfig]:
-        """The configs this build can run under their own names: fixed fields as the build has
-        them, and one config per distinct launch (the first, in the given order)."""
-        kept: list[DDTreeConfig] = []
-        launches: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        for config in configs:
-            try:
-                self.check_selection([config])
-            except SelectionError:
-                continue
-            identity = self.launch_identity(config)
-            if identity not in launches:
-                launches.add(identity)
-                kept.append(config)
-        return kept
 
     def why_not(self, config: DDTreeConfig) -> list[tuple[str, str]]:
         """(field, reason) for each field this build cannot run as ``config`` names it: a fixed field
