@@ -1,9 +1,9 @@
 """The words a session's records and verdicts are spelled with: record kinds and status words.
 
 Why one module: every writer (the suites, the session, the control, the adaptive sweep) and every
-reader (the report, the HTML report, the history, the repro kit) used to spell ``"throughput"``,
-``"launch"`` or ``"regression"`` on its own, so a typo or a rename split them silently. Here each
-word is defined once, as a member of a ``str`` enum: a member *is* its string (``RecordKind.LAUNCH
+reader (the report, the HTML report, the history, the repro kit) spells ``"throughput"``,
+``"launch"`` or ``"regression"``; each spelling its own, a typo or a rename would split them
+silently. Here each word is defined once, as a member of a ``str`` enum: a member *is* its string (``RecordKind.LAUNCH
 == "launch"``, same hash, JSON writes ``"launch"``), so the records on disk and ``results.json``
 stay byte-identical, and records read back from JSON (plain strings) compare equal to the members.
 ``tests/test_codebase.py`` fails on a kind spelled as a bare string outside this module.

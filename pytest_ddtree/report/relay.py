@@ -1,10 +1,10 @@
 """Progress lines of pytest-xdist workers, shown live on the controller's terminal.
 
 Why: xdist forwards a worker's test reports and nothing else, and a worker's output is captured
-while its test runs, so under ``-n 2`` a sweep showed dots for minutes while each worker started a
-service and measured its cells. The lines a serial run shows (the service's start, readiness, each
-cell's repeats and tok/s so far, a wait for a shared instance) now reach the controller, prefixed
-with the worker's id: ``[ddtree gw1] bs8_b8_k4 c32_4k: repeat 3/3: 2 s, 65/96 requests, ...``.
+while its test runs, so under ``-n 2`` a sweep would show only dots for minutes while each worker
+starts a service and measures its cells. The lines a serial run shows (the service's start,
+readiness, each cell's repeats and tok/s so far, a wait for a shared instance) reach the
+controller, prefixed with the worker's id: ``[ddtree gw1] bs8_b8_k4 c32_4k: repeat 3/3: 2 s, 65/96 requests, ...``.
 
 The channel is one file per worker in a folder the controller makes; its path reaches the worker
 in ``workerinput`` (``pytest_configure_node``). The worker appends whole lines (:class:`WorkerSink`:
