@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -46,24 +47,30 @@ def pytest_ddtree_verdict(config, ddtree_config, cell, verdict):
 '''
 
 
-def test_a_plugin_hears_each_cell_measured_and_each_verdict_made(pytester: pytest.Pytester) -> None:
-    """One config, one cell, no baseline: the cell's figures and samples as results.json records them,
-    its verdict (a warning: no baseline yet) and then the session's, in that order."""
+def _hooked_session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict[str, Any]]]:
+    """The throughput suite on one config and one cell (no control, no baseline) with HOOKS_PLUGIN:
+    its result and the hooks' calls, in order."""
     matrix = pytester.path / "configs.yaml"
     matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
     (pytester.path / "hooks_plugin.py").write_text(HOOKS_PLUGIN)
-    results = pytester.path / "results"
     result = pytester.runpytest_subprocess(
         str(REPO / "suites" / "test_throughput.py"), f"--ddtree-service={reference_profile(pytester.path, control='none')}",
-        f"--ddtree-matrix={matrix}", f"--ddtree-results={results}", f"--ddtree-baselines={pytester.path / 'baselines'}",
-        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_tiny", "-p", "hooks_plugin", "-p", "no:cacheprovider",
-        timeout=120)
-    assert result.ret == 0, result.stdout.str()
+        f"--ddtree-matrix={matrix}", f"--ddtree-results={pytester.path / 'results'}",
+        f"--ddtree-baselines={pytester.path / 'baselines'}", "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_tiny",
+        "-p", "hooks_plugin", "-p", "no:cacheprovider", *args, timeout=120)
     calls = [json.loads(line) for line in (pytester.path / "hooked.jsonl").read_text().splitlines()]
     assert [(c["hook"], c["ddtree_config"], c["cell"]) for c in calls] == [
-        ("cell_measured", "bs8_b8_k4", "c1_tiny"), ("verdict", "bs8_b8_k4", "c1_tiny"), ("verdict", None, None)]
-    measured, cell_verdict, session_verdict = calls
+        ("cell_measured", "bs8_b8_k4", "c1_tiny"), ("verdict", "bs8_b8_k4", "c1_tiny"), ("verdict", None, None)], calls
+    return result, calls
+
+
+def test_a_plugin_hears_each_cell_measured_and_each_verdict_made(pytester: pytest.Pytester) -> None:
+    """The cell's figures and samples as its record has them, its verdict (a warning: no baseline
+    yet) and then the session's, in that order."""
+    result, (measured, cell_verdict, session_verdict) = _hooked_session(pytester)
+    assert result.ret == 0, result.stdout.str()
+    results = pytester.path / "results"
     summary = json.loads((results / "results.json").read_text())
     (record,) = [r for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()
                  if (r := json.loads(line))["kind"] == RecordKind.THROUGHPUT]
@@ -73,3 +80,13 @@ def test_a_plugin_hears_each_cell_measured_and_each_verdict_made(pytester: pytes
     assert verdict["decision"] == "warn" and "create it with" in verdict["message"], verdict
     assert {k: verdict[k] for k in ("cell", "status", "reasons", "metrics")} == record["verdict"]
     assert session_verdict["verdict"] == {"decision": "pass", "message": summary["verdict"], "failed_checks": []}
+
+
+def test_a_failed_cell_and_its_failed_session_reach_the_verdict_hook(pytester: pytest.Pytester) -> None:
+    """--ddtree-require-baselines: the same cell, with no baseline, fails, and so does the session."""
+    result, (_, cell_verdict, session_verdict) = _hooked_session(pytester, "--ddtree-require-baselines")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert cell_verdict["verdict"]["decision"] == "fail", cell_verdict
+    assert cell_verdict["verdict"]["message"].endswith("(--ddtree-require-baselines)"), cell_verdict
+    verdict = session_verdict["verdict"]
+    assert verdict["decision"] == "fail" and verdict["message"].startswith("FAILED: 1 test(s) failed"), verdict
