@@ -263,7 +263,7 @@ def _judge_configs_against_session(records: list[dict[str, object]], outcome: Fi
     of its cells passed."""
     from pytest_ddtree.gates import throughput as gate
     from pytest_ddtree.records import shapes as records_mod
-    from pytest_ddtree.report.text import normalize
+    from pytest_ddtree.records.cells import normalize
 
     relaunches = records_mod.judged_relaunches(records)
     findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
@@ -338,7 +338,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
     throughput was measured (with the reason when there is no control)."""
     from pytest_ddtree.gates.throughput import control, control_policy
-    from pytest_ddtree.report.text import normalize
+    from pytest_ddtree.records.cells import normalize
 
     configs = normalize(records)
     if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):

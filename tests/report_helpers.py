@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.records.words import Status, Verdict
 from pytest_ddtree.report import text as report
 
@@ -22,7 +23,7 @@ def throughput_rec(config: str, conc: int, ctx: int, tps: float, accept: float, 
               "ddtree_median_request_output_throughput": per_req or tps / conc, "completed": 4}
     verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
                                                                  message="m"),)).as_dict()
-    data = report.throughput_record(
+    data = throughput_record(
         config=config, cell=cell,
         workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 64, "requests": 4, "prompts": "documents"},
         repeats=[repeat, repeat, repeat], samples={"output_throughput": [tps] * 3},

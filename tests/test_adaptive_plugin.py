@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pytest_ddtree.gates import throughput as gate
-from pytest_ddtree.report import text as report
+from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.configs import load_matrix
 from pytest_ddtree.measure.load import workload_dict
 from pytest_ddtree.records.words import RecordKind, Status
@@ -130,7 +130,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
     assert first is not None
     # this session's own records, as the throughput suite writes them
     verdict = gate.CellVerdict("c", Status.MISSING).as_dict()
-    measured = [{"kind": RecordKind.THROUGHPUT, **report.throughput_record(
+    measured = [{"kind": RecordKind.THROUGHPUT, **throughput_record(
         config=first, cell=w.name, workload=workload_dict(w), repeats=[{"output_throughput": 1000.0, "accept_length": 4.0}],
         samples={"output_throughput": [1000.0]}, measurement_status=Status.VALID, verdict=verdict,
         hardware_profile="refserver")} for w in cells]

@@ -466,7 +466,8 @@ def f() -> None:
 
 
 #: The modules that write, pass or read the session's records (records/shapes.py types them).
-_RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/finish.py", "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
+_RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/records/cells.py", "pytest_ddtree/finish.py",
+                   "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
                    "pytest_ddtree/records/recorder.py", "pytest_ddtree/records/sessionfolder.py", "pytest_ddtree/session.py",
                    "pytest_ddtree/gates/throughput", "pytest_ddtree/report/html", "pytest_ddtree/repro/plugin_bridge.py",
                    "suites/test_throughput.py", "suites/test_coding.py", "pytest_ddtree/gates/coding.py", "pytest_ddtree/report/history.py",

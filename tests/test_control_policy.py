@@ -171,7 +171,7 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
 def _first_look(results: Path) -> tuple[control.ControlJudgement, set[object]]:
     """The session's uniform shift as the policy's first look judged it (the control's first launch
     only), and the control's further launches."""
-    from pytest_ddtree.report.text import normalize
+    from pytest_ddtree.records.cells import normalize
 
     records = [json.loads(line) for path in results.glob("records-*.jsonl") for line in path.read_text().splitlines()]
     first = [r for r in records if r.get("kind") != control.CONTROL_RECORD or r.get("control_launch") == 1]

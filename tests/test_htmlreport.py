@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import LiveStatus, build_html, charts, load_payload, model, write_report
 from pytest_ddtree.report.html.live import LiveReport
@@ -35,7 +36,7 @@ def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status:
     verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
                                                                  message=message),)).as_dict()
     baseline = {"output_throughput": {"median": sorted(base)[1], "samples": base, "tolerance": 0.05, "direction": "higher"}} if base else None
-    data = report.throughput_record(config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 32,
+    data = throughput_record(config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 32,
                                                                       "requests": 4, "prompts": "documents"}, repeats=repeats,
                                     samples={"output_throughput": tps}, measurement_status=Status.VALID, verdict=verdict, baseline=baseline)
     return {"kind": "throughput", "time": 100.0, "worker": "main", **data}
@@ -273,7 +274,7 @@ def test_the_repeats_table_shows_the_verdict_of_the_tok_s_it_lists_and_the_cells
         gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, None, None, 0.002, message="tok/s ok"),
         gate.MetricVerdict(report.TOKENS_PER_VERIFY, Status.REGRESSION, "higher", 0.02, None, None, -0.039,
                            message="accept 5.172 -> 4.971"))).as_dict()
-    data = report.throughput_record(
+    data = throughput_record(
         config="bs8_b16_k4", cell="c8_4k", workload={"concurrency": 8, "context_tokens": 4096, "output_tokens": 32,
                                                      "requests": 8, "prompts": "documents"},
         repeats=[{"output_throughput": t, report.TOKENS_PER_VERIFY: 4.971} for t in (1000.0, 1004.0, 998.0)],

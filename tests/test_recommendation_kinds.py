@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree.metrics import ACCEPT_LENGTH, PER_REQUEST_OUTPUT_THROUGHPUT
+from pytest_ddtree.records.cells import normalize
 from pytest_ddtree.report import frontier
 from pytest_ddtree.report import text as report
 from tests.report_helpers import throughput_rec
@@ -136,7 +137,7 @@ def test_the_pareto_frontier_is_chosen_on_both_axes_and_holds_each_winner_named_
     at c1) and the aggregate winner (bs8_b12_k4 at c8) and leaves out bs8_b8_k4, beaten on both at each load
     though it has the best acceptance: the Pareto line never contradicts the lines above it."""
     records = [*SWEEP, rec("bs8_b8_k4", 1, 4096, 700.0, 5.5, per_req=700.0), rec("bs8_b8_k4", 8, 4096, 1850.0, 5.5, per_req=230.0)]
-    throughput = report.normalize(records)
+    throughput = normalize(records)
     (line,) = [s for s in frontier.deployment(throughput, records)["sentences"] if s.startswith("Pareto frontier")]
     assert line == ("Pareto frontier at context 4096 (tok/s per request against aggregate tok/s): bs8_b16_k4 at c1_4k, "
                     "bs8_b12_k4 at c1_4k, bs8_b16_k4 at c8_4k, bs8_b12_k4 at c8_4k; every other config is beaten on both "

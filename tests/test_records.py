@@ -10,7 +10,8 @@ import pytest
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.records import shapes as records
-from pytest_ddtree.report import text as report
+from pytest_ddtree.gates.throughput.cells import throughput_record
+from pytest_ddtree.records.cells import normalize
 from pytest_ddtree.gates.coding import ProblemResult
 from pytest_ddtree.service.proof import PROVEN, FieldEvidence, ProbeResult, Proof
 from pytest_ddtree.records.shapes import LaunchEntry, RecordError, ThroughputData
@@ -23,7 +24,7 @@ from pytest_ddtree.records.words import RecordKind, Status
 def _cell(cell: str = "c1") -> ThroughputData:
     verdict = gate.CellVerdict(cell, Status.PASS, (gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, 100.0,
                                                                       101.0, 0.01),)).as_dict()
-    return report.throughput_record(
+    return throughput_record(
         config="bs8_b8_k4", cell=cell,
         workload={"concurrency": 1, "context_tokens": 64, "output_tokens": 8, "requests": 2, "prompts": "documents"},
         repeats=[{"output_throughput": 101.0}] * 3, samples={"output_throughput": [101.0] * 3},
@@ -56,7 +57,7 @@ def test_a_malformed_record_from_a_worker_is_set_aside_saying_which_key_is_wrong
     assert any("worker gw1 handed over records that are not a list of objects" in str(r.get("problem"))
                for r in collector.records([]))
     # the readers see only the checked records; a typed view over an unchecked one says what is wrong
-    assert [r["cell"] for r in report.normalize(got)] == ["c1"]
+    assert [r["cell"] for r in normalize(got)] == ["c1"]
     with pytest.raises(RecordError, match=r"verdict.metrics.output_throughput.change is 'x', expected a number or null"):
         records.throughput_records([json.loads(json.dumps(good).replace('"change": 0.01', '"change": "x"'))])
 

@@ -13,6 +13,7 @@ from pytest_ddtree.gates.throughput import cells, slo_edge, throughput
 from pytest_ddtree.measure import load, openloop, stats
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.metrics import REQUEST_GOODPUT, SLO_LATENCY_SHARE, TOKENS_PER_VERIFY
+from pytest_ddtree.records.cells import normalize
 from pytest_ddtree.records.words import Status
 from pytest_ddtree.report import text as report
 
@@ -145,7 +146,7 @@ def test_a_bless_keeps_the_worst_share_and_a_judged_cell_at_the_edge_says_so_in_
     assert why in judged.verdict.reasons and REQUEST_GOODPUT not in judged.record["baseline"]
     assert judged.verdict.metric(REQUEST_GOODPUT) is None and judged.record["samples"][REQUEST_GOODPUT]  # recorded
     raw = [{"kind": "throughput", "config": "bs8_b8_k4", "data": judged.record}]
-    assert report.unjudged_lines(report.normalize(raw)) == [f"bs8_b8_k4 r4: {why}"]
+    assert report.unjudged_lines(normalize(raw)) == [f"bs8_b8_k4 r4: {why}"]
     summary = report.session_summary(raw, [], None)
     assert ("ddtree recorded, not judged", f"bs8_b8_k4 r4: {why}") in summary.sections
     assert f"- bs8_b8_k4 r4: {why}" in summary.markdown

@@ -66,6 +66,18 @@ def median(values: Sequence[float]) -> float:
     return percentile(values, 50.0)
 
 
+def aggregate_repeats(repeats: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
+    """Median of every numeric metric over the repeats (the number a table shows)."""
+    keys: list[str] = []
+    for r in repeats:
+        keys.extend(k for k in r if k not in keys)
+    out: dict[str, float | None] = {}
+    for k in keys:
+        values = [float(v) for r in repeats if is_number(v := r.get(k))]
+        out[k] = median(values) if values else None
+    return out
+
+
 def mean(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("mean of an empty sequence")

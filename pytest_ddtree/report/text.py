@@ -5,9 +5,10 @@ directory as they are measured (crash-safe), merged from xdist workers by the co
 and rendered three ways (terminal, Markdown, JSON). Rendering from the records alone means
 a results directory can be re-rendered later and every view says the same thing.
 
-A *throughput record* is the dict built by :func:`throughput_record` (the suite records it
-through ``ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)``). Records wrapped by the
-recorder as ``{"kind", "config", "data": {...}}`` are accepted too.
+A *throughput record* is the dict built by ``gates.throughput.cells.throughput_record`` (the suite
+records it through ``ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)``), read here
+through ``records.cells.normalize``. Records wrapped by the recorder as
+``{"kind", "config", "data": {...}}`` are accepted too.
 
 Recommendations follow the campaign's questions: which config gives the best aggregate
 throughput at the highest concurrency, which the best single-request speed, which the best
@@ -28,12 +29,13 @@ from tabulate import tabulate
 from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT
 from pytest_ddtree.measure import stats
 from pytest_ddtree.configs import config_or_none, name_sort_key
-# Re-exported: the gate, the load generator and the HTML report read them here.
+# Re-exported: the HTML report reads them here.
 from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
 from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
 from pytest_ddtree.records import shapes as records_mod
-from pytest_ddtree.records.shapes import CellVerdictData, NoEffectFinding, RawRecord, ThroughputData, ThroughputRecord, WorkloadData
-from pytest_ddtree.records.words import ATTENTION, THROUGHPUT_KINDS, MeasurementStatus, RecordKind, Status
+from pytest_ddtree.records.cells import normalize
+from pytest_ddtree.records.shapes import NoEffectFinding, RawRecord, ThroughputRecord
+from pytest_ddtree.records.words import ATTENTION, THROUGHPUT_KINDS, RecordKind, Status
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it
 #: by less than this fraction (the campaign: block 8 -> 16 gave 4.9 -> 5.2, +6%).
@@ -70,82 +72,6 @@ COUNT_KEYS = ("completed", "total_input_tokens", "total_input_text_tokens", "tot
 BENCH_BACKEND = "sglang"
 #: bench_serving's backend for /v1/chat/completions (serving.py ASYNC_REQUEST_FUNCS): a chat cell's
 BENCH_CHAT_BACKEND = "sglang-oai-chat"
-
-
-def aggregate_repeats(repeats: Sequence[Mapping[str, object]]) -> dict[str, float | None]:
-    """Median of every numeric metric over the repeats (the number a table shows)."""
-    keys: list[str] = []
-    for r in repeats:
-        keys.extend(k for k in r if k not in keys)
-    out: dict[str, float | None] = {}
-    for k in keys:
-        values = [float(v) for r in repeats if stats.is_number(v := r.get(k))]
-        out[k] = stats.median(values) if values else None
-    return out
-
-
-def throughput_record(
-    *,
-    config: str,
-    cell: str,
-    workload: WorkloadData,
-    repeats: Sequence[Mapping[str, object]],
-    samples: Mapping[str, Sequence[float]],
-    measurement_status: MeasurementStatus,
-    verdict: CellVerdictData,
-    problems: Sequence[str] = (),
-    notes: Sequence[str] = (),
-    hardware_profile: str | None = None,
-    baseline: Mapping[str, object] | None = None,
-    server_info: Mapping[str, object] | None = None,
-) -> ThroughputData:
-    """The record of one cell: medians over repeats, samples, spread, verdict.
-
-    ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
-    ``verdict`` is ``gate.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
-    (samples, median, tolerance per metric), so the report can draw repeats against them.
-    """
-    primary = [float(v) for v in samples.get(OUTPUT_THROUGHPUT) or []]
-    spread = stats.summarize(primary).as_dict() if primary else None
-    change = {k: change for k, m in verdict["metrics"].items() if (change := m.get("change")) is not None}
-    return {
-        "config": config,
-        "cell": cell,
-        "workload": workload,
-        "status": verdict["status"],
-        "measurement_status": measurement_status,
-        "repeats": len(repeats),
-        "metrics": aggregate_repeats(repeats),
-        "samples": {k: list(v) for k, v in samples.items()},
-        "output_throughput_spread": spread,
-        "change": change,
-        "verdict": verdict,
-        "problems": list(problems),
-        "notes": list(notes),
-        "hardware_profile": hardware_profile,
-        "baseline": dict(baseline or {}),
-        "server_info": dict(server_info) if server_info else None,
-    }
-
-
-def normalize(records: Iterable[RawRecord]) -> list[ThroughputRecord]:
-    """The throughput records, checked (``records.throughput_records``: a malformed one raises
-    ``RecordError``), sorted for display. A record without a kind that names a cell is one too
-    (the data of :func:`throughput_record` alone)."""
-    out = records_mod.throughput_records(
-        {**r, "kind": RecordKind.THROUGHPUT} if r.get("kind") is None and _names_a_cell(r) else r for r in records)
-    out.sort(key=_sort_key)
-    return out
-
-
-def _names_a_cell(record: RawRecord) -> bool:
-    data = record.get("data")
-    return "cell" in record or (isinstance(data, Mapping) and "cell" in data)
-
-
-def _sort_key(rec: ThroughputRecord) -> tuple[Any, ...]:
-    w = rec["workload"]
-    return (name_sort_key(rec["config"]), w["context_tokens"], w["concurrency"], rec["cell"])
 
 
 def _f(v: Any, digits: int = 1) -> str:

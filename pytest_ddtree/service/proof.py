@@ -575,7 +575,7 @@ def no_effect(records: Iterable[Mapping[str, object]], default_window: int | Non
     report ("topk shows no effect on this build"), never proof that the field applied, and not a
     failure: a build may ignore a knob on purpose (upstream DFLASH forces topk to 1).
     ``default_window`` resolves config names without a window suffix (None: such configs are not
-    compared on the window). ``records``: throughput records (``report.normalize``'s), read key by
+    compared on the window). ``records``: throughput records (``records.cells.normalize``'s), read key by
     key (only the acceptance, the config, the cell and its workload)."""
     from pytest_ddtree.configs import DEFAULT_WINDOW, config_or_none
 

@@ -11,7 +11,7 @@ Here they are written once (``run_cells``):
    (``throughput.measure_config``; under a bless nothing is judged);
 3. evaluate each cell against that baseline (``evaluate_cell``), which takes the cell's one bless
    decision (``measurement.decide_bless``; ``check.check_cell`` turns it into a proposal or a refusal);
-4. record each cell (``on_cell``; the suite's cell tests record their own as they run).
+4. record each cell (``throughput_record``, then ``on_cell``; the suite's cell tests record their own as they run).
 
 ``plan_for`` builds the plan from a session (a ``DDTreeSession``, or an object with its
 ``profile``, ``settings`` and ``slo``), so a script (the gate's benchmark) drives the same path the
@@ -38,11 +38,12 @@ from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judgin
 from pytest_ddtree.configs import config_or_none
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.gates.measure_only import NOT_JUDGED, is_plain
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.records import bill
 from pytest_ddtree.records import shapes as records_mod
-from pytest_ddtree.records.shapes import RelaunchCellData, RelaunchFailureData, ThroughputData
+from pytest_ddtree.records.cells import normalize
+from pytest_ddtree.records.shapes import CellVerdictData, RelaunchCellData, RelaunchFailureData, ThroughputData, WorkloadData
 from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
-from pytest_ddtree.report import text as report
 from pytest_ddtree.service import proof
 from pytest_ddtree.service.build import blessed_build, build_changes, build_sentence, build_under_test
 
@@ -201,7 +202,7 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         retaken = spoiled_evidence(confirmation)
         if retaken:
             notes.append(f"confirmation run: {len(retaken)} repeat(s) retaken, not counted: " + "; ".join(retaken))
-    record = report.throughput_record(
+    record = throughput_record(
         config=config, cell=workload.name, workload=workload_info, repeats=repeats, samples=samples,
         measurement_status=status, verdict=verdict.as_dict(), problems=problems[:20], notes=notes,
         hardware_profile=baseline.hardware_profile, baseline=(judged or {}).get("gates"),
@@ -223,6 +224,50 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
                           bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,
                           build=baseline.build, build_sentence=sentence)
+
+
+def throughput_record(
+    *,
+    config: str,
+    cell: str,
+    workload: WorkloadData,
+    repeats: Sequence[Mapping[str, object]],
+    samples: Mapping[str, Sequence[float]],
+    measurement_status: MeasurementStatus,
+    verdict: CellVerdictData,
+    problems: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    hardware_profile: str | None = None,
+    baseline: Mapping[str, object] | None = None,
+    server_info: Mapping[str, object] | None = None,
+) -> ThroughputData:
+    """The record of one cell: medians over repeats, samples, spread, verdict.
+
+    ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
+    ``verdict`` is ``gate.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
+    (samples, median, tolerance per metric), so the report can draw repeats against them.
+    """
+    primary = [float(v) for v in samples.get(OUTPUT_THROUGHPUT) or []]
+    spread = stats.summarize(primary).as_dict() if primary else None
+    change = {k: change for k, m in verdict["metrics"].items() if (change := m.get("change")) is not None}
+    return {
+        "config": config,
+        "cell": cell,
+        "workload": workload,
+        "status": verdict["status"],
+        "measurement_status": measurement_status,
+        "repeats": len(repeats),
+        "metrics": stats.aggregate_repeats(repeats),
+        "samples": {k: list(v) for k, v in samples.items()},
+        "output_throughput_spread": spread,
+        "change": change,
+        "verdict": verdict,
+        "problems": list(problems),
+        "notes": list(notes),
+        "hardware_profile": hardware_profile,
+        "baseline": dict(baseline or {}),
+        "server_info": dict(server_info) if server_info else None,
+    }
 
 
 def _complete_record(record: ThroughputData, run: stats.CellRun[load.CellResult], slo: SLO | None) -> None:
@@ -427,7 +472,7 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     if not session.profile.relaunch_flagged or session.settings.update_baselines:
         return []
     recorder = session.recorder
-    moves = gate.config_moves(report.normalize(recorder.records))
+    moves = gate.config_moves(normalize(recorder.records))
     collected = collected_cells(items)
     done: list[str] = []
     failed: set[str] = set()

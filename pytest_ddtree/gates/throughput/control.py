@@ -275,7 +275,7 @@ def judge(records: Sequence[RawRecord], configs: Sequence[JudgedCellData], *,
     """The control's verdict, each config's speedup over it and the session's uniform shift.
 
     ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
-    ``configs``: the configs' throughput records (``report.normalize``); ``z_uniform``: the standard
+    ``configs``: the configs' throughput records (``records.cells.normalize``); ``z_uniform``: the standard
     errors a uniform slowdown must pass (``control_policy.uniform_z``: more where the launch policy
     looked more than once, so the looks together spend no more than their error budget)."""
     control = records_mod.control_judged(records)

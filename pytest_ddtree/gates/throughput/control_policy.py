@@ -94,7 +94,7 @@ def further_launches(session: DDTreeSession, cells: Sequence[WorkloadLike]) -> i
     inconclusive (the module docstring), up to the profile's ``control_max_launches``; returns how
     many were measured. Nothing here raises: a launch that fails is recorded (``control.measure``)
     and the looks stop."""
-    from pytest_ddtree.report.text import normalize
+    from pytest_ddtree.records.cells import normalize
 
     profile, recorder = session.profile, session.recorder
     if session.settings.update_baselines or not cells:

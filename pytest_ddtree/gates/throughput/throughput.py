@@ -20,7 +20,6 @@ from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.service import http, proof
 from pytest_ddtree.measure import load, openloop, stats
 from pytest_ddtree import progress
-from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.gates.throughput import slo_edge as slo_edge_mod
 from pytest_ddtree.baselines import BaselineError, BaselineStore
@@ -321,7 +320,7 @@ def rate_probe(run: stats.CellRun[load.CellResult], rate: float, slo: SLO) -> Ra
     problems = [p for s in counted for p in s.problems() if "failed" not in p]
     reason = ("; ".join(problems[:3]) if problems else None) or \
         slo_mod.slo_miss([r for s in counted for r in s.requests], slo)
-    medians = report.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
+    medians = stats.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
     return RateProbe(rate, reason is None, reason, {k: medians.get(k) for k in PROBE_FIGURES})
 
 

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT
-from pytest_ddtree.report.text import TOKENS_PER_VERIFY
+from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import CellVerdictData, MetricVerdictData
 from pytest_ddtree.records.words import MeasurementStatus, Status, Verdict
 
