@@ -24,9 +24,12 @@ from pytest_ddtree.records.words import Word
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 if TYPE_CHECKING:
+    from pytest_ddtree.options import Settings
     from pytest_ddtree.service.fingerprint import HardwareProfile
 
 SCHEMA_VERSION = 1
+#: The command that (re)creates baselines, where a store is not told its session's own.
+CREATE_HINT = "pytest suites --ddtree-update-baselines"
 
 
 class BaselineError(RuntimeError):
@@ -81,7 +84,7 @@ class BaselineStore:
     root: Path
     hardware_profile: str
     update_mode: bool = False
-    create_hint: str = "pytest suites --ddtree-update-baselines"
+    create_hint: str = CREATE_HINT
     #: The fingerprint the session took of its service (a fleet host's GPUs from that host): what a
     #: bless records as the setup, and what a judged cell compares with the setup it was blessed on.
     fingerprint: HardwareProfile | None = field(default=None, compare=False)
@@ -184,3 +187,13 @@ class BaselineStore:
                 write_yaml_atomic(path, data, header)
                 written.append(path)
         return written
+
+
+def baseline_store(settings: Settings, hardware_profile: str, *, create_hint: str = CREATE_HINT,
+                   fingerprint: HardwareProfile | None = None, legacy_profile: str | None = None) -> BaselineStore:
+    """A session's store for one hardware profile: the one place the settings become a store, so
+    the store the gates read and the stores the session end writes through take their folder
+    (``--ddtree-baselines``) and their bless mode (``--ddtree-update-baselines``) alike."""
+    return BaselineStore(root=settings.baselines, hardware_profile=hardware_profile,
+                         update_mode=settings.update_baselines, create_hint=create_hint,
+                         fingerprint=fingerprint, legacy_profile=legacy_profile)

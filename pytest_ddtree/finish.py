@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.gates import measure_only
 from pytest_ddtree.atomicfile import write_atomic
-from pytest_ddtree.baselines import BaselineError, BaselineStore
+from pytest_ddtree.baselines import BaselineError, baseline_store
 from pytest_ddtree.records.recorder import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -391,7 +391,7 @@ def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, pro
         if proposal.hardware_profile in done:
             continue
         done.add(proposal.hardware_profile)
-        store = BaselineStore(session.settings.baselines, proposal.hardware_profile, update_mode=True)
+        store = baseline_store(session.settings, proposal.hardware_profile)  # reached only when blessing: a store in bless mode
         try:
             written = write_golden(store.golden_dir(), proposal.data)
         except (OSError, KeyError, TypeError) as exc:
@@ -416,7 +416,7 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
         if hardware_profile is None:
             outcome.fail("baseline updates without a hardware profile were dropped (the service never started?)")
             continue
-        store = BaselineStore(session.settings.baselines, hardware_profile, update_mode=True)
+        store = baseline_store(session.settings, hardware_profile)  # reached only when blessing: a store in bless mode
         try:
             written = store.apply_updates(profile_updates)
         except (BaselineError, OSError) as exc:

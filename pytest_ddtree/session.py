@@ -227,15 +227,14 @@ class DDTreeSession:
     def baselines(self, server_info: Mapping[str, object]) -> BaselineStore:
         """The baseline store for the hardware this session measures on (fixed at first use)."""
         if self._baselines is None:
-            from pytest_ddtree.baselines import BaselineStore
+            from pytest_ddtree.baselines import baseline_store
             from pytest_ddtree.service.fingerprint import local_fingerprint, sanitize
 
             taken = self._remote_fingerprint(server_info) or local_fingerprint(self.profile, server_info)
             named = self.name_hardware(taken) if self.name_hardware is not None else None
-            self._baselines = BaselineStore(
-                root=self.settings.baselines,
-                hardware_profile=sanitize(named) if named else taken.name,
-                update_mode=self.settings.update_baselines,
+            self._baselines = baseline_store(
+                self.settings,
+                sanitize(named) if named else taken.name,
                 create_hint=self.create_hint(),
                 fingerprint=taken,
                 legacy_profile=None if named else taken.legacy_name,
