@@ -2,7 +2,9 @@
 
 Why a bridge: the writer takes plain data so it can be tested and reused without pytest; the
 session (settings, profile, matrix, records, failed tests) is the plugin's.  This module is
-the only place that knows both, and it still does not import pytest.
+the only place that knows both, and it still does not import pytest. It takes the session as
+:class:`SessionFacts`, what it reads of one: the session takes the package's environment
+snapshot (``envsnap.py``), so a bridge importing the session would make the two import each other.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
 
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import HostEnvData, RawRecord
@@ -21,9 +23,28 @@ from pytest_ddtree.records.shapes import HostEnvData, RawRecord
 from pytest_ddtree.repro.writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
 
 if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.service.profile import ServiceProfile
 
 __all__ = ["package_from_session", "launches_from_records", "request_from_session"]
+
+
+class SessionFacts(Protocol):
+    """What a package reads of the plugin's session (``session.DDTreeSession`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def profile(self) -> ServiceProfile: ...
+    @property
+    def matrix(self) -> Matrix: ...
+    @property
+    def selected_configs(self) -> list[DDTreeConfig]: ...
+    @property
+    def failed_tests(self) -> Sequence[Mapping[str, str]]: ...
+    @property
+    def results_dir(self) -> Path: ...
 
 
 def launches_from_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
@@ -70,7 +91,7 @@ def _stamp(value: str | None) -> _dt.datetime | None:
         return None
 
 
-def request_from_session(session: DDTreeSession, records: Sequence[RawRecord], exitstatus: int) -> PackageRequest:
+def request_from_session(session: SessionFacts, records: Sequence[RawRecord], exitstatus: int) -> PackageRequest:
     """Collect what the session ran; raises what the session's properties raise (profile, matrix errors)."""
     settings = session.settings
     if settings.package is None:
@@ -117,6 +138,6 @@ def request_from_session(session: DDTreeSession, records: Sequence[RawRecord], e
     )
 
 
-def package_from_session(session: DDTreeSession, records: Sequence[RawRecord], exitstatus: int) -> PackageReport:
+def package_from_session(session: SessionFacts, records: Sequence[RawRecord], exitstatus: int) -> PackageReport:
     """The plugin's session-end entry point (controller only): write, verify, publish."""
     return write_package(request_from_session(session, records, exitstatus))
