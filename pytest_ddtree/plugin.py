@@ -367,6 +367,7 @@ def _relay(config: pytest.Config, session: DDTreeSession) -> Relay | None:
 
     try:
         relay = config.stash[RELAY_KEY] = Relay(display.line)
+        config.pluginmanager.register(_RelayCloser(config), "ddtree-relay-closer")
     except OSError as exc:  # no temporary folder: the workers' lines stay theirs, the run goes on
         display.line(f"[ddtree] the workers' progress lines are not shown: {exc}")
         config.stash[RELAY_KEY] = None
@@ -381,6 +382,20 @@ def _stop_relay(config: pytest.Config) -> None:
     if relay is not None:
         del config.stash[RELAY_KEY]
         relay.close()
+
+
+class _RelayCloser:
+    """Ends the relay after xdist's own sessionfinish has torn the workers down (trylast), and before
+    the terminal reporter's summary (its wrapper runs after): a Ctrl-C ends xdist's loop while the
+    workers still stop their services, and what they say then ('slurm job 18 stopped: ...') comes
+    after the loop."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        _stop_relay(self.config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -692,7 +707,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is None:
         return
-    _stop_relay(session.config)
     try:
         ddtree.close()
     finally:

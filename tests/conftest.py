@@ -18,12 +18,13 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def no_session_progress_display() -> Iterator[None]:
-    """Each test runs with no progress display installed: the plugin of this very run installs one
-    (its worker's channel under -n, the terminal's status line on a TTY), and a test that drives the
-    harness's waits in process and reads their progress lines would see them go to it instead (a
-    wait leaves its periodic lines to a display that is showing). Put back after the test."""
+    """The tests run with no progress display installed: the plugin of this very run installs one
+    (its worker's channel under -n, the terminal's status line on a TTY), and a test or a class's
+    fixture that drives the harness's waits in process and reads their progress lines would see them
+    go to it instead (a wait leaves its periodic lines to a display that is showing). Session-scoped,
+    so it is in place before any module's or class's fixture starts a service; put back at the end."""
     replaced = progress.install(None)
     yield
     progress.install(replaced)
