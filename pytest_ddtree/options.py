@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:  # parsed where read: importing the plugin loads the option declarations only
     from pytest_ddtree.measure.slo import SLO
@@ -58,14 +58,31 @@ class Option:
     #: Where the option has an ini key: what the key holds (its help adds "like --ddtree-<name>").
     ini: str | None = None
     ini_type: str | None = None
+    #: Old names still read, each as its own ``--ddtree-<alias>`` flag (and ini key, where the option
+    #: has one), so a renamed option breaks no command line; using one warns with the new spelling.
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
-        return "--ddtree-" + self.name.replace("_", "-")
+        return _flag(self.name)
 
     @property
     def dest(self) -> str:
         return "ddtree_" + self.name
+
+    @property
+    def dests(self) -> tuple[str, ...]:
+        """Where pytest keeps this option's value under each spelling."""
+        return tuple("ddtree_" + name for name in (self.name, *self.aliases))
+
+    def alias_note(self, alias: str) -> str:
+        """The deprecation warning for a use of ``alias``."""
+        return (f"{_flag(alias)} (ini ddtree_{alias}) is deprecated: use {self.flag}" if self.ini is not None
+                else f"{_flag(alias)} is deprecated: use {self.flag} (same values)")
+
+
+def _flag(name: str) -> str:
+    return "--ddtree-" + name.replace("_", "-")
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -130,14 +147,16 @@ OPTION = {option.name: option for option in OPTIONS}
 def add_options(parser: _Parser) -> None:
     group = parser.getgroup("ddtree", "DDTree speculative-decoding gates (pytest-ddtree)")
     for option in OPTIONS:
-        attrs: dict[str, Any] = {"dest": option.dest, "help": option.help,
-                                 "default": False if option.action == "store_true" else None}
+        attrs: dict[str, Any] = {"default": False if option.action == "store_true" else None}
         attrs.update({k: v for k, v in (("metavar", option.metavar), ("type", option.type), ("action", option.action)) if v is not None})
-        group.addoption(option.flag, **attrs)
+        group.addoption(option.flag, dest=option.dest, help=option.help, **attrs)
+        for alias in option.aliases:
+            group.addoption(_flag(alias), dest="ddtree_" + alias, help=f"deprecated spelling of {option.flag}", **attrs)
     for option in OPTIONS:
         if option.ini is not None:
-            parser.addini(option.dest, f"{option.ini} (like {option.flag})", type=option.ini_type,
-                          default=[] if option.ini_type == "args" else None)
+            for name, text in ((option.name, option.ini), *((a, f"deprecated spelling of ddtree_{option.name}") for a in option.aliases)):
+                parser.addini("ddtree_" + name, f"{text} (like {option.flag})", type=option.ini_type,
+                              default=[] if option.ini_type == "args" else None)
 
 
 #: --ddtree-sandbox values: "strong" requires a namespace tier with a uid drop (fail closed).
@@ -187,6 +206,8 @@ class Settings:
     """--ddtree-measure-only: measure and report, judge nothing (gates/measure_only.py)."""
     output_file: Path | None = None
     """--ddtree-output-file: the JSON-lines file every measured repeat is appended to (bench_serving's --output-file)."""
+    deprecated: tuple[str, ...] = ()
+    """One note per old option spelling (``Option.aliases``) this run used: plugin.py warns with each."""
 
 
 def _path(root: Path, value: str | os.PathLike[str]) -> Path:
@@ -213,21 +234,40 @@ def session_stamp(now: datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ")
 
 
+def _given(value: Any) -> bool:
+    return value is not None and value is not False and value != [] and value != ""
+
+
 class _Reader:
     """An option's value: the command line beats the ini key beats nothing (None), with the
-    folder a relative path in it is relative to (the invocation dir, else the rootdir)."""
+    folder a relative path in it is relative to (the invocation dir, else the rootdir). An old
+    spelling (``Option.aliases``) counts as the option and leaves its deprecation note in ``notes``;
+    a repeatable option's values from both spellings add up."""
 
     def __init__(self, config: _Config, root: Path, cwd: Path) -> None:
         self.config, self.root, self.cwd = config, root, cwd
+        self.notes: dict[str, None] = {}  # ordered, each once
+
+    def _first(self, option: Option, get: Callable[[str], Any]) -> Any:
+        values: list[Any] = []
+        for name in (option.name, *option.aliases):
+            value = get("ddtree_" + name)
+            if _given(value):
+                if name != option.name:
+                    self.notes[option.alias_note(name)] = None
+                values.append(value)
+        if option.action == "append" or option.ini_type == "args":
+            return [item for value in values for item in value] or None
+        return values[0] if values else None
 
     def read(self, name: str) -> tuple[Any, Path]:
         option = OPTION[name]
-        value = self.config.getoption(option.dest)
-        if value is not None and value is not False and value != []:
+        value = self._first(option, self.config.getoption)
+        if value is not None:
             return value, self.cwd
         if option.ini is not None:
-            ini_value = self.config.getini(option.dest)
-            if ini_value not in (None, "", []):
+            ini_value = self._first(option, self.config.getini)
+            if ini_value is not None:
                 return ini_value, self.root
         return None, self.root
 
@@ -304,6 +344,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         url=str(url).rstrip("/") if url else None,
         output_file=read.optional_path("output_file"),
         measure_only=measure_only,
+        deprecated=tuple(read.notes),
     )
 
 

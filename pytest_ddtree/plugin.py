@@ -198,6 +198,8 @@ def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Se
         return dataclasses.replace(settings, results=Path(worker_input[WORKER_RESULTS_KEY]))
     if _is_xdist_worker(config):
         return settings
+    for note in settings.deprecated:
+        config.issue_config_time_warning(pytest.PytestDeprecationWarning(note), stacklevel=2)
     from pytest_ddtree.records.sessionfolder import ResultsDirError, choose_results_dir
 
     try:
@@ -233,7 +235,8 @@ def _progress(config: pytest.Config, worker_input: dict[str, Any]) -> Callable[[
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
-    return any(config.getoption(options.OPTION[name].dest) for name in ("config", "service", "url", "matrix", "package", "workload"))
+    return any(config.getoption(dest) for name in ("config", "service", "url", "matrix", "package", "workload")
+               for dest in options.OPTION[name].dests)
 
 
 def _ddtree_in_use(session: DDTreeSession, config: pytest.Config) -> bool:
