@@ -39,7 +39,7 @@ from pytest_ddtree.selection import select  # noqa: E402
 from pytest_ddtree.service.profile import load_profile, parse_profile  # noqa: E402
 from tests.fleet_helpers import SshFleet  # noqa: E402
 
-SUITE_ARGS = ["--ddtree-workload=c1_short", "--ddtree-coding-limit=1", "--ddtree-coding-max-tokens=128", "-k", "not lossless"]
+SUITE_ARGS = ["--ddtree-cell=c1_short", "--ddtree-coding-limit=1", "--ddtree-coding-max-tokens=128", "-k", "not lossless"]
 """Small gates: the figure is about restarts. Lossless is left out: a new profile has no golden
 transcripts, and its reference instance would add one more restart to both sides."""
 

@@ -238,7 +238,7 @@ def _settings(world: World, index: int, bless: bool, repeats: int) -> Settings:
                     matrix=Path(__file__).resolve().parent.parent / "suites" / "configs.yaml", baselines=world.root / "baselines", update_baselines=bless,
                     require_baselines=False, results=world.root / f"results-{index}", package=None, package_name=None,
                     package_force=False, coding_set="", coding_limit=None, coding_max_tokens=0, sandbox="",
-                    ready_timeout=None, repeats=repeats, workloads=(), session_stamp=stamp,
+                    ready_timeout=None, repeats=repeats, cells=(), session_stamp=stamp,
                     session_id=f"{stamp}-sim{index}")
 
 

@@ -476,20 +476,20 @@ def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple
     return by_name[str(name)], plan
 
 
-def select_workloads(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
-    """The cells ``--ddtree-workload`` asks for, in matrix order; all of them without patterns.
+def select_cells(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
+    """The cells ``--ddtree-cell`` asks for, in matrix order; all of them without patterns.
 
-    Each pattern must match at least one workload: a typo would otherwise run nothing and pass.
+    Each pattern must match at least one cell: a typo would otherwise run nothing and pass.
     """
     if not patterns:
         return list(matrix.workloads)
-    inline = [inline_workload(p, matrix) for p in patterns if "=" in p]
+    inline = [inline_cell(p, matrix) for p in patterns if "=" in p]
     patterns = [p for p in patterns if "=" not in p]
     names = [w.name for w in matrix.workloads]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(w.name, pattern) for w in matrix.workloads):
-            raise ConfigError(f"--ddtree-workload {pattern!r} matches no workload of {matrix.path}; "
-                              f"{did_you_mean(pattern, names)}valid: {', '.join(names)}, or a workload inline "
+            raise ConfigError(f"--ddtree-cell {pattern!r} matches no cell of {matrix.path}; "
+                              f"{did_you_mean(pattern, names)}valid: {', '.join(names)}, or a cell inline "
                               f"({INLINE_EXAMPLE})")
     return [w for w in matrix.workloads if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)] + inline
 
@@ -505,8 +505,8 @@ INLINE_ALIASES = {"rate": "request_rate", "request_rate": "request_rate", "max_c
 INLINE_EXAMPLE = "'rate=4,max_concurrency=16,prompts=200,input=1024,output=512' or 'concurrency=8,input=4096,output=64'"
 
 
-def inline_workload(spec: str, matrix: Matrix) -> Workload:
-    """A workload written on the command line as bench_serving's options name it: ``rate`` (its
+def inline_cell(spec: str, matrix: Matrix) -> Workload:
+    """A cell written on the command line as bench_serving's options name it: ``rate`` (its
     --request-rate), ``max_concurrency``, ``prompts`` / ``num_prompts`` (its --num-prompts: the
     measured requests), ``input`` / ``random_input_len`` (the exact prompt length), ``output`` /
     ``random_output_len``, ``dataset`` (a bundled source or a ShareGPT .json), ``concurrency`` (a closed
@@ -516,21 +516,21 @@ def inline_workload(spec: str, matrix: Matrix) -> Workload:
         key, _, raw = part.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
         if key not in INLINE_ALIASES:
-            raise ConfigError(f"--ddtree-workload {spec!r}: unknown key {key!r}; "
+            raise ConfigError(f"--ddtree-cell {spec!r}: unknown key {key!r}; "
                               f"{did_you_mean(key, sorted(INLINE_ALIASES))}known: {', '.join(sorted(INLINE_ALIASES))}")
         value: Any = raw.strip()
         if key in ("rate", "request_rate", "burstiness", "temperature", "top_p"):
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(f"--ddtree-workload {spec!r}: {key} must be a number, got {raw!r}") from None
+                raise ConfigError(f"--ddtree-cell {spec!r}: {key} must be a number, got {raw!r}") from None
         elif key not in ("dataset", "source", "name", "arrival", "api"):
             try:
                 value = int(value)
             except ValueError:
-                raise ConfigError(f"--ddtree-workload {spec!r}: {key} must be an integer, got {raw!r}") from None
+                raise ConfigError(f"--ddtree-cell {spec!r}: {key} must be an integer, got {raw!r}") from None
         entry[INLINE_ALIASES[key]] = value
     if "request_rate" not in entry and "concurrency" not in entry:
         entry["concurrency"] = entry.pop("max_concurrency", 1)  # bench_serving without a rate: every request at once, capped
     defaults = matrix.raw.get("workload_defaults") if isinstance(matrix.raw.get("workload_defaults"), Mapping) else {}
-    return _workload(entry, f"--ddtree-workload {spec!r}", defaults or {}, matrix.path.parent)
+    return _workload(entry, f"--ddtree-cell {spec!r}", defaults or {}, matrix.path.parent)

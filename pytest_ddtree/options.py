@@ -123,8 +123,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("ready_timeout", "override the profile's ready_timeout_s", metavar="SECONDS", type=float),
     Option("repeats", "interleaved repeats per throughput cell (default: 3, the minimum for statistics)", metavar="N",
            type=int, ini="throughput repeats per cell"),
-    Option("workload", "throughput cells to run, by name glob (repeatable; default: all of configs.yaml)", metavar="GLOB",
-           action="append"),
+    Option("cell", "throughput cells to run, by name glob (repeatable; default: all of configs.yaml)", metavar="GLOB",
+           action="append", aliases=("workload",)),
     Option("dataset", "a ShareGPT JSON file (bench_serving's format) whose text becomes every throughput cell's "
            "prompts, cut to each cell's exact length (default: each workload's prompts: source)", metavar="PATH"),
     Option("max_restarts", "adaptive sweep: measure at most N of the selected configs (one service restart each), "
@@ -185,7 +185,7 @@ class Settings:
     sandbox: str
     ready_timeout: float | None
     repeats: int
-    workloads: tuple[str, ...]
+    cells: tuple[str, ...]
     session_stamp: str
     session_id: str = ""
     """Unique per session (stamp + random): names its results folder and tags every record."""
@@ -331,7 +331,7 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
         sandbox=sandbox_tier,
         ready_timeout=ready_timeout,
         repeats=repeats,
-        workloads=tuple(read.value("workload") or ()),
+        cells=tuple(read.value("cell") or ()),
         session_stamp=stamp,
         session_id=session_id,
         dataset=dataset,

@@ -235,7 +235,7 @@ def _progress(config: pytest.Config, worker_input: dict[str, Any]) -> Callable[[
 
 
 def _explicitly_configured(config: pytest.Config) -> bool:
-    return any(config.getoption(dest) for name in ("config", "service", "url", "matrix", "package", "workload")
+    return any(config.getoption(dest) for name in ("config", "service", "url", "matrix", "package", "cell")
                for dest in options.OPTION[name].dests)
 
 

@@ -159,12 +159,12 @@ class DDTreeSession:
     def setup_problem(self) -> str | None:
         """Why the profile, the matrix, the selected configs or workloads cannot be used (the
         usage error's message), or None: the one place their errors are caught."""
-        from pytest_ddtree.configs import ConfigError, select_workloads
+        from pytest_ddtree.configs import ConfigError, select_cells
         from pytest_ddtree.service.profile import ProfileError
 
         try:
             self.profile.check_selection(self.selected_configs)  # before any restart
-            select_workloads(self.settings.workloads, self.matrix)
+            select_cells(self.settings.cells, self.matrix)
             _ = self.slo
         except (ConfigError, ProfileError) as exc:
             return str(exc)

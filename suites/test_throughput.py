@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_ddtree.report import text as report
-from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_workloads
+from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_cells
 from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
@@ -61,14 +61,14 @@ _CAMPAIGNS = pytest.StashKey[dict[str, "MeasuredCells"]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``workload`` over the matrix's cells (filtered by --ddtree-workload)."""
+    """Parametrize ``workload`` over the matrix's cells (filtered by --ddtree-cell)."""
     if "workload" not in metafunc.fixturenames:
         return
     session = session_of(metafunc.config)
     if session is None:
         return
     try:
-        workloads = select_workloads(session.settings.workloads, session.matrix)
+        workloads = select_cells(session.settings.cells, session.matrix)
     except ConfigError as exc:  # normally caught at configure time already (exit 4)
         raise pytest.UsageError(str(exc)) from None
     try:

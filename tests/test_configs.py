@@ -133,20 +133,20 @@ def test_the_gpu_workloads_load_with_the_campaign_matrix(pytester: pytest.Pytest
 
 
 def test_a_workload_inline_as_bench_serving_names_it() -> None:
-    from pytest_ddtree.configs import select_workloads
+    from pytest_ddtree.configs import select_cells
 
     matrix = load_matrix(Path(__file__).resolve().parent.parent / "suites" / "configs.yaml")
-    open_loop, closed = select_workloads(["rate=4,max_concurrency=16,prompts=200,input=1024,output=512",
+    open_loop, closed = select_cells(["rate=4,max_concurrency=16,prompts=200,input=1024,output=512",
                                           "--random-input-len=4096,--random-output-len=64,concurrency=8,num_prompts=16"], matrix)
     assert open_loop.open_loop is not None and open_loop.open_loop.request_rate == 4.0
     assert open_loop.open_loop.max_concurrency == 16 and open_loop.concurrency == 16
     assert (open_loop.requests, open_loop.context_tokens, open_loop.output_tokens, open_loop.name) == (200, 1024, 512, "r4_ctx1024")
     assert (closed.concurrency, closed.context_tokens, closed.output_tokens, closed.requests, closed.name) == (8, 4096, 64, 16, "c8_ctx4096")
     assert closed.prompts == "documents"  # the matrix's workload_defaults fill what the spec leaves out
-    assert [w.name for w in select_workloads(["c1_short", "concurrency=2,input=128"], matrix)] == ["c1_short", "c2_ctx128"]
+    assert [w.name for w in select_cells(["c1_short", "concurrency=2,input=128"], matrix)] == ["c1_short", "c2_ctx128"]
     with pytest.raises(ConfigError, match="unknown key 'imput'.*did you mean 'input'"):
-        select_workloads(["imput=128"], matrix)
+        select_cells(["imput=128"], matrix)
     with pytest.raises(ConfigError, match="rate must be a number"):
-        select_workloads(["rate=fast"], matrix)
-    with pytest.raises(ConfigError, match="or a workload inline"):
-        select_workloads(["c9_short"], matrix)
+        select_cells(["rate=fast"], matrix)
+    with pytest.raises(ConfigError, match="or a cell inline"):
+        select_cells(["c9_short"], matrix)

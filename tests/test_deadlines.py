@@ -161,7 +161,7 @@ def test_a_sweep_whose_streams_trickle_fails_each_config_at_its_cell_deadline_an
     mark = pytester.path.name
     profile = reference_profile(pytester.path, "--fault trickle=stream:0", control="none", request_timeout_s=1,
                                 cell_timeout_s=2.5, env={"DDTREE_DEADLINE_TEST": mark})
-    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", suite="test_throughput.py",
+    result = run_suite(pytester, profile, "--ddtree-cell=c1_short", suite="test_throughput.py",
                        config="bs8_b8_k4,bs8_b12_k6", timeout=120)
     out = result.stdout.str()
     assert result.ret == 1, out

@@ -186,7 +186,7 @@ def test_the_docs_launch_commands_are_judged_against_the_committed_baselines(
     try:
         result = pytester.runpytest_subprocess(
             str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
-            "--ddtree-workload=c1_short", "--ddtree-require-baselines",
+            "--ddtree-cell=c1_short", "--ddtree-require-baselines",
             f"--ddtree-results={pytester.path / 'results'}", "-p", "no:cacheprovider", timeout=300)
     finally:
         server.stop()

@@ -210,7 +210,7 @@ def test_a_main_job_session_lands_in_postgresql_and_passes_the_history_check(pyt
     results = pytester.path / "results"
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
-        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={results}",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-cell=c1_short", f"--ddtree-results={results}",
         # a one-config session measures a control only where the profile says so (control_min_configs: 1)
         f"--ddtree-service={reference_profile(pytester.path)}",
         # no baselines: what lands in the history is the point here, not a verdict that a loaded box
@@ -254,7 +254,7 @@ def test_the_history_check_fails_a_session_that_starts_a_regression_and_names_it
         raw.execute("INSERT INTO ddtree_sessions (session_id, started_at) VALUES ('careless', 'yesterday')")
     result = pytester.runpytest_subprocess(
         str(repo_root / "suites"), f"--rootdir={repo_root}", "-p", "no:cacheprovider", "-k", "throughput",
-        "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
+        "--ddtree-config=bs8_b8_k4", "--ddtree-cell=c1_short", f"--ddtree-results={pytester.path / 'results'}",
         f"--ddtree-service={reference_profile(pytester.path)}",  # with its control: control_min_configs 1
         f"--ddtree-history={db}", "--ddtree-history-check", timeout=300)
     session_id = json.loads((pytester.path / "results" / "results.json").read_text())["session_id"]

@@ -57,7 +57,7 @@ def _hooked_session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunRe
     result = pytester.runpytest_subprocess(
         str(REPO / "suites" / "test_throughput.py"), f"--ddtree-service={reference_profile(pytester.path, control='none')}",
         f"--ddtree-matrix={matrix}", f"--ddtree-results={pytester.path / 'results'}",
-        f"--ddtree-baselines={pytester.path / 'baselines'}", "--ddtree-config=bs8_b8_k4", "--ddtree-workload=c1_tiny",
+        f"--ddtree-baselines={pytester.path / 'baselines'}", "--ddtree-config=bs8_b8_k4", "--ddtree-cell=c1_tiny",
         "-p", "hooks_plugin", "-p", "no:cacheprovider", *args, timeout=120)
     calls = [json.loads(line) for line in (pytester.path / "hooked.jsonl").read_text().splitlines()]
     assert [(c["hook"], c["ddtree_config"], c["cell"]) for c in calls] == [

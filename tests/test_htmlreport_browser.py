@@ -145,7 +145,7 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
                                max_context=4096, pool=1, control="none")
     # Two of the four cells (one per context): every flagged cell is confirmed by 12 fresh repeats
     # on the slowed engine, which made this session most of the module's time.
-    code2, output2, _, _ = _run(root, faulty, root / "regressed", *(f"--ddtree-workload={w}" for w in REGRESSED_CELLS))
+    code2, output2, _, _ = _run(root, faulty, root / "regressed", *(f"--ddtree-cell={w}" for w in REGRESSED_CELLS))
     return Sessions(root, root / "blessed", root / "regressed", code2, output2, problem.id, other.entry_point, states, torn)
 
 

@@ -91,7 +91,7 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
         # were spoiled (clock_overruns 2-9 per repeat, 12-35% fewer tok/s), retaken, and the cells
         # (rightly) left inconclusive, which fails under --ddtree-require-baselines. They are gated
         # in every real main job and in the throughput-suite tests; here the other five carry it.
-        *(f"--ddtree-workload={cell}" for cell in MAIN_JOB_CELLS),
+        *(f"--ddtree-cell={cell}" for cell in MAIN_JOB_CELLS),
     )
     # the session's cells landed in the history, with their samples and the build (whatever its verdicts)
     from pytest_ddtree.report.history import HistoryStore

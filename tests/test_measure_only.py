@@ -54,7 +54,7 @@ def test_a_plain_server_is_measured_with_the_numbers_and_no_gate(pytester: pytes
         assert server.info()["speculative_algorithm"] is None  # SGLang's plain server says so
         result = pytester.runpytest_subprocess(
             str(REPO / "suites" / "test_throughput.py"), str(REPO / "suites" / "test_lossless.py"),
-            *_url_args(pytester, server.url, "--ddtree-measure-only", *(f"--ddtree-workload={c}" for c in CELLS),
+            *_url_args(pytester, server.url, "--ddtree-measure-only", *(f"--ddtree-cell={c}" for c in CELLS),
                        f"--ddtree-output-file={jsonl}", f"--ddtree-history={history}", "-rs"), timeout=240)
         refused = pytester.runpytest_subprocess(str(REPO / "suites" / "test_throughput.py"),
                                                 *_url_args(pytester, server.url), timeout=60)
@@ -140,7 +140,7 @@ def test_a_speculative_server_measured_only_shows_its_acceptance_and_is_judged_b
     measures a control in every session)."""
     _unreadable_baseline(pytester.path / "baselines", "bs8_b8_k4")
     suites = [str(REPO / "suites" / name) for name in ("test_throughput.py", "test_lossless.py", "test_coding.py")]
-    args = ["--ddtree-measure-only", "--ddtree-workload=c1_short", "--ddtree-coding-limit=2", "--ddtree-sandbox=plain"]
+    args = ["--ddtree-measure-only", "--ddtree-cell=c1_short", "--ddtree-coding-limit=2", "--ddtree-sandbox=plain"]
     if how == "url":
         server = RefServer([*config_args("bs8_b8_k4_w2048"), "--clock-scale", "10"], tmp_path).wait_ready()
         try:
@@ -179,7 +179,7 @@ def test_measure_only_under_xdist_measures_each_workers_config_and_judges_none(
     _unreadable_baseline(pytester.path / "baselines", "bs8_b4_k4")
     history = f"sqlite:///{pytester.path / 'history.db'}"
     profile = reference_profile(tmp_path, pool=2)
-    result = run_suite(pytester, profile, "--ddtree-measure-only", "--ddtree-workload=c1_short", f"--ddtree-history={history}",
+    result = run_suite(pytester, profile, "--ddtree-measure-only", "--ddtree-cell=c1_short", f"--ddtree-history={history}",
                        "-n", "2", suite="test_throughput.py", config="bs8_b8_k4,bs8_b4_k4", timeout=300)
     out = result.stdout.str()
     assert result.ret == 0, out[-4000:]

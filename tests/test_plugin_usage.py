@@ -112,19 +112,19 @@ def test_ini_defaults_and_command_line_precedence(pytester: pytest.Pytester, rep
 
 
 @pytest.mark.parametrize("patterns", [["nomatch*"], ["c1_*", "c9_typo"]])
-def test_workload_pattern_matching_nothing_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path, gate_file: None, patterns: list[str]) -> None:
-    """A typo in --ddtree-workload must not run zero cells and pass (issue #10.6)."""
-    result = pytester.runpytest_subprocess(*[f"--ddtree-workload={p}" for p in patterns], *_args(repo_root))
+def test_cell_pattern_matching_nothing_is_a_usage_error(pytester: pytest.Pytester, repo_root: Path, gate_file: None, patterns: list[str]) -> None:
+    """A typo in --ddtree-cell must not run zero cells and pass (issue #10.6)."""
+    result = pytester.runpytest_subprocess(*[f"--ddtree-cell={p}" for p in patterns], *_args(repo_root))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--ddtree-workload '{patterns[-1]}' matches no workload*valid: c1_short, c8_short*"])
+    result.stderr.fnmatch_lines([f"*--ddtree-cell '{patterns[-1]}' matches no cell*valid: c1_short, c8_short*"])
 
 
-def test_workload_patterns_select_in_matrix_order(repo_root: Path) -> None:
-    from pytest_ddtree.configs import load_matrix, select_workloads
+def test_cell_patterns_select_in_matrix_order(repo_root: Path) -> None:
+    from pytest_ddtree.configs import load_matrix, select_cells
 
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
-    assert [w.name for w in select_workloads(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]
-    assert select_workloads([], matrix) == list(matrix.workloads)
+    assert [w.name for w in select_cells(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]
+    assert select_cells([], matrix) == list(matrix.workloads)
 
 
 def test_unlisted_config_is_a_usage_error_naming_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
@@ -151,10 +151,10 @@ def test_a_config_the_matrix_lists_needs_no_permission(pytester: pytest.Pytester
     assert [line for line in result.outlines if "::" in line] == ["test_gate.py::test_gate[bs8_b8_k5]"]
 
 
-def test_workload_typo_names_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
-    result = pytester.runpytest_subprocess("--ddtree-workload=c1_shrt", *_args(repo_root))
+def test_cell_typo_names_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
+    result = pytester.runpytest_subprocess("--ddtree-cell=c1_shrt", *_args(repo_root))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--ddtree-workload 'c1_shrt' matches no workload*did you mean 'c1_short'*"])
+    result.stderr.fnmatch_lines(["*--ddtree-cell 'c1_shrt' matches no cell*did you mean 'c1_short'*"])
 
 
 def test_unknown_profile_key_names_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:

@@ -138,7 +138,7 @@ def _baseline_cells(pytester: pytest.Pytester) -> list[str]:
 @pytest.mark.slow
 def test_end_to_end_a_bless_never_stores_a_cell_that_lost_a_request(pytester: pytest.Pytester) -> None:
     profile = reference_profile(pytester.path, "--fault deep-chunk=5", control="none")
-    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-update-baselines",
+    result = run_suite(pytester, profile, "--ddtree-cell=c1_short", "--ddtree-update-baselines",
                        suite="test_throughput.py", timeout=300)
     out = result.stdout.str()
     assert result.ret == 1, out[-3000:]
@@ -152,7 +152,7 @@ def test_end_to_end_an_impossible_verify_count_fails_the_proof_and_through_a_url
         pytester: pytest.Pytester, tmp_path: Path) -> None:
     # 16 tokens a verify on bs8: the launched service fails its copy probe's proof
     profile = reference_profile(pytester.path, "--fault verify-ct=0.0625", control="none")
-    launched = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-update-baselines",
+    launched = run_suite(pytester, profile, "--ddtree-cell=c1_short", "--ddtree-update-baselines",
                          suite="test_throughput.py", timeout=300)
     out = launched.stdout.str()
     assert launched.ret == 1 and "tokens per verify, above the config's maximum of 8" in out, out[-3000:]
@@ -163,7 +163,7 @@ def test_end_to_end_an_impossible_verify_count_fails_the_proof_and_through_a_url
         external = pytester.runpytest_subprocess(
             str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={server.url}",
             f"--ddtree-results={pytester.path / 'results-url'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
-            "--ddtree-workload=c1_short", "--ddtree-update-baselines", "-p", "no:cacheprovider", "-rA", timeout=300)
+            "--ddtree-cell=c1_short", "--ddtree-update-baselines", "-p", "no:cacheprovider", "-rA", timeout=300)
     finally:
         server.stop()
     out = external.stdout.str()

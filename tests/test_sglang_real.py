@@ -250,7 +250,7 @@ class TestOneServer:
         habit): the row specnone with its tok/s, TPOT and req/s, no acceptance, nothing judged or blessed."""
         result = pytester.runpytest_subprocess(
             str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-url={served.service.url}",
-            "--ddtree-measure-only", "--ddtree-workload=c1_short", f"--ddtree-results={pytester.path / 'results'}",
+            "--ddtree-measure-only", "--ddtree-cell=c1_short", f"--ddtree-results={pytester.path / 'results'}",
             f"--ddtree-baselines={pytester.path / 'baselines'}", "-p", "no:cacheprovider", timeout=300)
         assert result.ret == 0, result.stdout.str()[-3000:]
         result.stdout.fnmatch_lines(["ddtree: configs specnone",
@@ -289,7 +289,7 @@ def test_a_session_on_the_profile_measures_the_control_and_refuses_dflash(pytest
         str(REPO / "suites" / "test_health.py"), str(REPO / "suites" / "test_throughput.py"),
         str(REPO / "suites" / "test_lossless.py"), f"--ddtree-service={PROFILE}", f"--ddtree-matrix={MATRIX}",
         f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
-        "--ddtree-workload=c1_short", "-p", "no:cacheprovider", "-rA", timeout=480,
+        "--ddtree-cell=c1_short", "-p", "no:cacheprovider", "-rA", timeout=480,
     )
     out = result.stdout.str()
     assert result.ret == 1 and result.parseoutcomes().get("errors") == 5, out[-4000:]

@@ -82,7 +82,7 @@ def _session(pytester: pytest.Pytester, profile: Path, config: str, *args: str, 
 
 
 def _cells(*names: str) -> list[str]:
-    return [f"--ddtree-workload={name}" for name in names]
+    return [f"--ddtree-cell={name}" for name in names]
 
 
 def _profile_copy(pytester: pytest.Pytester, shipped: Path, **changes: Any) -> Path:

@@ -74,7 +74,7 @@ def test_an_open_loop_cell_stops_sending_after_a_stall() -> None:
 def test_a_server_that_streams_only_keep_alives_ends_a_one_cell_session_in_minutes_naming_the_stall(
         pytester: pytest.Pytester) -> None:
     profile = reference_profile(pytester.path, "--fault trickle=stream:0", control="none")  # default deadlines
-    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", suite="test_throughput.py", config="bs8_b8_k4",
+    result = run_suite(pytester, profile, "--ddtree-cell=c1_short", suite="test_throughput.py", config="bs8_b8_k4",
                        timeout=300)
     out = result.stdout.str()
     assert result.ret == 1, out

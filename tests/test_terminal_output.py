@@ -29,7 +29,7 @@ def test_an_inconclusive_cell_says_why_in_the_short_summary_and_results_md(pytes
     run = pytester.runpytest_subprocess(
         str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
         f"--ddtree-baselines={pytester.path / 'baselines'}",
-        "--ddtree-workload=c1_short", f"--ddtree-results={results}", "-p", "no:cacheprovider", timeout=180)
+        "--ddtree-cell=c1_short", f"--ddtree-results={results}", "-p", "no:cacheprovider", timeout=180)
     assert run.ret == 0, run.stdout.str()[-3000:]
     run.stdout.fnmatch_lines(["*short test summary info*",
                               "SKIPPED [[]1[]] *test_throughput.py:*: bs8_b8_k4 c1_short: INCONCLUSIVE: only 0 clean repeat(s)*",
@@ -143,7 +143,7 @@ def test_a_slow_restart_says_so_in_a_log_and_nothing_under_qq(pytester: pytest.P
 
 
 def test_bench_serving_habits_an_inline_workload_a_jsonl_of_every_run_and_tpot_itl_in_the_table(pytester: pytest.Pytester) -> None:
-    """``--ddtree-workload 'concurrency=2,prompts=4,input=128,output=16'`` (no YAML edit), ``--ddtree-output-file``
+    """``--ddtree-cell 'concurrency=2,prompts=4,input=128,output=16'`` (no YAML edit), ``--ddtree-output-file``
     (bench_serving's --output-file: one JSON line per run, its keys), and the table's TPOT, ITL and req/s."""
     import json
 
@@ -151,7 +151,7 @@ def test_bench_serving_habits_an_inline_workload_a_jsonl_of_every_run_and_tpot_i
     out_file = pytester.path / "runs.jsonl"
     run = pytester.runpytest_subprocess(
         str(REPO / "suites" / "test_throughput.py"), f"--rootdir={REPO}", f"--ddtree-service={profile}",
-        "--ddtree-workload=concurrency=2,prompts=4,input=128,output=16", f"--ddtree-output-file={out_file}",
+        "--ddtree-cell=concurrency=2,prompts=4,input=128,output=16", f"--ddtree-output-file={out_file}",
         f"--ddtree-results={pytester.path / 'results'}", f"--ddtree-baselines={pytester.path / 'baselines'}",
         "-p", "no:cacheprovider", timeout=240)
     out = run.stdout.str()

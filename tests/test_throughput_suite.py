@@ -113,7 +113,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     slow, _ = _setup(pytester, repo_root, "--fault slowdown=1.3")
     shutil.rmtree(pytester.path / "results")
     # one cell: a regression is confirmed by 12 fresh repeats on the slowed engine, per flagged cell
-    result = _run(pytester, repo_root, slow, matrix, "--ddtree-workload=c4_tiny")
+    result = _run(pytester, repo_root, slow, matrix, "--ddtree-cell=c4_tiny")
     assert result.ret == 1
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, result.stdout.str()
@@ -126,7 +126,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     # times are not compared with the baseline's, and each cell says why and what to do
     other, _ = _setup(pytester, repo_root, "--clock-scale 4")
     shutil.rmtree(pytester.path / "results")
-    result = _run(pytester, repo_root, other, matrix, "--ddtree-workload=c4_tiny")
+    result = _run(pytester, repo_root, other, matrix, "--ddtree-cell=c4_tiny")
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*blessed on the reference engine at clock scale 5, and this engine runs at 4*"
                                  "start the engine with --clock-scale 5*"])
@@ -134,7 +134,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     # baseline was blessed on another setup (the file's fingerprint), not only that it is slower
     changed, _ = _setup(pytester, repo_root, "--disable-overlap-schedule --fault slowdown=1.3")
     shutil.rmtree(pytester.path / "results")
-    result = _run(pytester, repo_root, changed, matrix, "--ddtree-workload=c4_tiny")
+    result = _run(pytester, repo_root, changed, matrix, "--ddtree-cell=c4_tiny")
     assert result.ret == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*bs8_b8_k4 c4_tiny: REGRESSION*",
                                  "*bs8_b8_k4.yaml was blessed on another setup than this service's: disable_overlap_schedule "
@@ -160,7 +160,7 @@ def test_errors_make_cells_invalid_and_require_baselines_fails(pytester: pytest.
     # the same without faults: a missing baseline fails under --ddtree-require-baselines
     profile, _ = _setup(pytester, repo_root)
     shutil.rmtree(pytester.path / "results")
-    result = _run(pytester, repo_root, profile, matrix, "--ddtree-require-baselines", "--ddtree-workload=c1_*")
+    result = _run(pytester, repo_root, profile, matrix, "--ddtree-require-baselines", "--ddtree-cell=c1_*")
     result.assert_outcomes(failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*no baseline for this cell*create it with: pytest suites --ddtree-update-baselines*"
                                  "(--ddtree-require-baselines)*"])
@@ -190,7 +190,7 @@ def test_a_cell_that_stays_inconclusive_is_reported_and_fails_only_under_require
     racing, matrix = _setup(pytester, repo_root, "--clock-scale 5000")
     for args in ((), ("--ddtree-require-baselines",)):
         shutil.rmtree(pytester.path / "results", ignore_errors=True)
-        result = _run(pytester, repo_root, racing, matrix, "--ddtree-workload=c1_tiny", *args)
+        result = _run(pytester, repo_root, racing, matrix, "--ddtree-cell=c1_tiny", *args)
         (rec,) = _records(pytester)
         assert rec["status"] == "inconclusive" and rec["measurement_status"] == "inconclusive", rec
         if not args:  # reported with its reason, not a pass and not a failure
@@ -216,7 +216,7 @@ def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_roo
         monkeypatch.delenv(var, raising=False)
     profile, matrix = _setup(pytester, repo_root)
     bench = pytester.path / "bench.json"
-    result = _run(pytester, repo_root, profile, matrix, f"--benchmark-json={bench}", "--ddtree-workload=c4_*")
+    result = _run(pytester, repo_root, profile, matrix, f"--benchmark-json={bench}", "--ddtree-cell=c4_*")
     result.assert_outcomes(passed=1, warnings=1)
     (entry,) = json.loads(bench.read_text())["benchmarks"]
     info = entry["extra_info"]
@@ -228,7 +228,7 @@ def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_roo
     assert math.isclose(entry["stats"]["min"], durations[0], rel_tol=1e-6), (entry["stats"], durations)
     assert math.isclose(entry["stats"]["max"], durations[-1], rel_tol=1e-6), (entry["stats"], durations)
     # without pytest-benchmark the gate still runs
-    result = _run(pytester, repo_root, profile, matrix, "-p", "no:benchmark", "--ddtree-workload=c4_*")
+    result = _run(pytester, repo_root, profile, matrix, "-p", "no:benchmark", "--ddtree-cell=c4_*")
     result.assert_outcomes(passed=1, warnings=1)
 
 

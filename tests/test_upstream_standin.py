@@ -64,7 +64,7 @@ def test_every_main_job_cell_measures_against_an_upstream_like_server(pytester: 
 def test_speculation_off_fails_every_cell_with_the_reason(pytester: pytest.Pytester) -> None:
     # no copy probe: the cells themselves must see it (the probe would fail the launch first, below)
     profile = standin_profile(pytester.path, "--fault spec-off", copy_probe=False)
-    result = run_suite(pytester, profile, "--ddtree-workload=c1_short", "--ddtree-workload=c8_short", suite="test_throughput.py", timeout=300)
+    result = run_suite(pytester, profile, "--ddtree-cell=c1_short", "--ddtree-cell=c8_short", suite="test_throughput.py", timeout=300)
     assert result.ret == 1
     assert result.parseoutcomes().get("failed") == 2, result.parseoutcomes()
     result.stdout.fnmatch_lines(["*carry no spec_verify_ct*the server does not speculate*"])

@@ -231,13 +231,13 @@ def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) 
     many launches it will take, by purpose (:func:`predict`). The lossless gate's reference is counted where the
     run's ``paths`` name a folder (the suites) or its module (``test_lossless.py``): the header comes before
     the collection."""
-    from pytest_ddtree.configs import select_workloads
+    from pytest_ddtree.configs import select_cells
 
     profile, settings = session.profile, session.settings
     relaunch = profile.capabilities.relaunch and not isinstance(profile.pool, tuple)
     control = relaunch and profile.control != "none" and (bool(profile.control) or profile.lossless_args is not None)
     bless = settings.update_baselines
-    cells = [w for w in select_workloads(settings.workloads, session.matrix)
+    cells = [w for w in select_cells(settings.cells, session.matrix)
              if w.open_loop is None and (profile.max_context is None or w.context_tokens <= profile.max_context)]
     launches = profile.bless_control_launches if bless else profile.control_launches
     plan = predict(configs=len(session.selected_configs), processes=processes if isinstance(processes, int) else 1, control_launches=launches,

@@ -128,7 +128,7 @@ def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload:
     """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
     refusal = decision.refusal
     if refusal is not None:
-        retry = f"{baselines.create_command(config)} --ddtree-workload={workload}"
+        retry = f"{baselines.create_command(config)} --ddtree-cell={workload}"
         return GateOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
                                           f"  retry this cell with: {retry}")
     fingerprint = _setup(baselines, service)

@@ -683,7 +683,7 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: CellEvalu
     elif ev.bless is not None:
         record["bless_refused"] = str(ev.bless.refusal)
         record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
-                          f"--ddtree-workload={cell}"
+                          f"--ddtree-cell={cell}"
     recorder.record(CONTROL_RECORD, CONTROL, record)
 
 
