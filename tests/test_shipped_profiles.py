@@ -33,19 +33,17 @@ from tests.suite_helpers import MATRIX, REPO, run_suite
 LAUNCHER = "python -m sglang.launch_server"
 SERVICES = REPO / "suites" / "services"
 
-# shipped profile -> its build's dialect in the engine
-BUILDS = {
-    "reference.yaml": "reference",  # the engine's own dialect (its budget flag counts no root, unlike the fork's)
-    "sglang-upstream-dflash.yaml": "upstream",
-    "sglang-ddtree-pr27509.yaml": "ddtree",
-    "sglang-subsir-tree-verify.yaml": "subsir",
-    "sglang-subsir-tree-verify-flags.yaml": "subsir-flags",
-    "sglang-dflash-tree-pr31069.yaml": "pr31069",
-    "sglang-eagle3.yaml": "eagle3",
-    "sglang-ddtree-pr29907.yaml": "pr29907",
-    "sglang-dflash-tree-width-pr36196.yaml": "pr36196",
-    "sglang-dflash-verify-budget-pr32053.yaml": "pr32053",
-}
+#: The shipped profiles that name the engine dialect speaking their build's flags (``dialect:``):
+#: each is run here as it ships, the launcher swapped for the engine in that dialect.
+BUILDS = {path.name: str(raw["dialect"]) for path in sorted(SERVICES.glob("*.yaml"))
+          if isinstance(raw := yaml.safe_load(path.read_text()), dict) and raw.get("dialect") and raw.get("controller") == "process"}
+
+
+def test_each_shipped_dialect_is_the_engines() -> None:
+    """A profile's ``dialect:`` names one the engine speaks (else its stand-in run would fail at
+    launch, far from the typo)."""
+    from pytest_ddtree.refserver.dialects import DIALECTS
+    assert len(BUILDS) >= 10 and set(BUILDS.values()) <= set(DIALECTS), BUILDS
 
 
 def as_refserver(name: str, directory: Path) -> Path:

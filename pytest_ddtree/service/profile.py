@@ -170,6 +170,7 @@ _KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "calibration_command": ((str, type(None)), False),
     "calibration_timeout_s": ((int, float), False),
     "description": (str, False),
+    "dialect": ((str, type(None)), False),
     **FLEET_KEY_TYPES,
 }
 
@@ -252,6 +253,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         python=raw.get("python"),
         **_parse_calibration(raw, kind, fail),
         description=raw.get("description", _DEFAULTS["description"]),
+        dialect=raw.get("dialect"),
         fleet=fleet,
         controller_keys=controller_keys,
         source=source,

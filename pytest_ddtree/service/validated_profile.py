@@ -288,6 +288,10 @@ class ServiceProfile:
     patches: Mapping[str, Any] | None = None
     python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
     description: str = ""
+    #: The engine dialect that speaks this build's flags (a ``dialects.yaml`` entry beside the
+    #: shipped profiles, refserver/dialects.py): the reference engine stands in for the build with
+    #: it. None: no stand-in (the build is only run as itself).
+    dialect: str | None = None
     fleet: FleetKeys = field(default_factory=FleetKeys)
     controller_keys: object = None
     """The controller's own profile keys as its kind's ``check_profile`` parsed them (slurm: ``SlurmKeys``)."""
