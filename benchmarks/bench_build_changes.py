@@ -23,7 +23,7 @@ control's ``--control-launches``) exp(N(0, ``--launch``)) (2%) of its own. Scena
   (or an earlier one) fails naming a build-level regression that begins within
   ``--tolerance`` (2) sessions of the step. Sessions checked before the step count as false alarms.
 
-With ``--calibration`` every session also carries its calibration probe (``measure/calibration.py``):
+With ``--calibration`` every session also carries its calibration probe (``service/calibration.py``):
 ``--calibration-runs`` (2: before the first launch, after the last stop) runs, each exp(N(0,
 ``--calibration-noise``)) (0.5%) of its own times exp(``--calibration-tracks`` x the day's shift)
 (1.0: the probe sees the whole day; 0.5: half of it, the rest is the server's own). The probe sees

@@ -231,7 +231,7 @@ def _calibration(records: list[dict[str, object]], outcome: FinishOutcome) -> di
     """results.json's ``calibration``: the probe's command, each run (when, where, its figures) and
     the session's figures (geometric means over the runs); a run that failed fails the session
     (its tests ran: a broken probe leaves this session's history uncalibrated, and must be seen)."""
-    from pytest_ddtree.measure.calibration import describe_runs, session_figures
+    from pytest_ddtree.service.calibration import describe_runs, session_figures
     from pytest_ddtree.records import shapes as records_mod
 
     runs = [dict(run) for run in records_mod.calibration_runs(records)]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pytest_ddtree.configs import ConfigError, DDTreeConfig, Matrix, parse_config_name
-from pytest_ddtree.gates.measure_only import is_plain
+from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.suggest import did_you_mean
 

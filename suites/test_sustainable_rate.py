@@ -21,7 +21,7 @@ import pytest
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.baselines import BaselineError
-from pytest_ddtree.gates.measure_only import is_plain
+from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
                                                       rebless_note, same_slo, unjudged)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.measure import calibration
-from pytest_ddtree.measure.calibration import CalibrationOutputError, parse_output, run_calibration
+from pytest_ddtree.service import calibration
+from pytest_ddtree.service.calibration import CalibrationOutputError, parse_output, run_calibration
 from pytest_ddtree.service.manager import ServiceManager
 from pytest_ddtree.service.profile import ProfileError, parse_profile
 from pytest_ddtree.service.ssh import LocalHost

@@ -262,6 +262,104 @@ def test_no_module_imports_itself_through_others(repo_root: Path) -> None:
     assert not cycles, [" <-> ".join(c) for c in cycles]
 
 
+
+# -- the floors: every import goes down ---------------------------------------------------------
+
+
+#: The one import that still climbs (#47): configs.py's matrix holds the measure's SLO, search plan and
+#: arrivals; the matrix moves up beside them, and this list empties.
+STILL_CLIMBING = ("pytest_ddtree.configs (floor 3) -> pytest_ddtree.measure.openloop (floor 6)",
+                  "pytest_ddtree.configs (floor 3) -> pytest_ddtree.measure.slo (floor 6)")
+
+
+def _room(module: str, depth: int = 1) -> str:
+    """The room ``module`` stands in, ``depth`` folders into the package: at depth 1 a top-level
+    module is its own room and a folder (``pytest_ddtree.service``) is one room with all it holds."""
+    return ".".join(module.split(".")[: depth + 1])
+
+
+def _floors(repo_root: Path) -> dict[str, int]:
+    """The floors docs/architecture.md declares (its ``floor N  room room ...`` lines): room -> N."""
+    page = _architecture(repo_root)
+    section = page.split("## Floors", 1)[1].split("\n## ", 1)[0]
+    floors = {}
+    for number, rooms in re.findall(r"^floor +(\d+) +(.+)$", section, re.M):
+        for room in rooms.split():
+            name = "pytest_ddtree" + ("" if room == "__init__.py" else "." + room.removesuffix("/").removesuffix(".py"))
+            assert name not in floors, f"docs/architecture.md puts {room} on two floors"
+            floors[name] = int(number)
+    return floors
+
+
+def _arrows_up(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
+    """Each import from one room to another that does not go to a lower floor (a room on no floor
+    is one too): what a reader climbing down from plugin.py would meet again above."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        room = _room(module)
+        for target in sorted(imported):
+            there = _room(target)
+            if there != room and floors.get(room, -1) <= floors.get(there, -1):
+                found.append(f"{module} (floor {floors.get(room, '?')}) -> {target} (floor {floors.get(there, '?')})")
+    return found
+
+
+def _room_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Rooms that import each other, in every folder at every depth (``gates/throughput/`` and
+    ``gates/coding.py`` are two rooms of ``gates/``)."""
+    found = []
+    depth = max(m.count(".") for m in graph)
+    for level in range(1, depth + 1):
+        rooms: dict[str, set[str]] = {}
+        for module, imported in graph.items():
+            if module.count(".") < level:
+                continue
+            room = _room(module, level)
+            rooms.setdefault(room, set())
+            rooms[room] |= {_room(t, level) for t in imported
+                            if t.count(".") >= level and _room(t, level - 1) == _room(module, level - 1) and _room(t, level) != room}
+        for room in {t for targets in rooms.values() for t in targets} - set(rooms):
+            rooms[room] = set()
+        found += _cycles(rooms)
+    return found
+
+
+def test_every_import_goes_down_a_floor_and_no_rooms_import_each_other(repo_root: Path) -> None:
+    """The house's floors (docs/architecture.md's "Floors"): a room imports only rooms on lower
+    floors; inside a folder its rooms import each other without a cycle. Every import counts, one
+    inside a function or under ``TYPE_CHECKING`` too: it hides a cycle from the interpreter, not
+    from a reader, and mypy follows it."""
+    modules = _modules(repo_root)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    floors = _floors(repo_root)
+    unplaced = sorted({_room(m) for m in modules} - set(floors))
+    assert not unplaced, f"docs/architecture.md's Floors place no floor for {unplaced}"
+    assert not sorted(set(floors) - {_room(m) for m in modules}), "docs/architecture.md's Floors name a room that is not there"
+    assert _arrows_up(graph, floors) == list(STILL_CLIMBING)
+    assert [" <-> ".join(c) for c in _room_cycles(graph)] == (
+        ["pytest_ddtree.configs <-> pytest_ddtree.measure <-> pytest_ddtree.records <-> pytest_ddtree.service"])
+
+
+def test_the_floor_check_finds_an_import_that_climbs(tmp_path: Path) -> None:
+    """A planted lazy import from a lower floor up, and one under TYPE_CHECKING between two folders'
+    rooms, are both found."""
+    package = tmp_path / "pytest_ddtree"
+    (package / "service").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "service" / "__init__.py").write_text("")
+    (package / "configs.py").write_text("import pytest_ddtree.suggest\n")
+    (package / "suggest.py").write_text("def f() -> None:\n    from pytest_ddtree.service.proof import g\n")
+    (package / "service" / "proof.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import manager\ndef g() -> None: ...\n")
+    (package / "service" / "manager.py").write_text("from pytest_ddtree.service.proof import g\n")
+    modules = _modules(tmp_path)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    floors = {"pytest_ddtree": 0, "pytest_ddtree.suggest": 1, "pytest_ddtree.configs": 2, "pytest_ddtree.service": 3}
+    assert _arrows_up(graph, floors) == ["pytest_ddtree.suggest (floor 1) -> pytest_ddtree.service.proof (floor 3)"]
+    assert _room_cycles(graph) == [["pytest_ddtree.service.manager", "pytest_ddtree.service.proof"]]
+    assert _arrows_up(graph, {**floors, "pytest_ddtree.suggest": 4}) == [
+        "pytest_ddtree.configs (floor 2) -> pytest_ddtree.suggest (floor 4)"]
+
 #: Where records are written and read: the package, the suites and the benchmarks. (The plugin's own
 #: tests may spell a record's on-disk words to pin the file format, so they are not scanned.)
 _SCANNED = ("pytest_ddtree", "suites", "benchmarks")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_ddtree.service import corpus
 from pytest_ddtree.measure import load, prompts
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.http import ServiceHTTPError
@@ -85,7 +86,7 @@ def test_exact_prompts_have_the_target_length_distinct_starts_and_are_cached() -
     made, notes = prompts.exact_prompts(enc, "chat", 300, 12, seed=5)
     assert [p.sent_tokens for p in made] == [300] * 12 and notes == []
     texts = ["".join(map(chr, p.input_ids or ())) for p in made]
-    units = prompts.bundled_units("chat")
+    units = corpus.bundled_units("chat")
     assert all(any(t.startswith(u[:40]) for u in units) for t in texts)  # real text, from a unit's start
     assert len({t[:40] for t in texts}) == 12  # no two requests share a first unit (no cached prefix)
     again, _ = prompts.exact_prompts(enc, "chat", 300, 12, seed=5)
@@ -97,10 +98,10 @@ def test_exact_prompts_have_the_target_length_distinct_starts_and_are_cached() -
 def test_bundled_documents_cover_the_longest_bundled_context_without_repeating() -> None:
     matrix = yaml.safe_load((REPO / "suites" / "configs.yaml").read_text())
     longest = max(int(w["context_tokens"]) for w in matrix["workloads"])
-    text = prompts.JOINER.join(prompts.bundled_units("documents"))
+    text = corpus.JOINER.join(corpus.bundled_units("documents"))
     # 6 characters per token is more than common tokenizers pack into code or English prose
     assert len(text) >= 6 * longest, (len(text), longest)
-    code = [u for u in prompts.bundled_units("documents") if u.lstrip().startswith(("def ", "class "))]
+    code = [u for u in corpus.bundled_units("documents") if u.lstrip().startswith(("def ", "class "))]
     assert len(code) > 50  # real code, not just prose
     enc = CharEncoder()
     made, notes = prompts.exact_prompts(enc, "documents", longest, 2, seed=0)
@@ -263,4 +264,4 @@ def test_refserver_cells_send_exactly_the_context_length_of_real_text(engine: Re
         assert [r.prompt_tokens for r in res.requests] == [512] * 4
         first = client.detokenize(list(prompts.exact_prompts(
             prompts.ServiceEncoder(client.tokenize, "x"), "documents", 512, 1, prompts.stable_seed("c2_doc", 0))[0][0].input_ids or ()))
-        assert any(first.startswith(u[:30]) for u in prompts.bundled_units("documents"))  # it is the bundled text
+        assert any(first.startswith(u[:30]) for u in corpus.bundled_units("documents"))  # it is the bundled text

@@ -186,7 +186,7 @@ _.declared_axes  # ServiceProfile.declared_axes: the axes its axes: key declared
 _.unregister  # forgets a controller kind registered from outside the package: tests/test_controller_protocol.py's own
 
 # records/shapes.py
-_.calibration_host  # CalibrationData.calibration_host: written by measure/calibration.py as_record, read by describe_runs and results.json
+_.calibration_host  # CalibrationData.calibration_host: written by service/calibration.py as_record, read by describe_runs and results.json
 _.prompts_digest  # WorkloadData.prompts_digest: written by measure/load.py workload_dict as a key, compared by gates/throughput/rule.py
 _.also_for  # LaunchEntry.also_for: written by service/manager.py _shared through setdefault, read by records/bill.py session_bill
 _.measured_best_output_throughput  # AdaptivePickData.measured_best_output_throughput: written by adaptive/sweep.py _report as a key, read by summary_lines

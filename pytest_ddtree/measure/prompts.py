@@ -43,12 +43,11 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-#: The bundled sources.
-BUNDLED = ("coding", "chat", "documents")
+from pytest_ddtree.service.corpus import BUNDLED, JOINER, bundled_units
+
 RANDOM = "random"
 DEFAULT_SOURCE = "documents"
 #: How far a text prompt's server-counted length may be from its target.
@@ -56,7 +55,6 @@ TEXT_TOLERANCE = 0.05
 #: First guess of characters per token when sizing a text before tokenizing it (generous:
 #: most tokenizers need fewer characters per token for code; a short text is grown anyway).
 CHARS_PER_TOKEN_GUESS = 4.5
-JOINER = "\n\n"
 
 
 class PromptError(ValueError):
@@ -115,27 +113,6 @@ class PromptSet:
 
 # --------------------------------------------------------------------------------------
 # Source text
-
-
-def _bundled_file(name: str) -> str:
-    return resources.files("pytest_ddtree").joinpath("data").joinpath("prompts").joinpath(name).read_text(encoding="utf-8")
-
-
-@lru_cache(maxsize=None)
-def bundled_units(source: str) -> tuple[str, ...]:
-    """The text units of a bundled source, in a fixed order."""
-    if source in ("coding", "chat"):
-        units = [json.loads(line)["prompt"] for line in _bundled_file(f"{source}.jsonl").splitlines() if line.strip()]
-        return tuple(u for u in units if u.strip())
-    if source == "documents":
-        folder = resources.files("pytest_ddtree").joinpath("data").joinpath("prompts").joinpath("documents")
-        blocks: list[str] = []
-        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-            if entry.name.endswith(".txt"):
-                text = entry.read_text(encoding="utf-8")
-                blocks.extend(b.strip("\n") for b in text.split(JOINER) if b.strip())
-        return tuple(blocks)
-    raise PromptError(f"unknown bundled prompt source {source!r} (valid: {', '.join(BUNDLED)}, {RANDOM}, or a ShareGPT .json path)")
 
 
 @lru_cache(maxsize=16)

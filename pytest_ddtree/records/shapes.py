@@ -118,7 +118,7 @@ class _CalibrationRequired(TypedDict):
 
 
 class CalibrationData(_CalibrationRequired, total=False):
-    """``RecordKind.CALIBRATION``: one run of the calibration probe (``measure.calibration.CalibrationRun``):
+    """``RecordKind.CALIBRATION``: one run of the calibration probe (``service.calibration.CalibrationRun``):
     when in the session, the command as run, where, its figures (none with an ``error``)."""
 
     error: str

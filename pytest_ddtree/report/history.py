@@ -54,7 +54,7 @@ _MIGRATION_LOCK = 0x64647472656531  # "ddtree1"
 #: fingerprint and the cell's role: the session's non-speculative control is stored beside the
 #: configs (role ``control``, with the launches its samples pool), so a build that slows everything,
 #: the control included, shows as a step common to every series (``changepoints.build_changes``); 4
-#: adds the session's calibration probe (``measure/calibration.py``): its command and each run's
+#: adds the session's calibration probe (``service/calibration.py``): its command and each run's
 #: figures, so that a session's level can be told apart from its machine's day.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -139,7 +139,7 @@ class SessionEntry:
     results_dir: str | None = None
     report_path: str | None = None
     exit_status: int | None = None
-    #: The calibration probe's figures: name -> each run's value (``measure/calibration.py``); empty: no probe.
+    #: The calibration probe's figures: name -> each run's value (``service/calibration.py``); empty: no probe.
     calibration: Mapping[str, Sequence[float]] = field(default_factory=dict)
     calibration_command: str | None = None
 
@@ -622,7 +622,7 @@ def engine_build(python: str | None, distribution: str = "sglang", timeout_s: fl
 def calibration_of(payload: Mapping[str, Any]) -> tuple[dict[str, list[float]], str | None]:
     """A results.json's calibration probe: each figure's value per run (runs with an error left
     out) and the command; results.json is a file, so every value is checked."""
-    from pytest_ddtree.measure.calibration import run_figures
+    from pytest_ddtree.service.calibration import run_figures
 
     section = _mapping(payload.get("calibration"))
     runs = section.get("runs")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_ddtree.gates.measure_only import plain_profile_fields
+from pytest_ddtree.service.plain import plain_profile_fields
 from pytest_ddtree.service.base import (
     Capabilities,
     ExitInfo,
@@ -119,7 +119,7 @@ def profile_from_server_info(url: str, info: Mapping[str, object], is_reference:
     the session gates that one config, under the name the running values give it; its read-back
     keys are checked again before it is measured. Raises ValueError, saying what was missing,
     when the answer shows no speculative config this harness can name; a plain server is measured
-    (``measure_only``) as the config ``specnone`` (gates/measure_only.py)."""
+    (``measure_only``) as the config ``specnone`` (service/plain.py)."""
     algorithm = str(info.get("speculative_algorithm") or "").upper()
     if (not algorithm or algorithm == "NONE") and measure_only:
         return {**_external(url, f"the plain server already running at {url}"), **plain_profile_fields(url, info)}

@@ -21,7 +21,7 @@ from pytest_ddtree.service import http as http_mod, ports
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service import proof as proof_mod
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.gates.measure_only import is_plain
+from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.service.proof import Proof
 from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
 from pytest_ddtree.records import bill
@@ -55,7 +55,7 @@ from pytest_ddtree.service.manager_params import (
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, verify_applied, wait_ready
-from pytest_ddtree.measure.calibration import WHEN_END, WHEN_START, CalibrationRun, run_calibration
+from pytest_ddtree.service.calibration import WHEN_END, WHEN_START, CalibrationRun, run_calibration
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from pytest_ddtree.records.shapes import FieldEvidenceData, NoEffectFinding, ProbeData, ProofData
 from pytest_ddtree.records.words import Status
+from pytest_ddtree.service.corpus import bundled_units
 
 #: The histogram keys, newest first: 0.5.23 sends only the first; older builds (and PR 27509's
 #: branches, cut before the 2026-05 rename) the second, which is read for them.
@@ -189,8 +190,6 @@ def probe_prompts(count: int = PROBE_REQUESTS) -> list[str]:
     drafter conditioned on the same context predicts that continuation far ahead; so the
     verifies accept as many drafts as the served tree allows.
     """
-    from pytest_ddtree.measure.prompts import bundled_units
-
     units = [u for u in bundled_units("documents") if len(u) >= 200] or list(bundled_units("documents"))
     out: list[str] = []
     for i in range(count):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
-from pytest_ddtree.gates.measure_only import PLAIN_AXIS, PLAIN_PROOF, is_plain
+from pytest_ddtree.service.plain import PLAIN_AXIS, PLAIN_PROOF, is_plain
 from pytest_ddtree.service.fleet import FleetKeys
 from pytest_ddtree.service.base import Capabilities, LaunchFrom
 from pytest_ddtree.service.ssh import SSHTarget
@@ -233,7 +233,7 @@ class ServiceProfile:
     gpu_release_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0
     #: A build-independent workload run on the service's host before the first launch and after the
-    #: last stop (pytest_ddtree/measure/calibration.py): its figures let the history tell a slower
+    #: last stop (pytest_ddtree/service/calibration.py): its figures let the history tell a slower
     #: build from a slower day. None: no probe (the embedded engine's default: its speed is its clock model's).
     calibration_command: str | None = None
     #: The calibration command as a whole, start to exit.
@@ -365,7 +365,7 @@ class ServiceProfile:
         plain = self.own_matrix is not None and all(is_plain(c) for c in self.own_matrix)
         for name in self.fields():
             if plain and name in CONFIG_FIELDS:
-                continue  # a plain server (gates/measure_only.py) drafts nothing: DDTree's fields do not exist there
+                continue  # a plain server (service/plain.py) drafts nothing: DDTree's fields do not exist there
             if name in self.config_choices:
                 how = "flags " + ", ".join(f"{axes_mod.axis(name).format(v)}: {f or '(none)'}"
                                            for v, f in self.config_choices[name].items())

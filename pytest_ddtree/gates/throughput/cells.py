@@ -37,7 +37,7 @@ from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judgin
                                                        sample_record, spoiled_evidence)
 from pytest_ddtree.configs import config_or_none
 from pytest_ddtree.measure import load, stats
-from pytest_ddtree.gates.measure_only import NOT_JUDGED, is_plain
+from pytest_ddtree.gates.measure_only import NOT_JUDGED
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.records import bill
 from pytest_ddtree.records import shapes as records_mod
@@ -46,6 +46,7 @@ from pytest_ddtree.records.shapes import CellVerdictData, RelaunchCellData, Rela
 from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
 from pytest_ddtree.service import proof
 from pytest_ddtree.service.build import blessed_build, build_changes, build_sentence, build_under_test
+from pytest_ddtree.service.plain import is_plain
 
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
