@@ -75,7 +75,7 @@ __all__ = [
     "AnswerTooLarge",
     "CodingSetUnavailable",
     "InvalidAnswer",
-    "GateOutcome",
+    "CodingOutcome",
     "Problem",
     "ProblemError",
     "ProblemResult",
@@ -630,7 +630,7 @@ def judge(problems: Sequence[Problem], results: Sequence[ProblemResult], *, limi
 
 
 @dataclass(frozen=True)
-class GateOutcome:
+class CodingOutcome:
     passed: bool
     mode: str  # "baseline" | "floor"
     pass_count: int
@@ -641,7 +641,7 @@ class GateOutcome:
     message: str = ""
 
 
-def compare(baseline_ids: Collection[str] | None, verdicts: Mapping[str, Verdict], floor: int | None = None) -> GateOutcome:
+def compare(baseline_ids: Collection[str] | None, verdicts: Mapping[str, Verdict], floor: int | None = None) -> CodingOutcome:
     """The gate rule (see the module docstring).  ``verdicts`` maps problem id to verdict."""
     passed_now = {pid for pid, v in verdicts.items() if v is Verdict.PASSED}
     total = len(verdicts)
@@ -658,14 +658,14 @@ def compare(baseline_ids: Collection[str] | None, verdicts: Mapping[str, Verdict
             lines.append(f"new passes (not in the baseline; update it to keep them): {', '.join(new)}")
         if gone:
             lines.append(f"baseline problems not run this time (set/limit): {', '.join(gone)}")
-        return GateOutcome(not regressions, "baseline", count, total, regressions, new, None, "\n".join(lines))
+        return CodingOutcome(not regressions, "baseline", count, total, regressions, new, None, "\n".join(lines))
     need = total if floor is None else min(floor, total)
     ok = count >= need
     failing = tuple(sorted(pid for pid in verdicts if pid not in passed_now))
     lines = [f"coding: {count}/{total} passed; no baseline, floor {need} ({'every problem' if floor is None else 'profile coding_min_pass'})"]
     if not ok:
         lines.append(f"BELOW THE FLOOR; not passed: {', '.join(failing)}")
-    return GateOutcome(ok, "floor", count, total, () if ok else failing, (), need, "\n".join(lines))
+    return CodingOutcome(ok, "floor", count, total, () if ok else failing, (), need, "\n".join(lines))
 
 
 def _first_line(text: str, width: int = 90) -> str:

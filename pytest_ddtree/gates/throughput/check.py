@@ -40,7 +40,7 @@ class GateWarning:
 
 
 @dataclass(frozen=True)
-class GateOutcome:
+class CellOutcome:
     """The gate's decision for one cell, its message, and the warnings to show with it."""
 
     decision: GateDecision
@@ -49,7 +49,7 @@ class GateOutcome:
 
 
 def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
-               service: RunningService, settings: Settings, hooks: ProjectHooks | None = None) -> GateOutcome:
+               service: RunningService, settings: Settings, hooks: ProjectHooks | None = None) -> CellOutcome:
     """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded), and tell
     the project's ``pytest_ddtree_verdict`` hooks through ``hooks`` (the session's relay).
 
@@ -64,12 +64,12 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
 
 
 def _decide(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
-            service: RunningService, settings: Settings) -> GateOutcome:
+            service: RunningService, settings: Settings) -> CellOutcome:
     if cell.baseline_problem is not None:
-        return GateOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
+        return CellOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
     verdict = cell.verdict
     if cell.status == Status.INVALID:
-        return GateOutcome(Status.FAIL, verdict.message(config))
+        return CellOutcome(Status.FAIL, verdict.message(config))
     if cell.bless is not None:
         return _bless(cell, cell.bless, config, workload, baselines, recorder, service, settings)
     require = settings.require_baselines
@@ -79,7 +79,7 @@ def _decide(cell: CellEvaluation, config: str, workload: str, baselines: Baselin
         msg = (f"{config} {workload}: {reasons} in {baselines.path_for(config)}; "
                f"create it with: {baselines.create_command(config)}")
         if require:
-            return GateOutcome(Status.FAIL, msg + " (--ddtree-require-baselines)")
+            return CellOutcome(Status.FAIL, msg + " (--ddtree-require-baselines)")
         # A warning, not a skip: the measurement is real and must reach --benchmark-json
         # (pytest-benchmark drops skipped tests); CI makes it a failure with --ddtree-require-baselines.
         notes.append(GateWarning("missing-baseline", msg))
@@ -89,18 +89,18 @@ def _decide(cell: CellEvaluation, config: str, workload: str, baselines: Baselin
     build = f"\n  - build: {cell.build_sentence}" if cell.build_sentence else ""
     changed = bool(cell.record.get("build", {}).get("changed"))
     if verdict.failed:
-        return GateOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service) + build,
+        return CellOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service) + build,
                            tuple(notes))
     if verdict.status == Status.INCONCLUSIVE:
         if require:
-            return GateOutcome(Status.FAIL, verdict.message(config) + build + "\n  (inconclusive fails under --ddtree-require-baselines: "
+            return CellOutcome(Status.FAIL, verdict.message(config) + build + "\n  (inconclusive fails under --ddtree-require-baselines: "
                                "a CI run must not pass a cell it could not judge)", tuple(notes))
         # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
         head, *why = verdict.message(config).split("\n  - ")
         why += [f"build: {cell.build_sentence}"] if changed else []
-        return GateOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
+        return CellOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
     # a passing cell says its build only where it is not the blessed one: what changed and still passed
-    return GateOutcome(Status.WARN if notes else Status.PASS, f"{config} {workload}: {cell.build_sentence}" if changed else "",
+    return CellOutcome(Status.WARN if notes else Status.PASS, f"{config} {workload}: {cell.build_sentence}" if changed else "",
                        tuple(notes))
 
 
@@ -124,16 +124,16 @@ def _setup(baselines: BaselineStore, service: RunningService) -> HardwareProfile
 
 
 def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
-           recorder: SessionRecorder, service: RunningService, settings: Settings) -> GateOutcome:
+           recorder: SessionRecorder, service: RunningService, settings: Settings) -> CellOutcome:
     """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
     refusal = decision.refusal
     if refusal is not None:
         retry = f"{baselines.create_command(config)} --ddtree-cell={workload}"
-        return GateOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
+        return CellOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
                                           f"  retry this cell with: {retry}")
     fingerprint = _setup(baselines, service)
     entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp,
                                 slo_share=cell.slo_latency_share)
     recorder.propose_baseline(config, "metrics", {workload: entry})
     recorder.propose_baseline(config, "fingerprint", {**fingerprint.as_dict(), "build": dict(cell.build or fingerprint.build)})
-    return GateOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")
+    return CellOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")
