@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from pytest_ddtree.repro import FailedTest, LaunchRecord, PackageRequest, envsnap, writer
+from pytest_ddtree.repro import FailedTest, PackagedLaunch, PackageRequest, envsnap, writer
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,10 +110,10 @@ def make_request(tmp: Path, out: Path, patches: dict[str, Any], **kw: Any) -> Pa
         profile_text="name: k26-ddtree\ncontroller: systemd\n# as given\n",
         name="pkg",
         launches=[
-            LaunchRecord("bs8_b8_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 8",
+            PackagedLaunch("bs8_b8_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 8",
                          {"CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "hf_secret"},
                          "[Service]\nExecStart=\nExecStart=/usr/bin/python -m sglang.launch_server\n"),
-            LaunchRecord("bs8_b4_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 4"),
+            PackagedLaunch("bs8_b4_k4", "python -m sglang.launch_server --port 30000 --speculative-num-draft-tokens 4"),
         ],
         systemd_unit_text="[Unit]\nDescription=sglang\n[Service]\nExecStart=/usr/bin/false\n",
         results_dir=make_results(tmp) if not (tmp / "results").exists() else tmp / "results",

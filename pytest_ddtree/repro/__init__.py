@@ -10,7 +10,7 @@ from pytest_ddtree.repro.patches import DiffError, PatchError, apply_unified_dif
 from pytest_ddtree.repro.verify import VerifyReport, compare_env, verify_package
 from pytest_ddtree.repro.writer import (
     FailedTest,
-    LaunchRecord,
+    PackagedLaunch,
     PackageReport,
     PackageRequest,
     ReproError,
@@ -24,7 +24,7 @@ __all__ = [
     "DeployReport",
     "DiffError",
     "FailedTest",
-    "LaunchRecord",
+    "PackagedLaunch",
     "PackageReport",
     "PackageRequest",
     "PatchError",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import HostEnvData, RawRecord
 
-from pytest_ddtree.repro.writer import FailedTest, LaunchRecord, PackageReport, PackageRequest, write_package
+from pytest_ddtree.repro.writer import FailedTest, PackagedLaunch, PackageReport, PackageRequest, write_package
 
 if TYPE_CHECKING:
     from pytest_ddtree.configs import DDTreeConfig, Matrix
@@ -47,10 +47,10 @@ class SessionFacts(Protocol):
     def results_dir(self) -> Path: ...
 
 
-def launches_from_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
-    """One LaunchRecord per distinct (config, command, env, drop-in) of the session's ``launch`` records."""
+def launches_from_records(records: Iterable[RawRecord]) -> list[PackagedLaunch]:
+    """One PackagedLaunch per distinct (config, command, env, drop-in) of the session's ``launch`` records."""
     seen: set[tuple[str, str | None, tuple[tuple[str, str], ...], str | None]] = set()
-    out: list[LaunchRecord] = []
+    out: list[PackagedLaunch] = []
     for rec in records_mod.launch_records(records):
         launch = rec["launch"]  # the service manager's launch entry (records.LaunchEntry), checked
         config = launch["config"] or rec.get("config") or "unknown"
@@ -60,7 +60,7 @@ def launches_from_records(records: Iterable[RawRecord]) -> list[LaunchRecord]:
         if key in seen:
             continue
         seen.add(key)
-        out.append(LaunchRecord(config, command, env, dropin, job_script=job.get("script") or None,
+        out.append(PackagedLaunch(config, command, env, dropin, job_script=job.get("script") or None,
                                 slurm_version=job.get("version") or None))
     return out
 

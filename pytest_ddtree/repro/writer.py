@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the session's host-env records (the writer itself takes pla
     from pytest_ddtree.records.shapes import HostEnvData
 
 __all__ = [
-    "LaunchRecord",
+    "PackagedLaunch",
     "FailedTest",
     "PackageRequest",
     "PackageReport",
@@ -55,7 +55,7 @@ class ReproError(ValueError):
 
 
 @dataclass(frozen=True)
-class LaunchRecord:
+class PackagedLaunch:
     """How one configuration was started: the exact command, its environment, a systemd drop-in."""
 
     config: str
@@ -90,7 +90,7 @@ class PackageRequest:
     force: bool = False
     profile_path: Path | None = None
     profile_text: str | None = None
-    launches: Sequence[LaunchRecord] = ()
+    launches: Sequence[PackagedLaunch] = ()
     systemd_unit_text: str | None = None  # `systemctl cat <unit>` of the base unit
     results_dir: Path | None = None
     matrix: Sequence[str] = ()
@@ -356,7 +356,7 @@ def _write_services(tree: _Tree, req: PackageRequest, prof: Mapping[str, Any]) -
     return warnings
 
 
-def _write_job_scripts(tree: _Tree, launches: Sequence[LaunchRecord]) -> None:
+def _write_job_scripts(tree: _Tree, launches: Sequence[PackagedLaunch]) -> None:
     """services/slurm/: each config's batch script as submitted (secret-looking exports
     redacted) and the Slurm version it was submitted to."""
     versions = sorted({r.slurm_version for r in launches if r.slurm_version})

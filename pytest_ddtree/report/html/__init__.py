@@ -129,7 +129,7 @@ def _engine_facts(payload: Mapping[str, Any]) -> dict[str, Any]:
                        if isinstance(c, Mapping) and c.get("hardware_profile")})
     if profiles:
         facts["hardware profile (baselines folder)"] = profiles
-    launches = [model.launch_of(r) for r in model.records(payload, RecordKind.LAUNCH)]
+    launches = [model.launch_entry(r) for r in model.records(payload, RecordKind.LAUNCH)]
     versions = sorted({str(v) for launch in launches if (v := launch.get("engine_version"))})
     facts["engine version (/server_info)"] = versions or "not recorded"
     commands = [launch.get("command") for launch in launches]

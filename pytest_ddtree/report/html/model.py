@@ -174,7 +174,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
     return out
 
 
-def launch_of(record: Mapping[str, object]) -> Mapping[str, object]:
+def launch_entry(record: Mapping[str, object]) -> Mapping[str, object]:
     """The service manager's launch record inside a ``launch`` record (read key by key)."""
     launch = record.get("launch")
     return launch if isinstance(launch, Mapping) else {}
@@ -253,7 +253,7 @@ def _gate_health(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult
 def _gate_applied(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
     """Each launch's outcome: ready with /server_info matching (and its evidence), or why not."""
     for r in records(payload, RecordKind.LAUNCH):
-        launch = launch_of(r) or r  # a file's launch entry (records.LaunchEntry): read key by key
+        launch = launch_entry(r) or r  # a file's launch entry (records.LaunchEntry): read key by key
         if (row := out.get(str(r.get("config")))) is None:
             continue
         outcome = str(launch.get("outcome", ""))
@@ -443,7 +443,7 @@ def timeline(payload: Mapping[str, Any]) -> list[TimelineRow]:
             times[(str(name), str(r.get("worker", "main")))].append(float(r["time"]))
     rows: dict[tuple[str, str], TimelineRow] = {}
     for r in records(payload, RecordKind.LAUNCH):
-        launch = launch_of(r) or r
+        launch = launch_entry(r) or r
         name = str(launch.get("config", r.get("config")))
         key = (name, str(r.get("worker", "main")))
         if key in rows and rows[key].started_at is not None:
