@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
-class RequestResult(Protocol):
+class CountedRequest(Protocol):
     """What these checks read of a request (``generate_stream.RequestResult``)."""
 
     index: int
@@ -100,7 +100,7 @@ def latency(value: Any, what: str) -> float | None:
     return float(value)
 
 
-def verify_problem(result: RequestResult, max_tokens_per_verify: int | None) -> str | None:
+def verify_problem(result: CountedRequest, max_tokens_per_verify: int | None) -> str | None:
     """Why a completed request's tokens per verify cannot be true, or None.
 
     Each verify yields at least one token (the bonus) and at most ``max_tokens_per_verify`` (the
@@ -120,7 +120,7 @@ def verify_problem(result: RequestResult, max_tokens_per_verify: int | None) -> 
     return None
 
 
-def account(requests: Sequence[RequestResult], sent: int | None) -> list[str]:
+def account(requests: Sequence[CountedRequest], sent: int | None) -> list[str]:
     """Why a repeat's requests are not all accounted for: ``completed + failed == sent`` (``sent``
     None: not counted by its loop), and each failed request's reason counted by kind."""
     out: list[str] = []

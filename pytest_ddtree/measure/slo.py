@@ -36,7 +36,7 @@ from pytest_ddtree.measure import stats
 from pytest_ddtree.records.rate_shapes import RateProbeData, SLOData, SustainableRateData
 
 
-class RequestResult(Protocol):
+class TimedRequest(Protocol):
     """What goodput reads of a request (``generate_stream.RequestResult``; a protocol, so the matrix
     can read an SLO without importing the load generator)."""
 
@@ -123,14 +123,14 @@ def _positive(value: Any, where: str) -> float:
     return number
 
 
-def _observed_ms(r: RequestResult) -> dict[str, float]:
+def _observed_ms(r: TimedRequest) -> dict[str, float]:
     """One request's figures as bench_serving's calculate_goodput sees them (ms)."""
     ttft = r.ttft_s or 0.0
     tpot = (r.e2e_s - ttft) / (r.completion_tokens - 1) if r.completion_tokens > 1 else 0.0
     return {"ttft": ttft * 1000, "tpot": tpot * 1000, "e2el": r.e2e_s * 1000}
 
 
-def goodput(requests: Sequence[RequestResult], slo: SLO, duration_s: float) -> dict[str, float | None]:
+def goodput(requests: Sequence[TimedRequest], slo: SLO, duration_s: float) -> dict[str, float | None]:
     """bench_serving's goodput figures of one repeat, flat (``slo_attainment_<name>`` for its
     ``slo_attainment_by_metric``): a metrics dict holds numbers only; and the repeat's
     ``SLO_LATENCY_SHARE`` (how near its requests that succeeded stand to the SLO's edge)."""
@@ -162,7 +162,7 @@ def latency_share(observed: Sequence[Mapping[str, float]], slo: SLO) -> float | 
     return max(stats.percentile([o[name] for o in observed], slo.percentile) / ms for name, ms in slo.targets)
 
 
-def slo_miss(requests: Sequence[RequestResult], slo: SLO) -> str | None:
+def slo_miss(requests: Sequence[TimedRequest], slo: SLO) -> str | None:
     """Why these requests (a rate's counted repeats, pooled) miss the SLO, or None when they meet it."""
     if not requests:
         return "no requests were measured"
