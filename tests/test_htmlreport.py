@@ -247,8 +247,8 @@ def test_the_repeats_chart_colours_each_cell_by_the_verdict_of_the_metric_it_dra
     colour (pass), not the cell's (regression); a passing cell's dot outside the band says so."""
     base = {"output_throughput": {"median": 100.0, "samples": [99.0, 101.0], "tolerance": 0.1, "direction": "higher"}}
 
-    def cell(name: str, status: str, metric_status: dict[str, str], samples: list[float]) -> model.Cell:
-        return model.Cell(config="bs8_b16_k4", cell=name, concurrency=8, context_tokens=4096, status=status,
+    def cell(name: str, status: str, metric_status: dict[str, str], samples: list[float]) -> model.CellRow:
+        return model.CellRow(config="bs8_b16_k4", cell=name, concurrency=8, context_tokens=4096, status=status,
                           measurement_status="valid", values={}, change={}, samples={"output_throughput": samples},
                           baseline=base, messages=[], metric_status=metric_status)
 

@@ -415,8 +415,8 @@ def test_the_frontier_and_the_speedup_chart_draw_what_the_records_say() -> None:
     points = [(100.0, 50.0, "a"), (300.0, 20.0, "b"), (200.0, 40.0, "c"), (150.0, 30.0, "d"), (300.0, 10.0, "e")]
     assert [p[2] for p in frontier.pareto_front(points)] == ["a", "c", "b"]  # d is beaten by c, e by b
 
-    def cell(config: str, name: str, tps: float, per_request: float, accept: float) -> model.Cell:
-        return model.Cell(config, name, 1, 128, "pass", "valid", {"output_throughput": tps,
+    def cell(config: str, name: str, tps: float, per_request: float, accept: float) -> model.CellRow:
+        return model.CellRow(config, name, 1, 128, "pass", "valid", {"output_throughput": tps,
                           "ddtree_median_request_output_throughput": per_request, "ddtree_tokens_per_verify": accept},
                           {}, {}, {}, [])
 

@@ -22,7 +22,7 @@ from typing import Any
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import config_or_none, name_sort_key
-from pytest_ddtree.report.html.model import Cell, is_number
+from pytest_ddtree.report.html.model import CellRow, is_number
 from pytest_ddtree.records.words import Status
 
 #: The vendored runtime (package data of pytest_ddtree.report.html).
@@ -78,7 +78,7 @@ def measured_ticks(layout: dict[str, Any], values: Iterable[int]) -> None:
     layout["xaxis"].update({"tickmode": "array", "tickvals": ticks, "ticktext": [str(t) for t in ticks]})
 
 
-def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[str, Any]]:
+def sweep_panels(cells: Sequence[CellRow], metric: str, y_title: str) -> list[dict[str, Any]]:
     """One figure per context length: ``metric`` against concurrency, a line per config."""
     by_ctx: dict[int | None, dict[str, list[tuple[int, float, str]]]] = defaultdict(lambda: defaultdict(list))
     for c in cells:
@@ -111,7 +111,7 @@ def sweep_panels(cells: Sequence[Cell], metric: str, y_title: str) -> list[dict[
     return panels
 
 
-def pareto_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+def pareto_panels(cells: Sequence[CellRow]) -> list[dict[str, Any]]:
     """One figure per context: tok/s per request (median request) against aggregate output tok/s, a
     line per config through its cells (its points over load), and the Pareto frontier over every
     config's points marked (``frontier.pareto_front``): vLLM's plot_pareto axes, per user against
@@ -150,7 +150,7 @@ def pareto_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
     return panels
 
 
-def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
+def acceptance_figure(cells: Sequence[CellRow]) -> dict[str, Any] | None:
     """Acceptance against budget, a line per (block size, topk, window); flat last steps marked.
 
     The mark uses the same threshold as the text diagnosis (report.DRAFTER_BOUND_GAIN): a
@@ -195,7 +195,7 @@ def acceptance_figure(cells: Sequence[Cell]) -> dict[str, Any] | None:
     return {"data": traces, "layout": layout}
 
 
-def speedup_figure(cells: Sequence[Cell], control: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def speedup_figure(cells: Sequence[CellRow], control: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Acceptance against speedup over the control, a line per (block size, topk, window) through its
     budgets: acceptance rises with the budget while the speedup peaks at an intermediate one (the
     DDTree paper's finding), so where a line turns back is where a bigger tree stops paying. Each
@@ -234,14 +234,14 @@ def speedup_figure(cells: Sequence[Cell], control: Mapping[str, Any] | None) -> 
 _CELL_COLORS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#c62828", "#00838f", "#5d4037", "#9e9d24", "#ad1457", "#455a64")
 
 
-def depth_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+def depth_panels(cells: Sequence[CellRow]) -> list[dict[str, Any]]:
     """Acceptance by depth, one small panel per config (small multiples): in each, per cell, the
     share of verifies that accepted at least d drafts, from the server's acceptance histograms.
     Where a line falls to zero is where the drafter stops being right, whatever the tree allows:
     the drafter-bound finding, drawn. One panel per config, not every config x cell on one chart:
     28 lines on one axis with a scrolling legend read as none; a cell keeps its colour in every
     panel, and every panel the same axes, so configs compare side by side."""
-    by_config: dict[str, list[Cell]] = defaultdict(list)
+    by_config: dict[str, list[CellRow]] = defaultdict(list)
     for c in cells:
         if not c.predicted and c.acceptance_by_depth:
             by_config[c.config].append(c)
@@ -266,7 +266,7 @@ def depth_panels(cells: Sequence[Cell]) -> list[dict[str, Any]]:
     return panels
 
 
-def repeats_figure(config: str, cells: Sequence[Cell], metric: str = OUTPUT_THROUGHPUT) -> dict[str, Any] | None:
+def repeats_figure(config: str, cells: Sequence[CellRow], metric: str = OUTPUT_THROUGHPUT) -> dict[str, Any] | None:
     """Each cell's repeats and its baseline's samples, relative to the baseline median, with the band.
 
     Relative (1.0 = the baseline median) so cells of very different speeds share one axis; the

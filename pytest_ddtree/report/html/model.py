@@ -63,7 +63,7 @@ class GateResult:
 
 
 @dataclass
-class Cell:
+class CellRow:
     """One throughput cell as the page shows it (numbers straight from the payload)."""
 
     config: str
@@ -122,8 +122,8 @@ def _int(value: Any) -> int | None:
     return int(value) if is_number(value) else None
 
 
-def cells(payload: Mapping[str, Any]) -> list[Cell]:
-    out: list[Cell] = []
+def cells(payload: Mapping[str, Any]) -> list[CellRow]:
+    out: list[CellRow] = []
     for raw in _as_list(payload.get("throughput")):
         if not isinstance(raw, Mapping) or "cell" not in raw:
             continue
@@ -151,7 +151,7 @@ def cells(payload: Mapping[str, Any]) -> list[Cell]:
         changed = [str(c) for c in _as_list(_as_dict(raw.get("build")).get("changed"))]
         if changed:  # judged on another build than the one blessed (service/build.py)
             messages.append("build changed since the bless: " + "; ".join(changed))
-        out.append(Cell(
+        out.append(CellRow(
             config=str(raw.get("config")),
             cell=str(raw["cell"]),
             concurrency=conc,
@@ -315,7 +315,7 @@ def _gate_lossless(payload: Mapping[str, Any], out: dict[str, dict[str, GateResu
 
 def _gate_throughput(payload: Mapping[str, Any], out: dict[str, dict[str, GateResult]]) -> None:
     """The worst of the measured cells' statuses (predicted cells do not count)."""
-    by_config: dict[str, list[Cell]] = defaultdict(list)
+    by_config: dict[str, list[CellRow]] = defaultdict(list)
     for c in cells(payload):
         if not c.predicted:
             by_config[c.config].append(c)
