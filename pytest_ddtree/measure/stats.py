@@ -42,6 +42,12 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
+
+def fmt_pct(value: object) -> str:
+    """A relative change as a signed percent (0.031 -> ``+3.1%``): the one format of a change in the
+    gate's messages, the terminal tables and the HTML page; ``-`` where there is no number."""
+    return f"{float(value) * 100:+.1f}%" if is_number(value) else "-"
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) with linear interpolation, as numpy's default.
 

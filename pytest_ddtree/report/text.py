@@ -78,10 +78,6 @@ def _f(v: Any, digits: int = 1) -> str:
     return f"{float(v):.{digits}f}" if stats.is_number(v) else "-"
 
 
-def _pct(v: Any) -> str:
-    return f"{float(v) * 100:+.1f}%" if stats.is_number(v) else "-"
-
-
 def _ctx(tokens: Any) -> str:
     if not stats.is_number(tokens):
         return "-"
@@ -101,7 +97,7 @@ def table_rows(records: Iterable[RawRecord]) -> list[list[str]]:
             rec["config"], rec["cell"], f"{w['request_rate']:g}/s" if "request_rate" in w else str(w["concurrency"]),
             _ctx(w["context_tokens"]),
             w["prompts"] or "-", tps, _f(tokens_per_verify(m), 2), _f(m.get(MEDIAN_TTFT_MS)), _f(m.get("median_tpot_ms")),
-            _f(m.get("median_itl_ms")), _f(m.get("request_throughput"), 2), _pct(change), status_text(rec),
+            _f(m.get("median_itl_ms")), _f(m.get("request_throughput"), 2), stats.fmt_pct(change), status_text(rec),
         ])
     return rows
 
@@ -130,7 +126,7 @@ def status_text(record: RawRecord) -> str:
         if not isinstance(metric, Mapping) or metric.get("status") not in _MOVED:
             continue
         word = str(metric.get("status"))
-        change = _pct(metric.get("change"))
+        change = stats.fmt_pct(metric.get("change"))
         moved.append(f"{SHORT_LABELS.get(key, key)} {change}" + ("" if word == status else f" {word}"))
     return f"{status}: {'; '.join(moved)}" if moved else status
 
@@ -190,7 +186,7 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
         if c == top_c:
             winner, worst = best(cands, OUTPUT_THROUGHPUT)
             winners[(c, ctx)] = str(winner["config"])
-            margin = f" ({_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
+            margin = f" ({stats.fmt_pct(tps(winner) / tps(worst) - 1)} over the slowest, {worst['config']})" if worst and tps(worst) else ""
             aggregate.append(f"Best aggregate throughput at concurrency {c}, context {_ctx(ctx)}: "
                              f"{winner['config']} with {tps(winner):.1f} output tok/s{margin}.")
         else:
@@ -200,7 +196,7 @@ def recommendations(records: Iterable[RawRecord]) -> list[str]:
             winner, worst = best(cands, key)
             winners[(c, ctx)] = str(winner["config"])
             top, low = float(winner["metrics"].get(key) or 0.0), float((worst or winner)["metrics"].get(key) or 0.0)
-            margin = f" ({_pct(top / low - 1)} over the slowest, {worst['config']})" if worst and low else ""
+            margin = f" ({stats.fmt_pct(top / low - 1)} over the slowest, {worst['config']})" if worst and low else ""
             single.append(f"Best single-request speed (concurrency {c}, context {_ctx(ctx)}): "
                           f"{winner['config']} with {top:.1f} {unit}{margin}.")
     out.extend(aggregate)

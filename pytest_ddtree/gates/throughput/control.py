@@ -201,10 +201,6 @@ def group_of(rec: JudgedCellData) -> str:
     return f"{rec.get('hardware_profile') or ''}@{rec.get('host') or ''}"
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
-
-
 @dataclass
 class GroupJudgement:
     """The control and the uniform shift of one hardware profile and host."""
@@ -407,9 +403,9 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: floa
         control_moved = abs(ctl.shift) > g.control_tolerance
         g.control_status = "moved" if control_moved else "held"
         verdict = "MOVED beyond it" if control_moved else "held"
-        g.lines.append(f"  control output tok/s against its baseline: {_pct(g.control_change)} over "
-                       f"{_count(n_ctl, 'launch', 'launches')} this session (95% interval {_pct(g.control_interval[0])} "
-                       f"to {_pct(g.control_interval[1])}). It counts as moved beyond {g.control_tolerance:.1%}: "
+        g.lines.append(f"  control output tok/s against its baseline: {stats.fmt_pct(g.control_change)} over "
+                       f"{_count(n_ctl, 'launch', 'launches')} this session (95% interval {stats.fmt_pct(g.control_interval[0])} "
+                       f"to {stats.fmt_pct(g.control_interval[1])}). It counts as moved beyond {g.control_tolerance:.1%}: "
                        f"{gate.Z_CONFIG:g} times its standard error, from a day-to-day spread of {day:.1%} and a "
                        f"launch-to-launch spread of {wobble:.1%}, and never less than the {ctl.floor:.1%} floor. "
                        f"Verdict: {verdict}")
@@ -493,13 +489,13 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
         g.configs.setdefault(cfg, {})["speedup_change"] = math.expm1(value)
     g.lines.append(
         f"  uniform shift of the {_count(len(moves), 'speculative config', 'speculative configs')}: "
-        f"{_pct(g.uniform_shift)} (95% interval {_pct(g.uniform_interval[0])} to {_pct(g.uniform_interval[1])}). "
+        f"{stats.fmt_pct(g.uniform_shift)} (95% interval {stats.fmt_pct(g.uniform_interval[0])} to {stats.fmt_pct(g.uniform_interval[1])}). "
         f"It counts beyond {g.uniform_tolerance:.1%}: {z_uniform:.3g} times its standard error "
         f"({'a t quantile of ' + str(dof) + ' degrees of freedom, the launch spread being estimated' if dof else 'a normal quantile'}), "
         f"never less than "
         f"{UNIFORM_FLOOR:.1%}. It weighs their median speedup change over the control "
-        f"({_pct(math.expm1(over_control))}, weight {w:.0%}) against their median change against the blessed days "
-        f"({_pct(math.expm1(configs_moved))}, weight {1 - w:.0%}), each by its noise (launch-to-launch spread "
+        f"({stats.fmt_pct(math.expm1(over_control))}, weight {w:.0%}) against their median change against the blessed days "
+        f"({stats.fmt_pct(math.expm1(configs_moved))}, weight {1 - w:.0%}), each by its noise (launch-to-launch spread "
         f"{wobble:.1%} over the control's {_count(n_ctl, 'launch', 'launches')}; day-to-day spread {day:.1%})")
     if not per_session:
         g.lines.append("  not judged: the control and the configs share no blessed session, so the speedup they "
@@ -509,7 +505,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
         g.failed = True
         g.uniform_failure = (
             f"every speculative config is {abs(g.uniform_shift):.1%} slower (uniform shift "
-            f"{_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
+            f"{stats.fmt_pct(g.uniform_shift)}, beyond {g.uniform_tolerance:.1%}) while the non-speculative control "
             "held: the speculative path slowed down as a whole (a build, a "
             "kernel, a drafter), not the machine. If intended, re-bless with --ddtree-update-baselines")
         g.lines.append(f"  REGRESSION: {g.uniform_failure}")
@@ -531,12 +527,12 @@ def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs:
             c_change, k_change = _change(mine, cell), _change(control, cell)
             change = (1.0 + c_change) / (1.0 + k_change) - 1.0 if c_change is not None and k_change is not None else None
             per_cell[cell] = {"speedup": num / den, "change": change}
-            shown.append(f"{cell} {num / den:.2f}x" + (f" ({_pct(change)})" if change is not None else ""))
+            shown.append(f"{cell} {num / den:.2f}x" + (f" ({stats.fmt_pct(change)})" if change is not None else ""))
         if per_cell:
             g.configs.setdefault(cfg, {})["cells"] = per_cell
             total = g.configs[cfg].get("speedup_change")
             rows.append(f"    {cfg}: " + ", ".join(shown)
-                        + (f"; all cells {_pct(total)}" if total is not None else ""))
+                        + (f"; all cells {stats.fmt_pct(total)}" if total is not None else ""))
     if rows:
         g.lines.append("  speedup over the control (config / control output tok/s; change against the blessed speedup):")
         g.lines.extend(rows)

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_ddtree.measure.stats import fmt_pct as fmt_pct  # re-exported: the gate's messages format changes with it
 from pytest_ddtree.metrics import ACCEPT_LENGTH, MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import CellVerdictData, MetricVerdictData
 from pytest_ddtree.records.words import MeasurementStatus, Status, Verdict
@@ -185,10 +186,6 @@ class CellInput:
     status: MeasurementStatus = Status.VALID  # the measurement's own status (measurement_status)
     problems: Sequence[str] = ()
     workload: Mapping[str, Any] | None = None
-
-
-def fmt_pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
 
 
 def fmt(x: float) -> str:

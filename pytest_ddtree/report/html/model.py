@@ -21,7 +21,7 @@ from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, PER_REQUEST
 from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import config_in_nodeid, config_or_none, name_sort_key
 from pytest_ddtree.records.words import GateStatus, RecordKind, Status
-from pytest_ddtree.measure.stats import is_number as is_number  # the one number check, re-exported for charts and the template
+from pytest_ddtree.measure.stats import fmt_pct as fmt_pct, is_number as is_number  # the one number check and percent, re-exported for charts and the template
 
 #: The gates of one config, in the order a reader asks about them.
 GATES = ("health", "applied", "coding", "lossless", "throughput")
@@ -43,10 +43,6 @@ CELL_COLUMNS: tuple[tuple[str, str, int], ...] = (
 def fmt(value: Any, digits: int = 1) -> str:
     """The one number format of the page (tables and tests use it alike)."""
     return f"{float(value):.{digits}f}" if is_number(value) else "-"
-
-
-def fmt_pct(value: Any) -> str:
-    return f"{float(value) * 100:+.1f}%" if is_number(value) else "-"
 
 
 def fmt_time(epoch: Any) -> str:
