@@ -159,7 +159,7 @@ class BaselineStore:
         return None if data is None else data.get(section)
 
     def apply_updates(self, updates: Iterable[BaselineUpdate]) -> list[Path]:
-        """Merge section updates into their files (controller only). Returns the files written."""
+        """Merge section updates into their files (main process only). Returns the files written."""
         by_config: dict[str, list[BaselineUpdate]] = {}
         for update in updates:
             by_config.setdefault(update.config, []).append(update)

@@ -1,6 +1,6 @@
 """Session end on the controller: merge results, apply baselines, report, package.
 
-Runs once, on the xdist controller (or the only process), after every worker is done, so it sees
+Runs once, on the xdist main process (or the only process), after every worker is done, so it sees
 all records and is the only writer of results.json, baselines and the reproduction package. Each
 step is independent: a failing package write must not lose the results, and a missing results
 module must not stop the package, so every step records its own failure instead of raising.

@@ -41,7 +41,7 @@ def pytest_ddtree_hardware_profile(config: pytest.Config, fingerprint: HardwareP
 
 @hookspec
 def pytest_ddtree_session_bill(config: pytest.Config, bill: dict[str, Any]) -> None:
-    """The session's GPU bill, once, on the controller at the session end (after every worker's
+    """The session's GPU bill, once, on the main process at the session end (after every worker's
     records arrived): results.json's ``bill``, i.e. ``launches``, ``restart_s`` (seconds from start
     to ready), ``measured_s``, ``gpu_s`` and ``by_purpose`` (configs, control, lossless reference,
     confirmations, relaunches, rate probes: each one's launches, restart seconds, repeats and
@@ -68,7 +68,7 @@ def pytest_ddtree_cell_measured(config: pytest.Config, ddtree_config: str, cell:
 def pytest_ddtree_verdict(config: pytest.Config, ddtree_config: str | None, cell: str | None,
                           verdict: dict[str, Any]) -> None:
     """A verdict was made: a throughput cell's (``ddtree_config`` and ``cell`` name it; in the
-    process that measured it) or the session's (both None; once, on the controller, at the session
+    process that measured it) or the session's (both None; once, on the main process, at the session
     end). ``verdict["decision"]`` is what the gate does, ``pass``, ``fail``, ``skip`` or ``warn``
     (the session's: ``pass`` or ``fail``, as its exit status), and ``verdict["message"]`` says why
     (empty for a plain pass; the session's: its verdict line). A cell's also holds its verdict record (results.json's

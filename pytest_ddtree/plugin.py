@@ -152,7 +152,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: SchedulerLog) -> Con
 
 
 class _DeadHostWatcher:
-    """Controller: a test that failed because its worker's host does not answer ssh (the
+    """On the main process: a test that failed because its worker's host does not answer ssh (the
     worker marks its report) makes the scheduler feed that worker no more configs."""
 
     def __init__(self, config: pytest.Config) -> None:
@@ -161,7 +161,7 @@ class _DeadHostWatcher:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         host = next((entry[1] for entry in report.user_properties if entry[0] == HOST_UNREACHABLE_PROPERTY), None)
         scheduler = self.config.stash.get(SCHEDULER_KEY, None)
-        node = getattr(report, "node", None)  # set by xdist on the controller
+        node = getattr(report, "node", None)  # set by xdist on the main process
         if host is not None and scheduler is not None and node is not None:
             scheduler.mark_dead(node, report.nodeid, str(host))
 
@@ -188,7 +188,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Settings:
-    """The resolved settings; the controller picks this session's own results folder, once, and
+    """The resolved settings; the main process picks this session's own results folder, once, and
     its workers write beside it."""
     try:
         settings = options.resolve_settings(config, stamp=worker_input.get(WORKER_STAMP_KEY), session_id=worker_input.get(WORKER_SESSION_KEY))
@@ -210,8 +210,8 @@ def _settings(config: pytest.Config, worker_input: dict[str, Any]) -> options.Se
 
 def _progress(config: pytest.Config, worker_input: dict[str, Any]) -> Callable[[str], None]:
     """The session's lines (a start, a ready service, a dead host): the terminal's on the
-    controller (through its progress display, which clears a live status line first; none under
-    ``-q -q``); on a worker, the controller's channel (report/relay.py: the worker's progress
+    main process (through its progress display, which clears a live status line first; none under
+    ``-q -q``); on a worker, the main process's channel (report/relay.py: the worker's progress
     display too), else stderr."""
     worker_id = worker_input.get("workerid")
     if WORKER_PROGRESS_KEY in worker_input:
@@ -261,7 +261,7 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     ddtree = session.config.stash.get(SESSION_KEY, None)
-    if ddtree is not None and ddtree.is_controller and _ddtree_in_use(ddtree, session.config):
+    if ddtree is not None and ddtree.is_main_process and _ddtree_in_use(ddtree, session.config):
         _show_skip_reasons(session.config)
 
 
@@ -345,7 +345,7 @@ def _validate_early(session: DDTreeSession, config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: WorkerNode) -> None:
-    """xdist controller -> worker: share one results folder, session id and timestamp."""
+    """xdist main process -> worker: share one results folder, session id and timestamp."""
     session = _session(node.config)
     node.workerinput[WORKER_STAMP_KEY] = session.settings.session_stamp
     node.workerinput[WORKER_SESSION_KEY] = session.settings.session_id
@@ -356,7 +356,7 @@ def pytest_configure_node(node: WorkerNode) -> None:
 
 
 def _relay(config: pytest.Config, session: DDTreeSession) -> Relay | None:
-    """The controller's relay of its workers' progress lines (report/relay.py), made with the
+    """The main process's relay of its workers' progress lines (report/relay.py), made with the
     first worker; none where no progress is shown (``-q -q``) or nothing of ddtree runs."""
     if RELAY_KEY in config.stash:
         return config.stash[RELAY_KEY]
@@ -403,8 +403,8 @@ class _RelayCloser:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: WorkerNode, error: object | None) -> None:
-    """xdist worker -> controller: its records and baseline proposals (absent if it crashed;
-    then the controller reads its journal)."""
+    """xdist worker -> main process: its records and baseline proposals (absent if it crashed;
+    then the main process reads its journal)."""
     from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
 
     output = getattr(node, "workeroutput", None) or {}
@@ -540,7 +540,7 @@ def ddtree_service(ddtree_config: DDTreeConfig, ddtree_session: DDTreeSession, r
     """The service running ``ddtree_config``: restarted if needed, healthy, config verified. A failed start
     or a config that did not apply fails every test of that config with the reason (exit code, log tail,
     key-by-key diff); the next config starts fresh. A host that does not answer ssh is named in the report,
-    so the controller sends it no more configs."""
+    so the main process sends it no more configs."""
     from pytest_ddtree.service.base import ConfigNotAvailable, ServiceError
     from pytest_ddtree.service.ssh import unreachable_host
 
@@ -633,7 +633,7 @@ class _FailureCollector:
     """Collects failed ddtree tests for the package's REPRODUCE.md.
 
     A registered object rather than a module hook because ``pytest_runtest_logreport`` gets no
-    config; on the xdist controller it sees the workers' reports too.
+    config; on the xdist main process it sees the workers' reports too.
     """
 
     def __init__(self, session: DDTreeSession) -> None:
@@ -648,7 +648,7 @@ class _FailureCollector:
 
 
 class _LiveReportHooks:
-    """Controller only: report.html at the start and after each config's last test (report/html/live.py)."""
+    """Main process only: report.html at the start and after each config's last test (report/html/live.py)."""
 
     def __init__(self, session: DDTreeSession) -> None:
         self.session = session
@@ -718,7 +718,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
 
             session.config.workeroutput[WORKEROUTPUT_KEY] = recorder.handover()  # type: ignore[attr-defined]
-        if ddtree.is_controller and ddtree.results_dir.exists():
+        if ddtree.is_main_process and ddtree.results_dir.exists():
             from pytest_ddtree.finish import finish_session
 
             outcome = finish_session(ddtree, exitstatus=int(exitstatus))

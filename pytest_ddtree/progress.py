@@ -17,8 +17,8 @@ Two kinds of calls:
   service log's last line); the display shows the newest.
 
 Under pytest-xdist a worker has no terminal the user sees (xdist forwards only test reports): the
-plugin installs a worker display that writes into a channel the controller reads, and the
-controller shows those lines prefixed with the worker's id (report/relay.py).
+plugin installs a worker display that writes into a channel the main process reads, and the
+main process shows those lines prefixed with the worker's id (report/relay.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ ProgressFn = Callable[[str], None]
 
 
 class LivePage(Protocol):
-    """What the session and its end use of the controller's live report.html
+    """What the session and its end use of the main process's live report.html
     (``report/html/live.py LiveReport``; a Protocol, since that module reads the session)."""
 
     environment: dict[str, Any]
@@ -54,7 +54,7 @@ def _stderr_progress(message: str) -> None:
 
 
 class DDTreeSession:
-    """Per-process state of a session (the xdist controller and each worker have one)."""
+    """Per-process state of a session (the xdist main process and each worker have one)."""
 
     def __init__(self, settings: Settings, worker_id: str | None = None, progress: ProgressFn | None = None,
                  worker_count: int = 1) -> None:
@@ -66,7 +66,7 @@ class DDTreeSession:
         self._manager: ServiceManager | None = None
         self._baselines: BaselineStore | None = None
         self.failed_tests: list[dict[str, str]] = []
-        # The controller's report.html while the session runs (report/html/live.py), or None.
+        # The main process's report.html while the session runs (report/html/live.py), or None.
         self.live_report: LivePage | None = None
         self.started = False
         # The project's name for the hardware (the pytest_ddtree_hardware_profile hook), or None.
@@ -89,7 +89,7 @@ class DDTreeSession:
         self.started = True
 
     @property
-    def is_controller(self) -> bool:
+    def is_main_process(self) -> bool:
         return self.worker_id is None
 
     @functools.cached_property
@@ -181,7 +181,7 @@ class DDTreeSession:
 
     @functools.cached_property
     def collector(self) -> SessionCollector:
-        """The controller's collection of its workers' results (xdist ``workeroutput``)."""
+        """The main process's collection of its workers' results (xdist ``workeroutput``)."""
         from pytest_ddtree.records.sessionfolder import SessionCollector
 
         return SessionCollector(self.settings.results, self.settings.session_id)
@@ -318,7 +318,7 @@ class DDTreeSession:
             try:
                 manager.close()
             finally:
-                # The launches reach the controller's repro package through the records.
+                # The launches reach the main process's repro package through the records.
                 for launch in manager.launches:
                     data: LaunchData = {"launch": launch}
                     self.recorder.record(RecordKind.LAUNCH, launch["config"], data)

@@ -4,7 +4,7 @@ For every bundled prompt (the coding prompts and ``suites/coding/lossless_prompt
 config under test generates ``pytest_ddtree.gates.lossless.MAX_NEW_TOKENS`` tokens at temperature 0
 through ``/generate``; the token ids are compared with a non-speculative reference: a launch with
 the profile's ``lossless_args``, measured in this session (``lossless: instance``) or blessed into
-``baselines/<hardware>/golden/`` (``lossless: golden``, written by the controller from that launch
+``baselines/<hardware>/golden/`` (``lossless: golden``, written by the main process from that launch
 under ``--ddtree-update-baselines``, never from the config under test). The reference's own floor
 (the same prompts at two batch compositions) decides how much divergence a non-deterministic
 service may show; the reference engine and SGLang's deterministic-inference mode must be exact.

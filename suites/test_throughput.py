@@ -20,7 +20,7 @@ How a config is measured (docs/gates/throughput.md):
   measured once per process on every cell; ``pytest_ddtree/gates/throughput/control.py``) is measured; the session end
   judges it, each config's speedup over it and the session's uniform shift.
 * ``--ddtree-update-baselines`` proposes the measured samples as this session's part of the
-  baseline (the last three blessed sessions are kept); the controller writes them at session
+  baseline (the last three blessed sessions are kept); the main process writes them at session
   end (atomic, sorted YAML).
 * Every cell is also a pytest-benchmark record: its rounds are the measured repeats'
   durations (replayed through a custom timer), its ``extra_info`` the bench_serving figures,

@@ -51,7 +51,7 @@ def sglang_spec_models(tmp_path_factory: pytest.TempPathFactory) -> SpecModels:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+    if not hasattr(config, "workerinput"):  # xdist's main process (or a run without xdist)
         register_run()
 
 

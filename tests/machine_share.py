@@ -34,7 +34,7 @@ _registration: IO[str] | None = None
 
 
 def register_run() -> str:
-    """Mark this test run live (controller process; xdist workers inherit the id)."""
+    """Mark this test run live (the main process; xdist workers inherit the id)."""
     global _registration
     run_id = os.environ.get(RUN_ENV) or f"{os.getpid()}"
     os.environ[RUN_ENV] = run_id

@@ -99,7 +99,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
     blessed = {p.stem for p in (baselines / "refserver").glob("*.yaml")}
     assert "control" not in blessed
     assert blessed and blessed <= measured, (blessed, measured)
-    # the controller's [ddtree] lines reach pytest's terminal (stdout) where it has one, else stderr
+    # the main process's [ddtree] lines reach pytest's terminal (stdout) where it has one, else stderr
     said = result.stdout.str() + result.stderr.str()
     assert "adaptive sweep: 24 tests deselected, their configs not measured" in said, said[-3000:]
 

@@ -67,7 +67,7 @@ def test_importing_the_plugin_loads_only_the_option_declarations(tmp_path: Path)
 
 
 def test_an_unrelated_project_run_with_xdist_loads_none_of_the_heavy_modules(tmp_path: Path) -> None:
-    """The whole run (controller, xdist scheduler, workers), not only the import."""
+    """The whole run (the main process, xdist's scheduler, the workers), not only the import."""
     (tmp_path / "conftest.py").write_text(
         "import os, sys\n"
         "def pytest_unconfigure(config):\n"
@@ -83,7 +83,7 @@ def test_an_unrelated_project_run_with_xdist_loads_none_of_the_heavy_modules(tmp
     )
     assert result.returncode == 0, result.stdout + result.stderr
     reports = {p.name: p.read_text() for p in tmp_path.glob("loaded-*.txt")}
-    assert len(reports) == 3, reports  # the controller and two workers
+    assert len(reports) == 3, reports  # the main process and two workers
     assert all(not loaded for loaded in reports.values()), reports
 
 

@@ -110,7 +110,7 @@ def test_main_job_gates_prints_the_sweep_and_writes_a_verified_package(pytester:
     result.stdout.fnmatch_lines(["*ddtree throughput sweep*", "*bs8_b8_k4*c8_4k*"])
     assert "Recommendations" not in result.stdout.str()  # one config: nothing was compared
 
-    # results: every gate recorded, merged by the controller
+    # results: every gate recorded, merged by the main process
     summary = json.loads((results / "results.json").read_text())
     kinds = {r["kind"] for r in summary.get("records", [])} if "records" in summary else set()
     raw_kinds = {json.loads(line)["kind"] for line in (results / "records-main.jsonl").read_text().splitlines()}

@@ -172,7 +172,7 @@ def test_measure_only_under_xdist_measures_each_workers_config_and_judges_none(
         pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``-n 2`` over two configs of the embedded engine (a pool of two instances; 8 s on the 2-core box at
     load ~5, two engines at clock scale 10 and one cell each): each worker launches,
-    proves and measures its config; the controller's verdict, results.json, report.html and the history
+    proves and measures its config; the main process's verdict, results.json, report.html and the history
     all say measured, for both configs, with no control and no baseline read or written."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # the inner session's own workers decide
         monkeypatch.delenv(name, raising=False)

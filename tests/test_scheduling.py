@@ -21,7 +21,7 @@ class Gateway:
 
 
 class WorkerChannel:
-    """What the controller sends one worker: its run queue, steals (all or nothing, as xdist's
+    """What the main process sends one worker: its run queue, steals (all or nothing, as xdist's
     worker does) and the shutdown."""
 
     def __init__(self, name: str) -> None:

@@ -79,7 +79,7 @@ def test_update_then_pass_then_slowdown_fails_then_corrupt_errors(pytester: pyte
     result.stdout.fnmatch_lines(["*c1_tiny: no baseline for this cell in *bs8_b8_k4.yaml; create it with: "
                                  "pytest suites --ddtree-update-baselines*--ddtree-config=bs8_b8_k4*",
                                  "*c1_huge: context 999999 tokens exceeds the profile's max_context 4096*"])
-    # 2. the update flow writes reviewable YAML through the controller, also under xdist
+    # 2. the update flow writes reviewable YAML through the main process, also under xdist
     shutil.rmtree(pytester.path / "results")
     result = _run(pytester, repo_root, profile, matrix, "--ddtree-update-baselines", "-n", "2",
                   config="bs8_b8_k4,bs8_b4_k4")
@@ -259,7 +259,7 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
     then make one config's baseline three times as fast as the engine is (as if that config had
     regressed as a whole since); the run fails naming that config against the other one.
 
-    Three times, not 10-25%: this is the wiring (records -> controller -> summary, exit status,
+    Three times, not 10-25%: this is the wiring (records -> main process -> summary, exit status,
     results.json); how small a move the check catches is benchmarks/bench_gate_e2e.py's job.
     On a loaded 2-core box a blessed cell can be 20-30% off (seen: a bless beside another
     test run), which a 25% move does not clear and a threefold one does."""

@@ -1,4 +1,4 @@
-"""Progress lines of xdist workers on the controller's terminal (report/relay.py): a real ``-n 2``
+"""Progress lines of xdist workers on the main process's terminal (report/relay.py): a real ``-n 2``
 run on the reference engine shows both workers' waits live, and the channel's bounds hold."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ workloads:
 
 @pytest.mark.slow  # two engines, one after the other, and their cells on a 2-core box: about 45 s
 def test_minus_n_2_shows_both_workers_progress_before_the_summary(pytester: pytest.Pytester) -> None:
-    """``-n 2``: each worker's service start and its cell's repeats reach the controller's terminal,
+    """``-n 2``: each worker's service start and its cell's repeats reach the main process's terminal,
     prefixed with the worker's id, before pytest's summary (xdist itself shows only dots). With a
     pool of one instance the worker that waits for it says so while it waits."""
     profile = reference_profile(pytester.path, clock_scale=1, control="none", pool=1, instance_lock=True)

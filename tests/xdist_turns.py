@@ -50,7 +50,7 @@ def _text(path: str) -> str:
 def module_measures(path: str) -> bool:
     """Does the test module at ``path`` (a file, or a nodeid's file part) measure?
 
-    Read from its text, as the controller has only node ids: a module that names one of the
+    Read from its text, as the main process has only node ids: a module that names one of the
     fixtures uses it (module-wide through ``pytestmark``, or for some of its tests)."""
     text = _text(path)
     return MEASURING_FIXTURE in text or ALONE_FIXTURE in text

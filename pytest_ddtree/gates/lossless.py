@@ -434,7 +434,7 @@ def golden_bless_command(profile: ServiceProfile, create_command: str, server_in
 def session_reference(session: DDTreeSession) -> Reference:
     """The session's non-speculative reference: the profile's ``lossless_args`` launched in this
     instance's slot, every prompt generated (:func:`measure_reference`), recorded; in golden
-    mode with ``--ddtree-update-baselines`` also proposed for ``golden/`` (the controller writes
+    mode with ``--ddtree-update-baselines`` also proposed for ``golden/`` (the main process writes
     it once per hardware profile)."""
     from pytest_ddtree.service.base import ServiceError
     from pytest_ddtree.records.shapes import LosslessReferenceData

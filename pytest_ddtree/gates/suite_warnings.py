@@ -1,9 +1,9 @@
 """The warnings the shipped suites raise (a cell without a baseline, a rate search at its limit).
 
 Why here and not in the suite modules: under ``-n`` xdist rebuilds a worker's warning on the
-controller by importing the warning class's module by name, and a suite module is not importable
-there (its folder is on no path of the controller): a ``MissingBaselineWarning`` of a first sweep
-without baselines crashed the controller (``ModuleNotFoundError: No module named
+main process by importing the warning class's module by name, and a suite module is not importable
+there (its folder is on no path of the main process): a ``MissingBaselineWarning`` of a first sweep
+without baselines crashed the main process (``ModuleNotFoundError: No module named
 'test_throughput'``) and the session with it.
 """
 

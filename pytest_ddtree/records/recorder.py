@@ -3,10 +3,10 @@
 Every gate writes through one SessionRecorder. Each record is kept in memory and also appended
 as one JSON line, flushed the moment it exists (``records-<worker>.jsonl``), so a crash, a Ctrl-C
 or a killed CI job loses nothing already measured. Under pytest-xdist each worker hands its
-records to the controller through ``workeroutput`` when it finishes; its journal is read only if
+records to the main process through ``workeroutput`` when it finishes; its journal is read only if
 it never did (see ``sessionfolder.SessionCollector``). Every entry carries the session id, and the
 folder belongs to one session, so two sessions never mix. Baseline updates travel the same way
-(``baseline-updates-<worker>.jsonl``) and only the controller applies them, which is how xdist
+(``baseline-updates-<worker>.jsonl``) and only the main process applies them, which is how xdist
 workers can never corrupt a baseline.
 """
 
@@ -47,7 +47,7 @@ def dumps(value: Any) -> str:
 
 
 class SessionRecorder:
-    """Appends records for one process (controller or one xdist worker)."""
+    """Appends records for one process (the main process or one xdist worker)."""
 
     def __init__(self, directory: Path, worker: str = "main", session_id: str = "") -> None:
         self.directory = directory
@@ -60,7 +60,7 @@ class SessionRecorder:
         self.records_path = directory / f"records-{worker}.jsonl"
         self.updates_path = directory / f"baseline-updates-{worker}.jsonl"
         # Set once the session knows which hardware it measures on (first service start); the
-        # controller may never start a service itself, so every proposal carries it.
+        # main process may never start a service itself, so every proposal carries it.
         self.hardware_profile: str | None = None
         # The host this process's service runs on (a fleet pool), stamped on every record so the
         # results say which host measured what.
@@ -84,13 +84,13 @@ class SessionRecorder:
         self._append(self.records_path, entry, self.records)
 
     def propose_baseline(self, config: str, section: str, data: Any) -> None:
-        """Queue a baseline section update; the controller applies it at session end (update mode only)."""
+        """Queue a baseline section update; the main process applies it at session end (update mode only)."""
         entry = {"config": config, "section": section, "data": data, "worker": self.worker, "hardware_profile": self.hardware_profile}
         self._append(self.updates_path, entry, self.updates)
 
     def handover(self) -> dict[str, list[dict[str, object]]]:
-        """What an xdist worker gives the controller (``workeroutput``) when it finishes: its
-        ``records`` and its baseline ``updates`` (the controller checks both: ``sessionfolder``)."""
+        """What an xdist worker gives the main process (``workeroutput``) when it finishes: its
+        ``records`` and its baseline ``updates`` (the main process checks both: ``sessionfolder``)."""
         with self._lock:
             return {"records": list(self.records), "updates": list(self.updates)}
 
@@ -129,7 +129,7 @@ def time_order(record: RawRecord) -> tuple[float, str]:
 def read_records(directory: Path) -> list[dict[str, object]]:
     """Every journaled record in a session's folder, in time order, checked (``records.screen``: a
     malformed one is set aside as a ``corrupt-record``). A folder holds one session; the
-    controller's own merge uses ``sessionfolder.SessionCollector`` instead."""
+    main process's own merge uses ``sessionfolder.SessionCollector`` instead."""
     from pytest_ddtree.records.shapes import screen
 
     records = screen(read_journal(directory.glob(RECORDS_GLOB)))

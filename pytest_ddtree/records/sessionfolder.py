@@ -7,13 +7,13 @@ to merge both sessions into one ``results.json``, and the bless step read every
 session's baselines. Now:
 
 * every session has a unique id (``Settings.session_id``) stamped on each record;
-* the folder is chosen once, by the controller (:func:`choose_results_dir`): a missing or empty
+* the folder is chosen once, by the main process (:func:`choose_results_dir`): a missing or empty
   ``--ddtree-results`` is used as is; one that a previous session wrote (it holds
   :data:`MARKER`, or only such session folders) gets a new subfolder named by the session id;
   any other non-empty folder is refused (a usage error) rather than written into;
 * the first write claims the folder (:func:`claim_results_dir`): the marker names the session,
   and a folder claimed by another session is never written into;
-* the controller takes its workers' records from xdist's ``workeroutput``
+* the main process takes its workers' records from xdist's ``workeroutput``
   (:class:`SessionCollector`); the JSONL files are only the crash journal, read for a worker
   that never handed its results over, and only this session's entries of them.
 
@@ -39,7 +39,7 @@ MARKER = "ddtree-session.json"
 """Written into a results folder by the session that owns it: {session_id, started, pid}."""
 
 WORKEROUTPUT_KEY = "ddtree_results"
-"""The key of ``config.workeroutput`` under which a worker hands its records to the controller."""
+"""The key of ``config.workeroutput`` under which a worker hands its records to the main process."""
 
 
 class ResultsDirError(ValueError):
@@ -127,7 +127,7 @@ def session_of(directory: Path) -> str | None:
 
 @dataclass
 class SessionCollector:
-    """The controller's view of the session's results.
+    """The main process's view of the session's results.
 
     Its own recorder's entries, what each xdist worker handed over through ``workeroutput``, and
     for a worker that never did (crashed, killed) the entries of its journal in this session's
@@ -164,7 +164,7 @@ class SessionCollector:
         return entries
 
     def records(self, own: Iterable[Mapping[str, object]]) -> list[dict[str, object]]:
-        """Every record of this session, in time order (``own``: the controller's recorder's), each
+        """Every record of this session, in time order (``own``: the main process's recorder's), each
         checked against its kind's shape (``records.screen``: a malformed one, from a worker or a
         journal, is set aside as a ``corrupt-record`` that says what is wrong)."""
         records = screen(self._journal("records", own, "records"))

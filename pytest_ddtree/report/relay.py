@@ -1,14 +1,14 @@
-"""Progress lines of pytest-xdist workers, shown live on the controller's terminal.
+"""Progress lines of pytest-xdist workers, shown live on the main process's terminal.
 
 Why: xdist forwards a worker's test reports and nothing else, and a worker's output is captured
 while its test runs, so under ``-n 2`` a sweep would show only dots for minutes while each worker
 starts a service and measures its cells. The lines a serial run shows (the service's start,
 readiness, each cell's repeats and tok/s so far, a wait for a shared instance) reach the
-controller, prefixed with the worker's id: ``[ddtree gw1] bs8_b8_k4 c32_4k: repeat 3/3: 2 s, 65/96 requests, ...``.
+main process, prefixed with the worker's id: ``[ddtree gw1] bs8_b8_k4 c32_4k: repeat 3/3: 2 s, 65/96 requests, ...``.
 
-The channel is one file per worker in a folder the controller makes; its path reaches the worker
+The channel is one file per worker in a folder the main process makes; its path reaches the worker
 in ``workerinput`` (``pytest_configure_node``). The worker appends whole lines (:class:`WorkerSink`:
-a local file write, so a worker never waits on the controller); the controller's thread
+a local file write, so a worker never waits on the main process); the main process's thread
 (:class:`Relay`) reads what is new every ``POLL_S`` and shows each line through the terminal
 display, which writes whole lines under its lock. Everything read is bounded: a line's length,
 the lines shown per worker and poll (the newest; the rest counted as skipped), the bytes read
@@ -90,7 +90,7 @@ class WorkerSink:
             finally:
                 os.close(fd)
         except OSError:
-            self.broken = True  # the controller's folder is gone (its session ended): stay silent
+            self.broken = True  # the main process's folder is gone (its session ended): stay silent
             return
         self.written += len(data)
 
@@ -120,7 +120,7 @@ class _Tail:
 
 
 class Relay:
-    """The controller's side: a channel per worker, and a thread that shows their new lines with
+    """The main process's side: a channel per worker, and a thread that shows their new lines with
     ``show`` (the terminal display's whole-line write)."""
 
     def __init__(self, show: Callable[[str], None]) -> None:

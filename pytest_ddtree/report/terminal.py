@@ -54,7 +54,7 @@ class Capture(Protocol):
 
 
 class TerminalProgress:
-    """progress.Display on pytest's terminal reporter (the controller's; see progress.py).
+    """progress.Display on pytest's terminal reporter (the main process's; see progress.py).
 
     On a TTY the newest state is a live status line under the last test line (rewritten in place,
     at most a few times a second, cut to the terminal's width); otherwise a line about every
@@ -73,7 +73,7 @@ class TerminalProgress:
         self.live = False
         self.last_shown = 0.0
         self.last_line = time.monotonic()
-        # xdist's controller writes its results' letters with no file name before them, so the
+        # xdist's main process writes its results' letters with no file name before them, so the
         # reporter does not know a line of them is open: pytest_runtest_logreport marks it
         self.mid_line = False
 
@@ -117,7 +117,7 @@ class TerminalProgress:
             self._write(text)
 
     def pytest_runtest_logreport(self, report: TestReport) -> None:
-        """Registered as a plugin on xdist's controller: a result letter may now be on the line."""
+        """Registered as a plugin on xdist's main process: a result letter may now be on the line."""
         if report.when == "call" or not report.passed:
             self.mid_line = True
 

@@ -1,7 +1,7 @@
 """The sweep table and the campaign's conclusions, from throughput records (no pytest).
 
 Why pure functions over a list of records: the same records are appended to the results
-directory as they are measured (crash-safe), merged from xdist workers by the controller,
+directory as they are measured (crash-safe), merged from xdist workers by the main process,
 and rendered three ways (terminal, Markdown, JSON). Rendering from the records alone means
 a results directory can be re-rendered later and every view says the same thing.
 
@@ -453,7 +453,7 @@ def plot_png(records: Iterable[RawRecord], path: Path) -> bool:
 
 @dataclass
 class SessionSummary:
-    """What the controller writes at session end (see ``finish.py``)."""
+    """What the main process writes at session end (see ``finish.py``)."""
 
     json: dict[str, Any]
     markdown: str

@@ -1,7 +1,7 @@
 """Reproduction packages: ``--ddtree-package DIR``, ``ddtree-repro verify`` and ``deploy``.
 
 The plugin calls :func:`check_package_dir_writable` at session start (a usage error when
-it raises :class:`ReproError`) and :func:`write_package` at session end on the controller
+it raises :class:`ReproError`) and :func:`write_package` at session end on the main process
 (a non-zero exit status with :meth:`PackageReport.summary` when ``ok`` is False).
 """
 

@@ -139,5 +139,5 @@ def request_from_session(session: SessionFacts, records: Sequence[RawRecord], ex
 
 
 def package_from_session(session: SessionFacts, records: Sequence[RawRecord], exitstatus: int) -> PackageReport:
-    """The plugin's session-end entry point (controller only): write, verify, publish."""
+    """The plugin's session-end entry point (main process only): write, verify, publish."""
     return write_package(request_from_session(session, records, exitstatus))

@@ -1,7 +1,7 @@
 """Write a reproduction package from what a session ran, verify it, then publish it.
 
 Why a pure function: the plugin calls :func:`write_package` once at session end on the
-xdist controller, after the tests; everything it needs is in a :class:`PackageRequest`, so
+xdist main process, after the tests; everything it needs is in a :class:`PackageRequest`, so
 the writer is testable without pytest and reusable from scripts.  The package is written
 to a temporary sibling directory, verified with the same checks as ``ddtree-repro verify``,
 and only then renamed into place, so a half-written or unverifiable package never sits at

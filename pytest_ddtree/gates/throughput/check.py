@@ -54,7 +54,7 @@ def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: B
     the project's ``pytest_ddtree_verdict`` hooks through ``hooks`` (the session's relay).
 
     Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
-    of its baseline (with the hardware fingerprint); the controller writes it at session end.
+    of its baseline (with the hardware fingerprint); the main process writes it at session end.
     """
     outcome = _decide(cell, config, workload, baselines, recorder, service, settings)
     if hooks is not None:  # a warning's message is its notes' (no baseline yet, a new metric)

@@ -2,7 +2,7 @@
 
 Why count tests per config: a sweep is hours of restarts, so "config k of n, ETA" is what a
 person watching it wants, and the only moment the page can say something new about a config
-is when all of that config's tests are done. The controller sees every test report (from
+is when all of that config's tests are done. The main process sees every test report (from
 itself or, under xdist, from the workers) and knows the plan from collection, so it counts;
 the page is built from the records every worker has appended so far, so what it shows is what
 is on disk, never a guess.
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the
 
 
 class LiveReport:
-    """Progress of one session and the page that shows it (controller only)."""
+    """Progress of one session and the page that shows it (main process only)."""
 
     def __init__(self, results_dir: Path, configs: Sequence[str], environment: Mapping[str, Any] | None = None,
                  started_at: float | None = None) -> None:
