@@ -27,7 +27,7 @@ import numpy as np
 
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.adaptive.advisor import CellPoint, ConfigPoint, Measurement, Planner
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.refserver.engine import ClockModel, Engine, Request, SamplingParams, SpecConfig, StepClock
 from pytest_ddtree.refserver.model import build_models
 

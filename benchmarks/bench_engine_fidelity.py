@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_ddtree.configs import Workload, load_matrix  # noqa: E402
+from pytest_ddtree.measure.matrix import Workload, load_matrix  # noqa: E402
 from pytest_ddtree.measure.prompts import exact_prompts, stable_seed  # noqa: E402
 from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig  # noqa: E402
 from pytest_ddtree.refserver.model import Models, build_models  # noqa: E402

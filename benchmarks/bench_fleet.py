@@ -34,7 +34,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_ddtree.configs import load_matrix, parse_config_name  # noqa: E402
+from pytest_ddtree.configs import parse_config_name  # noqa: E402
+from pytest_ddtree.measure.matrix import load_matrix  # noqa: E402
 from pytest_ddtree.selection import select  # noqa: E402
 from pytest_ddtree.service.profile import load_profile, parse_profile  # noqa: E402
 from tests.fleet_helpers import SshFleet  # noqa: E402

@@ -72,7 +72,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gate_sim  # noqa: E402
 from gate_sim import Shape  # noqa: E402
-from pytest_ddtree.configs import Workload  # noqa: E402
+from pytest_ddtree.measure.matrix import Workload  # noqa: E402
 from pytest_ddtree.finish import CHECK_AGAINST_SESSION, CHECK_UNIFORM_SHIFT  # noqa: E402
 
 CONFIGS = 18

@@ -36,7 +36,8 @@ import yaml
 from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT
 from pytest_ddtree import baselines as baselines_mod
 from pytest_ddtree import finish, plugin, yamlfile
-from pytest_ddtree.configs import DDTreeConfig, Workload
+from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.measure.matrix import Workload
 from pytest_ddtree.gates.throughput import throughput
 from pytest_ddtree.measure import load
 from pytest_ddtree.options import Settings, session_stamp

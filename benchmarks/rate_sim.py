@@ -40,7 +40,8 @@ import yaml
 
 import gate_sim
 from gate_sim import Shape
-from pytest_ddtree.configs import DDTreeConfig, Workload
+from pytest_ddtree.configs import DDTreeConfig
+from pytest_ddtree.measure.matrix import Workload
 from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.measure.prompts import stable_seed

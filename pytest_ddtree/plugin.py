@@ -26,7 +26,8 @@ from pytest_ddtree import options
 if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module docstring)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.service.client import SGLangClient
-    from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.measure.matrix import Matrix
     from pytest_ddtree.finish import FinishOutcome
     from pytest_ddtree.gates.lossless import Reference
     from pytest_ddtree.records.recorder import SessionRecorder

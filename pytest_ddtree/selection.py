@@ -35,7 +35,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pytest_ddtree.configs import ConfigError, DDTreeConfig, Matrix, parse_config_name
+from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
+from pytest_ddtree.measure.matrix import Matrix
 from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.suggest import did_you_mean

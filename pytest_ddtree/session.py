@@ -22,7 +22,8 @@ from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.measure.matrix import Matrix, Workload
     from pytest_ddtree.service.fingerprint import HardwareProfile
     from pytest_ddtree.records.recorder import BaselineUpdate, SessionRecorder
     from pytest_ddtree.selection import Selection
@@ -94,7 +95,7 @@ class DDTreeSession:
 
     @functools.cached_property
     def matrix(self) -> Matrix:
-        from pytest_ddtree.configs import load_matrix
+        from pytest_ddtree.measure.matrix import load_matrix
 
         return load_matrix(self.settings.matrix)
 
@@ -156,15 +157,23 @@ class DDTreeSession:
         return list(self.selection.configs)
 
     @functools.cached_property
+    def cells(self) -> tuple[Workload, ...]:
+        """The matrix's cells ``--ddtree-cell`` selects (a ConfigError where one selects none:
+        :attr:`setup_problem` catches it at configure time)."""
+        from pytest_ddtree.measure.matrix import select_cells
+
+        return tuple(select_cells(self.settings.cells, self.matrix))
+
+    @functools.cached_property
     def setup_problem(self) -> str | None:
         """Why the profile, the matrix, the selected configs or workloads cannot be used (the
         usage error's message), or None: the one place their errors are caught."""
-        from pytest_ddtree.configs import ConfigError, select_cells
+        from pytest_ddtree.configs import ConfigError
         from pytest_ddtree.service.profile import ProfileError
 
         try:
             self.profile.check_selection(self.selected_configs)  # before any restart
-            select_cells(self.settings.cells, self.matrix)
+            _ = self.cells
             _ = self.slo
         except (ConfigError, ProfileError) as exc:
             return str(exc)

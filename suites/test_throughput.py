@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_ddtree.report import text as report
-from pytest_ddtree.configs import ConfigError, DDTreeConfig, Workload, select_cells
+from pytest_ddtree.configs import ConfigError, DDTreeConfig
+from pytest_ddtree.measure.matrix import Workload
 from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
@@ -68,7 +69,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if session is None:
         return
     try:
-        workloads = select_cells(session.settings.cells, session.matrix)
+        workloads = session.cells
     except ConfigError as exc:  # normally caught at configure time already (exit 4)
         raise pytest.UsageError(str(exc)) from None
     try:

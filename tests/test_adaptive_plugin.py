@@ -19,7 +19,7 @@ import yaml
 
 from pytest_ddtree.gates import throughput as gate
 from pytest_ddtree.gates.throughput.cells import throughput_record
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.measure.load import workload_dict
 from pytest_ddtree.records.words import RecordKind, Status
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, reference_profile, run_suite

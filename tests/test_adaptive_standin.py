@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from tests.fakes.standin_server import odd_tok_s  # the stand-in's own surface: the truth
 from tests.suite_helpers import run_suite
 from tests.adaptive_helpers import check_sweep, sweep_matrix

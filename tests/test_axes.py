@@ -13,14 +13,8 @@ import yaml
 
 from pytest_ddtree import axes
 from pytest_ddtree.baselines import BaselineStore
-from pytest_ddtree.configs import (
-    DEFAULT_WINDOW,
-    ConfigError,
-    DDTreeConfig,
-    config_in_nodeid,
-    load_matrix,
-    parse_config_name,
-)
+from pytest_ddtree.configs import DEFAULT_WINDOW, ConfigError, DDTreeConfig, config_in_nodeid, parse_config_name
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.selection import select
 from pytest_ddtree.service.profile import parse_profile
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.configs import ConfigError, load_matrix
+from pytest_ddtree.configs import ConfigError
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.measure import chat_stream, load
 from pytest_ddtree.measure.generate_stream import RequestResult, StallWatch
 from pytest_ddtree.refserver.generation_endpoints import ReasoningSplit

@@ -266,12 +266,6 @@ def test_no_module_imports_itself_through_others(repo_root: Path) -> None:
 # -- the floors: every import goes down ---------------------------------------------------------
 
 
-#: The one import that still climbs (#47): configs.py's matrix holds the measure's SLO, search plan and
-#: arrivals; the matrix moves up beside them, and this list empties.
-STILL_CLIMBING = ("pytest_ddtree.configs (floor 3) -> pytest_ddtree.measure.openloop (floor 6)",
-                  "pytest_ddtree.configs (floor 3) -> pytest_ddtree.measure.slo (floor 6)")
-
-
 def _room(module: str, depth: int = 1) -> str:
     """The room ``module`` stands in, ``depth`` folders into the package: at depth 1 a top-level
     module is its own room and a folder (``pytest_ddtree.service``) is one room with all it holds."""
@@ -335,9 +329,8 @@ def test_every_import_goes_down_a_floor_and_no_rooms_import_each_other(repo_root
     unplaced = sorted({_room(m) for m in modules} - set(floors))
     assert not unplaced, f"docs/architecture.md's Floors place no floor for {unplaced}"
     assert not sorted(set(floors) - {_room(m) for m in modules}), "docs/architecture.md's Floors name a room that is not there"
-    assert _arrows_up(graph, floors) == list(STILL_CLIMBING)
-    assert [" <-> ".join(c) for c in _room_cycles(graph)] == (
-        ["pytest_ddtree.configs <-> pytest_ddtree.measure <-> pytest_ddtree.records <-> pytest_ddtree.service"])
+    assert not _arrows_up(graph, floors)
+    assert not [" <-> ".join(c) for c in _room_cycles(graph)]
 
 
 def test_the_floor_check_finds_an_import_that_climbs(tmp_path: Path) -> None:

@@ -6,14 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.configs import (
-    DEFAULT_WINDOW,
-    ConfigError,
-    DDTreeConfig,
-    load_matrix,
-    name_sort_key,
-    parse_config_name,
-)
+from pytest_ddtree.configs import DEFAULT_WINDOW, ConfigError, DDTreeConfig, name_sort_key, parse_config_name
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.scheduling import config_scope
 from pytest_ddtree.selection import select
 from pytest_ddtree.service.profile import load_profile
@@ -133,7 +127,7 @@ def test_the_gpu_workloads_load_with_the_campaign_matrix(pytester: pytest.Pytest
 
 
 def test_a_workload_inline_as_bench_serving_names_it() -> None:
-    from pytest_ddtree.configs import select_cells
+    from pytest_ddtree.measure.matrix import select_cells
 
     matrix = load_matrix(Path(__file__).resolve().parent.parent / "suites" / "configs.yaml")
     open_loop, closed = select_cells(["rate=4,max_concurrency=16,prompts=200,input=1024,output=512",

@@ -119,7 +119,7 @@ def test_ddtree_url_names_the_window_the_service_runs_as_the_baselines_do(window
     """A config name without a window suffix means window 2048 in the shipped profiles and their
     baselines; the engine started as the docs' first command runs none, so it is bs8_b8_k4_wnone, and a
     session that names it bs8_b8_k4 is refused before anything runs, never judged against w2048's baseline."""
-    from pytest_ddtree.configs import load_matrix
+    from pytest_ddtree.measure.matrix import load_matrix
     from pytest_ddtree.selection import select
     from pytest_ddtree.service.external import profile_from_server_info
     from pytest_ddtree.service.profile import parse_profile

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.service.plain import PLAIN_PROOF
 from tests.refserver_helpers import RefServer, config_args
 from tests.suite_helpers import MATRIX, REFERENCE_PROFILE, REPO, reference_profile, run_suite

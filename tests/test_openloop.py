@@ -15,7 +15,8 @@ from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.metrics import SLO_LATENCY_SHARE
-from pytest_ddtree.configs import ConfigError, load_matrix
+from pytest_ddtree.configs import ConfigError
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.records.words import Status
 from tests.load_standin import StandInConfig, standin_server
 

@@ -120,7 +120,7 @@ def test_cell_pattern_matching_nothing_is_a_usage_error(pytester: pytest.Pyteste
 
 
 def test_cell_patterns_select_in_matrix_order(repo_root: Path) -> None:
-    from pytest_ddtree.configs import load_matrix, select_cells
+    from pytest_ddtree.measure.matrix import load_matrix, select_cells
 
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
     assert [w.name for w in select_cells(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree.configs import load_matrix, parse_config_name
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.selection import select
 from pytest_ddtree.service.profile import ProfileError, SelectionError, ServiceProfile, load_profile, parse_profile, render_value
 

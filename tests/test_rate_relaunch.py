@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.configs import Workload
+from pytest_ddtree.measure.matrix import Workload
 from pytest_ddtree.gates.throughput import rate_gate, throughput
 from pytest_ddtree.measure import openloop
 from pytest_ddtree.measure.slo import parse_slo

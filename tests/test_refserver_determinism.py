@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.measure import load
 from tests.refserver_helpers import RefServer, config_args
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.configs import load_matrix
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.refserver.engine import SpecConfig
 from pytest_ddtree.refserver.model import Context, Models, build_models
 

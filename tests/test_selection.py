@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree.configs import ConfigError, load_matrix, parse_config_name
+from pytest_ddtree.configs import ConfigError, parse_config_name
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.selection import build_matrix, select
 from pytest_ddtree.service.profile import ProfileError, SelectionError, load_profile, parse_profile
 

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.configs import load_matrix, parse_config_name
+from pytest_ddtree.configs import parse_config_name
+from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.selection import Selection, select
 from pytest_ddtree.service.profile import load_profile
 from tests.sglang_lane import server_env, sglang_python

@@ -312,13 +312,12 @@ def run_sweep(ddtree: DDTreeSession, items: SweepRun[ItemT]) -> None:
     The tests of no config run first; the configs never chosen are deselected, and their
     throughput cells are predicted. The sweep's outcome is recorded (``adaptive-sweep``).
     """
-    from pytest_ddtree.configs import select_cells
     from pytest_ddtree.measure.load import workload_dict
 
     settings, limit = ddtree.settings, ddtree.settings.max_restarts
     assert limit is not None
     max_context = ddtree.profile.max_context
-    workloads = [w for w in select_cells(settings.cells, ddtree.matrix) if max_context is None or w.context_tokens <= max_context]
+    workloads = [w for w in ddtree.cells if max_context is None or w.context_tokens <= max_context]
     sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in items.by_config], workloads, limit,
                           default=ddtree.selection.build.default.name, priors=settings.priors, progress=ddtree.progress)
 

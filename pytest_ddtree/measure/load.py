@@ -80,7 +80,7 @@ class LoadError(RuntimeError):
 
 
 class WorkloadLike(Protocol):
-    """What a throughput cell needs; ``pytest_ddtree.configs.Workload`` satisfies it."""
+    """What a throughput cell needs; ``pytest_ddtree.measure.matrix.Workload`` satisfies it."""
 
     @property
     def name(self) -> str: ...
@@ -104,7 +104,7 @@ class WorkloadLike(Protocol):
 
 @dataclass(frozen=True)
 class Cell:
-    """A plain workload value (tests, benchmarks); same fields as ``configs.Workload``."""
+    """A plain workload value (tests, benchmarks); same fields as ``matrix.Workload``."""
 
     name: str
     concurrency: int

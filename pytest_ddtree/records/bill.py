@@ -227,17 +227,15 @@ def predict(*, configs: int, processes: int, control_launches: int, control_max_
 
 def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) -> list[str]:
     """The report header's prediction for a session of the suites (``pytest suites``) with ``session``'s
-    (a ``DDTreeSession``: this module is below it) profile, selection and ``-n`` (``auto``: one process): how
+    (a ``DDTreeSession``: this module is below it) profile, selection, cells and ``-n`` (``auto``: one process): how
     many launches it will take, by purpose (:func:`predict`). The lossless gate's reference is counted where the
     run's ``paths`` name a folder (the suites) or its module (``test_lossless.py``): the header comes before
     the collection."""
-    from pytest_ddtree.configs import select_cells
-
     profile, settings = session.profile, session.settings
     relaunch = profile.capabilities.relaunch and not isinstance(profile.pool, tuple)
     control = relaunch and profile.control != "none" and (bool(profile.control) or profile.lossless_args is not None)
     bless = settings.update_baselines
-    cells = [w for w in select_cells(settings.cells, session.matrix)
+    cells = [w for w in session.cells
              if w.open_loop is None and (profile.max_context is None or w.context_tokens <= profile.max_context)]
     launches = profile.bless_control_launches if bless else profile.control_launches
     plan = predict(configs=len(session.selected_configs), processes=processes if isinstance(processes, int) else 1, control_launches=launches,

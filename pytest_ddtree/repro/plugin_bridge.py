@@ -23,7 +23,8 @@ from pytest_ddtree.records.shapes import HostEnvData, RawRecord
 from pytest_ddtree.repro.writer import FailedTest, PackagedLaunch, PackageReport, PackageRequest, write_package
 
 if TYPE_CHECKING:
-    from pytest_ddtree.configs import DDTreeConfig, Matrix
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.measure.matrix import Matrix
     from pytest_ddtree.options import Settings
     from pytest_ddtree.service.profile import ServiceProfile
 
