@@ -115,3 +115,35 @@ def _where(exc: Any, text: str) -> tuple[str, str]:
     shown = lines[mark.line].strip() if mark.line < len(lines) else ""
     quoted = f" ({shown[:120]})" if shown else ""
     return f" at line {mark.line + 1}, column {mark.column + 1}{quoted}", problem
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Each key of ``text``'s mappings by its path (``deadlines.ready_s``, ``pool[1].unit``) -> its
+    line (from 1), four levels deep; {} where the text does not parse.
+
+    Why: an error about a key a validator found in the parsed document points at the line, as a
+    syntax error does (the parsed values carry no marks; the composed nodes do).
+    """
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=fast_loader())  # noqa: S506 (a safe loader)
+    except yaml.YAMLError:
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: Any, path: str, depth: int) -> None:
+        if depth > 4:
+            return
+        if isinstance(node, yaml.MappingNode):
+            children = [(f"{path}.{key.value}" if path else str(key.value), key, value) for key, value in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(f"{path}[{index}]", value, value) for index, value in enumerate(node.value)]
+        else:
+            return
+        for child, marked, value in children:
+            lines.setdefault(child, marked.start_mark.line + 1)
+            walk(value, child, depth + 1)
+
+    walk(root, "", 0)
+    return lines

@@ -120,9 +120,9 @@ def _write(tmp_path: Path, repo_root: Path, **changes: object) -> Path:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"comand": "x"}, r"profile.yaml: comand: unknown key"),
-        ({"controller": "docker"}, r"profile.yaml: controller: must be one of process, systemd, external"),
-        ({"command": "python -m server {config_args}"}, r"profile.yaml: command: must contain \{port\}"),
+        ({"comand": "x"}, r"profile.yaml:\d+: comand: unknown key; did you mean 'command'"),
+        ({"controller": "docker"}, r"profile.yaml:\d+: controller: must be one of process, systemd, external"),
+        ({"command": "python -m server {config_args}"}, r"profile.yaml:\d+: command: must contain \{port\}"),
         ({"command": "python -m server --port {port}"}, r"command: must contain \{config_args\}"),
         ({"command": "python -m server --port {prot} {config_args}"}, r"command: unknown placeholder"),
         ({"config_args": {"budget": "--budget"}}, r"config_args.budget: must be a flag template"),
@@ -187,7 +187,7 @@ def test_environment_variables_fill_a_profile_when_it_is_read(tmp_path: Path, re
     # {python} is the profile's python: where it names one (the service's venv, not the harness's)
     assert profile.render_command(None, 1).startswith("/models/tiny/bin/python -m pytest_ddtree.refserver")
     assert "${DDTREE_TEST_MODEL}" in profile.text  # the file as written, for the package
-    with pytest.raises(ProfileError, match=r"profile.yaml: env.B: \$\{DDTREE_TEST_UNSET\} is not set in the environment: "
+    with pytest.raises(ProfileError, match=r"profile.yaml:\d+: env.B: \$\{DDTREE_TEST_UNSET\} is not set in the environment: "
                                            r"set it, or give a default"):
         load_profile(_write(tmp_path, repo_root, env={"B": "${DDTREE_TEST_UNSET}"}))
 

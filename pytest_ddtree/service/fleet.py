@@ -53,17 +53,6 @@ class FleetKeys:
     commands: Mapping[str, str] = field(default_factory=dict)
 
 
-FLEET_KEY_TYPES: dict[str, tuple[type | tuple[type, ...], bool]] = {
-    "host": ((str, type(None)), False),
-    "ssh_options": ((str, list, type(None)), False),
-    "sudo": (bool, False),
-    "lock_path": ((str, type(None)), False),
-    "command_timeout_s": ((int, float), False),
-    "connect_timeout_s": ((int, float), False),
-    **{name: ((str, type(None)), False) for name in COMMAND_TEMPLATES},
-}
-
-
 def template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 

@@ -1,9 +1,11 @@
 """Service profiles: how to launch, reach and check one deployment of the service.
 
-A profile is a small YAML file (docs/profiles.md lists every key). It is validated strictly because
-its mistakes are expensive: a typo in a key would otherwise silently fall back to a default and a
-ten-minute GPU restart would test the wrong thing. Every error names the file, the key and the
-problem.
+A profile is a small YAML file (docs/profiles.md lists every key, from
+:mod:`pytest_ddtree.service.profile_keys`). It is validated strictly because its mistakes are
+expensive: a typo in a key would otherwise silently fall back to a default and a ten-minute GPU
+restart would test the wrong thing. Every error names the file, the line, the key (as written:
+flat or grouped) and the problem. This module reads the launch, the controller, the control and
+the time limits; :mod:`pytest_ddtree.service.profile_config` the build's config mapping.
 """
 
 from __future__ import annotations
@@ -11,33 +13,35 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shlex
 import string
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, Mapping
 
 from pytest_ddtree import axes as axes_mod
-from pytest_ddtree.configs import ConfigError, DDTreeConfig, parse_config_name
+from pytest_ddtree.configs import ConfigError, parse_config_name
 from pytest_ddtree.service import kinds
 from pytest_ddtree.service.base import ENV_NAME_RULE, LaunchFrom, is_env_name
+from pytest_ddtree.service.fleet import is_host_pool, parse_fleet_keys
+from pytest_ddtree.service.profile_config import (
+    check_budget_counts_root, check_fork_flags, own_matrix, parse_config_fields, parse_read_back,
+)
+from pytest_ddtree.service.profile_keys import Fail, check_key_types, flatten
 from pytest_ddtree.service.protocol import ControllerKind
-from pytest_ddtree.service.fleet import FLEET_KEY_TYPES, is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.validated_profile import (
-    ControlKeys, control_scope,
     CONFIG_FIELDS,
     LOSSLESS_MODES,
+    ControlKeys,
     FixedValue,
     ProfileError,
     SelectionError,
     ServiceProfile,
+    control_scope,
+    noise_bounds,
     render_value,
     resolve_service_python,
-    valid_value_template,
-    value_offset,
-    noise_bounds,
 )
 from pytest_ddtree.suggest import did_you_mean
-from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
+from pytest_ddtree.yamlfile import YAMLFileError, key_lines, read_yaml
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -50,7 +54,6 @@ __all__ = [
     "parse_profile",
     "render_value",
     "resolve_service_python",
-    "url_fields_of",
 ]
 
 # ``${NAME}``, ``${NAME:-default}`` (default when unset or empty), ``${NAME-default}`` (when unset),
@@ -91,115 +94,27 @@ def _expand_environment(value: Any, key: str, fail: Callable[[str, str], Profile
     return value
 
 
-# A fixed value that follows another axis, e.g. ``block_size - 1`` (upstream DFLASH's chain) or
-# ``steps + 1``; an applied key may also read a bool axis negated (``not overlap``).
-_FIXED_EXPRESSION = re.compile(r"^\s*([a-z][a-z_]*)\s*(?:([+-])\s*(\d+))?\s*$")
-_NEGATED = re.compile(r"^\s*not\s+([a-z][a-z_]*)\s*$")
-
-
-def _axis_key(key: object, section: str, fail: Callable[[str, str], ProfileError]) -> str:
-    """``key`` of a per-axis section, checked to be an axis (pytest_ddtree.axes or the profile's ``axes:``)."""
-    if not axes_mod.is_axis(key):
-        names = [a.name for a in axes_mod.catalogue()]
-        raise fail(f"{section}.{key}", f"unknown config field; {did_you_mean(str(key), names)}allowed: {', '.join(names)} "
-                                       "(an axis of your own: declare it under axes:)")
-    return str(key)
-
-
-def _int_axis(name: str) -> bool:
-    return axes_mod.is_axis(name) and axes_mod.axis(name).type in ("int", "window")
-
-
-_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
-    # key: (accepted types, required)
-    "name": (str, True),
-    "axes": ((list, type(None)), False),
-    "controller": (str, True),
-    "command": (str, False),
-    "unit": (str, False),
-    "dropin_dir": (str, False),
-    "url": (str, True),
-    "port": ((int, str), False),
-    "default_window": ((int, type(None)), False),
-    "config_args": (dict, False),  # required where the harness launches the service (_check_launch)
-    "speculative_args": ((str, type(None)), False),
-    "config_env": ((dict, type(None)), False),
-    "fixed": ((dict, type(None)), False),
-    "applied": (dict, False),
-    "unverifiable": ((dict, type(None)), False),
-    "allowed": ((dict, type(None)), False),
-    "fixed_because": ((dict, type(None)), False),
-    "matrix": ((list, type(None)), False),
-    "default": ((str, type(None)), False),
-    "sources": ((dict, type(None)), False),
-    "fork_flags": ((dict, type(None)), False),
-    "budget_counts_root": ((bool, type(None)), False),
-    "health_path": (str, False),
-    "ready_timeout_s": ((int, float), False),
-    "request_timeout_s": ((int, float), False),
-    "stall_timeout_s": ((int, float), False),
-    "first_token_timeout_s": ((int, float), False),
-    "info_timeout_s": ((int, float), False),
-    "probe_timeout_s": ((int, float), False),
-    "cell_timeout_s": ((int, float), False),
-    "gpu_release_timeout_s": ((int, float), False),
-    "stop_timeout_s": ((int, float), False),
-    "env": ((dict, type(None)), False),
-    "pool": ((int, list), False),
-    "instance_lock": (bool, False),
-    "coding_min_pass": ((int, type(None)), False),
-    "copy_probe": (bool, False),
-    "lossless": (str, False),
-    "lossless_args": ((str, type(None)), False),
-    "control": ((str, type(None)), False),
-    "control_launches": (int, False),
-    "control_max_launches": (int, False),
-    "bless_control_launches": (int, False),
-    "control_min_configs": (int, False), "control_cells": ((int, type(None)), False),
-    "relaunch_flagged": (bool, False),
-    "hardware_profile": ((str, type(None)), False),
-    "max_context": ((int, type(None)), False),
-    "max_repeat_spread": ((int, float), False),
-    "bless_max_half_width": ((int, float), False),
-    "slo": ((dict, type(None)), False),
-    "tokenizer": ((str, type(None)), False),
-    "vocab_size": ((int, type(None)), False),
-    "draft_model_path": ((str, type(None)), False),
-    "patches": ((dict, type(None)), False),
-    "python": ((str, type(None)), False),
-    "calibration_command": ((str, type(None)), False),
-    "calibration_timeout_s": ((int, float), False),
-    "description": (str, False),
-    "dialect": ((str, type(None)), False),
-    **FLEET_KEY_TYPES,
-}
-
-
-def url_fields_of(url: object) -> set[str]:
-    return _template_fields(url) if isinstance(url, str) else set()
-
-
 def _template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
 def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> ServiceProfile:
-    """Validate a parsed YAML document into a ServiceProfile.
+    """Validate a parsed YAML document (``text``: the file, for the lines of errors) into a ServiceProfile.
 
-    Each section is checked by a function of its own, in the order a reader meets the keys; a
-    key the document leaves out takes the default written once, on :class:`ServiceProfile`.
+    The grouped keys are first taken out of their groups (``profile_keys.flatten``); each section
+    is then checked by a function of its own, in the order a reader meets the keys; a key the
+    document leaves out takes the default written once, on :class:`ServiceProfile`.
     """
     where = str(source) if source else "<profile>"
-
-    def fail(key: str, problem: str) -> ProfileError:
-        return ProfileError(f"{where}: {key}: {problem}")
-
+    spelled: dict[str, str] = {}
+    fail = _failure(where, key_lines(text) if text else {}, spelled)
     if not isinstance(raw, Mapping):
         raise ProfileError(f"{where}: a service profile must be a YAML mapping (see docs/profiles.md)")
-    raw = _expand_environment(raw, "", fail)
-    _check_key_types(raw, fail)
+    raw, grouped = flatten(_expand_environment(raw, "", fail), fail)
+    spelled.update(grouped)
+    check_key_types(raw, fail)
     try:
-        declared = axes_mod.declare(raw.get("axes"), f"{where}: axes")
+        declared = axes_mod.declare(raw.get("axes"), f"{where}: {spelled.get('axes', 'axes')}")
     except axes_mod.AxisError as exc:
         raise ProfileError(str(exc)) from None
     controller = raw["controller"]
@@ -211,11 +126,11 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         raise fail("port", f"must be a TCP port 1-65535, got {port}")
     pool = _parse_pool(raw.get("pool", 1), fail)
     controller_keys = _check_launch(raw, kind, port, pool, fail)
-    fields = _parse_config_fields(raw, fail)
-    own_matrix, own_default = _own_matrix(raw, fail)
-    read_back = _parse_read_back(raw, fields, fail)
-    _check_budget_counts_root(raw, fields, fail)
-    _check_fork_flags(raw, fail)
+    fields = parse_config_fields(raw, fail)
+    matrix, default = own_matrix(raw, fail)
+    read_back = parse_read_back(raw, fields, fail)
+    check_budget_counts_root(raw, fields, fail)
+    check_fork_flags(raw, fail)
     behaviour = _parse_behaviour(raw, kind, pool, fail)
     fleet = parse_fleet_keys(raw, kind.name, kind.capabilities, fail,
                              remote_kinds=tuple(k.name for k in kinds.kinds_that(lambda can: can.remote_hosts)))
@@ -232,8 +147,8 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         default_window=window,
         **fields,
         **read_back,
-        own_matrix=own_matrix,
-        own_default=own_default,
+        own_matrix=matrix,
+        own_default=default,
         **behaviour,
         env=_parse_env(raw.get("env") or {}, fail),
         pool=pool,
@@ -262,30 +177,30 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     )
 
 
-_Fail = Callable[[str, str], ProfileError]
+def _failure(where: str, lines: Mapping[str, int], spelled: Mapping[str, str]) -> Fail:
+    """The profile's ``fail(key, problem)``: the error names the file, the key's line and the key as
+    the profile spells it (``spelled``: flat name -> grouped, filled once the groups are read)."""
+
+    def fail(key: str, problem: str) -> ProfileError:
+        head = re.split(r"[.\[]", key, maxsplit=1)[0]
+        shown = spelled.get(head, head) + key[len(head):]
+        line = next((lines[k] for k in _enclosing(shown) if k in lines), None)
+        return ProfileError(f"{where}{'' if line is None else f':{line}'}: {shown}: {problem}")
+
+    return fail
+
+
+def _enclosing(key: str) -> list[str]:
+    """``key`` and the keys around it, innermost first (``config.args.budget``, ``config.args``, ``config``)."""
+    parts = re.split(r"(?=[.\[])", key)
+    return ["".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
 #: The defaults of the profile's optional keys, as :class:`ServiceProfile` declares them.
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServiceProfile) if f.default is not dataclasses.MISSING}
 
 
-def _check_key_types(raw: Mapping[str, Any], fail: _Fail) -> None:
-    """Every key is known, every required one is there, each has its type (a bool is no int)."""
-    known = {**_KEYS, **kinds.key_types()}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise fail(unknown[0], f"unknown key; {did_you_mean(unknown[0], sorted(known))}allowed: {', '.join(sorted(known))}")
-    for key, (types, required) in known.items():
-        if key not in raw:
-            if required:
-                raise fail(key, "missing required key")
-            continue
-        value = raw[key]
-        takes_bool = types is bool or (isinstance(types, tuple) and bool in types)
-        if (isinstance(value, bool) and not takes_bool) or not isinstance(value, types):
-            names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-            raise fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
-
-
-def _parse_pool(pool_raw: Any, fail: _Fail) -> int | tuple[str, ...]:
+def _parse_pool(pool_raw: Any, fail: Fail) -> int | tuple[str, ...]:
     """``pool:``: a number of instances, a list of service URLs, or a fleet's hosts (one instance each)."""
     if is_host_pool(pool_raw):
         return len(pool_raw)  # the hosts are fleet.hosts; one instance per host
@@ -298,7 +213,7 @@ def _parse_pool(pool_raw: Any, fail: _Fail) -> int | tuple[str, ...]:
     return int(pool_raw)
 
 
-def _controller_kind(raw: Mapping[str, Any], fail: _Fail) -> ControllerKind:
+def _controller_kind(raw: Mapping[str, Any], fail: Fail) -> ControllerKind:
     """The one place a profile's ``controller:`` name is mapped to the module that runs it
     (service/kinds.py); a key owned by another controller is refused, naming its owner."""
     controller = raw["controller"]
@@ -314,7 +229,7 @@ def _controller_kind(raw: Mapping[str, Any], fail: _Fail) -> ControllerKind:
     return kind
 
 
-def _check_launch(raw: Mapping[str, Any], kind: ControllerKind, port: int | str, pool: int | tuple[str, ...], fail: _Fail) -> object:
+def _check_launch(raw: Mapping[str, Any], kind: ControllerKind, port: int | str, pool: int | tuple[str, ...], fail: Fail) -> object:
     """The launch command, the controller's own keys and the URL fit together; returns the
     controller's own keys as its kind parsed them."""
     command = raw.get("command")
@@ -346,264 +261,14 @@ def _check_launch(raw: Mapping[str, Any], kind: ControllerKind, port: int | str,
     return controller_keys
 
 
-class _ConfigFields(TypedDict):
-    config_args: dict[str, str]
-    speculative_args: str
-    config_choices: dict[str, dict[Any, str]]
-    applied_negated: frozenset[str]
-    config_env: dict[str, dict[str, str]]
-    fixed: dict[str, FixedValue]
-    applied: dict[str, str]
-    applied_offset: dict[str, int]
-    allowed: dict[str, tuple[Any, ...]]
-    fixed_because: dict[str, str]
 
 
-def _parse_config_fields(raw: Mapping[str, Any], fail: _Fail) -> _ConfigFields:
-    """How each config field reaches the service, what the build fixes, where it is read
-    back: config_args, config_env, fixed, applied, allowed and fixed_because."""
-    config_args: dict[str, str] = {}
-    choices: dict[str, dict[Any, str]] = {}
-    for key, template in (raw.get("config_args") or {}).items():  # an external service's launch is not ours: none
-        key = _axis_key(key, "config_args", fail)
-        if isinstance(template, Mapping):
-            choices[key] = _parse_choice_flags(key, template, fail)
-            continue
-        if not valid_value_template(template):
-            raise fail(f"config_args.{key}", f"must be a flag template containing {{value}} (or {{value+N}}), or for a "
-                                             f"choice or bool axis a mapping of each value to its flags, got {template!r}")
-        if value_offset(template) and not _int_axis(key):
-            raise fail(f"config_args.{key}", f"{{value+N}} adds to a number; {key} is a {axes_mod.axis(key).type} axis")
-        config_args[key] = str(template)
-    config_env = _parse_config_env(raw.get("config_env") or {}, {**config_args, **choices}, fail)
-    settable = set(config_args) | set(config_env) | set(choices)
-    fixed = _parse_fixed(raw.get("fixed") or {}, settable, fail)
-    applied, applied_offset, negated = _parse_applied(raw.get("applied") or {}, fail)
-    return _ConfigFields(
-        config_args=config_args,
-        speculative_args=_parse_speculative_args(raw, fail),
-        config_choices=choices,
-        applied_negated=negated,
-        config_env=config_env,
-        fixed=fixed,
-        applied=applied,
-        applied_offset=applied_offset,
-        allowed=_parse_allowed(raw.get("allowed") or {}, settable, fail),
-        fixed_because=_parse_fixed_because(raw.get("fixed_because") or {}, settable, fail),
-    )
-
-
-class _ReadBack(TypedDict):
-    sources: dict[str, str]
-    unverifiable: dict[str, str]
-
-
-def _parse_read_back(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> _ReadBack:
-    """Where the build's source defines each key (sources), and each field the profile sets is
-    either read back from /server_info (applied) or said to be unverifiable, with why."""
-    sources = _parse_sources(raw.get("sources") or {}, fail)
-    applied = fields["applied"]
-    unverifiable = _parse_unverifiable(raw.get("unverifiable") or {}, applied, fail)
-    for key in (*fields["config_args"], *fields["config_choices"], *fields["config_env"]):
-        if key not in applied.values() and key not in unverifiable:
-            section = "config_env" if key in fields["config_env"] else "config_args"
-            raise fail(f"{section}.{key}", f"the profile sets {key} but never checks it: name the /server_info key that shows "
-                                         f"it under applied, or say why it cannot be checked under unverifiable")
-    return _ReadBack(sources=sources, unverifiable=unverifiable)
-
-
-def _parse_speculative_args(raw: Mapping[str, Any], fail: _Fail) -> str:
-    """``speculative_args``: the flags every config's launch gets and the plain launch (the control,
-    the lossless reference) does not: the algorithm and the drafter. SGLang 0.5.23 has no flag that
-    turns speculation off, so the command itself must be the plain server."""
-    text = raw.get("speculative_args") or ""
-    try:
-        shlex.split(text)
-    except ValueError as exc:
-        raise fail("speculative_args", f"must be shell words (flags), got {text!r}: {exc}") from None
-    if "{" in text:
-        raise fail("speculative_args", "takes no placeholders: a value that differs per config belongs in config_args")
-    if text and raw.get("config_args") is None:
-        raise fail("speculative_args", "only a profile whose launches the harness makes (with config_args) says this")
-    return str(text)
-
-
-def _check_budget_counts_root(raw: Mapping[str, Any], fields: _ConfigFields, fail: _Fail) -> None:
-    """Whether the build's budget flag (or variable) counts the root node too (SubSir's tree verify)
-    or not (DDTree's budget): a declaration the mapping is checked against at load (every shipped
-    profile says it; a user's may not, unchecked): true -> the template is ``{value+1}`` and an
-    applied key ``budget + 1``; false -> ``{value}`` and ``budget``. So bN is N non-root nodes."""
-    counts = raw.get("budget_counts_root")
-    templates = [fields["config_args"]["budget"]] if "budget" in fields["config_args"] else []
-    templates += list(fields["config_env"].get("budget", {}).values())
-    if not templates:
-        if counts is not None:
-            raise fail("budget_counts_root", "only a profile that sets the budget (config_args / config_env) says this")
-        return
-    if counts is None:  # undeclared (every shipped profile declares it: tests/test_profiles.py)
-        return
-    want = 1 if counts else 0
-    for template in templates:
-        if value_offset(template) != want:
-            raise fail("budget_counts_root", f"is {str(counts).lower()}, so the budget's template must use "
-                                             f"{'{value+1}' if counts else '{value}'}, got {template!r}")
-    for key, field_name in fields["applied"].items():
-        if field_name == "budget" and fields["applied_offset"].get(key, 0) != want:
-            raise fail(f"applied.{key}", f"budget_counts_root is {str(counts).lower()}: read it back as "
-                                         f"{'budget + 1' if counts else 'budget'}")
-
-
-def _check_fork_flags(raw: Mapping[str, Any], fail: _Fail) -> None:
-    """``fork_flags: {--flag: why}``: flags of the command or a config_args template (one never
-    passed needs no excuse) that SGLang 0.5.23 lacks, each with its fork or PR. For
-    tests/test_shipped_profiles.py: it strips exactly these before 0.5.23's parser reads a line."""
-    section = raw.get("fork_flags") or {}
-    templates = [t for v in (raw.get("config_args") or {}).values() for t in (v.values() if isinstance(v, Mapping) else [v])]
-    passed = " ".join([str(raw.get("command") or ""), str(raw.get("speculative_args") or ""), *map(str, templates)]).split()
-    for flag, why in section.items():
-        if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
-            raise fail(f"fork_flags.{flag}", "must be a launch flag spelled --like-this")
-        if flag not in passed:
-            raise fail(f"fork_flags.{flag}", "is not passed by the command, speculative_args or any config_args template: drop it")
-        if not isinstance(why, str) or not why.strip():
-            raise fail(f"fork_flags.{flag}", "must say which fork or PR adds the flag (released SGLang's parser refuses it)")
-
-
-def _parse_config_env(section: Mapping[str, Any], config_args: Mapping[str, Any], fail: _Fail) -> dict[str, dict[str, str]]:
-    config_env: dict[str, dict[str, str]] = {}
-    for key, variables in section.items():
-        key = _axis_key(key, "config_env", fail)
-        if not isinstance(variables, Mapping) or not variables:
-            raise fail(f"config_env.{key}", f"must map environment variables to templates, e.g. {{SGLANG_X: \"{{value}}\"}}, got {variables!r}")
-        if key in config_args:
-            raise fail(f"config_env.{key}", "this field is already set by config_args; a field reaches the service one way")
-        for variable, template in variables.items():
-            if not valid_value_template(template):
-                raise fail(f"config_env.{key}.{variable}", f"must be a template containing {{value}} (or {{value+N}}), got {template!r}")
-        for variable in variables:
-            if not is_env_name(variable):
-                raise fail(f"config_env.{key}.{variable}", ENV_NAME_RULE)
-        config_env[key] = {str(k): str(v) for k, v in variables.items()}
-    return config_env
-
-
-
-def _parse_env(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+def _parse_env(section: Mapping[str, Any], fail: Fail) -> dict[str, str]:
     """``env:`` the launch environment; every name a shell identifier."""
     for name in section:
         if not is_env_name(name):
             raise fail(f"env.{name}", ENV_NAME_RULE)
     return {str(k): str(v) for k, v in section.items()}
-
-
-def _parse_fixed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, FixedValue]:
-    fixed: dict[str, FixedValue] = {}
-    for key, value in section.items():
-        key = _axis_key(key, "fixed", fail)
-        if key in settable:
-            raise fail(f"fixed.{key}", "the profile also sets this field (config_args / config_env); a fixed field is one the build cannot set")
-        if value is None:
-            fixed[key] = FixedValue()
-        elif key == "window" and value == "none":  # a build that runs without a draft window, always
-            fixed[key] = FixedValue(none=True)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            fixed[key] = FixedValue(number=value)
-        elif (isinstance(value, str) and (match := _FIXED_EXPRESSION.match(value)) and match.group(1) != key
-              and _int_axis(match.group(1))):
-            amount = int(match.group(3) or 0)
-            fixed[key] = FixedValue(follows=match.group(1), offset=-amount if match.group(2) == "-" else amount)
-        else:
-            raise fail(f"fixed.{key}", f"must be the value the build always uses (an integer), another field "
-                                       f"with an offset (e.g. 'block_size - 1'), 'none' (window only: no window), or null (derived by the build), got {value!r}")
-    return fixed
-
-
-def _parse_applied(section: Mapping[str, Any], fail: _Fail) -> tuple[dict[str, str], dict[str, int], frozenset[str]]:
-    applied: dict[str, str] = {}
-    applied_offset: dict[str, int] = {}
-    negated: set[str] = set()
-    for key, field_name in section.items():
-        match = _FIXED_EXPRESSION.match(field_name) if isinstance(field_name, str) else None
-        if match is not None and not axes_mod.is_axis(match.group(1)):
-            match = None
-        negation = _NEGATED.match(field_name) if isinstance(field_name, str) else None
-        if axes_mod.is_axis(field_name):
-            applied[str(key)] = str(field_name)
-        elif negation is not None and axes_mod.is_axis(negation.group(1)) and axes_mod.axis(negation.group(1)).type == "bool":
-            applied[str(key)] = negation.group(1)  # "not overlap": /server_info's disable_overlap_schedule
-            negated.add(str(key))
-        elif match is not None and _int_axis(match.group(1)):  # "budget + 1": the key counts differently (e.g. the root node too)
-            applied[str(key)] = match.group(1)
-            amount = int(match.group(3) or 0)
-            if amount:
-                applied_offset[str(key)] = -amount if match.group(2) == "-" else amount
-        else:
-            raise fail(f"applied.{key}", f"must name a config field (an axis: {', '.join(a.name for a in axes_mod.catalogue())}), "
-                                         f"optionally with an offset such as 'budget + 1' (or 'not overlap' for a bool "
-                                         f"axis), got {field_name!r}")
-    return applied, applied_offset, frozenset(negated)
-
-
-def _parse_choice_flags(key: str, section: Mapping[Any, Any], fail: _Fail) -> dict[Any, str]:
-    """``config_args.<axis>: {value: flags}``: a choice or bool axis mapped value by value; the
-    values listed are the ones the build accepts (``overlap: {on: "", off: --disable-overlap-schedule}``)."""
-    axis = axes_mod.axis(key)
-    if axis.type not in ("choice", "bool") or not section:
-        raise fail(f"config_args.{key}", f"a mapping of values to flags is for a choice or bool axis with at least one "
-                                         f"value; {key} is a {axis.type} axis: write a template with {{value}}")
-    out: dict[Any, str] = {}
-    for value, flags in section.items():
-        try:
-            checked = axis.check(value)
-        except axes_mod.AxisError as exc:
-            raise fail(f"config_args.{key}.{value}", str(exc)) from None
-        if not isinstance(flags, str) or "{" in flags:
-            raise fail(f"config_args.{key}.{value}", f"must be the flags for this value as text ('' for none), got {flags!r}")
-        out[checked] = flags
-    return out
-
-
-def _parse_allowed(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, tuple[int, ...]]:
-    allowed: dict[str, tuple[Any, ...]] = {}
-    for key, values in section.items():
-        if key not in settable:
-            raise fail(f"allowed.{key}", "only a field the profile sets (config_args / config_env) has allowed values")
-        if not isinstance(values, list) or not values:
-            raise fail(f"allowed.{key}", f"must list the values the build accepts, e.g. [4, 8, 16], got {values!r}")
-        try:
-            allowed[str(key)] = tuple(axes_mod.axis(key).check(v) for v in values)
-        except axes_mod.AxisError as exc:
-            raise fail(f"allowed.{key}", f"must list values the build accepts: {exc}") from None
-    return allowed
-
-
-def _parse_fixed_because(section: Mapping[str, Any], settable: set[str], fail: _Fail) -> dict[str, str]:
-    fixed_because: dict[str, str] = {}
-    for key, reason in section.items():
-        if not axes_mod.is_axis(key) or key in settable:
-            raise fail(f"fixed_because.{key}", "must name a config field the profile does not set")
-        if not isinstance(reason, str) or not reason.strip():
-            raise fail(f"fixed_because.{key}", "must say why the build cannot set this field")
-        fixed_because[str(key)] = reason.strip()
-    return fixed_because
-
-
-def _parse_sources(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
-    for key, where in section.items():
-        if not isinstance(where, str) or not where.strip():
-            raise fail(f"sources.{key}", "must say where the build's source defines it (repository, commit, path:line) or 'unverified: why'")
-    return {str(k): str(v).strip() for k, v in section.items()}
-
-
-def _parse_unverifiable(section: Mapping[str, Any], applied: Mapping[str, str], fail: _Fail) -> dict[str, str]:
-    unverifiable = {str(k): v for k, v in section.items()}
-    for key, reason in unverifiable.items():
-        _axis_key(key, "unverifiable", fail)
-        if not isinstance(reason, str) or not reason.strip():
-            raise fail(f"unverifiable.{key}", "must give the reason /server_info cannot show this field (the report prints it)")
-        if key in applied.values():
-            raise fail(f"unverifiable.{key}", "this field is read back by applied; drop one of the two")
-    return unverifiable
 
 
 class _Behaviour(ControlKeys):
@@ -637,7 +302,7 @@ def _seconds(raw: Mapping[str, Any], key: str) -> float:
 MAX_CONTROL_LAUNCHES = 16
 
 
-def _parse_control_launches(raw: Mapping[str, Any], relaunchable: bool, fail: _Fail) -> int:
+def _parse_control_launches(raw: Mapping[str, Any], relaunchable: bool, fail: Fail) -> int:
     """``control_launches``: how many launches of the control each process measures (half at its
     start, half at its end; gates/throughput/control.py), each one more restart of the service.
     ``relaunchable``: the service can be relaunched, or no control is launched at all."""
@@ -653,7 +318,7 @@ def _parse_control_launches(raw: Mapping[str, Any], relaunchable: bool, fail: _F
     return int(n)
 
 
-def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bool, fail: _Fail) -> tuple[int, int]:
+def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bool, fail: Fail) -> tuple[int, int]:
     """``control_max_launches`` (the launch policy's cap in a judged process, at least
     ``control_launches``) and ``bless_control_launches``; a service that cannot be relaunched keeps
     its one launch of the control for both."""
@@ -674,7 +339,7 @@ def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bo
     return out[0], out[1]
 
 
-def _check_plain_launch(raw: Mapping[str, Any], fail: _Fail) -> None:
+def _check_plain_launch(raw: Mapping[str, Any], fail: Fail) -> None:
     """The plain launch (the command without config_args, plus ``lossless_args``) must not name an
     algorithm the command passes: SGLang takes the last --speculative-algorithm, and without one in
     ``lossless_args`` the control and the lossless reference would speculate too."""
@@ -687,7 +352,7 @@ def _check_plain_launch(raw: Mapping[str, Any], fail: _Fail) -> None:
                                     "launches get")
 
 
-def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | tuple[str, ...], fail: _Fail) -> _Behaviour:
+def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | tuple[str, ...], fail: Fail) -> _Behaviour:
     """How the harness treats the service: the lossless check, the control, relaunches,
     readiness and the time limits (the :class:`ServiceProfile` keyword arguments of the same names)."""
     # "" is an answer: the command without config_args is already non-speculative (a profile whose
@@ -735,7 +400,7 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
     )
 
 
-def _parse_calibration(raw: Mapping[str, Any], kind: ControllerKind, fail: _Fail) -> dict[str, Any]:
+def _parse_calibration(raw: Mapping[str, Any], kind: ControllerKind, fail: Fail) -> dict[str, Any]:
     """``calibration_command`` (placeholders as the launch command's ``{python}`` and ``{host}``) and
     ``calibration_timeout_s``; refused where no moment without the session's server exists on a
     known host: somebody else's service holds the accelerators all along, and a scheduler's node is
@@ -759,27 +424,6 @@ def _parse_calibration(raw: Mapping[str, Any], kind: ControllerKind, fail: _Fail
                                           "does not hold the accelerators on a known host (somebody else's service, "
                                           "or a node its scheduler picks at launch): leave the key out")
     return {"calibration_command": command, "calibration_timeout_s": float(timeout)}
-
-
-def _own_matrix(raw: Mapping[str, Any], fail: Any) -> tuple[tuple[DDTreeConfig, ...] | None, DDTreeConfig | None]:
-    """``matrix:`` (entries as in configs.yaml) and ``default:`` of a profile, validated."""
-    from pytest_ddtree.configs import ConfigError, expand_matrix_entry, parse_config_name
-
-    configs: list[DDTreeConfig] = []
-    entries = raw.get("matrix")
-    try:
-        for index, entry in enumerate(entries or []):
-            for config in expand_matrix_entry(entry, f"matrix[{index}]"):
-                if config not in configs:
-                    configs.append(config)
-        default = parse_config_name(raw["default"]) if raw.get("default") else None
-    except ConfigError as exc:
-        raise fail("matrix" if "matrix[" in str(exc) else "default", str(exc)) from None
-    if entries is not None and not configs:
-        raise fail("matrix", "lists no config; leave the key out to use the projection of configs.yaml's matrix")
-    if default is not None and configs and default not in configs:
-        configs.insert(0, default)
-    return (tuple(configs) if entries is not None else None), default
 
 
 def load_profile(path: Path) -> ServiceProfile:
