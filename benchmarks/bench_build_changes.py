@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT  # noqa: E402
 from pytest_ddtree.report import changepoints  # noqa: E402
-from pytest_ddtree.gates.throughput.baseline_format import CONTROL  # noqa: E402
+from pytest_ddtree.gates.throughput.baseline import CONTROL  # noqa: E402
 from pytest_ddtree.report.history import ROLE_CONTROL, Build, SessionEntry, StoredCell  # noqa: E402
 from bench_gate import wilson  # noqa: E402  (the gate benchmark's interval, one definition)
 

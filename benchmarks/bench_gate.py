@@ -10,7 +10,7 @@ and the suite's ``test_throughput`` for every (config, cell), and at the session
 (``finish._apply_baseline_updates`` writes the baseline files) or ``finish._judge_configs_against_session``
 and ``finish._judge_control``. Real settings, profile, recorder, baseline files and results folder;
 faked only where a GPU cannot exist: a launch draws its own speed and a measured repeat is drawn
-from a noise model (``throughput.run_repeat``). Each world blesses K = 3 sessions, then judges
+from a noise model (``measurement.run_repeat``). Each world blesses K = 3 sessions, then judges
 today's. Noise shapes (``--shapes``; all by default):
 
 * ``repeat1`` / ``repeat3`` / ``repeat5``: each repeat of a cell is the true value times

@@ -6,17 +6,17 @@ it against the noise a real engine and this machine produce. Every session launc
 engines (one per config, ``--fault clock-jitter``; the same ``--seed``, i.e. the same drafter
 behaviour, unless ``--engine-seed per-launch``) and draws a day-to-day
 shift shared by all its configs (``--fault slowdown=exp(N(0, d))``). Three blessed sessions make
-the baseline through the bless flow's function (``gate.baseline_cell_entry``); then
-``--unchanged`` sessions are judged by the suite's own ``throughput.measure_config`` (first pass,
+the baseline through the bless flow's function (``baseline.baseline_cell_entry``); then
+``--unchanged`` sessions are judged by the suite's own ``measurement.measure_config`` (first pass,
 confirmation of flagged cells, verdicts) and count as failed when any cell fails or stays
 inconclusive (both fail CI), and ``--slowed`` sessions run the first config 10% slower
 (``slowdown`` x 1.1) and count as caught when one of its cells is a regression.
 
 Every session also launches the control first (a non-speculative engine: no speculative flag, as
-SGLang's plain launch, blessed and judged like a config, as the plugin's ``control.measure`` does), in judged
+SGLang's plain launch, blessed and judged like a config, as the plugin's ``launches.measure`` does), in judged
 sessions once more after the last config, and judges it with ``control.judge`` (the uniform shift of
 the configs over the control); ``--no-control`` leaves it out. Configs that
-``gate.relaunch_candidates`` flags are relaunched (fresh engines, their own launch shift) and judged
+``session_check.relaunch_candidates`` flags are relaunched (fresh engines, their own launch shift) and judged
 on all their launches (``--no-relaunch``: one launch each). ``--launch-shift S`` gives every launch (the control's, the blessed sessions' too) its own
 speed factor exp(N(0, S)), what a relaunched GPU server shows; ``--slow-all 0.05`` makes the slowed
 sessions slow every config by 5% and not the control (caught by the uniform shift).
@@ -49,9 +49,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_harness import refserver  # noqa: E402
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, session_check, verdicts as verdicts_mod
 from pytest_ddtree.measure import load  # noqa: E402
-from pytest_ddtree.gates.throughput import control, throughput  # noqa: E402
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, control, measurement  # noqa: E402
 from pytest_ddtree.records.shapes import ControlJudgedData  # noqa: E402
 from pytest_ddtree.records.words import RecordKind, Status  # noqa: E402
 
@@ -64,7 +64,7 @@ CELLS = [load.Cell("c1_tiny", 1, 48, 32, 2, 1), load.Cell("c4_tiny", 4, 48, 32, 
 
 def _flags(name: str) -> tuple[list[str], bool]:
     """The engine flags of a launch and whether it is speculative."""
-    if name == control.CONTROL:
+    if name == baseline_mod.CONTROL:
         return [], False  # no speculative flag: the plain launch, as SGLang takes it
     bs, budget, topk = CONFIGS[name]
     return ["--speculative-dflash-block-size", str(bs), "--speculative-num-draft-tokens", str(budget),
@@ -73,7 +73,7 @@ def _flags(name: str) -> tuple[list[str], bool]:
 
 def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
             baselines: dict[str, dict[str, Any]] | None, slow_all: float = 0.0,
-            names: list[str] | None = None, day: float | None = None) -> dict[str, throughput.Campaign]:
+            names: list[str] | None = None, day: float | None = None) -> dict[str, measurement.Campaign]:
     """One independent session: the control's launch first, then fresh engines for every config, and
     (judged sessions) the control once more at the end; one day shift for all of them and, with
     ``--launch-shift``, a speed shift of each launch's own. ``names``/``day``: relaunch these configs
@@ -81,15 +81,15 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
     day = math.exp(rng.gauss(0.0, args.day_shift)) if day is None else day
     out = {}
     if names is None:
-        names = [*([control.CONTROL] if args.control else []), *CONFIGS]
+        names = [*([baseline_mod.CONTROL] if args.control else []), *CONFIGS]
         if args.control and baselines is not None:
             names.append(CONTROL_AT_END)
     first = next(iter(CONFIGS))
     spread = None
     if baselines is not None:
-        spread = gate.launch_spread([baselines[n] for n in CONFIGS])
+        spread = baseline_mod.launch_spread([baselines[n] for n in CONFIGS])
     for name in names:
-        flags, speculative = _flags(control.CONTROL if name == CONTROL_AT_END else name)
+        flags, speculative = _flags(baseline_mod.CONTROL if name == CONTROL_AT_END else name)
         launch = math.exp(rng.gauss(0.0, args.launch_shift)) if args.launch_shift else 1.0
         slower = 1.1 if slow_first and name == first else 1.0
         if slow_all and speculative:
@@ -101,11 +101,11 @@ def session(args: argparse.Namespace, rng: random.Random, slow_first: bool,
         for attempt in range(3):  # a free port taken by a parallel session in between: try another
             try:
                 with refserver(*engine) as url:
-                    out[name] = throughput.measure_config(
-                        url, CELLS, 3, throughput.Driving(speculative=speculative),
+                    out[name] = measurement.measure_config(
+                        url, CELLS, 3, measurement.Driving(speculative=speculative),
                         baseline=None if baselines is None else baselines[
-                            control.CONTROL if name == CONTROL_AT_END else name],
-                        judging=throughput.Judging(gated=None if speculative else control.GATED, launch_spread=spread))
+                            baseline_mod.CONTROL if name == CONTROL_AT_END else name],
+                        judging=measurement.Judging(gated=None if speculative else control.GATED, launch_spread=spread))
                 break
             except RuntimeError:
                 if attempt == 2:
@@ -126,11 +126,11 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
     args, seed = job
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, campaign in session(args, random.Random(seed), False, None).items():
-        if name == control.CONTROL and not args.control:
+        if name == baseline_mod.CONTROL and not args.control:
             continue
         out[name] = {}
         for cell in CELLS:
-            inp = throughput.cell_input(campaign, cell, None)
+            inp = measurement.cell_input(campaign, cell, None)
             if inp.status != Status.VALID:
                 raise RuntimeError(f"bless session (seed {seed}): {name} {cell.name} is {inp.status}: {inp.problems}")
             out[name][cell.name] = {"workload": dict(inp.workload or {}),
@@ -138,12 +138,12 @@ def _bless_session(job: tuple[argparse.Namespace, int]) -> dict[str, dict[str, d
     return out
 
 
-def _record(name: str, cell: str, v: gate.CellVerdict) -> ControlJudgedData:
+def _record(name: str, cell: str, v: verdicts_mod.CellVerdict) -> ControlJudgedData:
     """A cell's record as the suite writes it (the control's with its kind and launch)."""
     m = v.metric(OUTPUT_THROUGHPUT)
-    rec: ControlJudgedData = {"config": control.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
+    rec: ControlJudgedData = {"config": baseline_mod.CONTROL if name == CONTROL_AT_END else name, "cell": cell, "verdict": v.as_dict(),
            "hardware_profile": "refserver", "metrics": {OUTPUT_THROUGHPUT: m.current_median if m else None}}
-    if name in (control.CONTROL, CONTROL_AT_END):
+    if name in (baseline_mod.CONTROL, CONTROL_AT_END):
         rec.update({"kind": control.CONTROL_RECORD, "control_launch": 2 if name == CONTROL_AT_END else 1})
     return rec
 
@@ -159,18 +159,18 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
     # session (flagged ones relaunched), and the control (its own cells, the uniform shift)
     records = [_record(name, cell, v) for name, vs in verdicts.items() for cell, v in vs.items()]
     configs = [r for r in records if r.get("kind") != control.CONTROL_RECORD]
-    moves = gate.config_moves(configs)
+    moves = session_check.config_moves(configs)
     flagged: list[str] = []
-    relaunched: list[gate.ConfigMove] = []
-    while args.relaunch and (names := gate.relaunch_candidates(moves, relaunched)):
+    relaunched: list[session_check.ConfigMove] = []
+    while args.relaunch and (names := session_check.relaunch_candidates(moves, relaunched)):
         again = session(args, rng, slow and not slow_all, baselines, slow_all, names=names, day=day)
         new: list[ControlJudgedData] = [{**_record(name, cell, v), "kind": RecordKind.THROUGHPUT_RELAUNCH,
                                          "relaunch": 1 + flagged.count(name)}
                for name, c in again.items() for cell, v in c.verdicts.items()]
-        relaunched += gate.config_moves(new)
+        relaunched += session_check.config_moves(new)
         records += new
         flagged += names
-    findings = [f for f in gate.judge_session(moves, relaunched) if f.failed]
+    findings = [f for f in session_check.judge_session(moves, relaunched) if f.failed]
     judged = control.judge(records, configs, require_baselines=True) if args.control else None
     group = judged.groups[0] if judged and judged.groups else None
     # everything that fails a CI run (--ddtree-require-baselines): missing / thin baselines too
@@ -198,14 +198,14 @@ def _judged_session(job: tuple[argparse.Namespace, int, bool, dict[str, dict[str
 
 def bless(args: argparse.Namespace, pool: Any) -> dict[str, dict[str, Any]]:
     """K blessed sessions (in parallel), appended oldest first through the bless flow's function."""
-    names = [*([control.CONTROL] if args.control else []), *CONFIGS]
+    names = [*([baseline_mod.CONTROL] if args.control else []), *CONFIGS]
     section: dict[str, dict[str, Any]] = {name: {} for name in names}
-    blessed = pool.map(_bless_session, [(args, args.seed * 1000 + s) for s in range(gate.DEFAULT_SESSIONS_KEPT)])
+    blessed = pool.map(_bless_session, [(args, args.seed * 1000 + s) for s in range(verdicts_mod.DEFAULT_SESSIONS_KEPT)])
     for s, measured in enumerate(blessed):
         for name in names:
             for cell in CELLS:
                 got = measured[name][cell.name]
-                section[name][cell.name] = gate.baseline_cell_entry(
+                section[name][cell.name] = baseline_mod.baseline_cell_entry(
                     got["workload"], got["samples"], section[name].get(cell.name), session=f"bless{s}")
     return section
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gate_sim  # noqa: E402
 import rate_sim  # noqa: E402
 from bench_gate import CELLS, CONFIGS, K_BLESSED, SHAPES, _fig, _merge, target_mark  # noqa: E402
-from pytest_ddtree.gates.throughput import RATE_SECTION  # noqa: E402
+from pytest_ddtree.gates.throughput.baseline import RATE_SECTION  # noqa: E402
 from pytest_ddtree.metrics import REQUEST_GOODPUT  # noqa: E402
 from pytest_ddtree.records.words import RecordKind, Status  # noqa: E402
 

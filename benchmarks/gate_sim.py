@@ -9,7 +9,7 @@ cell) with the ``ddtree_service`` fixture's body before each config, and at the 
 ``finish._judge_configs_against_session`` and ``finish._judge_control``. Real settings, profile,
 recorder, baseline store and results folder; the one thing faked is what needs a GPU: a launch
 (``SimManager``: each launch of a config or the control draws its own speed) and a measured repeat
-(``throughput.run_repeat`` answers a ``SimResult`` from the noise model instead of sending requests).
+(``measurement.run_repeat`` answers a ``SimResult`` from the noise model instead of sending requests).
 A sibling simulation adds to a session through ``Extras`` (``rate_sim.py``: open-loop cells served by a
 queueing model, and the suite's ``test_sustainable_rate`` before each config's cells).
 """
@@ -38,7 +38,7 @@ from pytest_ddtree import baselines as baselines_mod
 from pytest_ddtree import finish, plugin, yamlfile
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.measure.matrix import Workload
-from pytest_ddtree.gates.throughput import throughput
+from pytest_ddtree.gates.throughput import measurement
 from pytest_ddtree.measure import load
 from pytest_ddtree.options import Settings, session_stamp
 from pytest_ddtree.records import shapes as records_mod
@@ -150,7 +150,7 @@ class World:
 
 
 def sim_run_repeat(client: Any, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
-    """``throughput.run_repeat`` of the simulated service: one repeat from the model."""
+    """``measurement.run_repeat`` of the simulated service: one repeat from the model."""
     sim = cast(SimClient, client)
     world = sim.world
     cell = next(i for i, w in enumerate(world.cells) if w.name == workload.name)
@@ -316,7 +316,7 @@ def _read_yaml_once(path: Path) -> tuple[Any, str]:
 
 def install(run_repeat: Callable[..., load.CellResult] = sim_run_repeat) -> None:
     """The fakes where a GPU would be: the measured repeat and the prompts (no service to tokenize)."""
-    throughput.run_repeat = run_repeat
+    measurement.run_repeat = run_repeat
     load.prompt_maker = lambda client, **kw: None  # type: ignore[assignment]
     setattr(baselines_mod, "read_yaml", _read_yaml_once)
     # the simulation's files live in memory and die with it: no fsync (gVisor makes each one costly)

@@ -17,7 +17,7 @@ and every pass is scaled by the launch's speed (the day, the launch's own shift,
 ``gate_sim.Model.launch_speed``), the repeat's noise and outliers (the shape's), the config's own
 speed and the scenario's drop. The repeat is a ``load.CellResult`` of ``RequestResult``s (its figures computed once) with
 the session's SLO, so goodput, SLO attainment, the probes' SLO check and every other figure are
-the product's own (``CellResult.metrics`` -> ``slo.goodput``; ``throughput.rate_probe``).
+the product's own (``CellResult.metrics`` -> ``slo.goodput``; ``measurement.rate_probe``).
 
 Each session runs ``suites/test_sustainable_rate.py``'s test function per config before its cells
 (pytest's order: by config, then by file), with the matrix's ``rate_search:`` and the session's
@@ -240,7 +240,7 @@ class ServedResult(load.CellResult):
 
 
 def run_repeat(client: Any, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
-    """``throughput.run_repeat`` of the simulated service: an open-loop cell served by the queueing
+    """``measurement.run_repeat`` of the simulated service: an open-loop cell served by the queueing
     model, a closed-loop one drawn by ``gate_sim``'s noise model."""
     if workload.open_loop is None:
         return gate_sim.sim_run_repeat(client, workload, cell_timeout_s, **kwargs)

@@ -258,15 +258,15 @@ def _bill(records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str,
 
 
 def _judge_configs_against_session(records: list[dict[str, object]], outcome: FinishOutcome) -> list[dict[str, Any]]:
-    """gate.judge_session over this session's throughput verdicts: a config that regressed as a
+    """``session_check.judge_session`` over this session's throughput verdicts: a config that regressed as a
     whole, beyond what the other configs of the session moved, fails the run here, also when each
     of its cells passed."""
-    from pytest_ddtree.gates import throughput as gate
+    from pytest_ddtree.gates.throughput.session_check import config_moves, judge_session
     from pytest_ddtree.records import shapes as records_mod
     from pytest_ddtree.records.cells import normalize
 
     relaunches = records_mod.judged_relaunches(records)
-    findings = gate.judge_session(gate.config_moves(normalize(records)), gate.config_moves(relaunches))
+    findings = judge_session(config_moves(normalize(records)), config_moves(relaunches))
     for finding in findings:
         if finding.failed:
             outcome.failed_check(CHECK_AGAINST_SESSION, finding.message)
@@ -337,7 +337,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     shift with its interval and kind, each config's speedup over the control; a failing control cell
     or a uniform slowdown while the control held fails the run. Always stated in the summary when
     throughput was measured (with the reason when there is no control)."""
-    from pytest_ddtree.gates.throughput import control, control_policy
+    from pytest_ddtree.gates.throughput import control, launches
     from pytest_ddtree.records.cells import normalize
 
     configs = normalize(records)
@@ -345,7 +345,7 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
         return None
     settings = session.settings
     try:  # a process that took further launches of the control is judged at the later looks' z
-        z_uniform = control_policy.uniform_z(session.profile, control_policy.launches_of(records))
+        z_uniform = launches.uniform_z(session.profile, launches.launches_of(records))
     except (ProfileError, OSError):
         z_uniform = control.Z_UNIFORM
     judgement = control.judge(records, configs, require_baselines=settings.require_baselines,

@@ -32,7 +32,7 @@ REQUEST_GOODPUT: Final = "request_goodput"
 #: The SLO's percentile latency over its target, the largest over the SLO's targets, of one repeat's
 #: requests that succeeded (1: the SLO's edge; above it the repeat missed the SLO); only where an
 #: SLO is set. An open-loop cell's blessed repeats keep their worst in its baseline, where it says
-#: whether the cell's goodput stood clear of the edge (``gates/throughput/slo_edge.py``).
+#: whether the cell's goodput stood clear of the edge (``gates/throughput/baseline.py``).
 SLO_LATENCY_SHARE: Final = "ddtree_slo_latency_share"
 
 #: The gated acceptance: sum(completion_tokens) / sum(spec_verify_ct) over the measured requests

@@ -608,19 +608,19 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     end (gates/throughput/control.py); half its ``control_launches`` at the start. Yields ``measured``,
     ``unavailable`` (recorded with the reason) or ``off``. At the process's end: the configs the session check
     flags relaunched, the other half of the launches after several configs, and further ones while the uniform
-    shift is inconclusive (``control_policy.further_launches``), unless the run was stopped."""
-    from pytest_ddtree.gates.throughput import control, control_policy
-    from pytest_ddtree.gates.throughput.cells import relaunch_flagged
+    shift is inconclusive (``launches.further_launches``), unless the run was stopped."""
+    from pytest_ddtree.gates.throughput import control, launches
+    from pytest_ddtree.gates.throughput.launches import relaunch_flagged
 
-    done, cells = control.start(ddtree_session, request.session.items)
+    done, cells = launches.start(ddtree_session, request.session.items)
     yield done
     if request.session.shouldstop or request.session.shouldfail:
         return
     relaunch_flagged(ddtree_session, request.session.items)
-    if done == "measured" and control.wants_end_launch(ddtree_session.recorder.records):
-        control.measure_launches(ddtree_session, cells, control.END)
+    if done == "measured" and launches.wants_end_launch(ddtree_session.recorder.records):
+        launches.measure_launches(ddtree_session, cells, control.END)
     if done == "measured":
-        control_policy.further_launches(ddtree_session, cells)
+        launches.further_launches(ddtree_session, cells)
 
 
 @pytest.fixture

@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline, verdicts
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
                                                       rebless_note, same_slo, unjudged)
-from pytest_ddtree.gates.throughput.cells import driving_for, relaunch_recording
-from pytest_ddtree.gates.throughput.throughput import (Campaign, CellDeadlineExceeded, Recording, probe_rate, sample_record,
-                                                       sustainable_rate)
+from pytest_ddtree.gates.throughput.cells import driving_for
+from pytest_ddtree.gates.throughput.launches import relaunch_recording
+from pytest_ddtree.gates.throughput.measurement import (Campaign, CellDeadlineExceeded, Recording, probe_rate,
+                                                        sample_record, sustainable_rate)
 from pytest_ddtree.measure.load import CellResult, LoadError
 from pytest_ddtree.gates.suite_warnings import RateBaselineWarning, RateSearchLimitWarning
 from pytest_ddtree.plugin import session_of
@@ -47,14 +48,14 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
 def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:
     """The config's blessed ``sustainable_rate.<workload>`` entry (None: none), checked."""
     data = baselines.load(config)
-    section = gate.validate_rate_section((data or {}).get(gate.RATE_SECTION), str(baselines.path_for(config)))
+    section = baseline.validate_rate_section((data or {}).get(baseline.RATE_SECTION), str(baselines.path_for(config)))
     return section.get(workload)
 
 
-_POOLED = pytest.StashKey[dict[str, gate.PooledSpread]]()
+_POOLED = pytest.StashKey[dict[str, baseline.PooledSpread]]()
 
 
-def _pooled(request: pytest.FixtureRequest, baselines: BaselineStore, slo: SLO) -> dict[str, gate.PooledSpread]:
+def _pooled(request: pytest.FixtureRequest, baselines: BaselineStore, slo: SLO) -> dict[str, baseline.PooledSpread]:
     """The blessed rates' between-session spread over every config of this hardware profile under
     the session's SLO (read once per process: every config's file, as the cells' ``_judging``)."""
     stash = request.config.stash
@@ -93,7 +94,7 @@ def test_sustainable_rate(
         # a bless searches afresh, and so does --ddtree-measure-only (the rate is a number, judged by nothing)
         skip_blessed = ddtree_baselines.update_mode or ddtree_settings.measure_only
         blessed = None if skip_blessed else _blessed(ddtree_baselines, config, workload.name)
-    except (BaselineError, gate.BaselineFormatError) as exc:
+    except (BaselineError, verdicts.BaselineFormatError) as exc:
         blessed, problem = None, f"{config}: {exc}"
     if problem is not None:
         pytest.fail(problem, pytrace=False)
@@ -158,7 +159,7 @@ def test_sustainable_rate(
         entry, why = bless_entry(rate, campaigns, workload, slo, existing, ddtree_settings.session_stamp)
         if entry is None:
             pytest.fail(f"{config}: sustainable rate not blessed: {why}", pytrace=False)
-        ddtree_recorder.propose_baseline(config, gate.RATE_SECTION, {workload.name: entry})
+        ddtree_recorder.propose_baseline(config, baseline.RATE_SECTION, {workload.name: entry})
         return
     decision, why = unjudged(config, workload.name, blessed, slo, str(ddtree_baselines.path_for(config)),
                              ddtree_baselines.create_command(config), ddtree_settings.require_baselines)
@@ -186,5 +187,5 @@ def _blessed_for_bless(baselines: BaselineStore, config: str, workload: str) -> 
     """The entry a bless adds its session to (an unreadable one is started over: the bless rewrites it)."""
     try:
         return _blessed(baselines, config, workload)
-    except (BaselineError, gate.BaselineFormatError):
+    except (BaselineError, verdicts.BaselineFormatError):
         return None

@@ -43,9 +43,9 @@ from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
 from pytest_ddtree.gates.throughput import cells
 from pytest_ddtree.gates.throughput.cells import MeasuredCells
-from pytest_ddtree.gates.throughput.check import check_cell
-from pytest_ddtree.gates.throughput.throughput import (CellDeadlineExceeded, Judging, OnSample, Recording,
-                                                       blessed_judging, sample_record)
+from pytest_ddtree.gates.throughput.cells import check_cell
+from pytest_ddtree.gates.throughput.measurement import (CellDeadlineExceeded, Judging, OnSample, Recording,
+                                                        blessed_judging, sample_record)
 from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)

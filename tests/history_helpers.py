@@ -63,7 +63,7 @@ def write_build_history(url: str, sessions: int = 16, step_at: int = 11, step: f
                         seed: int = 3) -> None:
     """A history where a whole build changes: from session ``step_at`` on every series, the control's
     included, moves by ``step`` (a slower engine build), each session with its own day shift."""
-    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.gates.throughput.baseline import CONTROL
     from pytest_ddtree.report.history import ROLE_CONTROL
 
     rng = random.Random(seed)
@@ -91,7 +91,7 @@ def write_calibrated_history(url: str, *, calibrated: bool, sessions: int = 33, 
     control's too), each session with a day shift of ``day`` that the machine's calibration probe
     sees (two runs, ``probe_noise`` each); ``calibrated=False`` writes the same history (same seed,
     the probe's draws apart) without the probe. Returns the session ids, oldest first."""
-    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.gates.throughput.baseline import CONTROL
     from pytest_ddtree.report.history import ROLE_CONTROL
 
     rng, probe_rng = random.Random(seed), random.Random(seed + 1)

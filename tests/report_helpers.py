@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.records.words import Status, Verdict
 from pytest_ddtree.report import text as report
@@ -21,7 +21,7 @@ def throughput_rec(config: str, conc: int, ctx: int, tps: float, accept: float, 
     cell = f"c{conc}_{'short' if ctx < 1024 else f'{ctx // 1024}k'}"
     repeat = {"output_throughput": tps, report.TOKENS_PER_VERIFY: accept, "median_ttft_ms": 12.0,
               "ddtree_median_request_output_throughput": per_req or tps / conc, "completed": 4}
-    verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
+    verdict = verdicts.CellVerdict(cell, status, (verdicts.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
                                                                  message="m"),)).as_dict()
     data = throughput_record(
         config=config, cell=cell,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.measure.load import workload_dict
@@ -129,7 +129,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
     first = sweep.next_config()
     assert first is not None
     # this session's own records, as the throughput suite writes them
-    verdict = gate.CellVerdict("c", Status.MISSING).as_dict()
+    verdict = verdicts.CellVerdict("c", Status.MISSING).as_dict()
     measured = [{"kind": RecordKind.THROUGHPUT, **throughput_record(
         config=first, cell=w.name, workload=workload_dict(w), repeats=[{"output_throughput": 1000.0, "accept_length": 4.0}],
         samples={"output_throughput": [1000.0]}, measurement_status=Status.VALID, verdict=verdict,

@@ -41,7 +41,7 @@ def test_api_and_thinking_keys_are_parsed_and_bad_values_say_the_closest(tmp_pat
         assert load.workload_dict(cell)["thinking"] == ("on" if value else "off")
     (chat,) = _workloads(tmp_path, "{name: c1, concurrency: 1, context_tokens: 64, api: chat}")
     assert load.workload_dict(chat)["api"] == "chat" and load.workload_dict(chat)["thinking"] is None
-    from pytest_ddtree.gates.throughput.throughput import rate_cell
+    from pytest_ddtree.gates.throughput.measurement import rate_cell
 
     probe = rate_cell(cell, 4.0)  # a rate search's probe of a chat template sends chat, with its thinking
     assert (probe.api, probe.thinking, load.workload_dict(probe)["thinking"]) == ("chat", False, "off")

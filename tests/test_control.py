@@ -1,5 +1,5 @@
 """The session's control (pytest_ddtree/control.py) and the gate's trust checks, through the gate's
-own functions: baselines blessed by ``gate.baseline_cell_entry``, verdicts by ``gate.judge_config``,
+own functions: baselines blessed by ``baseline.baseline_cell_entry``, verdicts by ``rule.judge_config``,
 the session-end judgement by ``control.judge`` over records shaped as the suite records them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline, rule, session_check, verdicts as verdicts_mod
 from pytest_ddtree.measure import load, stats
-from pytest_ddtree.gates.throughput import control
+from pytest_ddtree.gates.throughput import baseline, control, launches as launches_mod
 from pytest_ddtree.records.shapes import ControlJudgedData
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from pytest_ddtree.records.words import Status
@@ -33,9 +33,9 @@ def _samples(rng: random.Random, value: float, factor: float, n: int = 3) -> dic
 def _launch(rng: random.Random, name: str, value: float, entries: dict[str, Any], factor: float,
             kind: str = "throughput", launch: int = 1) -> list[ControlJudgedData]:
     """One launch judged against its blessed entries: the records the suite writes."""
-    inputs = {cell: gate.CellInput(entries[cell], _samples(rng, value * (1 + i / 10), factor), workload=WORKLOAD)
+    inputs = {cell: verdicts_mod.CellInput(entries[cell], _samples(rng, value * (1 + i / 10), factor), workload=WORKLOAD)
               for i, cell in enumerate(CELLS)}
-    verdicts = gate.judge_config(inputs, {c: inp.current for c, inp in inputs.items()})
+    verdicts = rule.judge_config(inputs, {c: inp.current for c, inp in inputs.items()})
     return [{"kind": kind, "config": name, "cell": cell, "hardware_profile": "hw", "host": "node1",
              "metrics": {"output_throughput": stats.median(list(inputs[cell].current["output_throughput"]))},
              "verdict": v.as_dict(), "control_source": "non-speculative launch", "control_launch": launch}
@@ -48,18 +48,18 @@ def _session(control_factor: float, config_factor: float, seed: int = 1, control
     session where the control runs ``control_factor`` and every config ``config_factor`` as fast
     (and the control once more at the session's end at ``control_at_end``)."""
     rng = random.Random(seed)
-    values = {control.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
+    values = {baseline.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
     entries: dict[str, dict[str, Any]] = {name: {} for name in values}
     for s in range(3):
         day = math.exp(rng.gauss(0, 0.01))
         for name, value in values.items():
             for i, cell in enumerate(CELLS):
-                entries[name][cell] = gate.baseline_cell_entry(
+                entries[name][cell] = baseline.baseline_cell_entry(
                     WORKLOAD, _samples(rng, value * (1 + i / 10), day), entries[name].get(cell),
-                    session=f"{control_blessed if name == control.CONTROL else 's'}{s}")
-    records = _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], control_factor, control.CONTROL_RECORD)
+                    session=f"{control_blessed if name == baseline.CONTROL else 's'}{s}")
+    records = _launch(rng, baseline.CONTROL, 100.0, entries[baseline.CONTROL], control_factor, control.CONTROL_RECORD)
     if control_at_end is not None:
-        records += _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], control_at_end,
+        records += _launch(rng, baseline.CONTROL, 100.0, entries[baseline.CONTROL], control_at_end,
                            control.CONTROL_RECORD, launch=2)
     configs = [r for name in ("bs8_b4_k4", "bs8_b8_k4") for r in _launch(rng, name, values[name], entries[name],
                                                                         config_factor)]
@@ -108,8 +108,8 @@ def test_without_a_control_the_summary_says_the_per_config_rule_applies() -> Non
 
 
 def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None:
-    rec: ControlJudgedData = {"kind": control.CONTROL_RECORD, "config": control.CONTROL, "cell": "c1", "hardware_profile": "hw",
-                              "metrics": {}, "verdict": gate.CellVerdict("c1", Status.MISSING, (), ("no baseline for this cell",)).as_dict()}
+    rec: ControlJudgedData = {"kind": control.CONTROL_RECORD, "config": baseline.CONTROL, "cell": "c1", "hardware_profile": "hw",
+                              "metrics": {}, "verdict": verdicts_mod.CellVerdict("c1", Status.MISSING, (), ("no baseline for this cell",)).as_dict()}
     assert not control.judge([rec], []).failed
     judged = control.judge([rec], [], require_baselines=True)
     assert judged.failed and "c1: MISSING" in judged.text()
@@ -118,11 +118,11 @@ def test_a_missing_control_baseline_fails_only_under_require_baselines() -> None
 def test_a_client_that_kept_too_few_requests_in_flight_is_inconclusive() -> None:
     policy = stats.RepeatPolicy()
     short = [{"max_concurrency": 32, "concurrency": 20.0, "ddtree_loaded_concurrency": 24.0}] * 3
-    status, why = gate.measurement_status(policy, [870.0, 880.0, 875.0], False, short)
+    status, why = verdicts_mod.measurement_status(policy, [870.0, 880.0, 875.0], False, short)
     assert status == Status.INCONCLUSIVE and "25% short" in why[0] and "of the configured 32" in why[0]
     # the drain at the end of a finite closed loop does not count: the loaded figure decides
     drained = [{"max_concurrency": 8, "concurrency": 6.4, "ddtree_loaded_concurrency": 7.9}] * 3
-    assert gate.measurement_status(policy, [870.0, 880.0, 875.0], False, drained)[0] == Status.VALID
+    assert verdicts_mod.measurement_status(policy, [870.0, 880.0, 875.0], False, drained)[0] == Status.VALID
 
 
 def test_loaded_concurrency_counts_requests_in_flight_until_the_last_one_is_sent() -> None:
@@ -162,17 +162,17 @@ def test_served_concurrency_is_what_the_service_held_of_the_clients_count() -> N
     assert load.served_concurrency(healthy, None) is None
     # recorded, not judged: the per-request cost of sending a long prompt lowers it as much (c8 with
     # 4k-token prompts: 0.87-0.93 of 8 at the same tok/s) as a starved client does
-    assert gate.repeat_load_problem({"max_concurrency": 8, "ddtree_loaded_concurrency": 7.9,
+    assert verdicts_mod.repeat_load_problem({"max_concurrency": 8, "ddtree_loaded_concurrency": 7.9,
                                      "ddtree_served_concurrency": 7.0}) is None
 
 
 def test_a_bless_refuses_two_slow_repeats_of_three_that_the_robust_spread_misses() -> None:
     primary = [1330.0, 870.0, 870.0]
     assert stats.RepeatPolicy().status(primary) == Status.VALID  # the judged run's rule lets it through
-    refusal = gate.bless_refusal(Status.VALID, [], primary)
+    refusal = verdicts_mod.bless_refusal(Status.VALID, [], primary)
     assert refusal is not None and "wider than the +-5% a bless needs" in refusal
-    assert gate.bless_refusal(Status.VALID, [], [1000.0, 1010.0, 995.0]) is None
-    assert gate.bless_refusal(Status.INCONCLUSIVE, ["engine busy 70%"], [1000.0] * 3) == "engine busy 70%"
+    assert verdicts_mod.bless_refusal(Status.VALID, [], [1000.0, 1010.0, 995.0]) is None
+    assert verdicts_mod.bless_refusal(Status.INCONCLUSIVE, ["engine busy 70%"], [1000.0] * 3) == "engine busy 70%"
     # a bless asks the repeat policy for the tighter interval: more repeats until then
     assert not stats.RepeatPolicy(target_rel_ci=0.12, target_half_width=0.05).is_tight(primary)
 
@@ -185,12 +185,12 @@ def test_launch_spread_pools_the_configs_blessed_sessions() -> None:
         for s in range(3):
             launch = math.exp(rng.gauss(0, 0.03))
             for i, cell in enumerate(CELLS):
-                section[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), launch),
+                section[cell] = baseline.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), launch),
                                                          section.get(cell), session=f"s{s}")
         sections.append(section)
-    spread = gate.launch_spread(sections)["output_throughput"]
+    spread = baseline.launch_spread(sections)["output_throughput"]
     assert 0.015 < spread < 0.05, spread
-    assert gate.launch_spread(sections[:2]) == {}  # too few configs to pool
+    assert baseline.launch_spread(sections[:2]) == {}  # too few configs to pool
 
 
 def test_a_control_blessed_apart_from_the_configs_states_the_shift_but_does_not_judge_it() -> None:
@@ -222,14 +222,14 @@ def test_the_day_spread_counts_the_blessed_days_once_not_once_per_config() -> No
         for section in sections:
             launch = math.exp(rng.gauss(0, 0.005))
             for i, cell in enumerate(CELLS):
-                section[cell] = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), day * launch),
+                section[cell] = baseline.baseline_cell_entry(WORKLOAD, _samples(rng, 100 * (i + 1), day * launch),
                                                          section.get(cell), session=f"s{s}")
     # twelve configs, one launch-to-launch spread of ~0.5%, three blessed days 5% apart (sd)
-    spread = gate.launch_spread(sections)["output_throughput"]
-    blessed = gate.blessed_config_shifts(sections)["output_throughput"]
-    assert spread >= max(0.02, gate.day_spread(blessed) or 0.0)
-    moves = [gate.ConfigMove(str(i), "output_throughput", "higher", 0.05, 0.0, 0.0, b) for i, b in enumerate(blessed)]
-    assert gate.launch_wobble(moves) < 0.012
+    spread = baseline.launch_spread(sections)["output_throughput"]
+    blessed = baseline.blessed_config_shifts(sections)["output_throughput"]
+    assert spread >= max(0.02, baseline.day_spread(blessed) or 0.0)
+    moves = [session_check.ConfigMove(str(i), "output_throughput", "higher", 0.05, 0.0, 0.0, b) for i, b in enumerate(blessed)]
+    assert session_check.launch_wobble(moves) < 0.012
 
 
 def test_a_cell_noisy_in_every_config_gets_its_own_noise_from_all_of_them() -> None:
@@ -240,35 +240,35 @@ def test_a_cell_noisy_in_every_config_gets_its_own_noise_from_all_of_them() -> N
             for i, cell in enumerate(CELLS):
                 noise = 0.05 if cell == "c4" else 0.01
                 values = {"output_throughput": [100.0 * math.exp(rng.gauss(0, noise)) for _ in range(3)]}
-                section[cell] = gate.baseline_cell_entry(WORKLOAD, values, section.get(cell), session=f"s{s}")
-    pooled = gate.cell_noise(sections)["output_throughput"]
+                section[cell] = baseline.baseline_cell_entry(WORKLOAD, values, section.get(cell), session=f"s{s}")
+    pooled = baseline.cell_noise(sections)["output_throughput"]
     assert 0.03 < pooled["c4"] < 0.08 and 0.005 < pooled["c1"] < 0.016
-    assert gate.cell_noise(sections[:2]) == {}  # a cell blessed in fewer than 3 configs: its own estimate stands
+    assert baseline.cell_noise(sections[:2]) == {}  # a cell blessed in fewer than 3 configs: its own estimate stands
 
 
 def _launches_session(launches: int, blessed_launches: int, seed: int = 5) -> control.ControlJudgement:
     """Two configs and a control blessed over three sessions of ``blessed_launches`` control launches
     each (pooled, as the bless flow pools them), then a session measuring the control ``launches``
-    times (half at its start, half at its end, as ``control.measure_launches`` places them)."""
+    times (half at its start, half at its end, as ``launches.measure_launches`` places them)."""
     rng = random.Random(seed)
-    values = {control.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
+    values = {baseline.CONTROL: 100.0, "bs8_b4_k4": 300.0, "bs8_b8_k4": 400.0}
     entries: dict[str, dict[str, Any]] = {name: {} for name in values}
     for s in range(3):
         for name, value in values.items():
-            count = blessed_launches if name == control.CONTROL else 1
+            count = blessed_launches if name == baseline.CONTROL else 1
             for i, cell in enumerate(CELLS):
                 pooled: dict[str, list[float]] = {}
                 for _ in range(count):
                     for key, got in _samples(rng, value * (1 + i / 10), 1.0).items():
                         pooled.setdefault(key, []).extend(got)
-                entries[name][cell] = gate.baseline_cell_entry(
+                entries[name][cell] = baseline.baseline_cell_entry(
                     WORKLOAD, pooled, entries[name].get(cell), session=f"s{s}",
-                    launches=count if name == control.CONTROL else None)
-    blessed = control.blessed_launches(entries[control.CONTROL])
+                    launches=count if name == baseline.CONTROL else None)
+    blessed = launches_mod.blessed_launches(entries[baseline.CONTROL])
     records: list[ControlJudgedData] = []
     for n in range(1, launches + 1):
-        at = control.START if n <= control.launches_at(launches, control.START) else control.END
-        for rec in _launch(rng, control.CONTROL, 100.0, entries[control.CONTROL], 1.0, control.CONTROL_RECORD, n):
+        at = control.START if n <= launches_mod.launches_at(launches, control.START) else control.END
+        for rec in _launch(rng, baseline.CONTROL, 100.0, entries[baseline.CONTROL], 1.0, control.CONTROL_RECORD, n):
             records.append({**rec, "control_at": at, "blessed_launches": blessed})
     configs = [r for name in ("bs8_b4_k4", "bs8_b8_k4") for r in _launch(rng, name, values[name], entries[name], 1.0)]
     return control.judge(records + configs, configs)
@@ -291,15 +291,15 @@ def test_every_launch_of_the_control_counts_in_the_uniform_shift_today_and_in_it
 
 def test_a_bless_keeps_each_sessions_launch_count_and_a_bad_count_is_refused() -> None:
     rng = random.Random(2)
-    entry = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0, n=12), session="s0", launches=4)
-    entry = gate.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0), entry, session="s1")  # no count
+    entry = baseline.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0, n=12), session="s0", launches=4)
+    entry = baseline.baseline_cell_entry(WORKLOAD, _samples(rng, 100.0, 1.0), entry, session="s1")  # no count
     sessions = entry["gates"]["output_throughput"]["sessions"]
     assert [s.get("launches") for s in sessions] == [4, None]
-    assert control.blessed_launches({"c1": entry}) == {"s0": 4}
-    gate.validate_section({"c1": entry}, "control.yaml")
+    assert launches_mod.blessed_launches({"c1": entry}) == {"s0": 4}
+    baseline.validate_section({"c1": entry}, "control.yaml")
     sessions[0]["launches"] = 0
-    with pytest.raises(gate.BaselineFormatError, match=r"sessions\[0\]\.launches must be a whole number >= 1"):
-        gate.validate_section({"c1": entry}, "control.yaml")
+    with pytest.raises(verdicts_mod.BaselineFormatError, match=r"sessions\[0\]\.launches must be a whole number >= 1"):
+        baseline.validate_section({"c1": entry}, "control.yaml")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The control's launch policy (gates/throughput/control_policy.py): further launches of the control
+"""The control's launch policy (gates/throughput/launches.py): further launches of the control
 only while the uniform shift is inconclusive, with the later looks judged at a stricter z."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from pytest_ddtree.gates.throughput import control, control_policy, noise
+from pytest_ddtree.gates.throughput import control, launches, rule
 from pytest_ddtree.service.profile import ProfileError, load_profile
 from pytest_ddtree.service.validated_profile import ServiceProfile
 from tests.suite_helpers import reference_profile
@@ -31,20 +31,20 @@ def _profile(tmp_path: Path, **overrides: Any) -> ServiceProfile:
 
 
 def test_the_looks_are_the_profiles_launches_then_a_step_at_a_time_up_to_its_cap(tmp_path: Path) -> None:
-    assert control_policy.planned_looks(_profile(tmp_path, control_launches=3, control_max_launches=11)) == [3, 11]
-    assert control_policy.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=16)) == [2, 10, 16]
-    assert control_policy.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=2)) == [2]
+    assert launches.planned_looks(_profile(tmp_path, control_launches=3, control_max_launches=11)) == [3, 11]
+    assert launches.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=16)) == [2, 10, 16]
+    assert launches.planned_looks(_profile(tmp_path, control_launches=2, control_max_launches=2)) == [2]
 
 
 def test_the_later_looks_share_the_first_looks_error_so_the_sequence_spends_at_most_twice_it(tmp_path: Path) -> None:
     alpha = NormalDist().cdf(-control.Z_UNIFORM)
     two = _profile(tmp_path, control_launches=3, control_max_launches=11)
-    assert control_policy.uniform_z(two, 3) == control.Z_UNIFORM  # the first look: the rule without the policy
-    assert control_policy.uniform_z(two, 11) == pytest.approx(control.Z_UNIFORM)  # one later look: alpha again
+    assert launches.uniform_z(two, 3) == control.Z_UNIFORM  # the first look: the rule without the policy
+    assert launches.uniform_z(two, 11) == pytest.approx(control.Z_UNIFORM)  # one later look: alpha again
     three = _profile(tmp_path, control_launches=2, control_max_launches=16)  # two later looks: alpha / 2 each
-    z = control_policy.uniform_z(three, 10)
+    z = launches.uniform_z(three, 10)
     assert NormalDist().cdf(-z) == pytest.approx(alpha / 2) and z > control.Z_UNIFORM
-    assert control_policy.uniform_z(_profile(tmp_path, control_launches=2, control_max_launches=2), 2) == control.Z_UNIFORM
+    assert launches.uniform_z(_profile(tmp_path, control_launches=2, control_max_launches=2), 2) == control.Z_UNIFORM
 
 
 def _group(shift: float, tolerance: float, failed: bool = False) -> control.ControlJudgement:
@@ -62,8 +62,8 @@ def _group(shift: float, tolerance: float, failed: bool = False) -> control.Cont
 ])
 def test_a_look_continues_only_between_a_share_of_the_tolerance_and_the_tolerance(slower: float, failed: bool,
                                                                                    more: bool) -> None:
-    assert control_policy.CONTINUE_SHARE * 0.04 < 0.030 and 0.010 < control_policy.CONTINUE_SHARE * 0.04
-    assert control_policy.inconclusive(_group(slower, 0.04, failed)) is more
+    assert launches.CONTINUE_SHARE * 0.04 < 0.030 and 0.010 < launches.CONTINUE_SHARE * 0.04
+    assert launches.inconclusive(_group(slower, 0.04, failed)) is more
 
 
 def test_the_launches_of_the_control_are_counted_per_process() -> None:
@@ -71,8 +71,8 @@ def test_the_launches_of_the_control_are_counted_per_process() -> None:
                for n in (1, 2, 3) for c in ("c1", "c2")]
     records += [{"kind": control.CONTROL_RECORD, "worker": "gw1", "control_launch": 1, "cell": "c1"},
                 {"kind": "throughput", "worker": "gw1", "control_launch": 7}]
-    assert control_policy.launches_of(records) == 3
-    assert control_policy.launches_of([]) == 0
+    assert launches.launches_of(records) == 3
+    assert launches.launches_of([]) == 0
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -137,7 +137,7 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     results = pytester.path / "results"
     # unchanged: no further launch unless its first look read in the band (a loaded box's engine can)
     first, more = _first_look(results)
-    assert bool(more) == control_policy.inconclusive(first), result.stdout.str()
+    assert bool(more) == launches.inconclusive(first), result.stdout.str()
     (group,) = json.loads((results / "results.json").read_text())["control"]["groups"]
     shift, tolerance = math.log1p(group["uniform_shift"]), group["uniform_tolerance"]
     # the config's baseline made faster so that today reads 3/4 of the tolerance slower than it; the
@@ -158,7 +158,7 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
         assert group.uniform_shift is not None and group.uniform_tolerance is not None, first.text()
         shift, tolerance = math.log1p(group.uniform_shift), group.uniform_tolerance
         measured = _records(results, control.CONTROL_RECORD)
-        if not control_policy.inconclusive(first):  # decided at its first look: no further launch
+        if not launches.inconclusive(first):  # decided at its first look: no further launch
             assert more == set(), result.stdout.str()
             continue
         assert {r.get("control_launch") for r in measured} == {1, 2, 3, 4}, result.stdout.str()
@@ -223,8 +223,8 @@ def test_an_estimated_launch_spread_widens_the_uniform_shifts_z_to_a_t_quantile(
     _, se, dof = control.uniform_se(0.4, 0.007, 0.009, 18, 3, spreads, False)
     _, same_se, none = control.uniform_se(0.4, 0.007, 0.009, 18, 3, control._Spreads(0.02, 0.02, 0), False)
     assert se == same_se and none == 0 and 36 <= dof < 1000
-    widened = noise.t_widened_z(control.Z_UNIFORM, dof)
-    assert widened > control.Z_UNIFORM and noise.t_widened_z(control.Z_UNIFORM, 0) == control.Z_UNIFORM
+    widened = rule.t_widened_z(control.Z_UNIFORM, dof)
+    assert widened > control.Z_UNIFORM and rule.t_widened_z(control.Z_UNIFORM, 0) == control.Z_UNIFORM
     # fewer degrees of freedom behind the launch spread: a wider z
     _, _, few = control.uniform_se(0.4, 0.007, 0.009, 18, 3, control._Spreads(0.02, 0.02, 6), False)
-    assert few < dof and noise.t_widened_z(control.Z_UNIFORM, few) > widened
+    assert few < dof and rule.t_widened_z(control.Z_UNIFORM, few) > widened

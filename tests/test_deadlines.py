@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_ddtree.measure import load
-from pytest_ddtree.gates.throughput import throughput
+from pytest_ddtree.gates.throughput import measurement
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.http import DeadlineExceeded
 from pytest_ddtree.measure.prompts import Prompt
@@ -105,8 +105,8 @@ def test_a_cell_ends_at_its_deadline_and_says_what_finished(trickling: RefServer
     cell = load.Cell("c1_tiny", concurrency=1, context_tokens=16, output_tokens=8, requests=20)
     with SGLangClient(trickling.url, timeout=1.0) as client:
         # each request ends after 1 s, so the 20 requests alone would take 20 s: the cell's 2.5 s ends them
-        err = finishes(lambda: throughput.run_repeat(client, cell, 2.5, flush=False), 2.5 + SLACK_S)
-    assert isinstance(err, throughput.CellDeadlineExceeded), err
+        err = finishes(lambda: measurement.run_repeat(client, cell, 2.5, flush=False), 2.5 + SLACK_S)
+    assert isinstance(err, measurement.CellDeadlineExceeded), err
     text = str(err)
     assert "c1_tiny: the cell c1_tiny deadline of 2.5 s (cell_timeout_s in the profile) passed with 0 of 20" in text, text
     assert "raise cell_timeout_s in the profile" in text

@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.gates.throughput.cells import CellEvaluation
-from pytest_ddtree.gates.throughput.check import check_cell
+from pytest_ddtree.gates.throughput.cells import check_cell
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records.shapes import ThroughputData
 from pytest_ddtree.records.recorder import SessionRecorder
@@ -23,10 +23,10 @@ from pytest_ddtree.service.manager import RunningService
 from pytest_ddtree.records.words import GateDecision, MeasurementStatus, Status, Verdict
 
 
-def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[gate.MetricVerdict, ...] = (),
+def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[verdicts.MetricVerdict, ...] = (),
           problem: str | None = None) -> CellEvaluation:
     record = cast(ThroughputData, {"measurement_status": status, "samples": {}, "repeats": 3})
-    return CellEvaluation(verdict=gate.CellVerdict("c8", verdict, metrics, ("why",)), record=record, durations=[],
+    return CellEvaluation(verdict=verdicts.CellVerdict("c8", verdict, metrics, ("why",)), record=record, durations=[],
                           primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
 
 
@@ -86,8 +86,8 @@ def test_a_cell_path_validates_its_baseline_in_one_place(repo_root: Path) -> Non
     the only other reader is the pass over every config's file for the noise priors (``blessed_judging``
     hands it the validator), and the rate section's check of its own cell entry."""
     callers = _validate_section_callers(repo_root / "pytest_ddtree") | _validate_section_callers(repo_root / "suites")
-    assert callers == {("cells.py", "read_baseline"), ("throughput.py", "blessed_judging"),
-                       ("baseline_format.py", "validate_rate_section")}, callers
+    assert callers == {("cells.py", "read_baseline"), ("measurement.py", "blessed_judging"),
+                       ("baseline.py", "validate_rate_section")}, callers
 
 
 def test_a_bless_records_and_a_failure_compares_the_setup_the_session_filed_its_baselines_by(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_a_bless_records_and_a_failure_compares_the_setup_the_session_filed_its_
     compares its baseline's setup with it (no service is asked here: ``service`` is None)."""
     import dataclasses
 
-    from pytest_ddtree.gates.throughput.measurement import BlessDecision
+    from pytest_ddtree.gates.throughput.verdicts import BlessDecision
     from pytest_ddtree.service.fingerprint import fingerprint
 
     class Inventory:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import rule, verdicts
 from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import LiveStatus, build_html, charts, load_payload, model, write_report
@@ -33,7 +33,7 @@ def _cell(config: str, cell: str, conc: int, ctx: int, tps: list[float], status:
     repeats = [{"output_throughput": t, "accept_length": 4.0 + (0.1 if "b8" in config else 0.0), "median_ttft_ms": 5.0,
                 "ddtree_median_request_output_throughput": t / conc} for t in tps]
     change = (sorted(tps)[1] / sorted(base)[1] - 1) if base else None
-    verdict = gate.CellVerdict(cell, status, (gate.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
+    verdict = verdicts.CellVerdict(cell, status, (verdicts.MetricVerdict("output_throughput", status, "higher", 0.05, None, None, change,
                                                                  message=message),)).as_dict()
     baseline = {"output_throughput": {"median": sorted(base)[1], "samples": base, "tolerance": 0.05, "direction": "higher"}} if base else None
     data = throughput_record(config=config, cell=cell, workload={"concurrency": conc, "context_tokens": ctx, "output_tokens": 32,
@@ -160,7 +160,7 @@ def test_comparison_uses_the_gates_own_figures() -> None:
                                     _cell("bs8_b8_k4", "c1_s", 1, 48, [100.0, 100.5, 99.5])]).json
     rows = {(c.config, c.cell, c.metric): c for c in model.compare_sessions(this, other)}
     got = rows[("bs8_b4_k4", "c1_s", "output_throughput")]
-    expected = gate.compare_metric("output_throughput", {"direction": "higher", "tolerance": 0.05, "median": 100.0,
+    expected = rule.compare_metric("output_throughput", {"direction": "higher", "tolerance": 0.05, "median": 100.0,
                                                          "samples": [100.0, 100.5, 99.5]}, [70.0, 71.0, 69.0])
     assert (got.change, got.status, got.message) == (expected.change, expected.status, expected.message)
     assert got.status == "regression"
@@ -270,9 +270,9 @@ def test_the_repeats_chart_colours_each_cell_by_the_verdict_of_the_metric_it_dra
 def test_the_repeats_table_shows_the_verdict_of_the_tok_s_it_lists_and_the_cells_beside_it() -> None:
     """The repeats table lists tok/s repeats: its verdict column is tok/s's (pass, green), with the cell's
     (regression: accept -3.9%) beside it in words, never the cell's red over tok/s figures inside their band."""
-    verdict = gate.CellVerdict("c8_4k", Status.REGRESSION, (
-        gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, None, None, 0.002, message="tok/s ok"),
-        gate.MetricVerdict(report.TOKENS_PER_VERIFY, Status.REGRESSION, "higher", 0.02, None, None, -0.039,
+    verdict = verdicts.CellVerdict("c8_4k", Status.REGRESSION, (
+        verdicts.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, None, None, 0.002, message="tok/s ok"),
+        verdicts.MetricVerdict(report.TOKENS_PER_VERIFY, Status.REGRESSION, "higher", 0.02, None, None, -0.039,
                            message="accept 5.172 -> 4.971"))).as_dict()
     data = throughput_record(
         config="bs8_b16_k4", cell="c8_4k", workload={"concurrency": 8, "context_tokens": 4096, "output_tokens": 32,

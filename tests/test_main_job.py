@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ddtree.gates.throughput.control import START, launches_at
+from pytest_ddtree.gates.throughput.control import START
+from pytest_ddtree.gates.throughput.launches import launches_at
 from pytest_ddtree.records.words import RecordKind
 from pytest_ddtree.service.manager import REFERENCE_LABEL
 from tests.repro_helpers import expected_patched, make_site, patch_site

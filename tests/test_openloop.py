@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline, rule, verdicts
 from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.report import text as report
 from pytest_ddtree.measure import slo as slo_mod
@@ -84,7 +84,7 @@ def test_open_loop_sends_on_schedule_whatever_the_service_does() -> None:
     assert m["ddtree_loaded_concurrency"] is None  # a closed loop's figure: meaningless here
     assert isinstance(m["ddtree_max_send_lag_ms"], float) and isinstance(m["ddtree_late_requests"], int)
     assert m["request_throughput"] == pytest.approx(8 / float(m["duration"] or 0))
-    assert gate.repeat_load_problem(m) is None  # an idle engine between arrivals is not a starved client
+    assert verdicts.repeat_load_problem(m) is None  # an idle engine between arrivals is not a starved client
     args = report.bench_serving_arguments({"workload": res.workload})  # type: ignore[typeddict-item]
     assert args["request_rate"] == 40.0 and args["max_concurrency"] is None  # bench_serving's, for results.json
 
@@ -231,7 +231,7 @@ def test_the_engine_queues_under_open_loop_load_as_its_cost_model_says(tmp_path:
 @pytest.mark.slow
 def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_one_step_of_the_engines_model(tmp_path: Path) -> None:
     from pytest_ddtree.service.client import SGLangClient
-    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.gates.throughput import measurement
     from tests.refserver_helpers import config_args, start_many
 
     tpot_slo_s = 0.015  # simulated: a bigger tree sustains more here (its first steps are fewer) ...
@@ -243,10 +243,10 @@ def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_one_step_
     try:
         for name, (budget, block) in configs.items():
             with SGLangClient(servers[name].url) as client:
-                search = throughput.sustainable_rate(client, _open_cell(1.0), plan, 1, throughput.Driving(slo=slo))
+                search = measurement.sustainable_rate(client, _open_cell(1.0), plan, 1, measurement.Driving(slo=slo))
                 # the verifies each probe's request took: greedy, so the same at every rate (the probes
                 # share their template's prompts); the model schedules them at any rate
-                steps_run = load.run_cell(client, throughput.rate_cell(_open_cell(1.0), 4.0 * SCALE), speculative=True)
+                steps_run = load.run_cell(client, measurement.rate_cell(_open_cell(1.0), 4.0 * SCALE), speculative=True)
             steps = [r.spec_verify_ct or 0 for r in sorted(steps_run.requests, key=lambda r: r.index)]
             assert search.sustainable is not None and search.step is not None, search.probes
             model = simulated_sustainable_rate(tpot_slo_s, steps, budget, block) * SCALE
@@ -265,10 +265,10 @@ def test_a_two_config_sweep_finds_each_configs_sustainable_rate_within_one_step_
 def test_a_rate_searchs_probes_send_their_templates_prompts_at_every_rate() -> None:
     """bench_serving's one ``--seed`` across a ``--request-rate`` sweep: a probe's acceptance, and so its
     TPOT, must move with its rate only (#33: per-rate prompts moved acceptance 4%, a bisection step)."""
-    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.gates.throughput import measurement
 
     template = _open_cell(1.0)
-    probes = [throughput.rate_cell(template, rate) for rate in (4.0, 9.5)]
+    probes = [measurement.rate_cell(template, rate) for rate in (4.0, 9.5)]
     assert [p.name for p in probes] == ["r1@4", "r1@9.5"]
     assert {load.seed_name(p) for p in probes} == {"r1"} and load.seed_name(template) == "r1"
     assert load.seed_name(load.Cell("c1", 1, 8, 8, 1)) == "c1"  # any other cell: its own name
@@ -443,7 +443,7 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
     import json
 
     from pytest_ddtree.measure import prompts
-    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.gates.throughput import measurement
     from tests.refserver_helpers import RefServer, config_args
 
     code = prompts.units_of("coding")
@@ -461,13 +461,13 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
                      prompts=str(dataset))
     server = RefServer([*config_args("bs8_b8_k4"), "--clock-scale", "20"], tmp_path).wait_ready()
     try:
-        campaign = throughput.measure_config(server.url, [cell], 3)
+        campaign = measurement.measure_config(server.url, [cell], 3)
     finally:
         server.stop()
-    from pytest_ddtree.gates.throughput import cells
+    from pytest_ddtree.gates.throughput import cells as cells_mod
 
-    evaluation = cells.evaluate_cell("bs8_b8_k4", cell, campaign,
-                                     cells.CellBaseline("bs8_b8_k4", tmp_path / "none.yaml", "refserver", {}))
+    evaluation = cells_mod.evaluate_cell("bs8_b8_k4", cell, campaign,
+                                     cells_mod.CellBaseline("bs8_b8_k4", tmp_path / "none.yaml", "refserver", {}))
     by_category = evaluation.record["acceptance_by_category"]
     assert sorted(by_category) == ["chat", "coding"]  # the unlabelled request counts in the cell, in no category
     counts = [s.category_counts() for s in campaign.runs["c2_lab"].samples if s.valid]
@@ -479,77 +479,77 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
 def test_the_control_is_not_measured_on_open_loop_cells() -> None:
     from types import SimpleNamespace
 
-    from pytest_ddtree.gates.throughput import control
+    from pytest_ddtree.gates.throughput import launches
 
     closed = load.Cell("c2", 2, 48, 16, 4)
     open_cell = load.Cell("r4", 8, 48, 16, 8, open_loop=openloop.Arrivals(4.0))
     items = [SimpleNamespace(callspec=SimpleNamespace(params={"workload": w}), get_closest_marker=lambda name: None)
              for w in (closed, open_cell)]
-    assert control.cells_of(items) == [closed]  # its tok/s there is the offered rate's: a speedup of ~1x
+    assert launches.cells_of(items) == [closed]  # its tok/s there is the offered rate's: a speedup of ~1x
 
 
 def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
-    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.gates.throughput import measurement
 
     workload = {"concurrency": 2, "context_tokens": 48, "output_tokens": 16, "requests": 4, "prompts": "coding via /tokenize"}
     blessed = {"output_throughput": [100.0, 101.0, 99.0], "request_goodput": [6.0, 6.1, 5.9]}
     entry: dict[str, object] = {}
     for session in ("s1", "s2", "s3"):
-        entry = gate.baseline_cell_entry(workload, blessed, existing=entry or None, session=session)
+        entry = baseline.baseline_cell_entry(workload, blessed, existing=entry or None, session=session)
     today = {"output_throughput": [100.5, 99.5, 100.2]}  # a session without an SLO counts no goodput
-    missing = gate.compare_cell("c2", entry, today, workload=workload)
+    missing = rule.compare_cell("c2", entry, today, workload=workload)
     assert missing.status == Status.METRIC_MISSING  # judged as blessed: goodput gated, not produced
-    judged = throughput.judged_baseline(entry, None)
+    judged = measurement.judged_baseline(entry, None)
     assert judged is not None and "request_goodput" not in judged["gates"] and "output_throughput" in judged["gates"]
-    assert gate.compare_cell("c2", judged, today, workload=workload).status == Status.PASS
+    assert rule.compare_cell("c2", judged, today, workload=workload).status == Status.PASS
     slo = slo_mod.parse_slo("tpot_ms=50")
-    assert throughput.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s
+    assert measurement.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s
 
 
 def test_an_open_loop_cells_output_throughput_is_recorded_not_judged() -> None:
     """While the service keeps up, an open-loop cell's tok/s is the offered rate's whatever the speed:
     judged against the config's common change (its closed-loop cells' speed), it was flagged whenever
     the launch moved (#33: 19 open-loop cells failed in 20 unchanged simulated sweeps, bench_rate_gate)."""
-    from pytest_ddtree.gates.throughput import throughput
+    from pytest_ddtree.gates.throughput import measurement
     from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
 
     open_cell = load.Cell("r4", 8, 48, 16, 8, open_loop=openloop.Arrivals(4.0))
     closed = [load.Cell(f"c{c}", c, 48, 16, 4) for c in (1, 2, 4)]
-    assert throughput.cell_gated(closed[0], None) is None and throughput.cell_gated(closed[0], (OUTPUT_THROUGHPUT,)) == (OUTPUT_THROUGHPUT,)
-    gated = throughput.cell_gated(open_cell, None)
+    assert measurement.cell_gated(closed[0], None) is None and measurement.cell_gated(closed[0], (OUTPUT_THROUGHPUT,)) == (OUTPUT_THROUGHPUT,)
+    gated = measurement.cell_gated(open_cell, None)
     assert gated is not None and OUTPUT_THROUGHPUT not in gated
     assert {REQUEST_GOODPUT, MEDIAN_TTFT_MS, TOKENS_PER_VERIFY} <= set(gated)
-    assert throughput.cell_gated(open_cell, (REQUEST_GOODPUT,)) == (REQUEST_GOODPUT,)  # the rate gate's re-probe
+    assert measurement.cell_gated(open_cell, (REQUEST_GOODPUT,)) == (REQUEST_GOODPUT,)  # the rate gate's re-probe
 
     def entry(tok_s: float, ttft: float, extra: dict[str, list[float]] | None = None) -> dict[str, object]:
         blessed: dict[str, object] = {}
         for i, session in enumerate(("s1", "s2", "s3")):
             samples = {OUTPUT_THROUGHPUT: [tok_s * (1 + 0.004 * (j - 1 + i % 2)) for j in range(3)],
                        MEDIAN_TTFT_MS: [ttft, ttft * 1.01, ttft * 0.99], **(extra or {})}
-            blessed = gate.baseline_cell_entry({"concurrency": 1}, samples, existing=blessed or None, session=session)
+            blessed = baseline.baseline_cell_entry({"concurrency": 1}, samples, existing=blessed or None, session=session)
         return blessed
 
     slo = slo_mod.parse_slo("tpot_ms=50")
     goodput = {REQUEST_GOODPUT: [3.9, 3.92, 3.88]}
     bases = {c.name: entry(100.0 * c.concurrency, 20.0) for c in closed}
     bases[open_cell.name] = entry(64.0, 30.0, goodput)
-    judged = throughput.judged_baseline(bases[open_cell.name], slo, open_cell)
+    judged = measurement.judged_baseline(bases[open_cell.name], slo, open_cell)
     assert judged is not None and OUTPUT_THROUGHPUT not in judged["gates"] and REQUEST_GOODPUT in judged["gates"]
-    assert throughput.judged_baseline(bases["c1"], slo, closed[0]) == bases["c1"]
+    assert measurement.judged_baseline(bases["c1"], slo, closed[0]) == bases["c1"]
     # today's launch is 8% faster: the closed-loop cells' tok/s rise with it, the open-loop cell's stays the rate's
     today = {c.name: {OUTPUT_THROUGHPUT: [108.0 * c.concurrency] * 3, MEDIAN_TTFT_MS: [20.0 / 1.08] * 3} for c in closed}
     today[open_cell.name] = {OUTPUT_THROUGHPUT: [64.0] * 3, MEDIAN_TTFT_MS: [30.0 / 1.08] * 3, **goodput}
 
-    def inputs(open_judged: bool) -> dict[str, gate.CellInput]:
-        out = {c.name: gate.CellInput(bases[c.name], today[c.name], Status.VALID, ()) for c in closed}
-        base = bases[open_cell.name] if not open_judged else throughput.judged_baseline(bases[open_cell.name], slo, open_cell)
+    def inputs(open_judged: bool) -> dict[str, verdicts.CellInput]:
+        out = {c.name: verdicts.CellInput(bases[c.name], today[c.name], Status.VALID, ()) for c in closed}
+        base = bases[open_cell.name] if not open_judged else measurement.judged_baseline(bases[open_cell.name], slo, open_cell)
         now = today[open_cell.name] if not open_judged else {k: v for k, v in today[open_cell.name].items() if k in (gated or ())}
-        out[open_cell.name] = gate.CellInput(base, now, Status.VALID, ())
+        out[open_cell.name] = verdicts.CellInput(base, now, Status.VALID, ())
         return out
 
-    before = gate.judge_config(inputs(open_judged=False))[open_cell.name]  # as it was judged: flagged
+    before = rule.judge_config(inputs(open_judged=False))[open_cell.name]  # as it was judged: flagged
     assert before.status == Status.FLAGGED and before.metric(OUTPUT_THROUGHPUT) is not None
-    after = gate.judge_config(inputs(open_judged=True))[open_cell.name]
+    after = rule.judge_config(inputs(open_judged=True))[open_cell.name]
     assert after.status == Status.PASS and after.metric(OUTPUT_THROUGHPUT) is None and after.metric(REQUEST_GOODPUT) is not None
 
 

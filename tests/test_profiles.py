@@ -280,8 +280,8 @@ def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, re
     """A host shared with other work (a CI box running the real-SGLang lane) spreads its tok/s far
     past 12%: the profile says how much it tolerates, and only that decides whether repeats agree."""
     from pytest_ddtree.gates.throughput.cells import driving_for
-    from pytest_ddtree.gates.throughput.measurement import decide_bless
-    from pytest_ddtree.gates.throughput.throughput import repeat_policy
+    from pytest_ddtree.gates.throughput.verdicts import decide_bless
+    from pytest_ddtree.gates.throughput.measurement import repeat_policy
     from pytest_ddtree.records.words import Status
 
     assert load_profile(_write(tmp_path, repo_root)).max_repeat_spread == 0.12

@@ -19,7 +19,8 @@ import rate_sim  # noqa: E402
 from bench_gate import CELLS, SHAPES  # noqa: E402
 
 from pytest_ddtree import baselines as baselines_mod  # noqa: E402
-from pytest_ddtree.gates.throughput import RATE_SECTION, throughput  # noqa: E402
+from pytest_ddtree.gates.throughput import measurement  # noqa: E402
+from pytest_ddtree.gates.throughput.baseline import RATE_SECTION  # noqa: E402
 from pytest_ddtree.measure import load  # noqa: E402
 from pytest_ddtree.refserver.engine import ClockModel  # noqa: E402
 
@@ -31,7 +32,7 @@ SLOWER = 0.30
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """gate_sim.install patches the repeat, the prompts, the baseline reader and fsync: undone after."""
-    for owner, name in ((throughput, "run_repeat"), (load, "prompt_maker"), (baselines_mod, "read_yaml"),
+    for owner, name in ((measurement, "run_repeat"), (load, "prompt_maker"), (baselines_mod, "read_yaml"),
                         (os, "fsync")):
         monkeypatch.setattr(owner, name, getattr(owner, name))
 

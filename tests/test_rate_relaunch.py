@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ddtree.measure.matrix import Workload
-from pytest_ddtree.gates.throughput import rate_gate, throughput
+from pytest_ddtree.gates.throughput import measurement, rate_gate
 from pytest_ddtree.measure import openloop
 from pytest_ddtree.measure.slo import parse_slo
 from pytest_ddtree.records.words import Status
@@ -40,8 +40,8 @@ def test_a_failure_stands_where_no_fresh_launch_starts_and_a_fresh_launch_that_h
     try:
         fast.wait_ready()
         slow.wait_ready()
-        driving = throughput.Driving(slo=SLO, accept_bound=7)
-        probe, campaign = throughput.probe_rate(SGLangClient(fast.url), TEMPLATE, RATE, 3, driving)
+        driving = measurement.Driving(slo=SLO, accept_bound=7)
+        probe, campaign = measurement.probe_rate(SGLangClient(fast.url), TEMPLATE, RATE, 3, driving)
         assert probe.met, probe.reason
         entry, why = rate_gate.bless_entry(RATE, {RATE: campaign}, TEMPLATE, SLO, None, "blessed")
         assert entry is not None, why

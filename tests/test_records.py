@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.records import shapes as records
 from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.records.cells import normalize
@@ -22,7 +22,7 @@ from pytest_ddtree.records.words import RecordKind, Status
 
 
 def _cell(cell: str = "c1") -> ThroughputData:
-    verdict = gate.CellVerdict(cell, Status.PASS, (gate.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, 100.0,
+    verdict = verdicts.CellVerdict(cell, Status.PASS, (verdicts.MetricVerdict("output_throughput", Status.PASS, "higher", 0.05, 100.0,
                                                                       101.0, 0.01),)).as_dict()
     return throughput_record(
         config="bs8_b8_k4", cell=cell,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.report import text as report
 from pytest_ddtree.records.words import Status, Verdict
 from tests.report_helpers import RECORDS, throughput_rec
@@ -95,8 +95,8 @@ def test_gate_rows_put_correctness_next_to_each_config_and_count_its_failures() 
 
 
 def _moved(status: Verdict, **changes: tuple[Any, float]) -> dict[str, Any]:
-    metrics = tuple(gate.MetricVerdict(key, st, "higher", 0.05, None, None, change) for key, (st, change) in changes.items())
-    return {"status": status, "verdict": gate.CellVerdict("c1_long", status, metrics).as_dict()}
+    metrics = tuple(verdicts.MetricVerdict(key, st, "higher", 0.05, None, None, change) for key, (st, change) in changes.items())
+    return {"status": status, "verdict": verdicts.CellVerdict("c1_long", status, metrics).as_dict()}
 
 
 def test_status_names_the_metric_that_moved() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates.throughput import measurement
+from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.measure import accounting, chat_stream, load, openloop, stats
 from pytest_ddtree.measure.prompts import Prompt, PromptSet
 from pytest_ddtree.records.words import Status
@@ -41,10 +41,10 @@ def test_a_chunk_nested_too_deeply_fails_its_request_and_the_cell_never_loses_it
     assert not res.valid
     assert "3 of 12 requests failed (too deep 3)" in res.problems()
     # the gate's status and the bless: an invalid repeat is never blessed
-    status, reasons = measurement.measurement_status(stats.RepeatPolicy(), [100.0] * 3, not res.valid,
+    status, reasons = verdicts.measurement_status(stats.RepeatPolicy(), [100.0] * 3, not res.valid,
                                                      [m] * 3, res.problems())
     assert status == Status.INVALID
-    assert not measurement.decide_bless(status, reasons, [100.0] * 3).blessed
+    assert not verdicts.decide_bless(status, reasons, [100.0] * 3).blessed
 
 
 def test_an_open_loop_cell_names_the_real_cause_not_its_deadline() -> None:

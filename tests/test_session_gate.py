@@ -1,4 +1,4 @@
-"""A config against the other configs of its session (gate.judge_session, run at session end).
+"""A config against the other configs of its session (session_check.judge_session, run at session end).
 
 The per-config rule can judge a config's common change only against the day-to-day spread, so a
 config 8-10% slower as a whole passes cell by cell on a day the machine wobbles 2%. The other
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline, rule, session_check, verdicts as verdicts_mod
 from pytest_ddtree.records.shapes import JudgedCellData
 from pytest_ddtree.records.words import Status
 
@@ -36,7 +36,7 @@ def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1
     for s, blessed_day in enumerate((1.0, 1.02, 0.985)):
         for config in configs:
             for cell, value in CELLS.items():
-                baselines[config][cell] = gate.baseline_cell_entry(
+                baselines[config][cell] = baseline.baseline_cell_entry(
                     WORKLOAD, {"output_throughput": _noisy(rng, value * blessed_day)}, baselines[config].get(cell),
                     session=f"s{s}")
     records: list[JudgedCellData] = []
@@ -44,10 +44,10 @@ def _session_records(configs: dict[str, float], *, seed: int = 1, day: float = 1
     launches += [(config, factor, "throughput-relaunch") for config, factor in (relaunch or {}).items()]
     for config, factor, kind in launches:
         cells = dict(list(CELLS.items())[:2]) if config in two_cells else CELLS
-        inputs = {cell: gate.CellInput(baselines[config][cell], {"output_throughput": _noisy(rng, value * day * factor)},
+        inputs = {cell: verdicts_mod.CellInput(baselines[config][cell], {"output_throughput": _noisy(rng, value * day * factor)},
                                        workload=WORKLOAD)
                   for cell, value in cells.items()}
-        verdicts = gate.judge_config(inputs, {cell: {"output_throughput": _noisy(rng, value * day * factor, 12)}
+        verdicts = rule.judge_config(inputs, {cell: {"output_throughput": _noisy(rng, value * day * factor, 12)}
                                               for cell, value in cells.items()})
         records += [{"kind": kind, "config": config, "cell": cell, "host": host, "hardware_profile": "refserver",
                      "verdict": v.as_dict(), "metrics": {}} for cell, v in verdicts.items()]
@@ -59,7 +59,7 @@ def test_a_config_slower_as_a_whole_fails_against_its_session_though_every_cell_
     # each cell alone is within the per-config rule: an 8% drop on a 2% faster day moves the
     # config by -6%, within the day-to-day allowance of the config's common change
     assert {r["verdict"]["status"] for r in records} == {Status.PASS}
-    findings = {f.config: f for f in gate.judge_session(gate.config_moves(records))}
+    findings = {f.config: f for f in session_check.judge_session(session_check.config_moves(records))}
     assert sorted(findings) == ["bs8_b12_k4", "bs8_b4_k4", "bs8_b8_k4"]
     slow = findings["bs8_b4_k4"]
     assert slow.failed and slow.status == Status.REGRESSION and slow.metric == "output_throughput"
@@ -71,18 +71,18 @@ def test_a_config_slower_as_a_whole_fails_against_its_session_though_every_cell_
 
 def test_a_slower_day_for_every_config_is_not_a_regression_of_any() -> None:
     records = _session_records({"bs8_b4_k4": 1.0, "bs8_b8_k4": 1.0, "bs8_b12_k4": 1.0}, day=0.94, seed=2)
-    findings = gate.judge_session(gate.config_moves(records))
+    findings = session_check.judge_session(session_check.config_moves(records))
     assert len(findings) == 3 and not any(f.failed for f in findings)
     assert all(-0.07 < f.shift < -0.05 and abs(f.relative) < 0.02 for f in findings)
 
 
 def test_with_two_configs_an_improvement_of_one_is_not_a_regression_of_the_other() -> None:
-    findings = {f.config: f for f in gate.judge_session(gate.config_moves(
+    findings = {f.config: f for f in session_check.judge_session(session_check.config_moves(
         _session_records({"bs8_b4_k4": 1.0, "bs8_b8_k4": 1.12}, seed=3)))}
     # relative to the improved one, bs8_b4_k4 looks 11% slower; its own change says it did not move
     assert findings["bs8_b4_k4"].relative < -0.08 and not findings["bs8_b4_k4"].failed
     assert not findings["bs8_b8_k4"].failed
-    slower = {f.config: f for f in gate.judge_session(gate.config_moves(
+    slower = {f.config: f for f in session_check.judge_session(session_check.config_moves(
         _session_records({"bs8_b4_k4": 0.9, "bs8_b8_k4": 1.0}, seed=3)))}
     assert slower["bs8_b4_k4"].failed and not slower["bs8_b8_k4"].failed
 
@@ -90,36 +90,36 @@ def test_with_two_configs_an_improvement_of_one_is_not_a_regression_of_the_other
 def test_configs_on_different_hosts_are_not_compared_and_thin_configs_do_not_take_part() -> None:
     one_host = _session_records({"bs8_b4_k4": 0.9}, host="gpu-a", seed=4)
     other_host = _session_records({"bs8_b8_k4": 1.0}, host="gpu-b", seed=4)
-    assert gate.judge_session(gate.config_moves(one_host + other_host)) == []
+    assert session_check.judge_session(session_check.config_moves(one_host + other_host)) == []
     # a config judged in fewer than 3 cells has no common change to compare (its records say so)
     thin = _session_records({"bs8_b4_k4": 0.9, "bs8_b8_k4": 1.0}, seed=5, two_cells=frozenset({"bs8_b4_k4"}))
     assert {r["verdict"]["metrics"]["output_throughput"]["config_shift_se"] is None
             for r in thin if r["config"] == "bs8_b4_k4"} == {True}
-    assert gate.judge_session(gate.config_moves(thin)) == []
+    assert session_check.judge_session(session_check.config_moves(thin)) == []
 
 
 def test_a_config_that_wobbles_between_blessed_sessions_gets_a_wider_tolerance() -> None:
     steady = _session_records({"a": 1.0, "b": 1.0, "c": 1.0}, seed=6)
-    moves = gate.config_moves(steady)
-    tight = {f.config: f.tolerance for f in gate.judge_session(moves)}
+    moves = session_check.config_moves(steady)
+    tight = {f.config: f.tolerance for f in session_check.judge_session(moves)}
     # the blessed sessions disagree about config a against the others by several percent
-    wobbly = [gate.ConfigMove(m.config, m.metric, m.direction, m.floor, m.shift, m.shift_se,
+    wobbly = [session_check.ConfigMove(m.config, m.metric, m.direction, m.floor, m.shift, m.shift_se,
                               {"s0": 0.06, "s1": -0.06, "s2": 0.0} if m.config == "a" else m.blessed, m.group)
               for m in moves]
-    wide = {f.config: f.tolerance for f in gate.judge_session(wobbly)}
+    wide = {f.config: f.tolerance for f in session_check.judge_session(wobbly)}
     assert wide["a"] > tight["a"] and wide["a"] > 0.05
 
 
 def test_a_flagged_config_is_relaunched_and_fails_only_when_its_relaunch_is_slow_too() -> None:
     configs = {"a": 0.93, "b": 1.0, "c": 1.0, "d": 1.0}
     first = _session_records(configs, seed=7)
-    moves = gate.config_moves(first)
-    assert gate.relaunch_candidates(moves) == ["a"]  # the screen: only the config that stands out
+    moves = session_check.config_moves(first)
+    assert session_check.relaunch_candidates(moves) == ["a"]  # the screen: only the config that stands out
     for again, fails in ((0.93, True), (1.0, False)):
         records = _session_records(configs, seed=7, relaunch={"a": again})
-        relaunched = gate.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
-        findings = {f.config: f for f in gate.judge_session(
-            gate.config_moves([r for r in records if r["kind"] == "throughput"]), relaunched)}
+        relaunched = session_check.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
+        findings = {f.config: f for f in session_check.judge_session(
+            session_check.config_moves([r for r in records if r["kind"] == "throughput"]), relaunched)}
         a = findings["a"]
         assert a.relaunched and a.failed is fails and not any(f.failed for f in findings.values() if f is not a)
         assert "relaunched 1 time(s) (its first launch -" in a.message and "all 2 launches" in a.message
@@ -136,10 +136,10 @@ def test_a_relaunched_config_is_launched_again_only_while_its_relaunch_stands_ou
     configs = {"a": 0.95, "b": 1.0, "c": 1.0, "d": 1.0}
     for again, more in ((0.96, ["a"]), (0.97, [])):
         records = _session_records(configs, seed=7, relaunch={"a": again})
-        moves = gate.config_moves([r for r in records if r["kind"] == "throughput"])
-        relaunched = gate.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
-        assert gate.relaunch_candidates(moves) == ["a"]
-        a = {f.config: f for f in gate.judge_session(moves, relaunched)}["a"]
+        moves = session_check.config_moves([r for r in records if r["kind"] == "throughput"])
+        relaunched = session_check.config_moves([r for r in records if r["kind"] == "throughput-relaunch"])
+        assert session_check.relaunch_candidates(moves) == ["a"]
+        a = {f.config: f for f in session_check.judge_session(moves, relaunched)}["a"]
         # not yet a regression, and the mean of both launches beyond the screen's floor (half the 5% floor)
-        assert not a.failed and a.relative < -gate.FLAG_FLOOR_SHARE * 0.05, a.message
-        assert gate.relaunch_candidates(moves, relaunched) == more, a.message
+        assert not a.failed and a.relative < -rule.FLAG_FLOOR_SHARE * 0.05, a.message
+        assert session_check.relaunch_candidates(moves, relaunched) == more, a.message

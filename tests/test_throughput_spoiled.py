@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, verdicts
 from pytest_ddtree.measure import load, stats
-from pytest_ddtree.gates.throughput import baseline_format, cells, throughput
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, cells, measurement
 from pytest_ddtree.records.shapes import RepeatData
 from pytest_ddtree.records.words import Status
 from tests.refserver_helpers import RefServer, config_args
@@ -40,9 +40,9 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefServer]:
 
 def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_counted(stalled: RefServer) -> None:
     recorded: list[RepeatData] = []
-    campaign = throughput.measure_config(
+    campaign = measurement.measure_config(
         stalled.url, [CELL], 3,
-        recording=throughput.Recording(lambda name, r, result: recorded.append(throughput.sample_record(name, r, result))))
+        recording=measurement.Recording(lambda name, r, result: recorded.append(measurement.sample_record(name, r, result))))
     run = campaign.runs[CELL.name]
     # every repeat recorded as it happened, the stalled ones marked with the service's own words
     assert [r["repeat"] for r in recorded] == list(range(len(run.samples)))
@@ -61,8 +61,8 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     assert ev.status == Status.VALID and ev.status_reasons == []
     # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
-    entry = gate.baseline_cell_entry(ev.record["workload"], ev.samples)
-    assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [baseline_format._round(v) for v in run.primary]
+    entry = baseline_mod.baseline_cell_entry(ev.record["workload"], ev.samples)
+    assert entry["gates"]["output_throughput"]["sessions"][0]["samples"] == [baseline_mod._round(v) for v in run.primary]
     assert [s["repeat"] for s in ev.record["spoiled_repeats"]] == sorted(run.spoiled)
     assert any(f"{len(run.spoiled)} repeat(s) retaken, not counted" in n for n in ev.record["notes"])
 
@@ -70,14 +70,14 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
 def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repeats_evidence(
         tmp_path: Path) -> None:
     # every measured phase stalls: no clean repeat within the budget
-    stalls = ",".join(f"stall={k}:0.5" for k in range(1, 2 + throughput.MAX_EXTRA_REPEATS + 1))
+    stalls = ",".join(f"stall={k}:0.5" for k in range(1, 2 + measurement.MAX_EXTRA_REPEATS + 1))
     server = RefServer([*ENGINE, "--fault", stalls], tmp_path, "always-stalled").wait_ready()
     try:
-        campaign = throughput.measure_config(server.url, [CELL], 1)
+        campaign = measurement.measure_config(server.url, [CELL], 1)
     finally:
         server.stop()
     run = campaign.runs[CELL.name]
-    assert len(run.samples) == 1 + throughput.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
+    assert len(run.samples) == 1 + measurement.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
     ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=False)
     assert ev.status == Status.INCONCLUSIVE and ev.samples == {}
     (why,) = ev.status_reasons
@@ -94,7 +94,7 @@ def _baseline_ttft_a_third_of(measured: dict[str, list[float]]) -> dict[str, Any
     except a TTFT three times as fast as the engine's: a latency regression to catch."""
     entry = None
     for session in ("s1", "s2", "s3"):
-        entry = gate.baseline_cell_entry(
+        entry = baseline_mod.baseline_cell_entry(
             {"concurrency": 1, "context_tokens": 48, "output_tokens": 32, "requests": 2, "prompts": "documents via /tokenize"},
             {**measured, "median_ttft_ms": [v / 3 for v in measured["median_ttft_ms"]]}, entry, session=session)
     assert entry is not None
@@ -104,17 +104,17 @@ def _baseline_ttft_a_third_of(measured: dict[str, list[float]]) -> dict[str, Any
 def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without_them_it_fails(tmp_path: Path) -> None:
     clean = RefServer(ENGINE, tmp_path, "clean").wait_ready()
     try:
-        measured = throughput.measure_config(clean.url, [C1], 3)
+        measured = measurement.measure_config(clean.url, [C1], 3)
         ev = cells.evaluate_cell("bs8_b8_k4", C1, measured, NO_BASELINE, bless=False)
         baseline = {C1.name: _baseline_ttft_a_third_of(ev.samples)}
         # the engine kept its clock in every repeat: the latency regression is the config's, and fails
-        judged = throughput.measure_config(clean.url, [C1], 3, baseline=baseline)
+        judged = measurement.measure_config(clean.url, [C1], 3, baseline=baseline)
     finally:
         clean.stop()
     verdict = judged.verdicts[C1.name]
     runs = [judged.runs[C1.name], *judged.confirmations.values()]
-    pressure = throughput.host_cpu_pressure(*runs)
-    if any(run.spoiled for run in runs) or (pressure or 0.0) > throughput.MAX_HOST_CPU_PRESSURE:
+    pressure = measurement.host_cpu_pressure(*runs)
+    if any(run.spoiled for run in runs) or (pressure or 0.0) > measurement.MAX_HOST_CPU_PRESSURE:
         # a loaded test machine: then the rules below apply, rightly
         assert verdict.status == Status.INCONCLUSIVE, verdict.message()
         return
@@ -123,7 +123,7 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     # the same engine stalled during one repeat of the first pass: the same regression is the machine's
     stalls = RefServer([*ENGINE, "--fault", "stall=2:0.5"], tmp_path, "stalled-once").wait_ready()
     try:
-        judged = throughput.measure_config(stalls.url, [C1], 3, baseline=baseline)
+        judged = measurement.measure_config(stalls.url, [C1], 3, baseline=baseline)
     finally:
         stalls.stop()
     verdict = judged.verdicts[C1.name]
@@ -139,9 +139,9 @@ def _repeats(pressure: float | None) -> stats.CellRun[load.CellResult]:
     return stats.CellRun(samples=[sample] * 3, primary=[1000.0] * 3, min_clean=3)
 
 
-def _regressed(metric: str, unit: str) -> gate.CellVerdict:
-    m = gate.MetricVerdict(metric, Status.REGRESSION, "lower" if unit == "ms" else "higher", 0.25, 4.0, 6.0, 0.5, unit=unit)
-    return gate.CellVerdict(C1.name, Status.REGRESSION, (m,))
+def _regressed(metric: str, unit: str) -> verdicts.CellVerdict:
+    m = verdicts.MetricVerdict(metric, Status.REGRESSION, "lower" if unit == "ms" else "higher", 0.25, 4.0, 6.0, 0.5, unit=unit)
+    return verdicts.CellVerdict(C1.name, Status.REGRESSION, (m,))
 
 
 @pytest.mark.parametrize(("pressure", "machine"), [(0.30, True), (0.05, False), (None, False)])
@@ -150,11 +150,11 @@ def test_a_latency_regression_on_a_host_whose_cpus_were_contended_is_the_machine
     the TTFT regression is not a verdict on the config, and the reason gives the figure. At 5%,
     or where the kernel reports no CPU pressure, the regression stands."""
     first, confirmation = _repeats(pressure), _repeats(pressure)
-    reason = throughput.latency_beside_a_loaded_machine(_regressed("median_ttft_ms", "ms"), first, confirmation)
+    reason = measurement.latency_beside_a_loaded_machine(_regressed("median_ttft_ms", "ms"), first, confirmation)
     if machine:
         assert reason is not None and "waited for a CPU 30% of the time" in reason and "median_ttft_ms +50.0%" in reason
         assert "not a verdict on the config" in reason
     else:
         assert reason is None
     # a throughput regression is the config's whatever the host's load: the engine's clock judges that
-    assert throughput.latency_beside_a_loaded_machine(_regressed("output_throughput", "tok/s"), first, confirmation) is None
+    assert measurement.latency_beside_a_loaded_machine(_regressed("output_throughput", "tok/s"), first, confirmation) is None

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates import throughput as gate
-from pytest_ddtree.gates.throughput import cells
+from pytest_ddtree.gates.throughput import baseline
+from pytest_ddtree.gates.throughput import launches as launches_mod
 from tests.bench_serving_contract import check_result
 from tests.suite_helpers import set_control
 
@@ -175,7 +175,7 @@ def test_a_cell_that_stays_inconclusive_is_reported_and_fails_only_under_require
     # itself be refused whenever the loaded test machine makes the measurement inconclusive).
     entry = None
     for session in ("s1", "s2", "s3"):
-        entry = gate.baseline_cell_entry(
+        entry = baseline.baseline_cell_entry(
             {"concurrency": 1, "context_tokens": 48, "output_tokens": 32, "requests": 2,
              "prompts": "documents via /tokenize"},
             {"output_throughput": [400.0, 404.0, 398.0], "ddtree_tokens_per_verify": [4.5, 4.5, 4.5],
@@ -291,9 +291,8 @@ def test_a_config_slower_as_a_whole_fails_the_session_against_the_other_configs(
 SPY = "ddtree_validate_spy"
 _SPY_SOURCE = """
 import json, os, sys
-import pytest_ddtree.gates.throughput as gate
 
-_real = gate.validate_section
+_real = baseline.validate_section
 
 
 def _spy(section, where):
@@ -302,7 +301,7 @@ def _spy(section, where):
     return _real(section, where)
 
 
-gate.validate_section = _spy
+baseline.validate_section = _spy
 """
 
 
@@ -383,7 +382,7 @@ def test_a_process_of_three_configs_relaunches_the_config_that_stands_out_and_me
     for r in _records(pytester, "throughput-relaunch-repeat"):
         if r["config"] == "bs8_b4_k4" and not r.get("spoiled"):
             clean[(r["cell"], r["relaunch"])] = clean.get((r["cell"], r["relaunch"]), 0) + 1
-    assert set(clean.values()) == {cells.RELAUNCH_REPEATS}, clean
+    assert set(clean.values()) == {launches_mod.RELAUNCH_REPEATS}, clean
     assert not [r for r in _records(pytester, "throughput-confirm-repeat") if r.get("relaunch")]
     assert all(r["verdict"]["status"] == "flagged" for r in relaunches if r["config"] == "bs8_b4_k4"), relaunches
     repeats = [(r["kind"], r["cell"], r.get("relaunch"), r["repeat"]) for kind in ("throughput-repeat", "throughput-confirm-repeat",

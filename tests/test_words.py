@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from pytest_ddtree.gates import throughput as gate
+
+from pytest_ddtree.gates.throughput import rule, verdicts
 from pytest_ddtree.measure import stats
 from pytest_ddtree.baselines import dump_yaml
 from pytest_ddtree.records.recorder import dumps
@@ -30,5 +31,5 @@ def test_a_word_read_back_from_json_is_the_member() -> None:
     assert back == {"kind": RecordKind.LAUNCH, "measurement_status": Status.INVALID}
     assert RecordKind(back["kind"]) is RecordKind.LAUNCH and back["kind"] in {RecordKind.LAUNCH}
     # one name per word: the gate's and the statistics' aliases of Status are gone
-    assert not any(hasattr(gate, w.name) or hasattr(stats, w.name) for w in Status)
+    assert not any(hasattr(verdicts, w.name) or hasattr(rule, w.name) or hasattr(stats, w.name) for w in Status)
     assert len({k.value for k in RecordKind}) == len(RecordKind) and len({s.value for s in Status}) == len(Status)

@@ -232,7 +232,7 @@ def _t_pdf(t: float, df: float) -> float:
 @functools.lru_cache(maxsize=4096)
 def t_inverse_cdf(p: float, df: float) -> float:
     """The t quantile at probability ``p`` (inverse of :func:`t_cdf`): Newton steps from the normal
-    quantile, bisection as a fallback. (The gate's ``noise.t_widened_z`` takes a z instead.)
+    quantile, bisection as a fallback. (The gate's ``rule.t_widened_z`` takes a z instead.)
     Cached: the gate asks the same few (z, degrees of freedom) for every cell of a sweep."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_inverse_cdf needs 0 < p < 1, got {p}")

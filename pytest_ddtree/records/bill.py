@@ -25,7 +25,7 @@ LOSSLESS_REFERENCE = "lossless reference"
 CONFIRMATIONS = "confirmations"
 RELAUNCHES = "relaunches"
 RATE_PROBES = "rate probes"
-#: A process that measured this many configs measures the control at its end too (``control.wants_end_launch``).
+#: A process that measured this many configs measures the control at its end too (``launches.wants_end_launch``).
 END_LAUNCH_MIN_CONFIGS = 3
 #: Every purpose, in the order the bill lists them.
 PURPOSES = (CONFIGS, CONTROL, LOSSLESS_REFERENCE, CONFIRMATIONS, RELAUNCHES, RATE_PROBES)
@@ -208,7 +208,7 @@ def predict(*, configs: int, processes: int, control_launches: int, control_max_
             control_min_configs: int = 1, control_cells: int | None = None, judged: bool = True) -> Plan:
     """How many launches a session of ``configs`` over ``processes`` processes takes: each config once;
     in each process the control's start launches, its end launches where the process measures
-    ``end_launch_min_configs`` configs or more (``control.launches_at``), none in a process of fewer than
+    ``end_launch_min_configs`` configs or more (``launches.launches_at``), none in a process of fewer than
     ``control_min_configs``; the lossless reference once a process, the control's first launch measured on it where it ``shared`` the lossless_args launch
     (one fewer of the control's); ``judged`` False: a --ddtree-measure-only session, which launches neither."""
     if not judged:

@@ -327,7 +327,7 @@ class SpreadData(TypedDict):
 
 
 class MetricVerdictData(TypedDict):
-    """The gate's verdict on one metric of a cell (``gate.MetricVerdict.as_dict``)."""
+    """The gate's verdict on one metric of a cell (``verdicts.MetricVerdict.as_dict``)."""
 
     metric: str
     status: Verdict
@@ -349,7 +349,7 @@ class MetricVerdictData(TypedDict):
 
 
 class CellVerdictData(TypedDict):
-    """The gate's verdict on a cell (``gate.CellVerdict.as_dict``)."""
+    """The gate's verdict on a cell (``verdicts.CellVerdict.as_dict``)."""
 
     cell: str
     status: Verdict
@@ -379,7 +379,7 @@ class _ThroughputRequired(TypedDict):
     problems: list[str]
     notes: list[str]
     hardware_profile: str | None
-    baseline: dict[str, object]  # the cell's baseline gates (``gate.baseline_cell_entry``'s)
+    baseline: dict[str, object]  # the cell's baseline gates (``baseline.baseline_cell_entry``'s)
     server_info: dict[str, object] | None
 
 
@@ -542,7 +542,7 @@ class ControlCellRecord(ControlCellData, RecordStamp, total=False):
 
 # --- What the session end's judgements read of a measured cell ---------------------------------
 #
-# The judgement of each config against its session (``gate.config_moves``) and of the control
+# The judgement of each config against its session (``session_check.config_moves``) and of the control
 # (``gate.control.judge``) read a few keys of a cell's record; these are those keys. A full
 # ``ThroughputRecord`` is one (a TypedDict with more keys is a subtype), and so is what the gate's
 # benchmarks build for thousands of simulated sessions.

@@ -421,7 +421,7 @@ class BuildHistory:
 def build_points(all_series: Sequence[Series]) -> dict[str, list[BuildPoint]]:
     """Each session's level per hardware profile, oldest first (``Series`` of ``BUILD_METRIC``,
     the control's among them: config ``control``)."""
-    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.gates.throughput.baseline import CONTROL
 
     per_profile: dict[str, dict[str, tuple[Point, list[float], list[float]]]] = {}
     for s in all_series:

@@ -526,8 +526,8 @@ def control_cells(records: Sequence[RawRecord]) -> list[CellEntry]:
     series a build-level change must move too, where the speculative configs alone cannot tell a
     slower build from a slower day."""
     from pytest_ddtree.records import shapes as records_mod
-    from pytest_ddtree.gates.throughput import FAILING
-    from pytest_ddtree.gates.throughput.baseline_format import CONTROL
+    from pytest_ddtree.gates.throughput.verdicts import FAILING
+    from pytest_ddtree.gates.throughput.baseline import CONTROL
 
     pooled: dict[tuple[str | None, str | None, str], CellEntry] = {}
     for rec in records_mod.control_records(records):

@@ -333,7 +333,7 @@ def render_markdown(records: Iterable[RawRecord], title: str = "Throughput sweep
 
 def unjudged_lines(records: Iterable[ThroughputRecord]) -> list[str]:
     """One line per cell whose gated metrics were recorded but not judged (an open-loop cell at the
-    SLO's edge: ``gates/throughput/slo_edge.py``), with why: its table row says pass, this says of what."""
+    SLO's edge: ``gates/throughput/baseline.py``), with why: its table row says pass, this says of what."""
     out = []
     for r in records:
         found = r.get("not_judged")

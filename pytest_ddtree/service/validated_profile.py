@@ -77,7 +77,7 @@ def valid_value_template(template: object) -> bool:
 #: 9-11% of its GPU time each on the seed's box (docs/benchmarks.md, "The bill"); a team that wants it sets them.
 DEFAULT_CONTROL_LAUNCHES = 1
 #: The most launches of the control the launch policy takes in a judged process (``control_max_launches``):
-#: further launches at its end only while the uniform shift is inconclusive (gates/throughput/control_policy.py);
+#: further launches at its end only while the uniform shift is inconclusive (gates/throughput/launches.py);
 #: by default none (with one start launch no number of further ones catches every config 5% slower 95% of the time).
 DEFAULT_CONTROL_MAX_LAUNCHES = 1
 #: How far a cell's repeats may spread (robust spread: scaled MAD / median of output tok/s) and still
@@ -262,7 +262,7 @@ class ServiceProfile:
     control_launches: int = DEFAULT_CONTROL_LAUNCHES
     #: At most this many launches of the control in a judged process: after its ``control_launches``
     #: the launch policy takes further ones at its end, a few at a time, only while the session's
-    #: uniform shift is inconclusive (gates/throughput/control_policy.py); = control_launches: never.
+    #: uniform shift is inconclusive (gates/throughput/launches.py); = control_launches: never.
     control_max_launches: int = DEFAULT_CONTROL_MAX_LAUNCHES
     #: Launches of the control in a bless, half at its start and half at its end: each later session's
     #: uniform shift carries the blessed sessions' share of one launch's shift (1 for an external service).
@@ -272,7 +272,7 @@ class ServiceProfile:
     #: The control measures the matrix's first this many throughput cells (None: every one).
     control_cells: int | None = DEFAULT_CONTROL_CELLS
     #: Configs the session-end check flags are launched once more at the end of their process and
-    #: judged on both launches (gate.relaunch_candidates); false for a service that cannot be relaunched.
+    #: judged on both launches (session_check.relaunch_candidates); false for a service that cannot be relaunched.
     relaunch_flagged: bool = True
     hardware_profile: str | None = None
     max_context: int | None = None

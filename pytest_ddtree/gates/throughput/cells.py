@@ -8,15 +8,21 @@ Here they are written once (``run_cells``):
 1. read the baseline once (``read_baseline``: the file loaded and its ``metrics`` section validated;
    a problem is kept, and the cells fail on it after they are recorded);
 2. measure every cell with interleaved repeats and confirm the flagged ones while the service is up
-   (``throughput.measure_config``; under a bless nothing is judged);
+   (``measurement.measure_config``; under a bless nothing is judged);
 3. evaluate each cell against that baseline (``evaluate_cell``), which takes the cell's one bless
-   decision (``measurement.decide_bless``; ``check.check_cell`` turns it into a proposal or a refusal);
+   decision (``verdicts.decide_bless``; ``check_cell`` turns it into a proposal or a refusal);
 4. record each cell (``throughput_record``, then ``on_cell``; the suite's cell tests record their own as they run).
 
 ``plan_for`` builds the plan from a session (a ``DDTreeSession``, or an object with its
 ``profile``, ``settings`` and ``slo``), so a script (the gate's benchmark) drives the same path the
 suite does; ``run_config`` is the whole path for a config's cells on a running service. The pytest
 items are walked for cells once per caller (``collected_cells``).
+
+Each measured cell's outcome is decided here and nowhere else (``check_cell``, like pytest-regressions'
+``perform_regression_check``): a baseline file it cannot read, an invalid measurement, a bless it
+refuses or proposes, a missing or thin baseline, a metric the baseline lacks, a regression, an
+inconclusive cell, and what ``--ddtree-require-baselines`` (CI) changes. The suite only turns the
+outcome into pytest's fail, skip or warnings.
 """
 
 from __future__ import annotations
@@ -25,39 +31,35 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Literal
 
 from pytest_ddtree.baselines import BaselineError
-from pytest_ddtree.gates import throughput as gate
-from pytest_ddtree.gates.throughput.measurement import BLESS_MAX_HALF_WIDTH, BlessDecision, decide_bless
-from pytest_ddtree.gates.throughput import slo_edge
-from pytest_ddtree.gates.throughput.throughput import (Campaign, Driving, Judging, Recording, blessed_judging,
-                                                       cell_histogram, cell_input, edge_exemption, gate_samples,
-                                                       measure_config, measured_workload, repeat_metrics,
-                                                       sample_record, spoiled_evidence)
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts
+from pytest_ddtree.gates.throughput.verdicts import BLESS_MAX_HALF_WIDTH, BlessDecision, decide_bless
+from pytest_ddtree.gates.throughput.measurement import (Campaign, Driving, Judging, Recording, cell_histogram,
+                                                        cell_input, edge_exemption, gate_samples, measure_config,
+                                                        measured_workload, repeat_metrics, spoiled_evidence)
 from pytest_ddtree.configs import config_or_none
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.gates.measure_only import NOT_JUDGED
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
-from pytest_ddtree.records import bill
-from pytest_ddtree.records import shapes as records_mod
-from pytest_ddtree.records.cells import normalize
-from pytest_ddtree.records.shapes import CellVerdictData, RelaunchCellData, RelaunchFailureData, ThroughputData, WorkloadData
-from pytest_ddtree.records.words import MeasurementStatus, RecordKind, Status
+from pytest_ddtree.records.shapes import CellVerdictData, ThroughputData, WorkloadData
+from pytest_ddtree.records.words import MeasurementStatus, Status, GateDecision
 from pytest_ddtree.service import proof
 from pytest_ddtree.service.build import blessed_build, build_changes, build_sentence, build_under_test
 from pytest_ddtree.service.plain import is_plain
+from pytest_ddtree.service.fingerprint import local_fingerprint, setup_differences
+from pytest_ddtree.gates.throughput.baseline import baseline_cell_entry
 
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.hookspec import ProjectHooks
     from pytest_ddtree.measure.slo import SLO
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.service.fingerprint import HardwareProfile
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,8 @@ def read_baseline(store: BaselineStore, config: str, build: Mapping[str, Any] | 
     path = store.read_path(config)
     try:
         data = store.load(config)
-        section = gate.validate_section((data or {}).get("metrics"), str(path))
-    except (BaselineError, gate.BaselineFormatError) as exc:
+        section = baseline_mod.validate_section((data or {}).get("metrics"), str(path))
+    except (BaselineError, verdicts.BaselineFormatError) as exc:
         return CellBaseline(config, path, store.hardware_profile, {}, str(exc), build=dict(build or {}))
     recorded = (data or {}).get("fingerprint")
     details = recorded.get("details") if isinstance(recorded, Mapping) else None
@@ -130,16 +132,16 @@ def clock_difference(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> str
 class CellEvaluation:
     """One measured cell judged against its baseline: its record (``ThroughputData``: what
     results.json and the sweep table are made of, and what the measurement's status, samples and
-    repeats are read from) and what the gate decides on beside it (``check.check_cell``)."""
+    repeats are read from) and what the gate decides on beside it (``cells.check_cell``)."""
 
-    verdict: gate.CellVerdict
+    verdict: verdicts.CellVerdict
     record: ThroughputData
     durations: list[float]
     primary: list[float]
     baseline_cell: Any
     baseline_problem: str | None
     status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
-    #: Under a bless, whether the cell is proposed for its baseline (``measurement.decide_bless``); None otherwise.
+    #: Under a bless, whether the cell is proposed for its baseline (``verdicts.decide_bless``); None otherwise.
     bless: BlessDecision | None = None
     #: An open-loop cell's worst ``SLO_LATENCY_SHARE`` over its counted repeats (what a bless keeps: ``slo_edge.py``).
     slo_latency_share: float | None = None
@@ -182,7 +184,7 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
     facts = cell_input(campaign, workload, cell_base)  # ... and as this session judges it (the gate's own input)
     status, why, judged = facts.status, list(facts.problems), facts.baseline
     workload_info = measured_workload(run, workload)  # the record's (facts.workload is the same, untyped)
-    verdict = campaign.verdicts.get(workload.name) or gate.compare_cell(
+    verdict = campaign.verdicts.get(workload.name) or rule.compare_cell(
         workload.name, judged, facts.current, status=status, problems=why, workload=workload_info)
     if measure_only and verdict.status != Status.INVALID:  # numbers, no verdict (an inconclusive one says why)
         verdict = dataclasses.replace(verdict, status=Status.MEASURED, metrics=(),
@@ -220,7 +222,7 @@ def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, 
         record["notes"].append(baseline.note)
     if edge is not None:
         record["not_judged"] = {m: edge.reason for m in edge.metrics}
-    share = slo_edge.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
+    share = baseline_mod.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
     return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                           baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
                           bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,
@@ -245,7 +247,7 @@ def throughput_record(
     """The record of one cell: medians over repeats, samples, spread, verdict.
 
     ``repeats`` are the per-repeat bench_serving metric dicts (``CellResult.metrics()``);
-    ``verdict`` is ``gate.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
+    ``verdict`` is ``verdicts.CellVerdict.as_dict()``; ``baseline`` the cell's baseline gates
     (samples, median, tolerance per metric), so the report can draw repeats against them.
     """
     primary = [float(v) for v in samples.get(OUTPUT_THROUGHPUT) or []]
@@ -436,89 +438,109 @@ def collected_cells(items: Sequence[Any], test: str | None = None) -> CollectedC
     return CollectedCells(configs, by_config)
 
 
-def relaunch_recording(recorder: SessionRecorder, config: str, index: int) -> Recording:
-    """Where relaunch ``index`` of ``config`` records its repeats: the first pass's as relaunch repeats,
-    a flagged cell's confirmation repeats as confirmation repeats, each with its ``relaunch`` (a
-    confirmation's indices start at 0 again, so one kind for both would give two repeats one index)."""
+@dataclass(frozen=True)
+class GateWarning:
+    """Something to say while the cell is not failed: no (trusted) baseline yet, or a new metric."""
 
-    def record(kind: RecordKind) -> Callable[[str, int, load.CellResult], None]:
-        return lambda cell, r, result: recorder.record(kind, config, {**sample_record(cell, r, result), "relaunch": index})
-
-    return Recording(record(RecordKind.THROUGHPUT_RELAUNCH_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT))
+    kind: Literal["missing-baseline", "new-metric"]
+    message: str
 
 
-#: Repeats of each cell in a relaunch (at most ``--ddtree-repeats``). The relaunch is judged on the
-#: config's common change over its cells, whose error a launch's own shift dominates (about 2% on a
-#: GPU server against 3% / sqrt(6 cells) = 1.2% of one repeat each): ``bench_gate.py`` under
-#: ``restart3`` caught a whole config 10% slower 93.5-94.5% of 400 times at one repeat a cell and
-#: 94.0-95.5% at three (the same worlds, two relaunch rules: within their noise), and a relaunch
-#: costs 615 s + 6 repeats on the seed's GPU box instead of 615 s + 18.
-RELAUNCH_REPEATS = 1
+@dataclass(frozen=True)
+class CellOutcome:
+    """The gate's decision for one cell, its message, and the warnings to show with it."""
+
+    decision: GateDecision
+    message: str = ""
+    warnings: tuple[GateWarning, ...] = ()
 
 
-def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
-    """At the end of a process: launch each config that ``gate.relaunch_candidates`` flags once more,
-    measure all its cells again (``RELAUNCH_REPEATS`` each, no confirmation run: see ``Judging.confirm``)
-    and record them (``THROUGHPUT_RELAUNCH``), so the session end judges it on both launches
-    (``gate.judge_session``). Returns the relaunched configs.
+def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
+               service: RunningService, settings: Settings, hooks: ProjectHooks | None = None) -> CellOutcome:
+    """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded), and tell
+    the project's ``pytest_ddtree_verdict`` hooks through ``hooks`` (the session's relay).
 
-    Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
-    capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
-    10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
-    shift of its own. ``session`` is the process's ``DDTreeSession``, ``items`` the collected tests
-    (their ``ddtree_config`` and ``workload`` parameters, ``collected_cells``). The screen compares the
-    configs measured in this process (the plugin keeps a config's tests on one worker). Nothing here
-    raises: a relaunch that fails is recorded with the reason, and the config keeps its one-launch verdict.
+    Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
+    of its baseline (with the hardware fingerprint); the main process writes it at session end.
     """
-    if not session.profile.relaunch_flagged or session.settings.update_baselines:
-        return []
-    recorder = session.recorder
-    moves = gate.config_moves(normalize(recorder.records))
-    collected = collected_cells(items)
-    done: list[str] = []
-    failed: set[str] = set()
-    while True:
-        relaunched = gate.config_moves(records_mod.throughput_records(recorder.records, RecordKind.THROUGHPUT_RELAUNCH))
-        flagged = [n for n in gate.relaunch_candidates(moves, relaunched) if n in collected.configs and n not in failed]
-        if not flagged:
-            return done
-        for name in flagged:
-            index = 1 + len({r.get("relaunch") for r in recorder.records
-                             if r.get("kind") == RecordKind.THROUGHPUT_RELAUNCH and r.get("config") == name})
-            if _relaunch(session, collected.configs[name], collected.of(name), index):
-                done.append(name)
-            else:
-                failed.add(name)
+    outcome = _decide(cell, config, workload, baselines, recorder, service, settings)
+    if hooks is not None:  # a warning's message is its notes' (no baseline yet, a new metric)
+        message = outcome.message or "\n".join(note.message for note in outcome.warnings)
+        hooks.verdict(config, workload, {"decision": outcome.decision, "message": message, **cell.verdict.as_dict()})
+    return outcome
 
 
-def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
-    """Relaunch ``index`` of a flagged config, all its cells measured once and recorded; False when
-    it failed (recorded with the reason)."""
-    from pytest_ddtree.configs import ConfigError
-    from pytest_ddtree.service.base import ServiceError
+def _decide(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
+            service: RunningService, settings: Settings) -> CellOutcome:
+    if cell.baseline_problem is not None:
+        return CellOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
+    verdict = cell.verdict
+    if cell.status == Status.INVALID:
+        return CellOutcome(Status.FAIL, verdict.message(config))
+    if cell.bless is not None:
+        return _bless(cell, cell.bless, config, workload, baselines, recorder, service, settings)
+    require = settings.require_baselines
+    notes: list[GateWarning] = []
+    if verdict.status in (Status.MISSING, Status.THIN):
+        reasons = "; ".join([*verdict.reasons, *(m.message for m in verdict.metrics if m.status == Status.THIN)])
+        msg = (f"{config} {workload}: {reasons} in {baselines.path_for(config)}; "
+               f"create it with: {baselines.create_command(config)}")
+        if require:
+            return CellOutcome(Status.FAIL, msg + " (--ddtree-require-baselines)")
+        # A warning, not a skip: the measurement is real and must reach --benchmark-json
+        # (pytest-benchmark drops skipped tests); CI makes it a failure with --ddtree-require-baselines.
+        notes.append(GateWarning("missing-baseline", msg))
+    new = [m.message for m in verdict.metrics if m.status == Status.NEW]
+    if new:
+        notes.append(GateWarning("new-metric", f"{config} {workload}: " + "; ".join(new)))
+    build = f"\n  - build: {cell.build_sentence}" if cell.build_sentence else ""
+    changed = bool(cell.record.get("build", {}).get("changed"))
+    if verdict.failed:
+        return CellOutcome(Status.FAIL, verdict.message(config) + _setup_note(cell, baselines, config, service) + build,
+                           tuple(notes))
+    if verdict.status == Status.INCONCLUSIVE:
+        if require:
+            return CellOutcome(Status.FAIL, verdict.message(config) + build + "\n  (inconclusive fails under --ddtree-require-baselines: "
+                               "a CI run must not pass a cell it could not judge)", tuple(notes))
+        # one line (pytest's short summary shows a skip's reason on one): "cell: INCONCLUSIVE: why; why"
+        head, *why = verdict.message(config).split("\n  - ")
+        why += [f"build: {cell.build_sentence}"] if changed else []
+        return CellOutcome(Status.SKIP, head + (": " + "; ".join(w.replace("\n", " ") for w in why) if why else ""), tuple(notes))
+    # a passing cell says its build only where it is not the blessed one: what changed and still passed
+    return CellOutcome(Status.WARN if notes else Status.PASS, f"{config} {workload}: {cell.build_sentence}" if changed else "",
+                       tuple(notes))
 
-    name, recorder = config.name, session.recorder
 
-    def on_cell(ev: CellEvaluation) -> None:
-        recorded: RelaunchCellData = {**ev.record, "relaunch": index}
-        recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, recorded)
+def _setup_note(cell: CellEvaluation, baselines: BaselineStore, config: str, service: RunningService) -> str:
+    """Where the baseline was blessed on another setup than this service's, the failure says how
+    (``fingerprint.setup_differences``): that, not the config, may be what moved."""
+    if not cell.blessed_setup:  # a file with no recorded setup has nothing to compare
+        return ""
+    differences = setup_differences(cell.blessed_setup, _setup(baselines, service).details)
+    if not differences:
+        return ""
+    return (f"\n  - {baselines.path_for(config)} was blessed on another setup than this service's: {'; '.join(differences)}"
+            f"; to gate this setup, bless it ({baselines.create_command(config)}) or give its profile a hardware_profile "
+            "of its own")
 
-    try:
-        session.manager.release()  # a fresh launch, not the one still running
-        with bill.launching_for(session.manager, bill.RELAUNCHES):
-            service = session.manager.ensure(config)
-        store = session.baselines(service.server_info)
-        baseline = read_baseline(store, name, judged_build(store, service))
-        if baseline.problem is not None:
-            raise BaselineError(baseline.problem)
-        # as the first launch was measured, less its SLO (the relaunch judges the common change of output tok/s)
-        driving = driving_for(session, accept_bound=service.accept_bound(),
-                              label=f"{name} relaunch {index} (its session check flagged it)")
-        judging = dataclasses.replace(blessed_judging(store), confirm=False)
-        plan = CellPlan(name, tuple(cells), min(RELAUNCH_REPEATS, session.settings.repeats), driving, judging)
-        run_cells(service.client, plan, baseline, relaunch_recording(recorder, name, index), on_cell)
-    except (ServiceError, ConfigError, BaselineError, gate.BaselineFormatError, load.LoadError) as exc:
-        failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
-        recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, failure)
-        return False
-    return True
+
+def _setup(baselines: BaselineStore, service: RunningService) -> HardwareProfile:
+    """The setup this service is: the fingerprint the session filed its baselines by (a fleet host's
+    GPUs are that host's), else this machine's view of it."""
+    return baselines.fingerprint or local_fingerprint(service.profile, service.server_info)
+
+
+def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
+           recorder: SessionRecorder, service: RunningService, settings: Settings) -> CellOutcome:
+    """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
+    refusal = decision.refusal
+    if refusal is not None:
+        retry = f"{baselines.create_command(config)} --ddtree-cell={workload}"
+        return CellOutcome(Status.FAIL, f"{config} {workload}: not blessed, the measurement cannot be trusted: {refusal}\n"
+                                          f"  retry this cell with: {retry}")
+    fingerprint = _setup(baselines, service)
+    entry = baseline_cell_entry(cell.record["workload"], cell.samples, existing=cell.baseline_cell, session=settings.session_stamp,
+                                slo_share=cell.slo_latency_share)
+    recorder.propose_baseline(config, "metrics", {workload: entry})
+    recorder.propose_baseline(config, "fingerprint", {**fingerprint.as_dict(), "build": dict(cell.build or fingerprint.build)})
+    return CellOutcome(Status.PASS, f"{config} {workload}: proposed for the baseline")

@@ -45,24 +45,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline, rule, session_check, verdicts
 from pytest_ddtree.measure import stats
-from pytest_ddtree.gates.throughput.baseline_format import CONTROL as CONTROL  # re-exported: the control's readers name it here
-from pytest_ddtree.gates.throughput.baseline_format import launch_counts
-from pytest_ddtree.gates.throughput import noise
-from pytest_ddtree.records import bill
+from pytest_ddtree.gates.throughput.baseline import CONTROL
 from pytest_ddtree.records import shapes as records_mod
-from pytest_ddtree.records.shapes import ControlCellData, ControlJudgedData, JudgedCellData, RawRecord
+from pytest_ddtree.records.shapes import ControlJudgedData, JudgedCellData, RawRecord
 from pytest_ddtree.records.words import RecordKind, Status
 
-if TYPE_CHECKING:
-    from pytest_ddtree.measure.load import WorkloadLike
-    from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.gates.throughput.cells import CellEvaluation
-    from pytest_ddtree.session import DDTreeSession
 
 #: The control's baseline file (``baselines/<hardware>/control.yaml``) and its records' config name.
 #: Record kinds: one per measured control cell, and one when no control could be measured.
@@ -74,7 +66,7 @@ CONTROL_REPEAT = RecordKind.THROUGHPUT_CONTROL_REPEAT
 #: 0.47% a look, <= 0.93% for the launch policy's two; of the sweep's 2% budget): once the standard
 #: error counts the control's repeat noise and the launch spread's own uncertainty, 3.0 caught every
 #: config 5% slower ~88% of the time (a model of the two looks; 95% was the target); 2.6 with
-#: ``control_policy.CONTINUE_SHARE`` 0.3 caught it 97.2% / 98.8% of 400 (restart3 / restart1,
+#: ``launches.CONTINUE_SHARE`` 0.3 caught it 97.2% / 98.8% of 400 (restart3 / restart1,
 #: bench_gate.py) and failed 1.1% / 0.4% of 1000 unchanged sweeps; 2.75 failed 0.6% / 0.1% of them
 #: but caught it only 93.2% under restart3.
 UNIFORM_FLOOR = 0.025
@@ -272,7 +264,7 @@ def judge(records: Sequence[RawRecord], configs: Sequence[JudgedCellData], *,
 
     ``records``: every record of the session (the control's come as ``CONTROL_RECORD``);
     ``configs``: the configs' throughput records (``records.cells.normalize``); ``z_uniform``: the standard
-    errors a uniform slowdown must pass (``control_policy.uniform_z``: more where the launch policy
+    errors a uniform slowdown must pass (``launches.uniform_z``: more where the launch policy
     looked more than once, so the looks together spend no more than their error budget)."""
     control = records_mod.control_judged(records)
     if not control:
@@ -348,12 +340,12 @@ def _control_cell_failures(g: GroupJudgement, control: list[ControlJudgedData], 
                   if (rec.get("control_launch") or 1) > 1 else "")
         if refusal:
             g.control_failures.append(f"{rec.get('cell')}: not blessed: {refusal}; retry with: {rec.get('retry')}")
-        elif status in gate.FAILING or (require_baselines and status in (Status.MISSING, Status.THIN, Status.INCONCLUSIVE)):
+        elif status in verdicts.FAILING or (require_baselines and status in (Status.MISSING, Status.THIN, Status.INCONCLUSIVE)):
             metrics = verdict.get("metrics") or {}
             detail = "; ".join(str(m.get("message")) for m in metrics.values() if isinstance(m, Mapping) and m.get("message"))
             detail = detail or "; ".join(str(x) for x in verdict.get("reasons") or []) or status
             g.control_failures.append(f"{rec.get('cell')}{launch}: {status.upper()}: {detail}"
-                                      + (" (--ddtree-require-baselines)" if status not in gate.FAILING else ""))
+                                      + (" (--ddtree-require-baselines)" if status not in verdicts.FAILING else ""))
 
 
 def _config_moves(configs: list[JudgedCellData], relaunches: Sequence[JudgedCellData]) -> dict[str, _Move]:
@@ -363,7 +355,7 @@ def _config_moves(configs: list[JudgedCellData], relaunches: Sequence[JudgedCell
         move = _move_of([c for c in configs if c.get("config") == cfg])
         if move is not None:
             # a relaunched config: the mean of all its launches (its first one was the odd one out)
-            again = [m for m in gate.config_moves([r for r in relaunches if r.get("config") == cfg])
+            again = [m for m in session_check.config_moves([r for r in relaunches if r.get("config") == cfg])
                      if m.metric == _METRIC]
             moves[cfg] = move if not again else _Move(
                 (move.shift + sum(m.shift for m in again)) / (1 + len(again)), move.se, move.blessed, move.floor)
@@ -376,15 +368,15 @@ def _spreads(configs: list[JudgedCellData], name: str, ctl: _Move | None) -> tup
     # how much one launch's common change moves between launches (the configs' blessed sessions,
     # each against the others of its session: many degrees of freedom); the control's relaunches
     # are taken to move as much; and how much the blessed days moved (their configs' median)
-    cfg_moves = [m for m in gate.config_moves(configs) if m.metric == _METRIC and m.group == name]
+    cfg_moves = [m for m in session_check.config_moves(configs) if m.metric == _METRIC and m.group == name]
     # the control's blessed sessions against the configs' median count too: its own launch-to-launch
     # spread is what the estimate over the control carries (and a session of two configs has few others)
-    pool = cfg_moves + ([gate.ConfigMove(CONTROL, _METRIC, "higher", ctl.floor, ctl.shift, ctl.se, ctl.blessed, name)]
+    pool = cfg_moves + ([session_check.ConfigMove(CONTROL, _METRIC, "higher", ctl.floor, ctl.shift, ctl.se, ctl.blessed, name)]
                         if ctl is not None and ctl.blessed else [])
-    measured, dof = gate.launch_wobble_dof(pool) if len(pool) >= 3 else (0.0, 0)
+    measured, dof = session_check.launch_wobble_dof(pool) if len(pool) >= 3 else (0.0, 0)
     wobble = max(measured, UNIFORM_PRIOR_SPREAD)
-    prior_day = gate.SPECS[_METRIC].day_shift
-    day = max(prior_day, gate.day_spread([m.blessed for m in cfg_moves]) or 0.0)
+    prior_day = verdicts.SPECS[_METRIC].day_shift
+    day = max(prior_day, baseline.day_spread([m.blessed for m in cfg_moves]) or 0.0)
     return wobble, day, dof if measured >= UNIFORM_PRIOR_SPREAD else 0
 
 
@@ -396,7 +388,7 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: floa
     if ctl is not None:
         k = max(1, len(ctl.blessed))
         control_se = math.sqrt(day**2 * (1.0 + 1.0 / k) + wobble**2 * share + ctl.se**2)
-        g.control_tolerance = max(ctl.floor, gate.Z_CONFIG * control_se)
+        g.control_tolerance = max(ctl.floor, rule.Z_CONFIG * control_se)
         half = 1.96 * control_se
         g.control_change = math.expm1(ctl.shift)
         g.control_interval = (math.expm1(ctl.shift - half), math.expm1(ctl.shift + half))
@@ -406,7 +398,7 @@ def _judge_control(g: GroupJudgement, ctl: _Move | None, n_ctl: int, share: floa
         g.lines.append(f"  control output tok/s against its baseline: {stats.fmt_pct(g.control_change)} over "
                        f"{_count(n_ctl, 'launch', 'launches')} this session (95% interval {stats.fmt_pct(g.control_interval[0])} "
                        f"to {stats.fmt_pct(g.control_interval[1])}). It counts as moved beyond {g.control_tolerance:.1%}: "
-                       f"{gate.Z_CONFIG:g} times its standard error, from a day-to-day spread of {day:.1%} and a "
+                       f"{rule.Z_CONFIG:g} times its standard error, from a day-to-day spread of {day:.1%} and a "
                        f"launch-to-launch spread of {wobble:.1%}, and never less than the {ctl.floor:.1%} floor. "
                        f"Verdict: {verdict}")
     else:
@@ -440,7 +432,7 @@ def uniform_se(ctl_share: float, ctl_se: float, config_se: float, n: int, k: int
     and failed unchanged sweeps several times the nominal rate. The configs' median (shared by both estimates) likewise
     carries their launch spread and their measurement noise. The launch spread is estimated
     (``launch_wobble_dof``), so the standard error resting on it is known to its degrees of freedom:
-    Satterthwaite's, dof x (se^2 / its launch-spread part)^2, for ``noise.t_widened_z``."""
+    Satterthwaite's, dof x (se^2 / its launch-spread part)^2, for ``rule.t_widened_z``."""
     wobble, day = spreads.wobble, spreads.day
     median_factor = (math.pi / 2.0 if n > 2 else 1.0) / n
     shared_wobble = wobble**2 * (1.0 + 1.0 / k) * median_factor
@@ -474,7 +466,7 @@ def _judge_uniform_shift(g: GroupJudgement, ctl: _Move, moves: Mapping[str, _Mov
     # (a control that moved beyond its tolerance says the day was no ordinary one: the control alone)
     w, se, dof = uniform_se(share, ctl.se, stats.median([m.se for m in moves.values()]), len(moves),
                             max(1, len(ctl.blessed)), spreads, control_moved)
-    z_uniform = noise.t_widened_z(z_uniform, dof)
+    z_uniform = rule.t_widened_z(z_uniform, dof)
     uniform = w * over_control + (1.0 - w) * configs_moved
     g.uniform_shift = math.expm1(uniform)
     g.uniform_interval = (math.expm1(uniform - 1.96 * se), math.expm1(uniform + 1.96 * se))
@@ -536,208 +528,3 @@ def _speedup_table(g: GroupJudgement, control: list[ControlJudgedData], configs:
     if rows:
         g.lines.append("  speedup over the control (config / control output tok/s; change against the blessed speedup):")
         g.lines.extend(rows)
-
-
-def launches_at(profile_launches: int, at: str) -> int:
-    """How many of a process's ``profile_launches`` launches of the control are measured at ``at``:
-    half at its start (the odd one there) and half at its end, so their weighted mean sits where
-    the configs' median does and a drift over the process cancels (``_control_launches``)."""
-    return (profile_launches + 1) // 2 if at == START else profile_launches // 2
-
-
-def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START, count: int | None = None) -> str:
-    """The control's launches of this process at ``at`` (``launches_at`` of the profile's
-    ``control_launches``, a bless's ``bless_control_launches``; ``count`` launches where given: the
-    launch policy's further ones), each a fresh launch measured on every cell (``measure``); returns
-    ``measured`` when the process has a launch of the control measured, else what its first did
-    (``unavailable``, ``off``, ``no throughput cells``). Each launch
-    after the first costs one more restart of the service and the control's cells.
-
-    Why more than one: each launch of a server lands a little faster or slower (KV-cache size,
-    CUDA-graph capture, memory layout: ~2% (sd) on GPU servers), and the control's launch shift is
-    carried whole by every config's speedup over it; the mean of n launches (and of n per blessed
-    session) carries 1 / n of it, which is what lets the uniform shift see every config 5% slower."""
-    earlier = {r.get("control_launch") for r in session.recorder.records
-               if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
-    first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
-    if count is None:  # a bless: its own number of launches (each later session compares with their mean)
-        launches = session.profile.bless_control_launches if session.settings.update_baselines else session.profile.control_launches
-        count = launches_at(launches, at)
-    done = "off"
-    for launch in range(first, first + count):
-        outcome = measure(session, cells, launch, at)
-        if outcome != "measured":  # recorded with the reason; the launches measured so far stand
-            return "measured" if launch > 1 else outcome
-        done = outcome
-    return done
-
-
-def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1, at: str = START) -> str:
-    """Measure one launch of the control in this process, on ``cells``, and record it; returns what
-    was done.
-
-    ``launch`` counts the process's launches of the control (1: its first, before its first config),
-    ``at`` says whether it belongs to the process's start or its end (``measure_launches``): the
-    launches at each end weigh half, so a machine that drifts over the session does not read as the
-    configs moving against the control, and the control's own launch-to-launch shift averages over
-    its launches. Every launch after the process's first is a fresh one (the service is released
-    first). A bless blesses every launch's samples as the session's, with their number (the latest
-    launch's proposal replaces the earlier ones, pooled), so the baseline holds what a judged session
-    compares with it and says how many launches each blessed session averaged.
-
-    ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
-    control is launched in the instance's own slot like any config (the next config restarts);
-    its cells are judged against ``control.yaml`` (first pass and confirmation of flagged cells,
-    as a config's), or proposed for it under ``--ddtree-update-baselines`` when a bless can trust
-    them. Nothing here raises: a control that cannot be launched or measured is recorded with the
-    reason (``CONTROL_UNAVAILABLE``) and the session keeps the per-config rule.
-    """
-    from pytest_ddtree.gates.throughput import cells as cells_mod
-    from pytest_ddtree.gates.throughput import throughput
-    from pytest_ddtree.configs import ConfigError, parse_config_name
-    from pytest_ddtree.measure.load import CellResult as LoadResult
-    from pytest_ddtree.measure.load import LoadError
-    from pytest_ddtree.service.base import ServiceError
-
-    recorder = session.recorder
-    profile = session.profile
-    settings = session.settings
-    choice = profile.control
-    if not cells:
-        return "no throughput cells"
-    if choice == "none":
-        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"profile {profile.name} sets control: none"})
-        return "off"
-    try:
-        if launch > 1:
-            session.manager.release()  # a fresh launch of the control, not the one still running
-        with bill.launching_for(session.manager, bill.CONTROL):
-            if choice:
-                service = session.manager.ensure(parse_config_name(choice))
-                source = f"config {choice} (the profile's control)"
-            else:
-                service = session.manager.ensure_reference()
-                source = "non-speculative launch (the profile's lossless_args)"
-    except (ServiceError, ConfigError) as exc:
-        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
-        return "unavailable"
-    store = session.baselines(service.server_info)
-    baseline = cells_mod.read_baseline(store, CONTROL, cells_mod.judged_build(store, service))
-    driving = cells_mod.driving_for(session, speculative=bool(choice), label=f"control (launch {launch})")
-    plan = cells_mod.CellPlan(CONTROL, tuple(cells), settings.repeats, driving, throughput.Judging(gated=GATED),
-                              bless=store.update_mode)
-    blessed = blessed_launches(None if store.update_mode else baseline.section)
-
-    def on_sample(name: str, r: int, result: LoadResult) -> None:
-        recorder.record(CONTROL_REPEAT, CONTROL, {**throughput.sample_record(name, r, result), "control_launch": launch,
-                                                  "control_at": at})
-
-    try:
-        cells_mod.run_cells(service.client, plan, baseline, throughput.Recording(on_sample),
-                            lambda ev: _record_cell(session, store, ev, source, launch, at, blessed))
-    except LoadError as exc:
-        recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
-        return "unavailable"
-    return "measured"
-
-
-def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
-    """How many launches of the control each blessed session averaged (session id -> count), from
-    control.yaml's ``metrics`` section (its output tok/s sessions' ``launches``; a session blessed
-    before the count was kept is left out and counts as one)."""
-    counts: dict[str, int] = {}
-    for entry in (section or {}).values():
-        gates = entry.get("gates") if isinstance(entry, Mapping) else None
-        gated = gates.get(_METRIC) if isinstance(gates, Mapping) else None
-        if isinstance(gated, Mapping):
-            counts.update({sid: n for sid, n in launch_counts(gated).items() if n >= 1})
-    return counts
-
-
-def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: CellEvaluation, source: str, launch: int,
-                 at: str, blessed: Mapping[str, int]) -> None:
-    """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
-    earlier launches' samples pooled in, and their number) or say why it cannot be trusted (the
-    cell's bless decision, ``ev.bless``)."""
-    recorder, settings = session.recorder, session.settings
-    cell = ev.record["cell"]
-    # mypy asks the cell's record for the control's optional keys too (set below where they apply)
-    record: ControlCellData = {**ev.record, "control_source": source, "control_launch": launch,  # type: ignore[typeddict-item]
-                               "control_at": at}
-    if blessed:
-        record["blessed_launches"] = dict(blessed)
-    if ev.baseline_problem:
-        record["baseline_problem"] = ev.baseline_problem
-    if ev.bless is not None and ev.bless.blessed:
-        samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
-        entry = gate.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
-                                         specs=[gate.SPECS[k] for k in GATED], session=settings.session_stamp,
-                                         launches=launches)
-        recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
-        if baselines.fingerprint is not None:  # the setup it was blessed on (the engine's clock scale too), as a config's
-            recorder.propose_baseline(CONTROL, "fingerprint", baselines.fingerprint.as_dict())
-    elif ev.bless is not None:
-        record["bless_refused"] = str(ev.bless.refusal)
-        record["retry"] = f"{baselines.create_command(CONTROL).split(' --ddtree-config')[0]} " \
-                          f"--ddtree-cell={cell}"
-    recorder.record(CONTROL_RECORD, CONTROL, record)
-
-
-def _with_earlier_launches(records: Sequence[RawRecord], cell: str,
-                           samples: Mapping[str, Sequence[float]]) -> tuple[dict[str, list[float]], int]:
-    """``samples`` with this process's earlier control launches' samples of ``cell`` before them, and
-    how many launches they are together (the refused ones left out)."""
-    pooled: dict[str, list[float]] = {}
-    launches = 1
-    for rec in records_mod.control_records(records, cell):
-        if not rec.get("bless_refused"):
-            launches += 1
-            for key, earlier in rec["samples"].items():
-                pooled.setdefault(key, []).extend(earlier)
-    for key, values in samples.items():
-        pooled.setdefault(key, []).extend(float(v) for v in values)
-    return pooled, launches
-
-
-
-
-def wants_end_launch(records: Sequence[RawRecord]) -> bool:
-    """Whether this process's control is measured at its end too (``records``: the process's own):
-    after ``bill.END_LAUNCH_MIN_CONFIGS`` configs or more, where the session is long enough to drift and
-    the control's launch shift is shared by enough configs to be worth more launches; a process of
-    one or two configs keeps its launches at its start, beside them."""
-    configs = {r.get("config") for r in records if r.get("kind") == RecordKind.THROUGHPUT}
-    return len(configs) >= bill.END_LAUNCH_MIN_CONFIGS
-
-
-def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[WorkloadLike]]:
-    """The control at this process's start: its launches there on the profile's ``control_cells``
-    first cells (``measure_launches``), or none where the process will measure fewer configs than the
-    profile's ``control_min_configs`` (recorded with the reason: the session keeps the per-config rule).
-    Returns what was done and the cells the control measures (its end launches take the same)."""
-    cells = cells_of(items)[:session.profile.control_cells]
-    configs = {p.get("ddtree_config") for i in items if isinstance(p := getattr(getattr(i, "callspec", None), "params", None), dict)}
-    configs.discard(None)
-    ours, least = -(-len(configs) // session.worker_count), session.profile.control_min_configs
-    if cells and session.settings.measure_only:
-        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": "--ddtree-measure-only: nothing is judged, so no "
-                                                             "control is launched (it only serves the gate's speedup)"})
-        return "off", cells
-    if cells and 0 < ours < least:
-        reason = (f"this process measures {ours} config{'' if ours == 1 else 's'}, fewer than the profile's "
-                  f"control_min_configs ({least}): a uniform shift needs several configs' median, and the control's "
-                  "launch and non-speculative cells would cost more than the configs (set control_min_configs: 1 to "
-                  "measure it anyway)")
-        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": reason})
-        return "off", cells
-    return measure_launches(session, cells, START), cells
-
-
-def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
-    """The throughput cells of the collected tests (``cells.collected_cells``), each once, in order;
-    cells skipped for the profile (``max_context``) are left out, and so are open-loop cells: below
-    the service's capacity their output tok/s is the offered rate's whatever the launch, so a
-    speedup over the control there reads ~1x and would only dilute the uniform shift."""
-    from pytest_ddtree.gates.throughput.cells import collected_cells
-
-    return [w for w in collected_cells(items).all() if getattr(w, "open_loop", None) is None]

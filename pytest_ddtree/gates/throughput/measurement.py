@@ -1,203 +1,628 @@
-"""Whether a cell's measurement can be judged at all (the engine kept busy, the client's concurrency,
-the repeats' agreement), and whether it may be blessed."""
+"""The throughput gate's measurement, between the load generator and the gate's rule (no pytest).
+
+``measure_config`` measures every cell of a config with interleaved repeats and, given its
+baseline, judges them together and confirms the flagged ones while the service is up; its
+parameters come grouped (``Driving``: how each repeat drives the service; ``Judging``: what the
+cells are judged with; ``Recording``: where each repeat goes). The steps around it (the baseline
+read once, each cell evaluated, the bless decision, the records) are ``cells.py``'s one
+orchestration, which the suite, the relaunch and the control all run; ``sustainable_rate``
+searches the highest rate a config sustains under an SLO with the same measurement.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from pytest_ddtree.measure import stats
-from pytest_ddtree.records.words import MeasurementStatus, Status
-from pytest_ddtree.service.validated_profile import DEFAULT_BLESS_MAX_HALF_WIDTH
-
-
-#: Below this median engine busy fraction (engines that report their simulated clock: the
-#: reference engine) the host, not the config, set the pace: the cell is inconclusive.
-MIN_ENGINE_BUSY_FRACTION = 0.85
-
-
-#: Below this share of its simulated clock kept while it had work (engines that report the wall time
-#: they had work: the reference engine), a repeat measured the host: a host that keeps up keeps
-#: 99-100% in every cell, and a c32 cell whose passes ran late on a loaded 2-core box kept 70-90%
-#: (5-25% fewer tok/s) with at most one overrun and an engine busy 86-90% of the measured time.
-MIN_ENGINE_CLOCK_SHARE = 0.95
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts as verdicts_mod
+from pytest_ddtree.service import http, proof
+from pytest_ddtree.measure import load, openloop, stats, slo as slo_mod
+from pytest_ddtree import progress
+from pytest_ddtree.baselines import BaselineError, BaselineStore
+from pytest_ddtree.service.client import SGLangClient
+from pytest_ddtree.service.validated_profile import DEFAULT_MAX_REPEAT_SPREAD
+from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, REQUEST_GOODPUT, TOKENS_PER_VERIFY
+from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch, SearchPlan
+from pytest_ddtree.records.shapes import RepeatData, WorkloadData
+from pytest_ddtree.records.words import Status
 
 
-#: A client that kept fewer requests in flight than this share of the configured concurrency
-#: measured a lighter load than the cell names (a starved or overloaded load generator): the
-#: engine then looks busy and its own figures cannot tell; the cell is inconclusive.
-MIN_CONCURRENCY_SHARE = 0.90
+#: Repeats beyond --ddtree-repeats that a cell gets while its repeats disagree (pooled).
+MAX_EXTRA_REPEATS = 6
+#: Repeats agree once the robust spread (scaled MAD / median) of output tok/s is within the profile's
+#: ``max_repeat_spread`` (12% by default); a cell whose spread is still above it after the extra
+#: repeats is inconclusive (a bless's interval is tightened by ``verdicts.BLESS_MAX_HALF_WIDTH`` besides).
+INCONCLUSIVE_REL_CI = DEFAULT_MAX_REPEAT_SPREAD
+#: Fresh repeats of a flagged cell in its confirmation run, in two stages (``confirm_in_stages``):
+#: after the first ``CONFIRM_FIRST_STAGE`` a cell that is already cleared with room to spare stops.
+CONFIRM_REPEATS = 12
+CONFIRM_FIRST_STAGE = 2
+#: Each request's deadline as a whole where the gate makes its own client (a URL): the profile's
+#: ``request_timeout_s`` default.
+REQUEST_TIMEOUT_S = http.REQUEST_TIMEOUT_S
+
+OnSample = Callable[[str, int, load.CellResult], None]
+#: One repeat's deadline as a whole (warm-up, flush, measured loop, /server_info) unless the
+#: profile's ``cell_timeout_s`` says otherwise: each request has its own (``request_timeout_s``);
+#: this one ends a cell whose requests each stay just inside theirs.
+CELL_TIMEOUT_S = 3600.0
 
 
-#: A bless asks more of a cell than a judged run: the 95% t-interval of its output tok/s within the
-#: profile's ``bless_max_half_width`` (+-5% by default), after up to ``throughput.MAX_EXTRA_REPEATS``
-#: extra repeats; a judged run tolerates the robust spread of ``max_repeat_spread`` (12%).
-BLESS_MAX_HALF_WIDTH = DEFAULT_BLESS_MAX_HALF_WIDTH
+class CellDeadlineExceeded(load.LoadError):
+    """One repeat of a cell was not over by ``cell_timeout_s``: the service is too slow or wedged to
+    measure; the message says what had finished and what to raise."""
 
 
-def open_loop(metrics: Mapping[str, Any]) -> bool:
-    """Whether a repeat was sent on an arrival schedule (bench_serving's finite ``request_rate``).
-
-    Such a repeat's engine is idle between arrivals by design, and the requests in flight follow
-    the rate, not a client count: the busy-fraction floor and the client-concurrency checks, made
-    for a closed loop that keeps the engine fed, would call every light load a starved client.
-    What still holds is the engine's clock while it had work (``ddtree_engine_clock_share``)."""
-    rate = metrics.get("request_rate")
-    return stats.is_number(rate) and math.isfinite(float(rate))
-
-
-def concurrency_shortfall(repeats: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why the client's load was lighter than the cell's concurrency, or None.
-
-    The figure is the requests in flight while requests were still waiting to be sent
-    (``ddtree_loaded_concurrency``), bench_serving's ``concurrency`` where a repeat has none:
-    bench_serving's figure also counts the drain at the end of a finite closed loop, which a
-    healthy engine shows too (16 requests at concurrency 8: 6.4-7.2)."""
-    shares, shown = [], []
-    for m in repeats:
-        if open_loop(m):
-            continue
-        configured = m.get("max_concurrency")
-        achieved = m.get("ddtree_loaded_concurrency")
-        if not stats.is_number(achieved):
-            achieved = m.get("concurrency")
-        if stats.is_number(configured) and configured > 0 and stats.is_number(achieved):
-            shares.append(float(achieved) / float(configured))
-            shown.append(round(float(achieved), 1))
-    if not shares or stats.median(shares) >= MIN_CONCURRENCY_SHARE:
-        return None
-    configured = next(m.get("max_concurrency") for m in repeats if stats.is_number(m.get("max_concurrency")))
-    served = [round(float(c), 1) for m in repeats if stats.is_number(c := m.get("concurrency"))]
-    return (f"the client kept only {shown} requests in flight per repeat of the configured {configured} "
-            f"({1 - stats.median(shares):.0%} short, more than {1 - MIN_CONCURRENCY_SHARE:.0%}; bench_serving's "
-            f"concurrency {served}): the engine saw a lighter load than the cell names (a starved or overloaded "
-            "load generator), whatever it reports")
+def run_repeat(client: SGLangClient, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+    """``load.run_cell`` as a whole by its deadline (``http.phase``): past it no request is sent
+    and those in flight are cut; :class:`CellDeadlineExceeded` then says what had finished."""
+    deadline = http.Deadline.after(cell_timeout_s, f"cell {workload.name}", "cell_timeout_s")
+    try:
+        with http.phase(deadline):
+            result = load.run_cell(client, workload, **kwargs)
+    except load.LoadError as exc:  # e.g. the prompts' /tokenize cut by the deadline
+        if deadline.expired:
+            raise CellDeadlineExceeded(f"{workload.name}: {deadline.describe()} passed making the prompts ({exc}); "
+                                       f"{deadline.advice()}") from None
+        raise
+    if deadline.expired:
+        done = sum(1 for r in result.requests if r.ok)
+        cut = next((r.error for r in result.requests if not r.ok and r.error), None)
+        raise CellDeadlineExceeded(
+            f"{workload.name}: {deadline.describe()} passed with {done} of {workload.requests} measured requests done"
+            + (f" ({cut})" if cut else "") + f"; {deadline.advice()}")
+    return result
 
 
-def repeat_load_problem(metrics: Mapping[str, Any], min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION) -> str | None:
-    """Why one repeat measured the machine rather than the config, or None when it is clean.
+@dataclass
+class Campaign:
+    """All measured cells of one config in this process, and their verdicts once judged."""
 
-    ``metrics`` is the repeat's ``CellResult.metrics()`` with ``clock_overruns`` (the service's
-    counter differenced over the repeat) where the service reports one. Spoiled: the service fell
-    behind its own clock more than once, or its engine was busy less than ``min_busy_fraction`` of
-    the measured time or kept less than ``MIN_ENGINE_CLOCK_SHARE`` of its clock while it had work
-    (``ddtree_engine_clock_share``: passes that each ran a little late add up to a slower repeat
-    without a single overrun, and in a short repeat they hide under the busy-fraction floor, which
-    must leave room for the gaps a single client leaves), or the client kept fewer than
-    ``MIN_CONCURRENCY_SHARE`` of the configured requests in flight while requests were waiting to
-    be sent. Such a repeat is retaken, not counted (``stats.run_interleaved``)."""
-    overruns = metrics.get("clock_overruns")
-    if stats.is_number(overruns) and overruns > 1:
-        return f"the service fell behind its own clock {overruns:g} times"
-    kept = metrics.get("ddtree_engine_clock_share")
-    if stats.is_number(kept) and kept < MIN_ENGINE_CLOCK_SHARE:
-        return (f"the engine kept only {kept:.0%} of its simulated clock while it had work (below "
-                f"{MIN_ENGINE_CLOCK_SHARE:.0%}): its passes ran late on this host")
-    if open_loop(metrics):
-        return None
-    busy = metrics.get("ddtree_engine_busy_fraction")
-    if stats.is_number(busy) and busy < min_busy_fraction:
-        return f"the engine was busy only {busy:.0%} of the measured time (below {min_busy_fraction:.0%})"
-    configured, achieved = metrics.get("max_concurrency"), metrics.get("ddtree_loaded_concurrency")
-    if not stats.is_number(achieved):
-        achieved = metrics.get("concurrency")
-    if stats.is_number(configured) and configured > 0 and stats.is_number(achieved) \
-            and achieved / configured < MIN_CONCURRENCY_SHARE:
-        return (f"the client kept only {achieved:.1f} of {configured} requests in flight "
-                f"(below {MIN_CONCURRENCY_SHARE:.0%})")
-    return None
+    runs: dict[str, stats.CellRun[load.CellResult]]
+    policy: stats.RepeatPolicy
+    verdicts: dict[str, verdicts_mod.CellVerdict] = dataclasses.field(default_factory=dict)
+    confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
+    gated: tuple[str, ...] | None = None  # the gated metrics judged (None: all of verdicts.GATED_METRICS)
+    slo: SLO | None = None  # the SLO its goodput figures were counted against
+    slo_edge: bool = True  # whether an open-loop cell blessed at the SLO's edge leaves its goodput unjudged
 
 
-#: What a reader does about a measurement that describes the machine.
-WHAT_TO_DO = "rerun on a quieter machine (fewer -n workers, nothing else running) or raise --ddtree-repeats"
-
-
-def measurement_status(
-    policy: stats.RepeatPolicy,
-    primary: Sequence[float],
-    invalid: bool,
-    repeats: Sequence[Mapping[str, Any]],
-    problems: Sequence[str] = (),
-    min_busy_fraction: float = MIN_ENGINE_BUSY_FRACTION,
-    spoiled: Sequence[str] = (),
-) -> tuple[MeasurementStatus, list[str]]:
-    """The status of a measured cell and the reasons behind a non-valid one.
-
-    ``primary`` and ``repeats`` are the repeats that count; ``spoiled`` describes each repeat that
-    was retaken because it measured the machine (``repeat_load_problem``). invalid: errors or
-    wrong token counts in any repeat; inconclusive: fewer clean repeats than the policy's minimum
-    (too many were spoiled: the evidence is each spoiled repeat's reason), the repeats still
-    disagree after the extra repeats (policy), or the counted repeats themselves show a loaded
-    machine - any service that reports ``clock_overruns`` (more than one per repeat in most
-    repeats) or an engine busy fraction (simulated busy time over our wall time) below
-    ``min_busy_fraction``: the numbers would describe the machine, not the config.
-    """
-    if invalid:
-        return Status.INVALID, list(problems)[:20] or ["measurement invalid"]
-    if spoiled and len(primary) < policy.min_repeats:
-        shown = "; ".join(spoiled[:8]) + (f"; ... and {len(spoiled) - 8} more" if len(spoiled) > 8 else "")
-        return Status.INCONCLUSIVE, [
-            f"only {len(primary)} clean repeat(s) of the {policy.min_repeats} needed: {len(spoiled)} repeat(s) measured "
-            f"the machine, not the config, and were retaken as far as the extra repeats allow ({shown}); {WHAT_TO_DO}"]
-    status = policy.status(primary, invalid=invalid)
-    if status == Status.INVALID:
-        return status, list(problems)[:20] or ["measurement invalid"]
-    what_to_do = WHAT_TO_DO
-    if status == Status.INCONCLUSIVE:
-        spread = policy.spread(primary) if primary else math.inf
-        return status, [f"repeats disagree after {len(primary)} repeats: output tok/s {[round(p, 1) for p in primary]} "
-                        f"(robust spread {spread:.1%} > {policy.inconclusive_rel_ci:.0%}); {what_to_do}"]
-    fractions = [float(f) for m in repeats if not open_loop(m) and stats.is_number(f := m.get("ddtree_engine_busy_fraction"))]
-    if fractions and stats.median(fractions) < min_busy_fraction:
-        return Status.INCONCLUSIVE, [
-            f"the engine was busy only {stats.median(fractions):.0%} of the measured time (host overloaded or "
-            f"client too slow): the numbers describe the machine, not the config; {what_to_do}"]
-    overruns = [float(o) for m in repeats if stats.is_number(o := m.get("clock_overruns"))]
-    if overruns and stats.median(overruns) > 1:
-        return Status.INCONCLUSIVE, [
-            f"the service fell behind its own clock in most repeats (clock_overruns per repeat {overruns}): "
-            f"the numbers describe the machine, not the config; {what_to_do}"]
-    short = concurrency_shortfall(repeats)
-    if short is not None:
-        return Status.INCONCLUSIVE, [f"{short}; {what_to_do}"]
-    return status, []
-
-
-def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
-                  max_half_width: float = BLESS_MAX_HALF_WIDTH) -> str | None:
-    """Why a measured cell must not become part of a baseline, or None when it may.
-
-    A baseline is what every later run is judged against, so a bless asks more than a judged
-    run: a valid measurement (not invalid, not inconclusive: repeats that agree, an engine that
-    kept its clock, a client that kept the cell's concurrency) whose output tok/s interval is
-    within ``max_half_width`` (the profile's ``bless_max_half_width``)."""
-    if status != Status.VALID:
-        return "; ".join(reasons) or f"the measurement is {status}"
-    half = stats.log_mean_half_width(primary)
-    if half > max_half_width:
-        shown = "unbounded" if math.isinf(half) else f"+-{half:.1%}"
-        return (f"output tok/s {[round(p, 1) for p in primary]}: 95% t-interval {shown}, wider than the "
-                f"+-{max_half_width:.0%} a bless needs after {len(primary)} repeats (a loaded machine or a "
-                "noisy service); rerun on a quieter machine or with more --ddtree-repeats")
-    return None
+def repeat_policy(repeats: int, bless: bool = False, max_spread: float = INCONCLUSIVE_REL_CI,
+                  bless_half_width: float = verdicts_mod.BLESS_MAX_HALF_WIDTH) -> stats.RepeatPolicy:
+    """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats spread more than
+    ``max_spread`` (the profile's ``max_repeat_spread``), and for a bless (``bless``) also while the
+    interval is wider than a baseline needs (``bless_half_width``, the profile's ``bless_max_half_width``)."""
+    return stats.RepeatPolicy(
+        min_repeats=repeats,
+        max_repeats=repeats + MAX_EXTRA_REPEATS,
+        target_rel_ci=max_spread,
+        inconclusive_rel_ci=max_spread,
+        target_half_width=bless_half_width if bless else None,
+    )
 
 
 @dataclass(frozen=True)
-class BlessDecision:
-    """Whether a bless proposes a measured cell for its baseline: ``refusal`` says why not (None:
-    it does). Taken once per cell (``decide_bless``, by ``cells.evaluate_cell``); the cell's table
-    status, its proposal (``check.check_cell``) and the control's record read it."""
+class Driving:
+    """How each repeat drives the service: its prompts (the profile's ``tokenizer_path`` and
+    ``vocab_size``, ``--ddtree-dataset``: see ``prompts.py``), the most a verify may accept
+    (``accept_bound``: min(block_size - 1, budget) of the config; a request above it makes its repeat
+    invalid), whether the launch speculates (``speculative=False``: the control's, whose responses
+    carry no verify counts), the SLO each repeat counts bench_serving's goodput against (gated), one
+    repeat's deadline as a whole (the profile's ``cell_timeout_s``) and the name in its progress line."""
 
-    refusal: str | None = None
+    tokenizer_path: str | None = None
+    vocab_size: int | None = None
+    dataset: str | None = None
+    accept_bound: int | None = None
+    speculative: bool = True
+    slo: SLO | None = None
+    cell_timeout_s: float = CELL_TIMEOUT_S
+    label: str = ""
+    max_repeat_spread: float = INCONCLUSIVE_REL_CI
+    bless_max_half_width: float = verdicts_mod.BLESS_MAX_HALF_WIDTH
 
-    @property
-    def blessed(self) -> bool:
-        return self.refusal is None
+
+@dataclass(frozen=True)
+class Judging:
+    """What a config's cells are judged with beside their baseline: the gated metrics (None: all of
+    ``verdicts.GATED_METRICS``; the control gates its output tok/s only), how much a config's common
+    change moves between launches and each cell's repeat noise, over every config blessed on this
+    hardware (``blessed_judging``), and whether an open-loop cell blessed at the SLO's edge leaves its
+    goodput unjudged (``slo_edge.py``; the rate gate's probe sits at the edge by design and judges it).
+    ``between_spread`` (metric -> log spread): every cell's between-session spread in place of its
+    own; only the rate gate gives it (``rate_gate.pooled_spread``: its one cell at the SLO's edge).
+    ``confirm``: whether flagged cells get their confirmation run; a relaunch leaves it out, since
+    what it is judged on, the config's common change, is the first pass's and no confirmation moves it."""
+
+    gated: tuple[str, ...] | None = None
+    launch_spread: Mapping[str, float] | None = None
+    cell_noise: Mapping[str, Mapping[str, float]] | None = None
+    slo_edge: bool = True
+    between_spread: Mapping[str, float] | None = None
+    confirm: bool = True
 
 
-def decide_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
-                 max_half_width: float = BLESS_MAX_HALF_WIDTH) -> BlessDecision:
-    """A bless trusts a cell only when its measurement does (``bless_refusal``)."""
-    return BlessDecision(bless_refusal(status, reasons, primary, max_half_width))
+@dataclass(frozen=True)
+class Recording:
+    """Where each repeat goes the moment it exists, before anything else can fail: the first pass's
+    repeats (``on_sample``) and a flagged cell's confirmation repeats (``on_confirm``)."""
+
+    on_sample: OnSample | None = None
+    on_confirm: OnSample | None = None
+
+
+def measure_config(
+    service: str | SGLangClient,
+    cells: Sequence[load.WorkloadLike],
+    repeats: int,
+    driving: Driving = Driving(),
+    *,
+    baseline: Mapping[str, Any] | None = None,
+    judging: Judging = Judging(),
+    recording: Recording = Recording(),
+    bless: bool = False,
+) -> Campaign:
+    """Measure every cell of one config: repeat r of every cell before repeat r+1 of any.
+
+    ``service`` is the running service's client (its connections are reused; the service
+    manager closes it) or a URL (a client of its own for this call). Interleaving spreads
+    slow drift (thermal, a noisy neighbour) over all cells alike instead of biasing whichever
+    cell ran last; ``recording`` is called as each repeat exists, so the caller can record it
+    before anything else can fail. With ``baseline`` (the config's validated ``metrics``
+    section) the cells are judged together (``judging``), and flagged cells get their
+    confirmation run now, while this config's service is still up (unless ``judging.confirm`` is
+    off). ``bless`` asks the repeats for the interval a baseline needs (``repeat_policy``). A repeat
+    not over by ``driving.cell_timeout_s`` raises :class:`CellDeadlineExceeded` (the repeats before
+    it are already recorded).
+    """
+    if isinstance(service, str):
+        with SGLangClient(service, timeout=REQUEST_TIMEOUT_S) as own:
+            return measure_config(own, cells, repeats, driving, baseline=baseline, judging=judging,
+                                  recording=recording, bless=bless)
+    client = service
+    policy = repeat_policy(repeats, bless, driving.max_repeat_spread, driving.bless_max_half_width)
+    maker = load.prompt_maker(client, tokenizer_path=driving.tokenizer_path, vocab_size=driving.vocab_size,
+                              dataset=driving.dataset)
+    by_name = {w.name: w for w in cells}
+    planned = {"repeat": policy.min_repeats}  # the phase's planned repeats (the confirmation's, once it runs)
+    label = driving.label
+
+    def measure(name: str, r: int) -> load.CellResult:
+        workload = by_name[name]
+        (phase, n), = planned.items()
+        what = f"{phase} {r + 1}/{n}" if r < n else f"{phase} {r + 1} (an extra one: repeats disagreed or were retaken)"
+        with progress.activity(f"{label + ' ' if label else ''}{name}: {what}",
+                               requests=workload.requests + workload.warmup_requests):
+            return run_repeat(client, workload, driving.cell_timeout_s, prompts=maker, timeout_s=client.timeout,
+                              speculative=driving.speculative, accept_bound=driving.accept_bound, slo=driving.slo)
+
+    def noop(name: str, r: int, result: load.CellResult) -> None:
+        return None
+
+    runs = stats.run_interleaved(list(by_name), measure, _primary, policy, recording.on_sample or noop, spoiled_reason)
+    campaign = Campaign(runs=runs, policy=policy, gated=judging.gated, slo=driving.slo, slo_edge=judging.slo_edge)
+    if baseline is not None:
+        _judge(campaign, cells, baseline, measure, planned, repeats, recording.on_confirm or noop, judging)
+    return campaign
+
+
+def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Mapping[str, Any],
+           measure: Callable[[str, int], load.CellResult], planned: dict[str, int], repeats: int, on_confirm: OnSample,
+           judging: Judging) -> None:
+    """Judge the cells together against ``baseline``; flagged ones get their confirmation run
+    now (``planned`` names the phase in the progress of each repeat)."""
+    inputs = {w.name: cell_input(campaign, w, baseline.get(w.name)) for w in cells}
+    first = rule.judge_config(inputs, launch_spread=judging.launch_spread, cell_noise=judging.cell_noise,
+                              between_spread=judging.between_spread)
+    flagged = [name for name, v in first.items() if v.flagged]
+    if not flagged or not judging.confirm:
+        campaign.verdicts = first
+        return
+    planned.clear()
+    planned["confirmation repeat"] = CONFIRM_REPEATS
+    gated = {w.name: judged_gated(w, campaign.gated, baseline.get(w.name), campaign.slo, campaign.slo_edge) for w in cells}
+    _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging, gated)
+
+
+def _confirm(campaign: Campaign, inputs: Mapping[str, verdicts_mod.CellInput], flagged: list[str],
+             measure: Callable[[str, int], load.CellResult], repeats: int, on_confirm: OnSample,
+             judging: Judging, gated: Mapping[str, tuple[str, ...] | None]) -> None:
+    """The confirmation run of the flagged cells (fresh repeats, same service lifetime), and the
+    config judged again with it; a confirmation that measured the machine cannot confirm a flag."""
+    def judge(runs: Mapping[str, stats.CellRun[load.CellResult]]) -> dict[str, verdicts_mod.CellVerdict]:
+        confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], gated.get(name))
+                         for name, run in runs.items()}
+        return rule.judge_config(inputs, confirmations, launch_spread=judging.launch_spread,
+                                 cell_noise=judging.cell_noise, between_spread=judging.between_spread)
+
+    campaign.confirmations, campaign.verdicts = confirm_in_stages(flagged, measure, _primary, judge, on_confirm,
+                                                                  spoiled_reason)
+    for name, run in campaign.confirmations.items():
+        cleared = campaign.verdicts[name].status in (Status.PASS, Status.IMPROVED) and len(run.primary) >= repeats
+        if run.short_of_clean and not cleared:
+            # a confirmation that measured the machine cannot confirm a flag (nor clear it on a few repeats)
+            campaign.verdicts[name] = dataclasses.replace(
+                campaign.verdicts[name], status=Status.INCONCLUSIVE,
+                reasons=(f"flagged in the first pass, but its confirmation run got only {len(run.primary)} clean "
+                         f"repeat(s) of the {CONFIRM_REPEATS} needed: {len(run.spoiled)} measured the machine, not "
+                         f"the config ({'; '.join(spoiled_evidence(run)[:8])}); {verdicts_mod.WHAT_TO_DO}",))
+        else:
+            loaded = latency_beside_a_loaded_machine(campaign.verdicts[name], campaign.runs[name], run)
+            if loaded is not None:
+                campaign.verdicts[name] = dataclasses.replace(campaign.verdicts[name], status=Status.INCONCLUSIVE,
+                                                              reasons=(loaded,))
+
+
+#: A rate probe's figures kept with it (medians over its counted repeats).
+PROBE_FIGURES = ("request_throughput", OUTPUT_THROUGHPUT, REQUEST_GOODPUT, "slo_attainment", "p99_ttft_ms",
+                 "p99_tpot_ms", "p99_e2e_latency_ms", "median_tpot_ms", PER_REQUEST_OUTPUT_THROUGHPUT,
+                 TOKENS_PER_VERIFY)
+
+
+def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
+    """The open-loop cell of ``template`` at ``rate`` requests/s (its prompts, lengths, arrival
+    process and cap, its endpoint and thinking; a closed-loop template gets Poisson arrivals), named ``<template>@<rate>`` and
+    seeded by the template (``load.seed_name``): every rate sends the same prompts and arrival gaps."""
+    arrivals = dataclasses.replace(template.open_loop or openloop.Arrivals(rate), request_rate=rate)
+    return load.Cell(f"{template.name}@{rate:.4g}", arrivals.max_concurrency or template.requests,
+                     template.context_tokens, template.output_tokens, template.requests, template.warmup_requests,
+                     template.prompts, arrivals, template.sampling, load.seed_name(template),
+                     getattr(template, "api", "generate"), getattr(template, "thinking", None))  # a chat template's probes chat
+
+
+def sustainable_rate(
+    service: SGLangClient,
+    template: load.WorkloadLike,
+    plan: SearchPlan,
+    repeats: int,
+    driving: Driving,
+    recording: Recording = Recording(),
+    campaigns: dict[float, Campaign] | None = None,
+) -> RateSearch:
+    """The highest request rate at which ``template``'s requests meet ``driving.slo`` on this service
+    (``slo.search_rate``): each probed rate is a cell measured with the usual repeats and retakes
+    (``measure_config``); it meets the SLO when every request of its counted repeats, pooled,
+    does (``slo.slo_miss``). ``recording`` records each repeat as it exists; ``campaigns`` (rate ->
+    its measured cell) is filled for a bless, which keeps the found rate's goodput samples."""
+    if driving.slo is None:
+        raise ValueError("sustainable_rate needs an SLO to sustain (Driving.slo)")
+
+    def probe(rate: float) -> RateProbe:
+        found, campaign = probe_rate(service, template, rate, repeats, driving, recording)
+        if campaigns is not None:
+            campaigns[rate] = campaign
+        return found
+
+    return slo_mod.search_rate(probe, plan)
+
+
+def probe_rate(service: SGLangClient, template: load.WorkloadLike, rate: float, repeats: int, driving: Driving,
+               recording: Recording = Recording()) -> tuple[RateProbe, Campaign]:
+    """One rate of ``template`` measured as an open-loop cell with the usual repeats and retakes,
+    against ``driving.slo``: the probe and its measured cell (a bless keeps its goodput samples)."""
+    slo = driving.slo
+    if slo is None:
+        raise ValueError("probe_rate needs an SLO to meet (Driving.slo)")
+    cell = rate_cell(template, rate)
+    campaign = measure_config(service, [cell], repeats, dataclasses.replace(driving, label=""),
+                              recording=Recording(recording.on_sample))
+    return rate_probe(campaign.runs[cell.name], rate, slo), campaign
+
+
+def rate_probe(run: stats.CellRun[load.CellResult], rate: float, slo: SLO) -> RateProbe:
+    """One measured rate against ``slo``: met when no repeat had a problem and every request of its
+    counted repeats, pooled, meets the SLO (``slo.slo_miss``); its figures are medians over repeats."""
+    counted = run.counted
+    problems = [p for s in counted for p in s.problems() if "failed" not in p]
+    reason = ("; ".join(problems[:3]) if problems else None) or \
+        slo_mod.slo_miss([r for s in counted for r in s.requests], slo)
+    medians = stats.aggregate_repeats([repeat_metrics(s) for s in counted if s.valid])
+    return RateProbe(rate, reason is None, reason, {k: medians.get(k) for k in PROBE_FIGURES})
+
+
+K = TypeVar("K")
+S = TypeVar("S")
+
+
+def confirm_in_stages(flagged: Sequence[K], measure: Callable[[K, int], S], primary: Callable[[S], float | None],
+                      judge: Callable[[Mapping[K, stats.CellRun[S]]], dict[K, verdicts_mod.CellVerdict]],
+                      on_sample: Callable[[K, int, S], None] | None = None,
+                      spoiled: Callable[[S], str | None] | None = None,
+                      ) -> tuple[dict[K, stats.CellRun[S]], dict[K, verdicts_mod.CellVerdict]]:
+    """The confirmation run of the flagged cells: ``CONFIRM_FIRST_STAGE`` fresh repeats each, judged
+    (``judge``: the config with these confirmations); a cell ``cleared_early`` stops there, the others
+    take the rest of ``CONFIRM_REPEATS``, and the config is judged on everything measured.
+
+    Why two stages: most flagged cells of an unchanged config are cleared by their confirmation
+    with room to spare, and twelve repeats of each were most of a sweep's repeats beyond the first
+    pass. The error is spent honestly: only a pass can stop early, so stopping never adds a false
+    alarm; it can only lose a regression whose first stage looks better than half its tolerance
+    (wider at two repeats than at four, so a cell 10% slower rarely does), which the benchmark
+    measures (``benchmarks/bench_gate.py``: one cell -10%, 97.0% of 200 under ``restart3`` at a first
+    stage of 2, 98.5% at 3, whose confirmations cost 0.6% more of the configs' GPU time)."""
+    def stage(cells: Sequence[K], offset: Mapping[K, int], policy: stats.RepeatPolicy) -> dict[K, stats.CellRun[S]]:
+        record = None if on_sample is None else (lambda c, r, x: on_sample(c, r + offset.get(c, 0), x))
+        return stats.run_interleaved(cells, measure, primary, policy, record, spoiled)
+
+    first_policy = stats.RepeatPolicy(min_repeats=CONFIRM_FIRST_STAGE, max_repeats=CONFIRM_FIRST_STAGE,
+                                      max_attempts=CONFIRM_FIRST_STAGE + MAX_EXTRA_REPEATS // 2)
+    runs = stage(flagged, {}, first_policy)
+    verdicts = judge(runs)
+    rest = [c for c in flagged if not runs[c].invalid and not cleared_early(verdicts[c])]
+    if not rest:
+        return runs, verdicts
+    more = CONFIRM_REPEATS - CONFIRM_FIRST_STAGE
+    second = stage(rest, {c: len(runs[c].samples) for c in rest},
+                   stats.RepeatPolicy(min_repeats=more, max_repeats=more, max_attempts=more + MAX_EXTRA_REPEATS // 2))
+    for c, run in second.items():
+        runs[c] = _joined(runs[c], run)
+    return runs, judge(runs)
+
+
+def _joined(first: stats.CellRun[S], second: stats.CellRun[S]) -> stats.CellRun[S]:
+    """Two stages of one cell's confirmation run as one run (the second's spoiled indices moved on)."""
+    offset = len(first.samples)
+    return stats.CellRun(samples=[*first.samples, *second.samples], primary=[*first.primary, *second.primary],
+                         invalid=first.invalid or second.invalid, stopped_early=second.stopped_early,
+                         spoiled={**first.spoiled, **{i + offset: why for i, why in second.spoiled.items()}},
+                         min_clean=CONFIRM_REPEATS)
+
+
+def cleared_early(verdict: verdicts_mod.CellVerdict) -> bool:
+    """Whether a flagged cell's first confirmation stage clears it with room to spare: it passes,
+    and every confirmed metric's confirmation (the config's common change removed) is on the bad
+    side by at most half its tolerance."""
+    if verdict.status not in (Status.PASS, Status.IMPROVED):
+        return False
+    for m in verdict.metrics:
+        if m.confirm_change is None:
+            continue
+        log_change = math.log1p(max(m.confirm_change, -0.999999))
+        if (-log_change if m.direction == "higher" else log_change) > m.tolerance / 2.0:
+            return False
+    return True
+
+
+#: Above this median share of a cell's measured time in which some task on the host waited for a
+#: CPU (``ddtree_host_cpu_pressure``, Linux's PSI), latency measured there describes the host. Set
+#: on the 2-core box: concurrency-1 cells read 3-10% quiet and beside one busy loop, 18-23% beside
+#: two (c1_short's TTFT then 4.9-8.5 ms against 4.5 quiet), so 15% sits between; a concurrency-8
+#: cell there reads 23-30% quiet (its own client and engine threads outnumber the cores, and its
+#: TTFT is bimodal: 8.7 and 18.9 ms in three quiet repeats), so its latency is not judged there.
+MAX_HOST_CPU_PRESSURE = 0.15
+
+
+def host_cpu_pressure(*runs: stats.CellRun[load.CellResult]) -> float | None:
+    """The median share of the measured time in which some task on this host waited for a CPU, over
+    the repeats that count of ``runs``; None where the kernel does not report it."""
+    shares = [p for run in runs for s in run.counted if (p := s.host_cpu_pressure) is not None]
+    return stats.median(shares) if shares else None
+
+
+def latency_beside_a_loaded_machine(verdict: verdicts_mod.CellVerdict, first: stats.CellRun[load.CellResult],
+                                    confirmation: stats.CellRun[load.CellResult]) -> str | None:
+    """Why a confirmed regression of latency only (TTFT) is the machine's, or None.
+
+    A host loaded enough to spoil some of a cell's repeats delays the repeats beside them too:
+    a request's first token waits for the client's and the service's threads (on the 2-core box
+    at clock scale 10, c1_short's 3.7 ms TTFT became 4.2-11 ms, the service's own TTFT 2.9-5.4 ms)
+    long before the engine falls behind its clock by the 5% that spoils a repeat. Throughput is
+    judged on the clean repeats as they are; a latency regression measured in a cell that needed
+    retakes is not a verdict on the config. Nor is one measured while the host's CPUs were
+    contended (``MAX_HOST_CPU_PRESSURE``): there every repeat can be clean, the engine on its
+    clock and the client at its concurrency, while each first token waits for a CPU (CI: the main
+    job's c8_short TTFT +46%, +61% in its confirmation, beside other timing-sensitive tests)."""
+    if verdict.status != Status.REGRESSION:
+        return None
+    regressed = [m for m in verdict.metrics if m.status == Status.REGRESSION]
+    if not regressed or any(m.unit != "ms" for m in regressed):
+        return None
+    shown = "; ".join(f"{m.metric} {m.change:+.1%}" if m.change is not None else m.metric for m in regressed)
+    if first.spoiled or confirmation.spoiled:
+        retaken = len(first.spoiled) + len(confirmation.spoiled)
+        return (f"{shown} beyond tolerance, but measured while the machine spoiled {retaken} of this cell's repeats "
+                f"({'; '.join([*spoiled_evidence(first), *spoiled_evidence(confirmation)][:4])}): latency is delayed by a "
+                f"loaded host before the engine falls behind its clock, so this is not a verdict on the config; "
+                f"{verdicts_mod.WHAT_TO_DO}")
+    pressure = host_cpu_pressure(first, confirmation)
+    if pressure is not None and pressure > MAX_HOST_CPU_PRESSURE:
+        return (f"{shown} beyond tolerance, but measured while tasks on this host waited for a CPU {pressure:.0%} of "
+                f"the time (median over the cell's repeats, Linux's CPU pressure; above {MAX_HOST_CPU_PRESSURE:.0%}): "
+                f"each first token waited for the host, not only for the service, so this is not a verdict on the "
+                f"config; {verdicts_mod.WHAT_TO_DO}")
+    return None
+
+
+def blessed_judging(store: BaselineStore, gated: tuple[str, ...] | None = None) -> Judging:
+    """What a config's cells are judged with from every config's baseline file of ``store``'s
+    hardware profile, read in one pass: ``baseline.launch_spread`` (how much a config's common change
+    moves between launches) and ``baseline.cell_noise`` (each cell's repeat noise); files that cannot be
+    read are left out (their own cells report them)."""
+    sections = _blessed_sections(store, "metrics", baseline_mod.validate_section)
+    return Judging(gated, baseline_mod.launch_spread(sections), baseline_mod.cell_noise(sections))
+
+
+def blessed_rate_sections(store: BaselineStore) -> list[dict[str, Any]]:
+    """The ``sustainable_rate`` sections of every config's baseline file of ``store``'s hardware
+    profile, read in one pass (``rate_gate.pooled_spread`` pools them); files that cannot be read
+    are left out (their own rate test reports them)."""
+    return _blessed_sections(store, baseline_mod.RATE_SECTION, baseline_mod.validate_rate_section)
+
+
+def _blessed_sections(store: BaselineStore, key: str, validate: Callable[[Any, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Section ``key`` of every config's baseline file of ``store`` (not the control's), each checked
+    by ``validate`` (its section's own validator, which names the file in its error)."""
+    from pytest_ddtree.gates.throughput.baseline import CONTROL
+
+    sections: list[dict[str, Any]] = []
+    directory = store.read_directory
+    if not directory.is_dir():
+        return sections
+    for path in sorted(directory.glob("*.yaml")):
+        if path.stem == CONTROL:
+            continue
+        try:
+            data = store.load(path.stem)
+            sections.append(validate((data or {}).get(key), str(path)))
+        except (BaselineError, verdicts_mod.BaselineFormatError, OSError):
+            continue
+    return sections
+
+
+def _primary(result: load.CellResult) -> float | None:
+    value = result.metrics()[OUTPUT_THROUGHPUT]
+    return float(value) if result.valid and isinstance(value, (int, float)) else None
+
+
+def gate_samples(repeats: Sequence[Mapping[str, Any]], gated: Sequence[str] | None = None) -> dict[str, list[float]]:
+    """Each gated metric's repeat samples (a metric a repeat did not report is left out); ``gated``
+    narrows the metrics (the control gates its output tok/s only)."""
+    samples = {
+        spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
+        for spec in verdicts_mod.GATED_METRICS if gated is None or spec.key in gated
+    }
+    return {k: v for k, v in samples.items() if v}
+
+
+def repeat_metrics(result: load.CellResult) -> dict[str, Any]:
+    """One repeat's metrics, with the service's clock overruns during it where it reports them."""
+    m: dict[str, Any] = dict(result.metrics())
+    before, after = result.server_state_before.get("clock_overruns"), result.server_state.get("clock_overruns")
+    if stats.is_number(before) and stats.is_number(after):
+        m["clock_overruns"] = after - before
+    return m
+
+
+def spoiled_reason(result: load.CellResult) -> str | None:
+    """Why a valid repeat measured the machine rather than the config (``verdicts.repeat_load_problem``),
+    or None: such a repeat is recorded and retaken, never counted."""
+    return verdicts_mod.repeat_load_problem(repeat_metrics(result)) if result.valid else None
+
+
+def spoiled_evidence(run: stats.CellRun[load.CellResult]) -> list[str]:
+    """Each spoiled repeat of ``run``: its index, output tok/s and why it was not counted."""
+    out = []
+    for i, why in sorted(run.spoiled.items()):
+        tok_s = run.samples[i].metrics().get(OUTPUT_THROUGHPUT)
+        shown = f", output tok/s {tok_s:.1f}" if stats.is_number(tok_s) else ""
+        out.append(f"repeat {i}{shown}: {why}")
+    return out
+
+
+def _repeat_facts(run: stats.CellRun[load.CellResult]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The counted valid repeats' metrics (with the engine's clock overruns, where it reports them)
+    and the problems of every repeat."""
+    repeats = [repeat_metrics(s) for s in run.counted if s.valid]
+    return repeats, [p for s in run.samples for p in s.problems()]
+
+
+#: Gated metrics that exist only against an SLO: a session without one does not judge them.
+SLO_METRICS = (REQUEST_GOODPUT,)
+#: Gated metrics an open-loop cell does not gate. While the service keeps up, an open-loop cell's
+#: output tok/s is the offered rate's (its rate x its output tokens) whatever the config's speed, as
+#: the control is not measured there for (``launches.cells_of``): judged against the config's common
+#: change, which its closed-loop cells measure, it fails whenever the launch or the day moves
+#: (``benchmarks/bench_rate_gate.py``: 19 open-loop cells in 20 unchanged sweeps under a 2% launch
+#: shift), and counted in that common change it dilutes it. Its goodput (under an SLO), TTFT and
+#: acceptance are gated as any cell's; its tok/s is still recorded and blessed (the reader's, and
+#: the history's), only not judged.
+OFFERED_LOAD_METRICS = (OUTPUT_THROUGHPUT,)
+
+
+def cell_gated(workload: load.WorkloadLike, gated: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The metrics ``workload``'s cell gates, of the campaign's ``gated`` (None: all of them): an
+    open-loop cell leaves out ``OFFERED_LOAD_METRICS``."""
+    if workload.open_loop is None:
+        return None if gated is None else tuple(gated)
+    keys = [spec.key for spec in verdicts_mod.GATED_METRICS] if gated is None else list(gated)
+    return tuple(k for k in keys if k not in OFFERED_LOAD_METRICS)
+
+
+def judged_gated(workload: load.WorkloadLike, gated: Sequence[str] | None, baseline_cell: Any, slo: SLO | None,
+                 slo_edge: bool = True) -> tuple[str, ...] | None:
+    """The metrics ``workload``'s cell judges today (``cell_gated``), less those its baseline says
+    it records but does not judge (``edge_exemption``: a judged metric the baseline lacks would be
+    reported as new)."""
+    judged = cell_gated(workload, gated)
+    edge = edge_exemption(baseline_cell, slo, workload) if slo_edge else None
+    if edge is None:
+        return judged
+    keys = [spec.key for spec in verdicts_mod.GATED_METRICS] if judged is None else list(judged)
+    return tuple(k for k in keys if k not in edge.metrics)
+
+
+def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None = None,
+                    slo_edge: bool = True) -> dict[str, Any] | None:
+    """A cell's baseline as this session judges it: without an SLO, its goodput gates are left out (a
+    baseline blessed with an SLO must not fail a session without one for a figure it cannot count).
+    With another SLO than the blessed one the goodput figures differ: re-bless (docs/gates/throughput.md).
+    An open-loop ``workload``'s output tok/s gates are left out too (``OFFERED_LOAD_METRICS``: a
+    baseline blessed before it was left out still holds them), and so is its goodput where it was
+    blessed at the SLO's edge (``edge_exemption``; ``slo_edge=False``: judged wherever it was blessed)."""
+    if not isinstance(baseline_cell, Mapping):
+        return None
+    gates = baseline_cell.get("gates")
+    edge = edge_exemption(baseline_cell, slo, workload) if slo_edge else None
+    dropped = (() if slo is not None else SLO_METRICS) + \
+        (OFFERED_LOAD_METRICS if workload is not None and workload.open_loop is not None else ()) + \
+        (edge.metrics if edge is not None else ())
+    if not isinstance(gates, Mapping) or not any(k in gates for k in dropped):
+        return dict(baseline_cell)
+    return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in dropped}}
+
+
+def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None) -> baseline_mod.EdgeExemption | None:
+    """What an open-loop ``workload`` blessed at ``slo``'s edge records but does not judge, and why
+    (``slo_edge.py``: from its blessed sessions only); None for a closed-loop cell, without an SLO or
+    where it was blessed clear of the edge."""
+    if slo is None or workload is None or workload.open_loop is None:
+        return None
+    return baseline_mod.edge_exemption(baseline_cell, slo.percentile)
+
+
+def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> verdicts_mod.CellInput:
+    """What the gate needs of one measured cell."""
+    run = campaign.runs[workload.name]
+    repeats, problems = _repeat_facts(run)
+    status, why = verdicts_mod.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
+                                          spoiled=spoiled_evidence(run))
+    return verdicts_mod.CellInput(judged_baseline(baseline_cell, campaign.slo, workload, campaign.slo_edge),
+                          gate_samples(repeats, judged_gated(workload, campaign.gated, baseline_cell, campaign.slo,
+                                                             campaign.slo_edge)),
+                          status, why, measured_workload(run, workload))
+
+
+def measured_workload(run: stats.CellRun[load.CellResult], workload: load.WorkloadLike) -> WorkloadData:
+    """The workload as measured: its numbers and the prompts its repeats really used
+    (``documents via /tokenize``), so a baseline made from other prompts does not apply."""
+    measured_prompts = sorted({s.prompt_source for s in run.samples if s.prompt_source})
+    digests = sorted({d for s in run.samples if (d := s.workload.get("prompts_digest"))})
+    return load.workload_dict(workload, measured_prompts[0] if measured_prompts else None, digests[0] if digests else None)
+
+
+def sample_record(name: str, repeat: int, result: load.CellResult) -> RepeatData:
+    """What one measured repeat contributes to the session's records (``throughput-repeat``)."""
+    return {
+        "cell": name,
+        "repeat": repeat,
+        "workload": result.workload,
+        "metrics": result.metrics(),
+        "problems": result.problems()[:20],
+        "notes": result.notes,
+        "spoiled": spoiled_reason(result),  # why it was retaken, not counted (None: it counts)
+        "prompts": result.prompt_source,
+        "accept_histogram": result.accept_histogram(),
+    }
+
+
+def cell_histogram(samples: Sequence[load.CellResult]) -> list[int] | None:
+    """The valid repeats' acceptance histograms summed (None unless each has one)."""
+    hists = [s.accept_histogram() for s in samples if s.valid]
+    if not hists or any(h is None for h in hists):
+        return None
+    total: list[int] = []
+    for h in hists:
+        total = proof.add_histograms(total, h or [])
+    return total

@@ -4,11 +4,11 @@ Why not search again and compare the answers: a search is several cells, and its
 a bisection step from session to session on noise alone, so comparing two searches' rates would
 either alarm often or need a tolerance as wide as the step. Whether a config still carries the
 traffic it carried when blessed is one question that one cell answers. So a bless stores, in the
-config's baseline file (section ``sustainable_rate``, ``gate.rate_entry``), the rate its search
+config's baseline file (section ``sustainable_rate``, ``baseline.rate_entry``), the rate its search
 found, the SLO it was found under and that rate's goodput samples as a cell entry; a later
 session measures that rate as one open-loop cell with the usual repeats and judges its goodput
 against those samples by the throughput gate's own rule, tolerance and confirmation run
-(``throughput.measure_config`` with the entry as the cell's baseline). Goodput at a fixed offered
+(``measurement.measure_config`` with the entry as the cell's baseline). Goodput at a fixed offered
 rate is the rate's own test: below capacity it is the offered rate whatever the speed, and it falls
 as requests start missing the SLO. Measured (``benchmarks/bench_rate_gate.py``, docs/benchmarks.md):
 its false alarms are within output tok/s's budget, its power is not: under a p99 SLO the requests
@@ -20,7 +20,7 @@ of freedom: when they happen to agree, the floor is all that is left, and an unc
 rate tests failed 2-3% of sweeps against the budget's 2%) but the spread pooled over every config's
 blessed rate on this hardware profile under the same SLO (``pooled_spread``), as output tok/s pools
 the launch spread, where wider than its own; the config's own where fewer than
-``gate.MIN_POOLED_CONFIGS`` configs' entries hold two sessions or more. The message says which.
+``baseline.MIN_POOLED_CONFIGS`` configs' entries hold two sessions or more. The message says which.
 
 A failure on the config's launch is judged again on a fresh launch (``Relaunch``, where the profile
 can relaunch: ``relaunch_flagged``) and stands only where it reproduces there: at the SLO's edge one
@@ -34,21 +34,20 @@ requests as good): it says "bless again" and searches as an unblessed session do
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.metrics import REQUEST_GOODPUT
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, verdicts, measurement
 from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.service.base import ServiceError
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.gates.throughput import throughput
 from pytest_ddtree.records.rate_shapes import REBLESS, RateGateData, SustainableRateData
 from pytest_ddtree.measure.slo import SLO, RateProbe, RateSearch
 from pytest_ddtree.records.words import GateDecision, Status
+
 
 #: The gated metric of a blessed rate: bench_serving's request_goodput (good requests per second).
 GOODPUT = REQUEST_GOODPUT
@@ -63,14 +62,14 @@ def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:
         and float(blessed["percentile"]) == slo.percentile
 
 
-def pooled_spread(store: BaselineStore, slo: SLO) -> dict[str, gate.PooledSpread]:
+def pooled_spread(store: BaselineStore, slo: SLO) -> dict[str, baseline_mod.PooledSpread]:
     """The blessed rates' goodput between-session spread per workload, pooled over every config's
     baseline file of ``store``'s hardware profile whose entry was blessed under ``slo`` (another
     SLO's edge is another rate's); read once per session by the suite (files that cannot be read
     are left out: their own rate test reports them)."""
     sections = [{w: e for w, e in section.items() if same_slo(e.get("slo") or {}, slo)}
-                for section in throughput.blessed_rate_sections(store)]
-    return {w: by_metric[GOODPUT] for w, by_metric in gate.rate_between_spread(sections).items() if GOODPUT in by_metric}
+                for section in measurement.blessed_rate_sections(store)]
+    return {w: by_metric[GOODPUT] for w, by_metric in baseline_mod.rate_between_spread(sections).items() if GOODPUT in by_metric}
 
 
 def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO) -> float | None:
@@ -89,7 +88,7 @@ def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO)
     return float(kept) if stats.is_number(kept) and 0 < float(kept) <= found else found
 
 
-def bless_entry(rate: float | None, campaigns: Mapping[float, throughput.Campaign], template: load.WorkloadLike,
+def bless_entry(rate: float | None, campaigns: Mapping[float, measurement.Campaign], template: load.WorkloadLike,
                 slo: SLO, existing: Mapping[str, Any] | None, session: str) -> tuple[dict[str, Any] | None, str]:
     """The ``sustainable_rate.<workload>`` entry a bless proposes at ``rate`` (``bless_rate``; None and
     why when it proposes none).
@@ -99,8 +98,8 @@ def bless_entry(rate: float | None, campaigns: Mapping[float, throughput.Campaig
     last three, as a cell's) while the rate and the SLO stay; a new rate or SLO starts over."""
     if rate is None:
         return None, f"no rate met {slo.label}: there is no sustainable rate to bless"
-    cell = throughput.rate_cell(template, rate)
-    facts = throughput.cell_input(campaigns[rate], cell, None)
+    cell = measurement.rate_cell(template, rate)
+    facts = measurement.cell_input(campaigns[rate], cell, None)
     if facts.status != Status.VALID:
         return None, (f"the measurement at {rate:g} req/s is {facts.status}: "
                       + ("; ".join(facts.problems) or "see its repeats in the records"))
@@ -108,9 +107,9 @@ def bless_entry(rate: float | None, campaigns: Mapping[float, throughput.Campaig
     if not goodput or min(goodput) <= 0:
         return None, f"a repeat at {rate:g} req/s had no request meeting {slo.label} (goodput {goodput})"
     old = existing.get("cell") if existing is not None and same_slo(existing.get("slo") or {}, slo) else None
-    entry = gate.baseline_cell_entry(facts.workload or {}, {GOODPUT: goodput}, existing=old,
-                                     specs=[gate.SPECS[GOODPUT]], session=session)
-    return gate.rate_entry(rate, slo.record(), entry), f"{rate:g} req/s under {slo.label} proposed for the baseline"
+    entry = baseline_mod.baseline_cell_entry(facts.workload or {}, {GOODPUT: goodput}, existing=old,
+                                     specs=[verdicts.SPECS[GOODPUT]], session=session)
+    return baseline_mod.rate_entry(rate, slo.record(), entry), f"{rate:g} req/s under {slo.label} proposed for the baseline"
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Relaunch:
     where the relaunch fails (then the first launch's failure stands, saying so)."""
 
     launch: Callable[[], SGLangClient]
-    recording: throughput.Recording = throughput.Recording()
+    recording: measurement.Recording = measurement.Recording()
 
 
 @dataclass(frozen=True)
@@ -151,9 +150,9 @@ class _Judged:
 
 
 def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
-               resolution: float, driving: throughput.Driving, *, config: str, create_command: str, require: bool,
-               recording: throughput.Recording = throughput.Recording(),
-               pooled: gate.PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
+               resolution: float, driving: measurement.Driving, *, config: str, create_command: str, require: bool,
+               recording: measurement.Recording = measurement.Recording(),
+               pooled: baseline_mod.PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
     """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
     under this session's SLO, ``driving.slo``) and judge its goodput; ``driving`` is how each repeat
     drives the service (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``)
@@ -168,7 +167,7 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
     where = f"{config}: its blessed sustainable rate {rate:g} req/s on {template.name} under SLO {slo.label}"
     first = _judge_launch(service, template, blessed, repeats, driving, config, recording, pooled)
     judged, before = first, ""
-    if first.status in gate.FAILING and relaunch is not None:
+    if first.status in verdicts.FAILING and relaunch is not None:
         try:
             client = relaunch.launch()
         except ServiceError as exc:
@@ -180,7 +179,7 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
     relaunched = judged is not first
     status, shown, details = judged.status, judged.shown, judged.details
     decision: GateDecision
-    if status in gate.FAILING:
+    if status in verdicts.FAILING:
         decision = Status.FAIL
         message = (f"{where} no longer holds{' on a fresh launch either' if relaunched else ''}: {shown}.{details}"
                    f"{before}\n  If the change is intended, bless again: "
@@ -213,27 +212,27 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
 
 
 def _judge_launch(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
-                  driving: throughput.Driving, label: str, recording: throughput.Recording,
-                  pooled: gate.PooledSpread | None) -> _Judged:
+                  driving: measurement.Driving, label: str, recording: measurement.Recording,
+                  pooled: baseline_mod.PooledSpread | None) -> _Judged:
     """The blessed rate measured as one open-loop cell on this launch, its goodput judged against the
-    entry by the throughput gate's rule, tolerance and confirmation run (``throughput.measure_config``)."""
+    entry by the throughput gate's rule, tolerance and confirmation run (``measurement.measure_config``)."""
     slo = driving.slo
     assert slo is not None  # judge_rate checked it
     rate = float(blessed["rate"])
-    cell = throughput.rate_cell(template, rate)
-    campaign = throughput.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=label),
+    cell = measurement.rate_cell(template, rate)
+    campaign = measurement.measure_config(service, [cell], repeats, dataclasses.replace(driving, label=label),
                                          baseline={cell.name: blessed["cell"]},
-                                         judging=throughput.Judging(gated=(GOODPUT,), slo_edge=False, between_spread=(
+                                         judging=measurement.Judging(gated=(GOODPUT,), slo_edge=False, between_spread=(
                                              None if pooled is None else {GOODPUT: pooled.spread})), recording=recording)
-    probe = throughput.rate_probe(campaign.runs[cell.name], rate, slo)
+    probe = measurement.rate_probe(campaign.runs[cell.name], rate, slo)
     verdict = campaign.verdicts[cell.name]
     base = (blessed["cell"].get("gates") or {}).get(GOODPUT) or {}
-    base_median, tolerance = base.get("median"), float(base.get("tolerance", gate.SPECS[GOODPUT].tolerance))
+    base_median, tolerance = base.get("median"), float(base.get("tolerance", verdicts.SPECS[GOODPUT].tolerance))
     judged = verdict.metric(GOODPUT)
     status = verdict.status
     details = "".join(f"\n  - {line}" for line in verdict.message(label).split("\n  - ")[1:])
-    measured = list(throughput.cell_input(campaign, cell, None).current.get(GOODPUT) or [])
-    if status not in gate.FAILING and measured and min(measured) <= 0 and stats.is_number(base_median) \
+    measured = list(measurement.cell_input(campaign, cell, None).current.get(GOODPUT) or [])
+    if status not in verdicts.FAILING and measured and min(measured) <= 0 and stats.is_number(base_median) \
             and stats.median(measured) < float(base_median) * (1 - tolerance):
         # the rule works on logs and leaves a repeat with no good request unjudged: at a rate the
         # blessed repeats all met, a median beyond the tolerance below them is the regression itself
@@ -270,14 +269,14 @@ def unjudged(config: str, workload: str, blessed: Mapping[str, Any] | None, slo:
     return Status.WARN, why
 
 
-def _tolerance(tolerance: float, pooled: gate.PooledSpread | None, blessed: Mapping[str, Any]) -> str:
+def _tolerance(tolerance: float, pooled: baseline_mod.PooledSpread | None, blessed: Mapping[str, Any]) -> str:
     """The tolerance and the between-session spread it holds: pooled over how many configs, or its own."""
     if pooled is not None:
         return (f"tolerance {tolerance:.1%}, its between-session spread its own or, where wider, {pooled.spread:.1%} "
                 f"pooled over {pooled.configs} configs' blessed rates on this hardware")
     sessions = len(((blessed["cell"].get("gates") or {}).get(GOODPUT) or {}).get("sessions") or [])
     return (f"tolerance {tolerance:.1%}, its between-session spread its own {sessions} blessed session(s)' "
-            f"(fewer than {gate.MIN_POOLED_CONFIGS} configs' rates blessed in 2+ sessions to pool)")
+            f"(fewer than {baseline_mod.MIN_POOLED_CONFIGS} configs' rates blessed in 2+ sessions to pool)")
 
 
 def _num(value: Any) -> str:

@@ -1,34 +1,169 @@
-"""The cell rule (steps 1-5 of the package docstring): a config's cells against their baselines, the
-day shift removed, flagged at a lenient screen, then confirmed."""
+"""The throughput gate's rule: a config's cells against their baselines, and the arithmetic it is made of (no pytest).
+
+The design target (docs/benchmarks.md, "Error budget"): an unchanged service passes a whole
+sweep of the campaign matrix (18 configs x 6 cells x 3 gated metrics) at least 98% of the time
+under 3% repeat noise plus a 2% day-to-day shift, while a 10% drop of one cell's output tok/s
+is caught at least 95% of the time, with 3 repeats a cell in the first pass.
+``benchmarks/bench_gate.py`` measures both through the functions below.
+
+The rule, per gated metric of a cell (all arithmetic on log values: the noise is multiplicative):
+
+1. **Change.** median(now) against the median of the baseline's samples, which hold the last
+   K blessed sessions (K = 3 by default), so one odd blessing day does not become the truth.
+2. **Day shift removed.** A machine that is 2% slower today is slower in every cell. The
+   config's common change (with >= 3 cells: the mean of its cells' changes without the one in
+   five farthest from their median; the median of 3-4) is that shift; each cell is judged on
+   its change *relative to it*. The shift itself is judged once per config (step 5), so a
+   uniform regression of the whole config is not hidden by it.
+3. **Tolerance from measured noise.** sigma = the cell's own within-session standard deviation of
+   the log samples (baseline sessions and today's repeats, robust; between half and three times the
+   config's median: high concurrency is noisier than a single request); the spread between the baseline's
+   sessions beyond what that noise explains is added (the cell's own day-to-day wobble). The
+   tolerance is ``max(floor, Z_CELL * standard error of the change)``; the floor is the
+   ``tolerance`` in the YAML (5% output tok/s, 3% accept length, 25% TTFT p50, no absolute ms
+   floor) and reviewers may edit it.
+4. **Flag, then confirm.** The first pass only *flags* a cell, at a lenient screen
+   (``Z_FLAG`` standard errors, at least half the floor: a flag costs only confirmation
+   repeats); the suite measures flagged cells again (``CONFIRM_REPEATS`` fresh repeats, same
+   service lifetime) and the cell fails only when the confirmation alone is beyond the
+   confirmation's tolerance too (vLLM's nightly gate: two consecutive violations):
+   ``max(CONFIRM_FLOOR_SHARE x floor, Z_CONFIRM x its standard error)``, the noise in that
+   standard error being the confirmation's own spread. Not reproduced = pass, with both
+   numbers in the record.
+5. **Config-wide moves.** The config's shift is judged against ``max(floor, Z_CONFIG * the
+   day-to-day spread)``: how much a config's common change moves between blessed sessions
+   (``launch_spread``: its launch-to-launch part from each config against the others of its blessed
+   session, pooled over every config of the hardware profile; its day part from the blessed days,
+   at least the metric's assumed day shift, 2%). Beyond it every cell of the config is flagged
+   (and confirmed).
+6. **A config against its session** (``judge_session``, at session end): the config's common
+   change against the median of the other configs' in the same session, which share that
+   day's machine; a config slower as a whole fails here even when each of its cells passed.
+   A launch moves a config as a whole about as much as a day, so where the profile can relaunch
+   (``relaunch_flagged``) a config beyond a lenient screen (``relaunch_candidates``) is launched
+   once more and judged on both launches.
+7. **The session's control** (``pytest_ddtree/gates/throughput/control.py``, at session end): a non-speculative
+   launch judged against its own baseline, each config's speedup over it, and the session's
+   uniform shift; every config slower against a control that held fails there.
+
+Noise differs by cell (concurrency 32 is noisier than one request): each cell's noise is pooled
+over every config blessed on the hardware profile (``cell_noise``), not guessed from its own three
+sessions.
+
+A cell is *inconclusive* also when the client kept too few requests in flight
+(``concurrency_shortfall``); a bless refuses what it cannot trust (``bless_refusal``).
+
+Each message gives the change, a labelled 95% t-interval of the ratio (log values) and the
+tolerance with what it was made of. Statuses besides pass/regression: *improved*
+(beyond tolerance the good way; bless it), *inconclusive* (repeats disagree even after more
+repeats: reported, fails under --ddtree-require-baselines), *invalid* (errors: never a
+verdict), *missing* (no baseline), *thin* (the baseline has fewer samples than the gate needs:
+not trusted), *new* (a metric the baseline lacks: reported) and *metric-missing* (a gated
+metric the run did not produce: fails).
+
+The arithmetic is on log values: robust centres and spreads, their variances, and the quantiles of
+the chi-square, normal and t distributions the tolerances use (``robust_log_sd``, ``t_widened_z``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.gates.throughput.noise import (
-    MEDIAN_VARIANCE,
-    centre_of_logs,
-    centre_variance,
-    log_centre,
-    robust_log_sd,
-)
-from pytest_ddtree.gates.throughput.verdicts import (
-    CellInput,
-    CellVerdict,
-    Direction,
-    MIN_BASELINE_SAMPLES,
-    MetricBaseline,
-    MetricVerdict,
-    SPECS,
-    fmt,
-    fmt_pct,
-)
+from pytest_ddtree.gates.throughput.verdicts import (CellInput, CellVerdict, Direction, MIN_BASELINE_SAMPLES,
+                                                     MetricBaseline, MetricVerdict, SPECS, fmt, fmt_pct)
 from pytest_ddtree.records.words import MeasurementStatus, Status, Verdict
+
+
+#: Variance factor of a median against a mean under normal noise (pi / 2).
+MEDIAN_VARIANCE = math.pi / 2.0
+
+
+def log_centre(values: Sequence[float]) -> float | None:
+    """The centre the rule uses, of log values (None when a value is not positive)."""
+    if not values or min(values) <= 0:
+        return None
+    return centre_of_logs([math.log(v) for v in values])
+
+
+def centre_of_logs(logs: Sequence[float]) -> float:
+    """Median of up to 4 values, else the mean without the extremes (one each end, two from 10).
+
+    Trimming keeps a wild repeat out, and on more samples a trimmed mean is ~30% less noisy
+    than the median. Two from 10: a confirmation's 12 repeats hold two slow outliers (2% of
+    repeats 15% slow) 2% of the time, and one left in moved its centre 1.5% towards a false alarm.
+    """
+    ordered = sorted(logs)
+    if len(ordered) <= 4:
+        return stats.median(ordered)
+    cut = 1 if len(ordered) < 10 else 2
+    kept = ordered[cut:-cut]
+    return sum(kept) / len(kept)
+
+
+def centre_variance(n: int) -> float:
+    """Variance of ``log_centre`` over n samples, in units of sigma^2 (normal noise)."""
+    if n <= 1:
+        return 1.0
+    if n <= 4:
+        return {2: 0.5, 3: 0.449, 4: 0.298}[n]
+    return 1.1 / n
+
+
+def robust_log_sd(groups: Sequence[Sequence[float]]) -> float:
+    """Repeat noise (sigma of log values) from groups of repeats, robust to one wild repeat.
+
+    Each group's variance is an Exp(1)-scaled draw of sigma^2 for three repeats (chi^2 with
+    2 degrees of freedom / 2), whose median is ln 2: so sigma = sqrt(median variance / ln 2).
+    A pooled standard deviation would let one 15% outlier double the tolerance for K sessions.
+    """
+    variances = []
+    for g in groups:
+        logs = [math.log(v) for v in g if v > 0]
+        if len(logs) < 2:
+            continue
+        m = sum(logs) / len(logs)
+        variances.append(sum((v - m) ** 2 for v in logs) / (len(logs) - 1))
+    return math.sqrt(stats.median(variances) / math.log(2.0)) if variances else 0.0
+
+
+def median_chi2_share(dof: int) -> float:
+    """Median of chi^2(dof) / dof (Wilson-Hilferty): a sample variance's median share of the true one."""
+    return (1.0 - 2.0 / (9.0 * dof)) ** 3 if dof > 0 else 1.0
+
+
+def chi2_share_quantile(dof: int, p: float) -> float:
+    """Quantile p of chi^2(dof) / dof (Wilson-Hilferty)."""
+    z = _normal_quantile(p)
+    h = 2.0 / (9.0 * dof)
+    return max(0.0, (1.0 - h + z * math.sqrt(h)) ** 3)
+
+
+def _normal_quantile(p: float) -> float:
+    """Standard normal quantile (bisection on erf: called a few times a session)."""
+    low, high = -10.0, 10.0
+    for _ in range(80):
+        mid = (low + high) / 2.0
+        if 0.5 * (1.0 + math.erf(mid / math.sqrt(2.0))) < p:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2.0
+
+
+def t_widened_z(z: float, dof: int) -> float:
+    """The z of a normal tail widened for a standard error known from ``dof`` degrees of freedom:
+    the t quantile of the same tail, from z (Cornish-Fisher to second order; not
+    ``stats.t_inverse_cdf``, which takes a probability): a spread estimated from three blessed
+    sessions of 18 configs is itself off by ~12%, which at 3.6 standard errors multiplies the false
+    alarms several times; unbounded dof (or 0: not estimated) leaves z as it is."""
+    if dof <= 0:
+        return z
+    return z + (z**3 + z) / (4.0 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96.0 * dof**2)
 
 
 #: Cells a config needs before its common shift is estimated and removed.

@@ -10,34 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.measure import stats
-from pytest_ddtree.gates.throughput.noise import MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share, t_widened_z
-from pytest_ddtree.gates.throughput.rule import FLAG_FLOOR_SHARE, worse_by
+from pytest_ddtree.gates.throughput.rule import (MEDIAN_VARIANCE, chi2_share_quantile, median_chi2_share,
+                                                 t_widened_z, FLAG_FLOOR_SHARE, worse_by)
 from pytest_ddtree.gates.throughput.verdicts import Direction, fmt_pct
 from pytest_ddtree.records.shapes import JudgedCellData
 from pytest_ddtree.records.words import Status, Verdict
 
-
-# --- A config against the rest of its session -------------------------------------------------
-#
-# A config that is uniformly slower moves its common change, which step 5 can only judge against
-# the day-to-day spread (a 10% drop of one config competes with a 2% day shift). Every config of
-# a session shares that day's machine, though: the other configs' common changes measure it.
-# At session end each config's common change is compared with the median of the others' (same
-# hardware profile and host), and judged against the noise of both plus the config-specific
-# spread between the blessed sessions (each blessed session's change of this config against the
-# others' in that session). There is no confirmation run (the service has moved on), so the
-# rule is stricter than a cell's: Z_SESSION standard errors, at least the metric's floor, and the
-# config's own change must be in the bad direction beyond half the floor, so with two configs an
-# improvement of one is not read as a regression of the other.
-#
-# A config's launch moves its common change as a whole (KV-cache size, CUDA-graph capture, memory
-# layout on a GPU server: about 2% (sd), as much as a day), and the others' median does not cancel
-# it. With one launch, a tolerance that keeps 18 configs' false alarms under 1% sits near 8%, and a
-# config 10% slower is caught about 3 times in 4. So a config beyond a lenient screen
-# (Z_RELAUNCH_SCREEN standard errors: about 1 config in 15 of an unchanged sweep) is relaunched once
-# where the profile can (``relaunch_flagged``) and judged on the mean of both launches (the launch
-# part of the variance halves) at Z_RELAUNCHED; the relaunch alone must be beyond the screen too.
-# bench_gate.py measures the cost: about one relaunch per unchanged sweep of 18 configs.
 
 #: z of a config's common change against its session's other configs (one launch).
 Z_SESSION = 3.5
@@ -199,7 +177,7 @@ def relaunch_candidates(moves: Sequence[ConfigMove], relaunched: Sequence[Config
     layout: about as much as a day), so one launch cannot tell a config 10% slower from an unlucky
     launch without failing too many unchanged sweeps. The screen is lenient (``Z_RELAUNCH_SCREEN``
     standard errors, at least half the floor): a flag costs one more launch of the config, measured
-    once on each of its cells (``cells.relaunch_flagged``). ``relaunched``: the relaunches so far (``config_moves`` of their records); a config
+    once on each of its cells (``launches.relaunch_flagged``). ``relaunched``: the relaunches so far (``config_moves`` of their records); a config
     relaunched fewer than ``MAX_RELAUNCHES`` times is a candidate again while the mean of all its
     launches is beyond the screen and its relaunches alone are slower than half the floor, but it is
     not yet a regression (``judge_session``). Without that second condition the first launch, chosen

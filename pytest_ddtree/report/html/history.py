@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from pytest_ddtree.gates import throughput as gate
+from pytest_ddtree.gates.throughput import verdicts as verdicts_mod
 from pytest_ddtree.records.words import Status
 from pytest_ddtree.report.changepoints import (MAX_PVALUE, MIN_SESSIONS_TO_TELL, ChangePoint, Point, Series,
                                               newest_change_points, newest_shift, no_change_headline)
@@ -61,7 +61,7 @@ def checked_link(url: str) -> str:
 def _figure(series: Series, ordinal: dict[str, int], output_dir: Path) -> dict[str, Any]:
     points = series.points
     xs = [ordinal[p.session_id] for p in points]
-    unit = gate.SPECS[series.key.metric].unit if series.key.metric in gate.SPECS else ""
+    unit = verdicts_mod.SPECS[series.key.metric].unit if series.key.metric in verdicts_mod.SPECS else ""
     hover = [f"{p.session_id}<br>{fmt_time(p.started_at)}<br>build {p.build}<br>{p.status or ''}: "
              f"{', '.join(f'{v:.4g}' for v in p.samples)}" for p in points]
     traces: list[dict[str, Any]] = [{
