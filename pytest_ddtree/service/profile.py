@@ -4,8 +4,9 @@ A profile is a small YAML file (docs/profiles.md lists every key, from
 :mod:`pytest_ddtree.service.profile_keys`). It is validated strictly because its mistakes are
 expensive: a typo in a key would otherwise silently fall back to a default and a ten-minute GPU
 restart would test the wrong thing. Every error names the file, the line, the key (as written:
-flat or grouped) and the problem. This module reads the launch, the controller, the control and
-the time limits; :mod:`pytest_ddtree.service.profile_config` the build's config mapping.
+flat or grouped) and the problem. This module reads the launch, the controller, the gates' keys
+and the time limits; :mod:`pytest_ddtree.service.profile_config` the build's config mapping and
+:mod:`pytest_ddtree.service.profile_control` the control's keys.
 """
 
 from __future__ import annotations
@@ -18,25 +19,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pytest_ddtree import axes as axes_mod
-from pytest_ddtree.configs import ConfigError, parse_config_name
 from pytest_ddtree.service import kinds
 from pytest_ddtree.service.base import ENV_NAME_RULE, LaunchFrom, is_env_name
 from pytest_ddtree.service.fleet import is_host_pool, parse_fleet_keys
 from pytest_ddtree.service.profile_config import (
     check_budget_counts_root, check_fork_flags, own_matrix, parse_config_fields, parse_read_back,
 )
+from pytest_ddtree.service.profile_control import ControlKeys, noise_bounds, parse_control
 from pytest_ddtree.service.profile_keys import Fail, check_key_types, flatten
 from pytest_ddtree.service.protocol import ControllerKind
 from pytest_ddtree.service.validated_profile import (
     CONFIG_FIELDS,
     LOSSLESS_MODES,
-    ControlKeys,
     FixedValue,
     ProfileError,
     SelectionError,
     ServiceProfile,
-    control_scope,
-    noise_bounds,
     render_value,
     resolve_service_python,
 )
@@ -274,7 +272,6 @@ def _parse_env(section: Mapping[str, Any], fail: Fail) -> dict[str, str]:
 class _Behaviour(ControlKeys):
     lossless: str
     lossless_args: str | None
-    control: str | None
     relaunch_flagged: bool
     health_path: str
     ready_timeout_s: float
@@ -296,47 +293,6 @@ _TIME_LIMITS = ("ready_timeout_s", "request_timeout_s", "stall_timeout_s", "firs
 
 def _seconds(raw: Mapping[str, Any], key: str) -> float:
     return float(raw.get(key, _DEFAULTS[key]))
-
-
-#: The most launches of the control a profile may ask for per process (each one is a restart).
-MAX_CONTROL_LAUNCHES = 16
-
-
-def _parse_control_launches(raw: Mapping[str, Any], relaunchable: bool, fail: Fail) -> int:
-    """``control_launches``: how many launches of the control each process measures (half at its
-    start, half at its end; gates/throughput/control.py), each one more restart of the service.
-    ``relaunchable``: the service can be relaunched, or no control is launched at all."""
-    if "control_launches" not in raw:
-        return int(_DEFAULTS["control_launches"])
-    n = raw["control_launches"]
-    if not 1 <= n <= MAX_CONTROL_LAUNCHES:
-        raise fail("control_launches", f"must be a whole number from 1 to {MAX_CONTROL_LAUNCHES} (launches of the "
-                                       f"control per process, half at its start and half at its end), got {n}")
-    if n > 1 and not relaunchable:
-        raise fail("control_launches", "an external service or a pool of URLs cannot be relaunched, so its control "
-                                       "cannot be launched more than once: leave control_launches out")
-    return int(n)
-
-
-def _parse_more_launches(raw: Mapping[str, Any], launches: int, relaunchable: bool, fail: Fail) -> tuple[int, int]:
-    """``control_max_launches`` (the launch policy's cap in a judged process, at least
-    ``control_launches``) and ``bless_control_launches``; a service that cannot be relaunched keeps
-    its one launch of the control for both."""
-    out = []
-    for key, default, least in (("control_max_launches", max(launches, int(_DEFAULTS["control_max_launches"])), launches),
-                                ("bless_control_launches", int(_DEFAULTS["bless_control_launches"]), 1)):
-        if key not in raw:
-            out.append(default if relaunchable else launches if key == "control_max_launches" else 1)
-            continue
-        n = raw[key]
-        if not least <= n <= MAX_CONTROL_LAUNCHES:
-            raise fail(key, f"must be a whole number from {least} to {MAX_CONTROL_LAUNCHES}"
-                            f"{' (control_launches is ' + str(launches) + ')' if key == 'control_max_launches' else ''}, got {n}")
-        if n > (launches if key == "control_max_launches" else 1) and not relaunchable:
-            raise fail(key, "an external service or a pool of URLs cannot be relaunched, so its control cannot be "
-                            f"launched more than once: leave {key} out")
-        out.append(int(n))
-    return out[0], out[1]
 
 
 def _check_plain_launch(raw: Mapping[str, Any], fail: Fail) -> None:
@@ -365,18 +321,7 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
                                     "the command without speculative_args and config_args does not speculate (SGLang: "
                                     "--speculative-algorithm in speculative_args, not in the command)")
     _check_plain_launch(raw, fail)
-    control = raw.get("control")
-    if control is not None and control != "none":
-        try:
-            parse_config_name(control)
-        except ConfigError as exc:
-            raise fail("control", f"must be 'none' or a config name to measure as the session's control ({exc})") from None
     relaunchable = kind.capabilities.relaunch and not isinstance(pool, tuple)
-    # With control: none the control's launch keys are unused (still checked for their range): a
-    # profile copied from reference.yaml, which sets them, needs only control: none.
-    unused = control == "none"
-    control_launches = _parse_control_launches(raw, relaunchable or unused, fail)
-    control_max_launches, bless_control_launches = _parse_more_launches(raw, control_launches, relaunchable or unused, fail)
     relaunch_flagged = raw.get("relaunch_flagged", relaunchable)
     if relaunch_flagged and not relaunchable:
         raise fail("relaunch_flagged", "an external service or a pool of URLs cannot be relaunched: leave it out "
@@ -388,9 +333,8 @@ def _parse_behaviour(raw: Mapping[str, Any], kind: ControllerKind, pool: int | t
         if key in raw and not 0 < raw[key] < float("inf"):
             raise fail(key, f"must be positive (seconds), got {raw[key]}")
     return _Behaviour(
-        lossless=lossless, lossless_args=raw.get("lossless_args"), control=control,
-        control_launches=control_launches, control_max_launches=control_max_launches, **control_scope(raw, fail),
-        bless_control_launches=bless_control_launches, relaunch_flagged=bool(relaunch_flagged), health_path=health_path,
+        lossless=lossless, lossless_args=raw.get("lossless_args"), **parse_control(raw, relaunchable, fail),
+        relaunch_flagged=bool(relaunch_flagged), health_path=health_path,
         ready_timeout_s=_seconds(raw, "ready_timeout_s"), request_timeout_s=_seconds(raw, "request_timeout_s"),
         stall_timeout_s=_seconds(raw, "stall_timeout_s"), first_token_timeout_s=_seconds(raw, "first_token_timeout_s"),
         info_timeout_s=_seconds(raw, "info_timeout_s"), probe_timeout_s=_seconds(raw, "probe_timeout_s"),

@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypedDict
+from typing import Any, Iterable, Mapping
 
 from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.configs import CORE_FIELDS, DDTreeConfig
@@ -98,48 +98,6 @@ DEFAULT_CONTROL_MIN_CONFIGS = 3
 #: The control measures the first this many throughput cells of the matrix (``control_cells``; the matrices
 #: list their short-context cells first): the fewest that state a uniform shift (three judged cells).
 DEFAULT_CONTROL_CELLS = 3
-
-
-class NoiseBounds(TypedDict):
-    max_repeat_spread: float
-    bless_max_half_width: float
-
-
-def noise_bounds(raw: Mapping[str, Any], fail: Callable[[str, str], Exception]) -> NoiseBounds:
-    """``max_repeat_spread`` and ``bless_max_half_width`` of a profile's ``raw`` keys, checked
-    (``fail(key, why)`` makes the error)."""
-    spread = raw.get("max_repeat_spread", DEFAULT_MAX_REPEAT_SPREAD)
-    if not 0 < spread <= 10:
-        raise fail("max_repeat_spread", f"must be a fraction above 0 (0.12 is 12%), got {spread}")
-    half_width = raw.get("bless_max_half_width", DEFAULT_BLESS_MAX_HALF_WIDTH)
-    if not 0 < half_width <= 10:
-        raise fail("bless_max_half_width", f"must be a fraction above 0 (0.05 is +-5%), got {half_width}")
-    return {"max_repeat_spread": float(spread), "bless_max_half_width": float(half_width)}
-
-
-class _ControlScope(TypedDict):
-    control_min_configs: int
-    control_cells: int | None
-
-
-class ControlKeys(_ControlScope):
-    """The profile's keys of the throughput control's launches and scope (``ServiceProfile``'s fields)."""
-
-    control_launches: int
-    control_max_launches: int
-    bless_control_launches: int
-
-
-def control_scope(raw: Mapping[str, Any], fail: Callable[[str, str], Exception]) -> _ControlScope:
-    """``control_min_configs`` and ``control_cells`` of a profile's ``raw`` keys, checked (``fail(key, why)``
-    makes the error)."""
-    least, cells = raw.get("control_min_configs", DEFAULT_CONTROL_MIN_CONFIGS), raw.get("control_cells", DEFAULT_CONTROL_CELLS)
-    if not 1 <= least:
-        raise fail("control_min_configs", f"must be a whole number >= 1 (1: every process measures a control), got {least}")
-    if cells is not None and not 3 <= cells:
-        raise fail("control_cells", f"must be a whole number >= 3 (a uniform shift needs three judged cells) or null "
-                                    f"(every cell), got {cells}")
-    return {"control_min_configs": int(least), "control_cells": None if cells is None else int(cells)}
 
 
 @dataclass(frozen=True)
