@@ -41,7 +41,8 @@ The rule, per gated metric of a cell (all arithmetic on log values: the noise is
    day's machine; a config slower as a whole fails here even when each of its cells passed.
    A launch moves a config as a whole about as much as a day, so where the profile can relaunch
    (``relaunch_flagged``) a config beyond a lenient screen (``relaunch_candidates``) is launched
-   once more and judged on both launches.
+   again, until it is a regression, a sequential test on its relaunches rules one out, or
+   ``MAX_RELAUNCHES``, and judged on all its launches.
 7. **The session's control** (``pytest_ddtree/gates/throughput/control.py``, at session end): a non-speculative
    launch judged against its own baseline, each config's speedup over it, and the session's
    uniform shift; every config slower against a control that held fails there.

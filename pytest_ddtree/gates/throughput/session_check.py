@@ -31,8 +31,25 @@ Z_RELAUNCH_SCREEN = 1.5
 Z_RELAUNCHED = 3.6
 
 
-#: A flagged config is relaunched at most this often (again while its launches' mean stays beyond the screen).
-MAX_RELAUNCHES = 3
+#: A flagged config is relaunched at most this often (again while ``_still_open``). The shared part of
+#: a relaunched config's error (its baseline's three blessed launches, the others' median) does not
+#: shrink with more launches, but the launch part does: under a 2% launch shift, the standard error
+#: of the launches' mean is about 2.0% at 4 launches and 1.8% at 7. Under an unchanged config the
+#: futility stop below ends nearly every series after one relaunch, so the extra launches are spent
+#: where the config keeps reading slow.
+MAX_RELAUNCHES = 6
+
+
+#: Wald's sequential test on a relaunched config's relaunches alone: no change against a regression
+#: of ``REGRESSION_FLOORS`` times the metric's floor (output tok/s: 10% at its 5% floor, the least
+#: regression of a whole config the gate must catch). A series stops for futility once the
+#: relaunches' log likelihood ratio of that regression over no change falls below ln(FUTILITY_MISS):
+#: a regression that real would read so fast with probability at most FUTILITY_MISS.
+FUTILITY_MISS = 0.1
+
+
+#: The regression that test weighs against no change, in the metric's floors (see ``FUTILITY_MISS``).
+REGRESSION_FLOORS = 2.0
 
 
 @dataclass(frozen=True)
@@ -177,14 +194,10 @@ def relaunch_candidates(moves: Sequence[ConfigMove], relaunched: Sequence[Config
     layout: about as much as a day), so one launch cannot tell a config 10% slower from an unlucky
     launch without failing too many unchanged sweeps. The screen is lenient (``Z_RELAUNCH_SCREEN``
     standard errors, at least half the floor): a flag costs one more launch of the config, measured
-    once on each of its cells (``launches.relaunch_flagged``). ``relaunched``: the relaunches so far (``config_moves`` of their records); a config
-    relaunched fewer than ``MAX_RELAUNCHES`` times is a candidate again while the mean of all its
-    launches is beyond the screen and its relaunches alone are slower than half the floor, but it is
-    not yet a regression (``judge_session``). Without that second condition the first launch, chosen
-    for standing out, kept the mean of an unchanged config beyond the screen so often that one
-    relaunched config in three went on to the last relaunch; with it, an unchanged sweep of 18
-    configs under ``restart3`` took 1.2-1.6 relaunches instead of 1.8, and a config 10% slower was
-    caught 92.0-95.0% of 400 times against 94.5% (``bench_gate.py``; within the runs' noise)."""
+    once on each of its cells (``launches.relaunch_flagged``). ``relaunched``: the relaunches so far
+    (``config_moves`` of their records); a config relaunched fewer than ``MAX_RELAUNCHES`` times is a
+    candidate again while it is not yet a regression (``judge_session``), the mean of all its launches
+    is beyond the screen, and its relaunches alone have not ruled a regression out (``_still_open``)."""
     found: set[str] = set()
     again = _by_config(relaunched)
     groups: dict[tuple[str, str], list[ConfigMove]] = {}
@@ -204,10 +217,29 @@ def relaunch_candidates(moves: Sequence[ConfigMove], relaunched: Sequence[Config
             if len(more) >= MAX_RELAUNCHES or _relaunch_verdict(c, more, ref, ref_se, se, wobble, dof)[0]:
                 continue
             mean, se_mean = _launches_relative(c, [c, *more], ref, ref_se, wobble)
-            later = _launches_relative(c, more, ref, ref_se, wobble)[0]
-            if _screened(c, mean, se_mean) and worse_by(c.direction, later) > FLAG_FLOOR_SHARE * c.floor:
+            if _screened(c, mean, se_mean) and _still_open(c, *_launches_relative(c, more, ref, ref_se, wobble)):
                 found.add(c.config)
     return sorted(found)
+
+
+def _still_open(c: ConfigMove, later: float, se_later: float) -> bool:
+    """Whether a relaunched config's relaunches alone (their mean against the session's others,
+    ``later``, and its standard error, log) still leave a regression open: Wald's futility bound.
+
+    Why the relaunches alone: the first launch was chosen for standing out, so under an unchanged
+    config it is biased slow, and a stopping rule that counts it keeps relaunching unchanged configs;
+    the relaunches are drawn after the choice and are unbiased. For their mean x ~ N(-d, se^2) the
+    log likelihood ratio of a regression d = ``REGRESSION_FLOORS`` x floor over no change is
+    d (w - d / 2) / se^2, w the mean's worse-by; it falls below ln(``FUTILITY_MISS``) once
+    w < d / 2 + se^2 ln(FUTILITY_MISS) / d. That bound rises with the relaunches (se falls): one noisy
+    relaunch stops the series only when it reads clearly near no change, several only when their mean
+    is nearer no change than the regression. Under ``bench_gate.py``'s ``restart3`` (one relaunch's
+    standard error about 2.9%) the first bound is about 3.1% worse against the others, rising toward
+    5% with the relaunches."""
+    d = REGRESSION_FLOORS * c.floor
+    if d <= 0:
+        return worse_by(c.direction, later) > 0
+    return worse_by(c.direction, later) > d / 2 + se_later**2 * math.log(FUTILITY_MISS) / d
 
 
 def _screened(c: ConfigMove, relative: float, se: float) -> bool:
