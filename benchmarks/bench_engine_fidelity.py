@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_ddtree.measure.matrix import Workload, load_matrix  # noqa: E402
+from pytest_ddtree.measure.matrix import Cell, load_matrix  # noqa: E402
 from pytest_ddtree.measure.prompts import exact_prompts, stable_seed  # noqa: E402
 from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig  # noqa: E402
 from pytest_ddtree.refserver.model import Models, build_models  # noqa: E402
@@ -49,7 +49,7 @@ class EngineTokenizer:
         return [self.models.tokenizer.encode(t) for t in texts]
 
 
-def cell_prompts(models: Models, workload: Workload, limit: int | None = None) -> list[list[int]]:
+def cell_prompts(models: Models, workload: Cell, limit: int | None = None) -> list[list[int]]:
     """The measured requests' prompts of a cell, as the gate makes them (load.py: seed 0)."""
     count = workload.requests if limit is None else min(limit, workload.requests)
     prompts, _ = exact_prompts(EngineTokenizer(models), workload.prompts or "documents",

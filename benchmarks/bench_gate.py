@@ -72,12 +72,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gate_sim  # noqa: E402
 from gate_sim import Shape  # noqa: E402
-from pytest_ddtree.measure.matrix import Workload  # noqa: E402
+from pytest_ddtree.measure.matrix import Cell  # noqa: E402
 from pytest_ddtree.finish import CHECK_AGAINST_SESSION, CHECK_UNIFORM_SHIFT  # noqa: E402
 
 CONFIGS = 18
 CELL_CONCURRENCY = (1, 8, 32, 1, 8, 32)
-CELLS = [Workload(f"c{i}", c, 128, 64, 16, 2) for i, c in enumerate(CELL_CONCURRENCY)]
+CELLS = [Cell(f"c{i}", c, 128, 64, 16, 2) for i, c in enumerate(CELL_CONCURRENCY)]
 K_BLESSED = 3
 
 

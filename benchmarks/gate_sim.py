@@ -37,7 +37,7 @@ from pytest_ddtree.metrics import MEDIAN_TTFT_MS, OUTPUT_THROUGHPUT
 from pytest_ddtree import baselines as baselines_mod
 from pytest_ddtree import finish, plugin, yamlfile
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.measure.matrix import Workload
+from pytest_ddtree.measure.matrix import Cell
 from pytest_ddtree.gates.throughput import measurement
 from pytest_ddtree.measure import load
 from pytest_ddtree.options import Settings, session_stamp
@@ -137,7 +137,7 @@ class World:
 
     model: Model
     configs: list[DDTreeConfig]
-    cells: list[Workload]
+    cells: list[Cell]
     root: Path
     day: dict[str, float] = field(default_factory=dict)
     drops: dict[tuple[int, int], float] = field(default_factory=dict)  # (config or CONTROL, cell) -> drop
@@ -149,7 +149,7 @@ class World:
         self.counts[key] = self.counts.get(key, 0) + n
 
 
-def sim_run_repeat(client: Any, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+def sim_run_repeat(client: Any, workload: load.CellLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
     """``measurement.run_repeat`` of the simulated service: one repeat from the model."""
     sim = cast(SimClient, client)
     world = sim.world
@@ -221,7 +221,7 @@ applied:
 {extra}"""
 
 
-def new_world(shape: Shape, rng: random.Random, configs: int, cells: list[Workload], profile_extra: str) -> World:
+def new_world(shape: Shape, rng: random.Random, configs: int, cells: list[Cell], profile_extra: str) -> World:
     """A world of its own folder (baselines, profile, results), its model and its configs."""
     root = Path(tempfile.mkdtemp(prefix="ddtree-sim-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     (root / "profile.yaml").write_text(PROFILE.format(extra=profile_extra))
@@ -243,7 +243,7 @@ def _settings(world: World, index: int, bless: bool, repeats: int) -> Settings:
                     session_id=f"{stamp}-sim{index}")
 
 
-def _request(stash: pytest.Stash, items: list[Any], workload: Workload | None = None) -> Any:
+def _request(stash: pytest.Stash, items: list[Any], workload: Cell | None = None) -> Any:
     """What the suite's function and the control's fixture read of pytest's request."""
     node = SimpleNamespace(originalname="test_throughput", user_properties=[], add_marker=lambda m: None,
                            add_report_section=lambda *a: None)

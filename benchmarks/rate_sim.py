@@ -41,7 +41,7 @@ import yaml
 import gate_sim
 from gate_sim import Shape
 from pytest_ddtree.configs import DDTreeConfig
-from pytest_ddtree.measure.matrix import Workload
+from pytest_ddtree.measure.matrix import Cell
 from pytest_ddtree.measure import load, openloop
 from pytest_ddtree.measure import slo as slo_mod
 from pytest_ddtree.measure.prompts import stable_seed
@@ -88,9 +88,9 @@ class RateSetup:
                 "resolution": self.resolution, "max_probes": self.max_probes}
 
 
-def open_cells(rates: tuple[float, ...], requests: int = 64) -> list[Workload]:
+def open_cells(rates: tuple[float, ...], requests: int = 64) -> list[Cell]:
     """Open-loop throughput cells (Poisson at each rate, 128-token prompts, 64-token outputs)."""
-    return [Workload(f"r{rate:g}", requests, 128, 64, requests, 0, "documents", openloop.Arrivals(rate))
+    return [Cell(f"r{rate:g}", requests, 128, 64, requests, 0, "documents", openloop.Arrivals(rate))
             for rate in rates]
 
 
@@ -173,7 +173,7 @@ class RateWorld(gate_sim.World):
     setup: RateSetup = RateSetup()
 
 
-def new_world(shape: Shape, rng: random.Random, configs: int, cells: list[Workload], profile_extra: str,
+def new_world(shape: Shape, rng: random.Random, configs: int, cells: list[Cell], profile_extra: str,
               setup: RateSetup) -> RateWorld:
     """``gate_sim.new_world`` with a queueing model and a matrix that has the rate search."""
     base = gate_sim.new_world(shape, rng, configs, cells, profile_extra)
@@ -195,7 +195,7 @@ def _repeat_log_noise(shape: Shape, rng: random.Random, s: float) -> float:
     return rng.gauss(0, s)
 
 
-def open_loop_repeat(world: RateWorld, sim: gate_sim.SimClient, workload: load.WorkloadLike,
+def open_loop_repeat(world: RateWorld, sim: gate_sim.SimClient, workload: load.CellLike,
                      slo: slo_mod.SLO | None) -> load.CellResult:
     """One repeat of an open-loop cell (or a rate probe) on the simulated engine (the module docstring)."""
     assert world.queue is not None and workload.open_loop is not None
@@ -239,7 +239,7 @@ class ServedResult(load.CellResult):
         return list(self._problems)
 
 
-def run_repeat(client: Any, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+def run_repeat(client: Any, workload: load.CellLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
     """``measurement.run_repeat`` of the simulated service: an open-loop cell served by the queueing
     model, a closed-loop one drawn by ``gate_sim``'s noise model."""
     if workload.open_loop is None:

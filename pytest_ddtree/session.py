@@ -23,7 +23,7 @@ from pytest_ddtree.records.words import RecordKind
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)
     from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.configs import DDTreeConfig
-    from pytest_ddtree.measure.matrix import Matrix, Workload
+    from pytest_ddtree.measure.matrix import Matrix, Cell
     from pytest_ddtree.service.fingerprint import HardwareProfile
     from pytest_ddtree.records.recorder import BaselineUpdate, SessionRecorder
     from pytest_ddtree.selection import Selection
@@ -157,7 +157,7 @@ class DDTreeSession:
         return list(self.selection.configs)
 
     @functools.cached_property
-    def cells(self) -> tuple[Workload, ...]:
+    def cells(self) -> tuple[Cell, ...]:
         """The matrix's cells ``--ddtree-cell`` selects (a ConfigError where one selects none:
         :attr:`setup_problem` catches it at configure time)."""
         from pytest_ddtree.measure.matrix import select_cells

@@ -37,7 +37,7 @@ import pytest
 
 from pytest_ddtree.report import text as report
 from pytest_ddtree.configs import ConfigError, DDTreeConfig
-from pytest_ddtree.measure.matrix import Workload
+from pytest_ddtree.measure.matrix import Cell
 from pytest_ddtree.measure.load import LoadError
 from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
@@ -167,7 +167,7 @@ def test_throughput(
     ddtree_settings: Settings,
     ddtree_recorder: SessionRecorder,
     ddtree_baselines: BaselineStore,
-    workload: Workload,
+    workload: Cell,
 ) -> None:
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name

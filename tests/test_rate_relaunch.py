@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddtree.measure.matrix import Workload
+from pytest_ddtree.measure.matrix import Cell
 from pytest_ddtree.gates.throughput import measurement, rate_gate
 from pytest_ddtree.measure import openloop
 from pytest_ddtree.measure.slo import parse_slo
@@ -26,7 +26,7 @@ from tests.refserver_helpers import RefServer, config_args
 pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures open-loop cells: see tests/machine_share.py
 
 SLO = parse_slo("tpot_ms=6,percentile=90")  # ~2 ms at clock scale 5 and 20 req/s; 8x slower: over 6
-TEMPLATE = Workload("r_tiny", 8, 48, 16, 8, 2, "documents", openloop.Arrivals(20.0, "constant"))
+TEMPLATE = Cell("r_tiny", 8, 48, 16, 8, 2, "documents", openloop.Arrivals(20.0, "constant"))
 RATE = 20.0
 
 

@@ -129,7 +129,7 @@ class AdaptiveSweep:
     """One session's adaptive sweep: a Planner fed from the session's own throughput records."""
 
     configs: Sequence[Any]  # DDTreeConfig, in run order
-    workloads: Sequence[Any]  # Workload: the cells this session measures
+    workloads: Sequence[Any]  # Cell: the cells this session measures
     max_restarts: int
     default: str | None = None
     priors: Sequence[Path] = ()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_ddtree.measure import accounting, openloop, slo as slo_mod
+from pytest_ddtree.measure.matrix import Cell as Cell  # the cell tests and benchmarks make
 from pytest_ddtree.service import proof
 from pytest_ddtree.measure import prompts as prompts_mod, stats
 from pytest_ddtree.service.client import SGLangClient
@@ -79,8 +80,8 @@ class LoadError(RuntimeError):
     """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
 
 
-class WorkloadLike(Protocol):
-    """What a throughput cell needs; ``pytest_ddtree.measure.matrix.Workload`` satisfies it."""
+class CellLike(Protocol):
+    """What a throughput cell needs; ``pytest_ddtree.measure.matrix.Cell`` satisfies it."""
 
     @property
     def name(self) -> str: ...
@@ -102,29 +103,8 @@ class WorkloadLike(Protocol):
     def sampling(self) -> tuple[tuple[str, float], ...]: ...
 
 
-@dataclass(frozen=True)
-class Cell:
-    """A plain workload value (tests, benchmarks); same fields as ``matrix.Workload``."""
 
-    name: str
-    concurrency: int
-    context_tokens: int
-    output_tokens: int
-    requests: int
-    warmup_requests: int = -1  # -1: one request per concurrent worker
-    prompts: str = prompts_mod.DEFAULT_SOURCE
-    open_loop: openloop.Arrivals | None = None  # an open-loop cell's arrivals (its concurrency: the cap)
-    sampling: tuple[tuple[str, float], ...] = ()  # temperature, top_p of every request (empty: greedy)
-    seed_name: str = ""  # what its prompts and arrival gaps are seeded by (empty: name); see seed_name()
-    api: str = "generate"  # "chat": sent through /v1/chat/completions (chat_stream.py)
-    thinking: bool | None = None  # a chat cell's enable_thinking (None: not sent)
-
-    def __post_init__(self) -> None:
-        if self.warmup_requests < 0:
-            object.__setattr__(self, "warmup_requests", self.concurrency)
-
-
-def seed_name(workload: WorkloadLike) -> str:
+def seed_name(workload: CellLike) -> str:
     """What ``workload``'s prompts and arrivals are seeded by: its ``seed_name`` where it has one, else
     its name. A rate search's probes (``<template>@<rate>``) send their template's prompts at every rate,
     as bench_serving's one ``--seed`` does across a ``--request-rate`` sweep; else each probe's acceptance
@@ -132,7 +112,7 @@ def seed_name(workload: WorkloadLike) -> str:
     return getattr(workload, "seed_name", "") or workload.name
 
 
-def workload_dict(workload: WorkloadLike, prompts: str | None = None, digest: str | None = None) -> WorkloadData:
+def workload_dict(workload: CellLike, prompts: str | None = None, digest: str | None = None) -> WorkloadData:
     """The workload's defining numbers and its prompts (``documents via /tokenize``, as measured; ``digest``:
     exactly what was sent, where known); stored with baselines so a changed workload is seen."""
     out: WorkloadData = {"concurrency": workload.concurrency, "context_tokens": workload.context_tokens,
@@ -502,7 +482,7 @@ def _run_closed_loop(
 
 def run_cell(
     service: str | SGLangClient,
-    workload: WorkloadLike,
+    workload: CellLike,
     *,
     prompts: PromptMaker | None = None,
     seed: int = 0,
@@ -575,7 +555,7 @@ def run_cell(
     )
 
 
-def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: WorkloadLike, seed: int,
+def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: CellLike, seed: int,
                   warmup: bool) -> tuple[PromptSet, PromptSet | None]:
     """The measured phase's prompts and the warm-up's (None: no warm-up); a chat cell's as message text."""
     try:
@@ -591,7 +571,7 @@ def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: WorkloadLi
         raise LoadError(f"{workload.name}: cannot make the prompts: {exc}") from None
 
 
-def _run_measured(client: SGLangClient, workload: WorkloadLike, measured: PromptSet, seed: int,
+def _run_measured(client: SGLangClient, workload: CellLike, measured: PromptSet, seed: int,
                   extra_sampling_params: Mapping[str, Any] | None, timeout_s: float,
                   notes: list[str]) -> tuple[list[RequestResult], float, list[float] | None, int]:
     """The measured phase: the closed loop at the cell's concurrency, or the open loop on its

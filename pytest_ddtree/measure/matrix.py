@@ -1,6 +1,6 @@
 """The sweep matrix (``suites/configs.yaml``): its configs and default, its cells, the SLO and the rate search.
 
-The configs are names of :mod:`pytest_ddtree.configs`; a cell (a ``Workload``) is what the load
+The configs are names of :mod:`pytest_ddtree.configs`; a cell (a ``Cell``) is what the load
 generator runs: closed-loop concurrency or an open-loop arrival schedule
 (:mod:`pytest_ddtree.measure.openloop`) x prompt length x output length, with its prompts,
 sampling and endpoint. ``--ddtree-cell`` selects cells of the matrix or writes one inline.
@@ -23,9 +23,10 @@ from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
 
 @dataclass(frozen=True)
-class Workload:
+class Cell:
     """One throughput cell: closed-loop concurrency (or an open-loop request rate) x prompt length x
-    output length.
+    output length, as configs.yaml's ``workloads:`` lists it, a ``--ddtree-cell`` writes it inline,
+    or a test or benchmark makes one.
 
     An open-loop cell (``open_loop``: its ``request_rate`` and arrival process) has no client
     count; its ``concurrency`` is the most requests it can have in flight (``max_concurrency``,
@@ -36,7 +37,7 @@ class Workload:
     context_tokens: int
     output_tokens: int
     requests: int
-    warmup_requests: int
+    warmup_requests: int = -1  # -1: one request per concurrent worker
     prompts: str = "documents"  # a bundled source, "random", or a ShareGPT .json path (see prompts.py)
     open_loop: Arrivals | None = None
     #: sampling params of every request (temperature, top_p); empty: greedy, as the lossless gate always is
@@ -45,6 +46,12 @@ class Workload:
     api: str = "generate"
     #: a chat cell's ``chat_template_kwargs.enable_thinking`` (None: not sent, the template's default)
     thinking: bool | None = None
+    #: what its prompts and arrival gaps are seeded by (empty: its name); see ``load.seed_name``
+    seed_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.warmup_requests < 0:
+            object.__setattr__(self, "warmup_requests", self.concurrency)
 
 
 @dataclass(frozen=True)
@@ -54,11 +61,11 @@ class Matrix:
     path: Path
     default: DDTreeConfig
     configs: tuple[DDTreeConfig, ...]
-    workloads: tuple[Workload, ...]
+    workloads: tuple[Cell, ...]
     raw: Mapping[str, Any]
     slo: SLO | None = None  # the matrix's ``slo:`` (--ddtree-slo beats it)
     #: ``rate_search:``: the workload whose sustainable rate each config's search finds, and the search's bounds
-    rate_search: tuple[Workload, SearchPlan] | None = None
+    rate_search: tuple[Cell, SearchPlan] | None = None
     #: the axes its ``axes:`` declares (the catalogue's, as restated, and any it adds)
     axes: tuple[axes_mod.Axis, ...] = ()
 
@@ -81,7 +88,7 @@ API_KEYS = ("api", "thinking")
 APIS = ("generate", "chat")
 
 
-def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Workload:
+def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Cell:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
@@ -121,7 +128,7 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
         if base is not None and not Path(prompts).is_absolute():
             prompts = str(base / prompts)
     api, thinking = _api(merged, f"{where}: workload {name!r}")
-    return Workload(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where),
+    return Cell(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where),
                     api, thinking)
 
 
@@ -221,7 +228,7 @@ def load_matrix(path: Path) -> Matrix:
                   rate_search=search, axes=declared)
 
 
-def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple[Workload, SearchPlan] | None:
+def _rate_search(entry: Any, where: str, workloads: Sequence[Cell]) -> tuple[Cell, SearchPlan] | None:
     """``rate_search: {workload: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
     if entry is None:
         return None
@@ -244,7 +251,7 @@ def _rate_search(entry: Any, where: str, workloads: Sequence[Workload]) -> tuple
     return by_name[str(name)], plan
 
 
-def select_cells(patterns: Sequence[str], matrix: Matrix) -> list[Workload]:
+def select_cells(patterns: Sequence[str], matrix: Matrix) -> list[Cell]:
     """The cells ``--ddtree-cell`` asks for, in matrix order; all of them without patterns.
 
     Each pattern must match at least one cell: a typo would otherwise run nothing and pass.
@@ -275,7 +282,7 @@ INLINE_ALIASES = {"rate": "request_rate", "request_rate": "request_rate", "max_c
 INLINE_EXAMPLE = "'rate=4,max_concurrency=16,prompts=200,input=1024,output=512' or 'concurrency=8,input=4096,output=64'"
 
 
-def inline_cell(spec: str, matrix: Matrix) -> Workload:
+def inline_cell(spec: str, matrix: Matrix) -> Cell:
     """A cell written on the command line as bench_serving's options name it: ``rate`` (its
     --request-rate), ``max_concurrency``, ``prompts`` / ``num_prompts`` (its --num-prompts: the
     measured requests), ``input`` / ``random_input_len`` (the exact prompt length), ``output`` /

@@ -166,7 +166,7 @@ class CellEvaluation:
         return self.record["repeats"]
 
 
-def evaluate_cell(config: str, workload: load.WorkloadLike, campaign: Campaign, baseline: CellBaseline,
+def evaluate_cell(config: str, workload: load.CellLike, campaign: Campaign, baseline: CellBaseline,
                   bless: bool = False, measure_only: bool = False) -> CellEvaluation:
     """Status of the measurement, verdict against ``baseline``, the result record, and under a bless
     (``bless``) the cell's bless decision (a cell it proposes shows ``updated`` in the table); under
@@ -302,7 +302,7 @@ class CellPlan:
     the service, what the cells are judged with, and whether this is a bless."""
 
     config: str
-    cells: tuple[load.WorkloadLike, ...]
+    cells: tuple[load.CellLike, ...]
     repeats: int
     driving: Driving
     judging: Judging = Judging()
@@ -347,7 +347,7 @@ def driving_for(session: SessionLike, *, accept_bound: int | None = None, specul
                    max_repeat_spread=profile.max_repeat_spread, bless_max_half_width=profile.bless_max_half_width)
 
 
-def plan_for(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],
+def plan_for(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.CellLike],
              judging: Judging = Judging(), label: str | None = None) -> CellPlan:
     """The plan of a config's cells on its running ``service`` as the suite measures them: the
     session's repeats, its SLO, the config's accept bound, and a bless under
@@ -377,7 +377,7 @@ def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Re
     return MeasuredCells(baseline, campaign, evaluations)
 
 
-def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.WorkloadLike],
+def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.CellLike],
                recording: Recording = Recording(), judging: Judging = Judging(),
                hooks: ProjectHooks | None = None) -> MeasuredCells:
     """A config's cells on its running ``service`` as the suite measures them, from its baseline
@@ -401,14 +401,14 @@ class CollectedCells:
     order (each once), and the configs themselves."""
 
     configs: dict[str, Any]
-    by_config: dict[str, list[load.WorkloadLike]]
+    by_config: dict[str, list[load.CellLike]]
 
-    def of(self, config: str) -> list[load.WorkloadLike]:
+    def of(self, config: str) -> list[load.CellLike]:
         return list(self.by_config.get(config, []))
 
-    def all(self) -> list[load.WorkloadLike]:
+    def all(self) -> list[load.CellLike]:
         """Every cell once (by name), in the order first collected."""
-        seen: dict[str, load.WorkloadLike] = {}
+        seen: dict[str, load.CellLike] = {}
         for cells in self.by_config.values():
             for w in cells:
                 seen.setdefault(w.name, w)
@@ -421,7 +421,7 @@ def collected_cells(items: Sequence[Any], test: str | None = None) -> CollectedC
     without one come under ``""``); cells skipped for the profile (``max_context``) are left out:
     they are not measured."""
     configs: dict[str, Any] = {}
-    by_config: dict[str, list[load.WorkloadLike]] = {}
+    by_config: dict[str, list[load.CellLike]] = {}
     for item in items:
         spec = getattr(item, "callspec", None)
         if spec is None or (test is not None and getattr(item, "originalname", None) != test):

@@ -54,7 +54,7 @@ from pytest_ddtree.measure import load
 from pytest_ddtree.records.cells import normalize
 
 if TYPE_CHECKING:
-    from pytest_ddtree.measure.load import WorkloadLike
+    from pytest_ddtree.measure.load import CellLike
     from pytest_ddtree.service.validated_profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession
     from pytest_ddtree.baselines import BaselineStore
@@ -110,7 +110,7 @@ def inconclusive(judgement: control.ControlJudgement) -> bool:
     return False
 
 
-def further_launches(session: DDTreeSession, cells: Sequence[WorkloadLike]) -> int:
+def further_launches(session: DDTreeSession, cells: Sequence[CellLike]) -> int:
     """At the end of a judged process: more launches of the control while its uniform shift is
     inconclusive (the module docstring), up to the profile's ``control_max_launches``; returns how
     many were measured. Nothing here raises: a launch that fails is recorded (``launches.measure``)
@@ -145,7 +145,7 @@ def launches_at(profile_launches: int, at: str) -> int:
     return (profile_launches + 1) // 2 if at == START else profile_launches // 2
 
 
-def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: str = START, count: int | None = None) -> str:
+def measure_launches(session: DDTreeSession, cells: Sequence[CellLike], at: str = START, count: int | None = None) -> str:
     """The control's launches of this process at ``at`` (``launches_at`` of the profile's
     ``control_launches``, a bless's ``bless_control_launches``; ``count`` launches where given: the
     launch policy's further ones), each a fresh launch measured on every cell (``measure``); returns
@@ -172,7 +172,7 @@ def measure_launches(session: DDTreeSession, cells: Sequence[WorkloadLike], at: 
     return done
 
 
-def measure(session: DDTreeSession, cells: Sequence[WorkloadLike], launch: int = 1, at: str = START) -> str:
+def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, at: str = START) -> str:
     """Measure one launch of the control in this process, on ``cells``, and record it; returns what
     was done.
 
@@ -306,7 +306,7 @@ def wants_end_launch(records: Sequence[RawRecord]) -> bool:
     return len(configs) >= bill.END_LAUNCH_MIN_CONFIGS
 
 
-def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[WorkloadLike]]:
+def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[CellLike]]:
     """The control at this process's start: its launches there on the profile's ``control_cells``
     first cells (``measure_launches``), or none where the process will measure fewer configs than the
     profile's ``control_min_configs`` (recorded with the reason: the session keeps the per-config rule).
@@ -329,7 +329,7 @@ def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[Workl
     return measure_launches(session, cells, START), cells
 
 
-def cells_of(items: Sequence[Any]) -> list[WorkloadLike]:
+def cells_of(items: Sequence[Any]) -> list[CellLike]:
     """The throughput cells of the collected tests (``cells.collected_cells``), each once, in order;
     cells skipped for the profile (``max_context``) are left out, and so are open-loop cells: below
     the service's capacity their output tok/s is the offered rate's whatever the launch, so a
@@ -392,7 +392,7 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
                 failed.add(name)
 
 
-def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.WorkloadLike], index: int) -> bool:
+def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.CellLike], index: int) -> bool:
     """Relaunch ``index`` of a flagged config, all its cells measured once and recorded; False when
     it failed (recorded with the reason)."""
     from pytest_ddtree.configs import ConfigError

@@ -55,7 +55,7 @@ class CellDeadlineExceeded(load.LoadError):
     measure; the message says what had finished and what to raise."""
 
 
-def run_repeat(client: SGLangClient, workload: load.WorkloadLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
+def run_repeat(client: SGLangClient, workload: load.CellLike, cell_timeout_s: float, **kwargs: Any) -> load.CellResult:
     """``load.run_cell`` as a whole by its deadline (``http.phase``): past it no request is sent
     and those in flight are cut; :class:`CellDeadlineExceeded` then says what had finished."""
     deadline = http.Deadline.after(cell_timeout_s, f"cell {workload.name}", "cell_timeout_s")
@@ -155,7 +155,7 @@ class Recording:
 
 def measure_config(
     service: str | SGLangClient,
-    cells: Sequence[load.WorkloadLike],
+    cells: Sequence[load.CellLike],
     repeats: int,
     driving: Driving = Driving(),
     *,
@@ -208,7 +208,7 @@ def measure_config(
     return campaign
 
 
-def _judge(campaign: Campaign, cells: Sequence[load.WorkloadLike], baseline: Mapping[str, Any],
+def _judge(campaign: Campaign, cells: Sequence[load.CellLike], baseline: Mapping[str, Any],
            measure: Callable[[str, int], load.CellResult], planned: dict[str, int], repeats: int, on_confirm: OnSample,
            judging: Judging) -> None:
     """Judge the cells together against ``baseline``; flagged ones get their confirmation run
@@ -261,20 +261,20 @@ PROBE_FIGURES = ("request_throughput", OUTPUT_THROUGHPUT, REQUEST_GOODPUT, "slo_
                  TOKENS_PER_VERIFY)
 
 
-def rate_cell(template: load.WorkloadLike, rate: float) -> load.Cell:
+def rate_cell(template: load.CellLike, rate: float) -> load.Cell:
     """The open-loop cell of ``template`` at ``rate`` requests/s (its prompts, lengths, arrival
     process and cap, its endpoint and thinking; a closed-loop template gets Poisson arrivals), named ``<template>@<rate>`` and
     seeded by the template (``load.seed_name``): every rate sends the same prompts and arrival gaps."""
     arrivals = dataclasses.replace(template.open_loop or openloop.Arrivals(rate), request_rate=rate)
     return load.Cell(f"{template.name}@{rate:.4g}", arrivals.max_concurrency or template.requests,
                      template.context_tokens, template.output_tokens, template.requests, template.warmup_requests,
-                     template.prompts, arrivals, template.sampling, load.seed_name(template),
-                     getattr(template, "api", "generate"), getattr(template, "thinking", None))  # a chat template's probes chat
+                     template.prompts, arrivals, template.sampling, getattr(template, "api", "generate"),
+                     getattr(template, "thinking", None), seed_name=load.seed_name(template))  # a chat template's probes chat
 
 
 def sustainable_rate(
     service: SGLangClient,
-    template: load.WorkloadLike,
+    template: load.CellLike,
     plan: SearchPlan,
     repeats: int,
     driving: Driving,
@@ -298,7 +298,7 @@ def sustainable_rate(
     return slo_mod.search_rate(probe, plan)
 
 
-def probe_rate(service: SGLangClient, template: load.WorkloadLike, rate: float, repeats: int, driving: Driving,
+def probe_rate(service: SGLangClient, template: load.CellLike, rate: float, repeats: int, driving: Driving,
                recording: Recording = Recording()) -> tuple[RateProbe, Campaign]:
     """One rate of ``template`` measured as an open-loop cell with the usual repeats and retakes,
     against ``driving.slo``: the probe and its measured cell (a bless keeps its goodput samples)."""
@@ -531,7 +531,7 @@ SLO_METRICS = (REQUEST_GOODPUT,)
 OFFERED_LOAD_METRICS = (OUTPUT_THROUGHPUT,)
 
 
-def cell_gated(workload: load.WorkloadLike, gated: Sequence[str] | None) -> tuple[str, ...] | None:
+def cell_gated(workload: load.CellLike, gated: Sequence[str] | None) -> tuple[str, ...] | None:
     """The metrics ``workload``'s cell gates, of the campaign's ``gated`` (None: all of them): an
     open-loop cell leaves out ``OFFERED_LOAD_METRICS``."""
     if workload.open_loop is None:
@@ -540,7 +540,7 @@ def cell_gated(workload: load.WorkloadLike, gated: Sequence[str] | None) -> tupl
     return tuple(k for k in keys if k not in OFFERED_LOAD_METRICS)
 
 
-def judged_gated(workload: load.WorkloadLike, gated: Sequence[str] | None, baseline_cell: Any, slo: SLO | None,
+def judged_gated(workload: load.CellLike, gated: Sequence[str] | None, baseline_cell: Any, slo: SLO | None,
                  slo_edge: bool = True) -> tuple[str, ...] | None:
     """The metrics ``workload``'s cell judges today (``cell_gated``), less those its baseline says
     it records but does not judge (``edge_exemption``: a judged metric the baseline lacks would be
@@ -553,7 +553,7 @@ def judged_gated(workload: load.WorkloadLike, gated: Sequence[str] | None, basel
     return tuple(k for k in keys if k not in edge.metrics)
 
 
-def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None = None,
+def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.CellLike | None = None,
                     slo_edge: bool = True) -> dict[str, Any] | None:
     """A cell's baseline as this session judges it: without an SLO, its goodput gates are left out (a
     baseline blessed with an SLO must not fail a session without one for a figure it cannot count).
@@ -573,7 +573,7 @@ def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.Workload
     return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in dropped}}
 
 
-def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadLike | None) -> baseline_mod.EdgeExemption | None:
+def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.CellLike | None) -> baseline_mod.EdgeExemption | None:
     """What an open-loop ``workload`` blessed at ``slo``'s edge records but does not judge, and why
     (``slo_edge.py``: from its blessed sessions only); None for a closed-loop cell, without an SLO or
     where it was blessed clear of the edge."""
@@ -582,7 +582,7 @@ def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.WorkloadL
     return baseline_mod.edge_exemption(baseline_cell, slo.percentile)
 
 
-def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: Any) -> verdicts_mod.CellInput:
+def cell_input(campaign: Campaign, workload: load.CellLike, baseline_cell: Any) -> verdicts_mod.CellInput:
     """What the gate needs of one measured cell."""
     run = campaign.runs[workload.name]
     repeats, problems = _repeat_facts(run)
@@ -594,7 +594,7 @@ def cell_input(campaign: Campaign, workload: load.WorkloadLike, baseline_cell: A
                           status, why, measured_workload(run, workload))
 
 
-def measured_workload(run: stats.CellRun[load.CellResult], workload: load.WorkloadLike) -> WorkloadData:
+def measured_workload(run: stats.CellRun[load.CellResult], workload: load.CellLike) -> WorkloadData:
     """The workload as measured: its numbers and the prompts its repeats really used
     (``documents via /tokenize``), so a baseline made from other prompts does not apply."""
     measured_prompts = sorted({s.prompt_source for s in run.samples if s.prompt_source})

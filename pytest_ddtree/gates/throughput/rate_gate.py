@@ -88,7 +88,7 @@ def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO)
     return float(kept) if stats.is_number(kept) and 0 < float(kept) <= found else found
 
 
-def bless_entry(rate: float | None, campaigns: Mapping[float, measurement.Campaign], template: load.WorkloadLike,
+def bless_entry(rate: float | None, campaigns: Mapping[float, measurement.Campaign], template: load.CellLike,
                 slo: SLO, existing: Mapping[str, Any] | None, session: str) -> tuple[dict[str, Any] | None, str]:
     """The ``sustainable_rate.<workload>`` entry a bless proposes at ``rate`` (``bless_rate``; None and
     why when it proposes none).
@@ -149,7 +149,7 @@ class _Judged:
     probe: RateProbe
 
 
-def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
+def judge_rate(service: str | SGLangClient, template: load.CellLike, blessed: Mapping[str, Any], repeats: int,
                resolution: float, driving: measurement.Driving, *, config: str, create_command: str, require: bool,
                recording: measurement.Recording = measurement.Recording(),
                pooled: baseline_mod.PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
@@ -211,7 +211,7 @@ def judge_rate(service: str | SGLangClient, template: load.WorkloadLike, blessed
     return RateGateOutcome(decision, message, record)
 
 
-def _judge_launch(service: str | SGLangClient, template: load.WorkloadLike, blessed: Mapping[str, Any], repeats: int,
+def _judge_launch(service: str | SGLangClient, template: load.CellLike, blessed: Mapping[str, Any], repeats: int,
                   driving: measurement.Driving, label: str, recording: measurement.Recording,
                   pooled: baseline_mod.PooledSpread | None) -> _Judged:
     """The blessed rate measured as one open-loop cell on this launch, its goodput judged against the
