@@ -31,16 +31,28 @@ if TYPE_CHECKING:
     from pytest_ddtree.session import DDTreeSession
 
 
+#: The node id of a session-level failure's report (``ddtree::control``...).
+SESSION_CHECK_PREFIX = "ddtree::"
+
+
 @dataclass(frozen=True)
 class SessionFailure:
     """A failure of the session as a whole, not of one test: which check found it and why.
 
     The plugin reports each one as a failed test of its own (``ddtree::<check>``), so it shows
     where pytest users look: the short test summary, the final line's count, and every plugin
-    that reads test reports (JUnit XML among them)."""
+    that reads test reports (JUnit XML among them); a line in a section of its own is not read to
+    the end, under a last line that says "9 passed". Like pytest-mypy's status check, it is a test
+    of its own, but made at the session end, after the last worker's results arrived, which is
+    where the checks can run."""
 
     check: str
     message: str
+
+    def report(self) -> dict[str, Any]:
+        """The fields of its failed test report (pytest's ``TestReport``)."""
+        return {"nodeid": f"{SESSION_CHECK_PREFIX}{self.check}", "location": ("ddtree", None, self.check),
+                "keywords": {"ddtree-session": 1}, "outcome": "failed", "longrepr": self.message, "when": "call"}
 
 
 #: The session-level checks, as the failures' test ids name them.
@@ -145,6 +157,17 @@ def _report_selection(session: DDTreeSession, outcome: FinishOutcome, results: d
             "ddtree selection",
             f"ran {', '.join(c.name for c in selection.configs)} on this build ({selection.build.origin}); "
             f"left out {len(lines)} matrix config(s) it cannot run as named:\n" + "\n".join(lines)))
+
+
+def end_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
+    """The main process's session end (:func:`finish_session`), then the project's hooks told the
+    session's bill and its verdict (hookspec.py)."""
+    outcome = finish_session(session, exitstatus=exitstatus)
+    if outcome.bill is not None:
+        session.hooks.session_bill(outcome.bill)
+    if outcome.verdict is not None:
+        session.hooks.verdict(None, None, outcome.session_verdict(exitstatus))
+    return outcome
 
 
 def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:

@@ -79,8 +79,8 @@ def pytest_ddtree_verdict(config: pytest.Config, ddtree_config: str | None, cell
 
 
 class ProjectHooks:
-    """The project's hooks as the gates call them: over a pytest config (the plugin's, given to the
-    session), or over none (a script's session), when each call does nothing."""
+    """The project's hooks as the session, its gates and its end call them: over a pytest config (the
+    plugin's, given to the session), or over none (a script's session), when each call does nothing."""
 
     def __init__(self, config: pytest.Config | None = None) -> None:
         self._config = config
@@ -91,6 +91,16 @@ class ProjectHooks:
             self._config.hook.pytest_ddtree_cell_measured(config=self._config, ddtree_config=ddtree_config, cell=cell,
                                                           figures=dict(figures),
                                                           samples={k: list(v) for k, v in samples.items()})
+
+    def hardware_profile(self, fingerprint: HardwareProfile) -> str | None:
+        if self._config is None:
+            return None
+        named: str | None = self._config.hook.pytest_ddtree_hardware_profile(config=self._config, fingerprint=fingerprint)
+        return named
+
+    def session_bill(self, bill: dict[str, Any]) -> None:
+        if self._config is not None:
+            self._config.hook.pytest_ddtree_session_bill(config=self._config, bill=bill)
 
     def verdict(self, ddtree_config: str | None, cell: str | None, verdict: Mapping[str, Any]) -> None:
         if self._config is not None:

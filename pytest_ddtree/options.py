@@ -348,6 +348,41 @@ def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: 
     )
 
 
+
+#: The options that ask for ddtree work by being given (the rest tune a run that does it).
+_ASKING_FOR_DDTREE = ("config", "service", "url", "matrix", "package", "cell")
+
+
+def explicitly_configured(config: _Config) -> bool:
+    return any(config.getoption(dest) for name in _ASKING_FOR_DDTREE for dest in OPTION[name].dests)
+
+
+def in_use(config: _Config, settings: Settings) -> bool:
+    """The user asked for ddtree work, or the default files exist: a run of unrelated tests with
+    the plugin installed must neither fail nor read files because no suites/ folder is near."""
+    return explicitly_configured(config) or (settings.matrix.exists() and settings.service.exists())
+
+
+def gate_run(config: _Config) -> bool:
+    """Whether this run gates configs (:func:`in_use`), before the session exists."""
+    if explicitly_configured(config):
+        return True
+    try:
+        settings = resolve_settings(config)
+    except OptionError:
+        return False  # pytest_configure reports it
+    return settings.matrix.exists() and settings.service.exists()
+
+
+def hides_benchmark_table(args: Sequence[str]) -> bool:
+    """pytest-benchmark's table (Min Max Mean StdDev OPS Rounds of each cell's repeats, in ms per
+    round) beside the sweep's tok/s reads as a second, different result. The throughput suite
+    files every cell as a benchmark record for users of its tooling (--benchmark-json,
+    --benchmark-autosave); those users ask for it with a --benchmark-* option in ``args`` (the
+    command line and addopts), and then get pytest-benchmark as it always is. A gate run without
+    one keeps the records, not the table."""
+    return not any(arg.startswith("--benchmark-") for arg in args)
+
 #: What --ddtree-measure-only cannot go with: each judges or blesses, and a measure-only run does neither.
 _NOT_WITH_MEASURE_ONLY = {
     "update_baselines": "a bless writes baselines from a gated run; bless without --ddtree-measure-only",

@@ -29,7 +29,10 @@ time xdist gives a worker to restore its service after Ctrl-C.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xdist.scheduler import LoadScopeScheduling
@@ -200,6 +203,73 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self.log(line)
         if self._progress is not None:
             self._progress(line)
+
+
+#: The user property of a test report whose worker's host does not answer ssh (the service
+#: fixture sets it; :class:`DeadHostWatcher` reads it on the main process).
+HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
+
+
+class HostReport(Protocol):
+    """What the watcher reads of pytest's ``TestReport`` (xdist adds its ``node`` on the main process)."""
+
+    @property
+    def nodeid(self) -> str: ...
+
+    @property
+    def user_properties(self) -> Iterable[tuple[str, object]]: ...
+
+
+class DeadHostWatcher:
+    """On the main process: a test that failed because its worker's host does not answer ssh (the worker
+    marks its report) makes the scheduler feed that worker no more configs."""
+
+    def __init__(self, scheduler: ConfigScheduling) -> None:
+        self.scheduler = scheduler
+
+    def pytest_runtest_logreport(self, report: HostReport) -> None:
+        host = next((entry[1] for entry in report.user_properties if entry[0] == HOST_UNREACHABLE_PROPERTY), None)
+        node = getattr(report, "node", None)  # set by xdist on the main process
+        if host is not None and node is not None:
+            self.scheduler.mark_dead(node, report.nodeid, str(host))
+
+
+def ssh_instances(session: DDTreeSession, in_use: bool) -> int:
+    """The scheduler's ``instances``: the pool's, where each is an ssh host (a ``host`` or a fleet).
+    Only ssh hosts can be found dead: other runs keep xdist's own pacing, as does another
+    project's run or a broken profile (the tests that need it report it)."""
+    if not in_use or session.setup_problem is not None:
+        return 0
+    profile = session.profile
+    return profile.pool_size if profile.host or profile.fleet.hosts else 0
+
+
+def workers_beyond_cores(asked: object) -> str | None:
+    """``-n 4`` on 2 cores: each worker runs a service and its load generator, so workers beyond
+    the cores make every measurement describe the contention (cells come out inconclusive, or
+    slow). The warning, said once at the start, or None."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not isinstance(asked, int) or asked <= cores:
+        return None
+    return (f"-n {asked} runs {asked} workers on {cores} CPU core(s) here: each worker runs a service and its load "
+            f"generator, so the cores are shared and the throughput cells measure the contention (inconclusive, or "
+            f"slower than their baseline); use -n {cores} or fewer")
+
+
+def adaptive_problem(priors: Sequence[Path], workers: object) -> str | None:
+    """Why ``--ddtree-max-restarts`` cannot run here (the usage error's message), or None: the
+    adaptive sweep is serial (no ``-n``), needs the advisor extra and readable prior folders."""
+    from pytest_ddtree.adaptive import sweep as adaptive
+    from pytest_ddtree.adaptive.advisor import AdvisorUnavailable
+
+    if workers:
+        return adaptive.XDIST_ERROR
+    try:
+        adaptive.check_available()
+        adaptive.check_prior_dirs(priors)
+    except (AdvisorUnavailable, adaptive.PriorError) as exc:
+        return str(exc)
+    return None
 
 
 #: Seconds a worker gets, beyond the profile's stop timeout, to put its service back after Ctrl-C

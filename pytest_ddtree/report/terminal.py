@@ -14,7 +14,12 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from pytest_ddtree import progress
+
+if TYPE_CHECKING:
+    from pytest_ddtree.session import DDTreeSession
 
 
 class Reporter(Protocol):
@@ -136,3 +141,42 @@ def write_sections(reporter: Reporter, sections: Sequence[tuple[str, str]]) -> N
         reporter.write_sep("=", title)
         for line in text.rstrip("\n").splitlines():
             reporter.write_line(line)
+
+
+def show_progress(reporter: Reporter, capture: Capture | None) -> TerminalProgress:
+    """The progress display on the terminal of a process that runs ddtree tests, installed as
+    progress.py's display (the plugin shows none under ``-q -q``, nor on an xdist worker, which has
+    no terminal the user sees)."""
+    display = TerminalProgress(reporter, capture)
+    progress.install(display)
+    return display
+
+
+def with_skip_reasons(reportchars: str, args: Sequence[str]) -> str:
+    """pytest's ``-r`` characters of a gate run. An inconclusive cell is a skip whose reason says what
+    to do ("only 6 clean repeats of the 12 needed: rerun on a quieter machine or raise
+    --ddtree-repeats"), so the short test summary shows skip reasons, unless the user chose the
+    summary's contents (``-r`` in ``args``, the command line and addopts)."""
+    chose = any(arg.startswith(("-r", "--report-chars")) for arg in args)
+    return reportchars if chose or "s" in reportchars or "N" in reportchars else reportchars + "s"
+
+
+def header_lines(session: DDTreeSession, in_use: bool, workers: object, args: Sequence[str]) -> list[str]:
+    """pytest's header of a run that gates configs (``in_use``): the profile and how each config field
+    reaches the service, the selected configs and those the build cannot run, the results folder,
+    the session's predicted cost for ``workers`` (``-n``) and the pool's note."""
+    if not in_use or session.setup_problem is not None:
+        return []
+    from pytest_ddtree.records import bill
+
+    settings, profile = session.settings, session.profile
+    names = ", ".join(c.name for c in session.selected_configs)
+    left_out = session.selection.summary_lines()
+    return [
+        f"ddtree: service profile {profile.name} ({settings.url or settings.service}), controller {profile.controller}",
+        *(f"ddtree:   {field}: {how}" for field, how in profile.how_fields_reach_the_service().items()),
+        f"ddtree: configs {names}",
+        *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
+          + [f"ddtree:   {line}" for line in left_out] if left_out else []),
+        f"ddtree: results {settings.results}", *bill.predicted_lines(session, workers, args), *session.pool_lines(workers),
+    ]

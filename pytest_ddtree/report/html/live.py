@@ -139,3 +139,17 @@ def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     live.write_running(session.failed_tests)
     live.start_heartbeat()
     return live
+
+
+def start_live_report(session: DDTreeSession, nodeids: Sequence[str]) -> None:
+    """The main process's page from the collected tests (``nodeids``), where they hold a test of a
+    selected config: the project's other tests get no page, and no folder."""
+    from pytest_ddtree.configs import config_in_nodeid
+
+    names = [c.name for c in session.selected_configs]
+    if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):
+        return
+    live = LiveReport(session.results_dir, names)
+    live.plan(nodeids)
+    if live.status().total:
+        session.live_report = start_report(live, session)
