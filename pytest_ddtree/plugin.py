@@ -130,11 +130,14 @@ def pytest_configure(config: pytest.Config) -> None:
     session = config.stash[SESSION_KEY] = DDTreeSession.of_process(settings, worker, lines)
     session.hooks = ProjectHooks(config)
     config.pluginmanager.register(FailureCollector(session), "ddtree-failure-collector")
-    if worker is None:
-        if settings.max_restarts is not None:
-            from pytest_ddtree.scheduling import adaptive_problem
+    if worker is None:  # the controller: a usage error (exit 4) before anything starts
+        from pytest_ddtree.scheduling import adaptive_problem
 
-            _usage_error(adaptive_problem(settings.priors, getattr(config.option, "numprocesses", None)))
+        _usage_error(adaptive_problem(settings.max_restarts, settings.priors, getattr(config.option, "numprocesses", None)))
+        if settings.history is not None:
+            from pytest_ddtree.report.changepoints import history_problem
+
+            _usage_error(history_problem(settings.history, settings.history_check))
         _usage_error(session.usage_problem(_in_use(config)))
         config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
 

@@ -256,9 +256,11 @@ def workers_beyond_cores(asked: object) -> str | None:
             f"slower than their baseline); use -n {cores} or fewer")
 
 
-def adaptive_problem(priors: Sequence[Path], workers: object) -> str | None:
+def adaptive_problem(max_restarts: int | None, priors: Sequence[Path], workers: object) -> str | None:
     """Why ``--ddtree-max-restarts`` cannot run here (the usage error's message), or None: the
     adaptive sweep is serial (no ``-n``), needs the advisor extra and readable prior folders."""
+    if max_restarts is None:
+        return None
     from pytest_ddtree.adaptive import sweep as adaptive
     from pytest_ddtree.adaptive.advisor import AdvisorUnavailable
 

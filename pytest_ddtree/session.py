@@ -257,19 +257,10 @@ class DDTreeSession:
         return None
 
     def usage_problem(self, in_use: bool) -> str | None:
-        """Why this run must stop before anything starts (a usage error's message, exit 4), or None.
-        ``--ddtree-history``'s driver and, with ``--ddtree-history-check``, the change-point library
-        are checked now, not after hours of measuring; where ddtree runs (``in_use``), the profile,
-        matrix and selection (:attr:`setup_problem`), the coding set's package and the package folder."""
+        """Why this run must stop before anything starts (a usage error's message, exit 4), or None:
+        where ddtree runs (``in_use``), the profile, matrix and selection (:attr:`setup_problem`), the
+        coding set's package and the package folder."""
         settings = self.settings
-        if settings.history is not None:
-            from pytest_ddtree.report.changepoints import check_history_usable
-            from pytest_ddtree.report.history import HistoryError
-
-            try:
-                check_history_usable(settings.history, settings.history_check)
-            except HistoryError as exc:
-                return f"--ddtree-history: {exc}"
         if not in_use:
             return None
         if self.setup_problem is not None:

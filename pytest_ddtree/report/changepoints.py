@@ -67,16 +67,18 @@ def check_available() -> None:
         raise ChangePointsUnavailable(f"change points need Apache Otava: pip install '{HISTORY_EXTRA}'") from None
 
 
-def check_history_usable(url: str, change_points: bool) -> None:
-    """What a session can check before it measures: the history URL, its driver and, with
-    ``--ddtree-history-check``, the change-point library (here, not in history.py, so that
-    the history store does not import its own reader)."""
-    check_usable(url)
-    if change_points:
-        try:
+def history_problem(url: str, change_points: bool) -> str | None:
+    """Why ``--ddtree-history`` cannot be used (the usage error's message), or None: what a session can
+    check before it measures, not after hours of measuring: the history URL, its driver and, with
+    ``--ddtree-history-check``, the change-point library (here, not in history.py, so that the
+    history store does not import its own reader)."""
+    try:
+        check_usable(url)
+        if change_points:
             check_available()
-        except ChangePointsUnavailable as exc:
-            raise HistoryError(str(exc)) from None
+    except (HistoryError, ChangePointsUnavailable) as exc:
+        return f"--ddtree-history: {exc}"
+    return None
 
 
 @dataclass(frozen=True)

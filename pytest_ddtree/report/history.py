@@ -210,7 +210,7 @@ def _check_sqlite_folder(path: Path) -> None:
 
 def check_usable(url: str) -> None:
     """What a session can check before it measures: the URL, a SQLite file's folder, and the
-    driver (the change-point library: :func:`pytest_ddtree.report.changepoints.check_history_usable`)."""
+    driver (the change-point library: :func:`pytest_ddtree.report.changepoints.history_problem`)."""
     check_url(url)
     path = _sqlite_path(url)
     if path is not None:
