@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from pytest_ddtree.service import kinds
+from pytest_ddtree.service.fleet import HOST_OVERRIDES
 from pytest_ddtree.service.profile import ProfileError, ServiceProfile, load_profile, parse_profile
 from pytest_ddtree.service.profile_keys import GROUPS, KEYS, flatten, keys_table
+from pytest_ddtree.service.slurm import SLURM_KEYS
 
 SERVICES = Path(__file__).resolve().parent.parent / "suites" / "services"
 BY_NAME = {key.name: key for key in KEYS}
@@ -155,14 +157,15 @@ def test_the_docs_example_profile_is_grouped_and_loads(repo_root: Path, tmp_path
 
 
 def test_the_docs_profile_examples_name_only_declared_keys(repo_root: Path) -> None:
-    """The profiles the pages show (flat, grouped or mixed) use keys the validator knows: an
-    example cannot keep a key that was renamed or dropped."""
+    """The profiles the pages show (flat, grouped or mixed) use keys the validator knows, down to a
+    slurm job's options and a host pool entry's overrides: an example cannot keep a key that was
+    renamed or dropped."""
     groups = {group.name for group in GROUPS}
     inner = {(key.group, key.inner or key.name) for key in KEYS if key.group}
     seen = 0
     for page in sorted((repo_root / "docs").rglob("*.md")):
         for block in _yaml_blocks(page.read_text()):
-            if not isinstance(block, dict) or "controller" not in block:
+            if not isinstance(block, dict) or "name" not in block or not {"controller", "command", "launch", "url"} & set(block):
                 continue
             seen += 1
             for name, value in block.items():
@@ -170,4 +173,7 @@ def test_the_docs_profile_examples_name_only_declared_keys(repo_root: Path) -> N
                     assert all((name, k) in inner for k in value), (page.name, name, sorted(value))
                 else:
                     assert name in BY_NAME or name in kinds.key_types(), (page.name, name)
-    assert seen >= 5
+            assert set(block.get("slurm") or {}) <= set(SLURM_KEYS), (page.name, sorted(block["slurm"]))
+            for entry in (e for e in block.get("pool") or [] if isinstance(block.get("pool"), list) and isinstance(e, dict)):
+                assert set(entry) <= {"host", *HOST_OVERRIDES}, (page.name, sorted(entry))
+    assert seen >= 6
