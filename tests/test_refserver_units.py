@@ -338,7 +338,7 @@ def test_the_reference_dialect_serves_plainly_without_the_algorithm_flag(
     from pytest_ddtree.refserver.dialects import resolve
 
     ns, _ = parse_args(["--port", "0", *flags])
-    resolved = resolve("reference", ns, {}, drafter_block_size=8)
+    resolved = resolve(ns.declared_dialect, ns, {}, drafter_block_size=8)
     assert resolved.algorithm == algorithm
     assert resolved.server_args["speculative_algorithm"] == reported
     assert resolved.server_args["speculative_num_draft_tokens"] == budget

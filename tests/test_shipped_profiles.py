@@ -43,23 +43,27 @@ BUILDS = {path.name: str(raw["dialect"]) for path in sorted(SERVICES.glob("*.yam
 def test_each_shipped_dialect_is_the_engines() -> None:
     """A profile's ``dialect:`` names one the engine speaks (else its stand-in run would fail at
     launch, far from the typo)."""
-    from pytest_ddtree.refserver.dialects import DIALECTS
-    assert len(BUILDS) >= 10 and set(BUILDS.values()) <= set(DIALECTS), BUILDS
+    from pytest_ddtree.refserver.dialects import load
+    assert len(BUILDS) >= 10 and set(BUILDS.values()) <= set(load()), BUILDS
 
 
-def as_refserver(name: str, directory: Path) -> Path:
-    """The shipped profile with the reference engine in place of the SGLang launcher."""
-    dialect = BUILDS[name]
-    raw = yaml.safe_load((SERVICES / name).read_text())
-    command = " ".join(raw["command"].split())
+def as_refserver(name: str | Path, directory: Path) -> Path:
+    """The profile (a shipped one by name, or a path) with the reference engine in place of the SGLang
+    launcher, in the profile's ``dialect:``; a ``dialects.yaml`` in the profile's own folder joins
+    the shipped declaration (``--dialects``), as a new build's would."""
+    source = SERVICES / name if isinstance(name, str) else name
+    raw = yaml.safe_load(source.read_text())
+    own = source.parent / "dialects.yaml"
     engine = "{python} -m pytest_ddtree.refserver"
+    speaks = f"{engine} --dialect {raw['dialect']}" + (f" --dialects {own}" if source.parent != SERVICES and own.is_file() else "")
+    command = " ".join(raw["command"].split())
     if command.startswith(engine):  # the engine's own profile: the same flags, parsed in the build's dialect
-        raw["command"] = f"{engine} --dialect {dialect}" + command[len(engine):].replace("--clock-scale 10", "--clock-scale 50")
+        raw["command"] = speaks + command[len(engine):].replace("--clock-scale 10", "--clock-scale 50")
     else:
         assert command.startswith(LAUNCHER), f"{name}: the command must start with {LAUNCHER!r} (tests substitute it)"
-        raw["command"] = f"{engine} --dialect {dialect} --clock-scale 50" + command[len(LAUNCHER):]
+        raw["command"] = f"{speaks} --clock-scale 50" + command[len(LAUNCHER):]
     raw.update(port="auto", ready_timeout_s=60, stop_timeout_s=5, gpu_release_timeout_s=5)
-    path = directory / f"refserver-{name}"
+    path = directory / f"refserver-{source.name}"
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -68,12 +72,12 @@ def build_selection(name: str, requested: list[str] | None) -> Selection:
     return select(requested, load_matrix(MATRIX), load_profile(SERVICES / name))
 
 
-def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name: str, configs: list[str]) -> None:
+def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name: str | Path, configs: list[str]) -> None:
     """The health suite passed for every config, and the engine ran what each name says, also for
     the fields /server_info cannot show (the fork's environment variables)."""
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("passed") == 3 * len(configs), result.stdout.str()[-3000:]
-    profile = load_profile(SERVICES / name)
+    profile = load_profile(SERVICES / name if isinstance(name, str) else name)
     out = result.stdout.str()
     unproven = [f for f in ("budget", "topk")
                 if (f not in profile.settable_fields() and f not in profile.applied.values()) or f in profile.unverifiable]

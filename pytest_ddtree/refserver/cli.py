@@ -23,19 +23,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pytest_ddtree.refserver.dialects import (
-    DIALECT_HELP,
-    DIALECTS,
-    DialectError,
-    Resolved,
-    add_speculative_flags,
-    resolve,
-)
+from pytest_ddtree.refserver.dialect_rules import DialectError, Resolved
+from pytest_ddtree.refserver.dialects import Dialect, DialectDeclarationError, add_speculative_flags, resolve
+from pytest_ddtree.refserver.dialects import load as load_dialects
+from pytest_ddtree.refserver.dialects import startup_lines as dialect_lines
 from pytest_ddtree.refserver.engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
 from pytest_ddtree.refserver.faults import FAULT_HELP, FaultError, Faults
 from pytest_ddtree.refserver.hf_export import export_dir
 from pytest_ddtree.refserver.model import CORPUS_DIR, Models, build_models
 from pytest_ddtree.refserver.server import ServerState, make_server
+from pytest_ddtree.suggest import did_you_mean
 
 DEFAULT_MODEL_PATH = "refserver/tiny-infinigram"
 
@@ -85,19 +82,32 @@ def _engine_version(text: str) -> str:
     return text
 
 
-def _dialect_of(argv: list[str] | None) -> str:
-    """The ``--dialect`` (it decides which speculative flags exist, so it is read first)."""
+PROG = "python -m pytest_ddtree.refserver"
+
+
+def _dialect_of(argv: list[str] | None) -> tuple[Dialect, dict[str, Dialect]]:
+    """The ``--dialect`` and the declarations ``--dialects`` adds to the shipped one (they decide
+    which speculative flags exist, so they are read first); a bad one exits 2, as argparse does."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--dialect", choices=DIALECTS, default="reference")
+    pre.add_argument("--dialect", default="reference")
+    pre.add_argument("--dialects", action="append", type=Path, default=[])
     known, _ = pre.parse_known_args(argv)
-    return str(known.dialect)
+    fail = argparse.ArgumentParser(prog=PROG).error
+    try:
+        declared = load_dialects(tuple(known.dialects))
+    except DialectDeclarationError as exc:
+        fail(f"argument --dialects: {exc}")
+    if known.dialect not in declared:
+        fail(f"argument --dialect: no dialect {known.dialect!r}; {did_you_mean(known.dialect, declared)}"
+             f"declared: {', '.join(declared)} (add one to a file given with --dialects)")
+    return declared[known.dialect], declared
 
 
-def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
+def build_parser(dialect: Dialect, declared: dict[str, Dialect]) -> argparse.ArgumentParser:
     faults = "\n".join(f"  {k:<20} {v}" for k, v in FAULT_HELP.items())
-    dialects = "\n".join(f"  {k:<20} {v}" for k, v in DIALECT_HELP.items())
+    dialects = "\n".join(f"  {k:<20} {d.help}" for k, d in declared.items())
     p = argparse.ArgumentParser(
-        prog="python -m pytest_ddtree.refserver",
+        prog=PROG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Reference SGLang-compatible engine with DFlash-style block drafting and DDTree "
@@ -138,7 +148,9 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
     s = p.add_argument_group("drafter")
     s.add_argument("--trained-block-size", type=_positive_int, default=8, help="block size the emulated drafter was trained at (its config's block_size; default: %(default)s)")
     e = p.add_argument_group("emulation")
-    e.add_argument("--dialect", choices=DIALECTS, default="reference", help="which build's flags and environment to follow (default: %(default)s; see below)")
+    e.add_argument("--dialect", choices=list(declared), default="reference", help="which build's flags and environment to follow (default: %(default)s; see below)")
+    e.add_argument("--dialects", action="append", type=Path, default=[], metavar="PATH",
+                   help="a dialects file (one beside your profiles) whose entries join the shipped suites/services/dialects.yaml's")
     e.add_argument("--load-seconds", type=_nonneg_float, default=0.0, help="emulated weight loading; the port stays closed meanwhile (default: %(default)s)")
     e.add_argument("--clock-scale", type=_positive_float, default=1.0, help="simulated seconds per wall second; >1 speeds tests up (default: %(default)s)")
     e.add_argument("--engine-version", type=_engine_version, default=VERSION,
@@ -150,15 +162,14 @@ def build_parser(dialect: str = "reference") -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Faults]:
-    parser = build_parser(_dialect_of(argv))
+    dialect, declared = _dialect_of(argv)
+    parser = build_parser(dialect, declared)
+    parser.set_defaults(declared_dialect=dialect)
     ns = parser.parse_args(argv)
     try:
         faults = Faults.parse(ns.fault)
     except FaultError as exc:
         parser.error(f"argument --fault: {exc}")
-    block = getattr(ns, "speculative_dflash_block_size", None)
-    if ns.dialect == "reference" and block is not None and block < 2:
-        parser.error("argument --speculative-dflash-block-size: must be >= 2 (depth = block_size - 1)")
     if ns.trained_block_size < 2:
         parser.error("argument --trained-block-size: must be >= 2")
     if not ns.corpus_dir.is_dir():
@@ -228,13 +239,15 @@ def served_config(resolved: Resolved, topk: int, faults: Faults, trained_block_s
                       worker_draft_tokens=budget + 1 if eagle else None)
 
 
-def startup_lines(dialect: str, resolved: Resolved, spec: SpecConfig, faults: Faults, attention_backend: str | None) -> list[str]:
+def startup_lines(dialect: Dialect, resolved: Resolved, spec: SpecConfig, faults: Faults, attention_backend: str | None) -> list[str]:
     """The start-up lines in which each build's speculative worker prints the values it runs with.
 
     A worker prints what it really uses, so the block size and budget are the served ones (a
     serve-* fault shows here, not in /server_info); the window and topk are printed as given,
     because the builds print them even where the worker never uses them (an unused-config fault
     is invisible here, as on those builds).
+
+    The lines are the dialect's ``startup_lines`` (suites/services/dialects.yaml); those shipped:
 
     - upstream DFLASH (sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py
       ``DFlashWorker.__init__``): ``Initialized DFLASH draft runner. attention_backend=%s, model=%s,
@@ -247,20 +260,10 @@ def startup_lines(dialect: str, resolved: Resolved, spec: SpecConfig, faults: Fa
     """
     if not spec.speculative:
         return []
-    window = resolved.window
-    compact = window is not None
-    backend = attention_backend or "triton"
-    dflash = (f"Initialized DFLASH draft runner. attention_backend={backend}, model=DFlashDraftModel, "
-              f"block_size={spec.block_size}, draft_window_size={window}, compact_cache={compact}")
-    if dialect == "eagle3":
-        return []  # no line of the EAGLE worker is parsed by the harness (service/proof.py reads DFLASH's and DDTree's)
-    if dialect == "ddtree":
-        return [f"Initialized DDTREE v2 worker. block_size={spec.block_size}, tree_budget={spec.budget}, "
-                f"draft_window_size={window}, compact_cache={compact}"]
-    if dialect == "reference":
-        topk = resolved.topk if "topk" in faults.unused_config else spec.topk
-        return [dflash, f"Initialized DDTree worker. block_size={spec.block_size}, tree_budget={spec.budget}, topk={topk}"]
-    return [dflash]
+    topk = resolved.topk if "topk" in faults.unused_config else spec.topk
+    return dialect_lines(dialect, {"backend": attention_backend or "triton", "block_size": spec.block_size,
+                                   "budget": spec.budget, "topk": topk, "window": resolved.window,
+                                   "compact": resolved.window is not None})
 
 
 def _refuse(message: str) -> int:
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ns, faults = parse_args(argv)
     log(f"refserver {ns.engine_version} starting (dialect {ns.dialect})")
     try:
-        resolved = resolve(ns.dialect, ns, os.environ, drafter_block_size=ns.trained_block_size, tp_size=ns.tp_size)
+        resolved = resolve(ns.declared_dialect, ns, os.environ, drafter_block_size=ns.trained_block_size, tp_size=ns.tp_size)
     except DialectError as exc:
         return _refuse(str(exc))
     resolved, spec = _served(ns, faults, resolved)
@@ -292,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     models, tokenizer_dir = loaded
-    if ns.dialect == "ddtree" and spec.speculative:  # ddtree_utils.py: topk = min(tree_budget, V)
+    if ns.declared_dialect.topk_capped_by_vocab and spec.speculative:  # PR 27509's ddtree_utils.py: topk = min(tree_budget, V)
         spec = dataclasses.replace(spec, topk=min(spec.budget, models.tokenizer.vocab_size))
-    for line in startup_lines(ns.dialect, resolved, spec, faults, ns.attention_backend):
+    for line in startup_lines(ns.declared_dialect, resolved, spec, faults, ns.attention_backend):
         log(line)
 
     state = ServerState(server_args={}, faults=faults, seed=ns.seed, context_length=ns.context_length, log=log,
@@ -345,7 +348,7 @@ def _served(ns: argparse.Namespace, faults: Faults, resolved: Resolved) -> tuple
         log(f"WARNING:  {warning}")
     topk = resolved.topk
     server_args = dict(resolved.server_args)
-    if "topk" in faults.ignore_config and resolved.algorithm == "DFLASH" and ns.dialect == "reference":
+    if "topk" in faults.ignore_config and resolved.algorithm == "DFLASH" and ns.declared_dialect.ignored_topk_fault:
         topk = 1  # what upstream SGLang silently does to DFLASH
         server_args["speculative_eagle_topk"] = 1
     resolved = dataclasses.replace(resolved, server_args=server_args)
