@@ -9,58 +9,14 @@ line and what was meant.
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from pytest_ddtree.refserver.cli import parse_args
 from pytest_ddtree.refserver.dialects import SHIPPED, DialectDeclarationError, load
+from tests.build_helpers import NEW_DIALECT, NEW_PROFILE, as_refserver, check_ran_as_named
 from tests.suite_helpers import run_suite
-from tests.test_shipped_profiles import as_refserver, check_ran_as_named
-
-#: A fork that switches DDTree on with a flag of its own and sizes the tree with renamed flags: the
-#: rules are PR 27509's, the spellings are new (a flag's ``dest`` is the name the rule reads).
-NEW_DIALECT = """\
-mytree:
-  extends: upstream
-  help: "a fork: --speculative-tree-verify turns DDTree on, sized by --speculative-tree-block-size and -budget"
-  flags:
-    --speculative-tree-verify: {type: switch, help: "verify a DDTree instead of the chain"}
-    --speculative-tree-block-size: {type: positive, dest: speculative_ddtree_block_size, help: "the draft block size"}
-    --speculative-tree-budget: {type: int, dest: speculative_ddtree_budget, help: "non-root tree nodes"}
-  resolve:
-    - {algorithm: NONE, rule: plain}
-    - {flag: speculative_tree_verify, rule: ddtree-pr27509}
-    - {rule: dflash-chain}
-  startup_lines:
-    - "Initialized DDTREE v2 worker. block_size={block_size}, tree_budget={budget}, draft_window_size={window}, compact_cache={compact}"
-"""
-
-NEW_PROFILE = """\
-name: sglang-mytree
-description: a fork whose DDTree is switched on by --speculative-tree-verify
-dialect: mytree
-controller: process
-command: "python -m sglang.launch_server --model-path /models/target --host 127.0.0.1 --port {port} --enable-metrics {config_args}"
-speculative_args: "--speculative-algorithm DFLASH --speculative-tree-verify --speculative-draft-model-path /models/drafter"
-url: "http://127.0.0.1:{port}"
-port: 30000
-default_window: 2048
-default: bs8_b8_k8
-config_args:
-  block_size: "--speculative-tree-block-size {value}"
-  budget: "--speculative-tree-budget {value}"
-  window: "--speculative-draft-window-size {value}"
-fixed:
-  topk: budget
-applied:
-  speculative_num_draft_tokens: block_size
-  speculative_ddtree_budget: budget
-  speculative_draft_window_size: window
-lossless_args: ""
-"""
-
 
 def test_a_new_build_is_one_profile_and_one_dialect_entry(pytester: pytest.Pytester) -> None:
     """The build's folder holds its profile and its dialect, nothing else: the engine parses the

@@ -24,21 +24,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.configs import parse_config_name
 from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.selection import Selection, select
 from pytest_ddtree.service.profile import load_profile
+from tests.build_helpers import BUILDS, SERVICES, as_refserver, check_ran_as_named
 from tests.sglang_lane import server_env, sglang_python
 from tests.suite_helpers import MATRIX, REPO, run_suite
-
-LAUNCHER = "python -m sglang.launch_server"
-SERVICES = REPO / "suites" / "services"
-
-#: The shipped profiles that name the engine dialect speaking their build's flags (``dialect:``):
-#: each is run here as it ships, the launcher swapped for the engine in that dialect.
-BUILDS = {path.name: str(raw["dialect"]) for path in sorted(SERVICES.glob("*.yaml"))
-          if isinstance(raw := yaml.safe_load(path.read_text()), dict) and raw.get("dialect") and raw.get("controller") == "process"}
-
 
 def test_each_shipped_dialect_is_the_engines() -> None:
     """A profile's ``dialect:`` names one the engine speaks (else its stand-in run would fail at
@@ -47,58 +38,8 @@ def test_each_shipped_dialect_is_the_engines() -> None:
     assert len(BUILDS) >= 10 and set(BUILDS.values()) <= set(load()), BUILDS
 
 
-def as_refserver(name: str | Path, directory: Path) -> Path:
-    """The profile (a shipped one by name, or a path) with the reference engine in place of the SGLang
-    launcher, in the profile's ``dialect:``; a ``dialects.yaml`` in the profile's own folder joins
-    the shipped declaration (``--dialects``), as a new build's would."""
-    source = SERVICES / name if isinstance(name, str) else name
-    raw = yaml.safe_load(source.read_text())
-    own = source.parent / "dialects.yaml"
-    engine = "{python} -m pytest_ddtree.refserver"
-    speaks = f"{engine} --dialect {raw['dialect']}" + (f" --dialects {own}" if source.parent != SERVICES and own.is_file() else "")
-    command = " ".join(raw["command"].split())
-    if command.startswith(engine):  # the engine's own profile: the same flags, parsed in the build's dialect
-        raw["command"] = speaks + command[len(engine):].replace("--clock-scale 10", "--clock-scale 50")
-    else:
-        assert command.startswith(LAUNCHER), f"{name}: the command must start with {LAUNCHER!r} (tests substitute it)"
-        raw["command"] = f"{speaks} --clock-scale 50" + command[len(LAUNCHER):]
-    raw.update(port="auto", ready_timeout_s=60, stop_timeout_s=5, gpu_release_timeout_s=5)
-    path = directory / f"refserver-{source.name}"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
 def build_selection(name: str, requested: list[str] | None) -> Selection:
     return select(requested, load_matrix(MATRIX), load_profile(SERVICES / name))
-
-
-def check_ran_as_named(pytester: pytest.Pytester, result: pytest.RunResult, name: str | Path, configs: list[str]) -> None:
-    """The health suite passed for every config, and the engine ran what each name says, also for
-    the fields /server_info cannot show (the fork's environment variables)."""
-    outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("passed") == 3 * len(configs), result.stdout.str()[-3000:]
-    profile = load_profile(SERVICES / name if isinstance(name, str) else name)
-    out = result.stdout.str()
-    unproven = [f for f in ("budget", "topk")
-                if (f not in profile.settable_fields() and f not in profile.applied.values()) or f in profile.unverifiable]
-    if unproven:  # the report names every field the harness could not read back, with the reason
-        assert "ddtree config fields not read back" in out
-        for field_name in unproven:
-            assert re.search(rf"^{field_name}: (not settable|env .*unverifiable: )", out, re.M), out[-3000:]
-    logs = {p.name: p.read_text() for p in (pytester.path / "results" / "logs").glob("*.log")}
-    for config_name in configs:
-        config = parse_config_name(config_name)
-        text = next(t for n, t in logs.items() if n.startswith(config_name + "-"))
-        line = re.search(r"Speculative: algorithm=DFLASH block_size=(\d+) budget=(\d+) topk=(\d+)", text)
-        assert line is not None, text[-2000:]
-        # EAGLE's depth is its steps: the engine runs it as block size steps + 1; an axis the name
-        # leaves out (a width the build derives) is the build's own, compared where it follows
-        values = config.values()
-        want = {"block_size": config.block_size if config.block_size is not None
-                else int(values["steps"]) + 1 if "steps" in values else None,
-                "budget": config.budget, "topk": config.topk if config.topk is not None else values.get("tree_width")}
-        got = dict(zip(("block_size", "budget", "topk"), map(int, line.groups())))
-        assert {k: got[k] for k, v in want.items() if v is not None} == {k: v for k, v in want.items() if v is not None}, config_name
 
 
 @pytest.mark.slow
