@@ -234,7 +234,7 @@ def main() -> int:
     matrix = load_matrix(ROOT / "suites" / "configs.yaml")
     configs = [ConfigPoint.of(c) for c in matrix.configs]
     windows = {c.name: (c.window if isinstance(c.window, int) else (2048 if c.window is not None else None)) for c in matrix.configs}
-    cells = [CellPoint.of(w) for w in matrix.workloads]
+    cells = [CellPoint.of(w) for w in matrix.cells]
     acc = accept_lengths(configs, windows)
     clock = ClockModel()
     truth = {(c.name, w.name): true_tok_s(c, w, acc[c.name], clock, window=windows[c.name]) for c in configs for w in cells}

@@ -98,7 +98,7 @@ def main() -> int:
     wanted = [c for c in ns.cells.split(",") if c]
     print(f"accept length (block size 8, topk 4) per budget; simulated decode ms per step; {ns.configs_yaml.name}")
     print(f"{'cell':<10} {'window':>6} " + " ".join(f"{'b' + str(b):>6}" for b in BUDGETS) + f" {'ms/step b8':>11}")
-    for workload in matrix.workloads:
+    for workload in matrix.cells:
         if wanted and workload.name not in wanted:
             continue
         prompts = cell_prompts(models, workload, ns.requests)

@@ -180,7 +180,7 @@ def new_world(shape: Shape, rng: random.Random, configs: int, cells: list[Cell],
     world = RateWorld(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
                       queue=QueueModel.draw(rng, base.configs), setup=setup)
     matrix = yaml.safe_load((Path(__file__).resolve().parent.parent / "suites" / "configs.yaml").read_text())
-    matrix["workloads"] = [*matrix.get("workloads", []), setup.template()]
+    matrix["cells"] = [*matrix.get("cells", []), setup.template()]
     matrix["rate_search"] = setup.plan()
     (world.root / "matrix.yaml").write_text(yaml.safe_dump(matrix, sort_keys=False))
     return world

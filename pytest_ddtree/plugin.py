@@ -334,7 +334,7 @@ def ddtree_profile(ddtree_session: DDTreeSession) -> ServiceProfile:
 
 @pytest.fixture(scope="session")
 def ddtree_matrix(ddtree_session: DDTreeSession) -> Matrix:
-    """The config matrix and workloads of suites/configs.yaml (or --ddtree-matrix)."""
+    """The config matrix and cells of suites/configs.yaml (or --ddtree-matrix)."""
     return ddtree_session.matrix
 
 

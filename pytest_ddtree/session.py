@@ -243,7 +243,7 @@ class DDTreeSession:
 
     @functools.cached_property
     def setup_problem(self) -> str | None:
-        """Why the profile, the matrix, the selected configs or workloads cannot be used (the
+        """Why the profile, the matrix, the selected configs or cells cannot be used (the
         usage error's message), or None: the one place their errors are caught."""
         from pytest_ddtree.configs import ConfigError
         from pytest_ddtree.service.profile import ProfileError

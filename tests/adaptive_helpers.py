@@ -29,9 +29,9 @@ LIMIT_LINE = re.compile(r"adaptive sweep: (\d+) restarts spent \(service launche
 def sweep_matrix(directory: Path, workloads: list[dict[str, Any]]) -> Path:
     """The shipped 18-config matrix with this test's (few, short) cells."""
     path = directory / "configs.yaml"
-    defaults = yaml.safe_load(MATRIX.read_text())["workload_defaults"]  # output length, prompts
+    defaults = yaml.safe_load(MATRIX.read_text())["cell_defaults"]  # output length, prompts
     path.write_text(yaml.safe_dump({"default": "bs8_b8_k4", "matrix": [SWEEP, "bs16_b16_k4", "bs16_b32_k8"],
-                                    "workload_defaults": defaults, "workloads": workloads}))
+                                    "cell_defaults": defaults, "cells": workloads}))
     return path
 
 

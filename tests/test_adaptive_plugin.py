@@ -79,7 +79,7 @@ def test_six_restarts_of_eighteen_on_the_reference_engine(pytester: pytest.Pytes
     the service manager and printed, the other twelve configs deselected (said so) and predicted,
     and never blessed. Two short cells keep it cheap; the quality figures over the whole matrix
     against a full sweep of the same engine are benchmarks/bench_advisor.py --end-to-end."""
-    shipped = {w["name"]: w for w in yaml.safe_load(MATRIX.read_text())["workloads"]}
+    shipped = {w["name"]: w for w in yaml.safe_load(MATRIX.read_text())["cells"]}
     cells = [shipped["c1_short"], shipped["c8_short"]]
     matrix = sweep_matrix(pytester.path, cells)
     results, baselines = pytester.path / "results", pytester.path / "baselines"
@@ -111,7 +111,7 @@ def test_prior_sessions_of_the_same_hardware_shape_the_fit_and_others_are_ignore
 
     matrix = load_matrix(MATRIX)
     configs = list(matrix.configs)
-    cells = [w for w in matrix.workloads if w.name in ("c1_short", "c8_short")]
+    cells = [w for w in matrix.cells if w.name in ("c1_short", "c8_short")]
 
     def row(config: str, cell: Any, tok_s: float, profile: str) -> dict[str, Any]:
         return {"kind": "throughput", "config": config, "cell": cell.name, "measurement_status": "valid",

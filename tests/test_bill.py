@@ -35,7 +35,7 @@ def test_a_sessions_bill_is_what_it_launched_and_measured(pytester: pytest.Pytes
     launch serves the control's first, the control's second is a fresh launch; the bill's every figure is
     the recorded launches' and repeats', and the header said beforehand how many launches it would take."""
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 16}\ncells:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n"
                       "  - {name: c2_tiny, concurrency: 2, context_tokens: 32, requests: 4, warmup_requests: 1}\n")
     profile = reference_profile(pytester.path, clock_scale=5, control_launches=3)
@@ -126,7 +126,7 @@ def test_the_prediction_counts_each_process_its_control_and_the_shared_launch() 
 
 def _session(pytester: pytest.Pytester, repo_root: Path, name: str, **profile: Any) -> tuple[pytest.RunResult, list[dict[str, Any]]]:
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n" + "".join(
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 16}\ncells:\n" + "".join(
         f"  - {{name: c{c}_tiny, concurrency: {c}, context_tokens: 32, requests: {2 * c}, warmup_requests: 1}}\n"
         for c in (1, 2, 3, 4)))
     results = pytester.path / name

@@ -169,8 +169,8 @@ def test_a_baseline_of_the_older_layout_is_found_read_with_a_note_and_rewritten_
 MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4]
-workload_defaults: {output_tokens: 32}
-workloads:
+cell_defaults: {output_tokens: 32}
+cells:
   - {name: c4_tiny, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}
 """
 

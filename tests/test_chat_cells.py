@@ -27,8 +27,8 @@ from tests.refserver_helpers import RefServer, config_args
 
 def _workloads(tmp_path: Path, line: str) -> Any:
     path = tmp_path / "configs.yaml"
-    path.write_text(f"workloads:\n  - {line}\n")
-    return load_matrix(path).workloads
+    path.write_text(f"cells:\n  - {line}\n")
+    return load_matrix(path).cells
 
 
 def test_api_and_thinking_keys_are_parsed_and_bad_values_say_the_closest(tmp_path: Path) -> None:
@@ -214,8 +214,8 @@ def test_an_open_loop_chat_cell_sends_its_schedule_through_the_chat_endpoint(eng
 CHAT_MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4]
-workload_defaults: {output_tokens: 16}
-workloads:
+cell_defaults: {output_tokens: 16}
+cells:
   - {name: c2_think, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 1, api: chat, thinking: on}
   - {name: c2_nothink, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 1, api: chat, thinking: off}
 """

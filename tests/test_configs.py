@@ -46,7 +46,7 @@ def test_shipped_matrix(repo_root: Path) -> None:
     # the campaign: bs8 x budget {4,8,12,16} x topk {4,6} x window {default, none}, plus two bs16
     assert len(names) == 4 * 2 * 2 + 2
     assert {"bs8_b4_k4", "bs8_b16_k6_wnone", "bs16_b16_k4", "bs16_b32_k8"} <= set(names)
-    assert {w.name for w in matrix.workloads} >= {"c1_short", "c8_short", "c32_short", "c1_4k"}
+    assert {w.name for w in matrix.cells} >= {"c1_short", "c8_short", "c32_short", "c1_4k"}
 
 
 def test_selection(repo_root: Path) -> None:
@@ -80,8 +80,8 @@ def test_matrix_errors_name_file_and_key(tmp_path: Path) -> None:
     path.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4\n")
     with pytest.raises(ConfigError, match="YAML syntax error at line"):
         load_matrix(path)
-    path.write_text("default: bs8_b8_k4\nworkloads:\n  - {name: x, concurrency: two, context_tokens: 5}\n")
-    with pytest.raises(ConfigError, match=r"workloads\[0\]: workload values must be integers"):
+    path.write_text("default: bs8_b8_k4\ncells:\n  - {name: x, concurrency: two, context_tokens: 5}\n")
+    with pytest.raises(ConfigError, match=r"cells\[0\]: workload values must be integers"):
         load_matrix(path)
 
 
@@ -116,14 +116,14 @@ def test_the_gpu_workloads_load_with_the_campaign_matrix(pytester: pytest.Pytest
     repo = Path(__file__).resolve().parent.parent
     gpu, embedded = load_matrix(repo / "suites" / "configs-gpu.yaml"), load_matrix(repo / "suites" / "configs.yaml")
     assert gpu.names() == embedded.names() and gpu.default == embedded.default
-    assert all(w.output_tokens >= 256 and w.requests >= max(16, 4 * w.concurrency) for w in gpu.workloads)
-    assert {w.concurrency for w in gpu.workloads} == {1, 8, 32}
+    assert all(w.output_tokens >= 256 and w.requests >= max(16, 4 * w.concurrency) for w in gpu.cells)
+    assert {w.concurrency for w in gpu.cells} == {1, 8, 32}
     result = pytester.runpytest_subprocess(
         str(repo / "suites" / "test_throughput.py"), f"--rootdir={repo}", f"--ddtree-matrix={repo / 'suites' / 'configs-gpu.yaml'}",
         "--collect-only", "-q", "-p", "no:cacheprovider")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     cells = sorted(line.split("[")[1].split("-")[0] for line in result.outlines if "test_throughput[" in line)
-    assert cells == sorted(w.name for w in gpu.workloads)
+    assert cells == sorted(w.name for w in gpu.cells)
 
 
 def test_a_workload_inline_as_bench_serving_names_it() -> None:
@@ -136,7 +136,7 @@ def test_a_workload_inline_as_bench_serving_names_it() -> None:
     assert open_loop.open_loop.max_concurrency == 16 and open_loop.concurrency == 16
     assert (open_loop.requests, open_loop.context_tokens, open_loop.output_tokens, open_loop.name) == (200, 1024, 512, "r4_ctx1024")
     assert (closed.concurrency, closed.context_tokens, closed.output_tokens, closed.requests, closed.name) == (8, 4096, 64, 16, "c8_ctx4096")
-    assert closed.prompts == "documents"  # the matrix's workload_defaults fill what the spec leaves out
+    assert closed.prompts == "documents"  # the matrix's cell_defaults fill what the spec leaves out
     assert [w.name for w in select_cells(["c1_short", "concurrency=2,input=128"], matrix)] == ["c1_short", "c2_ctx128"]
     with pytest.raises(ConfigError, match="unknown key 'imput'.*did you mean 'input'"):
         select_cells(["imput=128"], matrix)

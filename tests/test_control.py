@@ -309,7 +309,7 @@ def test_a_profile_asking_for_three_control_launches_measures_and_blesses_them_a
     twice at the process's start (the third would be at its end, after three configs or more), each
     a fresh launch of the reference, and the bless writes both launches' samples with their count."""
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 16}\ncells:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
     profile = reference_profile(pytester.path, clock_scale=5, control_launches=3, bless_control_launches=3)
     result = pytester.runpytest_subprocess(
@@ -351,7 +351,7 @@ def test_ctrl_c_while_the_control_is_measured_says_the_session_was_interrupted_t
     from tests.suite_helpers import default_sigint
 
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 32}\nworkloads:\n"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 32}\ncells:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 4, warmup_requests: 1}\n")
     profile = reference_profile(pytester.path, clock_scale=1)  # a real-time clock: the control's repeats take seconds
     results = pytester.path / "results"

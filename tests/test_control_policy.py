@@ -125,7 +125,7 @@ def test_the_control_is_launched_again_only_while_the_uniform_shift_is_inconclus
     measures the control again at its end, up to the profile's control_max_launches (4), and says
     so in the control's section."""
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 16}\ncells:\n"
                       + "".join(f"  - {{name: c{i}_tiny, concurrency: {i}, context_tokens: 32, requests: {2 * i}, "
                                 f"warmup_requests: 1}}\n" for i in (1, 2, 4)))
     # the bless takes a loaded box's cells (+-6.8% and +-12.9% at c1 and c4 beside other tests): what is

@@ -51,7 +51,7 @@ def _hooked_session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunRe
     """The throughput suite on one config and one cell (no control, no baseline) with HOOKS_PLUGIN:
     its result and the hooks' calls, in order."""
     matrix = pytester.path / "configs.yaml"
-    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\nworkload_defaults: {output_tokens: 16}\nworkloads:\n"
+    matrix.write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4]\ncell_defaults: {output_tokens: 16}\ncells:\n"
                       "  - {name: c1_tiny, concurrency: 1, context_tokens: 32, requests: 2, warmup_requests: 1}\n")
     (pytester.path / "hooks_plugin.py").write_text(HOOKS_PLUGIN)
     result = pytester.runpytest_subprocess(

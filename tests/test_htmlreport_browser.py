@@ -41,8 +41,8 @@ CONFIGS = ("bs8_b8_k4", "bs8_b4_k4")
 MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
-workload_defaults: {output_tokens: 32}
-workloads:
+cell_defaults: {output_tokens: 32}
+cells:
   - {name: c1_s, concurrency: 1, context_tokens: 48, requests: 2, warmup_requests: 1}
   - {name: c4_s, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}
   - {name: c1_l, concurrency: 1, context_tokens: 512, requests: 2, warmup_requests: 1}

@@ -49,11 +49,11 @@ def test_bad_arrivals_say_what_is_wrong(kwargs: dict[str, object], message: str)
 
 def test_matrix_reads_open_loop_workloads(tmp_path: Path) -> None:
     path = tmp_path / "configs.yaml"
-    path.write_text("default: bs8_b8_k4\nworkloads:\n"
+    path.write_text("default: bs8_b8_k4\ncells:\n"
                     "  - {name: r4, request_rate: 4, context_tokens: 128, requests: 12}\n"
                     "  - {name: r8c2, request_rate: 8, arrival: gamma, burstiness: 0.5, max_concurrency: 2, context_tokens: 64}\n"
                     "  - {name: c2, concurrency: 2, context_tokens: 64}\n")
-    r4, r8c2, c2 = load_matrix(path).workloads
+    r4, r8c2, c2 = load_matrix(path).cells
     assert r4.open_loop == openloop.Arrivals(4.0) and r4.concurrency == 12 and r4.warmup_requests == 8
     assert r8c2.open_loop == openloop.Arrivals(8.0, "gamma", 0.5, 2) and r8c2.concurrency == 2
     assert c2.open_loop is None
@@ -63,7 +63,7 @@ def test_matrix_reads_open_loop_workloads(tmp_path: Path) -> None:
     for bad, message in (("{request_rate: 4, concurrency: 2, context_tokens: 64}", "drop concurrency"),
                          ("{max_concurrency: 2, context_tokens: 64}", "add request_rate"),
                          ("{request_rate: fast, context_tokens: 64}", "open-loop workload")):
-        path.write_text(f"workloads:\n  - {bad}\n")
+        path.write_text(f"cells:\n  - {bad}\n")
         with pytest.raises(ConfigError, match=message):
             load_matrix(path)
 
@@ -301,9 +301,9 @@ def test_an_slo_is_parsed_once_and_goodput_counts_as_bench_serving_does(tmp_path
     assert "1 of 4 requests failed" in (slo_mod.slo_miss(reqs, slo) or "")
     assert "p95 tpot" in (slo_mod.slo_miss(reqs[:2], slo) or "") and slo_mod.slo_miss(reqs[:1], slo) is None
     path = tmp_path / "configs.yaml"
-    path.write_text("slo: {e2e_ms: 900}\nworkloads: []\n")
+    path.write_text("slo: {e2e_ms: 900}\ncells: []\n")
     assert load_matrix(path).slo == slo_mod.SLO((("e2el", 900.0),))
-    path.write_text("slo: {e2e: 900}\nworkloads: []\n")
+    path.write_text("slo: {e2e: 900}\ncells: []\n")
     with pytest.raises(ConfigError, match="unknown SLO key"):
         load_matrix(path)
 
@@ -356,11 +356,11 @@ def test_sampled_cells_run_on_the_engine_and_top_p_keeps_the_nucleus(tmp_path: P
     from tests.refserver_helpers import RefServer, config_args
 
     path = tmp_path / "configs.yaml"
-    path.write_text("workloads:\n  - {name: c2_t1, concurrency: 2, context_tokens: 64, requests: 4, temperature: 1.0, top_p: 0.9}\n")
-    (sampled_cell,) = load_matrix(path).workloads
+    path.write_text("cells:\n  - {name: c2_t1, concurrency: 2, context_tokens: 64, requests: 4, temperature: 1.0, top_p: 0.9}\n")
+    (sampled_cell,) = load_matrix(path).cells
     assert sampled_cell.sampling == (("temperature", 1.0), ("top_p", 0.9))
     assert load.workload_dict(sampled_cell)["sampling"] == {"temperature": 1.0, "top_p": 0.9}  # its baseline is its own
-    path.write_text("workloads:\n  - {name: bad, concurrency: 1, context_tokens: 64, top_p: 0}\n")
+    path.write_text("cells:\n  - {name: bad, concurrency: 1, context_tokens: 64, top_p: 0}\n")
     with pytest.raises(ConfigError, match="top_p 0 is out of range"):
         load_matrix(path)
 

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput:
 MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
-workload_defaults: {output_tokens: 16}
+cell_defaults: {output_tokens: 16}
 slo: {e2e_ms: 60000}
-rate_search: {workload: r_tiny, min_rate: 10, max_rate: 80, resolution: 0.5, max_probes: 4}
-workloads:
+rate_search: {cell: r_tiny, min_rate: 10, max_rate: 80, resolution: 0.5, max_probes: 4}
+cells:
   - {name: c2_tiny, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 2}
   - {name: r_tiny, request_rate: 20, arrival: constant, context_tokens: 48, requests: 8, warmup_requests: 2}
 """
@@ -89,9 +89,9 @@ def test_open_loop_cells_goodput_and_each_configs_sustainable_rate_through_the_s
 RATE_MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4]
-workload_defaults: {output_tokens: 16}
-rate_search: {workload: r_tiny, min_rate: 10, max_rate: 20, resolution: 0.5, max_probes: 2}
-workloads:
+cell_defaults: {output_tokens: 16}
+rate_search: {cell: r_tiny, min_rate: 10, max_rate: 20, resolution: 0.5, max_probes: 2}
+cells:
   - {name: r_tiny, request_rate: 10, arrival: constant, context_tokens: 48, requests: 8, warmup_requests: 2}
 """
 
@@ -212,9 +212,9 @@ def test_a_blessed_sustainable_rate_is_re_probed_and_a_slower_engine_fails_it(
 EDGE_MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4]
-workload_defaults: {output_tokens: 16}
+cell_defaults: {output_tokens: 16}
 slo: {e2e_ms: 60000}
-workloads:
+cells:
   - {name: c2_tiny, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 2}
   - {name: r_tiny, request_rate: 20, arrival: constant, context_tokens: 48, requests: 8, warmup_requests: 2}
 """

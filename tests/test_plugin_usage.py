@@ -124,7 +124,7 @@ def test_cell_patterns_select_in_matrix_order(repo_root: Path) -> None:
 
     matrix = load_matrix(repo_root / "suites" / "configs.yaml")
     assert [w.name for w in select_cells(["*_4k", "c1_short"], matrix)] == ["c1_short", "c1_4k", "c8_4k", "c32_4k"]
-    assert select_cells([], matrix) == list(matrix.workloads)
+    assert select_cells([], matrix) == list(matrix.cells)
 
 
 def test_unlisted_config_is_a_usage_error_naming_the_closest(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
@@ -143,7 +143,7 @@ def test_unlisted_config_runs_when_asked_on_purpose(pytester: pytest.Pytester, r
 
 
 def test_a_config_the_matrix_lists_needs_no_permission(pytester: pytest.Pytester, repo_root: Path, gate_file: None) -> None:
-    (pytester.path / "configs.yaml").write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4, bs8_b8_k5]\nworkloads: []\n")
+    (pytester.path / "configs.yaml").write_text("default: bs8_b8_k4\nmatrix: [bs8_b8_k4, bs8_b8_k5]\ncells: []\n")
     result = pytester.runpytest_subprocess("--ddtree-config=bs8_b8_k5", "--collect-only", "-q", "-p", "no:cacheprovider",
                                            f"--ddtree-matrix={pytester.path / 'configs.yaml'}",
                                            f"--ddtree-service={repo_root / 'suites' / 'services' / 'reference.yaml'}")

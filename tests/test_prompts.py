@@ -97,7 +97,7 @@ def test_exact_prompts_have_the_target_length_distinct_starts_and_are_cached() -
 
 def test_bundled_documents_cover_the_longest_bundled_context_without_repeating() -> None:
     matrix = yaml.safe_load((REPO / "suites" / "configs.yaml").read_text())
-    longest = max(int(w["context_tokens"]) for w in matrix["workloads"])
+    longest = max(int(w["context_tokens"]) for w in matrix["cells"])
     text = corpus.JOINER.join(corpus.bundled_units("documents"))
     # 6 characters per token is more than common tokenizers pack into code or English prose
     assert len(text) >= 6 * longest, (len(text), longest)

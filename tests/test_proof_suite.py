@@ -16,8 +16,8 @@ import yaml
 MATRIX = """\
 default: bs8_b12_k4_wnone
 matrix: [bs8_b12_k1_wnone, bs8_b12_k4_wnone, bs8_b12_k4_w4]
-workload_defaults: {output_tokens: 32}
-workloads:
+cell_defaults: {output_tokens: 32}
+cells:
   - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 3, warmup_requests: 0}
 """
 CONFIGS = "bs8_b12_k1_wnone,bs8_b12_k4_wnone,bs8_b12_k4_w4"

@@ -25,7 +25,7 @@ from tests.refserver_helpers import RefServer, config_args
 
 MATRIX = load_matrix(Path(__file__).resolve().parent.parent / "suites" / "configs.yaml")
 #: The cell whose committed baseline once disagreed with every other machine (8 requests at once, 4k prompts).
-CELL = next(w for w in MATRIX.workloads if w.name == "c8_4k")
+CELL = next(w for w in MATRIX.cells if w.name == "c8_4k")
 CONFIG = "bs8_b16_k4_w2048"
 
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_engine_fidelity as fidelity  # noqa: E402  (the benchmark's driver, not a copy of it)
 
 MATRIX = load_matrix(Path(__file__).resolve().parent.parent / "suites" / "configs.yaml")
-CELLS = {w.name: w for w in MATRIX.workloads}
+CELLS = {w.name: w for w in MATRIX.cells}
 #: Requests per cell here (the cells' own counts, capped: the property holds per request set).
 MAX_REQUESTS = 12
 

@@ -95,8 +95,8 @@ def _run_in_a_pty(argv: list[str], cwd: Path, timeout: float) -> list[tuple[floa
 MATRIX_OF_ONE_CELL = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4]
-workload_defaults: {output_tokens: 64, prompts: coding}
-workloads:
+cell_defaults: {output_tokens: 64, prompts: coding}
+cells:
   - {name: c1_steady, concurrency: 1, context_tokens: 128, requests: 4, warmup_requests: 1}
 """
 

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("measurement_turn")  # measures throughput:
 MATRIX = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
-workload_defaults: {output_tokens: 32}
-workloads:
+cell_defaults: {output_tokens: 32}
+cells:
   - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 2, warmup_requests: 1}
   - {name: c4_tiny, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}
   - {name: c1_huge, concurrency: 1, context_tokens: 999999, requests: 1, warmup_requests: 0}
@@ -235,8 +235,8 @@ def test_benchmark_records_carry_the_figures(pytester: pytest.Pytester, repo_roo
 THREE_CELLS = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
-workload_defaults: {output_tokens: 32}
-workloads:
+cell_defaults: {output_tokens: 32}
+cells:
   - {name: c1_tiny, concurrency: 1, context_tokens: 48, requests: 2, warmup_requests: 1}
   - {name: c2_tiny, concurrency: 2, context_tokens: 48, requests: 4, warmup_requests: 2}
   - {name: c4_tiny, concurrency: 4, context_tokens: 48, requests: 8, warmup_requests: 4}

@@ -31,7 +31,7 @@ def records(pytester: pytest.Pytester, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_every_main_job_cell_measures_against_an_upstream_like_server(pytester: pytest.Pytester) -> None:
-    workloads = yaml.safe_load(MATRIX.read_text())["workloads"]
+    workloads = yaml.safe_load(MATRIX.read_text())["cells"]
     result = run_suite(pytester, standin_profile(pytester.path), suite="test_throughput.py", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert result.parseoutcomes().get("passed") == len(workloads), result.parseoutcomes()
@@ -82,7 +82,7 @@ def test_random_prompts_without_vocab_size_fail_with_the_fix(pytester: pytest.Py
     matrix = pytester.path / "configs.yaml"
     matrix.write_text(yaml.safe_dump({
         "default": "bs8_b8_k4", "matrix": ["bs8_b8_k4"],
-        "workloads": [{"name": "c1_rand", "concurrency": 1, "context_tokens": 32, "output_tokens": 8, "requests": 2,
+        "cells": [{"name": "c1_rand", "concurrency": 1, "context_tokens": 32, "output_tokens": 8, "requests": 2,
                        "prompts": "random"}]}))
     result = run_suite(pytester, standin_profile(pytester.path), f"--ddtree-matrix={matrix}", suite="test_throughput.py")
     assert result.parseoutcomes().get("failed") == 1, result.parseoutcomes()

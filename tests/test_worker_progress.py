@@ -15,8 +15,8 @@ from tests.suite_helpers import REPO, reference_profile
 MATRIX_OF_TWO_CONFIGS = """\
 default: bs8_b8_k4
 matrix: [bs8_b8_k4, bs8_b4_k4]
-workload_defaults: {output_tokens: 64, prompts: coding}
-workloads:
+cell_defaults: {output_tokens: 64, prompts: coding}
+cells:
   - {name: c1_steady, concurrency: 1, context_tokens: 128, requests: 8, warmup_requests: 1}
 """
 

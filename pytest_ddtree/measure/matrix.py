@@ -9,6 +9,7 @@ sampling and endpoint. ``--ddtree-cell`` selects cells of the matrix or writes o
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -25,7 +26,7 @@ from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 @dataclass(frozen=True)
 class Cell:
     """One throughput cell: closed-loop concurrency (or an open-loop request rate) x prompt length x
-    output length, as configs.yaml's ``workloads:`` lists it, a ``--ddtree-cell`` writes it inline,
+    output length, as configs.yaml's ``cells:`` lists it, a ``--ddtree-cell`` writes it inline,
     or a test or benchmark makes one.
 
     An open-loop cell (``open_loop``: its ``request_rate`` and arrival process) has no client
@@ -56,12 +57,12 @@ class Cell:
 
 @dataclass(frozen=True)
 class Matrix:
-    """The contents of ``suites/configs.yaml``: the sweep, its default, and the workloads."""
+    """The contents of ``suites/configs.yaml``: the sweep, its default, and the cells."""
 
     path: Path
     default: DDTreeConfig
     configs: tuple[DDTreeConfig, ...]
-    workloads: tuple[Cell, ...]
+    cells: tuple[Cell, ...]
     raw: Mapping[str, Any]
     slo: SLO | None = None  # the matrix's ``slo:`` (--ddtree-slo beats it)
     #: ``rate_search:``: the workload whose sustainable rate each config's search finds, and the search's bounds
@@ -183,6 +184,29 @@ def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
         raise ConfigError(f"{where}: open-loop workload: {exc}") from None
 
 
+#: configs.yaml's old key names, still read: the unit is a cell everywhere else (tables, records, --ddtree-cell).
+OLD_KEYS = {"workloads": "cells", "workload_defaults": "cell_defaults"}
+
+
+def _renamed_keys(raw: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
+    """``raw`` with its old keys (``OLD_KEYS``, and rate_search's ``workload``) under their new names,
+    each old one warned about (a FutureWarning: shown to whoever runs it, and this module imports no
+    pytest); both spellings of one key is an error, as one would silently win."""
+    renamed = dict(raw)
+    search = raw.get("rate_search")
+    olds = [(renamed, old, new) for old, new in OLD_KEYS.items() if old in raw]
+    if isinstance(search, Mapping) and "workload" in search:
+        renamed["rate_search"] = dict(search)
+        olds.append((renamed["rate_search"], "workload", "cell"))
+    for mapping, old, new in olds:
+        if new in mapping:
+            raise ConfigError(f"{path}: both {old!r} and {new!r}: {old!r} is the old name of {new!r}; keep {new!r}")
+        mapping[new] = mapping.pop(old)
+        where = "rate_search's " if new == "cell" else ""
+        warnings.warn(f"{path}: {where}{old!r} is deprecated: call it {new!r} (same contents)", FutureWarning, stacklevel=3)
+    return renamed
+
+
 def load_matrix(path: Path) -> Matrix:
     """Load ``configs.yaml``; every error names the file and the offending key."""
     try:
@@ -190,8 +214,9 @@ def load_matrix(path: Path) -> Matrix:
     except YAMLFileError as exc:
         raise ConfigError(str(exc) if exc.syntax else f"cannot read config matrix {path}: {exc.problem}") from None
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'workloads'")
-    top = ("axes", "default", "matrix", "workloads", "workload_defaults", "recommended", "slo", "rate_search")
+        raise ConfigError(f"{path}: top level must be a mapping with 'default', 'matrix' and 'cells'")
+    raw = _renamed_keys(raw, path)
+    top = ("axes", "default", "matrix", "cells", "cell_defaults", "recommended", "slo", "rate_search")
     unknown = set(raw) - set(top)
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; "
@@ -211,36 +236,36 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(f"{path}: default: {exc}") from None
     if default not in configs:
         configs.insert(0, default)
-    defaults = raw.get("workload_defaults") or {}
+    defaults = raw.get("cell_defaults") or {}
     if not isinstance(defaults, Mapping):
-        raise ConfigError(f"{path}: workload_defaults must be a mapping")
-    workloads = tuple(_workload(w, f"{path}: workloads[{i}]", defaults, path.parent)
-                      for i, w in enumerate(raw.get("workloads") or []))
-    names = [w.name for w in workloads]
+        raise ConfigError(f"{path}: cell_defaults must be a mapping")
+    cells = tuple(_workload(w, f"{path}: cells[{i}]", defaults, path.parent)
+                  for i, w in enumerate(raw.get("cells") or []))
+    names = [w.name for w in cells]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{path}: workload names must be unique, got {names}")
+        raise ConfigError(f"{path}: cell names must be unique, got {names}")
     try:
         slo = slo_from_mapping(raw["slo"], f"{path}: slo") if raw.get("slo") is not None else None
-        search = _rate_search(raw.get("rate_search"), f"{path}: rate_search", workloads)
+        search = _rate_search(raw.get("rate_search"), f"{path}: rate_search", cells)
     except SLOError as exc:
         raise ConfigError(str(exc)) from None
-    return Matrix(path=path, default=default, configs=tuple(configs), workloads=workloads, raw=raw, slo=slo,
+    return Matrix(path=path, default=default, configs=tuple(configs), cells=cells, raw=raw, slo=slo,
                   rate_search=search, axes=declared)
 
 
 def _rate_search(entry: Any, where: str, workloads: Sequence[Cell]) -> tuple[Cell, SearchPlan] | None:
-    """``rate_search: {workload: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
+    """``rate_search: {cell: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
     if entry is None:
         return None
     if not isinstance(entry, Mapping):
-        raise ConfigError(f"{where}: must be a mapping with workload, min_rate and max_rate")
-    unknown = sorted(set(entry) - {"workload", "min_rate", "max_rate", "resolution", "max_probes"})
+        raise ConfigError(f"{where}: must be a mapping with cell, min_rate and max_rate")
+    unknown = sorted(set(entry) - {"cell", "min_rate", "max_rate", "resolution", "max_probes"})
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown} (allowed: workload, min_rate, max_rate, resolution, max_probes)")
+        raise ConfigError(f"{where}: unknown key(s) {unknown} (allowed: cell, min_rate, max_rate, resolution, max_probes)")
     by_name = {w.name: w for w in workloads}
-    name = entry.get("workload")
+    name = entry.get("cell")
     if name not in by_name:
-        raise ConfigError(f"{where}: workload {name!r} is not a workload of the matrix; valid: {', '.join(by_name)}")
+        raise ConfigError(f"{where}: cell {name!r} is not a cell of the matrix; valid: {', '.join(by_name)}")
     try:
         plan = SearchPlan(float(entry["min_rate"]), float(entry["max_rate"]), float(entry.get("resolution", 0.10)),
                           int(entry.get("max_probes", 12)))
@@ -257,16 +282,16 @@ def select_cells(patterns: Sequence[str], matrix: Matrix) -> list[Cell]:
     Each pattern must match at least one cell: a typo would otherwise run nothing and pass.
     """
     if not patterns:
-        return list(matrix.workloads)
+        return list(matrix.cells)
     inline = [inline_cell(p, matrix) for p in patterns if "=" in p]
     patterns = [p for p in patterns if "=" not in p]
-    names = [w.name for w in matrix.workloads]
+    names = [w.name for w in matrix.cells]
     for pattern in patterns:
-        if not any(fnmatch.fnmatchcase(w.name, pattern) for w in matrix.workloads):
+        if not any(fnmatch.fnmatchcase(w.name, pattern) for w in matrix.cells):
             raise ConfigError(f"--ddtree-cell {pattern!r} matches no cell of {matrix.path}; "
                               f"{did_you_mean(pattern, names)}valid: {', '.join(names)}, or a cell inline "
                               f"({INLINE_EXAMPLE})")
-    return [w for w in matrix.workloads if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)] + inline
+    return [w for w in matrix.cells if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)] + inline
 
 
 #: bench_serving's names (its flags without the dashes, and short forms) for the workload keys.
@@ -287,7 +312,7 @@ def inline_cell(spec: str, matrix: Matrix) -> Cell:
     --request-rate), ``max_concurrency``, ``prompts`` / ``num_prompts`` (its --num-prompts: the
     measured requests), ``input`` / ``random_input_len`` (the exact prompt length), ``output`` /
     ``random_output_len``, ``dataset`` (a bundled source or a ShareGPT .json), ``concurrency`` (a closed
-    loop), ``name``; the matrix's workload_defaults fill the rest. No baseline names it unless blessed."""
+    loop), ``name``; the matrix's cell_defaults fill the rest. No baseline names it unless blessed."""
     entry: dict[str, Any] = {}
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         key, _, raw = part.partition("=")
@@ -309,5 +334,5 @@ def inline_cell(spec: str, matrix: Matrix) -> Cell:
         entry[INLINE_ALIASES[key]] = value
     if "request_rate" not in entry and "concurrency" not in entry:
         entry["concurrency"] = entry.pop("max_concurrency", 1)  # bench_serving without a rate: every request at once, capped
-    defaults = matrix.raw.get("workload_defaults") if isinstance(matrix.raw.get("workload_defaults"), Mapping) else {}
+    defaults = matrix.raw.get("cell_defaults") if isinstance(matrix.raw.get("cell_defaults"), Mapping) else {}
     return _workload(entry, f"--ddtree-cell {spec!r}", defaults or {}, matrix.path.parent)
