@@ -80,3 +80,35 @@ def test_the_old_flag_warns_in_a_run(pytester: pytest.Pytester, repo_root: Path)
     ran = pytester.runpytest_subprocess("--ddtree-workload=c1_short", "--collect-only", "-q", *args)
     assert ran.ret == 0, ran.stderr.str()
     ran.stdout.fnmatch_lines(["*PytestDeprecationWarning: --ddtree-workload is deprecated: use --ddtree-cell*"])
+
+
+def test_the_matrix_reads_its_old_keys_with_a_warning(tmp_path: Path) -> None:
+    """configs.yaml's ``workloads:``, ``workload_defaults:`` and rate_search's ``workload:`` still load,
+    as ``cells:``, ``cell_defaults:`` and ``cell:``, each with a FutureWarning saying the new name."""
+    from pytest_ddtree.measure.matrix import load_matrix
+
+    cells = "  - {name: c1, concurrency: 1, context_tokens: 64, requests: 2}\n  - {name: r4, max_concurrency: 4, " \
+            "context_tokens: 64, requests: 4, request_rate: 4}\n"
+    new, old = tmp_path / "new.yaml", tmp_path / "old.yaml"
+    new.write_text("cell_defaults: {output_tokens: 16}\ncells:\n" + cells + "rate_search: {cell: r4, min_rate: 1, max_rate: 8}\n")
+    old.write_text("workload_defaults: {output_tokens: 16}\nworkloads:\n" + cells + "rate_search: {workload: r4, min_rate: 1, max_rate: 8}\n")
+    with pytest.warns(FutureWarning) as caught:
+        read_old = load_matrix(old)
+    assert sorted(str(w.message).split(": ", 1)[1] for w in caught) == [
+        "'workload_defaults' is deprecated: call it 'cell_defaults' (same contents)",
+        "'workloads' is deprecated: call it 'cells' (same contents)",
+        "rate_search's 'workload' is deprecated: call it 'cell' (same contents)"]
+    read_new = load_matrix(new)
+    assert read_old.cells == read_new.cells and read_old.cells[0].output_tokens == 16
+    assert read_old.rate_search is not None and read_new.rate_search is not None
+    assert read_old.rate_search[0] == read_new.rate_search[0]
+
+
+def test_a_matrix_with_both_spellings_of_a_key_is_an_error(tmp_path: Path) -> None:
+    from pytest_ddtree.configs import ConfigError
+    from pytest_ddtree.measure.matrix import load_matrix
+
+    both = tmp_path / "both.yaml"
+    both.write_text("workloads: []\ncells: []\n")
+    with pytest.raises(ConfigError, match="both 'workloads' and 'cells'"):
+        load_matrix(both)
