@@ -9,7 +9,7 @@ How a config is measured (docs/gates/throughput.md):
 * A cell is repeated at least ``--ddtree-repeats`` times (default 3) and at most
   ``MAX_EXTRA_REPEATS`` more, stopping as soon as the output-throughput interval is tight.
 * The config's cells are judged together against ``baselines/<hardware-profile>/<config>.yaml``
-  (``pytest_ddtree/gates/throughput/`` states the rule, ``check.py`` there decides each cell); a flagged cell is measured again at once, while
+  (``pytest_ddtree/gates/throughput/`` states the rule, ``cells.judge_cell`` there judges each cell); a flagged cell is measured again at once, while
   the service is up, and fails only when that confirmation regresses too. A cell also fails on
   an invalid measurement (errors, wrong token counts) or a gated metric the run did not
   produce. Inconclusive cells (repeats that disagree even after extra repeats, a service that
@@ -43,7 +43,7 @@ from pytest_ddtree.plugin import session_of
 from pytest_ddtree.gates.suite_warnings import MissingBaselineWarning, NewMetricWarning
 from pytest_ddtree.gates.throughput import cells
 from pytest_ddtree.gates.throughput.cells import MeasuredCells
-from pytest_ddtree.gates.throughput.cells import check_cell
+from pytest_ddtree.gates.throughput.cells import judge_cell
 from pytest_ddtree.gates.throughput.measurement import (CellDeadlineExceeded, Judging, OnSample, Recording,
                                                         blessed_judging, sample_record)
 from pytest_ddtree.records.words import RecordKind, Status
@@ -100,7 +100,7 @@ def _judging(request: pytest.FixtureRequest, baselines: BaselineStore) -> Judgin
 
 def _campaign(request: pytest.FixtureRequest, service: RunningService, config: DDTreeConfig, recorder: SessionRecorder,
               baselines: BaselineStore) -> MeasuredCells:
-    """Measure, judge and evaluate all of ``config``'s cells once per process (the first cell test
+    """Measure and judge all of ``config``'s cells once per process (the first cell test
     does it, through the gate's one cell orchestration: ``cells.run_config``)."""
     campaigns = request.config.stash.setdefault(_CAMPAIGNS, {})
     if config.name in campaigns:
@@ -184,7 +184,7 @@ def test_throughput(
         bench.pedantic(lambda: None, rounds=max(1, len(cell.durations)), iterations=1)
 
     session = session_of(request.config)
-    outcome = check_cell(cell, config, workload.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
+    outcome = judge_cell(cell, config, workload.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
                          service=ddtree_service, settings=ddtree_settings, hooks=session.hooks if session else None)
     for note in outcome.warnings:
         warnings.warn(_WARNING_CLASS[note.kind](note.message), stacklevel=1)

@@ -60,7 +60,7 @@ def test_old_single_session_entries_are_read_and_migrated_by_bless() -> None:
         "unit": "tok/s"}, "median_ttft_ms": {"direction": "lower", "median": 20.0, "min_change": 10.0,
                                                "samples": [20.0, 21.0, 19.5], "tolerance": 0.25, "unit": "ms"}}}
     baseline_mod.validate_section({"c8_short": old}, "x")
-    assert rule.compare_cell("c8_short", old, {"output_throughput": [1001.0] * 3,
+    assert rule.judge_cell_alone("c8_short", old, {"output_throughput": [1001.0] * 3,
                                                "median_ttft_ms": [20.0] * 3}).status == Status.PASS
     migrated = baseline_mod.baseline_cell_entry(WORKLOAD, BASE, existing=old, session="new")
     assert [s["session"] for s in migrated["gates"]["output_throughput"]["sessions"]] == ["legacy", "new"]
@@ -70,7 +70,7 @@ def test_old_single_session_entries_are_read_and_migrated_by_bless() -> None:
 def test_unchanged_engine_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.5, 19.8, 20.1]}
-    v = rule.compare_cell("c8_short", _three_sessions(BASE), now, workload=WORKLOAD)
+    v = rule.judge_cell_alone("c8_short", _three_sessions(BASE), now, workload=WORKLOAD)
     assert v.status == Status.PASS and not v.failed
 
 
@@ -80,13 +80,13 @@ def test_prompts_other_than_the_blessed_ones_are_not_compared_and_a_baseline_wit
     entry = None
     for i in range(3):
         entry = baseline_mod.baseline_cell_entry(blessed, BASE, entry, session=f"s{i}")
-    other = rule.compare_cell("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
+    other = rule.judge_cell_alone("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
     assert other.status == Status.MISSING
     assert ("prompts_digest aaaaaaaaaaaa -> bbbbbbbbbbbb) (the prompts sent differ from the blessed ones: the prompt text "
             "or the service's tokenizer changed" in other.message())
-    assert rule.compare_cell("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "aaaaaaaaaaaa"}).status != Status.MISSING
+    assert rule.judge_cell_alone("c8_4k", entry, now, workload={**WORKLOAD, "prompts_digest": "aaaaaaaaaaaa"}).status != Status.MISSING
     # blessed before digests were recorded: judged on its numbers (a 5% acceptance drop is a flag)
-    older = rule.compare_cell("c8_4k", _three_sessions(BASE), now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
+    older = rule.judge_cell_alone("c8_4k", _three_sessions(BASE), now, workload={**WORKLOAD, "prompts_digest": "bbbbbbbbbbbb"})
     assert older.status == Status.FLAGGED
 
 
@@ -94,9 +94,9 @@ def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_a
     base = _three_sessions(BASE)
     now = {"output_throughput": [905.0, 910.0, 900.0], "ddtree_tokens_per_verify": [4.0, 4.0, 4.0],
            "median_ttft_ms": [20.0, 20.0, 20.0]}
-    first = rule.compare_cell("c8_short", base, now, workload=WORKLOAD)
+    first = rule.judge_cell_alone("c8_short", base, now, workload=WORKLOAD)
     assert first.status == Status.FLAGGED and first.flagged and not first.failed
-    confirmed = rule.compare_cell("c8_short", base, now, confirmation={"output_throughput": [903.0, 907.0, 901.0] * 2})
+    confirmed = rule.judge_cell_alone("c8_short", base, now, confirmation={"output_throughput": [903.0, 907.0, 901.0] * 2})
     assert confirmed.status == Status.REGRESSION and confirmed.failed
     msg = confirmed.message("bs8_b8_k4")
     assert "bs8_b8_k4 c8_short: REGRESSION" in msg
@@ -104,12 +104,12 @@ def test_ten_percent_slowdown_is_flagged_then_fails_only_when_the_confirmation_a
     assert "reproduced by the confirmation (6 fresh repeats)" in msg and "tolerance 6.2% = max(floor 6.2%" in msg
     m = confirmed.metric("output_throughput")
     assert m is not None and m.change == pytest.approx(-0.095, abs=1e-3) and m.first_change is not None
-    passed = rule.compare_cell("c8_short", base, now, confirmation={"output_throughput": [1001.0, 999.0, 1000.0]})
+    passed = rule.judge_cell_alone("c8_short", base, now, confirmation={"output_throughput": [1001.0, 999.0, 1000.0]})
     assert passed.status == Status.PASS
     assert "not reproduced by the confirmation" in passed.metrics[0].message or any(
         "not reproduced" in x.message for x in passed.metrics)
     # a flag that could not be confirmed (the service died) is not a pass
-    lost = rule.compare_cell("c8_short", base, now, confirmation={})
+    lost = rule.judge_cell_alone("c8_short", base, now, confirmation={})
     assert lost.status == Status.REGRESSION and "no confirmation run was possible" in lost.message()
 
 
@@ -135,22 +135,22 @@ def test_a_day_shift_common_to_the_config_is_not_a_regression_but_one_cell_beyon
 def test_ttft_has_no_absolute_floor_a_3x_slowdown_of_4_ms_fails() -> None:
     base = _three_sessions({"median_ttft_ms": [4.0, 4.1, 3.9]})
     now = {"median_ttft_ms": [12.0, 12.2, 11.9]}
-    assert rule.compare_cell("c", base, now).status == Status.FLAGGED
-    assert rule.compare_cell("c", base, now, confirmation={"median_ttft_ms": [12.0] * 6}).status == Status.REGRESSION
+    assert rule.judge_cell_alone("c", base, now).status == Status.FLAGGED
+    assert rule.judge_cell_alone("c", base, now, confirmation={"median_ttft_ms": [12.0] * 6}).status == Status.REGRESSION
     # +15% of a noisy TTFT may be screened, but stays inside its 25% floor
     small = {"median_ttft_ms": [4.6, 4.5, 4.7]}
-    assert rule.compare_cell("c", base, small, confirmation=small).status == Status.PASS
+    assert rule.judge_cell_alone("c", base, small, confirmation=small).status == Status.PASS
 
 
 def test_improvement_is_reported() -> None:
     now = {"output_throughput": [1200.0, 1210.0, 1190.0]}
-    v = rule.compare_cell("c8_short", _three_sessions({"output_throughput": BASE["output_throughput"]}), now)
+    v = rule.judge_cell_alone("c8_short", _three_sessions({"output_throughput": BASE["output_throughput"]}), now)
     assert v.status == Status.IMPROVED and "--ddtree-update-baselines" in v.message()
 
 
 def test_invalid_measurement_is_never_compared() -> None:
-    v = rule.compare_cell("c8_short", _entry(), {"output_throughput": [1.0, 1.0, 1.0]},
-                          status=Status.INVALID, problems=["request 3 failed: HTTP 500: injected"])
+    v = rule.judge_cell_alone("c8_short", _entry(), {"output_throughput": [1.0, 1.0, 1.0]},
+                              status=Status.INVALID, problems=["request 3 failed: HTTP 500: injected"])
     assert v.status == Status.INVALID and v.failed and not v.metrics
     assert "INVALID measurement (not a regression, not a pass)" in v.message("cfg")
     assert "HTTP 500" in v.message()
@@ -159,32 +159,32 @@ def test_invalid_measurement_is_never_compared() -> None:
 def test_unstable_cell_never_passes() -> None:
     now = {"output_throughput": [1002.0, 998.0, 1001.0]}
     only = _entry({"output_throughput": BASE["output_throughput"]})
-    assert rule.compare_cell("c", only, now, status=Status.INCONCLUSIVE).status == Status.INCONCLUSIVE
+    assert rule.judge_cell_alone("c", only, now, status=Status.INCONCLUSIVE).status == Status.INCONCLUSIVE
     # far better, but untrusted: reported as inconclusive, and nothing tells the reader to bless it
-    better = rule.compare_cell("c", _three_sessions({"output_throughput": BASE["output_throughput"]}),
-                               {"output_throughput": [1500.0, 1400.0, 1600.0]}, status=Status.INCONCLUSIVE,
-                               problems=["repeats disagree"])
+    better = rule.judge_cell_alone("c", _three_sessions({"output_throughput": BASE["output_throughput"]}),
+                                   {"output_throughput": [1500.0, 1400.0, 1600.0]}, status=Status.INCONCLUSIVE,
+                                   problems=["repeats disagree"])
     assert better.status == Status.INCONCLUSIVE and {m.status for m in better.metrics} == {Status.INCONCLUSIVE}
     assert "bless it" not in better.message() and "not to be blessed: the measurement is inconclusive" in better.message()
 
 
 def test_missing_and_changed_workload() -> None:
-    assert rule.compare_cell("c", None, {"output_throughput": [1.0]}).status == Status.MISSING
+    assert rule.judge_cell_alone("c", None, {"output_throughput": [1.0]}).status == Status.MISSING
     changed = dict(WORKLOAD, requests=32)
-    v = rule.compare_cell("c", _entry(), {"output_throughput": [1000.0] * 3}, workload=changed)
+    v = rule.judge_cell_alone("c", _entry(), {"output_throughput": [1000.0] * 3}, workload=changed)
     assert v.status == Status.MISSING and "requests 16 -> 32" in v.reasons[0]
 
 
 def test_a_gated_metric_missing_from_the_run_fails_naming_it() -> None:
     now = {"output_throughput": [1001.0] * 3, "median_ttft_ms": [20.0] * 3}  # speculation silently stopped
-    v = rule.compare_cell("c8_short", _three_sessions(BASE), now)
+    v = rule.judge_cell_alone("c8_short", _three_sessions(BASE), now)
     assert v.status == Status.METRIC_MISSING and v.failed
     assert "ddtree_tokens_per_verify: gated in the baseline but not produced by this run" in v.message()
 
 
 def test_a_metric_the_baseline_lacks_is_reported_as_new() -> None:
     base = _three_sessions({"output_throughput": BASE["output_throughput"]})
-    v = rule.compare_cell("c8_short", base, {"output_throughput": [1001.0] * 3, "ddtree_tokens_per_verify": [4.0] * 3})
+    v = rule.judge_cell_alone("c8_short", base, {"output_throughput": [1001.0] * 3, "ddtree_tokens_per_verify": [4.0] * 3})
     assert v.status == Status.PASS
     new = v.metric("ddtree_tokens_per_verify")
     assert new is not None and new.status == Status.NEW and "new (measured 4 tok/step, not in the baseline)" in new.message
@@ -192,7 +192,7 @@ def test_a_metric_the_baseline_lacks_is_reported_as_new() -> None:
 
 def test_a_one_sample_baseline_is_too_thin_to_trust() -> None:
     thin = _entry({"output_throughput": [1000.0]})
-    v = rule.compare_cell("c", thin, {"output_throughput": [500.0] * 3})  # even a halving
+    v = rule.judge_cell_alone("c", thin, {"output_throughput": [500.0] * 3})  # even a halving
     assert v.status == Status.THIN and not v.failed
     assert "holds 1 sample(s), the gate needs at least 3" in v.message()
 
@@ -293,8 +293,8 @@ def test_measurement_status_flags_an_overloaded_host() -> None:
     assert spoiled[0] in why[0] and spoiled[1] in why[0] and "rerun on a quieter machine" in why[0]
     assert verdicts_mod.measurement_status(policy, [100.0, 100.5, 99.9], False, ok, spoiled=spoiled) == (Status.VALID, [])
     # an overloaded measurement is never a regression, even when it is far off
-    v = rule.compare_cell("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
-                          status=Status.INCONCLUSIVE, problems=why)
+    v = rule.judge_cell_alone("c", _entry({"output_throughput": [1000.0] * 3}), {"output_throughput": [500.0] * 3},
+                              status=Status.INCONCLUSIVE, problems=why)
     assert v.status == Status.INCONCLUSIVE and not v.failed
 
 
@@ -307,7 +307,7 @@ def test_a_baseline_written_before_the_rename_is_read_under_the_current_key() ->
                                            for k, v in entry["gates"].items()}}}
     section = baseline_mod.validate_section(old, "bs8_b8_k4.yaml")
     assert set(section["c8_short"]["gates"]) == {"output_throughput", "ddtree_tokens_per_verify", "median_ttft_ms"}
-    assert rule.compare_cell("c8_short", section["c8_short"], BASE).status == Status.PASS
+    assert rule.judge_cell_alone("c8_short", section["c8_short"], BASE).status == Status.PASS
     both = {"c8_short": {**entry, "gates": {**entry["gates"], "accept_length": entry["gates"]["ddtree_tokens_per_verify"]}}}
     with pytest.raises(verdicts_mod.BaselineFormatError, match="has both 'accept_length' .* delete the 'accept_length' entry"):
         baseline_mod.validate_section(both, "bs8_b8_k4.yaml")

@@ -15,8 +15,8 @@ import yaml
 
 from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.gates.throughput import verdicts
-from pytest_ddtree.gates.throughput.cells import CellEvaluation, read_baseline
-from pytest_ddtree.gates.throughput.cells import CellOutcome, check_cell
+from pytest_ddtree.gates.throughput.cells import JudgedCell, read_baseline
+from pytest_ddtree.gates.throughput.cells import CellOutcome, judge_cell
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records.recorder import BaselineUpdate, SessionRecorder
 from pytest_ddtree.records.shapes import ThroughputData
@@ -90,10 +90,10 @@ def test_the_build_of_a_running_service_reads_its_drafter_here(tmp_path: Path) -
 def _judged(verdict: Verdict, blessed: dict[str, Any], here: dict[str, Any], tmp_path: Path) -> CellOutcome:
     record = cast(ThroughputData, {"measurement_status": Status.VALID, "samples": {}, "repeats": 3,
                                    "build": {"blessed": blessed, "judged": here, "changed": build.build_changes(blessed, here)}})
-    cell = CellEvaluation(verdict=verdicts.CellVerdict("c8", verdict, (), ("why",)), record=record, durations=[],
-                          primary=[100.0], baseline_cell=None, baseline_problem=None, build=here,
-                          build_sentence=build.build_sentence(blessed, here))
-    return check_cell(cell, "bs8_b8_k4", "c8", baselines=BaselineStore(tmp_path, "refserver"),
+    cell = JudgedCell(verdict=verdicts.CellVerdict("c8", verdict, (), ("why",)), record=record, durations=[],
+                      primary=[100.0], baseline_cell=None, baseline_problem=None, build=here,
+                      build_sentence=build.build_sentence(blessed, here))
+    return judge_cell(cell, "bs8_b8_k4", "c8", baselines=BaselineStore(tmp_path, "refserver"),
                       recorder=cast(SessionRecorder, None), service=cast(RunningService, None),
                       settings=cast(Settings, SimpleNamespace(require_baselines=False, session_stamp="s1")))
 

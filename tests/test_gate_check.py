@@ -1,4 +1,4 @@
-"""gate.check.check_cell, the throughput gate's one entry point for a cell: each decision it makes.
+"""gate.check.judge_cell, the throughput gate's one entry point for a cell: each decision it makes.
 
 The cells here are built by hand (no engine): the suites' own runs (tests/test_throughput_suite.py)
 take the same path with real measurements.
@@ -14,8 +14,8 @@ import pytest
 
 from pytest_ddtree.gates.throughput import verdicts
 from pytest_ddtree.baselines import BaselineStore
-from pytest_ddtree.gates.throughput.cells import CellEvaluation
-from pytest_ddtree.gates.throughput.cells import check_cell
+from pytest_ddtree.gates.throughput.cells import JudgedCell
+from pytest_ddtree.gates.throughput.cells import judge_cell
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records.shapes import ThroughputData
 from pytest_ddtree.records.recorder import SessionRecorder
@@ -24,15 +24,15 @@ from pytest_ddtree.records.words import GateDecision, MeasurementStatus, Status,
 
 
 def _cell(verdict: Verdict, *, status: MeasurementStatus = Status.VALID, metrics: tuple[verdicts.MetricVerdict, ...] = (),
-          problem: str | None = None) -> CellEvaluation:
+          problem: str | None = None) -> JudgedCell:
     record = cast(ThroughputData, {"measurement_status": status, "samples": {}, "repeats": 3})
-    return CellEvaluation(verdict=verdicts.CellVerdict("c8", verdict, metrics, ("why",)), record=record, durations=[],
-                          primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
+    return JudgedCell(verdict=verdicts.CellVerdict("c8", verdict, metrics, ("why",)), record=record, durations=[],
+                      primary=[100.0, 101.0, 99.0], baseline_cell=None, baseline_problem=problem)
 
 
-def _check(cell: CellEvaluation, tmp_path: Path, require: bool = False) -> Any:
+def _check(cell: JudgedCell, tmp_path: Path, require: bool = False) -> Any:
     settings = cast(Settings, SimpleNamespace(require_baselines=require, session_stamp="s1"))
-    return check_cell(cell, "bs8_b8_k4", "c8", baselines=BaselineStore(tmp_path, "refserver"),
+    return judge_cell(cell, "bs8_b8_k4", "c8", baselines=BaselineStore(tmp_path, "refserver"),
                       recorder=cast(SessionRecorder, None), service=cast(RunningService, None), settings=settings)
 
 
@@ -112,13 +112,13 @@ def test_a_bless_records_and_a_failure_compares_the_setup_the_session_filed_its_
                                   record=cast(ThroughputData, {"measurement_status": Status.VALID, "repeats": 3,
                                                                "samples": {"output_throughput": [100.0, 101.0, 99.0]},
                                                                "workload": {"concurrency": 8, "context_tokens": 128}}))
-    outcome = check_cell(blessed, "bs8_b8_k4", "c8", baselines=store, recorder=recorder,
+    outcome = judge_cell(blessed, "bs8_b8_k4", "c8", baselines=store, recorder=recorder,
                          service=cast(RunningService, None), settings=settings)
     assert outcome.decision is Status.PASS
     assert ("bs8_b8_k4", "fingerprint", host.as_dict()) in proposed and host.details["gpu"] == "8xH200"
     # judged against a file blessed on H100s under a shared name: the failure says so, from the store's setup
     failed = dataclasses.replace(_cell(Status.REGRESSION), blessed_setup={**host.details, "gpu": "8xH100"})
-    outcome = check_cell(failed, "bs8_b8_k4", "c8", baselines=dataclasses.replace(store, update_mode=False),
+    outcome = judge_cell(failed, "bs8_b8_k4", "c8", baselines=dataclasses.replace(store, update_mode=False),
                          recorder=recorder, service=cast(RunningService, None), settings=settings)
     assert outcome.decision is Status.FAIL
     assert "was blessed on another setup than this service's: gpu '8xH100' when blessed, '8xH200' here" in outcome.message

@@ -466,7 +466,7 @@ def test_a_labelled_datasets_acceptance_is_reported_per_category(tmp_path: Path)
         server.stop()
     from pytest_ddtree.gates.throughput import cells as cells_mod
 
-    evaluation = cells_mod.evaluate_cell("bs8_b8_k4", cell, campaign,
+    evaluation = cells_mod.judged_cell("bs8_b8_k4", cell, campaign,
                                      cells_mod.CellBaseline("bs8_b8_k4", tmp_path / "none.yaml", "refserver", {}))
     by_category = evaluation.record["acceptance_by_category"]
     assert sorted(by_category) == ["chat", "coding"]  # the unlabelled request counts in the cell, in no category
@@ -497,11 +497,11 @@ def test_goodput_is_judged_only_where_the_session_has_an_slo() -> None:
     for session in ("s1", "s2", "s3"):
         entry = baseline.baseline_cell_entry(workload, blessed, existing=entry or None, session=session)
     today = {"output_throughput": [100.5, 99.5, 100.2]}  # a session without an SLO counts no goodput
-    missing = rule.compare_cell("c2", entry, today, workload=workload)
+    missing = rule.judge_cell_alone("c2", entry, today, workload=workload)
     assert missing.status == Status.METRIC_MISSING  # judged as blessed: goodput gated, not produced
     judged = measurement.judged_baseline(entry, None)
     assert judged is not None and "request_goodput" not in judged["gates"] and "output_throughput" in judged["gates"]
-    assert rule.compare_cell("c2", judged, today, workload=workload).status == Status.PASS
+    assert rule.judge_cell_alone("c2", judged, today, workload=workload).status == Status.PASS
     slo = slo_mod.parse_slo("tpot_ms=50")
     assert measurement.judged_baseline(entry, slo) == entry  # with an SLO: goodput is judged like tok/s
 

@@ -280,7 +280,7 @@ def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, re
     """A host shared with other work (a CI box running the real-SGLang lane) spreads its tok/s far
     past 12%: the profile says how much it tolerates, and only that decides whether repeats agree."""
     from pytest_ddtree.gates.throughput.cells import driving_for
-    from pytest_ddtree.gates.throughput.verdicts import decide_bless
+    from pytest_ddtree.gates.throughput.verdicts import judge_bless
     from pytest_ddtree.gates.throughput.measurement import repeat_policy
     from pytest_ddtree.records.words import Status
 
@@ -306,7 +306,7 @@ def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, re
     loose = load_profile(_write(tmp_path, repo_root, max_repeat_spread=1.0, bless_max_half_width=0.5))
     Session.profile = loose  # type: ignore[attr-defined]
     driving = driving_for(Session())  # type: ignore[arg-type]
-    refused = decide_bless(Status.VALID, [], noisy)
+    refused = judge_bless(Status.VALID, [], noisy)
     assert not refused.blessed and "95% t-interval +-" in str(refused.refusal) and "+-5% a bless needs" in str(refused.refusal)
-    assert decide_bless(Status.VALID, [], noisy, driving.bless_max_half_width).blessed
+    assert judge_bless(Status.VALID, [], noisy, driving.bless_max_half_width).blessed
     assert repeat_policy(3, True, driving.max_repeat_spread, driving.bless_max_half_width).target_half_width == 0.5

@@ -44,7 +44,7 @@ def test_a_chunk_nested_too_deeply_fails_its_request_and_the_cell_never_loses_it
     status, reasons = verdicts.measurement_status(stats.RepeatPolicy(), [100.0] * 3, not res.valid,
                                                      [m] * 3, res.problems())
     assert status == Status.INVALID
-    assert not verdicts.decide_bless(status, reasons, [100.0] * 3).blessed
+    assert not verdicts.judge_bless(status, reasons, [100.0] * 3).blessed
 
 
 def test_an_open_loop_cell_names_the_real_cause_not_its_deadline() -> None:

@@ -131,14 +131,14 @@ def _campaign(tpots: list[float]) -> measurement.Campaign:
 
 
 def test_a_bless_keeps_the_worst_share_and_a_judged_cell_at_the_edge_says_so_in_record_and_summary(tmp_path: Path) -> None:
-    blessed = cells.evaluate_cell("bs8_b8_k4", OPEN, _campaign([40.0, 47.0, 44.0]),
-                                  cells.CellBaseline("bs8_b8_k4", tmp_path / "b.yaml", "refserver", {}), bless=True)
+    blessed = cells.judged_cell("bs8_b8_k4", OPEN, _campaign([40.0, 47.0, 44.0]),
+                                cells.CellBaseline("bs8_b8_k4", tmp_path / "b.yaml", "refserver", {}), bless=True)
     assert blessed.slo_latency_share == pytest.approx(47.0 / 50)  # its worst repeat: p99 TPOT 47 ms of 50
     entry = baseline.baseline_cell_entry(blessed.record["workload"], blessed.samples, session="s1",
                                      slo_share=blessed.slo_latency_share)
     assert entry["gates"][REQUEST_GOODPUT]["sessions"][0][baseline.SESSION_KEY] == pytest.approx(0.94)
-    judged = cells.evaluate_cell("bs8_b8_k4", OPEN, _campaign([42.0, 43.0, 41.0]),
-                                 cells.CellBaseline("bs8_b8_k4", tmp_path / "b.yaml", "refserver", {OPEN.name: entry}))
+    judged = cells.judged_cell("bs8_b8_k4", OPEN, _campaign([42.0, 43.0, 41.0]),
+                               cells.CellBaseline("bs8_b8_k4", tmp_path / "b.yaml", "refserver", {OPEN.name: entry}))
     why = judged.record["not_judged"][REQUEST_GOODPUT]
     assert why.startswith("request_goodput recorded, not judged: at the SLO's edge when blessed: the SLO's p99 "
                           "latency at 94% of its target in its worst blessed repeat")

@@ -57,7 +57,7 @@ def test_a_repeat_during_which_the_engine_stalled_is_recorded_and_retaken_not_co
     # more repeats took their place: three clean ones count, within the extra-repeat budget
     assert len(run.primary) == 3 and len(run.samples) == 3 + len(run.spoiled) and not run.short_of_clean
 
-    ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=True)
+    ev = cells.judged_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=True)
     assert ev.status == Status.VALID and ev.status_reasons == []
     # the gated samples and a bless's baseline hold the clean repeats only; the record shows the retaken ones
     assert ev.samples["output_throughput"] == run.primary and ev.repeats == 3
@@ -78,7 +78,7 @@ def test_a_cell_that_cannot_get_its_clean_repeats_is_inconclusive_with_each_repe
         server.stop()
     run = campaign.runs[CELL.name]
     assert len(run.samples) == 1 + measurement.MAX_EXTRA_REPEATS and run.primary == [] and run.short_of_clean
-    ev = cells.evaluate_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=False)
+    ev = cells.judged_cell("bs8_b8_k4", CELL, campaign, NO_BASELINE, bless=False)
     assert ev.status == Status.INCONCLUSIVE and ev.samples == {}
     (why,) = ev.status_reasons
     assert "only 0 clean repeat(s) of the 1 needed" in why and "rerun on a quieter machine" in why
@@ -105,7 +105,7 @@ def test_a_latency_regression_beside_retaken_repeats_is_inconclusive_and_without
     clean = RefServer(ENGINE, tmp_path, "clean").wait_ready()
     try:
         measured = measurement.measure_config(clean.url, [C1], 3)
-        ev = cells.evaluate_cell("bs8_b8_k4", C1, measured, NO_BASELINE, bless=False)
+        ev = cells.judged_cell("bs8_b8_k4", C1, measured, NO_BASELINE, bless=False)
         baseline = {C1.name: _baseline_ttft_a_third_of(ev.samples)}
         # the engine kept its clock in every repeat: the latency regression is the config's, and fails
         judged = measurement.measure_config(clean.url, [C1], 3, baseline=baseline)

@@ -130,12 +130,12 @@ _.other_median
 
 # Called by the shipped suites (suites/*.py), which the package scan does not include.
 _.session_of  # plugin.session_of: suites/test_throughput.py (also records/sessionfolder.session_of: tests)
-_.check_cell  # suites/test_throughput.py
+_.judge_cell  # suites/test_throughput.py
 _.golden_read_dir  # BaselineStore.golden_read_dir: suites/test_lossless.py
 _.golden_bless_command  # gates/lossless.golden_bless_command: suites/test_lossless.py
 _.bounded  # slo.RateSearch.bounded: suites/test_sustainable_rate.py
 _.run_config  # gates/throughput/cells.run_config, the suite's cell path: suites/test_throughput.py
-_.durations  # CellEvaluation.durations: suites/test_throughput.py's replaying timer
+_.durations  # JudgedCell.durations: suites/test_throughput.py's replaying timer
 _.abandon  # ServiceManager.abandon: suites/test_throughput.py, suites/test_sustainable_rate.py
 _.bless_entry  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py
 _.MissingBaselineWarning  # gates/suite_warnings.py: suites/test_throughput.py
@@ -177,7 +177,7 @@ _.constraint
 _.rate_search
 
 # gates/throughput/cells.py
-_.status_reasons  # CellEvaluation.status_reasons (why a cell is not valid): tests/test_throughput_spoiled.py
+_.status_reasons  # JudgedCell.status_reasons (why a cell is not valid): tests/test_throughput_spoiled.py
 
 # service/validated_profile.py
 _.declared_axes  # ServiceProfile.declared_axes: the axes its axes: key declared (tests/test_axes_profiles.py reads it)

@@ -394,7 +394,7 @@ class BuildComparisonData(TypedDict):
 
 class ThroughputData(_ThroughputRequired, total=False):
     """``RecordKind.THROUGHPUT``: one measured cell with its verdict (``gates.throughput.cells.throughput_record``,
-    completed by ``gate.throughput.evaluate_cell``)."""
+    completed by ``gate.throughput.judged_cell``)."""
 
     build: BuildComparisonData  # where the caller knew the build judged now
 

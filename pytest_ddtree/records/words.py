@@ -140,7 +140,7 @@ MeasurementStatus = Literal[Status.VALID, Status.INCONCLUSIVE, Status.INVALID]
 Verdict = Literal[Status.PASS, Status.IMPROVED, Status.FLAGGED, Status.REGRESSION, Status.INCONCLUSIVE,
                   Status.INVALID, Status.MISSING, Status.THIN, Status.NEW, Status.METRIC_MISSING, Status.UPDATED,
                   Status.PREDICTED, Status.MEASURED]
-#: What a throughput cell's test does (``gate.check.check_cell``, ``rate_gate.judge_rate``): pass,
+#: What a throughput cell's test does (``cells.judge_cell``, ``rate_gate.judge_rate``): pass,
 #: fail, skip (inconclusive), or pass with warnings.
 GateDecision = Literal[Status.PASS, Status.FAIL, Status.SKIP, Status.WARN]
 #: A gate's result on the HTML report.

@@ -9,8 +9,8 @@ Here they are written once (``run_cells``):
    a problem is kept, and the cells fail on it after they are recorded);
 2. measure every cell with interleaved repeats and confirm the flagged ones while the service is up
    (``measurement.measure_config``; under a bless nothing is judged);
-3. evaluate each cell against that baseline (``evaluate_cell``), which takes the cell's one bless
-   decision (``verdicts.decide_bless``; ``check_cell`` turns it into a proposal or a refusal);
+3. judge each cell against that baseline (``judged_cell``), which takes the cell's one bless
+   decision (``verdicts.judge_bless``; ``judge_cell`` turns it into a proposal or a refusal);
 4. record each cell (``throughput_record``, then ``on_cell``; the suite's cell tests record their own as they run).
 
 ``plan_for`` builds the plan from a session (a ``DDTreeSession``, or an object with its
@@ -18,7 +18,7 @@ Here they are written once (``run_cells``):
 suite does; ``run_config`` is the whole path for a config's cells on a running service. The pytest
 items are walked for cells once per caller (``collected_cells``).
 
-Each measured cell's outcome is decided here and nowhere else (``check_cell``, like pytest-regressions'
+Each measured cell's outcome is judged here and nowhere else (``judge_cell``, like pytest-regressions'
 ``perform_regression_check``): a baseline file it cannot read, an invalid measurement, a bless it
 refuses or proposes, a missing or thin baseline, a metric the baseline lacks, a regression, an
 inconclusive cell, and what ``--ddtree-require-baselines`` (CI) changes. The suite only turns the
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Literal
 
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts
-from pytest_ddtree.gates.throughput.verdicts import BLESS_MAX_HALF_WIDTH, BlessDecision, decide_bless
+from pytest_ddtree.gates.throughput.verdicts import BLESS_MAX_HALF_WIDTH, BlessDecision, judge_bless
 from pytest_ddtree.gates.throughput.measurement import (Campaign, Driving, Judging, Recording, cell_histogram,
                                                         cell_input, edge_exemption, gate_samples, measure_config,
                                                         measured_workload, repeat_metrics, spoiled_evidence)
@@ -129,10 +129,10 @@ def clock_difference(blessed: Mapping[str, Any], here: Mapping[str, Any]) -> str
 
 
 @dataclass(frozen=True)
-class CellEvaluation:
+class JudgedCell:
     """One measured cell judged against its baseline: its record (``ThroughputData``: what
     results.json and the sweep table are made of, and what the measurement's status, samples and
-    repeats are read from) and what the gate decides on beside it (``cells.check_cell``)."""
+    repeats are read from) and what ``judge_cell`` judges its outcome on beside it."""
 
     verdict: verdicts.CellVerdict
     record: ThroughputData
@@ -141,7 +141,7 @@ class CellEvaluation:
     baseline_cell: Any
     baseline_problem: str | None
     status_reasons: list[str] = dataclasses.field(default_factory=list)  # why not valid (inconclusive, invalid)
-    #: Under a bless, whether the cell is proposed for its baseline (``verdicts.decide_bless``); None otherwise.
+    #: Under a bless, whether the cell is proposed for its baseline (``verdicts.judge_bless``); None otherwise.
     bless: BlessDecision | None = None
     #: An open-loop cell's worst ``SLO_LATENCY_SHARE`` over its counted repeats (what a bless keeps: ``slo_edge.py``).
     slo_latency_share: float | None = None
@@ -166,8 +166,8 @@ class CellEvaluation:
         return self.record["repeats"]
 
 
-def evaluate_cell(config: str, workload: load.CellLike, campaign: Campaign, baseline: CellBaseline,
-                  bless: bool = False, measure_only: bool = False) -> CellEvaluation:
+def judged_cell(config: str, workload: load.CellLike, campaign: Campaign, baseline: CellBaseline,
+                bless: bool = False, measure_only: bool = False) -> JudgedCell:
     """Status of the measurement, verdict against ``baseline``, the result record, and under a bless
     (``bless``) the cell's bless decision (a cell it proposes shows ``updated`` in the table); under
     ``--ddtree-measure-only`` every cell that is not broken is ``measured`` (gates/measure_only.py)."""
@@ -184,7 +184,7 @@ def evaluate_cell(config: str, workload: load.CellLike, campaign: Campaign, base
     facts = cell_input(campaign, workload, cell_base)  # ... and as this session judges it (the gate's own input)
     status, why, judged = facts.status, list(facts.problems), facts.baseline
     workload_info = measured_workload(run, workload)  # the record's (facts.workload is the same, untyped)
-    verdict = campaign.verdicts.get(workload.name) or rule.compare_cell(
+    verdict = campaign.verdicts.get(workload.name) or rule.judge_cell_alone(
         workload.name, judged, facts.current, status=status, problems=why, workload=workload_info)
     if measure_only and verdict.status != Status.INVALID:  # numbers, no verdict (an inconclusive one says why)
         verdict = dataclasses.replace(verdict, status=Status.MEASURED, metrics=(),
@@ -195,7 +195,7 @@ def evaluate_cell(config: str, workload: load.CellLike, campaign: Campaign, base
     if edge is not None:  # said in the verdict (the test's message, the report) and the record
         verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, edge.reason))
     half_width = campaign.policy.target_half_width or BLESS_MAX_HALF_WIDTH  # the profile's bless_max_half_width
-    decision = decide_bless(status, why, run.primary, half_width) if bless else None
+    decision = judge_bless(status, why, run.primary, half_width) if bless else None
     if decision is not None and decision.blessed:
         verdict = dataclasses.replace(verdict, status=Status.UPDATED)  # the table shows what was blessed
     confirmation = campaign.confirmations.get(workload.name)
@@ -223,10 +223,10 @@ def evaluate_cell(config: str, workload: load.CellLike, campaign: Campaign, base
     if edge is not None:
         record["not_judged"] = {m: edge.reason for m in edge.metrics}
     share = baseline_mod.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
-    return CellEvaluation(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
-                          baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
-                          bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,
-                          build=baseline.build, build_sentence=sentence)
+    return JudgedCell(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
+                      baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
+                      bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,
+                      build=baseline.build, build_sentence=sentence)
 
 
 def throughput_record(
@@ -313,11 +313,11 @@ class CellPlan:
 
 @dataclass(frozen=True)
 class MeasuredCells:
-    """A run of a config's cells: the baseline read for it, the campaign, each cell's evaluation."""
+    """A run of a config's cells: the baseline read for it, the campaign, each cell judged."""
 
     baseline: CellBaseline
     campaign: Campaign
-    cells: dict[str, CellEvaluation]
+    cells: dict[str, JudgedCell]
 
 
 class SessionLike(Protocol):
@@ -360,37 +360,36 @@ def plan_for(session: SessionLike, service: RunningService, config: str, cells: 
 
 
 def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Recording = Recording(),
-              on_cell: Callable[[CellEvaluation], None] | None = None) -> MeasuredCells:
-    """Measure, confirm and evaluate ``plan``'s cells against ``baseline`` (read once, by the caller
+              on_cell: Callable[[JudgedCell], None] | None = None) -> MeasuredCells:
+    """Measure, confirm and judge ``plan``'s cells against ``baseline`` (read once, by the caller
     with ``read_baseline``) on the service of ``client`` (its client, or a URL); ``recording`` gets
-    each repeat as it exists, ``on_cell`` each evaluated cell in order. A bless, or a baseline that
+    each repeat as it exists, ``on_cell`` each judged cell in order. A bless, or a baseline that
     could not be read, judges nothing while measuring (the cells then fail on the problem)."""
     judged = None if plan.bless or plan.measure_only or baseline.problem is not None else baseline.section
     campaign = measure_config(client, plan.cells, plan.repeats, plan.driving, baseline=judged,
                               judging=plan.judging, recording=recording, bless=plan.bless)
-    evaluations: dict[str, CellEvaluation] = {}
+    by_cell: dict[str, JudgedCell] = {}
     for workload in plan.cells:
-        evaluations[workload.name] = evaluation = evaluate_cell(plan.config, workload, campaign, baseline, plan.bless,
-                                                                plan.measure_only)
+        by_cell[workload.name] = cell = judged_cell(plan.config, workload, campaign, baseline, plan.bless, plan.measure_only)
         if on_cell is not None:
-            on_cell(evaluation)
-    return MeasuredCells(baseline, campaign, evaluations)
+            on_cell(cell)
+    return MeasuredCells(baseline, campaign, by_cell)
 
 
 def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.CellLike],
                recording: Recording = Recording(), judging: Judging = Judging(),
                hooks: ProjectHooks | None = None) -> MeasuredCells:
     """A config's cells on its running ``service`` as the suite measures them, from its baseline
-    (``session.baselines``, read once) to each evaluated cell: ``plan_for``, ``read_baseline``,
+    (``session.baselines``, read once) to each judged cell: ``plan_for``, ``read_baseline``,
     ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's);
     ``hooks`` (the session's relay) tells the project's ``pytest_ddtree_cell_measured`` of each cell."""
     store = session.baselines(service.server_info)
     baseline = (CellBaseline(config, store.path_for(config), store.hardware_profile, {}) if session.settings.measure_only
                 else read_baseline(store, config, judged_build(store, service)))  # a measure-only run reads none
 
-    def measured(evaluation: CellEvaluation) -> None:
+    def measured(cell: JudgedCell) -> None:
         if hooks is not None:
-            hooks.cell_measured(config, evaluation.record["cell"], evaluation.record["metrics"], evaluation.samples)
+            hooks.cell_measured(config, cell.record["cell"], cell.record["metrics"], cell.samples)
 
     return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, measured)
 
@@ -455,23 +454,23 @@ class CellOutcome:
     warnings: tuple[GateWarning, ...] = ()
 
 
-def check_cell(cell: CellEvaluation, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
+def judge_cell(cell: JudgedCell, config: str, workload: str, *, baselines: BaselineStore, recorder: SessionRecorder,
                service: RunningService, settings: Settings, hooks: ProjectHooks | None = None) -> CellOutcome:
-    """Decide one measured cell (``cells.evaluate_cell``'s evaluation, already recorded), and tell
+    """Judge the outcome of one measured cell (``judged_cell``'s, already recorded), and tell
     the project's ``pytest_ddtree_verdict`` hooks through ``hooks`` (the session's relay).
 
     Under ``--ddtree-update-baselines`` a trustworthy cell is proposed as this session's part
     of its baseline (with the hardware fingerprint); the main process writes it at session end.
     """
-    outcome = _decide(cell, config, workload, baselines, recorder, service, settings)
+    outcome = _outcome(cell, config, workload, baselines, recorder, service, settings)
     if hooks is not None:  # a warning's message is its notes' (no baseline yet, a new metric)
         message = outcome.message or "\n".join(note.message for note in outcome.warnings)
         hooks.verdict(config, workload, {"decision": outcome.decision, "message": message, **cell.verdict.as_dict()})
     return outcome
 
 
-def _decide(cell: CellEvaluation, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
-            service: RunningService, settings: Settings) -> CellOutcome:
+def _outcome(cell: JudgedCell, config: str, workload: str, baselines: BaselineStore, recorder: SessionRecorder,
+             service: RunningService, settings: Settings) -> CellOutcome:
     if cell.baseline_problem is not None:
         return CellOutcome(Status.FAIL, f"{config} {workload}: {cell.baseline_problem}")
     verdict = cell.verdict
@@ -511,7 +510,7 @@ def _decide(cell: CellEvaluation, config: str, workload: str, baselines: Baselin
                        tuple(notes))
 
 
-def _setup_note(cell: CellEvaluation, baselines: BaselineStore, config: str, service: RunningService) -> str:
+def _setup_note(cell: JudgedCell, baselines: BaselineStore, config: str, service: RunningService) -> str:
     """Where the baseline was blessed on another setup than this service's, the failure says how
     (``fingerprint.setup_differences``): that, not the config, may be what moved."""
     if not cell.blessed_setup:  # a file with no recorded setup has nothing to compare
@@ -530,7 +529,7 @@ def _setup(baselines: BaselineStore, service: RunningService) -> HardwareProfile
     return baselines.fingerprint or local_fingerprint(service.profile, service.server_info)
 
 
-def _bless(cell: CellEvaluation, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
+def _bless(cell: JudgedCell, decision: BlessDecision, config: str, workload: str, baselines: BaselineStore,
            recorder: SessionRecorder, service: RunningService, settings: Settings) -> CellOutcome:
     """Propose the cell for its baseline, or refuse a measurement that cannot be trusted."""
     refusal = decision.refusal

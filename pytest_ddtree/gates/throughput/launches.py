@@ -40,7 +40,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.gates.throughput import control, baseline as baseline_mod, session_check, verdicts
-from pytest_ddtree.gates.throughput.cells import (CellEvaluation, CellPlan, collected_cells, driving_for,
+from pytest_ddtree.gates.throughput.cells import (JudgedCell, CellPlan, collected_cells, driving_for,
                                                   judged_build, read_baseline, run_cells)
 from pytest_ddtree.gates.throughput.control import CONTROL_RECORD, CONTROL_REPEAT, CONTROL_UNAVAILABLE, GATED, START
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
@@ -252,7 +252,7 @@ def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
     return counts
 
 
-def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: CellEvaluation, source: str, launch: int,
+def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: JudgedCell, source: str, launch: int,
                  at: str, blessed: Mapping[str, int]) -> None:
     """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
     earlier launches' samples pooled in, and their number) or say why it cannot be trusted (the
@@ -400,7 +400,7 @@ def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load
 
     name, recorder = config.name, session.recorder
 
-    def on_cell(ev: CellEvaluation) -> None:
+    def on_cell(ev: JudgedCell) -> None:
         recorded: RelaunchCellData = {**ev.record, "relaunch": index}
         recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, recorded)
 

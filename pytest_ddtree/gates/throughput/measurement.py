@@ -4,7 +4,7 @@
 baseline, judges them together and confirms the flagged ones while the service is up; its
 parameters come grouped (``Driving``: how each repeat drives the service; ``Judging``: what the
 cells are judged with; ``Recording``: where each repeat goes). The steps around it (the baseline
-read once, each cell evaluated, the bless decision, the records) are ``cells.py``'s one
+read once, each cell judged, the bless decision, the records) are ``cells.py``'s one
 orchestration, which the suite, the relaunch and the control all run; ``sustainable_rate``
 searches the highest rate a config sustains under an SLO with the same measurement.
 """

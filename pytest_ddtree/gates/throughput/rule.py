@@ -322,7 +322,7 @@ def judge_config(
         if flag is not None:
             config_flags[key] = flag
     for name, cell in judged.items():
-        verdicts[name] = _judge_cell(name, cell, by_metric, shifts, config_flags, confirmations)
+        verdicts[name] = _judge_config_cell(name, cell, by_metric, shifts, config_flags, confirmations)
     return {name: verdicts[name] for name in cells}
 
 
@@ -454,7 +454,7 @@ def _early_verdict(name: str, cell: CellInput) -> CellVerdict | None:
     return None
 
 
-def _judge_cell(
+def _judge_config_cell(
     name: str,
     cell: CellInput,
     by_metric: Mapping[str, Mapping[str, Metric]],
@@ -489,7 +489,7 @@ def _judge_cell(
         confirmation = None
         if confirmations is not None:
             confirmation = [float(v) for v in (confirmations.get(name) or {}).get(key) or [] if v is not None]
-        verdicts.append(_judge_metric(key, m, shifts.get(key, 0.0), config_flags.get(key), confirmation, advice))
+        verdicts.append(_judge_config_metric(key, m, shifts.get(key, 0.0), config_flags.get(key), confirmation, advice))
     for key in sorted(set(cell.current) - set(gates)):
         values = [float(v) for v in cell.current.get(key) or [] if v is not None]
         if values and key in SPECS:
@@ -510,7 +510,7 @@ def _judge_cell(
     return CellVerdict(name, status, tuple(verdicts), ())
 
 
-def _judge_metric(
+def _judge_config_metric(
     key: str,
     m: Metric,
     shift: float,
@@ -589,16 +589,16 @@ def _judge_metric(
         blessed_shifts=m.blessed_shifts, floor=base.tolerance, confirm_change=confirm_change)
 
 
-def compare_metric(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
+def judge_metric_alone(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
     """One metric of two finished sessions (reports): judged alone, today's samples standing as
     their own confirmation, since there is no service left to measure again."""
-    verdict = compare_cell("cell", {"gates": {key: entry}}, {key: current}, confirmation={key: current})
+    verdict = judge_cell_alone("cell", {"gates": {key: entry}}, {key: current}, confirmation={key: current})
     found = verdict.metric(key)
     assert found is not None
     return found
 
 
-def compare_cell(
+def judge_cell_alone(
     cell: str,
     baseline: Mapping[str, Any] | None,
     current: Mapping[str, Sequence[float]],

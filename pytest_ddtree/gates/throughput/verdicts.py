@@ -371,8 +371,8 @@ def bless_refusal(status: MeasurementStatus, reasons: Sequence[str], primary: Se
 @dataclass(frozen=True)
 class BlessDecision:
     """Whether a bless proposes a measured cell for its baseline: ``refusal`` says why not (None:
-    it does). Taken once per cell (``decide_bless``, by ``cells.evaluate_cell``); the cell's table
-    status, its proposal (``cells.check_cell``) and the control's record read it."""
+    it does). Taken once per cell (``judge_bless``, by ``cells.judged_cell``); the cell's table
+    status, its proposal (``cells.judge_cell``) and the control's record read it."""
 
     refusal: str | None = None
 
@@ -381,7 +381,7 @@ class BlessDecision:
         return self.refusal is None
 
 
-def decide_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
-                 max_half_width: float = BLESS_MAX_HALF_WIDTH) -> BlessDecision:
+def judge_bless(status: MeasurementStatus, reasons: Sequence[str], primary: Sequence[float],
+                max_half_width: float = BLESS_MAX_HALF_WIDTH) -> BlessDecision:
     """A bless trusts a cell only when its measurement does (``bless_refusal``)."""
     return BlessDecision(bless_refusal(status, reasons, primary, max_half_width))

@@ -479,7 +479,7 @@ def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> li
 
     The other session's samples stand where a baseline's would; tolerance and direction come
     from this session's baseline entry when it has one, else from the gate's defaults, and the
-    figures are :func:`rule.compare_metric`'s, so the page and the gate never disagree.
+    figures are :func:`rule.judge_metric_alone`'s, so the page and the gate never disagree.
     """
     from pytest_ddtree.gates.throughput import rule, verdicts as verdicts_mod
 
@@ -500,7 +500,7 @@ def compare_sessions(payload: Mapping[str, Any], other: Mapping[str, Any]) -> li
             entry = {"direction": spec.direction, "tolerance": spec.tolerance, "unit": spec.unit,
                      **{k: v for k, v in mine.baseline.get(key, {}).items() if k in ("direction", "tolerance") and v is not None},
                      "median": _median(previous), "samples": previous}
-            verdict = rule.compare_metric(key, entry, current)
+            verdict = rule.judge_metric_alone(key, entry, current)
             out.append(Comparison(mine.config, mine.cell, key, verdict.current_median, verdict.baseline_median,
                                   verdict.change, verdict.status, verdict.message))
     mine_keys = {(c.config, c.cell) for c in cells(payload)}
