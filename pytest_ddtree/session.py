@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pytest_ddtree.hookspec import ProjectHooks
 from pytest_ddtree.options import OptionError, Settings
-from pytest_ddtree.records.shapes import HostEnvData, LaunchData
+from pytest_ddtree.records.shapes import HostEnvData
+from pytest_ddtree.records.launch_shapes import LaunchData
 from pytest_ddtree.records.words import RecordKind
 
 if TYPE_CHECKING:  # imported where first used: a session is built in every pytest run (plugin.py)

@@ -14,7 +14,7 @@ from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import LiveStatus, build_html, charts, load_payload, model, write_report
 from pytest_ddtree.report.html.live import LiveReport
-from pytest_ddtree.records.shapes import LaunchEntry
+from pytest_ddtree.records.launch_shapes import LaunchEntry
 from pytest_ddtree.records.words import Status, Verdict
 
 

@@ -14,7 +14,8 @@ from pytest_ddtree.gates.throughput.cells import throughput_record
 from pytest_ddtree.records.cells import normalize
 from pytest_ddtree.gates.coding import ProblemResult
 from pytest_ddtree.service.proof import PROVEN, FieldEvidence, ProbeResult, Proof
-from pytest_ddtree.records.shapes import LaunchEntry, RecordError, ThroughputData
+from pytest_ddtree.records.shapes import RecordError, ThroughputData
+from pytest_ddtree.records.launch_shapes import LaunchEntry
 from pytest_ddtree.sandbox import Verdict
 from pytest_ddtree.records.recorder import SessionRecorder
 from pytest_ddtree.records.sessionfolder import SessionCollector, claim_results_dir

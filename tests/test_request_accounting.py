@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from pytest_ddtree.gates.throughput import verdicts
-from pytest_ddtree.measure import accounting, chat_stream, load, openloop, stats
+from pytest_ddtree.measure import accounting, chat_stream, load, loops, openloop, stats
 from pytest_ddtree.measure.prompts import Prompt, PromptSet
 from pytest_ddtree.records.words import Status
 from pytest_ddtree.service import proof
@@ -86,7 +86,7 @@ def test_a_sender_that_raises_is_a_failed_request_not_a_lost_one() -> None:
     cell = load.Cell("c2", concurrency=2, context_tokens=8, output_tokens=4, requests=4, warmup_requests=0)
     with standin_server() as (url, _), ServiceHTTP(url, timeout=30) as service:
         prompts = PromptSet([Prompt(8, input_ids=(1,) * 8) for _ in range(cell.requests)], "random", "ids")
-        results, _, sent = load._run_closed_loop(service, 2, prompts, 4, None, 30.0, broken)
+        results, _, sent = loops.run_closed_loop(service, 2, prompts, 4, None, 30.0, broken)
     assert sent == 4 and len(results) == 4 and {r.failure for r in results} == {"too deep"}
 
 

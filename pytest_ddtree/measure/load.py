@@ -12,7 +12,7 @@ Why it is written this way (see "Measuring serving performance without fooling y
 * **Closed loop at fixed concurrency**: C worker threads each send the next request as soon
   as their previous one finished, which is how the campaign's "concurrency 32" was meant.
   An open-loop cell (``openloop.Arrivals``: bench_serving's request rate) is sent on its
-  schedule instead (:func:`run_open_loop`), one thread and connection per request.
+  schedule instead (``loops.run_open_loop``), one thread and connection per request.
 * **Real text of exact length** (``prompts.py``): prompts are real text cut to the cell's
   token count by the service's own tokenizer and sent as ``input_ids``, so a "4k" cell really
   sends 4096 tokens; the server's ``prompt_tokens`` is checked against it, and the output
@@ -34,28 +34,25 @@ the server an accept. ``benchmarks/bench_harness.py`` measures our client's cost
 
 from __future__ import annotations
 
-import http.client
-import socket
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_ddtree.measure import accounting, openloop, slo as slo_mod
+from pytest_ddtree.measure import accounting, loops, openloop, slo as slo_mod
 from pytest_ddtree.measure.matrix import Cell as Cell  # the cell tests and benchmarks make
 from pytest_ddtree.service import proof
 from pytest_ddtree.measure import prompts as prompts_mod, stats
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.measure.generate_stream import RequestResult as RequestResult, apply_chunk as apply_chunk
-from pytest_ddtree.measure.generate_stream import guarded, stream_request as stream_request
-from pytest_ddtree.service.http import ServiceHTTP, ServiceHTTPError, phase_expired, thread_in_phase
-from pytest_ddtree.measure.prompts import Prompt, PromptMaker, PromptSet, stable_seed
+from pytest_ddtree.measure.generate_stream import stream_request as stream_request
+from pytest_ddtree.service.http import ServiceHTTPError, phase_expired
+from pytest_ddtree.measure.prompts import PromptMaker, PromptSet, stable_seed
 from pytest_ddtree.metrics import ACCEPT_LENGTH, OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT, TOKENS_PER_VERIFY
 from pytest_ddtree.records.shapes import WorkloadData
 from pytest_ddtree.measure.server_state import merge_internal_states, server_accept_length as server_accept_length
 from pytest_ddtree.measure.host_pressure import cpu_stall_seconds as cpu_stall_seconds, stall_since
-from pytest_ddtree.measure.chat_stream import chat_prompts, stream_chat
+from pytest_ddtree.measure.chat_stream import chat_prompts
 from pytest_ddtree.measure.concurrency import loaded_concurrency as loaded_concurrency, peak_rates
 from pytest_ddtree.measure.concurrency import served_concurrency as served_concurrency
 
@@ -63,19 +60,6 @@ from pytest_ddtree.measure.concurrency import served_concurrency as served_concu
 DIST_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 #: Percentiles reported for every distribution (bench_serving reports p90, p95 and p99).
 DIST_PERCENTILES = (90, 95, 99)
-#: One streamed request, sent and timed: /generate's (stream_request) or a chat cell's (stream_chat).
-Sender = Callable[[ServiceHTTP, int, Prompt, int, "Mapping[str, Any] | None", "http.client.HTTPConnection | None", float],
-                  RequestResult]
-
-
-def sender(workload: object) -> Sender:
-    """How ``workload``'s requests go out: /generate, or /v1/chat/completions for ``api: chat`` (with its thinking)."""
-    if getattr(workload, "api", "generate") != "chat":
-        return stream_request
-    thinking = getattr(workload, "thinking", None)
-    return lambda svc, i, p, n, extra, conn, tol: stream_chat(svc, i, p, n, extra, conn, tol, thinking)
-
-
 class LoadError(RuntimeError):
     """The cell could not be run at all (its prompts cannot be made: unknown source, no service)."""
 
@@ -435,51 +419,6 @@ def flush_cache(client: SGLangClient, deadline_s: float = 10.0) -> bool:
         time.sleep(0.05)
 
 
-def _run_closed_loop(
-    service: ServiceHTTP,
-    concurrency: int,
-    prompts: PromptSet,
-    output_tokens: int,
-    extra_sampling_params: Mapping[str, Any] | None,
-    timeout_s: float,
-    send: Sender = stream_request,
-) -> tuple[list[RequestResult], float, int]:
-    """C workers pull the next request index until all are sent; returns results, duration and how
-    many were sent (each one has a result: a send that raised is a failed request, never a lost one)."""
-    results: list[RequestResult | None] = [None] * len(prompts.prompts)
-    lock = threading.Lock()
-    counter = iter(range(len(prompts.prompts)))
-    sent, stalled = [0], threading.Event()  # a stalled request stops the loop: the server is hung, not slow
-
-    def worker() -> None:
-        conn = service.connect(timeout_s)  # one kept-alive connection per closed-loop client
-        try:
-            while True:
-                with lock:
-                    index = None if phase_expired() or stalled.is_set() else next(counter, None)
-                    sent[0] += index is not None
-                if index is None:
-                    return
-                results[index] = result = guarded(send, service, index, prompts.prompts[index], output_tokens,
-                                                  extra_sampling_params, conn, prompts.tolerance)
-                if result.failure == "stall":
-                    stalled.set()
-                if not result.ok:
-                    conn.close()  # http.client reconnects on the next request
-        finally:
-            conn.close()
-
-    threads = [thread_in_phase(worker, name=f"ddtree-load-{i}") for i in range(max(1, concurrency))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    done = [r for r in results if r is not None]
-    end = max((r.end for r in done), default=t0)
-    return done, end - t0, sent[0]
-
-
 def run_cell(
     service: str | SGLangClient,
     workload: CellLike,
@@ -519,9 +458,9 @@ def run_cell(
                             speculative=speculative, accept_bound=accept_bound, slo=slo)
     client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
     measured, warm = _cell_prompts(client, prompts if prompts is not None else prompt_maker(client), workload, seed, warmup)
-    notes, warmup_failed, send = list(measured.notes), 0, sender(workload)
+    notes, warmup_failed, send = list(measured.notes), 0, loops.sender(workload)
     if warm is not None:
-        warm_results, _, _ = _run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
+        warm_results, _, _ = loops.run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
                                            extra_sampling_params, timeout_s, send)
         warmup_failed = sum(1 for r in warm_results if not r.ok)
         if (stalled := next((r for r in warm_results if r.failure == "stall"), None)) is not None:
@@ -578,11 +517,11 @@ def _run_measured(client: SGLangClient, workload: CellLike, measured: PromptSet,
     arrival schedule (then also each request's lateness, and a note where the deadline cut some)."""
     arrivals = workload.open_loop
     if arrivals is None:
-        requests, duration, sent = _run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
-                                                    extra_sampling_params, timeout_s, sender(workload))
+        requests, duration, sent = loops.run_closed_loop(client.http, workload.concurrency, measured, workload.output_tokens,
+                                                    extra_sampling_params, timeout_s, loops.sender(workload))
         return requests, duration, None, sent
-    run = run_open_loop(client.http, measured, workload.output_tokens, arrivals,
-                        stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s, sender(workload))
+    run = loops.run_open_loop(client.http, measured, workload.output_tokens, arrivals,
+                        stable_seed(seed_name(workload), seed, "arrivals"), extra_sampling_params, timeout_s, loops.sender(workload))
     if run.unfinished:
         notes.append(f"{run.unfinished} request(s) still running at the open-loop cell's deadline were cut")
     late = openloop.lag_figures(run.send_lag_s)["ddtree_late_requests"]
@@ -590,125 +529,3 @@ def _run_measured(client: SGLangClient, workload: CellLike, measured: PromptSet,
         notes.append(f"{late} of {len(run.requests)} requests were sent more than {openloop.LATE_S * 1000:.0f} ms after "
                      "their scheduled time (the client could not keep the schedule: the service saw less than the rate)")
     return run.requests, run.duration_s, run.send_lag_s, run.sent
-
-
-@dataclass
-class OpenLoopRun:
-    """What an open-loop phase measured: every request (in schedule order), its duration, and how
-    late each request was sent against its schedule (seconds; slot waits under
-    ``max_concurrency`` included)."""
-
-    requests: list[RequestResult]
-    duration_s: float
-    send_lag_s: list[float] = field(default_factory=list)
-    unfinished: int = 0  # requests the cell's deadline cut (failed, saying so)
-    sent: int = 0  # requests whose thread started (each has a result; the rest were not sent by the deadline)
-
-
-def run_open_loop(
-    service: ServiceHTTP,
-    prompts: PromptSet,
-    output_tokens: int,
-    arrivals: openloop.Arrivals,
-    seed: int,
-    extra_sampling_params: Mapping[str, Any] | None,
-    timeout_s: float,
-    request: Sender = stream_request,
-) -> OpenLoopRun:
-    """Send ``prompts`` on ``arrivals``' schedule, each on its own thread and connection; never raises
-    for what the service does (failures land in the requests)."""
-    n = len(prompts.prompts)
-    offsets = arrivals.offsets(n, seed)
-    deadline_s = arrivals.deadline_s if arrivals.deadline_s is not None else (offsets[-1] if offsets else 0.0) + timeout_s
-    results: list[RequestResult | None] = [None] * n
-    lags: list[float | None] = [None] * n
-    open_conns: dict[int, http.client.HTTPConnection] = {}
-    socks: dict[int, socket.socket] = {}
-    lock = threading.Lock()
-    cut, stalled = threading.Event(), threading.Event()
-    slots = threading.BoundedSemaphore(arrivals.max_concurrency) if arrivals.max_concurrency else None
-    clock = time.perf_counter
-
-    def send(index: int, due: float) -> None:
-        if slots is not None:
-            while not slots.acquire(timeout=0.05):
-                if cut.is_set():
-                    return
-        try:
-            conn = service.connect(timeout_s)
-            with lock:
-                if cut.is_set():
-                    return
-                open_conns[index] = conn
-            try:
-                conn.connect()  # now, so the deadline can shut its socket (http.client drops it on a closing response)
-                socks[index] = conn.sock
-            except OSError:
-                pass  # stream_request connects again and records the failure
-            result = guarded(request, service, index, prompts.prompts[index], output_tokens, extra_sampling_params, conn,
-                             prompts.tolerance)
-            lags[index] = max(0.0, result.start - due)
-            results[index] = result
-            if result.failure == "stall":
-                stalled.set()
-        finally:
-            with lock:
-                own = open_conns.pop(index, None)
-                socks.pop(index, None)
-            if own is not None:
-                own.close()
-            if slots is not None:
-                slots.release()
-
-    t0 = clock()
-    end_by = t0 + deadline_s
-    threads: list[threading.Thread] = []
-    for index, offset in enumerate(offsets):
-        due = t0 + offset
-        while (delay := due - clock()) > 0 and clock() < end_by:
-            time.sleep(min(delay, 0.5))
-        if clock() >= end_by or stalled.is_set():
-            break
-        thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join(max(0.0, end_by - clock()))
-    unfinished = _cut_at_deadline(threads, socks, lock, cut)
-    out = [result if result is not None else _not_finished(
-        RequestResult(index=i, expected_prompt_tokens=prompts.prompts[i].target_tokens, expected_output_tokens=output_tokens,
-                      start=t0 + offsets[i], end=clock()), offsets[i], i < len(threads), stalled.is_set(), deadline_s)
-        for i, result in enumerate(results)]
-    end = max((r.end for r in out), default=t0)
-    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished, sent=len(out))
-
-
-def _not_finished(result: RequestResult, offset: float, started: bool, stalled: bool, deadline_s: float) -> RequestResult:
-    """An open-loop request without a result (a send that failed has one): cut at the cell's deadline
-    (its thread ran on), or not sent, by that deadline or because an earlier request stalled."""
-    if not started and stalled:
-        result.error, result.failure = f"not sent: an earlier request stalled (scheduled at +{offset:.2f} s)", "stall"
-    else:
-        result.error, result.failure = (f"{'sent but not finished' if started else 'not sent'} by the open-loop cell's "
-                                        f"deadline of {deadline_s:.1f} s (scheduled at +{offset:.2f} s)"), "deadline"
-    return result
-
-
-def _cut_at_deadline(threads: Sequence[threading.Thread], socks: dict[int, socket.socket], lock: threading.Lock,
-                     cut: threading.Event) -> int:
-    """Shut every connection still streaming at the cell's deadline (a blocked read then fails at
-    once) and wait briefly for its thread; returns how many requests were cut."""
-    alive = [t for t in threads if t.is_alive()]
-    if not alive:
-        return 0
-    cut.set()
-    with lock:
-        streaming = list(socks.values())
-    for sock in streaming:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-    for thread in alive:
-        thread.join(5.0)
-    return len(alive)

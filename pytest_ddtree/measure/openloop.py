@@ -1,5 +1,5 @@
 """Open-loop load: the arrival schedule requests are sent on, whatever the service does (no pytest import;
-no project import: the matrix reads it, and ``load.run_open_loop`` sends on it).
+no project import: the matrix reads it, and ``loops.run_open_loop`` sends on it).
 
 Why: a closed loop at concurrency C sends the next request only when one finishes, so a slow
 service is offered less load and never builds a queue; deployments meet requests that arrive on

@@ -34,7 +34,8 @@ from pytest_ddtree.metrics import TOKENS_PER_VERIFY as TOKENS_PER_VERIFY
 from pytest_ddtree.metrics import tokens_per_verify as tokens_per_verify
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.cells import normalize
-from pytest_ddtree.records.shapes import NoEffectFinding, RawRecord, ThroughputRecord
+from pytest_ddtree.records.shapes import RawRecord, ThroughputRecord
+from pytest_ddtree.records.launch_shapes import NoEffectFinding
 from pytest_ddtree.records.words import ATTENTION, THROUGHPUT_KINDS, RecordKind, Status
 
 #: Acceptance counts as "no longer growing" when a step up in budget or block size raises it

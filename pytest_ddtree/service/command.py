@@ -21,7 +21,7 @@ import dataclasses
 import shlex
 from typing import TYPE_CHECKING, Mapping
 
-from pytest_ddtree.records.shapes import ControllerEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry
 from pytest_ddtree.service.base import (
     Capabilities,
     ExitInfo,

@@ -9,24 +9,22 @@ noticed on the next ``ensure`` and fails the rest of its config; the next config
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import cast
 
 from pytest_ddtree.service import http as http_mod, ports
 from pytest_ddtree.service.client import SGLangClient
-from pytest_ddtree.service import proof as proof_mod
+from pytest_ddtree.service import proof as proof_mod, proving
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.service.proof import Proof
-from pytest_ddtree.records.shapes import ControllerEntry, LaunchEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry, LaunchEntry
 from pytest_ddtree.records import bill
 from pytest_ddtree.service.base import (
-    AppliedDiff,
     ConfigNotAvailable,
     ConfigNotServed,
     ExternalConfigMismatch,
@@ -54,7 +52,7 @@ from pytest_ddtree.service.manager_params import (
 )
 from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.profile import ServiceProfile
-from pytest_ddtree.service.readiness import HealthClient, applied_diff, not_speculating, verify_applied, wait_ready
+from pytest_ddtree.service.readiness import HealthClient, wait_ready
 from pytest_ddtree.service.calibration import WHEN_END, WHEN_START, CalibrationRun, run_calibration
 from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
 
@@ -65,11 +63,6 @@ REFERENCE_LABEL = "lossless-reference"
 READY_HEALTH_TIMEOUT_S = HEALTH_TIMEOUT_S
 """Each health poll's deadline as a whole: SGLang's launcher polls with timeout=5 (sglang 0.5.23 sglang/test/test_utils.py:704)."""
 
-
-PROBE_TIMEOUT_S = 120.0
-"""Each copy probe request's deadline as a whole (the probe as a whole: ``probe_timeout_s``)."""
-#: Unfinished stream chunks of the gauge's request read before /metrics is: the request decodes then.
-GAUGE_CHUNKS = 2
 
 PORT_RACE_RETRIES = 2
 """How often a start that lost its auto-chosen port (EADDRINUSE in the log) is retried."""
@@ -87,19 +80,6 @@ def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
     another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
     record.update(cast(LaunchEntry, entry))
-
-
-def proof_values(profile: ServiceProfile, config: DDTreeConfig) -> dict[str, int | None]:
-    """The config's field values the service must show: a field the build derives in a way the
-    profile cannot predict (``fixed: null``) is unknown (None), never the config's name."""
-    values = config.field_values(profile.default_window)
-    out: dict[str, int | None] = {}
-    for name, value in values.items():
-        fixed = profile.fixed_field(name)
-        derived = None if fixed is None else fixed.value_for(values)
-        # a field the name leaves out takes what the build derives (NGRAM's b7_k4: block_size = budget + 1)
-        out[name] = value if fixed is None or (derived is not None and value is not None) else derived
-    return out
 
 
 @dataclass
@@ -125,7 +105,7 @@ class RunningService:
 
     def accept_bound(self) -> int | None:
         """min(block_size - 1, budget) of the running config: no verify may accept more drafts."""
-        return proof_mod.accept_bound(proof_values(self.profile, self.config)) if self.config is not None else None
+        return proof_mod.accept_bound(proving.proof_values(self.profile, self.config)) if self.config is not None else None
 
 
 @dataclass
@@ -511,7 +491,7 @@ class ServiceManager:
                 self._calibrate(WHEN_START)
             service = self._launch_and_wait(slot, config, label=name)
             if not self.can.relaunch and config is not None:
-                self._check_external_config(service, config)
+                proving.check_external_config(self.profile, service.url, service.server_info, config)
                 self._prove_external(slot, service, config)
         except ExternalConfigMismatch as err:
             self._failed[name] = err
@@ -569,7 +549,8 @@ class ServiceManager:
                 config_name=label,
                 health_timeout_s=READY_HEALTH_TIMEOUT_S,
             )
-        server_info, proof = self._check_served(slot, client, config, label, begin)
+        server_info, proof = proving.check_served(self.profile, controller, client, config, label, begin, external=external,
+                                                   record=slot.record, say=self._say)
         record["outcome"] = "ready"
         record["ready_s"] = round(ready_s, 3)
         version = server_info.get("version")  # the report's environment section
@@ -610,81 +591,6 @@ class ServiceManager:
             "purpose": self.purpose or (bill.LOSSLESS_REFERENCE if label == REFERENCE_LABEL else bill.CONFIGS),
         }
 
-    def _check_served(self, slot: _Slot, client: SGLangClient, config: DDTreeConfig | None, label: str,
-                      begin: float) -> tuple[dict[str, object], Proof | None]:
-        """The ready service's /server_info (asked through ``client``, the launch's), and (for a
-        service this session launched) the proof that it serves ``config``: the applied fields,
-        then the behaviour's evidence."""
-        controller = slot.controller
-        external = not self.can.relaunch
-        try:
-            server_info: dict[str, object] = client.server_info()
-        except Exception as exc:  # noqa: BLE001 - any failure here means "not usable"
-            raise ServiceStartError(
-                f"health answered but /server_info failed: {type(exc).__name__}: {exc}",
-                log_tail=controller.log_tail(),
-                elapsed=time.monotonic() - begin,
-                config_name=label,
-                hint="the applied-config check needs /server_info (or /get_server_info)",
-            ) from None
-        if config is not None and not external:
-            silent = not_speculating(server_info, self.profile.applied)
-            verify_applied(config.name, self.profile.expected_applied(config), server_info, not_speculating=silent)
-            if silent:  # every applied key matched (or none is read back), and still nothing speculates
-                raise ConfigNotServed(config.name, [f"the server does not speculate: {silent}"], controller.log_tail())
-        # An external service is not ours to probe before its config is checked (_start_once).
-        proof = self._prove(controller, client, config, server_info) if config is not None and not external else None
-        if proof is not None and slot.record is not None:
-            slot.record["applied_evidence"] = proof.as_dict()
-            if proof.failures:
-                raise ConfigNotServed(config.name if config is not None else label, [*proof.failures, *proof.notes],
-                                      controller.log_tail())
-        return server_info, proof
-
-    def _prove(self, controller: Controller, client: Any, config: DDTreeConfig, server_info: Mapping[str, object]) -> Proof:
-        """After readiness: the copy probe, the start-up lines (where the controller reads the
-        log) and ``sglang:spec_num_draft_tokens`` read while a request decodes (where /metrics is
-        on), weighed per field."""
-        values = proof_values(self.profile, config)
-        bound = proof_mod.accept_bound(values)
-
-        http = getattr(client, "http", None)
-
-        def generate(text: str, sampling: Mapping[str, Any]) -> Any:
-            if http is None:  # a client without the bounded HTTP layer (a stand-in)
-                return client.generate(text=text, sampling_params=sampling, timeout=PROBE_TIMEOUT_S)
-            payload = {"text": text, "sampling_params": dict(sampling), "stream": False}
-            return http.post_json("/generate", payload, PROBE_TIMEOUT_S, max_bytes=proof_mod.MAX_TEXT_BYTES)
-
-        deadline = http_mod.Deadline.after(self.profile.probe_timeout_s, "copy probe", "probe_timeout_s")
-        with http_mod.phase(deadline):  # the probe's requests and the gauge's stream end by probe_timeout_s
-            probe = proof_mod.run_copy_probe(generate, bound) if self.profile.copy_probe else None
-            if probe is not None and deadline.expired:
-                raise ServiceStartError(f"{deadline.describe()} passed after {probe.requests} probe requests: "
-                                        + ("; ".join(probe.failed_requests[-2:]) or "the service answered too slowly"),
-                                        log_tail=controller.log_tail(), config_name=config.name, hint=deadline.advice())
-            metrics_text = _metrics_while_decoding(http) if server_info.get("enable_metrics") is True else None
-        startup_text = controller.startup_log()
-        startup = proof_mod.parse_startup_log(startup_text) if startup_text else None
-        result = proof_mod.judge(values, settable=self.profile.settable_fields(), reported=set(self.profile.applied.values()),
-                                 probe=probe, startup=startup, metrics_text=metrics_text)
-        self._say(f"{config.name}: {result.summary()}")
-        return result
-
-    def _check_external_config(self, service: RunningService, config: DDTreeConfig) -> None:
-        silent = not_speculating(service.server_info, self.profile.applied)
-        if is_plain(config):  # the plain server's one read-back: it still does not speculate
-            if silent is None:
-                raise ExternalConfigMismatch(config.name, service.url, [AppliedDiff(
-                    "speculative_algorithm", None, str(service.server_info.get("speculative_algorithm"))[:40])])
-            return
-        diffs = applied_diff(self.profile.expected_applied(config), service.server_info)
-        if diffs:
-            raise ExternalConfigMismatch(config.name, service.url, diffs, not_speculating=silent)
-        if silent:
-            raise ConfigNotServed(config.name, [f"the server does not speculate: {silent}"],
-                                  "<external service: no log available>")
-
     def _adopt_external(self, slot: _Slot, config: DDTreeConfig) -> RunningService:
         assert slot.service is not None
         try:
@@ -694,7 +600,7 @@ class ServiceManager:
             self._failed[config.name] = err
             raise err from None
         try:
-            self._check_external_config(slot.service, config)
+            proving.check_external_config(self.profile, slot.service.url, slot.service.server_info, config)
             self._prove_external(slot, slot.service, config)
         except (ExternalConfigMismatch, ConfigNotServed) as err:
             self._failed[config.name] = err
@@ -707,7 +613,7 @@ class ServiceManager:
         (no log to read: the copy probe and /metrics only); a plain server drafts nothing to prove."""
         if is_plain(config):
             return
-        proof = self._prove(slot.controller, service.client, config, service.server_info)
+        proof = proving.prove(self.profile, slot.controller, service.client, config, service.server_info, self._say)
         service.proof = proof
         if slot.record is not None:
             slot.record["applied_evidence"] = proof.as_dict()
@@ -734,45 +640,3 @@ class ServiceManager:
     def _set_outcome(slot: _Slot, outcome: str) -> None:
         if slot.record is not None:
             slot.record["outcome"] = outcome
-
-
-def _metrics_while_decoding(http: Any) -> str | None:
-    """/metrics read while one streaming copy-probe request decodes (after GAUGE_CHUNKS unfinished
-    chunks), the only reading of ``sglang:spec_num_draft_tokens`` that is evidence (proof.py: SGLang
-    sets it every decode_log_interval decode batches and republishes what it holds at idle). None
-    where it cannot be read so: no bounded HTTP layer, an error, or the request finished first.
-    Everything read is bounded; closing the connection aborts the request, as SGLang does."""
-    if http is None:
-        return None
-    sampling = {"max_new_tokens": proof_mod.PROBE_TOKENS, "temperature": 0.0, "ignore_eos": True}
-    body = json.dumps({"text": proof_mod.probe_prompts(1)[0], "sampling_params": sampling, "stream": True}).encode()
-    conn = http.connect(PROBE_TIMEOUT_S)
-    watch = http_mod.RequestWatch(http.deadline(PROBE_TIMEOUT_S))  # the stream as a whole, not each read
-    try:
-        watch.begin(conn)
-        conn.request("POST", http.path("/generate"), body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return None
-        unfinished = 0
-        for _ in range(4 * GAUGE_CHUNKS + 8):  # data lines and the blank lines between them
-            line = resp.readline(proof_mod.MAX_TEXT_BYTES)
-            if not line or not line.startswith(b"data:"):
-                if not line:
-                    return None
-                continue
-            chunk = json.loads(line[5:].strip() or b"null") if line[5:].strip() != b"[DONE]" else None
-            meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
-            if not isinstance(meta, dict) or meta.get("finish_reason") is not None:
-                return None  # an error, the end, or a finished request: not decoding any more
-            unfinished += 1
-            if unfinished >= GAUGE_CHUNKS:
-                text: str = http.call("GET", "/metrics", None, READY_HEALTH_TIMEOUT_S,
-                                      max_bytes=proof_mod.MAX_TEXT_BYTES).raise_for_status().text
-                return text
-        return None
-    except Exception:  # noqa: BLE001 - no reading while decoding: no signal from the gauge
-        return None
-    finally:
-        watch.end()
-        conn.close()

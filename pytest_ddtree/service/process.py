@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
-from pytest_ddtree.records.shapes import ControllerEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry
 from pytest_ddtree.service import ports
 from pytest_ddtree.service.base import (
     Capabilities,

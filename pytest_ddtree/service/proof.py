@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddtree.records.shapes import FieldEvidenceData, NoEffectFinding, ProbeData, ProofData
+from pytest_ddtree.records.launch_shapes import FieldEvidenceData, NoEffectFinding, ProbeData, ProofData
 from pytest_ddtree.records.words import Status
 from pytest_ddtree.service.corpus import bundled_units
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from pytest_ddtree.records.shapes import ControllerEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry
 from pytest_ddtree.service.base import (
     STARTUP_LOG_LINES,
     Capabilities,

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.service.validated_profile import ServiceProfile
 
-from pytest_ddtree.records.shapes import ControllerEntry, SlurmJobEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry, SlurmJobEntry
 from pytest_ddtree.service.base import (
     ENV_NAME_RULE,
     POLL_LINES_FACTOR,

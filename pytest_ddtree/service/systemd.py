@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pytest_ddtree.records.shapes import ControllerEntry
+from pytest_ddtree.records.launch_shapes import ControllerEntry
 from pytest_ddtree.service.base import (
     POLL_LINES_FACTOR,
     STARTUP_LOG_LINES,
