@@ -126,7 +126,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cell", "throughput cells to run, by name glob (repeatable; default: all of configs.yaml)", metavar="GLOB",
            action="append", aliases=("workload",)),
     Option("dataset", "a ShareGPT JSON file (bench_serving's format) whose text becomes every throughput cell's "
-           "prompts, cut to each cell's exact length (default: each workload's prompts: source)", metavar="PATH"),
+           "prompts, cut to each cell's exact length (default: each cell's prompts: source)", metavar="PATH"),
     Option("max_restarts", "adaptive sweep: measure at most N of the selected configs (one service restart each), "
            "each chosen from what was measured so far, and predict the others (serial, no -n; "
            "needs the 'advisor' extra)", metavar="N", type=int),

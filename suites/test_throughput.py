@@ -1,4 +1,4 @@
-"""Throughput and acceptance gate: one test per (config, workload cell).
+"""Throughput and acceptance gate: one test per (config, cell).
 
 How a config is measured (docs/gates/throughput.md):
 

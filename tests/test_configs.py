@@ -81,7 +81,7 @@ def test_matrix_errors_name_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="YAML syntax error at line"):
         load_matrix(path)
     path.write_text("default: bs8_b8_k4\ncells:\n  - {name: x, concurrency: two, context_tokens: 5}\n")
-    with pytest.raises(ConfigError, match=r"cells\[0\]: workload values must be integers"):
+    with pytest.raises(ConfigError, match=r"cells\[0\]: cell values must be integers"):
         load_matrix(path)
 
 

@@ -62,7 +62,7 @@ def test_matrix_reads_open_loop_workloads(tmp_path: Path) -> None:
     assert load.workload_dict(r8c2)["request_rate"] == 8.0 and load.workload_dict(r4)["max_concurrency"] is None
     for bad, message in (("{request_rate: 4, concurrency: 2, context_tokens: 64}", "drop concurrency"),
                          ("{max_concurrency: 2, context_tokens: 64}", "add request_rate"),
-                         ("{request_rate: fast, context_tokens: 64}", "open-loop workload")):
+                         ("{request_rate: fast, context_tokens: 64}", "open-loop cell")):
         path.write_text(f"cells:\n  - {bad}\n")
         with pytest.raises(ConfigError, match=message):
             load_matrix(path)

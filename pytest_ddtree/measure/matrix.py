@@ -65,7 +65,7 @@ class Matrix:
     cells: tuple[Cell, ...]
     raw: Mapping[str, Any]
     slo: SLO | None = None  # the matrix's ``slo:`` (--ddtree-slo beats it)
-    #: ``rate_search:``: the workload whose sustainable rate each config's search finds, and the search's bounds
+    #: ``rate_search:``: the cell whose sustainable rate each config's search finds, and the search's bounds
     rate_search: tuple[Cell, SearchPlan] | None = None
     #: the axes its ``axes:`` declares (the catalogue's, as restated, and any it adds)
     axes: tuple[axes_mod.Axis, ...] = ()
@@ -74,36 +74,36 @@ class Matrix:
         return [c.name for c in self.configs]
 
 
-#: Workload keys of an open-loop cell (bench_serving's --request-rate and --max-concurrency).
+#: Cell keys of an open-loop cell (bench_serving's --request-rate and --max-concurrency).
 OPEN_LOOP_KEYS = ("request_rate", "arrival", "burstiness", "max_concurrency", "deadline_s")
 
 
-#: Workload keys of a sampled cell: SGLang's sampling params (sampling_params.py: temperature >= 0, 0 < top_p <= 1).
+#: Cell keys of a sampled cell: SGLang's sampling params (sampling_params.py: temperature >= 0, 0 < top_p <= 1).
 SAMPLING_KEYS = ("temperature", "top_p")
 
 
-#: Workload keys of the endpoint a cell measures: ``api: generate | chat``, ``thinking: on | off`` (chat only).
+#: Cell keys of the endpoint a cell measures: ``api: generate | chat``, ``thinking: on | off`` (chat only).
 API_KEYS = ("api", "thinking")
 
 
 APIS = ("generate", "chat")
 
 
-def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Cell:
+def _cell(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | None = None) -> Cell:
     if not isinstance(entry, Mapping):
-        raise ConfigError(f"{where}: a workload must be a mapping, got {entry!r}")
+        raise ConfigError(f"{where}: a cell must be a mapping, got {entry!r}")
     merged = {**defaults, **entry}
     allowed = {"name", "concurrency", "context_tokens", "output_tokens", "requests", "warmup_requests", "prompts",
                *OPEN_LOOP_KEYS, *SAMPLING_KEYS, *API_KEYS}
     unknown = set(merged) - allowed
     if unknown:
-        raise ConfigError(f"{where}: unknown workload key(s) {sorted(unknown)}; "
+        raise ConfigError(f"{where}: unknown cell key(s) {sorted(unknown)}; "
                           f"{did_you_mean(min(unknown), sorted(allowed))}allowed: {', '.join(sorted(allowed))}")
     arrivals = _arrivals(merged, where)
     try:
         if arrivals is not None:
             if "concurrency" in merged:
-                raise ConfigError(f"{where}: an open-loop workload (request_rate) sends on its schedule, not from "
+                raise ConfigError(f"{where}: an open-loop cell (request_rate) sends on its schedule, not from "
                                   "concurrency clients: drop concurrency, or cap the requests in flight with max_concurrency")
             requests = int(merged.get("requests", 16))
             concurrency = arrivals.max_concurrency or requests
@@ -114,21 +114,21 @@ def _workload(entry: Any, where: str, defaults: Mapping[str, Any], base: Path | 
         output = int(merged.get("output_tokens", 128))
         warmup = int(merged.get("warmup_requests", concurrency if arrivals is None else min(8, concurrency)))
     except KeyError as exc:
-        raise ConfigError(f"{where}: workload needs {exc.args[0]!r}") from None
+        raise ConfigError(f"{where}: cell needs {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: workload values must be integers ({exc})") from None
+        raise ConfigError(f"{where}: cell values must be integers ({exc})") from None
     default_name = f"c{concurrency}_ctx{context}" if arrivals is None else f"r{arrivals.request_rate:g}_ctx{context}"
     name = str(merged.get("name") or default_name)
     if min(concurrency, context, output, requests) < 1 or warmup < 0:
-        raise ConfigError(f"{where}: workload {name!r} needs positive concurrency, context, output and requests")
+        raise ConfigError(f"{where}: cell {name!r} needs positive concurrency, context, output and requests")
     prompts = str(merged.get("prompts") or "documents")
     if prompts not in ("coding", "chat", "documents", "random"):
         if not prompts.endswith(".json"):
-            raise ConfigError(f"{where}: workload {name!r}: prompts must be coding, chat, documents, random or a "
+            raise ConfigError(f"{where}: cell {name!r}: prompts must be coding, chat, documents, random or a "
                               f"ShareGPT .json file, got {prompts!r}")
         if base is not None and not Path(prompts).is_absolute():
             prompts = str(base / prompts)
-    api, thinking = _api(merged, f"{where}: workload {name!r}")
+    api, thinking = _api(merged, f"{where}: cell {name!r}")
     return Cell(name, concurrency, context, output, requests, warmup, prompts, arrivals, _sampling(merged, where),
                     api, thinking)
 
@@ -168,7 +168,7 @@ def _sampling(merged: Mapping[str, Any], where: str) -> tuple[tuple[str, float],
 
 
 def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
-    """The open-loop schedule a workload asks for, or None (a closed-loop cell)."""
+    """The open-loop schedule a cell asks for, or None (a closed-loop cell)."""
     given = [k for k in OPEN_LOOP_KEYS if k in merged]
     if not given:
         return None
@@ -181,7 +181,7 @@ def _arrivals(merged: Mapping[str, Any], where: str) -> Arrivals | None:
         return Arrivals(rate, str(merged.get("arrival", "poisson")), float(merged.get("burstiness", 1.0)),
                         int(cap) if cap is not None else None, float(deadline) if deadline is not None else None)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: open-loop workload: {exc}") from None
+        raise ConfigError(f"{where}: open-loop cell: {exc}") from None
 
 
 #: configs.yaml's old key names, still read: the unit is a cell everywhere else (tables, records, --ddtree-cell).
@@ -239,7 +239,7 @@ def load_matrix(path: Path) -> Matrix:
     defaults = raw.get("cell_defaults") or {}
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"{path}: cell_defaults must be a mapping")
-    cells = tuple(_workload(w, f"{path}: cells[{i}]", defaults, path.parent)
+    cells = tuple(_cell(w, f"{path}: cells[{i}]", defaults, path.parent)
                   for i, w in enumerate(raw.get("cells") or []))
     names = [w.name for w in cells]
     if len(set(names)) != len(names):
@@ -253,7 +253,7 @@ def load_matrix(path: Path) -> Matrix:
                   rate_search=search, axes=declared)
 
 
-def _rate_search(entry: Any, where: str, workloads: Sequence[Cell]) -> tuple[Cell, SearchPlan] | None:
+def _rate_search(entry: Any, where: str, cells: Sequence[Cell]) -> tuple[Cell, SearchPlan] | None:
     """``rate_search: {cell: NAME, min_rate: R, max_rate: R, resolution: 0.1, max_probes: 12}``."""
     if entry is None:
         return None
@@ -262,7 +262,7 @@ def _rate_search(entry: Any, where: str, workloads: Sequence[Cell]) -> tuple[Cel
     unknown = sorted(set(entry) - {"cell", "min_rate", "max_rate", "resolution", "max_probes"})
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown} (allowed: cell, min_rate, max_rate, resolution, max_probes)")
-    by_name = {w.name: w for w in workloads}
+    by_name = {w.name: w for w in cells}
     name = entry.get("cell")
     if name not in by_name:
         raise ConfigError(f"{where}: cell {name!r} is not a cell of the matrix; valid: {', '.join(by_name)}")
@@ -294,7 +294,7 @@ def select_cells(patterns: Sequence[str], matrix: Matrix) -> list[Cell]:
     return [w for w in matrix.cells if any(fnmatch.fnmatchcase(w.name, p) for p in patterns)] + inline
 
 
-#: bench_serving's names (its flags without the dashes, and short forms) for the workload keys.
+#: bench_serving's names (its flags without the dashes, and short forms) for the cell keys.
 INLINE_ALIASES = {"rate": "request_rate", "request_rate": "request_rate", "max_concurrency": "max_concurrency",
                   "concurrency": "concurrency", "prompts": "requests", "num_prompts": "requests", "requests": "requests",
                   "input": "context_tokens", "random_input_len": "context_tokens", "context_tokens": "context_tokens",
@@ -335,4 +335,4 @@ def inline_cell(spec: str, matrix: Matrix) -> Cell:
     if "request_rate" not in entry and "concurrency" not in entry:
         entry["concurrency"] = entry.pop("max_concurrency", 1)  # bench_serving without a rate: every request at once, capped
     defaults = matrix.raw.get("cell_defaults") if isinstance(matrix.raw.get("cell_defaults"), Mapping) else {}
-    return _workload(entry, f"--ddtree-cell {spec!r}", defaults or {}, matrix.path.parent)
+    return _cell(entry, f"--ddtree-cell {spec!r}", defaults or {}, matrix.path.parent)

@@ -187,7 +187,7 @@ KEYS = (
     # model
     Key("tokenizer", "model", (str, _NONE), "a local HF tokenizer folder, only for a service without /tokenize "
         "([hf] extra)"),
-    Key("vocab_size", "model", (int, _NONE), "only for workloads with prompts: random (SGLang reports no vocabulary "
+    Key("vocab_size", "model", (int, _NONE), "only for cells with prompts: random (SGLang reports no vocabulary "
         "size)"),
     Key("draft_model_path", "model", (str, _NONE), "the drafter's folder, for the reproduction package's drafter/ "
         "metadata"),

@@ -241,7 +241,7 @@ class ServiceProfile:
     bless_max_half_width: float = DEFAULT_BLESS_MAX_HALF_WIDTH
     slo: dict[str, Any] | None = None  # the service's latency SLO (slo.slo_from_mapping; the matrix's and --ddtree-slo beat it)
     tokenizer: str | None = None  # local HF tokenizer dir, only for a service without /tokenize
-    vocab_size: int | None = None  # only for workloads with prompts: random (SGLang reports none)
+    vocab_size: int | None = None  # only for cells with prompts: random (SGLang reports none)
     draft_model_path: str | None = None
     patches: Mapping[str, Any] | None = None
     python: str | None = None  # the service's interpreter (env/ snapshot, versions); see service_python
