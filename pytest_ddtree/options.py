@@ -92,7 +92,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_unlisted", "run a --ddtree-config name that no matrix lists (a one-off probe); without it an "
            "unlisted name is a usage error naming the closest listed ones (a typo must not pass as 'missing')",
            action="store_true"),
-    Option("service", "service profile YAML; default: the embedded reference engine (suites/services/reference.yaml)",
+    Option("service", "service profile YAML, or the name of an installed one (entry point group pytest_ddtree.profiles); "
+           "default: the embedded reference engine (suites/services/reference.yaml)",
            metavar="PATH", ini="default service profile path"),
     Option("url", "gate the SGLang service already running at URL (like bench_serving's --base-url), with no profile "
            "file: an external profile read from its /server_info; the harness never restarts it and gates the config it "
@@ -282,11 +283,28 @@ class _Reader:
         return self.optional_path(name) or default
 
 
+def installed_service(value: str, base: Path) -> Path:
+    """``--ddtree-service``'s value: a profile file (relative to ``base``), else the name of one an
+    installed distribution declares (entry point group ``pytest_ddtree.profiles``, service/installed.py);
+    a value that is neither is a usage error naming the profiles installed."""
+    path = _path(base, value)
+    if path.exists() or "/" in value or os.sep in value or value.endswith((".yaml", ".yml")):
+        return path
+    from pytest_ddtree.service.installed import InstalledProfileError, profile_path
+    from pytest_ddtree.suggest import did_you_mean
+
+    try:
+        return profile_path(value)
+    except InstalledProfileError as exc:
+        raise OptionError(f"--ddtree-service {value}: " + str(exc).replace("; ", "; " + did_you_mean(value, exc.known), 1)) from None
+
+
 def resolve_settings(config: _Config, stamp: str | None = None, invocation_dir: Path | None = None, session_id: str | None = None) -> Settings:
     """Command line beats ini beats default; relative CLI paths are relative to the invocation dir."""
     root = Path(config.rootpath)
     read = _Reader(config, root, invocation_dir or Path.cwd())
-    service = read.optional_path("service")
+    value, base = read.read("service")
+    service = installed_service(str(value), base) if value else None
     stamp = stamp or session_stamp()
     session_id = session_id or f"{stamp}-{secrets.token_hex(3)}"
     results = read.path("results", root / ".ddtree" / "results" / session_id)

@@ -1,6 +1,7 @@
 """The reference engine's ``--dialect``: which SGLang build's flags and environment it follows, read
-from a declaration (``suites/services/dialects.yaml`` beside the shipped profiles, plus any file
-given with ``--dialects``), not from code.
+from a declaration (``suites/services/dialects.yaml`` beside the shipped profiles, the
+``dialects.yaml`` of a profile folder an installed distribution declares, any file given with
+``--dialects``), not from code.
 
 Why data: a shipped profile is only worth something if its flags mean, on the engine CI runs it
 against, what they mean on the build it names, and builds keep coming (a fork, a PR that renames a
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_ddtree.service.installed import InstalledProfileError, installed
 from pytest_ddtree.refserver.dialect_rules import RULES, DialectError, Launch, Resolved
 from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
@@ -107,9 +109,16 @@ class Dialect:
 
 
 def load(paths: tuple[Path, ...] = ()) -> dict[str, Dialect]:
-    """The shipped declaration and those of ``paths``, in that order; a name declared twice is an error."""
+    """The shipped declaration, those of installed profile folders (entry point group
+    ``pytest_ddtree.profiles``, service/installed.py) and those of ``paths``, in that order;
+    a name declared twice is an error."""
     raw: dict[str, tuple[Mapping[str, Any], Callable[[tuple[Any, ...]], str]]] = {}
-    files = ((SHIPPED,) if SHIPPED.is_file() else ()) + tuple(p for p in paths if p.resolve() != SHIPPED)
+    try:
+        found = installed().dialect_files
+    except InstalledProfileError as exc:
+        raise DialectDeclarationError(str(exc)) from None
+    given = ((SHIPPED,) if SHIPPED.is_file() else ()) + found + paths
+    files = tuple(dict.fromkeys(p.resolve() for p in given))
     if not files:
         raise DialectDeclarationError(f"no dialects declaration: {SHIPPED} is missing; give one with --dialects PATH "
                                       "(docs/reference-engine.md)")
