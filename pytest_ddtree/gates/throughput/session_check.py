@@ -33,8 +33,9 @@ Z_RELAUNCHED = 3.6
 
 #: A flagged config is relaunched at most this often (again while ``_still_open``). The shared part of
 #: a relaunched config's error (its baseline's three blessed launches, the others' median) does not
-#: shrink with more launches, but the launch part does: under a 2% launch shift, the standard error
-#: of the launches' mean is about 2.0% at 4 launches and 1.8% at 7. Under an unchanged config the
+#: shrink with more launches, but the launch part does: under a 2% launch shift (``bench_gate.py``'s
+#: ``restart3``), the standard error of the launches' mean is about 2.2% at 2 launches, 1.8% at 4 and
+#: 1.6% at 7 (the shared part about 1.3%). Under an unchanged config the
 #: futility stop below ends nearly every series after one relaunch, so the extra launches are spent
 #: where the config keeps reading slow.
 MAX_RELAUNCHES = 6
