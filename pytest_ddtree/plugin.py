@@ -420,17 +420,20 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     flags relaunched, the other half of the launches after several configs, and further ones while the uniform
     shift is inconclusive (``launches.further_launches``), unless the run was stopped."""
     from pytest_ddtree.gates.throughput import control, launches
-    from pytest_ddtree.gates.throughput.launches import relaunch_flagged
+    from pytest_ddtree.gates.throughput.cells import CellSetup
 
-    done, cells = launches.start(ddtree_session, request.session.items)
+    session = ddtree_session
+    launcher = launches.Launcher(session.manager, session.recorder, CellSetup.of(session.profile, session.settings, session.slo),
+                                 session.baselines, session.worker_count)
+    done, cells = launches.start(launcher, request.session.items)
     yield done
     if request.session.shouldstop or request.session.shouldfail:
         return
-    relaunch_flagged(ddtree_session, request.session.items)
-    if done == "measured" and launches.wants_end_launch(ddtree_session.recorder.records):
-        launches.measure_launches(ddtree_session, cells, control.END)
+    launches.relaunch_flagged(launcher, request.session.items)
+    if done == "measured" and launches.wants_end_launch(session.recorder.records):
+        launches.measure_launches(launcher, cells, control.END)
     if done == "measured":
-        launches.further_launches(ddtree_session, cells)
+        launches.further_launches(launcher, cells)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.gates.throughput.rate_gate import (Relaunch, bless_entry, bless_rate, judge_rate, pooled_spread,
                                                       rebless_note, same_slo, unjudged)
-from pytest_ddtree.gates.throughput.cells import driving_for
+from pytest_ddtree.gates.throughput.cells import CellSetup, driving_for
 from pytest_ddtree.gates.throughput.launches import relaunch_recording
 from pytest_ddtree.gates.throughput.measurement import (Campaign, CellDeadlineExceeded, Recording, probe_rate,
                                                         sample_record, sustainable_rate)
@@ -103,7 +103,7 @@ def test_sustainable_rate(
         ddtree_recorder.record(RecordKind.THROUGHPUT_REPEAT, config, sample_record(name, r, res))
 
     assert session is not None  # the plugin is active: the fixtures above exist
-    driving = driving_for(session, accept_bound=ddtree_service.accept_bound(), slo=slo,
+    driving = driving_for(CellSetup.of(session.profile, ddtree_settings, slo), accept_bound=ddtree_service.accept_bound(), slo=slo,
                           speculative=not is_plain(ddtree_config))
     if blessed is not None and same_slo(blessed["slo"], slo):
         failure: str | None = None

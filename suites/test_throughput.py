@@ -114,8 +114,9 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
         return lambda name, r, result: recorder.record(kind, config.name, sample_record(name, r, result))
 
     try:
+        setup = cells.CellSetup.of(session.profile, session.settings, session.slo)
         campaigns[config.name] = cells.run_config(
-            session, service, config.name, collected or [request.getfixturevalue("workload")],
+            setup, baselines, service, config.name, collected or [request.getfixturevalue("workload")],
             Recording(record(RecordKind.THROUGHPUT_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT)),
             judging=Judging() if baselines.update_mode else _judging(request, baselines), hooks=session.hooks)
     except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline

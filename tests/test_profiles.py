@@ -279,7 +279,7 @@ def test_a_profile_path_that_does_not_exist_lists_the_shipped_profiles(tmp_path:
 def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, repo_root: Path) -> None:
     """A host shared with other work (a CI box running the real-SGLang lane) spreads its tok/s far
     past 12%: the profile says how much it tolerates, and only that decides whether repeats agree."""
-    from pytest_ddtree.gates.throughput.cells import driving_for
+    from pytest_ddtree.gates.throughput.cells import CellSetup, driving_for
     from pytest_ddtree.gates.throughput.verdicts import judge_bless
     from pytest_ddtree.gates.throughput.measurement import repeat_policy
     from pytest_ddtree.records.words import Status
@@ -291,11 +291,7 @@ def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, re
         with pytest.raises(ProfileError, match=r"max_repeat_spread: must be a fraction above 0 \(0.12 is 12%\)"):
             load_profile(_write(tmp_path, repo_root, max_repeat_spread=bad))
 
-    class Session:
-        settings = type("Settings", (), {"dataset": None})()
-
-    Session.profile = profile  # type: ignore[attr-defined]
-    driving = driving_for(Session())  # type: ignore[arg-type]
+    driving = driving_for(CellSetup(profile, repeats=3))
     noisy = [156.6, 153.4, 47.4, 98.5, 131.1, 137.3, 89.7, 160.0, 56.9]  # c1_short on real EAGLE3, a loaded 2-core box
     assert repeat_policy(3).status(noisy) == Status.INCONCLUSIVE
     assert repeat_policy(3, max_spread=driving.max_repeat_spread).status(noisy) == Status.VALID
@@ -304,8 +300,7 @@ def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, re
     with pytest.raises(ProfileError, match=r"bless_max_half_width: must be a fraction above 0 \(0.05 is \+-5%\)"):
         load_profile(_write(tmp_path, repo_root, bless_max_half_width=0))
     loose = load_profile(_write(tmp_path, repo_root, max_repeat_spread=1.0, bless_max_half_width=0.5))
-    Session.profile = loose  # type: ignore[attr-defined]
-    driving = driving_for(Session())  # type: ignore[arg-type]
+    driving = driving_for(CellSetup(loose, repeats=3))
     refused = judge_bless(Status.VALID, [], noisy)
     assert not refused.blessed and "95% t-interval +-" in str(refused.refusal) and "+-5% a bless needs" in str(refused.refusal)
     assert judge_bless(Status.VALID, [], noisy, driving.bless_max_half_width).blessed

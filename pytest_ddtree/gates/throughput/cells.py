@@ -1,9 +1,8 @@
 """One config's cells, from its baseline to its records: the throughput gate's one cell orchestration.
 
 Why one: the suite's cell tests, the relaunch of a flagged config and the session's control each do
-the same steps for a set of cells on one running service, and when each wrote them on its own the
-baseline file was read and validated three times per cell and a bless was decided in four places.
-Here they are written once (``run_cells``):
+the same steps for a set of cells on one running service; written once (``run_cells``), the baseline
+file is read and validated once per cell and a bless is decided in one place:
 
 1. read the baseline once (``read_baseline``: the file loaded and its ``metrics`` section validated;
    a problem is kept, and the cells fail on it after they are recorded);
@@ -13,9 +12,8 @@ Here they are written once (``run_cells``):
    decision (``verdicts.judge_bless``; ``judge_cell`` turns it into a proposal or a refusal);
 4. record each cell (``throughput_record``, then ``on_cell``; the suite's cell tests record their own as they run).
 
-``plan_for`` builds the plan from a session (a ``DDTreeSession``, or an object with its
-``profile``, ``settings`` and ``slo``), so a script (the gate's benchmark) drives the same path the
-suite does; ``run_config`` is the whole path for a config's cells on a running service. The pytest
+``plan_for`` builds the plan from a ``CellSetup`` (the profile, the options it reads, the SLO),
+so a script (the gate's benchmark) drives the same path the suite does; ``run_config`` is the whole path for a config's cells on a running service. The pytest
 items are walked for cells once per caller (``collected_cells``).
 
 Each measured cell's outcome is judged here and nowhere else (``judge_cell``, like pytest-regressions'
@@ -31,7 +29,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_ddtree.baselines import BaselineError
 from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts
@@ -320,43 +318,51 @@ class MeasuredCells:
     cells: dict[str, JudgedCell]
 
 
-class SessionLike(Protocol):
-    """What the orchestration reads of a session: ``DDTreeSession`` is one, and so is a script's
-    stand-in (the gate's benchmark)."""
+@dataclass(frozen=True)
+class CellSetup:
+    """What a run of a config's cells follows beside its baseline: the service profile (prompts, the
+    cell deadline, the repeats' noise bounds, the control's and the relaunch's keys), the options of
+    the session it reads and the session's SLO. The plugin's fixtures make it from the session
+    (``of``), a script (the gate's benchmark) the same way."""
 
-    @property
-    def profile(self) -> ServiceProfile: ...
+    profile: ServiceProfile
+    repeats: int
+    #: --ddtree-update-baselines: the cells are measured for a bless and nothing is judged.
+    bless: bool = False
+    #: --ddtree-measure-only: nothing is judged, every cell is ``measured``.
+    measure_only: bool = False
+    #: --ddtree-dataset: a ShareGPT file whose text becomes the prompts.
+    dataset: str | None = None
+    slo: SLO | None = None
+    #: The session's stamp, which a bless files its samples under.
+    session_stamp: str = ""
 
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def slo(self) -> SLO | None: ...
-
-    def baselines(self, server_info: Mapping[str, object]) -> BaselineStore: ...
+    @classmethod
+    def of(cls, profile: ServiceProfile, settings: Settings, slo: SLO | None) -> CellSetup:
+        return cls(profile, settings.repeats, bool(settings.update_baselines), settings.measure_only,
+                   str(settings.dataset) if settings.dataset else None, slo, settings.session_stamp)
 
 
-def driving_for(session: SessionLike, *, accept_bound: int | None = None, speculative: bool = True,
+def driving_for(setup: CellSetup, *, accept_bound: int | None = None, speculative: bool = True,
                 slo: SLO | None = None, label: str = "") -> Driving:
-    """How the repeats of ``session`` drive its service: the profile's prompts and cell deadline,
-    ``--ddtree-dataset``, and what the caller says of the launch."""
-    profile, settings = session.profile, session.settings
+    """How the repeats drive the service: the profile's prompts and cell deadline, ``--ddtree-dataset``,
+    and what the caller says of the launch."""
+    profile = setup.profile
     return Driving(tokenizer_path=profile.tokenizer_path(), vocab_size=profile.vocab_size,
-                   dataset=str(settings.dataset) if settings.dataset else None, accept_bound=accept_bound,
+                   dataset=setup.dataset, accept_bound=accept_bound,
                    speculative=speculative, slo=slo, cell_timeout_s=profile.cell_timeout_s, label=label,
                    max_repeat_spread=profile.max_repeat_spread, bless_max_half_width=profile.bless_max_half_width)
 
 
-def plan_for(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.CellLike],
+def plan_for(setup: CellSetup, service: RunningService, config: str, cells: Sequence[load.CellLike],
              judging: Judging = Judging(), label: str | None = None) -> CellPlan:
     """The plan of a config's cells on its running ``service`` as the suite measures them: the
     session's repeats, its SLO, the config's accept bound, and a bless under
     ``--ddtree-update-baselines`` (which judges nothing: ``judging`` is then left out)."""
-    bless, measure_only = bool(session.settings.update_baselines), session.settings.measure_only
-    driving = driving_for(session, accept_bound=service.accept_bound(), slo=session.slo,
+    driving = driving_for(setup, accept_bound=service.accept_bound(), slo=setup.slo,
                           label=config if label is None else label, speculative=not is_plain(config_or_none(config)))
-    return CellPlan(config, tuple(cells), session.settings.repeats, driving,
-                    Judging() if bless or measure_only else judging, bless, measure_only)
+    return CellPlan(config, tuple(cells), setup.repeats, driving,
+                    Judging() if setup.bless or setup.measure_only else judging, setup.bless, setup.measure_only)
 
 
 def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Recording = Recording(),
@@ -376,22 +382,20 @@ def run_cells(client: Any, plan: CellPlan, baseline: CellBaseline, recording: Re
     return MeasuredCells(baseline, campaign, by_cell)
 
 
-def run_config(session: SessionLike, service: RunningService, config: str, cells: Sequence[load.CellLike],
-               recording: Recording = Recording(), judging: Judging = Judging(),
+def run_config(setup: CellSetup, store: BaselineStore, service: RunningService, config: str,
+               cells: Sequence[load.CellLike], recording: Recording = Recording(), judging: Judging = Judging(),
                hooks: ProjectHooks | None = None) -> MeasuredCells:
     """A config's cells on its running ``service`` as the suite measures them, from its baseline
-    (``session.baselines``, read once) to each judged cell: ``plan_for``, ``read_baseline``,
-    ``run_cells``. ``session`` is the process's ``DDTreeSession`` or an object like it (a script's);
+    (in ``store``, read once) to each judged cell: ``plan_for``, ``read_baseline``, ``run_cells``.
     ``hooks`` (the session's relay) tells the project's ``pytest_ddtree_cell_measured`` of each cell."""
-    store = session.baselines(service.server_info)
-    baseline = (CellBaseline(config, store.path_for(config), store.hardware_profile, {}) if session.settings.measure_only
+    baseline = (CellBaseline(config, store.path_for(config), store.hardware_profile, {}) if setup.measure_only
                 else read_baseline(store, config, judged_build(store, service)))  # a measure-only run reads none
 
     def measured(cell: JudgedCell) -> None:
         if hooks is not None:
             hooks.cell_measured(config, cell.record["cell"], cell.record["metrics"], cell.samples)
 
-    return run_cells(service.client, plan_for(session, service, config, cells, judging), baseline, recording, measured)
+    return run_cells(service.client, plan_for(setup, service, config, cells, judging), baseline, recording, measured)
 
 
 @dataclass(frozen=True)

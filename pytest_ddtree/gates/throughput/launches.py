@@ -36,11 +36,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence, Mapping, Callable
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from pytest_ddtree.gates.throughput import control, baseline as baseline_mod, session_check, verdicts
-from pytest_ddtree.gates.throughput.cells import (JudgedCell, CellPlan, collected_cells, driving_for,
+from pytest_ddtree.gates.throughput.cells import (CellSetup, JudgedCell, CellPlan, collected_cells, driving_for,
                                                   judged_build, read_baseline, run_cells)
 from pytest_ddtree.gates.throughput.control import CONTROL_RECORD, CONTROL_REPEAT, CONTROL_UNAVAILABLE, GATED, START
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
@@ -56,10 +57,24 @@ from pytest_ddtree.records.cells import normalize
 if TYPE_CHECKING:
     from pytest_ddtree.measure.load import CellLike
     from pytest_ddtree.service.validated_profile import ServiceProfile
-    from pytest_ddtree.session import DDTreeSession
     from pytest_ddtree.baselines import BaselineStore
-    from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.manager import ServiceManager
+    from pytest_ddtree.configs import DDTreeConfig
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What a process's added launches use: the service manager that launches them, the recorder that
+    records them, how their cells are run (``CellSetup``: the profile, the options, the SLO), the
+    baseline store of a launched service (``baselines``: its ``/server_info`` -> the store) and how many
+    processes share the session's configs (``workers``). The plugin's ``ddtree_control`` fixture makes it."""
+
+    manager: ServiceManager
+    recorder: SessionRecorder
+    setup: CellSetup
+    baselines: Callable[[Mapping[str, object]], BaselineStore]
+    workers: int = 1
 
 
 #: Launches of the control added at each further look (the default profile's 3 -> 11: one further look).
@@ -110,15 +125,13 @@ def inconclusive(judgement: control.ControlJudgement) -> bool:
     return False
 
 
-def further_launches(session: DDTreeSession, cells: Sequence[CellLike]) -> int:
+def further_launches(launcher: Launcher, cells: Sequence[CellLike]) -> int:
     """At the end of a judged process: more launches of the control while its uniform shift is
     inconclusive (the module docstring), up to the profile's ``control_max_launches``; returns how
     many were measured. Nothing here raises: a launch that fails is recorded (``launches.measure``)
     and the looks stop."""
-    from pytest_ddtree.records.cells import normalize
-
-    profile, recorder = session.profile, session.recorder
-    if session.settings.update_baselines or not cells:
+    profile, recorder = launcher.setup.profile, launcher.recorder
+    if launcher.setup.bless or not cells:
         return 0
     added = 0
     while True:
@@ -130,7 +143,7 @@ def further_launches(session: DDTreeSession, cells: Sequence[CellLike]) -> int:
         if not inconclusive(judgement):
             return added
         step = min(CONTROL_STEP, profile.control_max_launches - launches)
-        if measure_launches(session, cells, control.END, count=step) != "measured":
+        if measure_launches(launcher, cells, control.END, count=step) != "measured":
             return added
         now = launches_of(recorder.records)
         if now <= launches:
@@ -145,7 +158,7 @@ def launches_at(profile_launches: int, at: str) -> int:
     return (profile_launches + 1) // 2 if at == START else profile_launches // 2
 
 
-def measure_launches(session: DDTreeSession, cells: Sequence[CellLike], at: str = START, count: int | None = None) -> str:
+def measure_launches(launcher: Launcher, cells: Sequence[CellLike], at: str = START, count: int | None = None) -> str:
     """The control's launches of this process at ``at`` (``launches_at`` of the profile's
     ``control_launches``, a bless's ``bless_control_launches``; ``count`` launches where given: the
     launch policy's further ones), each a fresh launch measured on every cell (``measure``); returns
@@ -157,22 +170,22 @@ def measure_launches(session: DDTreeSession, cells: Sequence[CellLike], at: str 
     CUDA-graph capture, memory layout: ~2% (sd) on GPU servers), and the control's launch shift is
     carried whole by every config's speedup over it; the mean of n launches (and of n per blessed
     session) carries 1 / n of it, which is what lets the uniform shift see every config 5% slower."""
-    earlier = {r.get("control_launch") for r in session.recorder.records
+    earlier = {r.get("control_launch") for r in launcher.recorder.records
                if r.get("kind") in (CONTROL_RECORD, CONTROL_REPEAT)}
     first = 1 + max((int(n) for n in earlier if isinstance(n, int)), default=0)
     if count is None:  # a bless: its own number of launches (each later session compares with their mean)
-        launches = session.profile.bless_control_launches if session.settings.update_baselines else session.profile.control_launches
+        launches = launcher.setup.profile.bless_control_launches if launcher.setup.bless else launcher.setup.profile.control_launches
         count = launches_at(launches, at)
     done = "off"
     for launch in range(first, first + count):
-        outcome = measure(session, cells, launch, at)
+        outcome = measure(launcher, cells, launch, at)
         if outcome != "measured":  # recorded with the reason; the launches measured so far stand
             return "measured" if launch > 1 else outcome
         done = outcome
     return done
 
 
-def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, at: str = START) -> str:
+def measure(launcher: Launcher, cells: Sequence[CellLike], launch: int = 1, at: str = START) -> str:
     """Measure one launch of the control in this process, on ``cells``, and record it; returns what
     was done.
 
@@ -185,7 +198,7 @@ def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, 
     launch's proposal replaces the earlier ones, pooled), so the baseline holds what a judged session
     compares with it and says how many launches each blessed session averaged.
 
-    ``session`` is the process's ``DDTreeSession`` (manager, profile, settings, recorder). The
+    ``launcher`` holds what the launch uses (the manager, the recorder, the profile and options). The
     control is launched in the instance's own slot like any config (the next config restarts);
     its cells are judged against ``control.yaml`` (first pass and confirmation of flagged cells,
     as a config's), or proposed for it under ``--ddtree-update-baselines`` when a bless can trust
@@ -197,9 +210,8 @@ def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, 
     from pytest_ddtree.measure.load import LoadError
     from pytest_ddtree.service.base import ServiceError
 
-    recorder = session.recorder
-    profile = session.profile
-    settings = session.settings
+    recorder = launcher.recorder
+    profile = launcher.setup.profile
     choice = profile.control
     if not cells:
         return "no throughput cells"
@@ -208,21 +220,21 @@ def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, 
         return "off"
     try:
         if launch > 1:
-            session.manager.release()  # a fresh launch of the control, not the one still running
-        with bill.launching_for(session.manager, bill.CONTROL):
+            launcher.manager.release()  # a fresh launch of the control, not the one still running
+        with bill.launching_for(launcher.manager, bill.CONTROL):
             if choice:
-                service = session.manager.ensure(parse_config_name(choice))
+                service = launcher.manager.ensure(parse_config_name(choice))
                 source = f"config {choice} (the profile's control)"
             else:
-                service = session.manager.ensure_reference()
+                service = launcher.manager.ensure_reference()
                 source = "non-speculative launch (the profile's lossless_args)"
     except (ServiceError, ConfigError) as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": str(exc)})
         return "unavailable"
-    store = session.baselines(service.server_info)
+    store = launcher.baselines(service.server_info)
     baseline = read_baseline(store, CONTROL, judged_build(store, service))
-    driving = driving_for(session, speculative=bool(choice), label=f"control (launch {launch})")
-    plan = CellPlan(CONTROL, tuple(cells), settings.repeats, driving, Judging(gated=GATED),
+    driving = driving_for(launcher.setup, speculative=bool(choice), label=f"control (launch {launch})")
+    plan = CellPlan(CONTROL, tuple(cells), launcher.setup.repeats, driving, Judging(gated=GATED),
                               bless=store.update_mode)
     blessed = blessed_launches(None if store.update_mode else baseline.section)
 
@@ -232,7 +244,7 @@ def measure(session: DDTreeSession, cells: Sequence[CellLike], launch: int = 1, 
 
     try:
         run_cells(service.client, plan, baseline, Recording(on_sample),
-                            lambda ev: _record_cell(session, store, ev, source, launch, at, blessed))
+                            lambda ev: _record_cell(launcher, store, ev, source, launch, at, blessed))
     except LoadError as exc:
         recorder.record(CONTROL_UNAVAILABLE, None, {"reason": f"the control could not be measured: {exc}"})
         return "unavailable"
@@ -252,12 +264,12 @@ def blessed_launches(section: Mapping[str, Any] | None) -> dict[str, int]:
     return counts
 
 
-def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: JudgedCell, source: str, launch: int,
+def _record_cell(launcher: Launcher, baselines: BaselineStore, ev: JudgedCell, source: str, launch: int,
                  at: str, blessed: Mapping[str, int]) -> None:
     """Record one control cell; under a bless, propose it for ``control.yaml`` (with the process's
     earlier launches' samples pooled in, and their number) or say why it cannot be trusted (the
     cell's bless decision, ``ev.bless``)."""
-    recorder, settings = session.recorder, session.settings
+    recorder = launcher.recorder
     cell = ev.record["cell"]
     # mypy asks the cell's record for the control's optional keys too (set below where they apply)
     record: ControlCellData = {**ev.record, "control_source": source, "control_launch": launch,  # type: ignore[typeddict-item]
@@ -269,7 +281,7 @@ def _record_cell(session: DDTreeSession, baselines: BaselineStore, ev: JudgedCel
     if ev.bless is not None and ev.bless.blessed:
         samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
         entry = baseline_mod.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
-                                         specs=[verdicts.SPECS[k] for k in GATED], session=settings.session_stamp,
+                                         specs=[verdicts.SPECS[k] for k in GATED], session=launcher.setup.session_stamp,
                                          launches=launches)
         recorder.propose_baseline(CONTROL, "metrics", {cell: entry})
         if baselines.fingerprint is not None:  # the setup it was blessed on (the engine's clock scale too), as a config's
@@ -306,17 +318,17 @@ def wants_end_launch(records: Sequence[RawRecord]) -> bool:
     return len(configs) >= bill.END_LAUNCH_MIN_CONFIGS
 
 
-def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[CellLike]]:
+def start(launcher: Launcher, items: Sequence[Any]) -> tuple[str, list[CellLike]]:
     """The control at this process's start: its launches there on the profile's ``control_cells``
     first cells (``measure_launches``), or none where the process will measure fewer configs than the
     profile's ``control_min_configs`` (recorded with the reason: the session keeps the per-config rule).
     Returns what was done and the cells the control measures (its end launches take the same)."""
-    cells = cells_of(items)[:session.profile.control_cells]
+    cells = cells_of(items)[:launcher.setup.profile.control_cells]
     configs = {p.get("ddtree_config") for i in items if isinstance(p := getattr(getattr(i, "callspec", None), "params", None), dict)}
     configs.discard(None)
-    ours, least = -(-len(configs) // session.worker_count), session.profile.control_min_configs
-    if cells and session.settings.measure_only:
-        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": "--ddtree-measure-only: nothing is judged, so no "
+    ours, least = -(-len(configs) // launcher.workers), launcher.setup.profile.control_min_configs
+    if cells and launcher.setup.measure_only:
+        launcher.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": "--ddtree-measure-only: nothing is judged, so no "
                                                              "control is launched (it only serves the gate's speedup)"})
         return "off", cells
     if cells and 0 < ours < least:
@@ -324,9 +336,9 @@ def start(session: DDTreeSession, items: Sequence[Any]) -> tuple[str, list[CellL
                   f"control_min_configs ({least}): a uniform shift needs several configs' median, and the control's "
                   "launch and non-speculative cells would cost more than the configs (set control_min_configs: 1 to "
                   "measure it anyway)")
-        session.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": reason})
+        launcher.recorder.record(CONTROL_UNAVAILABLE, None, {"reason": reason})
         return "off", cells
-    return measure_launches(session, cells, START), cells
+    return measure_launches(launcher, cells, START), cells
 
 
 def cells_of(items: Sequence[Any]) -> list[CellLike]:
@@ -357,7 +369,7 @@ def relaunch_recording(recorder: SessionRecorder, config: str, index: int) -> Re
 RELAUNCH_REPEATS = 1
 
 
-def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
+def relaunch_flagged(launcher: Launcher, items: Sequence[Any]) -> list[str]:
     """At the end of a process: launch each config that ``session_check.relaunch_candidates`` flags once more,
     measure all its cells again (``RELAUNCH_REPEATS`` each, no confirmation run: see ``Judging.confirm``)
     and record them (``THROUGHPUT_RELAUNCH``), so the session end judges it on both launches
@@ -366,14 +378,14 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
     Why: a launch of a GPU server moves a config's speed as a whole (KV-cache size, CUDA-graph
     capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
     10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
-    shift of its own. ``session`` is the process's ``DDTreeSession``, ``items`` the collected tests
+    shift of its own. ``launcher`` holds what the relaunch uses, ``items`` the collected tests
     (their ``ddtree_config`` and ``workload`` parameters, ``collected_cells``). The screen compares the
     configs measured in this process (the plugin keeps a config's tests on one worker). Nothing here
     raises: a relaunch that fails is recorded with the reason, and the config keeps its one-launch verdict.
     """
-    if not session.profile.relaunch_flagged or session.settings.update_baselines:
+    if not launcher.setup.profile.relaunch_flagged or launcher.setup.bless:
         return []
-    recorder = session.recorder
+    recorder = launcher.recorder
     moves = session_check.config_moves(normalize(recorder.records))
     collected = collected_cells(items)
     done: list[str] = []
@@ -386,37 +398,37 @@ def relaunch_flagged(session: DDTreeSession, items: Sequence[Any]) -> list[str]:
         for name in flagged:
             index = 1 + len({r.get("relaunch") for r in recorder.records
                              if r.get("kind") == RecordKind.THROUGHPUT_RELAUNCH and r.get("config") == name})
-            if _relaunch(session, collected.configs[name], collected.of(name), index):
+            if _relaunch(launcher, collected.configs[name], collected.of(name), index):
                 done.append(name)
             else:
                 failed.add(name)
 
 
-def _relaunch(session: DDTreeSession, config: DDTreeConfig, cells: Sequence[load.CellLike], index: int) -> bool:
+def _relaunch(launcher: Launcher, config: DDTreeConfig, cells: Sequence[load.CellLike], index: int) -> bool:
     """Relaunch ``index`` of a flagged config, all its cells measured once and recorded; False when
     it failed (recorded with the reason)."""
     from pytest_ddtree.configs import ConfigError
     from pytest_ddtree.service.base import ServiceError
 
-    name, recorder = config.name, session.recorder
+    name, recorder = config.name, launcher.recorder
 
     def on_cell(ev: JudgedCell) -> None:
         recorded: RelaunchCellData = {**ev.record, "relaunch": index}
         recorder.record(RecordKind.THROUGHPUT_RELAUNCH, name, recorded)
 
     try:
-        session.manager.release()  # a fresh launch, not the one still running
-        with bill.launching_for(session.manager, bill.RELAUNCHES):
-            service = session.manager.ensure(config)
-        store = session.baselines(service.server_info)
+        launcher.manager.release()  # a fresh launch, not the one still running
+        with bill.launching_for(launcher.manager, bill.RELAUNCHES):
+            service = launcher.manager.ensure(config)
+        store = launcher.baselines(service.server_info)
         baseline = read_baseline(store, name, judged_build(store, service))
         if baseline.problem is not None:
             raise BaselineError(baseline.problem)
         # as the first launch was measured, less its SLO (the relaunch judges the common change of output tok/s)
-        driving = driving_for(session, accept_bound=service.accept_bound(),
+        driving = driving_for(launcher.setup, accept_bound=service.accept_bound(),
                               label=f"{name} relaunch {index} (its session check flagged it)")
         judging = dataclasses.replace(blessed_judging(store), confirm=False)
-        plan = CellPlan(name, tuple(cells), min(RELAUNCH_REPEATS, session.settings.repeats), driving, judging)
+        plan = CellPlan(name, tuple(cells), min(RELAUNCH_REPEATS, launcher.setup.repeats), driving, judging)
         run_cells(service.client, plan, baseline, relaunch_recording(recorder, name, index), on_cell)
     except (ServiceError, ConfigError, BaselineError, verdicts.BaselineFormatError, load.LoadError) as exc:
         failure: RelaunchFailureData = {"error": f"the relaunch of {name} failed: {exc}", "relaunch": index}
