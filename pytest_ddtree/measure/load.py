@@ -289,20 +289,7 @@ class CellResult:
         out["input_throughput"] = float(out["total_input_tokens"] or 0) / dur
         out[OUTPUT_THROUGHPUT] = float(out["total_output_tokens"] or 0) / dur
         out["total_throughput"] = (float(out["total_input_tokens"] or 0) + float(out["total_output_tokens"] or 0)) / dur
-        series: dict[str, list[float]] = {
-            "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
-            "tpot": [t * 1000 for r in ok if (t := r.tpot_s) is not None],
-            "itl": [x * 1000 for r in ok for x in r.itl_s],
-            "e2e_latency": [r.e2e_s * 1000 for r in ok],
-        }
-        for name in DIST_METRICS:
-            values = series[name]
-            out[f"mean_{name}_ms"] = stats.mean(values) if values else None
-            out[f"median_{name}_ms"] = stats.median(values) if values else None
-            out[f"std_{name}_ms"] = stats.stdev(values) if values else None
-            for q in DIST_PERCENTILES:
-                out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
-        out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
+        out.update(_distributions(ok))
         out["concurrency"] = sum(r.e2e_s for r in ok) / dur if ok else None
         configured = self.workload.get("concurrency")
         out["ddtree_loaded_concurrency"] = loaded_concurrency(
@@ -345,6 +332,27 @@ class CellResult:
         out["max_concurrency"] = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
         out["ddtree_loaded_concurrency"] = out["ddtree_served_concurrency"] = None
         out.update(openloop.lag_figures(self.send_lag_s or []))
+
+
+def _distributions(ok: Sequence[RequestResult]) -> dict[str, float | None]:
+    """bench_serving's latency distributions (ms) of the completed requests: mean, median, std and
+    :data:`DIST_PERCENTILES` of each of :data:`DIST_METRICS`, and the longest ITL."""
+    series: dict[str, list[float]] = {
+        "ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        "tpot": [t * 1000 for r in ok if (t := r.tpot_s) is not None],
+        "itl": [x * 1000 for r in ok for x in r.itl_s],
+        "e2e_latency": [r.e2e_s * 1000 for r in ok],
+    }
+    out: dict[str, float | None] = {}
+    for name in DIST_METRICS:
+        values = series[name]
+        out[f"mean_{name}_ms"] = stats.mean(values) if values else None
+        out[f"median_{name}_ms"] = stats.median(values) if values else None
+        out[f"std_{name}_ms"] = stats.stdev(values) if values else None
+        for q in DIST_PERCENTILES:
+            out[f"p{q}_{name}_ms"] = stats.percentile(values, q) if values else None
+    out["max_itl_ms"] = max(series["itl"]) if series["itl"] else None
+    return out
 
 
 def _internal_state(client: SGLangClient, notes: list[str], keep: dict[str, object] | None = None) -> dict[str, Any]:
