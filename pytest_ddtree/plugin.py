@@ -27,18 +27,15 @@ if TYPE_CHECKING:  # the fixtures' types, for annotations only (see the module d
     from pytest_ddtree.finish import FinishOutcome
     from pytest_ddtree.gates.lossless import Reference
     from pytest_ddtree.records.recorder import SessionRecorder
-    from pytest_ddtree.scheduling import ConfigScheduling, SchedulerLog, WorkerNode
     from pytest_ddtree.service.manager import RunningService
     from pytest_ddtree.service.profile import ServiceProfile
-    from pytest_ddtree.report.relay import Relay
-    from pytest_ddtree.report.terminal import TerminalProgress
+    from pytest_ddtree.report.terminal import SessionTerminal
     from pytest_ddtree.session import DDTreeSession
 
 SESSION_KEY: pytest.StashKey[DDTreeSession] = pytest.StashKey()
 FINISH_KEY: pytest.StashKey[FinishOutcome] = pytest.StashKey()
 SCHEDULE_BY_CONFIG_KEY = pytest.StashKey[bool]()
-DISPLAY_KEY: pytest.StashKey[TerminalProgress] = pytest.StashKey()
-RELAY_KEY: pytest.StashKey[Relay | None] = pytest.StashKey()  # None: it could not be made
+TERMINAL_KEY: pytest.StashKey[SessionTerminal] = pytest.StashKey()
 CONFIG_FIXTURE = "ddtree_config"
 
 
@@ -90,34 +87,20 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             and options.hides_benchmark_table(args) and options.gate_run(config)):
         config.option.benchmark_quiet = True
     workers = getattr(config.option, "numprocesses", None)
-    if workers and not _is_xdist_worker(config) and options.gate_run(config):
-        from pytest_ddtree.scheduling import workers_beyond_cores
+    if workers:
+        from pytest_ddtree.scheduling import schedules_by_config, workers_beyond_cores
 
-        if (warning := workers_beyond_cores(workers)) is not None:
+        warning = workers_beyond_cores(workers) if not _is_xdist_worker(config) and options.gate_run(config) else None
+        if warning is not None:
             config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
-    if not workers or getattr(config.option, "dist", "no") not in ("no", "load"):
-        return
-    # xdist turns "no" into "load" in its own (also tryfirst) hook; only an explicit --dist wins.
-    if not any(arg.startswith("--dist") or arg == "-d" for arg in args):
-        config.stash[SCHEDULE_BY_CONFIG_KEY] = True
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: SchedulerLog) -> ConfigScheduling | None:
-    if not config.stash.get(SCHEDULE_BY_CONFIG_KEY, False):
-        return None
-    from pytest_ddtree.scheduling import ConfigScheduling, DeadHostWatcher, ssh_instances
-
-    session = _session(config)
-    scheduler = ConfigScheduling(config, log, progress=session.progress, instances=ssh_instances(session, _in_use(config)))
-    config.pluginmanager.register(DeadHostWatcher(scheduler), "ddtree-dead-host-watcher")
-    return scheduler
+        config.stash[SCHEDULE_BY_CONFIG_KEY] = schedules_by_config(workers, getattr(config.option, "dist", "no"), args)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ddtree: test of a DDTree config (parametrized over --ddtree-config)")
     from pytest_ddtree.hookspec import ProjectHooks
     from pytest_ddtree.report.relay import session_lines
+    from pytest_ddtree.report.terminal import SessionTerminal
     from pytest_ddtree.session import DDTreeSession, FailureCollector, process_settings
 
     worker: dict[str, Any] | None = getattr(config, "workerinput", None)
@@ -126,11 +109,14 @@ def pytest_configure(config: pytest.Config) -> None:
                                     config.issue_config_time_warning(pytest.PytestDeprecationWarning(note), stacklevel=2))
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    lines = session_lines(worker, lambda: config.stash.get(DISPLAY_KEY, None), lambda: config.get_verbosity() <= -2)
+    plugins = config.pluginmanager
+    terminal = None if worker is not None else SessionTerminal(
+        plugins, lambda: config.get_verbosity() <= -2, lambda: _in_use(config), _args_and_addopts(config))
+    lines = session_lines(worker, lambda: terminal.display if terminal is not None else None, lambda: config.get_verbosity() <= -2)
     session = config.stash[SESSION_KEY] = DDTreeSession.of_process(settings, worker, lines)
     session.hooks = ProjectHooks(config)
-    config.pluginmanager.register(FailureCollector(session), "ddtree-failure-collector")
-    if worker is None:  # the controller: a usage error (exit 4) before anything starts
+    plugins.register(FailureCollector(session), "ddtree-failure-collector")
+    if terminal is not None:  # the main process: a usage error (exit 4) before anything starts
         from pytest_ddtree.scheduling import adaptive_problem
 
         _usage_error(adaptive_problem(settings.max_restarts, settings.priors, getattr(config.option, "numprocesses", None)))
@@ -139,105 +125,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
             _usage_error(history_problem(settings.history, settings.history_check))
         _usage_error(session.usage_problem(_in_use(config)))
-        config.pluginmanager.register(_LiveReportHooks(session), "ddtree-live-report")
+        from pytest_ddtree.scheduling import Distribution
 
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
-    """A worker restoring its service after Ctrl-C gets the time a restore may take (scheduling.py)."""
-    session = config.stash.get(SESSION_KEY, None)
-    nodes = getattr(config.pluginmanager.get_plugin("dsession"), "nodemanager", None)
-    if session is None or nodes is None or not _in_use(config) or session.setup_problem is not None:
-        return
-    if session.profile.capabilities.relaunch:
-        from pytest_ddtree.scheduling import allow_restores
-
-        allow_restores(nodes, session.profile.stop_timeout_s)
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    ddtree = session.config.stash.get(SESSION_KEY, None)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if ddtree is not None and ddtree.is_main_process and _in_use(session.config) and reporter is not None:
-        from pytest_ddtree.report.terminal import with_skip_reasons
-
-        reporter.reportchars = with_skip_reasons(reporter.reportchars, _args_and_addopts(session.config))
-
-
-def _show_progress(config: pytest.Config) -> None:
-    """The progress display on the terminal of a process that runs ddtree tests (report/terminal.py)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or _is_xdist_worker(config) or config.get_verbosity() <= -2 or DISPLAY_KEY in config.stash:
-        return
-    from pytest_ddtree.report.terminal import show_progress
-
-    config.stash[DISPLAY_KEY] = show_progress(reporter, config.pluginmanager.get_plugin("capturemanager"))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: WorkerNode) -> None:
-    """xdist main process -> worker: one results folder, session id and timestamp (session.py), and
-    the channel of its progress lines (report/relay.py)."""
-    from pytest_ddtree.report.relay import WORKER_PROGRESS_KEY
-    from pytest_ddtree.session import worker_input
-
-    session = _session(node.config)
-    node.workerinput.update(worker_input(session.settings))
-    relay = _relay(node.config, session)
-    if relay is not None:
-        node.workerinput[WORKER_PROGRESS_KEY] = relay.channel(node.workerinput["workerid"])
-
-
-def _relay(config: pytest.Config, session: DDTreeSession) -> Relay | None:
-    """The main process's relay of its workers' progress lines (report/relay.py), made with the
-    first worker; none where no progress is shown (``-q -q``) or nothing of ddtree runs."""
-    if RELAY_KEY in config.stash:
-        return config.stash[RELAY_KEY]
-    if not _in_use(config) or session.setup_problem is not None:
-        return None
-    _show_progress(config)
-    display = config.stash.get(DISPLAY_KEY, None)
-    if display is None:
-        return None
-    from pytest_ddtree.report.relay import start_relay
-
-    relay = config.stash[RELAY_KEY] = start_relay(display.line)
-    if relay is not None:
-        config.pluginmanager.register(_RelayCloser(config), "ddtree-relay-closer")
-        config.pluginmanager.register(display, "ddtree-terminal-progress")  # it sees the result letters
-    return relay
-
-
-def _stop_relay(config: pytest.Config) -> None:
-    """The workers' last lines shown, before the session's summary; the relay's thread ended."""
-    relay = config.stash.get(RELAY_KEY, None)
-    if relay is not None:
-        del config.stash[RELAY_KEY]
-        relay.close()
-
-
-class _RelayCloser:
-    """Ends the relay after xdist's own sessionfinish has torn the workers down (trylast), and before
-    the terminal reporter's summary (its wrapper runs after): a Ctrl-C ends xdist's loop while the
-    workers still stop their services, and what they say then ('slurm job 18 stopped: ...') comes
-    after the loop."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self) -> None:
-        _stop_relay(self.config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: WorkerNode, error: object | None) -> None:
-    """xdist worker -> main process: its records and baseline proposals (absent if it crashed;
-    then the main process reads its journal)."""
-    from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
-
-    output = getattr(node, "workeroutput", None) or {}
-    _session(node.config).collector.add_worker_output(node.workerinput["workerid"], output.get(WORKEROUTPUT_KEY))
+        config.stash[TERMINAL_KEY] = terminal
+        plugins.register(terminal, "ddtree-terminal")
+        plugins.register(Distribution(session, lambda: _in_use(config), config.stash.get(SCHEDULE_BY_CONFIG_KEY, False),
+                                      terminal.channel, lambda ids: _start_live_page(config, session, ids), _item_config),
+                         "ddtree-distribution")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -261,9 +155,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """A process that collected a test of the plugin's fixtures starts its ddtree session (the
     results folder claimed, signal handlers installed); other runs write nothing."""
     ddtree = session.config.stash.get(SESSION_KEY, None)
+    if ddtree is not None and ddtree.is_main_process:
+        _start_live_page(session.config, ddtree, [item.nodeid for item in session.items])
     if ddtree is not None and any(name.startswith("ddtree_") for item in session.items for name in getattr(item, "fixturenames", ())):
         ddtree.start()
-        _show_progress(session.config)
+        if TERMINAL_KEY in session.config.stash:
+            session.config.stash[TERMINAL_KEY].show()
 
 
 def _item_config(item: pytest.Item) -> DDTreeConfig | None:
@@ -294,18 +191,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.ddtree)
             item.add_marker(pytest.mark.xdist_group(name=cfg.name))
     items[:] = [items[index] for index in in_selection_order(configs, _session(config).selected_configs)]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session: pytest.Session) -> bool | None:
-    """With ``--ddtree-max-restarts`` (serial), the adaptive sweep runs the tests (scheduling.py);
-    other runs keep pytest's own loop."""
-    ddtree = session.config.stash.get(SESSION_KEY, None)
-    if ddtree is None or ddtree.settings.max_restarts is None or _is_xdist_worker(session.config):
-        return None
-    from pytest_ddtree.scheduling import run_adaptive_sweep
-
-    return run_adaptive_sweep(ddtree, session, _item_config)
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -443,29 +328,14 @@ def ddtree_baselines(ddtree_service: RunningService, ddtree_session: DDTreeSessi
 
 
 # -- reporting and session end -----------------------------------------------------------------
-class _LiveReportHooks:
-    """Main process only: report.html at the start and after each config's last test (report/html/live.py)."""
+def _start_live_page(config: pytest.Config, ddtree: DDTreeSession, nodeids: Sequence[str]) -> None:
+    """Main process: report.html at the start, rewritten after each config's last test (report/html/live.py)."""
+    if ddtree.live_report is None and ddtree.setup_problem is None:
+        from pytest_ddtree.report.html.live import start_live_report
 
-    def __init__(self, session: DDTreeSession) -> None:
-        self.session = session
-
-    def _start(self, nodeids: Sequence[str]) -> None:
-        if self.session.live_report is None and self.session.setup_problem is None:
-            from pytest_ddtree.report.html.live import start_live_report
-
-            start_live_report(self.session, nodeids)
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self._start([item.nodeid for item in session.items])
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: WorkerNode, ids: Sequence[str]) -> None:
-        self._start(list(ids))
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        live = self.session.live_report
-        if live is not None and report.when == "teardown" and live.test_done(report.nodeid):
-            live.write_running(self.session.failed_tests)
+        live = start_live_report(ddtree, nodeids)
+        if live is not None:
+            config.pluginmanager.register(live, "ddtree-live-report")
 
 
 def _session_failure_reports(outcome: FinishOutcome) -> list[pytest.TestReport]:
@@ -504,15 +374,11 @@ def _end_session(session: pytest.Session, ddtree: DDTreeSession, exitstatus: int
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _stop_relay(config)
-    from pytest_ddtree.report.relay import WORKER_PROGRESS_KEY
+    from pytest_ddtree.report.relay import end_session_lines
 
-    if DISPLAY_KEY in config.stash or WORKER_PROGRESS_KEY in getattr(config, "workerinput", {}):
-        from pytest_ddtree import progress
-
-        progress.install(None)
-    if DISPLAY_KEY in config.stash:
-        del config.stash[DISPLAY_KEY]
+    if TERMINAL_KEY in config.stash:
+        config.stash[TERMINAL_KEY].close()
+    end_session_lines(getattr(config, "workerinput", None))
     ddtree = config.stash.get(SESSION_KEY, None)
     if ddtree is not None:
         ddtree.close()

@@ -10,8 +10,8 @@ their own scope, so they spread like ``--dist load``.
 
 In a fleet sweep each worker owns one host. When a host stops answering ssh, its worker would
 otherwise go on taking configs and failing each with the ssh error, although the other hosts
-could measure them. The plugin tells :meth:`ConfigScheduling.mark_dead` which worker's host is
-gone (from the failed test's report); from then on that worker gets no new config, the configs
+could measure them. :class:`Distribution` tells :meth:`ConfigScheduling.mark_dead` which worker's
+host is gone (from the failed test's report); from then on that worker gets no new config, the configs
 already queued on it but not started are taken back (xdist's ``steal`` command) for the live
 workers, and it shuts down after the config it was running. When every worker owns its ssh
 host (no more workers than hosts), live workers are therefore not shut down as soon as the queue
@@ -23,8 +23,9 @@ distribution handed out every config) stay with it. When every worker's host is 
 scheduler keeps handing out configs, so the run ends with every config failed fast instead of
 waiting for a worker that will never come.
 
-Beside it, the rest of how the tests are run: the serial run loop of the adaptive sweep, and the
-time xdist gives a worker to restore its service after Ctrl-C.
+Beside it, the rest of how the tests are run: the main process's side of an xdist run
+(:class:`Distribution`, the plugin's xdist hooks), the serial run loop of the adaptive sweep, and
+the time xdist gives a worker to restore its service after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import pluggy
 from xdist.scheduler import LoadScopeScheduling
 
 from pytest_ddtree.configs import config_in_nodeid
+from pytest_ddtree.session import WORKER_PROGRESS_KEY, worker_input
 
 if TYPE_CHECKING:
     import pytest
 
     from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.session import DDTreeSession
+
+hookimpl = pluggy.HookimplMarker("pytest")  # pytest's own marker (pytest.hookimpl), so no pytest import
 
 
 class Gateway(Protocol):
@@ -206,7 +211,7 @@ class ConfigScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
 
 #: The user property of a test report whose worker's host does not answer ssh (the service
-#: fixture sets it; :class:`DeadHostWatcher` reads it on the main process).
+#: fixture sets it; :class:`Distribution` reads it on the main process).
 HOST_UNREACHABLE_PROPERTY = "ddtree_host_unreachable"
 
 
@@ -220,17 +225,73 @@ class HostReport(Protocol):
     def user_properties(self) -> Iterable[tuple[str, object]]: ...
 
 
-class DeadHostWatcher:
-    """On the main process: a test that failed because its worker's host does not answer ssh (the worker
-    marks its report) makes the scheduler feed that worker no more configs."""
+class Distribution:
+    """How the main process runs the tests, registered as a plugin there (as xdist's DSession is
+    xdist's): under ``--ddtree-max-restarts`` the adaptive sweep's loop (``config_of`` names an item's
+    config); under ``-n`` its side of the xdist run. It makes the scheduler by config (when ``-n``
+    came without ``--dist``), joins each worker to the session (one results folder, session id and
+    stamp; the channel of its progress lines), gives a worker restoring its service after Ctrl-C the
+    time that takes, tells ``collected`` what the workers collected (the live page's plan), collects
+    what each worker hands over, and feeds no more configs to a worker whose host does not answer ssh."""
 
-    def __init__(self, scheduler: ConfigScheduling) -> None:
-        self.scheduler = scheduler
+    def __init__(self, session: DDTreeSession, in_use: Callable[[], bool], by_config: bool,
+                 channel: Callable[[str], str | None], collected: Callable[[Sequence[str]], None],
+                 config_of: Callable[[pytest.Item], DDTreeConfig | None]) -> None:
+        self.session = session
+        self.in_use = in_use
+        self.by_config = by_config
+        self.channel = channel
+        self.collected = collected
+        self.config_of = config_of
+        self.scheduler: ConfigScheduling | None = None
+
+    @hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        """Other runs keep pytest's own loop (None)."""
+        return None if self.session.settings.max_restarts is None else run_adaptive_sweep(self.session, session, self.config_of)
+
+    def _gates(self) -> bool:
+        return self.in_use() and self.session.setup_problem is None
+
+    @hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: SchedulerLog) -> ConfigScheduling | None:
+        if not self.by_config:
+            return None
+        self.scheduler = ConfigScheduling(config, log, progress=self.session.progress,
+                                          instances=ssh_instances(self.session, self.in_use()))
+        return self.scheduler
+
+    @hookimpl(optionalhook=True)
+    def pytest_xdist_setupnodes(self, config: pytest.Config) -> None:
+        nodes = getattr(config.pluginmanager.get_plugin("dsession"), "nodemanager", None)
+        if nodes is not None and self._gates() and self.session.profile.capabilities.relaunch:
+            allow_restores(nodes, self.session.profile.stop_timeout_s)
+
+    @hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: WorkerNode) -> None:
+        node.workerinput.update(worker_input(self.session.settings))
+        channel = self.channel(node.workerinput["workerid"]) if self._gates() else None
+        if channel is not None:
+            node.workerinput[WORKER_PROGRESS_KEY] = channel
+
+    @hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, ids: Sequence[str]) -> None:
+        self.collected(list(ids))
+
+    @hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: WorkerNode) -> None:
+        """The worker's records and baseline proposals (absent if it crashed: then the collector
+        reads its journal)."""
+        from pytest_ddtree.records.sessionfolder import WORKEROUTPUT_KEY
+
+        output = getattr(node, "workeroutput", None) or {}
+        self.session.collector.add_worker_output(node.workerinput["workerid"], output.get(WORKEROUTPUT_KEY))
 
     def pytest_runtest_logreport(self, report: HostReport) -> None:
+        """A test that failed because its worker's host does not answer ssh: the worker marked its report."""
         host = next((entry[1] for entry in report.user_properties if entry[0] == HOST_UNREACHABLE_PROPERTY), None)
         node = getattr(report, "node", None)  # set by xdist on the main process
-        if host is not None and node is not None:
+        if host is not None and self.scheduler is not None and node is not None:
             self.scheduler.mark_dead(node, report.nodeid, str(host))
 
 
@@ -242,6 +303,13 @@ def ssh_instances(session: DDTreeSession, in_use: bool) -> int:
         return 0
     profile = session.profile
     return profile.pool_size if profile.host or profile.fleet.hosts else 0
+
+
+def schedules_by_config(workers: object, dist: object, args: Sequence[str]) -> bool:
+    """Whether :class:`ConfigScheduling` schedules the run: ``-n`` without an explicit ``--dist`` in
+    ``args`` (the command line and addopts). xdist turns ``--dist no`` into ``load`` in its own
+    (also tryfirst) hook, so only an explicit ``--dist`` wins."""
+    return bool(workers) and dist in ("no", "load") and not any(arg.startswith("--dist") or arg == "-d" for arg in args)
 
 
 def workers_beyond_cores(asked: object) -> str | None:

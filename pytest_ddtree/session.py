@@ -41,6 +41,8 @@ ProgressFn = Callable[[str], None]
 WORKER_STAMP_KEY = "ddtree_session_stamp"
 WORKER_RESULTS_KEY = "ddtree_results_dir"
 WORKER_SESSION_KEY = "ddtree_session_id"
+#: The ``workerinput`` key of a worker's channel (its path) into the main process's relay (report/relay.py).
+WORKER_PROGRESS_KEY = "ddtree_progress_channel"
 
 
 def worker_input(settings: Settings) -> dict[str, str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_ddtree import progress
+from pytest_ddtree.session import WORKER_PROGRESS_KEY
 
 #: Characters of one line, on either side (a service's log line can be anything).
 MAX_LINE = 300
@@ -176,10 +177,6 @@ class Relay:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: xdist's ``workerinput`` key of a worker's channel (its path), given by the main process's relay.
-WORKER_PROGRESS_KEY = "ddtree_progress_channel"
-
-
 class LineDisplay(Protocol):
     """The main process's terminal display (report/terminal.py ``TerminalProgress``) as lines reach it."""
 
@@ -219,3 +216,9 @@ def start_relay(show: Callable[[str], None]) -> Relay | None:
     except OSError as exc:
         show(f"[ddtree] the workers' progress lines are not shown: {exc}")
         return None
+
+
+def end_session_lines(worker: Mapping[str, Any] | None) -> None:
+    """At a worker's end (pytest's unconfigure): its channel no longer takes progress.py's waits."""
+    if WORKER_PROGRESS_KEY in (worker or {}):
+        progress.install(None)

@@ -14,12 +14,17 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import pluggy
 
 from pytest_ddtree import progress
 
 if TYPE_CHECKING:
+    from pytest_ddtree.report.relay import Relay
     from pytest_ddtree.session import DDTreeSession
+
+hookimpl = pluggy.HookimplMarker("pytest")  # pytest's own marker (pytest.hookimpl), so no pytest import
 
 
 class Reporter(Protocol):
@@ -143,13 +148,79 @@ def write_sections(reporter: Reporter, sections: Sequence[tuple[str, str]]) -> N
             reporter.write_line(line)
 
 
-def show_progress(reporter: Reporter, capture: Capture | None) -> TerminalProgress:
-    """The progress display on the terminal of a process that runs ddtree tests, installed as
-    progress.py's display (the plugin shows none under ``-q -q``, nor on an xdist worker, which has
-    no terminal the user sees)."""
-    display = TerminalProgress(reporter, capture)
-    progress.install(display)
-    return display
+class Plugins(Protocol):
+    """pytest's plugin manager, as the terminal side reads it (the terminal reporter, the capture
+    manager) and registers the display with it."""
+
+    def get_plugin(self, name: str) -> Any: ...
+
+    def register(self, plugin: object, name: str | None = None) -> str | None: ...  # noqa: V107 (pytest's signature)
+
+
+class SessionTerminal:
+    """The main process's terminal side of a session, registered as a plugin: the short test
+    summary's skip reasons where ddtree runs (``in_use``), the progress display, made once the
+    process runs ddtree tests (none under ``-q -q``; none on an xdist worker, which has no terminal
+    the user sees), and the relay of its workers' lines into it (report/relay.py), made with the
+    first worker. pytest's terminal reporter and capture manager are looked up when needed: they
+    are registered after this plugin's configure may run."""
+
+    def __init__(self, plugins: Plugins, quiet: Callable[[], bool], in_use: Callable[[], bool], args: Sequence[str]) -> None:
+        self._plugins = plugins
+        self._quiet = quiet
+        self._in_use = in_use
+        self._args = args
+        self.display: TerminalProgress | None = None
+        self.relay: Relay | None = None
+        self._relay_made = False
+
+    def pytest_sessionstart(self) -> None:
+        reporter = self._plugins.get_plugin("terminalreporter")
+        if reporter is not None and self._in_use():
+            reporter.reportchars = with_skip_reasons(reporter.reportchars, self._args)
+
+    def show(self) -> TerminalProgress | None:
+        if self.display is None and not self._quiet():
+            reporter = self._plugins.get_plugin("terminalreporter")
+            if reporter is not None:
+                self.display = TerminalProgress(reporter, self._plugins.get_plugin("capturemanager"))
+                progress.install(self.display)
+        return self.display
+
+    def channel(self, worker_id: str) -> str | None:
+        """The worker's channel into the relay, for its workerinput; None where no progress is shown
+        or the relay could not be made."""
+        if not self._relay_made:
+            display = self.show()
+            if display is None:
+                return None
+            from pytest_ddtree.report.relay import start_relay
+
+            self._relay_made = True
+            self.relay = start_relay(display.line)
+            if self.relay is not None:
+                self._plugins.register(display, "ddtree-terminal-progress")  # it sees the result letters
+        return self.relay.channel(worker_id) if self.relay is not None else None
+
+    @hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        """The workers' last lines shown, before the session's summary: after xdist's own
+        sessionfinish has torn the workers down (trylast), and before the terminal reporter's summary
+        (its wrapper runs after). A Ctrl-C ends xdist's loop while the workers still stop their
+        services, and what they say then ('slurm job 18 stopped: ...') comes after the loop."""
+        self._stop_relay()
+
+    def _stop_relay(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()
+
+    def close(self) -> None:
+        """At pytest's unconfigure: the relay's thread ended, the display uninstalled."""
+        self._stop_relay()
+        if self.display is not None:
+            progress.install(None)
+            self.display = None
 
 
 def with_skip_reasons(reportchars: str, args: Sequence[str]) -> str:

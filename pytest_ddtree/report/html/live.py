@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_ddtree.report.html import HEARTBEAT_S, REPORT_HTML, LiveStatus, payload_from_records, write_report
 from pytest_ddtree.report.html.model import config_of_nodeid
@@ -24,6 +24,16 @@ from pytest_ddtree.records.recorder import read_records
 
 if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
     from pytest_ddtree.session import DDTreeSession
+
+
+class Finished(Protocol):
+    """What the page reads of pytest's ``TestReport``."""
+
+    @property
+    def nodeid(self) -> str: ...
+
+    @property
+    def when(self) -> str: ...
 
 
 class LiveReport:
@@ -44,6 +54,8 @@ class LiveReport:
         self._heartbeat: Heartbeat | None = None
         #: --ddtree-measure-only: the records do not say it, and the page must not call the session "pass"
         self.measure_only = False
+        #: The session's failed tests so far (the plugin's collector appends to it), for each rewrite.
+        self.failed_tests: Sequence[Mapping[str, str]] = ()
 
     def plan(self, nodeids: Iterable[str]) -> None:
         """The collected tests (once; under xdist every worker collects the same list)."""
@@ -73,6 +85,12 @@ class LiveReport:
             current = [c for c in self.configs if self._reported[c] and c not in self._done]
             return LiveStatus(state=state, done=done, total=total, started_at=self.started_at, eta=eta,
                               current=current if state == "running" else [], planned=planned, updated_at=now)
+
+    def pytest_runtest_logreport(self, report: Finished) -> None:
+        """Registered as a plugin on the main process once started: it sees every test's report (the
+        workers' too), and a config's last one makes the page due."""
+        if report.when == "teardown" and self.test_done(report.nodeid):
+            self.write_running(self.failed_tests)
 
     def write_running(self, failed_tests: Sequence[Mapping[str, str]] = ()) -> None:
         """Rewrite the page from the records on disk; a failure is kept for the summary, never raised."""
@@ -132,6 +150,7 @@ def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     from pytest_ddtree.report.html import collect_environment
 
     live.measure_only = session.settings.measure_only
+    live.failed_tests = session.failed_tests
     try:
         live.environment = collect_environment(session)
     except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
@@ -141,15 +160,17 @@ def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
     return live
 
 
-def start_live_report(session: DDTreeSession, nodeids: Sequence[str]) -> None:
+def start_live_report(session: DDTreeSession, nodeids: Sequence[str]) -> LiveReport | None:
     """The main process's page from the collected tests (``nodeids``), where they hold a test of a
-    selected config: the project's other tests get no page, and no folder."""
+    selected config: the project's other tests get no page, and no folder (None)."""
     from pytest_ddtree.configs import config_in_nodeid
 
     names = [c.name for c in session.selected_configs]
     if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):
-        return
+        return None
     live = LiveReport(session.results_dir, names)
     live.plan(nodeids)
-    if live.status().total:
-        session.live_report = start_report(live, session)
+    if not live.status().total:
+        return None
+    session.live_report = start_report(live, session)
+    return live
