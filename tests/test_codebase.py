@@ -556,6 +556,53 @@ def f() -> None:
     assert found == [(2, "tests.test_service"), (3, "tests.test_repro"), (7, "tests.test_report"), (8, "test_local")], found
 
 
+
+_THROUGHPUT = "pytest_ddtree.gates.throughput"
+
+
+def _throughput_face_imports(tree: ast.AST, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each import that reaches gates/throughput/ through its package rather than
+    the module a name lives in: the package itself, or a name from it that is not a module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name == _THROUGHPUT]
+        elif isinstance(node, ast.ImportFrom) and node.module == "pytest_ddtree.gates":
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if a.name == "throughput"]
+        elif isinstance(node, ast.ImportFrom) and node.module == _THROUGHPUT:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if a.name not in modules]
+    return found
+
+
+def test_the_throughput_gate_is_imported_from_the_home_of_each_name(repo_root: Path) -> None:
+    """gates/throughput/ re-exports nothing: a caller imports the module a name lives in
+    (``from pytest_ddtree.gates.throughput import rule``, ``from pytest_ddtree.gates.throughput.rule
+    import judge_config``), so each name has one address and a reader finds it where it is."""
+    package = repo_root / "pytest_ddtree" / "gates" / "throughput"
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    init = ast.parse((package / "__init__.py").read_text())
+    assert all(isinstance(n, ast.Expr) for n in init.body), "gates/throughput/__init__.py holds its docstring only"
+    files = [p for folder in ("pytest_ddtree", "suites", "tests", "benchmarks")
+             for p in sorted((repo_root / folder).rglob("*.py"))]
+    found = [f"{path.relative_to(repo_root)}:{line}: {name}"
+             for path in files for line, name in _throughput_face_imports(ast.parse(path.read_text()), modules)]
+    assert not found, "import the module the name lives in:\n" + "\n".join(found)
+
+
+def test_the_throughput_import_scan_finds_the_package_face() -> None:
+    """The scan above must be able to fail: the package, a name through it, and a lazy one."""
+    source = '''
+from pytest_ddtree.gates import throughput as gate
+import pytest_ddtree.gates.throughput
+from pytest_ddtree.gates.throughput import rule, judge_config
+def f() -> None:
+    from pytest_ddtree.gates.throughput import FAILING
+'''
+    found = _throughput_face_imports(ast.parse(source), {"rule"})
+    assert sorted(found) == [(2, "pytest_ddtree.gates.throughput"), (3, "pytest_ddtree.gates.throughput"),
+                             (4, "pytest_ddtree.gates.throughput.judge_config"),
+                             (6, "pytest_ddtree.gates.throughput.FAILING")], found
+
 #: The modules that write, pass or read the session's records (records/shapes.py types them).
 _RECORD_MODULES = ("pytest_ddtree/report/text.py", "pytest_ddtree/records/cells.py", "pytest_ddtree/finish.py",
                    "pytest_ddtree/adaptive/sweep.py", "pytest_ddtree/service/proof.py",
