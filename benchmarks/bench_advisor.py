@@ -28,7 +28,9 @@ import numpy as np
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.adaptive.advisor import CellPoint, ConfigPoint, Measurement, Planner
 from pytest_ddtree.measure.matrix import load_matrix
-from pytest_ddtree.refserver.engine import ClockModel, Engine, Request, SamplingParams, SpecConfig, StepClock
+from pytest_ddtree.refserver.clock import ClockModel, StepClock
+from pytest_ddtree.refserver.engine import Engine
+from pytest_ddtree.refserver.request_state import Request, SamplingParams, SpecConfig
 from pytest_ddtree.refserver.model import build_models
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_ddtree.measure.matrix import Cell, load_matrix  # noqa: E402
 from pytest_ddtree.measure.prompts import exact_prompts, stable_seed  # noqa: E402
-from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig  # noqa: E402
+from pytest_ddtree.refserver.engine import Engine  # noqa: E402
+from pytest_ddtree.refserver.request_state import Request, SamplingParams, SpecConfig  # noqa: E402
 from pytest_ddtree.refserver.model import Models, build_models  # noqa: E402
 
 BUDGETS = (4, 8, 12, 16)

@@ -49,7 +49,7 @@ from pytest_ddtree.metrics import REQUEST_GOODPUT
 from pytest_ddtree.options import Settings
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.words import RecordKind, Status
-from pytest_ddtree.refserver.engine import ClockModel
+from pytest_ddtree.refserver.clock import ClockModel
 from pytest_ddtree.service.manager import RunningService
 from pytest_ddtree.session import DDTreeSession
 

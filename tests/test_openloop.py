@@ -131,7 +131,7 @@ def model_tpot_s(rate: float, accept: float, budget: int, block_size: int) -> fl
     TPOT = decode_fixed / (accept (1 - rate P) - c rate (OUTPUT - 1)). It holds while the arrivals
     are further apart than a decode and a prefill pass (no two prefills batched), which the rates
     below keep."""
-    from pytest_ddtree.refserver.engine import ClockModel
+    from pytest_ddtree.refserver.clock import ClockModel
 
     m = ClockModel()
     ctx = CONTEXT + OUTPUT / 2  # the mean context of a decoding request
@@ -164,7 +164,7 @@ def simulated_tpots_s(rate: float, steps: Sequence[int], budget: int, block_size
     ``get_next_batch_to_run``, as engine.py ``_loop``): whatever has arrived is prefilled first, in
     one pass (its first token at the pass's end); else one decode pass over everything running, each
     request one verify; a request ends with its last verify; an idle engine waits for the next arrival."""
-    from pytest_ddtree.refserver.engine import ClockModel
+    from pytest_ddtree.refserver.clock import ClockModel
 
     m = ClockModel()
     per_request = m.per_verify_token * (budget + 1) + m.per_draft_token * block_size

@@ -22,7 +22,7 @@ from pytest_ddtree import baselines as baselines_mod  # noqa: E402
 from pytest_ddtree.gates.throughput import measurement  # noqa: E402
 from pytest_ddtree.gates.throughput.baseline import RATE_SECTION  # noqa: E402
 from pytest_ddtree.measure import load  # noqa: E402
-from pytest_ddtree.refserver.engine import ClockModel  # noqa: E402
+from pytest_ddtree.refserver.clock import ClockModel  # noqa: E402
 
 #: A config this much slower at its blessed rate: well past the SLO's edge, where goodput must fall.
 #: (10% is not caught reliably: the figures and why are in docs/benchmarks.md.)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ddtree.measure.matrix import load_matrix
-from pytest_ddtree.refserver.engine import SpecConfig
+from pytest_ddtree.refserver.request_state import SpecConfig
 from pytest_ddtree.refserver.model import Context, Models, build_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

@@ -33,7 +33,7 @@ import pytest
 import requests
 import tokenizers
 
-from pytest_ddtree.refserver.engine import ClockModel
+from pytest_ddtree.refserver.clock import ClockModel
 from tests.refserver_helpers import RefServer
 from tests.polling import wait_until
 

@@ -8,10 +8,12 @@ import random
 
 import pytest
 
+from pytest_ddtree.refserver.clock import StepClock
 from pytest_ddtree.refserver.ddtree import Dist, DraftTree, build_tree, verify
-from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, SpecConfig, StepClock
+from pytest_ddtree.refserver.engine import Engine
 from pytest_ddtree.refserver.faults import FaultError, Faults
 from pytest_ddtree.refserver.model import MatchState, SuffixAutomaton, TargetModel, build_models
+from pytest_ddtree.refserver.request_state import Request, SamplingParams, SpecConfig
 from pytest_ddtree.refserver.tokenizer import Tokenizer
 
 

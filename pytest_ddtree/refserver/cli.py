@@ -27,10 +27,12 @@ from pytest_ddtree.refserver.dialect_rules import DialectError, Resolved
 from pytest_ddtree.refserver.dialects import Dialect, DialectDeclarationError, add_speculative_flags, resolve
 from pytest_ddtree.refserver.dialects import load as load_dialects
 from pytest_ddtree.refserver.dialects import startup_lines as dialect_lines
-from pytest_ddtree.refserver.engine import VERSION, ClockModel, Engine, Request, SamplingParams, SpecConfig
+from pytest_ddtree.refserver.clock import ClockModel
+from pytest_ddtree.refserver.engine import VERSION, Engine
 from pytest_ddtree.refserver.faults import FAULT_HELP, FaultError, Faults
 from pytest_ddtree.refserver.hf_export import export_dir
 from pytest_ddtree.refserver.model import CORPUS_DIR, Models, build_models
+from pytest_ddtree.refserver.request_state import Request, SamplingParams, SpecConfig
 from pytest_ddtree.refserver.server import ServerState, make_server
 from pytest_ddtree.suggest import did_you_mean
 

@@ -1,14 +1,10 @@
-"""Scheduler, simulated accelerator clock and exact accounting.
+"""The scheduler: continuous batching over the models, priced by the simulated clock (clock.py),
+with exact accounting (request_state.py).
 
-Why a simulated clock: the point of the engine is that configurations change
-throughput the way they do on a GPU, on a CPU-only CI machine. A scheduler thread
-runs continuous batching (up to ``max_running_requests``); every forward pass is
-priced by :class:`ClockModel` in simulated seconds and :class:`StepClock` paces the
-passes against absolute deadlines (simulated seconds / ``clock_scale`` after the
-previous pass's deadline), so wall-clock measurements by the harness see GPU-like
-behaviour at exactly the simulated rate, while the engine's CPU work stays a small
-fraction of each step. Tokens of a step become visible to clients only when its step
-ends (its deadline), never earlier.
+A scheduler thread runs continuous batching (up to ``max_running_requests``); every forward pass
+is priced by :class:`~pytest_ddtree.refserver.clock.ClockModel` in simulated seconds and
+:class:`~pytest_ddtree.refserver.clock.StepClock` paces the passes against absolute deadlines.
+Tokens of a step become visible to clients only when its step ends (its deadline), never earlier.
 
 The cost of a decode step grows with the verify tokens of the whole batch, so a big
 tree wins at concurrency 1 (more accepted tokens per nearly fixed-cost step) and
@@ -17,7 +13,6 @@ loses at high concurrency (verify cost dominates): the campaign's crossover.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
@@ -25,304 +20,23 @@ import zlib
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ddtree.refserver.ddtree import build_tree, verify
 from pytest_ddtree.refserver.faults import Faults
-from pytest_ddtree.refserver.model import Context, CopyState, Drafter, MatchState, Models, follow_copy, uniform
+from pytest_ddtree.refserver.clock import ClockModel, StepClock
+from pytest_ddtree.refserver.drafter import Drafter
+from pytest_ddtree.refserver.model import Models, follow_copy, uniform
 from pytest_ddtree.refserver.prefix_cache import RadixCache
 from pytest_ddtree.refserver.profiler import Profiler
-from pytest_ddtree.refserver.spec_gauges import SpecGauges
+from pytest_ddtree.refserver.request_state import Accounting, FlushJob, Histogram, Request, SpecConfig, StepEvent
 
 VERSION = "refserver-0.1.0"
 
-#: Most wall-clock lateness the scheduler carries over to later steps (see StepClock).
-MAX_CLOCK_DEBT_S = 0.050
 #: Slack on a flush_cache wait beyond its timeout before the scheduler counts as stuck.
 STEP_WAIT_S = 60.0
 #: Tokens the prefix cache holds before it evicts (SGLang's --max-total-tokens: the KV pool size).
 DEFAULT_MAX_TOTAL_TOKENS = 1 << 20
-
-
-@dataclass(frozen=True)
-class ClockModel:
-    """Simulated cost of forward passes, in seconds (before slowdown and clock-scale).
-
-    decode step = decode_fixed
-                  + per_verify_token  * sum over the batch of (budget + 1)   [1 without speculation]
-                  + per_draft_token   * sum over the batch of block_size     [0 without speculation]
-                  + per_context_token * sum over the batch of context length
-                  + per_draft_context_token * sum over the batch of min(context length, window)
-                                                                             [0 without speculation]
-    prefill step = prefill_fixed + prefill_per_token * sum of prompt tokens admitted
-
-    Prompt tokens found in the prefix cache (``cached_tokens``) are not prefilled again, so
-    they cost nothing (radix_cache.py: the KV of a cached prefix is reused).
-
-    The defaults put a bs8_b8_k4 step at concurrency 1 near 42 ms (~110 tok/s per
-    request) and make the budget crossover appear between concurrency 1 and 32. The draft
-    block attends to the draft's own KV of the last ``min(seq_len, window)`` tokens (SGLang
-    dflash_worker.py ``_compute_compact_draft_seq_lens``; the whole sequence without a
-    window): a few draft layers against the target's many, so a context token costs the
-    draft 0.3 of what it costs the target's verify, and a window makes long-context steps
-    cheaper.
-    """
-
-    decode_fixed: float = 0.040
-    per_verify_token: float = 0.00025
-    per_draft_token: float = 0.00005
-    per_context_token: float = 0.0000005
-    per_draft_context_token: float = 0.00000015
-    prefill_fixed: float = 0.020
-    prefill_per_token: float = 0.00005
-
-
-class StepClock:
-    """Paces the scheduler's forward passes against absolute deadlines on a monotonic clock.
-
-    Why: a pass that sleeps its simulated duration counted from "now" (after the engine's
-    own CPU work, or after the previous pass really ended) adds the sleep overshoot, the
-    publishing of tokens and the loop's bookkeeping to every pass; the harness then
-    measured 1-2.5% (clock scale 1) to 6-10% (clock scale 10) less throughput than the
-    engine's exact accounting. Here a busy period starts when work arrives; each pass ends
-    at ``deadline = previous deadline + simulated seconds / scale`` and the scheduler sleeps
-    only until then. A pass that ends late (CPU work, sleep overshoot, a GIL hand-off) is
-    made up by the next ones, because the next deadline is computed from this deadline and
-    not from the time the pass really ended: over a busy period, wall time equals simulated
-    time / scale up to the last pass's overshoot.
-
-    Limits: an idle engine starts afresh when work arrives (no catching up across idle
-    gaps: idle time is not busy time), and lateness beyond ``max_debt_s`` of wall time is
-    dropped and counted (``overruns``, ``overrun_seconds``): the engine could not keep its
-    clock there (overloaded host, huge clock scale), and racing through passes to repay a
-    long stall would distort the measurement more than the stall itself. The harness sees
-    such a stall as simulated busy time short of its measured time.
-
-    Threading: ``idle``, ``work_arrived`` and ``step_ended`` are called under the engine's
-    lock; ``wait_step_end`` only by the scheduler thread, while ``start`` is set.
-    """
-
-    def __init__(
-        self,
-        scale: float,
-        max_debt_s: float = MAX_CLOCK_DEBT_S,
-        now: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if not scale > 0:
-            raise ValueError(f"clock scale must be > 0, got {scale}")
-        self.scale = scale
-        self.max_debt_s = max_debt_s
-        self.now = now
-        self.sleep = sleep
-        self.start: float | None = None  # wall time the next pass starts at; None while idle
-        self.overruns = 0
-        self.overrun_seconds = 0.0
-        self._work_since: float | None = None  # wall time the current busy period began
-        self._work_seconds = 0.0  # wall time of the busy periods that ended
-
-    def work_wall_seconds(self) -> float:
-        """Wall seconds during which the engine had work (requests waiting or running), so far.
-
-        Simulated busy seconds / scale over this is how well the clock was kept while there was
-        something to run: 1.0 on a host that keeps up, whatever the client's gaps between
-        requests; below it when passes ended late, including lateness too small to count as an
-        overrun (an engine that is always a few ms late never drops its debt, and the debt
-        left when a busy period ends is never counted at all)."""
-        ongoing = self.now() - self._work_since if self._work_since is not None else 0.0
-        return self._work_seconds + ongoing
-
-    def idle(self) -> None:
-        """No work left: the next busy period starts when work arrives."""
-        self.start = None
-        if self._work_since is not None:
-            self._work_seconds += self.now() - self._work_since
-            self._work_since = None
-
-    def work_arrived(self) -> None:
-        """A request was submitted: an idle clock starts counting from now."""
-        if self.start is None:
-            self.start = self.now()
-        if self._work_since is None:
-            self._work_since = self.start
-
-    def wait_step_end(self, sim_seconds: float) -> float:
-        """Sleep until the deadline of a pass of ``sim_seconds`` simulated seconds; return it.
-
-        Returns at or after the deadline, never before. When the pass is more than
-        ``max_debt_s`` behind its deadline, the debt is dropped (the deadline becomes now)
-        and counted as an overrun.
-        """
-        start = self.start
-        if start is None:  # not reached through submit (direct use): start now
-            start = self.now()
-        deadline = start + sim_seconds / self.scale
-        late = self.now() - deadline
-        if late > self.max_debt_s:
-            self.overruns += 1
-            self.overrun_seconds += late
-            deadline += late
-        while (delay := deadline - self.now()) > 0:
-            self.sleep(delay)
-        return deadline
-
-    def step_ended(self, deadline: float) -> None:
-        """The pass's tokens are published: the next pass starts at its deadline."""
-        self.start = deadline
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """The speculative configuration actually in effect."""
-
-    algorithm: str = "DFLASH"  # or "NONE"
-    block_size: int = 8
-    budget: int = 8
-    topk: int = 4
-    window: int | None = None
-    trained_block_size: int = 8
-    #: what the worker reports to SGLang's metrics (spec_gauges.py): upstream DFLASH steps 1 and its
-    #: block size; EAGLE its steps and its tree's node count (the root counted)
-    worker_steps: int = 1
-    worker_draft_tokens: int | None = None
-
-    @property
-    def speculative(self) -> bool:
-        return self.algorithm != "NONE"
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int = 0
-
-
-@dataclass
-class StepEvent:
-    """Sent to a request's listener at the end of each step that touched it."""
-
-    n_visible: int
-    finished: bool
-
-
-_ids = itertools.count(1)
-
-
-@dataclass
-class Request:
-    """One generation, with its incremental model state (O(1) per new token)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    rid: str = ""
-    internal: bool = False
-    output_ids: list[int] = field(default_factory=list)
-    text_limit: int | None = None  # output text is cut here (a matched stop string)
-    finish_reason: dict[str, Any] | None = None
-    verify_ct: int = 0
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache at prefill
-    logprob_start_len: int = -1  # >= 0: input logprobs from there on (caps the prefix match)
-    #: verifies by drafts accepted: ``accept_histogram[k]`` verifies accepted exactly k drafted tokens
-    #: (the bonus token not counted), grown on demand, as SGLang's ``Req.spec_correct_drafts_histogram``
-    #: (python/sglang/srt/managers/schedule_batch.py ``update_spec_correct_drafts_histogram``).
-    accept_histogram: list[int] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    aborted: bool = False
-    target: MatchState = field(default_factory=MatchState)
-    draft: MatchState = field(default_factory=MatchState)
-    #: the sequence as the models have consumed it (prompt, then accepted tokens)
-    ctx: Context = field(default_factory=Context)
-    #: the sequence's repeat of its own text, shared by the target and the drafter (the
-    #: drafter's window decides how well it sees it: model.Drafter)
-    copy: CopyState = field(default_factory=CopyState)
-    drafted_upto: int = 0  # tokens of ctx the drafter has followed
-    salt: int = 0  # decorrelates the drafter noise of different prompts (set at prefill)
-    events: queue.Queue[StepEvent] = field(default_factory=queue.Queue)
-    done: threading.Event = field(default_factory=threading.Event)
-    serial: int = field(default_factory=lambda: next(_ids))
-
-    def __post_init__(self) -> None:
-        if not self.rid:
-            self.rid = f"req-{self.serial:06d}"
-
-    @property
-    def context_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def accept_length(self) -> float:
-        return len(self.output_ids) / self.verify_ct if self.verify_ct else 0.0
-
-    def e2e_latency(self) -> float:
-        end = self.finished_at if self.finished_at is not None else time.monotonic()
-        return end - self.arrival
-
-
-class Histogram:
-    """A Prometheus-style cumulative histogram."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.total = 0
-        self.sum = 0.0
-
-    def observe(self, x: float) -> None:
-        self.total += 1
-        self.sum += x
-        for i, b in enumerate(self.buckets):
-            if x <= b:
-                self.counts[i] += 1
-
-
-@dataclass
-class FlushJob:
-    """A /flush_cache request waiting for the scheduler (scheduler_components/flush_wrapper.py)."""
-
-    deadline: float  # monotonic
-    timed: bool  # timeout > 0: wait for idle until the deadline; else flush only if idle right now
-    done: threading.Event = field(default_factory=threading.Event)
-    success: bool = False
-    message: str = ""
-
-
-@dataclass
-class Accounting:
-    """Exact counters, plus SGLang's lagging accept-length counters.
-
-    ``spec_*`` follow sgl-project/sglang python/sglang/srt/managers/scheduler_components/
-    metrics_reporter.py: each decode batch adds (tokens, requests) to the interval counters; every
-    ``decode_log_interval`` decode batches they are folded into the lifetime totals that
-    /server_info's ``avg_spec_accept_length`` divides (scheduler.py ``get_internal_state``: absent
-    until the totals have a forward); ``/flush_cache`` zeroes all of them (``reset_metrics``).
-    """
-
-    total_output_tokens: int = 0
-    total_prompt_tokens: int = 0
-    total_verify_steps: int = 0  # decode forward passes x requests in them
-    total_decode_tokens: int = 0  # tokens produced by decode (verify) steps
-    decode_forward_passes: int = 0
-    prefill_forward_passes: int = 0
-    simulated_busy_seconds: float = 0.0
-    requests_completed: int = 0
-    requests_aborted: int = 0
-    verify_steps_since_flush: int = 0
-    decode_tokens_since_flush: int = 0
-    forward_ct_decode: int = 0
-    spec_num_accept_tokens: int = 0
-    spec_num_forward_ct: int = 0
-    spec_total_num_accept_tokens: int = 0
-    spec_total_num_forward_ct: int = 0
-    #: the ``sglang:spec_*`` series with SGLang's cadence (spec_gauges.py); /flush_cache does not reset them
-    gauges: SpecGauges = field(default_factory=SpecGauges)
 
 
 class Engine:

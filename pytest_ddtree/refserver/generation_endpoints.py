@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from pytest_ddtree.refserver.engine import Engine, Request, SamplingParams, StepEvent
+from pytest_ddtree.refserver.engine import Engine
 from pytest_ddtree.refserver.logprobs import LogprobRequest, LogprobTracker
 from pytest_ddtree.refserver.model import uniform
 from pytest_ddtree.refserver.request_params import (
@@ -26,6 +26,7 @@ from pytest_ddtree.refserver.request_params import (
     parse_sampling,
     verify_sampling,
 )
+from pytest_ddtree.refserver.request_state import Request, SamplingParams, StepEvent
 from pytest_ddtree.refserver.transport import HandlerBase
 
 STEP_TIMEOUT_S = 600.0

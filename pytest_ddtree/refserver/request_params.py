@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pytest_ddtree.refserver.engine import SamplingParams
+from pytest_ddtree.refserver.request_state import SamplingParams
 
 
 class BadRequest(Exception):
