@@ -8,6 +8,7 @@ tests/vulture_whitelist.py with its caller).
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import subprocess
@@ -273,12 +274,13 @@ def _room(module: str, depth: int = 1) -> str:
 
 
 def _floors(repo_root: Path) -> dict[str, int]:
-    """The floors docs/architecture.md declares (its ``floor N  room room ...`` lines): room -> N."""
+    """The floors docs/architecture.md declares (its ``floor N  room room ...  what they are`` lines):
+    room -> N. A room is a module (``x.py``) or a folder (``x/``); the words after them say what the floor holds."""
     page = _architecture(repo_root)
     section = page.split("## Floors", 1)[1].split("\n## ", 1)[0]
     floors = {}
-    for number, rooms in re.findall(r"^floor +(\d+) +(.+)$", section, re.M):
-        for room in rooms.split():
+    for number, line in re.findall(r"^floor +(\d+) +(.+)$", section, re.M):
+        for room in itertools.takewhile(lambda word: re.fullmatch(r"\w+(\.py|/)", word), line.split()):
             name = "pytest_ddtree" + ("" if room == "__init__.py" else "." + room.removesuffix("/").removesuffix(".py"))
             assert name not in floors, f"docs/architecture.md puts {room} on two floors"
             floors[name] = int(number)
