@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_ddtree.baselines import BaselineError
-from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts
+from pytest_ddtree.gates.throughput.baseline import session_share, validate_section, baseline_cell_entry
+from pytest_ddtree.gates.throughput import rule, verdicts
 from pytest_ddtree.gates.throughput.verdicts import BLESS_MAX_HALF_WIDTH, BlessDecision, judge_bless
 from pytest_ddtree.gates.throughput.measurement import (Campaign, Driving, Judging, Recording, cell_histogram,
                                                         cell_input, edge_exemption, gate_samples, measure_config,
@@ -47,7 +48,6 @@ from pytest_ddtree.service import proof
 from pytest_ddtree.service.build import blessed_build, build_changes, build_sentence, build_under_test
 from pytest_ddtree.service.plain import is_plain
 from pytest_ddtree.service.fingerprint import local_fingerprint, setup_differences
-from pytest_ddtree.gates.throughput.baseline import baseline_cell_entry
 
 if TYPE_CHECKING:
     from pytest_ddtree.baselines import BaselineStore
@@ -101,7 +101,7 @@ def read_baseline(store: BaselineStore, config: str, build: Mapping[str, Any] | 
     path = store.read_path(config)
     try:
         data = store.load(config)
-        section = baseline_mod.validate_section((data or {}).get("metrics"), str(path))
+        section = validate_section((data or {}).get("metrics"), str(path))
     except (BaselineError, verdicts.BaselineFormatError) as exc:
         return CellBaseline(config, path, store.hardware_profile, {}, str(exc), build=dict(build or {}))
     recorded = (data or {}).get("fingerprint")
@@ -220,7 +220,7 @@ def judged_cell(config: str, workload: load.CellLike, campaign: Campaign, baseli
         record["notes"].append(baseline.note)
     if edge is not None:
         record["not_judged"] = {m: edge.reason for m in edge.metrics}
-    share = baseline_mod.session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
+    share = session_share(repeats) if workload.open_loop is not None and campaign.slo is not None else None
     return JudgedCell(verdict=verdict, record=record, durations=[s.duration_s for s in valid], primary=list(run.primary),
                       baseline_cell=cell_base, baseline_problem=baseline.problem, status_reasons=list(why),
                       bless=decision, slo_latency_share=share, blessed_setup=baseline.blessed_setup,

@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
-from pytest_ddtree.gates.throughput import control, baseline as baseline_mod, session_check, verdicts
+from pytest_ddtree.gates.throughput.baseline import baseline_cell_entry, CONTROL, launch_counts
+from pytest_ddtree.gates.throughput import control, session_check, verdicts
 from pytest_ddtree.gates.throughput.cells import (CellSetup, JudgedCell, CellPlan, collected_cells, driving_for,
                                                   judged_build, read_baseline, run_cells)
 from pytest_ddtree.gates.throughput.control import CONTROL_RECORD, CONTROL_REPEAT, CONTROL_UNAVAILABLE, GATED, START
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT
 from pytest_ddtree.records.shapes import RawRecord, ControlCellData, RelaunchCellData, RelaunchFailureData
-from pytest_ddtree.gates.throughput.baseline import CONTROL, launch_counts
 from pytest_ddtree.records import bill, shapes as records_mod
 from pytest_ddtree.records.words import RecordKind
 from pytest_ddtree.baselines import BaselineError
@@ -280,7 +280,7 @@ def _record_cell(launcher: Launcher, baselines: BaselineStore, ev: JudgedCell, s
         record["baseline_problem"] = ev.baseline_problem
     if ev.bless is not None and ev.bless.blessed:
         samples, launches = _with_earlier_launches(recorder.records, cell, ev.samples)
-        entry = baseline_mod.baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
+        entry = baseline_cell_entry(record["workload"], samples, existing=ev.baseline_cell,
                                          specs=[verdicts.SPECS[k] for k in GATED], session=launcher.setup.session_stamp,
                                          launches=launches)
         recorder.propose_baseline(CONTROL, "metrics", {cell: entry})

@@ -16,7 +16,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule, verdicts as verdicts_mod
+from pytest_ddtree.gates.throughput.verdicts import (BLESS_MAX_HALF_WIDTH, BaselineFormatError, CellInput,
+                                                     CellVerdict, GATED_METRICS, WHAT_TO_DO, measurement_status,
+                                                     repeat_load_problem)
+from pytest_ddtree.gates.throughput.baseline import EdgeExemption, RATE_SECTION, validate_rate_section, validate_section
+from pytest_ddtree.gates.throughput import baseline as baseline_mod, rule
 from pytest_ddtree.service import http, proof
 from pytest_ddtree.measure import load, openloop, stats, slo as slo_mod
 from pytest_ddtree import progress
@@ -82,7 +86,7 @@ class Campaign:
 
     runs: dict[str, stats.CellRun[load.CellResult]]
     policy: stats.RepeatPolicy
-    verdicts: dict[str, verdicts_mod.CellVerdict] = dataclasses.field(default_factory=dict)
+    verdicts: dict[str, CellVerdict] = dataclasses.field(default_factory=dict)
     confirmations: dict[str, stats.CellRun[load.CellResult]] = dataclasses.field(default_factory=dict)
     gated: tuple[str, ...] | None = None  # the gated metrics judged (None: all of verdicts.GATED_METRICS)
     slo: SLO | None = None  # the SLO its goodput figures were counted against
@@ -90,7 +94,7 @@ class Campaign:
 
 
 def repeat_policy(repeats: int, bless: bool = False, max_spread: float = INCONCLUSIVE_REL_CI,
-                  bless_half_width: float = verdicts_mod.BLESS_MAX_HALF_WIDTH) -> stats.RepeatPolicy:
+                  bless_half_width: float = BLESS_MAX_HALF_WIDTH) -> stats.RepeatPolicy:
     """At least ``repeats``; more (up to MAX_EXTRA_REPEATS) only while the repeats spread more than
     ``max_spread`` (the profile's ``max_repeat_spread``), and for a bless (``bless``) also while the
     interval is wider than a baseline needs (``bless_half_width``, the profile's ``bless_max_half_width``)."""
@@ -121,7 +125,7 @@ class Driving:
     cell_timeout_s: float = CELL_TIMEOUT_S
     label: str = ""
     max_repeat_spread: float = INCONCLUSIVE_REL_CI
-    bless_max_half_width: float = verdicts_mod.BLESS_MAX_HALF_WIDTH
+    bless_max_half_width: float = BLESS_MAX_HALF_WIDTH
 
 
 @dataclass(frozen=True)
@@ -226,12 +230,12 @@ def _judge(campaign: Campaign, cells: Sequence[load.CellLike], baseline: Mapping
     _confirm(campaign, inputs, flagged, measure, repeats, on_confirm, judging, gated)
 
 
-def _confirm(campaign: Campaign, inputs: Mapping[str, verdicts_mod.CellInput], flagged: list[str],
+def _confirm(campaign: Campaign, inputs: Mapping[str, CellInput], flagged: list[str],
              measure: Callable[[str, int], load.CellResult], repeats: int, on_confirm: OnSample,
              judging: Judging, gated: Mapping[str, tuple[str, ...] | None]) -> None:
     """The confirmation run of the flagged cells (fresh repeats, same service lifetime), and the
     config judged again with it; a confirmation that measured the machine cannot confirm a flag."""
-    def judge(runs: Mapping[str, stats.CellRun[load.CellResult]]) -> dict[str, verdicts_mod.CellVerdict]:
+    def judge(runs: Mapping[str, stats.CellRun[load.CellResult]]) -> dict[str, CellVerdict]:
         confirmations = {name: gate_samples([repeat_metrics(s) for s in run.counted if s.valid], gated.get(name))
                          for name, run in runs.items()}
         return rule.judge_config(inputs, confirmations, launch_spread=judging.launch_spread,
@@ -247,7 +251,7 @@ def _confirm(campaign: Campaign, inputs: Mapping[str, verdicts_mod.CellInput], f
                 campaign.verdicts[name], status=Status.INCONCLUSIVE,
                 reasons=(f"flagged in the first pass, but its confirmation run got only {len(run.primary)} clean "
                          f"repeat(s) of the {CONFIRM_REPEATS} needed: {len(run.spoiled)} measured the machine, not "
-                         f"the config ({'; '.join(spoiled_evidence(run)[:8])}); {verdicts_mod.WHAT_TO_DO}",))
+                         f"the config ({'; '.join(spoiled_evidence(run)[:8])}); {WHAT_TO_DO}",))
         else:
             loaded = latency_beside_a_loaded_machine(campaign.verdicts[name], campaign.runs[name], run)
             if loaded is not None:
@@ -327,10 +331,10 @@ S = TypeVar("S")
 
 
 def confirm_in_stages(flagged: Sequence[K], measure: Callable[[K, int], S], primary: Callable[[S], float | None],
-                      judge: Callable[[Mapping[K, stats.CellRun[S]]], dict[K, verdicts_mod.CellVerdict]],
+                      judge: Callable[[Mapping[K, stats.CellRun[S]]], dict[K, CellVerdict]],
                       on_sample: Callable[[K, int, S], None] | None = None,
                       spoiled: Callable[[S], str | None] | None = None,
-                      ) -> tuple[dict[K, stats.CellRun[S]], dict[K, verdicts_mod.CellVerdict]]:
+                      ) -> tuple[dict[K, stats.CellRun[S]], dict[K, CellVerdict]]:
     """The confirmation run of the flagged cells: ``CONFIRM_FIRST_STAGE`` fresh repeats each, judged
     (``judge``: the config with these confirmations); a cell ``cleared_early`` stops there, the others
     take the rest of ``CONFIRM_REPEATS``, and the config is judged on everything measured.
@@ -370,7 +374,7 @@ def _joined(first: stats.CellRun[S], second: stats.CellRun[S]) -> stats.CellRun[
                          min_clean=CONFIRM_REPEATS)
 
 
-def cleared_early(verdict: verdicts_mod.CellVerdict) -> bool:
+def cleared_early(verdict: CellVerdict) -> bool:
     """Whether a flagged cell's first confirmation stage clears it with room to spare: it passes,
     and every confirmed metric's confirmation (the config's common change removed) is on the bad
     side by at most half its tolerance."""
@@ -401,7 +405,7 @@ def host_cpu_pressure(*runs: stats.CellRun[load.CellResult]) -> float | None:
     return stats.median(shares) if shares else None
 
 
-def latency_beside_a_loaded_machine(verdict: verdicts_mod.CellVerdict, first: stats.CellRun[load.CellResult],
+def latency_beside_a_loaded_machine(verdict: CellVerdict, first: stats.CellRun[load.CellResult],
                                     confirmation: stats.CellRun[load.CellResult]) -> str | None:
     """Why a confirmed regression of latency only (TTFT) is the machine's, or None.
 
@@ -425,13 +429,13 @@ def latency_beside_a_loaded_machine(verdict: verdicts_mod.CellVerdict, first: st
         return (f"{shown} beyond tolerance, but measured while the machine spoiled {retaken} of this cell's repeats "
                 f"({'; '.join([*spoiled_evidence(first), *spoiled_evidence(confirmation)][:4])}): latency is delayed by a "
                 f"loaded host before the engine falls behind its clock, so this is not a verdict on the config; "
-                f"{verdicts_mod.WHAT_TO_DO}")
+                f"{WHAT_TO_DO}")
     pressure = host_cpu_pressure(first, confirmation)
     if pressure is not None and pressure > MAX_HOST_CPU_PRESSURE:
         return (f"{shown} beyond tolerance, but measured while tasks on this host waited for a CPU {pressure:.0%} of "
                 f"the time (median over the cell's repeats, Linux's CPU pressure; above {MAX_HOST_CPU_PRESSURE:.0%}): "
                 f"each first token waited for the host, not only for the service, so this is not a verdict on the "
-                f"config; {verdicts_mod.WHAT_TO_DO}")
+                f"config; {WHAT_TO_DO}")
     return None
 
 
@@ -440,7 +444,7 @@ def blessed_judging(store: BaselineStore, gated: tuple[str, ...] | None = None) 
     hardware profile, read in one pass: ``baseline.launch_spread`` (how much a config's common change
     moves between launches) and ``baseline.cell_noise`` (each cell's repeat noise); files that cannot be
     read are left out (their own cells report them)."""
-    sections = _blessed_sections(store, "metrics", baseline_mod.validate_section)
+    sections = _blessed_sections(store, "metrics", validate_section)
     return Judging(gated, baseline_mod.launch_spread(sections), baseline_mod.cell_noise(sections))
 
 
@@ -448,7 +452,7 @@ def blessed_rate_sections(store: BaselineStore) -> list[dict[str, Any]]:
     """The ``sustainable_rate`` sections of every config's baseline file of ``store``'s hardware
     profile, read in one pass (``rate_gate.pooled_spread`` pools them); files that cannot be read
     are left out (their own rate test reports them)."""
-    return _blessed_sections(store, baseline_mod.RATE_SECTION, baseline_mod.validate_rate_section)
+    return _blessed_sections(store, RATE_SECTION, validate_rate_section)
 
 
 def _blessed_sections(store: BaselineStore, key: str, validate: Callable[[Any, str], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -466,7 +470,7 @@ def _blessed_sections(store: BaselineStore, key: str, validate: Callable[[Any, s
         try:
             data = store.load(path.stem)
             sections.append(validate((data or {}).get(key), str(path)))
-        except (BaselineError, verdicts_mod.BaselineFormatError, OSError):
+        except (BaselineError, BaselineFormatError, OSError):
             continue
     return sections
 
@@ -481,7 +485,7 @@ def gate_samples(repeats: Sequence[Mapping[str, Any]], gated: Sequence[str] | No
     narrows the metrics (the control gates its output tok/s only)."""
     samples = {
         spec.key: [float(v) for m in repeats if isinstance(v := m.get(spec.key), (int, float))]
-        for spec in verdicts_mod.GATED_METRICS if gated is None or spec.key in gated
+        for spec in GATED_METRICS if gated is None or spec.key in gated
     }
     return {k: v for k, v in samples.items() if v}
 
@@ -498,7 +502,7 @@ def repeat_metrics(result: load.CellResult) -> dict[str, Any]:
 def spoiled_reason(result: load.CellResult) -> str | None:
     """Why a valid repeat measured the machine rather than the config (``verdicts.repeat_load_problem``),
     or None: such a repeat is recorded and retaken, never counted."""
-    return verdicts_mod.repeat_load_problem(repeat_metrics(result)) if result.valid else None
+    return repeat_load_problem(repeat_metrics(result)) if result.valid else None
 
 
 def spoiled_evidence(run: stats.CellRun[load.CellResult]) -> list[str]:
@@ -536,7 +540,7 @@ def cell_gated(workload: load.CellLike, gated: Sequence[str] | None) -> tuple[st
     open-loop cell leaves out ``OFFERED_LOAD_METRICS``."""
     if workload.open_loop is None:
         return None if gated is None else tuple(gated)
-    keys = [spec.key for spec in verdicts_mod.GATED_METRICS] if gated is None else list(gated)
+    keys = [spec.key for spec in GATED_METRICS] if gated is None else list(gated)
     return tuple(k for k in keys if k not in OFFERED_LOAD_METRICS)
 
 
@@ -549,7 +553,7 @@ def judged_gated(workload: load.CellLike, gated: Sequence[str] | None, baseline_
     edge = edge_exemption(baseline_cell, slo, workload) if slo_edge else None
     if edge is None:
         return judged
-    keys = [spec.key for spec in verdicts_mod.GATED_METRICS] if judged is None else list(judged)
+    keys = [spec.key for spec in GATED_METRICS] if judged is None else list(judged)
     return tuple(k for k in keys if k not in edge.metrics)
 
 
@@ -573,7 +577,7 @@ def judged_baseline(baseline_cell: Any, slo: SLO | None, workload: load.CellLike
     return {**baseline_cell, "gates": {k: v for k, v in gates.items() if k not in dropped}}
 
 
-def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.CellLike | None) -> baseline_mod.EdgeExemption | None:
+def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.CellLike | None) -> EdgeExemption | None:
     """What an open-loop ``workload`` blessed at ``slo``'s edge records but does not judge, and why
     (``slo_edge.py``: from its blessed sessions only); None for a closed-loop cell, without an SLO or
     where it was blessed clear of the edge."""
@@ -582,13 +586,13 @@ def edge_exemption(baseline_cell: Any, slo: SLO | None, workload: load.CellLike 
     return baseline_mod.edge_exemption(baseline_cell, slo.percentile)
 
 
-def cell_input(campaign: Campaign, workload: load.CellLike, baseline_cell: Any) -> verdicts_mod.CellInput:
+def cell_input(campaign: Campaign, workload: load.CellLike, baseline_cell: Any) -> CellInput:
     """What the gate needs of one measured cell."""
     run = campaign.runs[workload.name]
     repeats, problems = _repeat_facts(run)
-    status, why = verdicts_mod.measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
+    status, why = measurement_status(campaign.policy, run.primary, run.invalid, repeats, problems,
                                           spoiled=spoiled_evidence(run))
-    return verdicts_mod.CellInput(judged_baseline(baseline_cell, campaign.slo, workload, campaign.slo_edge),
+    return CellInput(judged_baseline(baseline_cell, campaign.slo, workload, campaign.slo_edge),
                           gate_samples(repeats, judged_gated(workload, campaign.gated, baseline_cell, campaign.slo,
                                                              campaign.slo_edge)),
                           status, why, measured_workload(run, workload))

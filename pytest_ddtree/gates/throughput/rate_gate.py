@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddtree.metrics import REQUEST_GOODPUT
-from pytest_ddtree.gates.throughput import baseline as baseline_mod, verdicts, measurement
+from pytest_ddtree.gates.throughput.baseline import (MIN_POOLED_CONFIGS, PooledSpread, baseline_cell_entry,
+                                                     rate_between_spread, rate_entry)
+from pytest_ddtree.gates.throughput import verdicts, measurement
 from pytest_ddtree.baselines import BaselineStore
 from pytest_ddtree.measure import load, stats
 from pytest_ddtree.service.base import ServiceError
@@ -62,14 +64,14 @@ def same_slo(blessed: Mapping[str, Any], slo: SLO) -> bool:
         and float(blessed["percentile"]) == slo.percentile
 
 
-def pooled_spread(store: BaselineStore, slo: SLO) -> dict[str, baseline_mod.PooledSpread]:
+def pooled_spread(store: BaselineStore, slo: SLO) -> dict[str, PooledSpread]:
     """The blessed rates' goodput between-session spread per workload, pooled over every config's
     baseline file of ``store``'s hardware profile whose entry was blessed under ``slo`` (another
     SLO's edge is another rate's); read once per session by the suite (files that cannot be read
     are left out: their own rate test reports them)."""
     sections = [{w: e for w, e in section.items() if same_slo(e.get("slo") or {}, slo)}
                 for section in measurement.blessed_rate_sections(store)]
-    return {w: by_metric[GOODPUT] for w, by_metric in baseline_mod.rate_between_spread(sections).items() if GOODPUT in by_metric}
+    return {w: by_metric[GOODPUT] for w, by_metric in rate_between_spread(sections).items() if GOODPUT in by_metric}
 
 
 def bless_rate(search: RateSearch, existing: Mapping[str, Any] | None, slo: SLO) -> float | None:
@@ -107,9 +109,9 @@ def bless_entry(rate: float | None, campaigns: Mapping[float, measurement.Campai
     if not goodput or min(goodput) <= 0:
         return None, f"a repeat at {rate:g} req/s had no request meeting {slo.label} (goodput {goodput})"
     old = existing.get("cell") if existing is not None and same_slo(existing.get("slo") or {}, slo) else None
-    entry = baseline_mod.baseline_cell_entry(facts.workload or {}, {GOODPUT: goodput}, existing=old,
+    entry = baseline_cell_entry(facts.workload or {}, {GOODPUT: goodput}, existing=old,
                                      specs=[verdicts.SPECS[GOODPUT]], session=session)
-    return baseline_mod.rate_entry(rate, slo.record(), entry), f"{rate:g} req/s under {slo.label} proposed for the baseline"
+    return rate_entry(rate, slo.record(), entry), f"{rate:g} req/s under {slo.label} proposed for the baseline"
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class _Judged:
 def judge_rate(service: str | SGLangClient, template: load.CellLike, blessed: Mapping[str, Any], repeats: int,
                resolution: float, driving: measurement.Driving, *, config: str, create_command: str, require: bool,
                recording: measurement.Recording = measurement.Recording(),
-               pooled: baseline_mod.PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
+               pooled: PooledSpread | None = None, relaunch: Relaunch | None = None) -> RateGateOutcome:
     """Re-probe the blessed rate of ``blessed`` (a validated ``sustainable_rate.<workload>`` entry
     under this session's SLO, ``driving.slo``) and judge its goodput; ``driving`` is how each repeat
     drives the service (prompts, accept bound, cell deadline). ``require`` (``--ddtree-require-baselines``)
@@ -213,7 +215,7 @@ def judge_rate(service: str | SGLangClient, template: load.CellLike, blessed: Ma
 
 def _judge_launch(service: str | SGLangClient, template: load.CellLike, blessed: Mapping[str, Any], repeats: int,
                   driving: measurement.Driving, label: str, recording: measurement.Recording,
-                  pooled: baseline_mod.PooledSpread | None) -> _Judged:
+                  pooled: PooledSpread | None) -> _Judged:
     """The blessed rate measured as one open-loop cell on this launch, its goodput judged against the
     entry by the throughput gate's rule, tolerance and confirmation run (``measurement.measure_config``)."""
     slo = driving.slo
@@ -269,14 +271,14 @@ def unjudged(config: str, workload: str, blessed: Mapping[str, Any] | None, slo:
     return Status.WARN, why
 
 
-def _tolerance(tolerance: float, pooled: baseline_mod.PooledSpread | None, blessed: Mapping[str, Any]) -> str:
+def _tolerance(tolerance: float, pooled: PooledSpread | None, blessed: Mapping[str, Any]) -> str:
     """The tolerance and the between-session spread it holds: pooled over how many configs, or its own."""
     if pooled is not None:
         return (f"tolerance {tolerance:.1%}, its between-session spread its own or, where wider, {pooled.spread:.1%} "
                 f"pooled over {pooled.configs} configs' blessed rates on this hardware")
     sessions = len(((blessed["cell"].get("gates") or {}).get(GOODPUT) or {}).get("sessions") or [])
     return (f"tolerance {tolerance:.1%}, its between-session spread its own {sessions} blessed session(s)' "
-            f"(fewer than {baseline_mod.MIN_POOLED_CONFIGS} configs' rates blessed in 2+ sessions to pool)")
+            f"(fewer than {MIN_POOLED_CONFIGS} configs' rates blessed in 2+ sessions to pool)")
 
 
 def _num(value: Any) -> str:
