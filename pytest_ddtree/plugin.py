@@ -304,7 +304,7 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
     ``unavailable`` (recorded with the reason) or ``off``. At the process's end: the configs the session check
     flags relaunched, the other half of the launches after several configs, and further ones while the uniform
     shift is inconclusive (``launches.further_launches``), unless the run was stopped."""
-    from pytest_ddtree.gates.throughput import control, launches
+    from pytest_ddtree.gates.throughput import launches
     from pytest_ddtree.gates.throughput.cells import CellSetup
 
     session = ddtree_session
@@ -312,13 +312,8 @@ def ddtree_control(request: pytest.FixtureRequest, ddtree_session: DDTreeSession
                                  session.baselines, session.worker_count)
     done, cells = launches.start(launcher, request.session.items)
     yield done
-    if request.session.shouldstop or request.session.shouldfail:
-        return
-    launches.relaunch_flagged(launcher, request.session.items)
-    if done == "measured" and launches.wants_end_launch(session.recorder.records):
-        launches.measure_launches(launcher, cells, control.END)
-    if done == "measured":
-        launches.further_launches(launcher, cells)
+    if not (request.session.shouldstop or request.session.shouldfail):
+        launches.end_of_process(launcher, request.session.items, done, cells)
 
 
 @pytest.fixture

@@ -663,6 +663,54 @@ def to_record(self) -> dict[str, Any]: ...
     assert [line for line, _ in _untyped_records(ast.parse(source))] == [2, 3, 5, 6, 7, 8]
 
 
+#: Most lines plugin.py may have: pytest's face holds hooks and fixtures, and each hands its work to
+#: the module whose job it is (pytest-regressions' plugin is 171 lines, pytest-benchmark's 534).
+MAX_PLUGIN_LINES = 400
+#: Most lines of a plugin.py function that is neither a hook nor a fixture (a helper they share).
+MAX_PLUGIN_HELPER_LINES = 16
+
+
+def _plugin_logic(source: str) -> list[str]:
+    """plugin.py's top-level functions that are neither a hook (``pytest_*``) nor a fixture, and
+    longer than a helper, and its classes: logic that belongs in a module of its job."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            found.append(f"class {node.name}")
+        elif isinstance(node, ast.FunctionDef) and node.end_lineno is not None:
+            fixture = any("fixture" in ast.unparse(d) for d in node.decorator_list)
+            if not node.name.startswith("pytest_") and not fixture and node.end_lineno - node.lineno + 1 > MAX_PLUGIN_HELPER_LINES:
+                found.append(f"def {node.name}")
+    return found
+
+
+def test_the_plugin_holds_hooks_and_fixtures_only(repo_root: Path) -> None:
+    source = (repo_root / "pytest_ddtree" / "plugin.py").read_text()
+    assert len(source.splitlines()) <= MAX_PLUGIN_LINES, f"plugin.py has {len(source.splitlines())} lines"
+    assert not _plugin_logic(source), _plugin_logic(source)
+
+
+def test_the_plugin_scan_finds_logic() -> None:
+    helper = "\n".join(["def _small():", *["    pass"] * (MAX_PLUGIN_HELPER_LINES - 1)])
+    source = f"""
+class _Watcher:
+    pass
+
+{helper}
+
+def _long():
+{chr(10).join(["    pass"] * MAX_PLUGIN_HELPER_LINES)}
+
+def pytest_configure(config):
+{chr(10).join(["    pass"] * 40)}
+
+@pytest.fixture
+def ddtree_thing():
+{chr(10).join(["    pass"] * 40)}
+"""
+    assert _plugin_logic(source) == ["class _Watcher", "def _long"]
+
+
 def test_no_module_over_800_lines_and_no_long_function_without_a_reason(repo_root: Path) -> None:
     """A module a newcomer can read in one sitting; a long function says why it stays whole
     (``# long because: ...`` on the line above its ``def`` or first decorator)."""

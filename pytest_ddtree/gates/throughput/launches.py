@@ -369,6 +369,19 @@ def relaunch_recording(recorder: SessionRecorder, config: str, index: int) -> Re
 RELAUNCH_REPEATS = 1
 
 
+def end_of_process(launcher: Launcher, items: Sequence[Any], done: str, cells: Sequence[CellLike]) -> None:
+    """A process's launches at its end, after its last config (``done`` and ``cells``: what
+    :func:`start` returned): the configs the session check flags relaunched
+    (:func:`relaunch_flagged`), the other half of the control's launches after several configs
+    (:func:`wants_end_launch`), and further ones while the uniform shift is inconclusive
+    (:func:`further_launches`)."""
+    relaunch_flagged(launcher, items)
+    if done == "measured" and wants_end_launch(launcher.recorder.records):
+        measure_launches(launcher, cells, control.END)
+    if done == "measured":
+        further_launches(launcher, cells)
+
+
 def relaunch_flagged(launcher: Launcher, items: Sequence[Any]) -> list[str]:
     """At the end of a process: launch each config that ``session_check.relaunch_candidates`` flags once more,
     measure all its cells again (``RELAUNCH_REPEATS`` each, no confirmation run: see ``Judging.confirm``)
