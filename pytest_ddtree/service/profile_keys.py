@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pytest_ddtree.service import kinds
-from pytest_ddtree.service.fleet import FleetKeys
+from pytest_ddtree.service.fleet import COMMAND_TEMPLATES, FleetKeys
 from pytest_ddtree.service.validated_profile import ProfileError, ServiceProfile
 from pytest_ddtree.suggest import did_you_mean
 
@@ -183,7 +183,7 @@ KEYS = (
     Key("command_timeout_s", "fleet", _SECONDS, "each remote or template command as a whole"),
     Key("connect_timeout_s", "fleet", _SECONDS, "ssh's connection to a host"),
     *(Key(name, "fleet", (str, _NONE), f"controller: command only: the {name} command template", default="`null`")
-      for name in ("start", "stop", "status", "logs", "restore")),
+      for name in COMMAND_TEMPLATES),
     # model
     Key("tokenizer", "model", (str, _NONE), "a local HF tokenizer folder, only for a service without /tokenize "
         "([hf] extra)"),
@@ -248,16 +248,17 @@ def check_key_types(flat: Mapping[str, Any], fail: Fail) -> None:
     for name, (types, required) in known.items():
         if name not in flat:
             if required:
-                raise fail(name, "missing required key")
+                inside = next((key.grouped for key in KEYS if key.name == name and key.group), None)
+                raise fail(name, "missing required key" + (f" (grouped: {inside})" if inside else ""))
             continue
         value = flat[name]
         takes_bool = types is bool or (isinstance(types, tuple) and bool in types)
         if (isinstance(value, bool) and not takes_bool) or not isinstance(value, types):
-            raise fail(name, f"expected {_type_names(types, ' or ')}, got {type(value).__name__} {value!r}")
+            raise fail(name, f"expected {_type_names(types)}, got {type(value).__name__} {value!r}")
 
 
-def _type_names(types: Types, joiner: str) -> str:
-    return types.__name__ if isinstance(types, type) else joiner.join(t.__name__ for t in types)
+def _type_names(types: Types) -> str:
+    return types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
 
 
 # -- the table of docs/profiles.md ----------------------------------------------------------------
