@@ -253,7 +253,7 @@ def _request(stash: pytest.Stash, items: list[Any], workload: Cell | None = None
 
 
 def _items(world: World) -> list[Any]:
-    return [SimpleNamespace(callspec=SimpleNamespace(params={"ddtree_config": c, "workload": w}),
+    return [SimpleNamespace(callspec=SimpleNamespace(params={"ddtree_config": c, "cell": w}),
                             originalname="test_throughput", get_closest_marker=lambda name: None)
             for c in world.configs for w in world.cells]
 

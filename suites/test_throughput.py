@@ -62,8 +62,8 @@ _CAMPAIGNS = pytest.StashKey[dict[str, "MeasuredCells"]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``workload`` over the matrix's cells (filtered by --ddtree-cell)."""
-    if "workload" not in metafunc.fixturenames:
+    """Parametrize ``cell`` over the matrix's cells (filtered by --ddtree-cell)."""
+    if "cell" not in metafunc.fixturenames:
         return
     session = session_of(metafunc.config)
     if session is None:
@@ -83,7 +83,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             marks.append(pytest.mark.skip(
                 reason=f"{w.name}: context {w.context_tokens} tokens exceeds the profile's max_context {max_context}"))
         params.append(pytest.param(w, id=w.name, marks=marks))
-    metafunc.parametrize("workload", params)
+    metafunc.parametrize("cell", params)
 
 
 _JUDGING = pytest.StashKey[Judging]()
@@ -116,7 +116,7 @@ def _campaign(request: pytest.FixtureRequest, service: RunningService, config: D
     try:
         setup = cells.CellSetup.of(session.profile, session.settings, session.slo)
         campaigns[config.name] = cells.run_config(
-            setup, baselines, service, config.name, collected or [request.getfixturevalue("workload")],
+            setup, baselines, service, config.name, collected or [request.getfixturevalue("cell")],
             Recording(record(RecordKind.THROUGHPUT_REPEAT), record(RecordKind.THROUGHPUT_CONFIRM_REPEAT)),
             judging=Judging() if baselines.update_mode else _judging(request, baselines), hooks=session.hooks)
     except LoadError as exc:  # the prompts cannot be made (bad source, missing vocab_size, no service), or a deadline
@@ -168,24 +168,24 @@ def test_throughput(
     ddtree_settings: Settings,
     ddtree_recorder: SessionRecorder,
     ddtree_baselines: BaselineStore,
-    workload: Cell,
+    cell: Cell,
 ) -> None:
     """Output tok/s, acceptance and TTFT of one cell against its baseline."""
     config = ddtree_config.name
-    cell = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_baselines).cells[workload.name]
-    status, verdict, record = cell.status, cell.verdict, cell.record
+    measured = _campaign(request, ddtree_service, ddtree_config, ddtree_recorder, ddtree_baselines).cells[cell.name]
+    status, verdict, record = measured.status, measured.verdict, measured.record
     ddtree_recorder.record(RecordKind.THROUGHPUT, config, record)
 
     timer = _ReplayTimer()
-    timer.durations = cell.durations
+    timer.durations = measured.durations
     for bench in _benchmark(request, timer):
-        bench.extra_info.update({"config": config, "cell": workload.name, "status": verdict.status,
-                                 "measurement_status": status, "repeats": cell.repeats, **record["workload"]})
+        bench.extra_info.update({"config": config, "cell": cell.name, "status": verdict.status,
+                                 "measurement_status": status, "repeats": measured.repeats, **record["workload"]})
         bench.extra_info.update({k: v for k, v in record["metrics"].items() if k in report.JSON_KEYS})
-        bench.pedantic(lambda: None, rounds=max(1, len(cell.durations)), iterations=1)
+        bench.pedantic(lambda: None, rounds=max(1, len(measured.durations)), iterations=1)
 
     session = session_of(request.config)
-    outcome = judge_cell(cell, config, workload.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
+    outcome = judge_cell(measured, config, cell.name, baselines=ddtree_baselines, recorder=ddtree_recorder,
                          service=ddtree_service, settings=ddtree_settings, hooks=session.hooks if session else None)
     for note in outcome.warnings:
         warnings.warn(_WARNING_CLASS[note.kind](note.message), stacklevel=1)

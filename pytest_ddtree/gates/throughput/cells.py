@@ -429,7 +429,7 @@ def collected_cells(items: Sequence[Any], test: str | None = None) -> CollectedC
         spec = getattr(item, "callspec", None)
         if spec is None or (test is not None and getattr(item, "originalname", None) != test):
             continue
-        config, workload = spec.params.get("ddtree_config"), spec.params.get("workload")
+        config, workload = spec.params.get("ddtree_config"), spec.params.get("cell", spec.params.get("workload"))  # "workload": a suite written before
         if workload is None or not isinstance(getattr(workload, "name", None), str) or item.get_closest_marker("skip"):
             continue
         name = getattr(config, "name", None)

@@ -392,7 +392,7 @@ def relaunch_flagged(launcher: Launcher, items: Sequence[Any]) -> list[str]:
     capture, memory layout) about as much as a day does, so one launch cannot tell a config that is
     10% slower from an unlucky launch without failing too many unchanged sweeps; a second launch has a
     shift of its own. ``launcher`` holds what the relaunch uses, ``items`` the collected tests
-    (their ``ddtree_config`` and ``workload`` parameters, ``collected_cells``). The screen compares the
+    (their ``ddtree_config`` and ``cell`` parameters, ``collected_cells``). The screen compares the
     configs measured in this process (the plugin keeps a config's tests on one worker). Nothing here
     raises: a relaunch that fails is recorded with the reason, and the config keeps its one-launch verdict.
     """
