@@ -49,26 +49,33 @@ def installed() -> Installed:
     profiles: dict[str, tuple[Path, str]] = {}
     dialects: list[Path] = []
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = f"distribution {entry.dist.name} {entry.dist.version}" if entry.dist is not None else "an unnamed distribution"
-        where = f"entry point '{entry.name} = {entry.value}' of {dist} (group {ENTRY_POINT_GROUP})"
-        fix = f"; fix that distribution or uninstall it{f' (pip uninstall {entry.dist.name})' if entry.dist is not None else ''}"
+        where, fix = describe(entry)
         try:
             target = entry.load()
         except Exception as exc:  # noqa: BLE001 - a third party's import can raise anything
-            raise InstalledProfileError(f"{where} could not be loaded: {type(exc).__name__}: {exc}{fix}") from None
+            raise InstalledProfileError(f"{where} could not be loaded: {type(exc).__name__}: {exc}; {fix}") from None
         path = _path_of(target)
         if path is None or not (path.is_dir() or path.is_file()):
             raise InstalledProfileError(f"{where} names {type(target).__name__} {str(target)[:80]!r}: not a package "
-                                        f"with a folder, nor a path to a profile or a folder that exists{fix}")
+                                        f"with a folder, nor a path to a profile or a folder that exists; {fix}")
         found = {entry.name: path} if path.is_file() else {
             p.stem: p for p in sorted(path.glob("*.yaml")) if p.name != DIALECTS_FILE}
         if path.is_dir() and (path / DIALECTS_FILE).is_file():
             dialects.append(path / DIALECTS_FILE)
         for name, file in found.items():
             if name in profiles and profiles[name][0] != file:
-                raise InstalledProfileError(f"profile {name!r} is declared twice: by {profiles[name][1]} and by {where}{fix}")
+                raise InstalledProfileError(f"profile {name!r} is declared twice: by {profiles[name][1]} and by {where}; {fix}")
             profiles[name] = (file, where)
     return Installed(profiles, tuple(dict.fromkeys(dialects)))
+
+
+def describe(entry: metadata.EntryPoint) -> tuple[str, str]:
+    """(where, what to do): the entry point and its distribution, as an error names them, and how
+    the user gets rid of a broken one (the controllers' group words its errors with this too)."""
+    dist = f"distribution {entry.dist.name} {entry.dist.version}" if entry.dist is not None else "an unnamed distribution"
+    where = f"entry point '{entry.name} = {entry.value}' of {dist} (group {entry.group})"
+    fix = "fix that distribution " + (f"or uninstall it (pip uninstall {entry.dist.name})" if entry.dist is not None else "or uninstall it")
+    return where, fix
 
 
 def _path_of(target: object) -> Path | None:

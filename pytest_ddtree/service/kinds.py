@@ -18,6 +18,7 @@ from typing import Callable
 
 from pytest_ddtree.service import command, external, process, slurm, systemd
 from pytest_ddtree.service.base import Capabilities, KeyTypes
+from pytest_ddtree.service.installed import describe
 from pytest_ddtree.service.protocol import Controller, ControllerContext, ControllerKind
 from pytest_ddtree.service.validated_profile import ProfileError
 
@@ -50,8 +51,7 @@ def _installed() -> None:
         return
     _loaded = True
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = f"distribution {entry.dist.name} {entry.dist.version}" if entry.dist is not None else "an unnamed distribution"
-        where = f"entry point '{entry.name} = {entry.value}' of {dist} (group {ENTRY_POINT_GROUP})"
+        where, fix = describe(entry)
         try:
             kind = entry.load()
             if not isinstance(kind, ControllerKind):
@@ -61,8 +61,7 @@ def _installed() -> None:
             _add(kind)
         except Exception as exc:  # noqa: BLE001 - a third party's import can raise anything
             _load_error = ControllerLoadError(
-                f"controller kind {where} could not be loaded: {type(exc).__name__}: {exc}; fix that distribution "
-                + (f"or uninstall it (pip uninstall {entry.dist.name})" if entry.dist is not None else "or uninstall it"))
+                f"controller kind {where} could not be loaded: {type(exc).__name__}: {exc}; {fix}")
             raise _load_error from None
 
 
