@@ -9,7 +9,7 @@ How a config is measured (docs/gates/throughput.md):
 * A cell is repeated at least ``--ddtree-repeats`` times (default 3) and at most
   ``MAX_EXTRA_REPEATS`` more, stopping as soon as the output-throughput interval is tight.
 * The config's cells are judged together against ``baselines/<hardware-profile>/<config>.yaml``
-  (``pytest_ddtree/gates/throughput/`` states the rule, ``cells.judge_cell`` there judges each cell); a flagged cell is measured again at once, while
+  (``pytest_ddtree/gates/throughput/rule.py`` states the rule, ``cells.judge_cell`` there judges each cell); a flagged cell is measured again at once, while
   the service is up, and fails only when that confirmation regresses too. A cell also fails on
   an invalid measurement (errors, wrong token counts) or a gated metric the run did not
   produce. Inconclusive cells (repeats that disagree even after extra repeats, a service that

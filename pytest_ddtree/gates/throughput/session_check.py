@@ -1,5 +1,5 @@
-"""A config against its session (step 6): its common change against the other configs of the same
-session, and the relaunch of the configs beyond a lenient screen."""
+"""A config against its session (step 6 of the rule, rule.py): its common change against the other
+configs of the same session, and which configs beyond a lenient screen are relaunched."""
 
 from __future__ import annotations
 
