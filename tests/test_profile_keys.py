@@ -164,6 +164,7 @@ def test_the_docs_profile_examples_name_only_declared_keys(repo_root: Path) -> N
     groups = {group.name for group in GROUPS}
     inner = {(key.group, key.inner or key.name) for key in KEYS if key.group}
     seen = 0
+    slurm_documented: set[str] = set()
     for page in sorted((repo_root / "docs").rglob("*.md")):
         for block in _yaml_blocks(page.read_text()):
             if not isinstance(block, dict) or "name" not in block or not {"controller", "command", "launch", "url"} & set(block):
@@ -175,6 +176,8 @@ def test_the_docs_profile_examples_name_only_declared_keys(repo_root: Path) -> N
                 else:
                     assert name in BY_NAME or name in kinds.key_types(), (page.name, name)
             assert set(block.get("slurm") or {}) <= set(SLURM_KEYS), (page.name, sorted(block["slurm"]))
+            slurm_documented |= set(block.get("slurm") or {})
             for entry in (e for e in block.get("pool") or [] if isinstance(block.get("pool"), list) and isinstance(e, dict)):
                 assert set(entry) <= {"host", *HOST_OVERRIDES}, (page.name, sorted(entry))
     assert seen >= 6
+    assert slurm_documented == set(SLURM_KEYS), "docs/fleet/slurm.md's example shows every job option"
