@@ -381,10 +381,10 @@ def run_session(world: World, index: int, bless: bool, repeats: int = 3, extras:
     records = session.collected_records()
     outcome = finish.FinishOutcome()
     if bless:
-        finish._apply_baseline_updates(session, outcome)
+        finish._apply_baseline_updates(session.settings, session.collected_updates(), outcome)
     else:
         finish._judge_configs_against_session(records, outcome)
-        finish._judge_control(session, records, outcome)
+        finish._judge_control(session.settings, session.profile, records, outcome)
     return SessionResult(records, failed, skipped, outcome, dict(world.counts))
 
 

@@ -28,7 +28,10 @@ from pytest_ddtree.service.profile import ProfileError
 from pytest_ddtree.records.words import CONTROL_KINDS, RecordKind, Status
 
 if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.selection import Selection
+    from pytest_ddtree.service.profile import ServiceProfile
+    from pytest_ddtree.session import DDTreeSession, LivePage
 
 
 #: The node id of a session-level failure's report (``ddtree::control``...).
@@ -127,12 +130,10 @@ class FinishOutcome:
         self.failures.append(SessionFailure(check, message))
 
 
-def _report_field_mapping(session: DDTreeSession, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+def _report_field_mapping(profile: ServiceProfile | None, outcome: FinishOutcome, results: dict[str, Any]) -> None:
     """How each config field reached the service, in results.json; the fields the harness could
     not prove (unverifiable, with the profile's reason, or not settable) also in the summary."""
-    try:
-        profile = session.profile
-    except (ProfileError, OSError):
+    if profile is None:
         return
     mapping = profile.how_fields_reach_the_service()
     results["config_fields"] = mapping
@@ -143,12 +144,10 @@ def _report_field_mapping(session: DDTreeSession, outcome: FinishOutcome, result
                                  "\n".join(f"{name}: {how}" for name, how in unproven.items())))
 
 
-def _report_selection(session: DDTreeSession, outcome: FinishOutcome, results: dict[str, Any]) -> None:
+def _report_selection(selection: Selection | None, outcome: FinishOutcome, results: dict[str, Any]) -> None:
     """What the selection left out of configs.yaml's matrix on this build, and why (results.json
     ``selection``; the summary's "ddtree selection" section when anything was left out)."""
-    try:
-        selection = session.selection
-    except Exception:  # noqa: BLE001 - a broken profile or matrix is reported where it is used
+    if selection is None:
         return
     results["selection"] = selection.as_dict()
     lines = selection.summary_lines()
@@ -157,6 +156,22 @@ def _report_selection(session: DDTreeSession, outcome: FinishOutcome, results: d
             "ddtree selection",
             f"ran {', '.join(c.name for c in selection.configs)} on this build ({selection.build.origin}); "
             f"left out {len(lines)} matrix config(s) it cannot run as named:\n" + "\n".join(lines)))
+
+
+def _profile(session: DDTreeSession) -> ServiceProfile | None:
+    """The session's profile, or None where it cannot be read (a broken profile is reported where it is loaded)."""
+    try:
+        return session.profile
+    except (ProfileError, OSError):
+        return None
+
+
+def _selection(session: DDTreeSession) -> Selection | None:
+    """The session's selection, or None where it cannot be made (reported where it is used)."""
+    try:
+        return session.selection
+    except Exception:  # noqa: BLE001 - a broken profile or matrix is reported where it is used
+        return None
 
 
 def end_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
@@ -171,59 +186,59 @@ def end_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
 
 
 def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
+    """The main process's session end. The session is read here, once; each step takes what it uses."""
     outcome = FinishOutcome()
-    results_dir = session.results_dir
+    settings = session.settings
+    results_dir = settings.results
     records = session.collected_records()
-    if not records and session.settings.package is None:
+    if not records and settings.package is None:
         return outcome
+    profile = _profile(session)
     # records that came back malformed (records.screen set them aside, kept whole in results.json)
     for record in records:
         if record.get("kind") == RecordKind.CORRUPT_RECORD and "problem" in record:
             outcome.fail(str(record["problem"]), CHECK_RECORDS)
 
     # 1. Baselines first: they are what the user asked for with --ddtree-update-baselines.
-    if session.settings.update_baselines:
-        _apply_baseline_updates(session, outcome)
+    if settings.update_baselines:
+        _apply_baseline_updates(settings, session.collected_updates(), outcome)
 
     # 2. Each config against the other configs of this session (a config slower as a whole), and
     #    every config against the session's control (a build slower as a whole).
-    judged = not (session.settings.update_baselines or session.settings.measure_only)
+    judged = not (settings.update_baselines or settings.measure_only)
     session_check = _judge_configs_against_session(records, outcome) if judged else []
-    control_check = None if session.settings.measure_only else _judge_control(session, records, outcome,
-                                                                              interrupted=exitstatus == _INTERRUPTED)
+    control_check = None if settings.measure_only else _judge_control(settings, profile, records, outcome,
+                                                                      interrupted=exitstatus == _INTERRUPTED)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
     summary_json: dict[str, Any] | None = None
     try:
         from pytest_ddtree.report import text as report
 
-        try:
-            default_window = session.profile.default_window
-        except Exception:  # noqa: BLE001 - a broken profile is reported where it is loaded; here it only hides the window
-            default_window = None
-        summary = report.session_summary(records, session.failed_tests, session.results_dir, default_window)
+        default_window = profile.default_window if profile is not None else None
+        summary = report.session_summary(records, session.failed_tests, results_dir, default_window)
         if session.live_report is not None:
             summary.json["environment"] = session.live_report.environment
-        summary.json["session_id"] = session.settings.session_id
+        summary.json["session_id"] = settings.session_id
         summary.json["configs_against_session"] = session_check
         summary.json["control"] = control_check
         summary.json["calibration"] = _calibration(records, outcome)
         summary.json["bill"] = _bill(records, outcome)
-        _report_field_mapping(session, outcome, summary.json)
-        _report_selection(session, outcome, summary.json)
+        _report_field_mapping(profile, outcome, summary.json)
+        _report_selection(_selection(session), outcome, summary.json)
         verdict = verdict_line(exitstatus, session.failed_tests, outcome.failures,
                                sum(1 for c in summary.json.get("throughput") or [] if c.get("status") == Status.INCONCLUSIVE))
-        if session.settings.measure_only:
+        if settings.measure_only:
             verdict = measure_only.verdict_line(verdict, summary.json.get("throughput") or [])
             summary.json["measure_only"] = True
         summary.json["verdict"] = verdict
         outcome.verdict = verdict
         write_json_atomic(results_dir / RESULTS_JSON, summary.json)
         summary_json = summary.json
-        if session.settings.output_file is not None:
-            _append_output_file(session.settings.output_file, summary.json.get("throughput_repeats") or [], outcome)
+        if settings.output_file is not None:
+            _append_output_file(settings.output_file, summary.json.get("throughput_repeats") or [], outcome)
         write_atomic(results_dir / RESULTS_MD, summary.markdown.replace("\n", f"\n\n**Verdict:** {verdict}\n", 1))
-        _write_html_report(session, summary.json, outcome)
+        _write_html_report(session.live_report, results_dir, summary.json, outcome)
         # the verdict first, then the tables; the control's paragraph after them (it explains, it is not the answer)
         outcome.sections.insert(0, ("ddtree verdict", verdict))
         control_sections = [s for s in outcome.sections if s[0] == CONTROL_SECTION]
@@ -239,11 +254,11 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     outcome.sections.append(("ddtree results", f"results: {results_dir}"))
 
     # 4. The history (after report.html, so the history links to it); its failure keeps the results.
-    if session.settings.history is not None and summary_json is not None:
-        _append_history(session, summary_json, records, outcome, exitstatus)
+    if settings.history is not None and summary_json is not None:
+        _append_history(settings, _service_python(profile), summary_json, records, outcome, exitstatus)
 
     # 5. The reproduction package, verified before it is reported.
-    if session.settings.package is not None:
+    if settings.package is not None:
         _write_package(session, outcome, records, exitstatus)
     if outcome.errors:
         outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
@@ -303,27 +318,28 @@ def _judge_configs_against_session(records: list[dict[str, object]], outcome: Fi
     return [f.as_dict() for f in findings]
 
 
-def _append_history(session: DDTreeSession, payload: dict[str, Any], records: list[dict[str, object]], outcome: FinishOutcome,
-                    exitstatus: int) -> None:
+def _service_python(profile: ServiceProfile | None) -> str | None:
+    """The service's interpreter where it runs on this machine (the history names its engine build), else None."""
+    if profile is None or not profile.capabilities.service_python_here or profile.host:
+        return None
+    return profile.service_python
+
+
+def _append_history(settings: Settings, python: str | None, payload: dict[str, Any], records: list[dict[str, object]],
+                    outcome: FinishOutcome, exitstatus: int) -> None:
     """Append this session to --ddtree-history; with --ddtree-history-check, fail it when its
-    measurements start a regression change point of the history (naming the build)."""
+    measurements start a regression change point of the history (naming the build; ``python``:
+    the service's interpreter where it runs here, whose engine build it reads)."""
     import pytest_ddtree
     from pytest_ddtree.report import history
 
-    settings = session.settings
     url = settings.history
     assert url is not None
     times = [float(when) for r in records if isinstance(when := r.get("time"), (int, float))]
-    try:
-        profile = session.profile
-        local = profile.capabilities.service_python_here and not profile.host
-        python = profile.service_python if local else None
-    except (ProfileError, OSError):
-        python = None
     build = history.Build(engine_version=history.engine_version_of(payload), engine_build=history.engine_build(python),
                           project_commit=history.git_commit(settings.rootdir), package_version=pytest_ddtree.__version__)
     entry = history.session_from_payload(payload, session_id=settings.session_id, started_at=min(times) if times else 0.0,
-                                         results_dir=session.results_dir, build=build, exit_status=exitstatus)
+                                         results_dir=settings.results, build=build, exit_status=exitstatus)
     cells = history.cells_from_payload(payload) + history.control_cells(records)
     written = False
     try:
@@ -354,7 +370,7 @@ def _append_history(session: DDTreeSession, payload: dict[str, Any], records: li
     outcome.sections.append(("ddtree history", "\n".join(lines)))
 
 
-def _judge_control(session: DDTreeSession, records: list[dict[str, object]], outcome: FinishOutcome,
+def _judge_control(settings: Settings, profile: ServiceProfile | None, records: list[dict[str, object]], outcome: FinishOutcome,
                    interrupted: bool = False) -> dict[str, Any] | None:
     """control.judge over this session's records: the control's own verdict, the session's uniform
     shift with its interval and kind, each config's speedup over the control; a failing control cell
@@ -366,11 +382,8 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     configs = normalize(records)
     if not configs and not any(str(r.get("kind", "")) in CONTROL_KINDS for r in records):
         return None
-    settings = session.settings
-    try:  # a process that took further launches of the control is judged at the later looks' z
-        z_uniform = launches.uniform_z(session.profile, launches.launches_of(records))
-    except (ProfileError, OSError):
-        z_uniform = control.Z_UNIFORM
+    # a process that took further launches of the control is judged at the later looks' z
+    z_uniform = control.Z_UNIFORM if profile is None else launches.uniform_z(profile, launches.launches_of(records))
     judgement = control.judge(records, configs, require_baselines=settings.require_baselines,
                               update_mode=bool(settings.update_baselines), z_uniform=z_uniform, interrupted=interrupted)
     for group in judgement.groups:
@@ -384,23 +397,22 @@ def _judge_control(session: DDTreeSession, records: list[dict[str, object]], out
     return judgement.as_dict()
 
 
-def _write_html_report(session: DDTreeSession, payload: dict[str, Any], outcome: FinishOutcome) -> None:
-    """The final report.html (the live one, marked finished); its failure never loses results."""
+def _write_html_report(live: LivePage | None, results_dir: Path, payload: dict[str, Any], outcome: FinishOutcome) -> None:
+    """The final report.html (the ``live`` one, marked finished); its failure never loses results."""
     try:
         from pytest_ddtree.report.html import REPORT_HTML, write_report
 
-        live = session.live_report
         if live is not None:
             path = live.write_final(payload)
             outcome.errors.extend(live.errors)
         else:
-            path = write_report(session.results_dir / REPORT_HTML, payload)
+            path = write_report(results_dir / REPORT_HTML, payload)
         outcome.sections.append(("ddtree report", f"report: {path}"))
     except Exception as exc:  # noqa: BLE001 - results.json is written already
         outcome.fail(f"writing report.html failed: {type(exc).__name__}: {exc}")
 
 
-def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, proposals: list[BaselineUpdate]) -> None:
+def _write_golden_references(settings: Settings, outcome: FinishOutcome, proposals: list[BaselineUpdate]) -> None:
     """Golden transcripts: the first reference measured on each hardware profile this session
     (every proposal came from a ``lossless_args`` launch; one write per profile, by the controller)."""
     from pytest_ddtree.gates.lossless import write_golden
@@ -414,7 +426,7 @@ def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, pro
         if proposal.hardware_profile in done:
             continue
         done.add(proposal.hardware_profile)
-        store = baseline_store(session.settings, proposal.hardware_profile)  # reached only when blessing: a store in bless mode
+        store = baseline_store(settings, proposal.hardware_profile)  # reached only when blessing: a store in bless mode
         try:
             written = write_golden(store.golden_dir(), proposal.data)
         except (OSError, KeyError, TypeError) as exc:
@@ -422,14 +434,15 @@ def _write_golden_references(session: DDTreeSession, outcome: FinishOutcome, pro
             continue
         lines.append(f"wrote {len(written) - 1} golden transcripts in {store.golden_dir()} from: {proposal.data.get('command')}")
     if lines:  # reviewed like any bless: the folder written, --ddtree-baselines DIR's own
-        outcome.sections.append(("ddtree golden transcripts", "\n".join(lines) + f"\nreview with: {review_command(session.settings.baselines)}"))
+        outcome.sections.append(("ddtree golden transcripts", "\n".join(lines) + f"\nreview with: {review_command(settings.baselines)}"))
 
 
-def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> None:
+def _apply_baseline_updates(settings: Settings, updates: list[BaselineUpdate], outcome: FinishOutcome) -> None:
+    """This session's baseline proposals (``updates``) written: golden transcripts, then each hardware
+    profile's files."""
     from pytest_ddtree.gates.lossless import GOLDEN_SECTION
 
-    updates = session.collected_updates()
-    _write_golden_references(session, outcome, [u for u in updates if u.section == GOLDEN_SECTION])
+    _write_golden_references(settings, outcome, [u for u in updates if u.section == GOLDEN_SECTION])
     by_profile: dict[str | None, list[BaselineUpdate]] = defaultdict(list)
     for update in updates:
         if update.section != GOLDEN_SECTION:
@@ -439,7 +452,7 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
         if hardware_profile is None:
             outcome.fail("baseline updates without a hardware profile were dropped (the service never started?)")
             continue
-        store = baseline_store(session.settings, hardware_profile)  # reached only when blessing: a store in bless mode
+        store = baseline_store(settings, hardware_profile)  # reached only when blessing: a store in bless mode
         try:
             written = store.apply_updates(profile_updates)
         except (BaselineError, OSError) as exc:
@@ -447,7 +460,7 @@ def _apply_baseline_updates(session: DDTreeSession, outcome: FinishOutcome) -> N
             continue
         lines.extend(f"wrote {path}" for path in written)
     if lines:
-        outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + f"\nreview with: {review_command(session.settings.baselines)}"))
+        outcome.sections.append(("ddtree baselines updated", "\n".join(lines) + f"\nreview with: {review_command(settings.baselines)}"))
 
 
 def _append_output_file(path: Path, repeats: Sequence[Mapping[str, Any]], outcome: FinishOutcome) -> None:
@@ -490,9 +503,12 @@ def review_command(root: Path) -> str:
 
 def _write_package(session: DDTreeSession, outcome: FinishOutcome, records: list[dict[str, object]], exitstatus: int) -> None:
     try:
-        from pytest_ddtree.repro.plugin_bridge import package_from_session
+        from pytest_ddtree.repro.plugin_bridge import SessionFacts, package_from_session
 
-        report = package_from_session(session, records, exitstatus)
+        selection = _selection(session)  # none where it failed: reported at the start; the package records what ran
+        facts = SessionFacts(session.settings, session.profile, session.matrix,
+                             [c.name for c in selection.configs] if selection is not None else [], session.failed_tests)
+        report = package_from_session(facts, records, exitstatus)
     except (OSError, ValueError) as exc:  # a bad profile or matrix (ConfigError, ProfileError) among them
         outcome.fail(f"reproduction package not written: {exc}")
         return

@@ -280,7 +280,9 @@ def ddtree_lossless_reference(ddtree_session: DDTreeSession) -> Reference:
     from pytest_ddtree.gates import lossless
 
     try:
-        return lossless.session_reference(ddtree_session)
+        golden = ddtree_session.settings.update_baselines and ddtree_session.profile.lossless == "golden"
+        return lossless.session_reference(ddtree_session.manager, ddtree_session.recorder, ddtree_session.settings.session_id,
+                                          ddtree_session.baselines if golden else None)
     except lossless.ReferenceUnavailable as exc:
         failure = str(exc)
     pytest.fail(failure, pytrace=False)
@@ -328,7 +330,8 @@ def _start_live_page(config: pytest.Config, ddtree: DDTreeSession, nodeids: Sequ
     if ddtree.live_report is None and ddtree.setup_problem is None:
         from pytest_ddtree.report.html.live import start_live_report
 
-        live = start_live_report(ddtree, nodeids)
+        live = ddtree.live_report = start_live_report(nodeids, [c.name for c in ddtree.selected_configs], ddtree.settings,
+                                                      ddtree.profile, ddtree.failed_tests)
         if live is not None:
             config.pluginmanager.register(live, "ddtree-live-report")
 

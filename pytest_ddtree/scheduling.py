@@ -364,7 +364,7 @@ def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session,
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
     if session.config.option.collectonly:
         return True
-    from pytest_ddtree.adaptive.sweep import SweepRun, run_sweep
+    from pytest_ddtree.adaptive.sweep import SweepPlan, SweepRun, run_sweep
 
     plain: list[pytest.Item] = []
     by_config: dict[str, list[pytest.Item]] = {}
@@ -375,7 +375,12 @@ def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session,
                      lambda skipped: session.config.hook.pytest_deselected(items=skipped))
     if not items.by_config:
         return None
-    run_sweep(ddtree, items)
+    settings, max_context = ddtree.settings, ddtree.profile.max_context
+    assert settings.max_restarts is not None
+    cells = [w for w in ddtree.cells if max_context is None or w.context_tokens <= max_context]
+    plan = SweepPlan(ddtree.selected_configs, cells, settings.max_restarts, ddtree.selection.build.default.name,
+                     settings.priors, ddtree.progress)
+    run_sweep(plan, items, ddtree.manager, ddtree.recorder)
     return True
 
 

@@ -75,7 +75,7 @@ def process_settings(resolve: Callable[..., Settings], worker: Mapping[str, Any]
 
 class LivePage(Protocol):
     """What the session and its end use of the main process's live report.html
-    (``report/html/live.py LiveReport``; a Protocol, since that module reads the session)."""
+    (``report/html/live.py LiveReport``; a Protocol, since the report stands on a floor above the session)."""
 
     environment: dict[str, Any]
     errors: list[str]

@@ -41,8 +41,8 @@ if TYPE_CHECKING:  # the fixtures' types (plugin.py hands them out)
     from pytest_ddtree.options import Settings
     from pytest_ddtree.records.recorder import SessionRecorder
     from pytest_ddtree.service.client import SGLangClient
-    from pytest_ddtree.service.manager import RunningService
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.service.manager import RunningService, ServiceManager
+    from pytest_ddtree.service.profile import ServiceProfile
 
 
 def _blessed(baselines: BaselineStore, config: str, workload: str) -> dict[str, Any] | None:
@@ -114,7 +114,7 @@ def test_sustainable_rate(
                 recording=Recording(on_sample, lambda name, r, res: ddtree_recorder.record(
                     RecordKind.THROUGHPUT_CONFIRM_REPEAT, config, sample_record(name, r, res))),
                 pooled=_pooled(request, ddtree_baselines, slo).get(workload.name),
-                relaunch=_relaunch(session, ddtree_config, ddtree_recorder))
+                relaunch=_relaunch(session.profile, session.manager, ddtree_config, ddtree_recorder))
         except LoadError as exc:
             failure = f"{config}: {exc}"
             if isinstance(exc, CellDeadlineExceeded) and session is not None:
@@ -168,17 +168,17 @@ def test_sustainable_rate(
     warnings.warn(RateBaselineWarning(why), stacklevel=1)
 
 
-def _relaunch(session: DDTreeSession, config: DDTreeConfig, recorder: SessionRecorder) -> Relaunch | None:
+def _relaunch(profile: ServiceProfile, manager: ServiceManager, config: DDTreeConfig, recorder: SessionRecorder) -> Relaunch | None:
     """A fresh launch of ``config`` for a blessed rate that failed on its first (None where the profile
     cannot relaunch, ``relaunch_flagged: false``); its repeats recorded as a relaunch's (``relaunch: 1``),
     its confirmation repeats as confirmation repeats of that relaunch (their indices start at 0 again)."""
-    if not session.profile.relaunch_flagged:
+    if not profile.relaunch_flagged:
         return None
 
     def launch() -> SGLangClient:
-        session.manager.release()  # a fresh launch, not the one still running
-        with launching_for(session.manager, RELAUNCHES):
-            return session.manager.ensure(config).client
+        manager.release()  # a fresh launch, not the one still running
+        with launching_for(manager, RELAUNCHES):
+            return manager.ensure(config).client
 
     return Relaunch(launch, relaunch_recording(recorder, config.name, 1))
 

@@ -25,7 +25,10 @@ from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.words import RecordKind, Status
 
 if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.configs import DDTreeConfig
+    from pytest_ddtree.measure.matrix import Cell
+    from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.manager import ServiceManager
 
 
 XDIST_ERROR = (
@@ -306,54 +309,65 @@ class SweepRun(Generic[ItemT]):
     deselect: Callable[[list[ItemT]], None]
 
 
-def run_sweep(ddtree: DDTreeSession, items: SweepRun[ItemT]) -> None:
+@dataclass(frozen=True)
+class SweepPlan:
+    """What the sweep reads of its session: the selected configs (in run order), the cells it measures
+    (the selected workloads within the profile's context), ``--ddtree-max-restarts``, the build's
+    default config, ``--ddtree-prior`` folders, and where its progress lines go."""
+
+    configs: Sequence[DDTreeConfig]
+    cells: Sequence[Cell]
+    limit: int
+    default: str
+    priors: Sequence[Path]
+    progress: Callable[[str], None]
+
+
+def run_sweep(plan: SweepPlan, items: SweepRun[ItemT], manager: ServiceManager, recorder: SessionRecorder) -> None:
     """Run the configs one at a time, each chosen by the advisor from the ones measured before.
 
     The tests of no config run first; the configs never chosen are deselected, and their
-    throughput cells are predicted. The sweep's outcome is recorded (``adaptive-sweep``).
+    throughput cells are predicted. The sweep's outcome is recorded (``adaptive-sweep``): the
+    restarts it spent are ``manager``'s launches of a config.
     """
     from pytest_ddtree.measure.load import workload_dict
 
-    settings, limit = ddtree.settings, ddtree.settings.max_restarts
-    assert limit is not None
-    max_context = ddtree.profile.max_context
-    workloads = [w for w in ddtree.cells if max_context is None or w.context_tokens <= max_context]
-    sweep = AdaptiveSweep([c for c in ddtree.selected_configs if c.name in items.by_config], workloads, limit,
-                          default=ddtree.selection.build.default.name, priors=settings.priors, progress=ddtree.progress)
+    sweep = AdaptiveSweep([c for c in plan.configs if c.name in items.by_config], plan.cells, plan.limit,
+                          default=plan.default, priors=plan.priors, progress=plan.progress)
 
     def first_untried() -> ItemT | None:
         return next((tests[0] for name, tests in items.by_config.items() if name not in sweep.tried), None)
 
     items.run(items.plain, first_untried())
-    error = _measure_chosen(ddtree, sweep, items, first_untried, limit)
+    error = _measure_chosen(plan, sweep, items, first_untried, recorder)
     skipped = [item for name, tests in items.by_config.items() if name not in sweep.tried for item in tests]
     if skipped:
-        ddtree.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
-                        f"cells are predicted instead): {', '.join(sweep.not_measured())}")
+        plan.progress(f"adaptive sweep: {len(skipped)} tests deselected, their configs not measured (their throughput "
+                      f"cells are predicted instead): {', '.join(sweep.not_measured())}")
         items.deselect(skipped)
-    outcome = sweep.outcome(ddtree.manager.config_launches, {w.name: workload_dict(w) for w in workloads})
+    outcome = sweep.outcome(manager.config_launches, {w.name: workload_dict(w) for w in plan.cells})
     if error is not None:
         outcome["error"] = error
-    ddtree.recorder.record(RecordKind.ADAPTIVE_SWEEP, None, outcome)
+    recorder.record(RecordKind.ADAPTIVE_SWEEP, None, outcome)
 
 
-def _measure_chosen(ddtree: DDTreeSession, sweep: AdaptiveSweep, items: SweepRun[ItemT],
-                    first_untried: Callable[[], ItemT | None], limit: int) -> str | None:
+def _measure_chosen(plan: SweepPlan, sweep: AdaptiveSweep, items: SweepRun[ItemT],
+                    first_untried: Callable[[], ItemT | None], recorder: SessionRecorder) -> str | None:
     """Measure the advisor's choices until it has none (or the restarts are spent); why it
     stopped early, if it failed."""
     last = None
     while True:
         try:  # the advisor's fit may fail (a degenerate prior, say): that ends the sweep, results stay
             if last is not None:
-                got = sweep.record_config(last, ddtree.recorder.records, ddtree.recorder.hardware_profile)
-                ddtree.progress(f"adaptive sweep: {last} measured {got} cell(s)")
+                got = sweep.record_config(last, recorder.records, recorder.hardware_profile)
+                plan.progress(f"adaptive sweep: {last} measured {got} cell(s)")
             name = sweep.next_config()
         except Exception as exc:  # noqa: BLE001 - said in the summary, not an internal error
             error = f"adaptive sweep stopped: the advisor failed: {type(exc).__name__}: {exc}"
-            ddtree.progress(error)
+            plan.progress(error)
             return error
         if name is None:
             return None
-        ddtree.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {limit})")
+        plan.progress(f"adaptive sweep: measuring {name} (restart {len(sweep.tried)} of at most {plan.limit})")
         items.run(list(items.by_config[name]), first_untried())
         last = name

@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,8 +49,10 @@ from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.records.shapes import FloorData, LosslessOutcomeData
 
 if TYPE_CHECKING:
-    from pytest_ddtree.session import DDTreeSession
+    from pytest_ddtree.baselines import BaselineStore
     from pytest_ddtree.options import Settings
+    from pytest_ddtree.records.recorder import SessionRecorder
+    from pytest_ddtree.service.manager import ServiceManager
     from pytest_ddtree.service.profile import ServiceProfile
 
 __all__ = [
@@ -431,28 +433,28 @@ def golden_bless_command(profile: ServiceProfile, create_command: str, server_in
             "PROFILE.yaml is a profile that launches this deployment, with lossless: golden; docs/gates/lossless.md)")
 
 
-def session_reference(session: DDTreeSession) -> Reference:
+def session_reference(manager: ServiceManager, recorder: SessionRecorder, session_id: str,
+                      bless_golden: Callable[[Mapping[str, object]], BaselineStore] | None = None) -> Reference:
     """The session's non-speculative reference: the profile's ``lossless_args`` launched in this
-    instance's slot, every prompt generated (:func:`measure_reference`), recorded; in golden
-    mode with ``--ddtree-update-baselines`` also proposed for ``golden/`` (the main process writes
-    it once per hardware profile)."""
+    instance's slot (``manager``), every prompt generated (:func:`measure_reference`), recorded; with
+    ``bless_golden`` (golden mode with ``--ddtree-update-baselines``: the session's baseline store for a
+    ``/server_info``, whose hardware profile the proposal is filed under) also proposed for ``golden/``
+    (the main process writes it once per hardware profile)."""
     from pytest_ddtree.service.base import ServiceError
     from pytest_ddtree.records.shapes import LosslessReferenceData
     from pytest_ddtree.records.words import RecordKind
 
-    settings = session.settings
     try:
-        service = session.manager.ensure_reference()
+        service = manager.ensure_reference()
         begin = time.monotonic()
         reference = measure_reference(service.client, load_prompts(), service.launch_command or "")
         measured_s = time.monotonic() - begin
     except (ServiceError, LosslessError) as exc:
         raise ReferenceUnavailable(f"the non-speculative reference (lossless_args) is not available: {exc}") from None
-    recorder = session.recorder
-    if settings.update_baselines and session.profile.lossless == "golden":
+    if bless_golden is not None:
         if recorder.hardware_profile is None:
-            recorder.hardware_profile = session.baselines(service.server_info).hardware_profile
-        recorder.propose_baseline("", GOLDEN_SECTION, reference.golden_payload(settings.session_id))
+            recorder.hardware_profile = bless_golden(service.server_info).hardware_profile
+        recorder.propose_baseline("", GOLDEN_SECTION, reference.golden_payload(session_id))
     measured: LosslessReferenceData = {"command": reference.command, "floor": reference.floor.to_json(),
                                        "measured_s": round(measured_s, 3)}
     recorder.record(RecordKind.LOSSLESS_REFERENCE, None, measured)

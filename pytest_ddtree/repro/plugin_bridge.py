@@ -2,9 +2,10 @@
 
 Why a bridge: the writer takes plain data so it can be tested and reused without pytest; the
 session (settings, profile, matrix, records, failed tests) is the plugin's.  This module is
-the only place that knows both, and it still does not import pytest. It takes the session as
-:class:`SessionFacts`, what it reads of one: the session takes the package's environment
-snapshot (``envsnap.py``), so a bridge importing the session would make the two import each other.
+the only place that knows both, and it still does not import pytest. It takes
+:class:`SessionFacts`, what it reads of the session (the session end builds them): the session
+takes the package's environment snapshot (``envsnap.py``), so a bridge importing the session
+would make the two import each other.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from pytest_ddtree.records import shapes as records_mod
 from pytest_ddtree.records.shapes import HostEnvData, RawRecord
@@ -23,29 +25,24 @@ from pytest_ddtree.records.shapes import HostEnvData, RawRecord
 from pytest_ddtree.repro.writer import FailedTest, PackagedLaunch, PackageReport, PackageRequest, write_package
 
 if TYPE_CHECKING:
-    from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.measure.matrix import Matrix
     from pytest_ddtree.options import Settings
     from pytest_ddtree.service.profile import ServiceProfile
 
-__all__ = ["package_from_session", "launches_from_records", "request_from_session"]
+__all__ = ["SessionFacts", "package_from_session", "launches_from_records", "request_from_session"]
 
 
-class SessionFacts(Protocol):
-    """What a package reads of the plugin's session (``session.DDTreeSession`` is one)."""
+@dataclass(frozen=True)
+class SessionFacts:
+    """What a package reads of the plugin's session: its settings (the package options, the results
+    folder, the matrix file), profile and matrix, the names of the configs it selected (none where the
+    selection failed: it was reported at the start) and its failed tests."""
 
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def profile(self) -> ServiceProfile: ...
-    @property
-    def matrix(self) -> Matrix: ...
-    @property
-    def selected_configs(self) -> list[DDTreeConfig]: ...
-    @property
-    def failed_tests(self) -> Sequence[Mapping[str, str]]: ...
-    @property
-    def results_dir(self) -> Path: ...
+    settings: Settings
+    profile: ServiceProfile
+    matrix: Matrix
+    selected: Sequence[str]
+    failed_tests: Sequence[Mapping[str, str]]
 
 
 def launches_from_records(records: Iterable[RawRecord]) -> list[PackagedLaunch]:
@@ -93,16 +90,10 @@ def _stamp(value: str | None) -> _dt.datetime | None:
 
 
 def request_from_session(session: SessionFacts, records: Sequence[RawRecord], exitstatus: int) -> PackageRequest:
-    """Collect what the session ran; raises what the session's properties raise (profile, matrix errors)."""
-    settings = session.settings
+    """Collect what the session ran."""
+    settings, profile, matrix = session.settings, session.profile, session.matrix
     if settings.package is None:
         raise ValueError("the session asked for no package (--ddtree-package)")
-    profile = session.profile
-    matrix = session.matrix
-    try:
-        selected = [c.name for c in session.selected_configs]
-    except Exception:  # noqa: BLE001 - a selection error was reported at start; record what ran
-        selected = []
     recommended = matrix.raw.get("recommended")
     try:
         matrix_text: str | None = Path(settings.matrix).read_text(encoding="utf-8")
@@ -125,11 +116,11 @@ def request_from_session(session: SessionFacts, records: Sequence[RawRecord], ex
         profile_text=profile.text or None,
         launches=launches,
         systemd_unit_text=unit_text,
-        results_dir=session.results_dir,
+        results_dir=settings.results,
         matrix=matrix.names(),
         default_config=matrix.default.name,
         recommended_config=str(recommended) if recommended else None,
-        configs_run=selected,
+        configs_run=list(session.selected),
         configs_yaml_text=matrix_text,
         failed_tests=failed,
         session_start=_stamp(settings.session_stamp),

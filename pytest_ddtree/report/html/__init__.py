@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_ddtree.metrics import OUTPUT_THROUGHPUT, PER_REQUEST_OUTPUT_THROUGHPUT
 from pytest_ddtree.report import text as report
@@ -27,9 +27,6 @@ from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.records.shapes import RawRecord, screen
 from pytest_ddtree.records.recorder import RESULTS_JSON, read_records
 from pytest_ddtree.records.words import RecordKind
-
-if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
-    from pytest_ddtree.session import DDTreeSession
 
 REPORT_HTML = "report.html"
 #: How often a page of a running session reloads itself.
@@ -92,8 +89,9 @@ def environment_rows(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def collect_environment(session: DDTreeSession | None = None) -> dict[str, Any]:
-    """The facts a reader needs to trust the numbers: machine, GPUs, package, profile, configs."""
+def collect_environment(service: str | None = None, configs: Sequence[str] = (), results: Path | None = None) -> dict[str, Any]:
+    """The facts a reader needs to trust the numbers: machine, GPUs, package; with a session's
+    ``service`` (its profile, as :func:`live.start_report` names it), also its configs and results folder."""
     import pytest_ddtree
     from pytest_ddtree.repro.envsnap import nvml_snapshot
 
@@ -107,18 +105,11 @@ def collect_environment(session: DDTreeSession | None = None) -> dict[str, Any]:
         "NVIDIA driver": nvml.get("driver_version"),
         "CUDA driver": nvml.get("cuda_driver_version"),
     }
-    if session is not None:
-        settings = session.settings
-        try:
-            profile = session.profile
-            env["service profile"] = f"{profile.name} ({settings.url or settings.service}), controller {profile.controller}"
-        except Exception:  # noqa: BLE001 - a broken profile is reported elsewhere; the page still renders
-            env["service profile"] = str(settings.service)
-        try:
-            env["configs"] = [c.name for c in session.selected_configs]
-        except Exception:  # noqa: BLE001
-            pass
-        env["results"] = str(session.results_dir)
+    if service is not None:
+        env["service profile"] = service
+        env["configs"] = list(configs)
+    if results is not None:
+        env["results"] = str(results)
     return env
 
 

@@ -22,8 +22,9 @@ from pytest_ddtree.report.html import HEARTBEAT_S, REPORT_HTML, LiveStatus, payl
 from pytest_ddtree.report.html.model import config_of_nodeid
 from pytest_ddtree.records.recorder import read_records
 
-if TYPE_CHECKING:  # no cycle: the session never imports the report (it sees the live page as its LivePage)
-    from pytest_ddtree.session import DDTreeSession
+if TYPE_CHECKING:
+    from pytest_ddtree.options import Settings
+    from pytest_ddtree.service.profile import ServiceProfile
 
 
 class Finished(Protocol):
@@ -145,32 +146,28 @@ class Heartbeat(threading.Thread):
         self._stop_event.set()
 
 
-def start_report(live: LiveReport, session: DDTreeSession) -> LiveReport:
-    """Record the environment once and write the first page ("running: config 0 of n")."""
+def start_live_report(nodeids: Sequence[str], configs: Sequence[str], settings: Settings, profile: ServiceProfile,
+                      failed_tests: Sequence[Mapping[str, str]]) -> LiveReport | None:
+    """The main process's page from the collected tests (``nodeids``), where they hold a test of one of
+    the selected ``configs`` (the project's other tests get no page, and no folder: None): the
+    environment recorded once (the session's ``profile``, its results folder) and the first page
+    written ("running: config 0 of n"); ``failed_tests`` is the session's list, which grows as tests fail."""
+    from pytest_ddtree.configs import config_in_nodeid
     from pytest_ddtree.report.html import collect_environment
 
-    live.measure_only = session.settings.measure_only
-    live.failed_tests = session.failed_tests
-    try:
-        live.environment = collect_environment(session)
-    except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
-        live.environment = {"environment": f"not recorded ({type(exc).__name__}: {exc})"}
-    live.write_running(session.failed_tests)
-    live.start_heartbeat()
-    return live
-
-
-def start_live_report(session: DDTreeSession, nodeids: Sequence[str]) -> LiveReport | None:
-    """The main process's page from the collected tests (``nodeids``), where they hold a test of a
-    selected config: the project's other tests get no page, and no folder (None)."""
-    from pytest_ddtree.configs import config_in_nodeid
-
-    names = [c.name for c in session.selected_configs]
-    if not any(config_in_nodeid(nodeid) in names for nodeid in nodeids):
+    if not any(config_in_nodeid(nodeid) in configs for nodeid in nodeids):
         return None
-    live = LiveReport(session.results_dir, names)
+    live = LiveReport(settings.results, configs)
     live.plan(nodeids)
     if not live.status().total:
         return None
-    session.live_report = start_report(live, session)
+    live.measure_only = settings.measure_only
+    live.failed_tests = failed_tests
+    try:
+        live.environment = collect_environment(
+            f"{profile.name} ({settings.url or settings.service}), controller {profile.controller}", live.configs, live.results_dir)
+    except Exception as exc:  # noqa: BLE001 - a fact we could not read must not stop the session
+        live.environment = {"environment": f"not recorded ({type(exc).__name__}: {exc})"}
+    live.write_running(failed_tests)
+    live.start_heartbeat()
     return live
