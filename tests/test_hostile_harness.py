@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox.processes import proc_table
 from tests.polling import wait_until
@@ -68,8 +68,8 @@ def test_hash_repr_and_collision_bombs_end_in_verdicts(pytester: pytest.Pytester
     monkeypatch.setenv("DDTREE_SANDBOX_UID_BASE", str(uid_base))
     corpus = pytester.path / "hostile-corpus"
     corpus.mkdir()
-    lines = [json.dumps({"prompt": coding.user_message(p), "response": f"{FENCE}python\n{HOSTILE_RESULTS[p.id]}{FENCE}"})
-             for p in coding.select_problems("default")]
+    lines = [json.dumps({"prompt": coding_problems.user_message(p), "response": f"{FENCE}python\n{HOSTILE_RESULTS[p.id]}{FENCE}"})
+             for p in coding_problems.select_problems("default")]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
     profile = reference_profile(pytester.path, f"--corpus-dir {corpus}", clock_scale=100, hardware_profile="testhw", pool=1)
 

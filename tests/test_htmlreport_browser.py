@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems
 from pytest_ddtree.report import text as report
 from pytest_ddtree.report.html import model
 from tests.polling import wait_until
@@ -133,12 +133,12 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     # The flip swaps two problems' answers: the engine's tokenizer is built from the pieces of all its
     # corpus text, and a new answer would change it, so the prompts sent would be other token ids
     # and no throughput cell compared (prompts_digest); the same texts swapped keep every token id.
-    problems = coding.select_problems("default")
+    problems = coding_problems.select_problems("default")
     problem, other = problems[0], problems[-1]
     rows = [json.loads(line) for line in (corpus / "coding.jsonl").read_text().splitlines()]
     answers = {row["prompt"]: row["response"] for row in rows}
-    swap = {coding.user_message(problem): answers[coding.user_message(other)],
-            coding.user_message(other): answers[coding.user_message(problem)]}
+    swap = {coding_problems.user_message(problem): answers[coding_problems.user_message(other)],
+            coding_problems.user_message(other): answers[coding_problems.user_message(problem)]}
     lines = [json.dumps({**row, "response": swap.get(row["prompt"], row["response"])}, sort_keys=True) for row in rows]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
     faulty = reference_profile(root, f"--fault slowdown=2 --corpus-dir {corpus}", clock_scale=2, filename="faulty.yaml",

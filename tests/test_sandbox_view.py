@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems
 from pytest_ddtree import sandbox
 from pytest_ddtree.sandbox import Limits, Verdict
 from pytest_ddtree.sandbox.execute import execute_in_tier
@@ -195,7 +195,7 @@ def test_steal_the_corpus_answer_fails_the_gate_under_a_non_editable_prefix_inst
     )
     corpus = tmp_path / "steal-corpus"
     corpus.mkdir()
-    lines = [json.dumps({"prompt": coding.user_message(p), "response": f"{FENCE}python\n{steal}{FENCE}"}) for p in coding.select_problems("default")]
+    lines = [json.dumps({"prompt": coding_problems.user_message(p), "response": f"{FENCE}python\n{steal}{FENCE}"}) for p in coding_problems.select_problems("default")]
     (corpus / "coding.jsonl").write_text("\n".join(lines) + "\n")
     # the harness's dependencies come from this venv's site dir, added as a plain path (its
     # editable finder is not processed there, so pytest_ddtree is the prefix's copy)

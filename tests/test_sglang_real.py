@@ -27,7 +27,7 @@ from typing import Any, Iterator, cast
 import pytest
 import yaml
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding, coding_problems
 from pytest_ddtree.service import proof
 from pytest_ddtree import sandbox
 from pytest_ddtree.service.client import SGLangClient
@@ -194,7 +194,7 @@ class TestOneServer:
         refused = sandbox.refusal(sandbox.isolation(), allow_plain=False)
         if refused:
             pytest.skip(f"the coding gate runs nothing here: {refused}")
-        problems = coding.select_problems("default", 2)
+        problems = coding_problems.select_problems("default", 2)
         results = coding.solve(served.client, problems, max_tokens=48)
         verdicts = {r.id: r.verdict for r in results}
         # the real chat answers were read (no failed request, no invalid response), and what they hold fails

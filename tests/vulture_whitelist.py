@@ -147,7 +147,6 @@ _.judge_rate
 _.pooled_spread  # gates/throughput/rate_gate.py: suites/test_sustainable_rate.py (read once per process)
 _.rebless_note
 _.unjudged
-_.failure_details  # gates/coding.py: suites/test_coding.py
 _.pass_count  # coding.CodingOutcome: suites/test_coding.py's record
 _.to_record  # coding.ProblemResult, lossless.LosslessOutcome: suites/test_coding.py, suites/test_lossless.py
 _.coding_max_tokens  # Settings: suites/test_coding.py

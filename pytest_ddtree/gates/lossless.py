@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
-from pytest_ddtree.gates import coding
+from pytest_ddtree.gates import coding_problems
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.records.shapes import FloorData, LosslessOutcomeData
 
@@ -124,8 +124,8 @@ class GenerateClient(Protocol):
 
 def load_prompts(directory: Path | None = None) -> list[Prompt]:
     """Coding prompts (as the coding gate sends them) then the extra text prompts."""
-    directory = directory or coding.problems_dir()
-    prompts = [Prompt(f"coding:{p.id}", coding.user_message(p), "coding") for p in coding.load_problems(directory)]
+    directory = directory or coding_problems.problems_dir()
+    prompts = [Prompt(f"coding:{p.id}", coding_problems.user_message(p), "coding") for p in coding_problems.load_problems(directory)]
     path = directory / PROMPTS_FILE
     if path.exists():
         try:
