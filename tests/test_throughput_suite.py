@@ -292,6 +292,8 @@ SPY = "ddtree_validate_spy"
 _SPY_SOURCE = """
 import json, os, sys
 
+from pytest_ddtree.gates.throughput import baseline
+
 _real = baseline.validate_section
 
 
