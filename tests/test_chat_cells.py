@@ -15,7 +15,7 @@ from pytest_ddtree.configs import ConfigError
 from pytest_ddtree.measure.matrix import load_matrix
 from pytest_ddtree.measure import chat_stream, load
 from pytest_ddtree.measure.generate_stream import RequestResult, StallWatch
-from pytest_ddtree.refserver.generation_endpoints import ReasoningSplit
+from pytest_ddtree.refserver.openai_endpoints import ReasoningSplit
 from pytest_ddtree.service.client import SGLangClient
 from pytest_ddtree.service.http import Stall
 from tests.bench_serving_contract import check_result
@@ -131,7 +131,7 @@ def test_reasoning_split_follows_the_qwen3_detector_across_deltas() -> None:
 
 def test_the_exported_chat_template_switches_thinking_as_the_engine_renders_it() -> None:
     jinja2 = pytest.importorskip("jinja2")
-    from pytest_ddtree.refserver.generation_endpoints import THINK_OFF_SUFFIX
+    from pytest_ddtree.refserver.openai_endpoints import THINK_OFF_SUFFIX
     from pytest_ddtree.refserver.hf_export import CHAT_TEMPLATE
 
     template = jinja2.Environment().from_string(CHAT_TEMPLATE)

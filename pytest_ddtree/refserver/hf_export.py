@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
     "{%- else -%}{%- for part in message['content'] -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}"
     + END_OF_TURN + "{%- endfor -%}"
     "{%- if add_generation_prompt -%}" + ASSISTANT + "{{ '\\n' }}"
-    # Qwen3's switch, as the engine's chat endpoint renders it (generation_endpoints.THINK_OFF_SUFFIX)
+    # Qwen3's switch, as the engine's chat endpoint renders it (openai_endpoints.THINK_OFF_SUFFIX)
     "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif -%}"
     "{%- endif -%}"
 )

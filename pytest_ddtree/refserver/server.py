@@ -20,14 +20,14 @@ from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 
 from pytest_ddtree.refserver.admin_endpoints import AdminEndpoints
-from pytest_ddtree.refserver.generation_endpoints import GenerationEndpoints
+from pytest_ddtree.refserver.openai_endpoints import OpenAIEndpoints
 from pytest_ddtree.refserver.request_params import BadRequest
 from pytest_ddtree.refserver.state import ServerState
 
 __all__ = ["Handler", "RefHTTPServer", "ServerState", "make_server"]
 
 
-class Handler(AdminEndpoints, GenerationEndpoints):
+class Handler(AdminEndpoints, OpenAIEndpoints):
     """One connection; dispatches on method + path."""
 
     def do_GET(self) -> None:
