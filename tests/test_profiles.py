@@ -274,6 +274,7 @@ def test_a_profile_path_that_does_not_exist_lists_the_shipped_profiles(tmp_path:
         load_profile(tmp_path / "sglang-upstrem-dflash.yaml")
     assert "No such file" in str(info.value) and "the shipped profiles are in" in str(info.value)
     assert "sglang-upstream-dflash.yaml" in str(info.value) and "reference.yaml" in str(info.value)
+    assert "dialects.yaml" not in str(info.value)  # beside the profiles, the engine's dialects: not a profile
 
 
 def test_max_repeat_spread_decides_when_a_cells_repeats_agree(tmp_path: Path, repo_root: Path) -> None:

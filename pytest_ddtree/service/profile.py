@@ -22,6 +22,7 @@ from pytest_ddtree import axes as axes_mod
 from pytest_ddtree.service import kinds
 from pytest_ddtree.service.base import ENV_NAME_RULE, LaunchFrom, is_env_name
 from pytest_ddtree.service.fleet import is_host_pool, parse_fleet_keys
+from pytest_ddtree.service.installed import DIALECTS_FILE
 from pytest_ddtree.service.profile_config import (
     check_budget_counts_root, check_fork_flags, own_matrix, parse_config_fields, parse_read_back,
 )
@@ -383,5 +384,5 @@ def load_profile(path: Path) -> ServiceProfile:
 def shipped_profiles_hint() -> str:
     """The shipped profiles a path may name (suites/services of a checkout, beside this package)."""
     folder = Path(__file__).resolve().parents[2] / "suites" / "services"
-    names = ", ".join(sorted(p.name for p in folder.glob("*.yaml"))) if folder.is_dir() else ""
+    names = ", ".join(sorted(p.name for p in folder.glob("*.yaml") if p.name != DIALECTS_FILE)) if folder.is_dir() else ""
     return f"the shipped profiles are in {folder}: {names}" if names else "give a service profile's path (docs/profiles.md)"
