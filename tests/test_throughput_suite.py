@@ -293,8 +293,6 @@ _SPY_SOURCE = """
 import json, os, sys
 from pytest_ddtree.gates.throughput import baseline, cells, measurement
 
-from pytest_ddtree.gates.throughput import baseline
-
 _real = baseline.validate_section
 
 
