@@ -223,35 +223,3 @@ def predict(*, configs: int, processes: int, control_launches: int, control_max_
     if lossless_reference and shared:
         control_n, most = control_n - len(measured), most - len(measured)
     return Plan(processes, configs, control_n, most, reference, cells, repeats, min(cells, control_cells or cells), judged)
-
-
-def predicted_lines(session: Any, processes: object, paths: Sequence[str] = ()) -> list[str]:
-    """The report header's prediction for a session of the suites (``pytest suites``) with ``session``'s
-    (a ``DDTreeSession``: this module is below it) profile, selection, cells and ``-n`` (``auto``: one process): how
-    many launches it will take, by purpose (:func:`predict`). The lossless gate's reference is counted where the
-    run's ``paths`` name a folder (the suites) or its module (``test_lossless.py``): the header comes before
-    the collection."""
-    profile, settings = session.profile, session.settings
-    relaunch = profile.capabilities.relaunch and not isinstance(profile.pool, tuple)
-    control = relaunch and profile.control != "none" and (bool(profile.control) or profile.lossless_args is not None)
-    bless = settings.update_baselines
-    cells = [w for w in session.cells
-             if w.open_loop is None and (profile.max_context is None or w.context_tokens <= profile.max_context)]
-    launches = profile.bless_control_launches if bless else profile.control_launches
-    plan = predict(configs=len(session.selected_configs), processes=processes if isinstance(processes, int) else 1, control_launches=launches,
-                   control_max_launches=launches if bless else profile.control_max_launches, control=control and bool(cells),
-                   # the lossless gate launches its reference (gates/lossless.py launches_reference) in instance mode or a bless
-                   lossless_reference=relaunch and (profile.lossless == "instance" or bless) and _runs_lossless(paths),
-                   shared=not profile.control,
-                   cells=len(cells), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS,
-                   control_min_configs=profile.control_min_configs, control_cells=profile.control_cells,
-                   judged=not settings.measure_only)
-    return [f"ddtree: {plan.text()}"]
-
-
-def _runs_lossless(paths: Sequence[str]) -> bool:
-    """Whether a run of ``paths`` (pytest's arguments; none: the rootdir's tests) holds the lossless gate's tests."""
-    import os
-
-    names = [p.split("::")[0] for p in paths if not p.startswith("-")]
-    return not names or any(os.path.isdir(p) or os.path.basename(p) == "test_lossless.py" for p in names)

@@ -21,7 +21,10 @@ import pluggy
 from pytest_ddtree import progress
 
 if TYPE_CHECKING:
+    from pytest_ddtree.measure.matrix import Cell
+    from pytest_ddtree.options import Settings
     from pytest_ddtree.report.relay import Relay
+    from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession
 
 hookimpl = pluggy.HookimplMarker("pytest")  # pytest's own marker (pytest.hookimpl), so no pytest import
@@ -238,8 +241,6 @@ def header_lines(session: DDTreeSession, in_use: bool, workers: object, args: Se
     the session's predicted cost for ``workers`` (``-n``) and the pool's note."""
     if not in_use or session.setup_problem is not None:
         return []
-    from pytest_ddtree.records import bill
-
     settings, profile = session.settings, session.profile
     names = ", ".join(c.name for c in session.selected_configs)
     left_out = session.selection.summary_lines()
@@ -249,5 +250,39 @@ def header_lines(session: DDTreeSession, in_use: bool, workers: object, args: Se
         f"ddtree: configs {names}",
         *([f"ddtree: left out of the selection ({len(left_out)}), this build cannot run them as named:"]
           + [f"ddtree:   {line}" for line in left_out] if left_out else []),
-        f"ddtree: results {settings.results}", *bill.predicted_lines(session, workers, args), *session.pool_lines(workers),
+        f"ddtree: results {settings.results}",
+        *predicted_lines(profile, settings, session.cells, len(session.selected_configs), workers, args), *session.pool_lines(workers),
     ]
+
+
+def predicted_lines(profile: ServiceProfile, settings: Settings, cells: Sequence[Cell], configs: int, processes: object,
+                    paths: Sequence[str] = ()) -> list[str]:
+    """The header's prediction for a session of the suites (``pytest suites``) of ``configs`` selected
+    configs and the selected ``cells``, with ``profile``, ``settings`` and ``-n`` (``processes``;
+    ``auto``: one process): how many launches it will take, by purpose (``records/bill.py predict``).
+    The lossless gate's reference is counted where the run's ``paths`` name a folder (the suites) or its
+    module (``test_lossless.py``): the header comes before the collection."""
+    from pytest_ddtree.records.bill import END_LAUNCH_MIN_CONFIGS, predict
+
+    relaunch = profile.capabilities.relaunch and not isinstance(profile.pool, tuple)
+    control = relaunch and profile.control != "none" and (bool(profile.control) or profile.lossless_args is not None)
+    bless = settings.update_baselines
+    closed = [w for w in cells if w.open_loop is None and (profile.max_context is None or w.context_tokens <= profile.max_context)]
+    launches = profile.bless_control_launches if bless else profile.control_launches
+    plan = predict(configs=configs, processes=processes if isinstance(processes, int) else 1, control_launches=launches,
+                   control_max_launches=launches if bless else profile.control_max_launches, control=control and bool(closed),
+                   # the lossless gate launches its reference (gates/lossless.py launches_reference) in instance mode or a bless
+                   lossless_reference=relaunch and (profile.lossless == "instance" or bless) and _runs_lossless(paths),
+                   shared=not profile.control,
+                   cells=len(closed), repeats=settings.repeats, end_launch_min_configs=END_LAUNCH_MIN_CONFIGS,
+                   control_min_configs=profile.control_min_configs, control_cells=profile.control_cells,
+                   judged=not settings.measure_only)
+    return [f"ddtree: {plan.text()}"]
+
+
+def _runs_lossless(paths: Sequence[str]) -> bool:
+    """Whether a run of ``paths`` (pytest's arguments; none: the rootdir's tests) holds the lossless gate's tests."""
+    import os
+
+    names = [p.split("::")[0] for p in paths if not p.startswith("-")]
+    return not names or any(os.path.isdir(p) or os.path.basename(p) == "test_lossless.py" for p in names)
