@@ -245,3 +245,14 @@ def expand_matrix_entry(entry: Any, where: str) -> list[DDTreeConfig]:
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return configs
+
+
+#: The fixture a suite test takes its config by (the plugin parametrizes it over the selection).
+CONFIG_FIXTURE = "ddtree_config"
+
+
+def item_config(item: Any) -> DDTreeConfig | None:
+    """The config a collected test (pytest's ``Item``) was parametrized with, or None for a test of no config."""
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get(CONFIG_FIXTURE) if callspec is not None else None
+    return value if isinstance(value, DDTreeConfig) else None

@@ -375,6 +375,11 @@ def explicitly_configured(config: _Config) -> bool:
     return any(config.getoption(dest) for name in _ASKING_FOR_DDTREE for dest in OPTION[name].dests)
 
 
+def args_and_addopts(config: Any) -> list[str]:
+    """The command line and the ini's addopts (pytest's ``Config``): where a user chose pytest's own behaviour."""
+    return [str(arg) for arg in (*config.invocation_params.args, *config.getini("addopts"))]
+
+
 def in_use(config: _Config, settings: Settings) -> bool:
     """The user asked for ddtree work, or the default files exist: a run of unrelated tests with
     the plugin installed must neither fail nor read files because no suites/ folder is near."""

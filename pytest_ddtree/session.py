@@ -169,10 +169,6 @@ class DDTreeSession:
         install_signal_handlers()
         self.started = True
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.worker_id is None
-
     @functools.cached_property
     def matrix(self) -> Matrix:
         from pytest_ddtree.measure.matrix import load_matrix

@@ -218,6 +218,19 @@ class SessionTerminal:
         if relay is not None:
             relay.close()
 
+    def start_live_page(self, session: DDTreeSession, nodeids: Sequence[str]) -> None:
+        """report.html from the collected tests, rewritten after each config's last test (report/html/live.py)."""
+        if session.live_report is None and session.setup_problem is None:
+            from pytest_ddtree.report.html.live import start_live_report
+
+            live = session.live_report = start_live_report(nodeids, [c.name for c in session.selected_configs], session.settings,
+                                                           session.profile, session.failed_tests)
+            if live is not None:
+                self._plugins.register(live, "ddtree-live-report")
+
+    def pytest_unconfigure(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """At pytest's unconfigure: the relay's thread ended, the display uninstalled."""
         self._stop_relay()

@@ -54,7 +54,7 @@ from pytest_ddtree.service.pool import InstanceLock, resolve_instance
 from pytest_ddtree.service.profile import ServiceProfile
 from pytest_ddtree.service.readiness import HealthClient, wait_ready
 from pytest_ddtree.service.calibration import WHEN_END, WHEN_START, CalibrationRun, run_calibration
-from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host
+from pytest_ddtree.service.ssh import HostLock, LocalHost, SSHHost, make_host, unreachable_host
 
 
 REFERENCE_LABEL = "lossless-reference"
@@ -80,6 +80,17 @@ def _add_controller_entry(record: LaunchEntry, entry: ControllerEntry) -> None:
     """The controller's keys on its launch's entry. A cast: mypy does not update a TypedDict from
     another of some of its keys, though every key of a ``ControllerEntry`` is a ``LaunchEntry``'s."""
     record.update(cast(LaunchEntry, entry))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a config's tests get no service: skipped (the config is not available here) or failed (the
+    reason: exit code, log tail, key-by-key diff), and the host that did not answer ssh, which the main
+    process then sends no more configs."""
+
+    message: str
+    skipped: bool
+    unreachable_host: str | None = None
 
 
 @dataclass
@@ -236,6 +247,15 @@ class ServiceManager:
         if self._controller is None:
             return self.host if self.host.remote else None
         return self._controller.snapshot_runner(self.host)
+
+    def ensure_for_tests(self, config: DDTreeConfig) -> RunningService | Refusal:
+        """:meth:`ensure`, with a failure as what the config's tests report (:class:`Refusal`) rather than raised."""
+        try:
+            return self.ensure(config)
+        except ConfigNotAvailable as exc:
+            return Refusal(str(exc), skipped=True)
+        except ServiceError as exc:
+            return Refusal(str(exc), skipped=False, unreachable_host=unreachable_host(exc))
 
     def ensure(self, config: DDTreeConfig) -> RunningService:
         """A ready service running ``config``; restart only when the config changes.
