@@ -189,6 +189,9 @@ class SimManager:
     def ensure(self, config: DDTreeConfig) -> RunningService:
         return self._launch(config.name, config, self.world.configs.index(config))
 
+    def ensure_for_tests(self, config: DDTreeConfig) -> RunningService:
+        return self.ensure(config)  # a simulated launch never fails: no Refusal
+
     def ensure_reference(self) -> RunningService:
         return self._launch("control", None, CONTROL)
 
