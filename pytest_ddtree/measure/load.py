@@ -466,15 +466,8 @@ def run_cell(
                             speculative=speculative, accept_bound=accept_bound, slo=slo)
     client, extra_sampling_params = service, {**dict(workload.sampling), **(extra_sampling_params or {})}
     measured, warm = _cell_prompts(client, prompts if prompts is not None else prompt_maker(client), workload, seed, warmup)
-    notes, warmup_failed, send = list(measured.notes), 0, loops.sender(workload)
-    if warm is not None:
-        warm_results, _, _ = loops.run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
-                                           extra_sampling_params, timeout_s, send)
-        warmup_failed = sum(1 for r in warm_results if not r.ok)
-        if (stalled := next((r for r in warm_results if r.failure == "stall"), None)) is not None:
-            raise LoadError(f"{workload.name}: warm-up request {stalled.index} failed: {stalled.error}")
-        if warmup_failed:
-            notes.append(f"{warmup_failed} of {len(warm_results)} warm-up requests failed")
+    notes = list(measured.notes)
+    warmup_failed = 0 if warm is None else _warm_up(client, workload, warm, extra_sampling_params, timeout_s, notes)
     if flush and not flush_cache(client, flush_deadline_s):
         notes.append("/flush_cache did not succeed: the server's accept length covers more than this cell")
     before = _internal_state(client, notes)
@@ -500,6 +493,24 @@ def run_cell(
         speculative=speculative, accept_bound=accept_bound, send_lag_s=lags, slo=slo,
         categories=[p.category for p in measured.prompts], sent=sent,
     )
+
+
+def _warm_up(client: SGLangClient, workload: CellLike, warm: PromptSet, extra_sampling_params: Mapping[str, Any],
+             timeout_s: float, notes: list[str]) -> int:
+    """Run the excluded warm-up at the cell's concurrency and return how many of its requests failed.
+
+    The warm-up only fills the server's graphs and caches, so a failed request is a note, not a
+    verdict; a stalled one is different: the server stops answering, and measuring after it would
+    only time the stall, so it ends the cell here.
+    """
+    warm_results, _, _ = loops.run_closed_loop(client.http, workload.concurrency, warm, workload.output_tokens,
+                                               extra_sampling_params, timeout_s, loops.sender(workload))
+    failed = sum(1 for r in warm_results if not r.ok)
+    if (stalled := next((r for r in warm_results if r.failure == "stall"), None)) is not None:
+        raise LoadError(f"{workload.name}: warm-up request {stalled.index} failed: {stalled.error}")
+    if failed:
+        notes.append(f"{failed} of {len(warm_results)} warm-up requests failed")
+    return failed
 
 
 def _cell_prompts(client: SGLangClient, maker: PromptMaker, workload: CellLike, seed: int,
