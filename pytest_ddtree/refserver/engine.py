@@ -331,7 +331,7 @@ class Engine:
             self.step_clock.step_ended(deadline)
 
     def _decode(self, batch: list[Request]) -> None:
-        spec, clock = self.spec, self.clock
+        spec = self.spec
         window = spec.window
         produced: list[int] = []
         ctx_total = 0
@@ -355,47 +355,11 @@ class Engine:
             produced.append(len(r.output_ids) - before)
             self._check_finish(r)
         n = len(batch)
-        if spec.speculative:
-            cost = (
-                clock.decode_fixed
-                + clock.per_verify_token * n * (spec.budget + 1)
-                + clock.per_draft_token * n * spec.block_size
-                + clock.per_context_token * ctx_total
-                + clock.per_draft_context_token * draft_ctx_total
-            )
-        else:
-            cost = clock.decode_fixed + clock.per_verify_token * n + clock.per_context_token * ctx_total
-        sim = self._step_seconds(cost)
+        sim = self._step_seconds(self._decode_cost(n, ctx_total, draft_ctx_total))
         self.step_index += 1
         deadline = self.step_clock.wait_step_end(sim)
         with self.cond:
-            a = self.acct
-            a.decode_forward_passes += 1
-            a.simulated_busy_seconds += sim
-            tokens = 0
-            for r, k in zip(batch, produced):
-                if r.internal:
-                    continue
-                tokens += k
-                a.total_verify_steps += 1
-                a.verify_steps_since_flush += 1
-            a.total_decode_tokens += tokens
-            a.decode_tokens_since_flush += tokens
-            a.total_output_tokens += tokens
-            if spec.speculative:
-                a.spec_num_accept_tokens += tokens
-                a.spec_num_forward_ct += sum(1 for r in batch if not r.internal)
-            a.forward_ct_decode += 1
-            log_now = a.forward_ct_decode % self.decode_log_interval == 0
-            interval_accept = a.spec_num_accept_tokens / a.spec_num_forward_ct if a.spec_num_forward_ct else 0.0
-            if log_now:
-                if spec.speculative:
-                    a.gauges.publish(a.spec_num_accept_tokens, a.spec_num_forward_ct, spec.worker_steps,
-                                     spec.worker_draft_tokens or spec.block_size)
-                a.spec_total_num_accept_tokens += a.spec_num_accept_tokens
-                a.spec_total_num_forward_ct += a.spec_num_forward_ct
-                a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
-            self.last_gen_throughput = tokens / sim if sim > 0 else 0.0
+            log_now, interval_accept = self._count_decode(batch, produced, sim)
             self.running = [r for r in self.running if r.finish_reason is None]
             self._publish(batch)
             self.step_clock.step_ended(deadline)
@@ -405,6 +369,60 @@ class Engine:
                 f"accept len: {interval_accept:.2f}, "
                 f"gen throughput (token/s): {self.last_gen_throughput:.2f}"
             )
+
+    def _decode_cost(self, n: int, ctx_total: int, draft_ctx_total: int) -> float:
+        """The decode step's price before faults: a speculative step verifies the whole tree
+        (``budget + 1`` tokens) and drafts a block for each of the ``n`` requests, and its draft
+        attends to ``draft_ctx_total`` tokens; that verify term is what makes a big tree lose at
+        high concurrency."""
+        spec, clock = self.spec, self.clock
+        if spec.speculative:
+            return (
+                clock.decode_fixed
+                + clock.per_verify_token * n * (spec.budget + 1)
+                + clock.per_draft_token * n * spec.block_size
+                + clock.per_context_token * ctx_total
+                + clock.per_draft_context_token * draft_ctx_total
+            )
+        return clock.decode_fixed + clock.per_verify_token * n + clock.per_context_token * ctx_total
+
+    def _count_decode(self, batch: list[Request], produced: list[int], sim: float) -> tuple[bool, float]:
+        """Count a decode step's tokens (``produced``, per request) into the accounting; returns
+        whether this step writes the decode log and the interval's accept length for it.
+
+        Kept apart from the step because SGLang keeps it apart: the per-interval spec counters are
+        summed into the totals and reset every ``decode_log_interval`` batches as
+        sglang/srt/managers/scheduler_components/metrics_reporter.py does, so the figure a client
+        reads between logs is SGLang's stale one. Internal requests (the start-up warm-up) are not
+        counted. The caller holds ``self.cond``."""
+        spec, a = self.spec, self.acct
+        a.decode_forward_passes += 1
+        a.simulated_busy_seconds += sim
+        tokens = 0
+        for r, k in zip(batch, produced):
+            if r.internal:
+                continue
+            tokens += k
+            a.total_verify_steps += 1
+            a.verify_steps_since_flush += 1
+        a.total_decode_tokens += tokens
+        a.decode_tokens_since_flush += tokens
+        a.total_output_tokens += tokens
+        if spec.speculative:
+            a.spec_num_accept_tokens += tokens
+            a.spec_num_forward_ct += sum(1 for r in batch if not r.internal)
+        a.forward_ct_decode += 1
+        log_now = a.forward_ct_decode % self.decode_log_interval == 0
+        interval_accept = a.spec_num_accept_tokens / a.spec_num_forward_ct if a.spec_num_forward_ct else 0.0
+        if log_now:
+            if spec.speculative:
+                a.gauges.publish(a.spec_num_accept_tokens, a.spec_num_forward_ct, spec.worker_steps,
+                                 spec.worker_draft_tokens or spec.block_size)
+            a.spec_total_num_accept_tokens += a.spec_num_accept_tokens
+            a.spec_total_num_forward_ct += a.spec_num_forward_ct
+            a.spec_num_accept_tokens = a.spec_num_forward_ct = 0
+        self.last_gen_throughput = tokens / sim if sim > 0 else 0.0
+        return log_now, interval_accept
 
     def _spec_step(self, r: Request, remaining: int) -> int:
         """Draft, build the tree, verify; append the accepted tokens (bonus included); return
