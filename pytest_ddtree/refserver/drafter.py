@@ -98,8 +98,8 @@ class Drafter:
     def feed(self, m: MatchState, tok: int) -> None:
         m.state, m.length = self.sam.advance(m.state, m.length, tok, self.cap)
 
-    # long because: the engine's inner loop, once per drafted depth of every step: its locals are
-    # hoisted and its steps inlined for speed (benchmarks/bench_refserver.py times the engine)
+    # the engine's inner loop, once per drafted depth of every step: its locals are hoisted for
+    # speed (benchmarks/bench_refserver.py times the engine)
     def propose(
         self,
         m: MatchState,
@@ -114,10 +114,8 @@ class Drafter:
         ``copy`` (in-context); ``salt`` (a request constant, e.g. a hash of its prompt)
         decorrelates the noise of different requests."""
         sam = self.sam
-        noise = self.noise
         seed = self.seed
         decoys = self.decoys
-        nd = len(decoys)
         far_from = None if self.window is None else self.window - COPY_NGRAM
         seq = ctx.seq
         base = len(seq)
@@ -149,30 +147,8 @@ class Drafter:
                     far = far_from is not None and base + d - 2 - src > far_from
                 else:  # a shorter repeat is still a plausible alternative
                     weights[ctok] = max(weights.get(ctok, 0.0), 0.25)
-            if trained:
-                i = min(d, len(noise.hit)) - 1
-                hit, soft, dw = noise.hit[i], noise.soft[i], noise.decoy
-            else:
-                hit, soft, dw = noise.hit_untrained, noise.soft_untrained, noise.decoy_untrained
             # keyed by the drafted token's absolute position, not by the depth: see the module docstring
-            h = uniform_prefix(seed, ((base + d) * 1_000_003 + salt) << 6)
-            for j in range(noise.n_decoys):
-                t = decoys[int(uniform_from(h, 11 + j) * nd)]
-                w = dw * uniform_from(h, 31 + j)
-                weights[t] = max(weights.get(t, 0.0), w)
-            u = uniform_from(h, 7)
-            far_missed = far and uniform_from(h, 41) < noise.far_miss
-            if u >= hit or far_missed:
-                best_w = weights.get(best, 0.0)
-                if u >= hit + soft or far_missed:
-                    # a hard miss: the drafter never learned this continuation
-                    weights.pop(best, None)
-                    best_w = 0.5 * dw + 0.1
-                n_lead = 1 + (uniform_from(h, 8) < 0.4)
-                for j in range(n_lead):
-                    lead = decoys[int(uniform_from(h, 9 + 10 * j) * nd)]
-                    if lead != best:
-                        weights[lead] = max(weights.get(lead, 0.0), best_w * (1.2 + uniform_from(h, 10 + 10 * j)))
+            self._mistake(weights, best, d, trained, far, uniform_prefix(seed, ((base + d) * 1_000_003 + salt) << 6))
             ranked = sorted(weights.items(), key=lambda tw: (-tw[1], tw[0]))[:topk]
             z = sum(w for _, w in weights.items()) or 1.0
             out.append([(t, w / z) for t, w in ranked])
@@ -186,3 +162,35 @@ class Drafter:
             else:  # where did the last tokens (guesses included) occur before?
                 src, clen = ctx.source(guesses, base)
         return out
+
+    def _mistake(self, weights: dict[int, float], best: int, d: int, trained: bool, far: bool, h: int) -> None:
+        """Make the drafter wrong at depth ``d`` as a real one is: decoys (frequent wrong tokens) enter
+        ``weights`` at low weight, and with the miss rates of ``self.noise`` (by depth while
+        ``trained``, flat past it) a soft miss ranks a decoy above ``best`` and a hard miss (or a
+        ``far`` copy the window cannot see) drops ``best`` outright. This is what makes acceptance
+        fall with depth and lets a wider tree recover a demoted token (:class:`DrafterNoise`);
+        ``h`` keys the draws."""
+        noise, decoys = self.noise, self.decoys
+        nd = len(decoys)
+        if trained:
+            i = min(d, len(noise.hit)) - 1
+            hit, soft, dw = noise.hit[i], noise.soft[i], noise.decoy
+        else:
+            hit, soft, dw = noise.hit_untrained, noise.soft_untrained, noise.decoy_untrained
+        for j in range(noise.n_decoys):
+            t = decoys[int(uniform_from(h, 11 + j) * nd)]
+            w = dw * uniform_from(h, 31 + j)
+            weights[t] = max(weights.get(t, 0.0), w)
+        u = uniform_from(h, 7)
+        far_missed = far and uniform_from(h, 41) < noise.far_miss
+        if u >= hit or far_missed:
+            best_w = weights.get(best, 0.0)
+            if u >= hit + soft or far_missed:
+                # a hard miss: the drafter never learned this continuation
+                weights.pop(best, None)
+                best_w = 0.5 * dw + 0.1
+            n_lead = 1 + (uniform_from(h, 8) < 0.4)
+            for j in range(n_lead):
+                lead = decoys[int(uniform_from(h, 9 + 10 * j) * nd)]
+                if lead != best:
+                    weights[lead] = max(weights.get(lead, 0.0), best_w * (1.2 + uniform_from(h, 10 + 10 * j)))
