@@ -145,26 +145,12 @@ class OpenAIEndpoints(GenerationEndpoints):
         prefix = "chatcmpl-" if chat else "cmpl-"
         req = Request(prompt, params, rid=prefix + uuid.uuid4().hex[:24])
         eng.submit(req)
+        if not stream:
+            self._openai_reply(eng, req, chat, split, created, model, want_meta)
+            return
         # usage.reasoning_tokens (tokenizer_manager.py counts the output up to the reasoning's end): the tokens
         # out while the split was still in reasoning, at a step's granularity
         thought = 0
-        if not stream:
-            self._wait(eng, req)
-            text = self._text(req, len(req.output_ids))
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason_openai(req.finish_reason), "matched_stop": (req.finish_reason or {}).get("matched")}
-            if chat:
-                reasoning, answer = split.feed(text, final=True) if split is not None else (None, text)
-                choice["message"] = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
-                if split is not None and split.in_reasoning:  # it never closed: every output token was reasoning
-                    thought = len(req.output_ids)
-            else:
-                choice["text"] = text
-            resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req, thought)}
-            if want_meta:
-                meta = self._meta(req)
-                choice["meta_info"] = meta
-            self.send_generation(resp)
-            return
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta_text: str | None, finish: str | None, role: bool = False, reasoning: str | None = None) -> dict[str, Any]:
@@ -211,6 +197,28 @@ class OpenAIEndpoints(GenerationEndpoints):
                 self._send_spec_details(req, obj, created, model)
             if include_usage:
                 self.sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": self._usage(req, thought)})
+
+    def _openai_reply(self, eng: Engine, req: Request, chat: bool, split: ReasoningSplit | None, created: int, model: str,
+                      want_meta: bool) -> None:
+        """Answer a non-streamed completion in one body once ``req`` finishes (serving_chat.py's
+        _build_chat_response for a chat): none of the stream's chunking, only the reasoning split
+        of the final text; with no steps to tell where the reasoning closed, usage.reasoning_tokens
+        is every output token when it never closed, else 0."""
+        thought = 0
+        self._wait(eng, req)
+        text = self._text(req, len(req.output_ids))
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason_openai(req.finish_reason), "matched_stop": (req.finish_reason or {}).get("matched")}
+        if chat:
+            reasoning, answer = split.feed(text, final=True) if split is not None else (None, text)
+            choice["message"] = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+            if split is not None and split.in_reasoning:  # it never closed: every output token was reasoning
+                thought = len(req.output_ids)
+        else:
+            choice["text"] = text
+        resp: dict[str, Any] = {"id": req.rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": model, "choices": [choice], "usage": self._usage(req, thought)}
+        if want_meta:
+            choice["meta_info"] = self._meta(req)
+        self.send_generation(resp)
 
     def _send_spec_details(self, req: Request, obj: str, created: int, model: str) -> None:
         """serving_chat.py's sglext chunk (``return_spec_tokens_details``), before the usage chunk: the request's
