@@ -151,6 +151,24 @@ def run_open_loop(
 
     t0 = clock()
     end_by = t0 + deadline_s
+    threads = _start_on_schedule(offsets, t0, end_by, stalled, send)
+    for thread in threads:
+        thread.join(max(0.0, end_by - clock()))
+    unfinished = _cut_at_deadline(threads, socks, lock, cut)
+    out = [result if result is not None else _not_finished(
+        RequestResult(index=i, expected_prompt_tokens=prompts.prompts[i].target_tokens, expected_output_tokens=output_tokens,
+                      start=t0 + offsets[i], end=clock()), offsets[i], i < len(threads), stalled.is_set(), deadline_s)
+        for i, result in enumerate(results)]
+    end = max((r.end for r in out), default=t0)
+    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished, sent=len(out))
+
+
+def _start_on_schedule(offsets: Sequence[float], t0: float, end_by: float, stalled: threading.Event,
+                       send: Callable[[int, float], None]) -> list[threading.Thread]:
+    """Start each request's thread at its arrival (``t0 + offset``), late rather than early, and
+    return the started threads in schedule order. Sending stops at the cell's deadline and after a
+    stalled request: an arrival process does not wait for the server, so only those end it."""
+    clock = time.perf_counter
     threads: list[threading.Thread] = []
     for index, offset in enumerate(offsets):
         due = t0 + offset
@@ -161,15 +179,7 @@ def run_open_loop(
         thread = thread_in_phase(send, index, due, name=f"ddtree-open-{index}")
         thread.start()
         threads.append(thread)
-    for thread in threads:
-        thread.join(max(0.0, end_by - clock()))
-    unfinished = _cut_at_deadline(threads, socks, lock, cut)
-    out = [result if result is not None else _not_finished(
-        RequestResult(index=i, expected_prompt_tokens=prompts.prompts[i].target_tokens, expected_output_tokens=output_tokens,
-                      start=t0 + offsets[i], end=clock()), offsets[i], i < len(threads), stalled.is_set(), deadline_s)
-        for i, result in enumerate(results)]
-    end = max((r.end for r in out), default=t0)
-    return OpenLoopRun(out, end - t0, [lag for lag in lags if lag is not None], unfinished, sent=len(out))
+    return threads
 
 
 def _not_finished(result: RequestResult, offset: float, started: bool, stalled: bool, deadline_s: float) -> RequestResult:
