@@ -232,7 +232,6 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
     """The main process's session end. The session is read here, once; each step takes what it uses."""
     outcome = FinishOutcome()
     settings = session.settings
-    results_dir = settings.results
     records = session.collected_records()
     if not records and settings.package is None:
         return outcome
@@ -254,6 +253,30 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
                                                                       interrupted=exitstatus == _INTERRUPTED)
 
     # 3. Results JSON and Markdown (bench_serving key names), and the sweep table.
+    summary_json = _write_results(session, profile, records, session_check, control_check, exitstatus, outcome)
+
+    # 4. The history (after report.html, so the history links to it); its failure keeps the results.
+    if settings.history is not None and summary_json is not None:
+        _append_history(settings, _service_python(profile), summary_json, records, outcome, exitstatus)
+
+    # 5. The reproduction package, verified before it is reported.
+    if settings.package is not None:
+        _write_package(session, outcome, records, exitstatus)
+    if outcome.errors:
+        outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
+    return outcome
+
+
+def _write_results(session: DDTreeSession, profile: ServiceProfile | None, records: list[dict[str, object]],
+                   session_check: list[dict[str, Any]], control_check: dict[str, Any] | None, exitstatus: int,
+                   outcome: FinishOutcome) -> dict[str, Any] | None:
+    """results.json, results.md, the output file and report.html, with the verdict the terminal shows.
+
+    One step with one failure: whatever goes wrong here is a failed session, never a lost one (the
+    raw records are on disk already). The results' payload comes back for the history, None when
+    they could not be written."""
+    settings = session.settings
+    results_dir = settings.results
     summary_json: dict[str, Any] | None = None
     try:
         from pytest_ddtree.report import text as report
@@ -282,30 +305,25 @@ def finish_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
             _append_output_file(settings.output_file, summary.json.get("throughput_repeats") or [], outcome)
         write_atomic(results_dir / RESULTS_MD, summary.markdown.replace("\n", f"\n\n**Verdict:** {verdict}\n", 1))
         _write_html_report(session.live_report, results_dir, summary.json, outcome)
-        # the verdict first, then the tables; the control's paragraph after them (it explains, it is not the answer)
-        outcome.sections.insert(0, ("ddtree verdict", verdict))
-        control_sections = [s for s in outcome.sections if s[0] == CONTROL_SECTION]
-        outcome.sections[:] = [s for s in outcome.sections if s[0] != CONTROL_SECTION]
-        for title, text in summary.sections:
-            outcome.sections.append((title, text))
-        outcome.sections.extend(control_sections)
-        if summary.plot_error:
-            outcome.sections.append(("ddtree plot", summary.plot_error))
+        _arrange_sections(outcome, verdict, summary.sections, summary.plot_error)
     except Exception as exc:  # the raw records are on disk whatever happens here
         outcome.fail(f"writing results failed: {type(exc).__name__}: {exc}")
         outcome.sections.append(("ddtree results error", traceback.format_exc()))
     outcome.sections.append(("ddtree results", f"results: {results_dir}"))
+    return summary_json
 
-    # 4. The history (after report.html, so the history links to it); its failure keeps the results.
-    if settings.history is not None and summary_json is not None:
-        _append_history(settings, _service_python(profile), summary_json, records, outcome, exitstatus)
 
-    # 5. The reproduction package, verified before it is reported.
-    if settings.package is not None:
-        _write_package(session, outcome, records, exitstatus)
-    if outcome.errors:
-        outcome.sections.append(("ddtree errors", "\n".join(outcome.errors)))
-    return outcome
+def _arrange_sections(outcome: FinishOutcome, verdict: str, tables: Sequence[tuple[str, str]], plot_error: str | None) -> None:
+    """The terminal's order: the verdict first, then the tables; the control's paragraph after them
+    (it explains, it is not the answer), then a plot that could not be drawn."""
+    outcome.sections.insert(0, ("ddtree verdict", verdict))
+    control_sections = [s for s in outcome.sections if s[0] == CONTROL_SECTION]
+    outcome.sections[:] = [s for s in outcome.sections if s[0] != CONTROL_SECTION]
+    for title, text in tables:
+        outcome.sections.append((title, text))
+    outcome.sections.extend(control_sections)
+    if plot_error:
+        outcome.sections.append(("ddtree plot", plot_error))
 
 
 def _calibration(records: list[dict[str, object]], outcome: FinishOutcome) -> dict[str, Any] | None:
