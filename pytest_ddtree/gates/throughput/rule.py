@@ -520,17 +520,9 @@ def _judge_config_metric(
 ) -> MetricVerdict:
     base = m.base
     direction = base.direction
-    flag_at = max(FLAG_FLOOR_SHARE * base.tolerance, Z_FLAG * m.std_error(len(m.current)))
     tolerance = max(base.tolerance, Z_CELL * m.std_error(len(m.current)))
-    relative = m.change_log - shift
-    worse = worse_by(direction, relative)
-    flagged_why = ""
-    if worse > flag_at:
-        flagged_why = (f"{fmt_pct(math.expm1(relative))} relative to the config's common change "
-                       f"{fmt_pct(math.expm1(shift))}, beyond the first pass's {flag_at:.1%} screen")
-    elif config_flag is not None:
-        flagged_why = (f"the whole config moved {fmt_pct(math.expm1(config_flag[0]))}, beyond the config-wide "
-                       f"{config_flag[1]:.1%} tolerance (day-to-day spread)")
+    worse = worse_by(direction, m.change_log - shift)
+    flagged_why = _flagged_why(m, shift, config_flag)
     base_median = stats.median(base.samples)
     cur_median = stats.median(m.current)
     interval = stats.log_ratio_interval(base.samples, m.current)
@@ -538,12 +530,6 @@ def _judge_config_metric(
           if interval is not None else "")
     what = (f"{key}: {fmt(base_median)} -> {fmt(cur_median)} {base.unit}, "
             f"{fmt_pct(math.expm1(m.change_log))}{ci}")
-
-    def made_of(tol: float, n_now: int, floor: float = base.tolerance, z: float = Z_CELL,
-                noise: float = m.sigma) -> str:
-        return (f"tolerance {tol:.1%} = max(floor {floor:.1%}, {z} x standard error; "
-                f"noise {noise:.1%}, between sessions {m.between:.1%}); {len(base.samples)} baseline samples "
-                f"from {len(base.sessions)} session(s) vs {n_now} now")
 
     first_change: float | None = None
     confirm_change: float | None = None
@@ -553,29 +539,11 @@ def _judge_config_metric(
     elif flagged_why and not confirmation:
         status = Status.REGRESSION
         msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; no confirmation run was "
-               f"possible ({made_of(tolerance, len(m.current))})")
+               f"possible ({_made_of(m, tolerance, len(m.current), base.tolerance, Z_CELL, m.sigma)})")
     elif flagged_why and confirmation is not None:
-        conf_log = log_centre(confirmation)
-        conf_sigma = _confirmation_sigma(m, confirmation)
-        conf_floor = CONFIRM_FLOOR_SHARE * base.tolerance
-        tolerance = max(conf_floor, Z_CONFIRM * m.std_error(len(confirmation), conf_sigma))
-        conf_rel = (conf_log - m.base_log - shift) if conf_log is not None else 0.0
-        reproduced = worse_by(direction, conf_rel) > tolerance
-        if config_flag is not None and conf_log is not None and not reproduced:
-            reproduced = worse_by(direction, conf_log - m.base_log) > config_flag[1]
         first_change = math.expm1(m.change_log)
-        confirm_change = math.expm1(conf_rel) if conf_log is not None else None
-        conf_txt = (f"confirmation ({len(confirmation)} fresh repeats): {fmt(stats.median(confirmation))} "
-                    f"{base.unit}, {fmt_pct(math.expm1(conf_log - m.base_log)) if conf_log is not None else '?'}"
-                    f" ({fmt_pct(math.expm1(conf_rel))} relative)")
-        if reproduced:
-            status = Status.REGRESSION
-            msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
-                   f"{conf_txt} ({made_of(tolerance, len(confirmation), conf_floor, Z_CONFIRM, conf_sigma)})")
-        else:
-            status = Status.PASS
-            msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
-                   f"within its {tolerance:.1%} tolerance: pass")
+        status, msg, tolerance, confirm_change = _judge_confirmation(m, what, flagged_why, shift, config_flag,
+                                                                     confirmation)
     elif -worse > tolerance:
         status = Status.IMPROVED
         msg = f"{what}: improved beyond the {tolerance:.1%} tolerance{advice}"
@@ -587,6 +555,55 @@ def _judge_config_metric(
         shift=math.expm1(shift), ci_label=interval.label if interval else "", first_change=first_change,
         baseline_samples=len(base.samples), baseline_sessions=len(base.sessions), shift_se=m.shift_se,
         blessed_shifts=m.blessed_shifts, floor=base.tolerance, confirm_change=confirm_change)
+
+
+def _flagged_why(m: Metric, shift: float, config_flag: tuple[float, float] | None) -> str:
+    """The first pass's screen: why this cell needs a confirmation run ("" when it does not). A cell
+    is flagged by its own move beyond the config's common change, or by its whole config moving."""
+    flag_at = max(FLAG_FLOOR_SHARE * m.base.tolerance, Z_FLAG * m.std_error(len(m.current)))
+    relative = m.change_log - shift
+    if worse_by(m.base.direction, relative) > flag_at:
+        return (f"{fmt_pct(math.expm1(relative))} relative to the config's common change "
+                f"{fmt_pct(math.expm1(shift))}, beyond the first pass's {flag_at:.1%} screen")
+    if config_flag is not None:
+        return (f"the whole config moved {fmt_pct(math.expm1(config_flag[0]))}, beyond the config-wide "
+                f"{config_flag[1]:.1%} tolerance (day-to-day spread)")
+    return ""
+
+
+def _made_of(m: Metric, tol: float, n_now: int, floor: float, z: float, noise: float) -> str:
+    """What a tolerance is made of, so a reader of a regression can check the arithmetic."""
+    return (f"tolerance {tol:.1%} = max(floor {floor:.1%}, {z} x standard error; "
+            f"noise {noise:.1%}, between sessions {m.between:.1%}); {len(m.base.samples)} baseline samples "
+            f"from {len(m.base.sessions)} session(s) vs {n_now} now")
+
+
+def _judge_confirmation(m: Metric, what: str, flagged_why: str, shift: float, config_flag: tuple[float, float] | None,
+                        confirmation: list[float]) -> tuple[Verdict, str, float, float | None]:
+    """A flagged cell's second look: the fresh repeats decide, against their own (tighter-floored)
+    tolerance; a config-wide flag is reproduced by the confirmation moving beyond the config-wide
+    tolerance too. Returns the status, its message, the tolerance applied and the confirmation's
+    change relative to the config's common change."""
+    base = m.base
+    conf_log = log_centre(confirmation)
+    conf_sigma = _confirmation_sigma(m, confirmation)
+    conf_floor = CONFIRM_FLOOR_SHARE * base.tolerance
+    tolerance = max(conf_floor, Z_CONFIRM * m.std_error(len(confirmation), conf_sigma))
+    conf_rel = (conf_log - m.base_log - shift) if conf_log is not None else 0.0
+    reproduced = worse_by(base.direction, conf_rel) > tolerance
+    if config_flag is not None and conf_log is not None and not reproduced:
+        reproduced = worse_by(base.direction, conf_log - m.base_log) > config_flag[1]
+    confirm_change = math.expm1(conf_rel) if conf_log is not None else None
+    conf_txt = (f"confirmation ({len(confirmation)} fresh repeats): {fmt(stats.median(confirmation))} "
+                f"{base.unit}, {fmt_pct(math.expm1(conf_log - m.base_log)) if conf_log is not None else '?'}"
+                f" ({fmt_pct(math.expm1(conf_rel))} relative)")
+    if reproduced:
+        msg = (f"{what}: REGRESSION beyond the {tolerance:.1%} tolerance: {flagged_why}; reproduced by the "
+               f"{conf_txt} ({_made_of(m, tolerance, len(confirmation), conf_floor, Z_CONFIRM, conf_sigma)})")
+        return Status.REGRESSION, msg, tolerance, confirm_change
+    msg = (f"{what}: flagged ({flagged_why}) but not reproduced by the {conf_txt}, "
+           f"within its {tolerance:.1%} tolerance: pass")
+    return Status.PASS, msg, tolerance, confirm_change
 
 
 def judge_metric_alone(key: str, entry: Mapping[str, Any], current: Sequence[float]) -> MetricVerdict:
