@@ -580,22 +580,8 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
     if gates:
         sections.append(("ddtree correctness gates", tabulate(gates, headers=GATE_HEADERS, disable_numparse=True)))
         md_parts += ["## Correctness gates", "", tabulate(gates, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True), ""]
-    from pytest_ddtree.adaptive import sweep as adaptive
-
-    sweep = records_mod.adaptive_outcome(records)
-    predicted = adaptive.predicted_table_rows(sweep, len(HEADERS), _ctx) if sweep else []
-    if sweep:  # predicted rows: beside the measured ones, never among them (never gated)
-        payload["predicted"] = sweep.get("predicted") or []
-        payload["adaptive_sweep"] = {k: v for k, v in sweep.items() if k != "predicted"}
-        payload["recommendations"] = [*payload["recommendations"], *adaptive.summary_lines(sweep)]
-    from pytest_ddtree.report import frontier
-
-    deployment = frontier.deployment(throughput, records)  # for SLO S at load L deploy C; the rates; the frontier
-    if deployment:
-        payload["deployment"] = deployment
-        payload["recommendations"] = [*payload["recommendations"], *deployment["sentences"]]
-        if deployment["sentences"]:  # a heading with nothing under it says nothing
-            md_parts += ["## What to deploy", "", *(f"- {line}" for line in deployment["sentences"]), ""]
+    predicted = _adaptive_prediction(records, payload)
+    _what_to_deploy(throughput, records, payload, md_parts)
     if throughput or predicted:
         text = render_sweep_table(throughput, predicted_rows=predicted)
         advice = payload["recommendations"]
@@ -606,6 +592,51 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
     if not_judged:
         sections.append(("ddtree recorded, not judged", "\n".join(not_judged)))
         md_parts += ["## Recorded, not judged", "", *(f"- {line}" for line in not_judged), ""]
+    _field_evidence(records, throughput, default_window, payload, sections, md_parts)
+    summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
+    if throughput and results_dir is not None:
+        try:
+            path = results_dir / "throughput.png"
+            if plot_png(throughput, path):
+                sections.append(("ddtree plot", f"wrote {path}"))
+        except Exception as exc:  # the plot is optional; never lose the results over it
+            summary.plot_error = f"plotting failed: {type(exc).__name__}: {exc}"
+    summary.sections = sections
+    return summary
+
+
+def _adaptive_prediction(records: Sequence[RawRecord], payload: dict[str, Any]) -> list[list[str]]:
+    """An adaptive sweep's predicted cells, as sweep-table rows and in results.json: beside the
+    measured ones, never among them (they are never gated); its summary joins the recommendations."""
+    from pytest_ddtree.adaptive import sweep as adaptive
+
+    sweep = records_mod.adaptive_outcome(records)
+    if not sweep:
+        return []
+    payload["predicted"] = sweep.get("predicted") or []
+    payload["adaptive_sweep"] = {k: v for k, v in sweep.items() if k != "predicted"}
+    payload["recommendations"] = [*payload["recommendations"], *adaptive.summary_lines(sweep)]
+    return adaptive.predicted_table_rows(sweep, len(HEADERS), _ctx)
+
+
+def _what_to_deploy(throughput: list[ThroughputRecord], records: Sequence[RawRecord], payload: dict[str, Any],
+                    md_parts: list[str]) -> None:
+    """The deployment answer (for SLO S at load L deploy C; the rates; the frontier): in results.json,
+    among the recommendations, and as its own heading in results.md when it has sentences."""
+    from pytest_ddtree.report import frontier
+
+    deployment = frontier.deployment(throughput, records)
+    if deployment:
+        payload["deployment"] = deployment
+        payload["recommendations"] = [*payload["recommendations"], *deployment["sentences"]]
+        if deployment["sentences"]:  # a heading with nothing under it says nothing
+            md_parts += ["## What to deploy", "", *(f"- {line}" for line in deployment["sentences"]), ""]
+
+
+def _field_evidence(records: Sequence[RawRecord], throughput: list[ThroughputRecord], default_window: int | None,
+                    payload: dict[str, Any], sections: list[tuple[str, str]], md_parts: list[str]) -> None:
+    """Whether each config's fields took effect: the fields the measurements show had none, and the
+    applied-by-evidence table (each field's status per config), in all three outputs."""
     from pytest_ddtree.service import proof
 
     no_effect = payload["no_effect"] = proof.no_effect(throughput, default_window)
@@ -622,13 +653,3 @@ def session_summary(records: Sequence[RawRecord], failed_tests: Sequence[Mapping
         sections.append(("ddtree applied, by evidence", table))
         md_parts += ["## Applied, by evidence", "",
                      tabulate(rows, headers=["config", *columns], tablefmt="github", disable_numparse=True), ""]
-    summary = SessionSummary(json=payload, markdown="\n".join(md_parts))
-    if throughput and results_dir is not None:
-        try:
-            path = results_dir / "throughput.png"
-            if plot_png(throughput, path):
-                sections.append(("ddtree plot", f"wrote {path}"))
-        except Exception as exc:  # the plot is optional; never lose the results over it
-            summary.plot_error = f"plotting failed: {type(exc).__name__}: {exc}"
-    summary.sections = sections
-    return summary
