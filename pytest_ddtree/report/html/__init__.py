@@ -146,6 +146,43 @@ def build_html(
     gate_rows = model.gates(payload, planned=live.planned)
     if not live.total:
         live.total = len(gate_rows)
+    recommendations = [str(r) for r in payload.get("recommendations") or []]
+    environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
+    environment.update(_engine_facts(payload))
+    lossless = model.records(payload, RecordKind.LOSSLESS)
+    return str(template().render(
+        live=live.view(),
+        refresh_s=REFRESH_S,
+        stale_s=STALE_S,
+        overall=model.overall(gate_rows, measure_only=payload.get("measure_only") is True, running=live.state == "running"),
+        measure_only=payload.get("measure_only") is True,
+        source=source,
+        gate_names=model.GATES,
+        gates=gate_rows,
+        recommendations=recommendations,
+        control=payload.get("control") if isinstance(payload.get("control"), Mapping) else None,
+        **_charts(payload, cells),
+        depth_cells=[c for c in cells if c.acceptance_by_depth and not c.predicted],
+        # the recommendation's own sentence, not one worked out again from other cells: the page says one thing
+        drafter_bound=[r for r in recommendations if r.startswith(report.DRAFTER_BOUND_LINE)],
+        cells=cells,
+        columns=model.CELL_COLUMNS,
+        coding=model.coding_grid(payload),
+        divergences=model.divergences(payload),
+        lossless_measured=bool(lossless),
+        timeline=model.timeline(payload),
+        bill=payload.get("bill") if isinstance(payload.get("bill"), Mapping) else None,
+        comparison=model.compare_sessions(payload, other) if other is not None else None, other_label=other_label,
+        environment=environment_rows({"environment": environment}),
+        fmt=model.fmt, fmt_pct=model.fmt_pct, fmt_time=model.fmt_time, ctx=report._ctx, is_number=model.is_number,
+    ))
+
+
+
+def _charts(payload: Mapping[str, Any], cells: list[model.CellRow]) -> dict[str, Any]:
+    """The page's charts, as the template's variables: each figure once in one JSON blob the page's
+    script draws from, and the panels that place them. Without the plotly runtime the page still
+    says which charts there would be (and why there are none), so the panels come back either way."""
     runtime = charts.plotly_runtime()
     figures: dict[str, Any] = {}
     output_panels = charts.sweep_panels(cells, OUTPUT_THROUGHPUT, "output tok/s")
@@ -169,46 +206,19 @@ def build_html(
             figure_id = f"repeats-{config}"
             figures[figure_id] = fig
             repeat_charts.append({"id": figure_id, "caption": f"{config}: output tok/s repeats / baseline median"})
-    recommendations = [str(r) for r in payload.get("recommendations") or []]
-    environment = dict(payload.get("environment") or {}) if isinstance(payload.get("environment"), Mapping) else {}
-    environment.update(_engine_facts(payload))
-    lossless = model.records(payload, RecordKind.LOSSLESS)
-    return str(template().render(
-        live=live.view(),
-        refresh_s=REFRESH_S,
-        stale_s=STALE_S,
-        overall=model.overall(gate_rows, measure_only=payload.get("measure_only") is True, running=live.state == "running"),
-        measure_only=payload.get("measure_only") is True,
-        source=source,
-        gate_names=model.GATES,
-        gates=gate_rows,
-        recommendations=recommendations,
-        control=payload.get("control") if isinstance(payload.get("control"), Mapping) else None,
-        charts_available=runtime is not None,
-        runtime_file=charts.RUNTIME_FILE,
-        plotly_js=(runtime or "").replace("</script", "<\\/script"),
-        figures_json=charts.figure_json(figures if runtime else {}),
-        output_panels=output_panels,
-        request_panels=request_panels,
-        pareto_panels=pareto_panels,
-        speedup=speedup,
-        acceptance=acceptance,
-        repeat_charts=repeat_charts,
-        depth_panels=depth_panels,
-        depth_cells=[c for c in cells if c.acceptance_by_depth and not c.predicted],
-        # the recommendation's own sentence, not one worked out again from other cells: the page says one thing
-        drafter_bound=[r for r in recommendations if r.startswith(report.DRAFTER_BOUND_LINE)],
-        cells=cells,
-        columns=model.CELL_COLUMNS,
-        coding=model.coding_grid(payload),
-        divergences=model.divergences(payload),
-        lossless_measured=bool(lossless),
-        timeline=model.timeline(payload),
-        bill=payload.get("bill") if isinstance(payload.get("bill"), Mapping) else None,
-        comparison=model.compare_sessions(payload, other) if other is not None else None, other_label=other_label,
-        environment=environment_rows({"environment": environment}),
-        fmt=model.fmt, fmt_pct=model.fmt_pct, fmt_time=model.fmt_time, ctx=report._ctx, is_number=model.is_number,
-    ))
+    return {
+        "charts_available": runtime is not None,
+        "runtime_file": charts.RUNTIME_FILE,
+        "plotly_js": (runtime or "").replace("</script", "<\\/script"),
+        "figures_json": charts.figure_json(figures if runtime else {}),
+        "output_panels": output_panels,
+        "request_panels": request_panels,
+        "pareto_panels": pareto_panels,
+        "speedup": speedup,
+        "acceptance": acceptance,
+        "repeat_charts": repeat_charts,
+        "depth_panels": depth_panels,
+    }
 
 
 def load_payload(results_dir: Path) -> dict[str, Any]:
