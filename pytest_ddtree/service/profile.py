@@ -112,17 +112,10 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     raw, grouped = flatten(_expand_environment(raw, "", fail), fail)
     spelled.update(grouped)
     check_key_types(raw, fail)
-    try:
-        declared = axes_mod.declare(raw.get("axes"), f"{where}: {spelled.get('axes', 'axes')}")
-    except axes_mod.AxisError as exc:
-        raise ProfileError(str(exc)) from None
+    declared = _declared_axes(raw, where, spelled)
     controller = raw["controller"]
     kind = _controller_kind(raw, fail)
-    port = raw.get("port", "auto")
-    if isinstance(port, str) and port != "auto":
-        raise fail("port", f"must be an integer or 'auto', got {port!r}")
-    if isinstance(port, int) and not 0 < port < 65536:
-        raise fail("port", f"must be a TCP port 1-65535, got {port}")
+    port = _parse_port(raw, fail)
     pool = _parse_pool(raw.get("pool", 1), fail)
     controller_keys = _check_launch(raw, kind, port, pool, fail)
     fields = parse_config_fields(raw, fail)
@@ -133,9 +126,7 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
     behaviour = _parse_behaviour(raw, kind, pool, fail)
     fleet = parse_fleet_keys(raw, kind.name, kind.capabilities, fail,
                              remote_kinds=tuple(k.name for k in kinds.kinds_that(lambda can: can.remote_hosts)))
-    window = raw.get("default_window", 2048)
-    if window is not None and window < 1:
-        raise fail("default_window", f"must be positive or null, got {window}")
+    window = _parse_window(raw, fail)
     return ServiceProfile(
         name=raw["name"],
         controller=controller,
@@ -153,27 +144,61 @@ def parse_profile(raw: Any, source: Path | None = None, text: str = "") -> Servi
         pool=pool,
         # A slurm job is each worker's own allocation: nothing on this machine to take turns on.
         instance_lock=bool(raw.get("instance_lock", not kind.capabilities.placed_by_scheduler)),
-        coding_min_pass=raw.get("coding_min_pass"),
-        unit=raw.get("unit"),
-        dropin_dir=raw.get("dropin_dir"),
-        hardware_profile=raw.get("hardware_profile"),
-        max_context=raw.get("max_context"),
         **noise_bounds(raw, fail),
-        slo=raw.get("slo"),
-        tokenizer=raw.get("tokenizer"),
-        vocab_size=raw.get("vocab_size"),
-        draft_model_path=raw.get("draft_model_path"),
-        patches=raw.get("patches"),
-        python=raw.get("python"),
         **_parse_calibration(raw, kind, fail),
-        description=raw.get("description", _DEFAULTS["description"]),
-        dialect=raw.get("dialect"),
+        **_as_written(raw),
         fleet=fleet,
         controller_keys=controller_keys,
         source=source,
         text=text,
         declared_axes=declared,
     )
+
+
+def _declared_axes(raw: Mapping[str, Any], where: str, spelled: Mapping[str, str]) -> tuple[axes_mod.Axis, ...]:
+    """The profile's own axes, with an axis error as a profile error that names the key as written."""
+    try:
+        return axes_mod.declare(raw.get("axes"), f"{where}: {spelled.get('axes', 'axes')}")
+    except axes_mod.AxisError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def _parse_port(raw: Mapping[str, Any], fail: Fail) -> int | str:
+    """``port``: a TCP port, or ``auto`` (a free one per launch); the key's type is already checked."""
+    port: int | str = raw.get("port", "auto")
+    if isinstance(port, str) and port != "auto":
+        raise fail("port", f"must be an integer or 'auto', got {port!r}")
+    if isinstance(port, int) and not 0 < port < 65536:
+        raise fail("port", f"must be a TCP port 1-65535, got {port}")
+    return port
+
+
+def _parse_window(raw: Mapping[str, Any], fail: Fail) -> int | None:
+    """``default_window``: the context a config without a window runs at; null for none."""
+    window: int | None = raw.get("default_window", 2048)
+    if window is not None and window < 1:
+        raise fail("default_window", f"must be positive or null, got {window}")
+    return window
+
+
+def _as_written(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys taken as the document writes them: their types are checked (``check_key_types``)
+    and no other key constrains them, so there is nothing more to validate here."""
+    return {
+        "coding_min_pass": raw.get("coding_min_pass"),
+        "unit": raw.get("unit"),
+        "dropin_dir": raw.get("dropin_dir"),
+        "hardware_profile": raw.get("hardware_profile"),
+        "max_context": raw.get("max_context"),
+        "slo": raw.get("slo"),
+        "tokenizer": raw.get("tokenizer"),
+        "vocab_size": raw.get("vocab_size"),
+        "draft_model_path": raw.get("draft_model_path"),
+        "patches": raw.get("patches"),
+        "python": raw.get("python"),
+        "description": raw.get("description", _DEFAULTS["description"]),
+        "dialect": raw.get("dialect"),
+    }
 
 
 def _failure(where: str, lines: Mapping[str, int], spelled: Mapping[str, str]) -> Fail:
