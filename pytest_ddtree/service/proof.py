@@ -417,56 +417,81 @@ def judge(values: Mapping[str, Any], *, settable: Iterable[str], reported: Itera
     settable, reported = set(settable), set(reported)
     proof = Proof(probe=probe, startup=startup)
     proven: dict[str, list[str]] = {name: [] for name in values}
-    block, budget, topk, window = (values.get(k) for k in ("block_size", "budget", "topk", "window"))
+    block, budget = values.get("block_size"), values.get("budget")
     bound = accept_bound(values)
     if probe is not None:
-        proof.failures.extend(probe.errors)
-        if probe.no_spec:  # SGLang puts spec_verify_ct on every answer it verified (tokenizer_manager.py:3148-3172)
-            proof.failures.append("the server does not speculate: the copy probe's answer carries no spec_* key in "
-                                  "its meta_info (no spec_verify_ct: no verify ran)")
-        if (violation := bound_violation(probe.histogram, bound, "the copy probe")) is not None:
-            if budget is not None and bound == budget and max_index(probe.histogram) == budget + 1:
-                violation += (f"; exactly one more than the budget {budget}: the build's budget flag does not count the "
-                              "root node, and the profile maps it as if it did (set budget_counts_root: false, "
-                              "budget to {value} and its applied key to 'budget')")
-            proof.failures.append(violation)
-        elif (ceiling := probe.ceiling()) is not None:
-            # Not a failure on its own: a drafter trained at a smaller block size piles up the same
-            # way (a DFlash drafter trained at 8 run at block size 16 stops at 7 drafts).
-            proof.notes.append(
-                f"the copy probe's verifies pile up at {ceiling} accepted drafts ({probe.histogram[ceiling]} of "
-                f"{sum(probe.histogram)}; histogram {format_histogram(probe.histogram)}) and never exceed it, while "
-                f"min(block_size - 1, budget) = {bound}: a smaller block size or budget is served, or the drafter "
-                f"was trained for no more than {ceiling} drafts"
-                + (f"; exactly one less than the budget {budget}: the build's budget flag may count the root node while "
-                   "the profile maps it as the non-root count (then set budget_counts_root: true, budget to {value+1} "
-                   "and its applied key to 'budget + 1')" if budget is not None and bound == budget and ceiling == budget - 1
-                   else ""))
-        elif probe.reached and bound is not None:
-            how = f"the copy probe reached the bound of {bound} accepted drafts (histogram {format_histogram(probe.histogram)})"
-            if block is not None and bound == block - 1:
-                proven["block_size"].append(how)
-            if values.get("steps") is not None and bound == values["steps"]:
-                proven["steps"].append(how)
-            if budget is not None and bound == budget:
-                proven["budget"].append(how)
+        _probe_evidence(proof, proven, probe, values, bound)
     if startup is not None:
-        for name, want, got in (("block_size", block, startup.block_size), ("budget", budget, startup.budget),
-                                ("topk", topk, startup.topk)):
-            if got is None or want is None:
-                continue
-            if got != want:
-                proof.failures.append(f"the start-up line says {name}={got}, the config asks {want}: {_first(startup.lines)}")
-            elif name != "topk":  # a worker prints the block size and budget it builds its buffers for
-                proven[name].append(f"the start-up line says {name}={got}")
-        if startup.window_printed and startup.window != window:
-            proof.failures.append(f"the start-up line says draft_window_size={startup.window}, the config asks {window}: "
-                                  f"{_first(startup.lines)}")
-        if startup.topk_override is not None and topk is not None and startup.topk_override[0] == topk != startup.topk_override[1]:
-            proof.failures.append(f"the build overrode topk: 'overriding speculative_eagle_topk={topk} to "
-                                  f"{startup.topk_override[1]}' in its log, so the config's topk {topk} never ran")
+        _startup_evidence(proof, proven, startup, values)
     if metrics_text is not None:
         _gauge_evidence(proof, proven, metrics_text, block, budget)
+    _field_verdicts(proof, proven, values, settable, reported)
+    return proof
+
+
+def _probe_evidence(proof: Proof, proven: dict[str, list[str]], probe: ProbeResult, values: Mapping[str, Any],
+                    bound: int | None) -> None:
+    """The copy probe's accept-length histogram against min(block_size - 1, budget): past the bound
+    is a failure (the config did not run as asked), reaching it proves the fields that set it, and
+    piling up below it is a note (a smaller setting served, or a drafter trained for fewer drafts)."""
+    block, budget = values.get("block_size"), values.get("budget")
+    proof.failures.extend(probe.errors)
+    if probe.no_spec:  # SGLang puts spec_verify_ct on every answer it verified (tokenizer_manager.py:3148-3172)
+        proof.failures.append("the server does not speculate: the copy probe's answer carries no spec_* key in "
+                              "its meta_info (no spec_verify_ct: no verify ran)")
+    if (violation := bound_violation(probe.histogram, bound, "the copy probe")) is not None:
+        if budget is not None and bound == budget and max_index(probe.histogram) == budget + 1:
+            violation += (f"; exactly one more than the budget {budget}: the build's budget flag does not count the "
+                          "root node, and the profile maps it as if it did (set budget_counts_root: false, "
+                          "budget to {value} and its applied key to 'budget')")
+        proof.failures.append(violation)
+    elif (ceiling := probe.ceiling()) is not None:
+        # Not a failure on its own: a drafter trained at a smaller block size piles up the same
+        # way (a DFlash drafter trained at 8 run at block size 16 stops at 7 drafts).
+        proof.notes.append(
+            f"the copy probe's verifies pile up at {ceiling} accepted drafts ({probe.histogram[ceiling]} of "
+            f"{sum(probe.histogram)}; histogram {format_histogram(probe.histogram)}) and never exceed it, while "
+            f"min(block_size - 1, budget) = {bound}: a smaller block size or budget is served, or the drafter "
+            f"was trained for no more than {ceiling} drafts"
+            + (f"; exactly one less than the budget {budget}: the build's budget flag may count the root node while "
+               "the profile maps it as the non-root count (then set budget_counts_root: true, budget to {value+1} "
+               "and its applied key to 'budget + 1')" if budget is not None and bound == budget and ceiling == budget - 1
+               else ""))
+    elif probe.reached and bound is not None:
+        how = f"the copy probe reached the bound of {bound} accepted drafts (histogram {format_histogram(probe.histogram)})"
+        if block is not None and bound == block - 1:
+            proven["block_size"].append(how)
+        if values.get("steps") is not None and bound == values["steps"]:
+            proven["steps"].append(how)
+        if budget is not None and bound == budget:
+            proven["budget"].append(how)
+
+
+def _startup_evidence(proof: Proof, proven: dict[str, list[str]], startup: StartupValues, values: Mapping[str, Any]) -> None:
+    """The sizes the server's start-up lines print: one unlike the config's is a failure (quoting the
+    line), one equal to it proves the field; a topk the build overrode is a failure too."""
+    block, budget, topk, window = (values.get(k) for k in ("block_size", "budget", "topk", "window"))
+    for name, want, got in (("block_size", block, startup.block_size), ("budget", budget, startup.budget),
+                            ("topk", topk, startup.topk)):
+        if got is None or want is None:
+            continue
+        if got != want:
+            proof.failures.append(f"the start-up line says {name}={got}, the config asks {want}: {_first(startup.lines)}")
+        elif name != "topk":  # a worker prints the block size and budget it builds its buffers for
+            proven[name].append(f"the start-up line says {name}={got}")
+    if startup.window_printed and startup.window != window:
+        proof.failures.append(f"the start-up line says draft_window_size={startup.window}, the config asks {window}: "
+                              f"{_first(startup.lines)}")
+    if startup.topk_override is not None and topk is not None and startup.topk_override[0] == topk != startup.topk_override[1]:
+        proof.failures.append(f"the build overrode topk: 'overriding speculative_eagle_topk={topk} to "
+                              f"{startup.topk_override[1]}' in its log, so the config's topk {topk} never ran")
+
+
+def _field_verdicts(proof: Proof, proven: dict[str, list[str]], values: Mapping[str, Any], settable: set[str],
+                    reported: set[str]) -> None:
+    """Each field's status from the evidence gathered: proven by behaviour, reported by
+    /server_info only, not proven, or fixed by the build; the probe's notes stand beside the sizes
+    they may explain when behaviour did not prove them."""
     for name in values:
         if name not in settable and name not in reported:  # fixed but read back (--ddtree-url's every field): shown
             ev = FieldEvidence(NOT_SETTABLE, "fixed by the build")
@@ -481,7 +506,6 @@ def judge(values: Mapping[str, Any], *, settable: Iterable[str], reported: Itera
         if name in ("block_size", "budget") and ev.status != PROVEN and proof.notes:
             ev.detail += "; " + "; ".join(proof.notes)
         proof.fields[name] = ev
-    return proof
 
 
 def _gauge_evidence(proof: Proof, proven: dict[str, list[str]], metrics_text: str, block: int | None,
