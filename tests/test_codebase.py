@@ -191,6 +191,9 @@ MAX_MODULE_LINES = 800
 #: Most lines a function may have unless a ``# long because: ...`` comment stands directly above it.
 MAX_FUNCTION_LINES = 80
 REASON = "# long because:"
+#: A module or a function stays a tenth clear of its cap: a cap met by squeezing the last lines in
+#: is a concept that wants a module (or a function) of its own.
+HEADROOM = 0.9
 
 
 def _modules(repo_root: Path) -> dict[str, Path]:
@@ -711,19 +714,19 @@ def ddtree_thing():
     assert _plugin_logic(source) == ["class _Watcher", "def _long"]
 
 
-def test_no_module_over_800_lines_and_no_long_function_without_a_reason(repo_root: Path) -> None:
+def test_no_module_or_function_within_a_tenth_of_its_cap(repo_root: Path) -> None:
     """A module a newcomer can read in one sitting; a long function says why it stays whole
     (``# long because: ...`` on the line above its ``def`` or first decorator)."""
     found = []
     for path in _modules(repo_root).values():
         rel = path.relative_to(repo_root).as_posix()
         lines = path.read_text().splitlines()
-        if len(lines) > MAX_MODULE_LINES:
+        if len(lines) > MAX_MODULE_LINES * HEADROOM:
             found.append((f"module {rel}", f"{len(lines)} lines"))
         for node in ast.walk(ast.parse("\n".join(lines))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
                 length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES and not _reason_above(lines, node):
+                if length > MAX_FUNCTION_LINES * HEADROOM and not _reason_above(lines, node):
                     found.append((f"function {rel}:{node.name}", f"{length} lines"))
     assert not found, found
 
