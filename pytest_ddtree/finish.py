@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import pluggy
-
 from pytest_ddtree.gates import measure_only
 from pytest_ddtree.atomicfile import write_atomic
 from pytest_ddtree.baselines import BaselineError, baseline_store
@@ -35,8 +33,6 @@ if TYPE_CHECKING:
     from pytest_ddtree.service.profile import ServiceProfile
     from pytest_ddtree.session import DDTreeSession, LivePage
 
-
-hookimpl = pluggy.HookimplMarker("pytest")  # pytest's own marker (pytest.hookimpl), so no pytest import
 
 #: The node id of a session-level failure's report (``ddtree::control``...).
 SESSION_CHECK_PREFIX = "ddtree::"
@@ -190,11 +186,11 @@ def end_session(session: DDTreeSession, exitstatus: int) -> FinishOutcome:
 
 
 class SessionEnd:
-    """The main process's session end, a plugin it registers (as xdist registers its DSession): the
-    session ended in pytest's sessionfinish, before junitxml's writes the XML (tryfirst), so every
-    plugin that reads test reports gets each session failure as a failed test (``make_report``:
-    pytest's ``TestReport``); the terminal reporter gets them in the terminal summary, where its short
-    summary and final counts are made after the session's sections."""
+    """The main process's session end, registered as a plugin by :meth:`end` (as xdist registers its
+    DSession): the plugin's sessionfinish calls it before junitxml's writes the XML, so every plugin
+    that reads test reports gets each session failure as a failed test (``make_report``: pytest's
+    ``TestReport``); the terminal reporter gets them in the terminal summary, where its short summary
+    and final counts are made after the session's sections."""
 
     def __init__(self, session: DDTreeSession, make_report: Callable[..., Any], tests_failed: int) -> None:
         self._session = session
@@ -205,20 +201,17 @@ class SessionEnd:
     def _reports(self) -> list[Any]:
         return [self._make_report(**failure.report()) for failure in self.outcome.failures] if self.outcome else []
 
-    @hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        try:
-            self._session.close()
-        finally:
-            if self._session.results_dir.exists():
-                self.outcome = end_session(self._session, int(exitstatus))
-                if self.outcome.exit_failure and session.exitstatus == 0:
-                    session.exitstatus = self._tests_failed
-                plugins = session.config.pluginmanager
-                reporter = plugins.get_plugin("terminalreporter")
-                others = plugins.subset_hook_caller("pytest_runtest_logreport", remove_plugins=[reporter] if reporter else [])
-                for report in self._reports():
-                    others(report=report)
+    def end(self, session: Any, exitstatus: int) -> None:
+        """The session ended (:func:`end_session`), its exit status folded into pytest's ``session``."""
+        session.config.pluginmanager.register(self, "ddtree-session-end")
+        self.outcome = end_session(self._session, exitstatus)
+        if self.outcome.exit_failure and session.exitstatus == 0:
+            session.exitstatus = self._tests_failed
+        plugins = session.config.pluginmanager
+        reporter = plugins.get_plugin("terminalreporter")
+        others = plugins.subset_hook_caller("pytest_runtest_logreport", remove_plugins=[reporter] if reporter else [])
+        for report in self._reports():
+            others(report=report)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.outcome is not None:

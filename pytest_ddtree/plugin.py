@@ -136,11 +136,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         terminal.start_live_page(ddtree, [item.nodeid for item in session.items])
     if ddtree is not None and any(name.startswith("ddtree_") for item in session.items for name in getattr(item, "fixturenames", ())):
         ddtree.start()
-        if terminal is not None:  # the main process: it ends the session (finish.py)
-            from pytest_ddtree.finish import SessionEnd
-
+        if terminal is not None:
             terminal.show()
-            session.config.pluginmanager.register(SessionEnd(ddtree, pytest.TestReport, pytest.ExitCode.TESTS_FAILED), "ddtree-session-end")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -277,10 +274,9 @@ def ddtree_baselines(ddtree_service: RunningService, ddtree_session: DDTreeSessi
     return ddtree_session.baselines(ddtree_service.server_info)
 
 
-# -- session end -------------------------------------------------------------------------------
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A worker's records handed over (the main process's session end is finish.SessionEnd's)."""
+@pytest.hookimpl(tryfirst=True)  # before junitxml's sessionfinish writes the XML: it gets the session's failures too
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A worker hands its records over; the main process, where a session started, ends it (finish.SessionEnd)."""
     ddtree = session.config.stash.get(SESSION_KEY, None)
     if ddtree is not None:
         try:
@@ -288,6 +284,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         finally:
             if hasattr(session.config, "workerinput"):
                 ddtree.hand_over(session.config.workeroutput)  # type: ignore[attr-defined]
+            elif ddtree.results_dir.exists():
+                from pytest_ddtree.finish import SessionEnd
+
+                SessionEnd(ddtree, pytest.TestReport, pytest.ExitCode.TESTS_FAILED).end(session, int(exitstatus))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

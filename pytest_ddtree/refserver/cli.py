@@ -152,7 +152,7 @@ def build_parser(dialect: Dialect, declared: dict[str, Dialect]) -> argparse.Arg
     e = p.add_argument_group("emulation")
     e.add_argument("--dialect", choices=list(declared), default="reference", help="which build's flags and environment to follow (default: %(default)s; see below)")
     e.add_argument("--dialects", action="append", type=Path, default=[], metavar="PATH",
-                   help="a dialects file (one beside your profiles) whose entries join the shipped suites/services/dialects.yaml's")
+                   help="a dialects file (one beside your profiles) whose entries join the shipped pytest_ddtree/refserver/dialects.yaml's")
     e.add_argument("--load-seconds", type=_nonneg_float, default=0.0, help="emulated weight loading; the port stays closed meanwhile (default: %(default)s)")
     e.add_argument("--clock-scale", type=_positive_float, default=1.0, help="simulated seconds per wall second; >1 speeds tests up (default: %(default)s)")
     e.add_argument("--engine-version", type=_engine_version, default=VERSION,
@@ -249,7 +249,7 @@ def startup_lines(dialect: Dialect, resolved: Resolved, spec: SpecConfig, faults
     because the builds print them even where the worker never uses them (an unused-config fault
     is invisible here, as on those builds).
 
-    The lines are the dialect's ``startup_lines`` (suites/services/dialects.yaml); those shipped:
+    The lines are the dialect's ``startup_lines`` (pytest_ddtree/refserver/dialects.yaml); those shipped:
 
     - upstream DFLASH (sgl-project/sglang python/sglang/srt/speculative/dflash_worker.py
       ``DFlashWorker.__init__``): ``Initialized DFLASH draft runner. attention_backend=%s, model=%s,

@@ -1,5 +1,5 @@
 """The reference engine's ``--dialect``: which SGLang build's flags and environment it follows, read
-from a declaration (``suites/services/dialects.yaml`` beside the shipped profiles, the
+from a declaration (``pytest_ddtree/refserver/dialects.yaml``, package data beside the engine that reads it, the
 ``dialects.yaml`` of a profile folder an installed distribution declares, any file given with
 ``--dialects``), not from code.
 
@@ -44,8 +44,8 @@ from pytest_ddtree.refserver.dialect_rules import RULES, DialectError, Launch, R
 from pytest_ddtree.suggest import did_you_mean
 from pytest_ddtree.yamlfile import YAMLFileError, read_yaml
 
-#: The declaration shipped beside the profiles (a checkout's suites/services).
-SHIPPED = Path(__file__).resolve().parents[2] / "suites" / "services" / "dialects.yaml"
+#: The declaration the package ships, beside the engine that reads it.
+SHIPPED = Path(__file__).resolve().with_name("dialects.yaml")  # package data: the engine runs from an installed package too
 
 #: An entry's keys: name -> (accepted types, what it is).
 _ENTRY_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {

@@ -71,7 +71,7 @@ KEYS = (
     Key("name", None, str, "the profile's name (results, the package, the sweep's title)", required=True),
     Key("description", None, str, "one line on what this build is"),
     Key("dialect", None, (str, _NONE), "the reference engine's stand-in for this build: a dialect of "
-        "suites/services/dialects.yaml (see Reference engine); null: none"),
+        "pytest_ddtree/refserver/dialects.yaml (see Reference engine); null: none"),
     Key("controller", None, str, "what runs the service: process, systemd, external, command, slurm (see Controllers)",
         required=True),
     # launch
