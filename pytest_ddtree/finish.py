@@ -203,11 +203,11 @@ class SessionEnd:
 
     def end(self, session: Any, exitstatus: int) -> None:
         """The session ended (:func:`end_session`), its exit status folded into pytest's ``session``."""
-        session.config.pluginmanager.register(self, "ddtree-session-end")
+        plugins = session.config.pluginmanager
+        plugins.register(self, "ddtree-session-end")
         self.outcome = end_session(self._session, exitstatus)
         if self.outcome.exit_failure and session.exitstatus == 0:
             session.exitstatus = self._tests_failed
-        plugins = session.config.pluginmanager
         reporter = plugins.get_plugin("terminalreporter")
         others = plugins.subset_hook_caller("pytest_runtest_logreport", remove_plugins=[reporter] if reporter else [])
         for report in self._reports():

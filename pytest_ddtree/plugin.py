@@ -98,7 +98,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if terminal is not None:  # the main process: a usage error (exit 4) before anything starts
         from pytest_ddtree.report.changepoints import history_problem
         from pytest_ddtree.scheduling import Distribution, adaptive_problem
-        from pytest_ddtree.configs import item_config
 
         _usage_error(adaptive_problem(settings.max_restarts, settings.priors, getattr(config.option, "numprocesses", None)))
         _usage_error(history_problem(settings.history, settings.history_check) if settings.history is not None else None)
@@ -106,7 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[TERMINAL_KEY] = terminal
         plugins.register(terminal, "ddtree-terminal")
         plugins.register(Distribution(session, lambda: _in_use(config), config.stash.get(SCHEDULE_BY_CONFIG_KEY, False),
-                                      terminal.channel, lambda ids: terminal.start_live_page(session, ids), item_config),
+                                      terminal.channel, lambda ids: terminal.start_live_page(session, ids)),
                          "ddtree-distribution")
 
 

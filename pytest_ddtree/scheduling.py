@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import pluggy
 from xdist.scheduler import LoadScopeScheduling
 
-from pytest_ddtree.configs import config_in_nodeid
+from pytest_ddtree.configs import config_in_nodeid, item_config
 from pytest_ddtree.session import WORKER_PROGRESS_KEY, worker_input
 
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_ddtree.configs import DDTreeConfig
     from pytest_ddtree.session import DDTreeSession
 
 hookimpl = pluggy.HookimplMarker("pytest")  # pytest's own marker (pytest.hookimpl), so no pytest import
@@ -227,28 +226,25 @@ class HostReport(Protocol):
 
 class Distribution:
     """How the main process runs the tests, registered as a plugin there (as xdist's DSession is
-    xdist's): under ``--ddtree-max-restarts`` the adaptive sweep's loop (``config_of`` names an item's
-    config); under ``-n`` its side of the xdist run. It makes the scheduler by config (when ``-n``
+    xdist's): under ``--ddtree-max-restarts`` the adaptive sweep's loop; under ``-n`` its side of the xdist run. It makes the scheduler by config (when ``-n``
     came without ``--dist``), joins each worker to the session (one results folder, session id and
     stamp; the channel of its progress lines), gives a worker restoring its service after Ctrl-C the
     time that takes, tells ``collected`` what the workers collected (the live page's plan), collects
     what each worker hands over, and feeds no more configs to a worker whose host does not answer ssh."""
 
     def __init__(self, session: DDTreeSession, in_use: Callable[[], bool], by_config: bool,
-                 channel: Callable[[str], str | None], collected: Callable[[Sequence[str]], None],
-                 config_of: Callable[[pytest.Item], DDTreeConfig | None]) -> None:
+                 channel: Callable[[str], str | None], collected: Callable[[Sequence[str]], None]) -> None:
         self.session = session
         self.in_use = in_use
         self.by_config = by_config
         self.channel = channel
         self.collected = collected
-        self.config_of = config_of
         self.scheduler: ConfigScheduling | None = None
 
     @hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         """Other runs keep pytest's own loop (None)."""
-        return None if self.session.settings.max_restarts is None else run_adaptive_sweep(self.session, session, self.config_of)
+        return None if self.session.settings.max_restarts is None else run_adaptive_sweep(self.session, session)
 
     def _gates(self) -> bool:
         return self.in_use() and self.session.setup_problem is None
@@ -355,10 +351,9 @@ def allow_restores(nodemanager: Any, stop_timeout_s: float) -> None:
     nodemanager.EXIT_TIMEOUT = max(nodemanager.EXIT_TIMEOUT, stop_timeout_s + RESTORE_MARGIN_S)
 
 
-def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session,
-                       config_of: Callable[[pytest.Item], DDTreeConfig | None]) -> bool | None:
+def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session) -> bool | None:
     """pytest's run loop under ``--ddtree-max-restarts`` (serial): the adaptive sweep picks the
-    configs to run (adaptive/sweep.py); ``config_of`` names an item's config. None: pytest's
+    configs to run (adaptive/sweep.py), each item's config its parametrized one (configs.item_config). None: pytest's
     own loop runs (nothing of a config was collected)."""
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
@@ -369,7 +364,7 @@ def run_adaptive_sweep(ddtree: DDTreeSession, session: pytest.Session,
     plain: list[pytest.Item] = []
     by_config: dict[str, list[pytest.Item]] = {}
     for item in session.items:
-        cfg = config_of(item)
+        cfg = item_config(item)
         (plain if cfg is None else by_config.setdefault(cfg.name, [])).append(item)
     items = SweepRun(plain, by_config, lambda tests, after: _run_items(session, tests, after),
                      lambda skipped: session.config.hook.pytest_deselected(items=skipped))
